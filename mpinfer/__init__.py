@@ -1,0 +1,46 @@
+"""mpinfer: trained FP32 PyTorch model to fast mixed-precision inference, with the numbers that prove it.
+
+``import mpinfer`` is light: torch, onnx, onnxruntime and tensorrt are imported where they are used. The
+public API functions are re-exported lazily from their stage packages.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from typing import Any
+
+__version__ = "0.1.0"
+
+logging.getLogger(__name__).addHandler(logging.NullHandler())
+
+# public name -> module that defines it (imported on first attribute access)
+_LAZY = {
+    "export_onnx": "mpinfer.export",
+    "ExportConfig": "mpinfer.export",
+    "convert_precision": "mpinfer.precision",
+    "ConvertConfig": "mpinfer.precision",
+    "PrecisionPlan": "mpinfer.precision",
+    "compare_models": "mpinfer.compare",
+    "ComparisonResult": "mpinfer.compare",
+    "write_report": "mpinfer.report",
+    "build_engine": "mpinfer.engine",
+    "BuildConfig": "mpinfer.engine",
+    "run_pipeline": "mpinfer.pipeline",
+    "AmpTrainer": "mpinfer.train",
+    "AmpConfig": "mpinfer.train",
+    "load_feeds": "mpinfer.data",
+    "Precision": "mpinfer.specs",
+    "TensorSpec": "mpinfer.specs",
+    "MpinferError": "mpinfer.errors",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'mpinfer' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(list(globals()) + list(_LAZY))

@@ -1,0 +1,390 @@
+"""Data feeds: one iterator of ``{input name: array}`` batches for every stage.
+
+Sources (:func:`load_feeds`):
+
+* ``None`` / ``"random"`` / ``"random:N"``: seeded random batches that respect each spec (dtype, value
+  range, dynamic dims);
+* a ``.npz`` file, or a folder of them: arrays keyed by input name, first axis = samples; keys starting
+  with ``_`` (e.g. ``_labels``) are side data, not inputs;
+* a folder of ``<input>.npy`` files;
+* a folder of images (PNG/JPEG/BMP) with a :class:`ImagePreprocess` spec.
+
+Batches are produced lazily: one batch of one file is in memory at a time.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from mpinfer.errors import InvalidInputError, format_message
+from mpinfer.specs import TensorSpec, parse_range
+
+logger = logging.getLogger(__name__)
+
+# Samples per batch when neither the caller nor a fixed batch dim says otherwise: large enough for stable
+# statistics, small enough that intermediate tensors of a ResNet-sized model stay in a few hundred MB.
+DEFAULT_BATCH_SIZE = 16
+# Random batches generated when no data is given.
+DEFAULT_RANDOM_BATCHES = 8
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp")
+
+
+@dataclass(frozen=True)
+class ImagePreprocess:
+    """How to turn an image file into a model input.
+
+    Written as ``size=64x64,mean=0.485/0.456/0.406,std=0.229/0.224/0.225,scale=255,layout=nchw,mode=RGB``.
+    Pixel values are divided by ``scale``, then normalised with ``mean``/``std`` per channel.
+    """
+
+    size: tuple[int, int] | None = None
+    mean: tuple[float, ...] = (0.0,)
+    std: tuple[float, ...] = (1.0,)
+    scale: float = 255.0
+    layout: str = "nchw"
+    mode: str = "RGB"
+
+    @classmethod
+    def parse(cls, text: str | None) -> ImagePreprocess:
+        """Parse the comma-separated ``key=value`` form.
+
+        Raises:
+            InvalidInputError: For unknown keys or malformed values.
+        """
+        if not text:
+            return cls()
+        kw: dict[str, object] = {}
+        try:
+            for item in text.split(","):
+                key, _, value = item.partition("=")
+                key = key.strip()
+                if key == "size":
+                    h, w = value.lower().split("x")
+                    kw["size"] = (int(h), int(w))
+                elif key in ("mean", "std"):
+                    kw[key] = tuple(float(v) for v in value.split("/"))
+                elif key == "scale":
+                    kw["scale"] = float(value)
+                elif key == "layout" and value.lower() in ("nchw", "nhwc"):
+                    kw["layout"] = value.lower()
+                elif key == "mode" and value.upper() in ("RGB", "L", "BGR"):
+                    kw["mode"] = value.upper()
+                else:
+                    raise ValueError(key)
+        except ValueError as err:
+            raise InvalidInputError(
+                format_message("Image preprocessing spec", repr(text),
+                               "size=HxW,mean=a/b/c,std=a/b/c,scale=255,layout=nchw|nhwc,mode=RGB|L|BGR")
+            ) from err
+        return cls(**kw)  # type: ignore[arg-type]
+
+
+@dataclass
+class FeedSource:
+    """An iterable of batches plus what it is, for logs and reports.
+
+    Attributes:
+        kind: ``random``, ``npz``, ``npy`` or ``images``.
+        description: Human-readable origin.
+        specs: The model inputs the batches are for.
+        labels: Side data (``_labels`` in an .npz) aligned with samples, when present.
+    """
+
+    kind: str
+    description: str
+    specs: Sequence[TensorSpec]
+    _factory: object
+    num_batches: int
+    num_samples: int
+    labels: np.ndarray | None = None
+    side: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
+        return self._factory()  # type: ignore[operator, no-any-return]
+
+    def __len__(self) -> int:
+        return self.num_batches
+
+    def first(self) -> dict[str, np.ndarray]:
+        """The first batch."""
+        return next(iter(self))
+
+    @property
+    def is_random(self) -> bool:
+        """True for generated data (statistics from it say little about real inputs)."""
+        return self.kind == "random"
+
+
+def random_batch(specs: Sequence[TensorSpec], rng: np.random.Generator,
+                 dims: Mapping[str, int] | None = None) -> dict[str, np.ndarray]:
+    """One batch of random data that respects each spec's dtype, range and dims."""
+    out = {}
+    for spec in specs:
+        shape = spec.concrete_shape(dims)
+        lo, hi = spec.resolved_range()
+        if spec.dtype.kind == "b":
+            arr = rng.integers(0, 2, size=shape).astype(np.bool_)
+        elif spec.is_integer:
+            arr = rng.integers(int(lo), max(int(hi), int(lo) + 1), size=shape).astype(spec.dtype)
+        else:
+            arr = rng.uniform(lo, hi, size=shape).astype(spec.dtype)
+        out[spec.name] = arr
+    return out
+
+
+def _batch_dims(specs: Sequence[TensorSpec], batch_size: int) -> dict[str, int]:
+    """Map the leading symbolic dim of each input to ``batch_size``."""
+    dims: dict[str, int] = {}
+    for s in specs:
+        if s.shape and isinstance(s.shape[0], str):
+            dims.setdefault(s.shape[0], batch_size)
+    return dims
+
+
+def _random_source(specs: Sequence[TensorSpec], num_batches: int, batch_size: int | None, seed: int,
+                   dims: Mapping[str, int] | None) -> FeedSource:
+    bs = batch_size or DEFAULT_BATCH_SIZE
+    all_dims = {**_batch_dims(specs, bs), **(dims or {})}
+
+    def gen() -> Iterator[dict[str, np.ndarray]]:
+        rng = np.random.default_rng(seed)
+        for _ in range(num_batches):
+            yield random_batch(specs, rng, all_dims)
+
+    n = specs[0].concrete_shape(all_dims)[0] if specs and specs[0].shape else 1
+    return FeedSource("random", f"seeded random data (seed {seed}, {num_batches} batches)", specs, gen,
+                      num_batches, num_batches * n)
+
+
+def _validate_arrays(arrays: Mapping[str, np.ndarray], specs: Sequence[TensorSpec], origin: str) -> None:
+    names = [s.name for s in specs]
+    present = [k for k in arrays if not k.startswith("_")]
+    missing = [n for n in names if n not in arrays]
+    extra = [k for k in present if k not in names]
+    if missing or extra:
+        raise InvalidInputError(
+            format_message(
+                f"Data '{origin}'", f"arrays {sorted(present)}", f"one array per model input {names}",
+                ("missing: " + ", ".join(missing) + "; " if missing else "")
+                + ("not model inputs: " + ", ".join(extra) + "; " if extra else "")
+                + "name side data with a leading '_' (e.g. _labels)",
+            )
+        )
+    counts = set()
+    for spec in specs:
+        arr = arrays[spec.name]
+        if arr.size == 0 or arr.ndim == 0 and len(spec.shape) > 0:
+            raise InvalidInputError(format_message(f"Data '{origin}': input '{spec.name}'", "an empty array",
+                                                   "at least one sample"))
+        if arr.dtype != spec.dtype:
+            raise InvalidInputError(
+                format_message(f"Data '{origin}': input '{spec.name}'", f"dtype {arr.dtype}",
+                               f"{spec.dtype}", f"save it as {spec.dtype} (e.g. arr.astype(np.{spec.dtype}))")
+            )
+        if len(arr.shape) != len(spec.shape) or not spec.matches(arr.shape):
+            raise InvalidInputError(
+                format_message(f"Data '{origin}': input '{spec.name}'", f"shape {tuple(arr.shape)}",
+                               f"{tuple(spec.shape)} with samples on the first axis",
+                               "str dims are dynamic; fixed dims must match")
+            )
+        if arr.dtype.kind == "f" and not np.all(np.isfinite(arr)):
+            bad = int(np.size(arr) - np.count_nonzero(np.isfinite(arr)))
+            raise InvalidInputError(
+                format_message(f"Data '{origin}': input '{spec.name}'", f"{bad} NaN/Inf values",
+                               "finite values only", "clean the data; NaN would poison every statistic")
+            )
+        counts.add(arr.shape[0] if arr.ndim else 1)
+    if len(counts) > 1:
+        raise InvalidInputError(format_message(f"Data '{origin}'", f"sample counts {sorted(counts)}",
+                                               "the same number of samples for every input"))
+
+
+def _fixed_batch(specs: Sequence[TensorSpec]) -> int | None:
+    for s in specs:
+        if s.shape and isinstance(s.shape[0], int):
+            return s.shape[0]
+    return None
+
+
+def _split(arrays: Mapping[str, np.ndarray], specs: Sequence[TensorSpec], batch_size: int,
+           limit: int | None) -> Iterator[dict[str, np.ndarray]]:
+    n = next(iter(arrays[s.name] for s in specs)).shape[0]
+    fixed = _fixed_batch(specs)
+    step = fixed or batch_size
+    count = 0
+    for start in range(0, n, step):
+        if limit is not None and count >= limit:
+            return
+        if fixed and start + step > n:
+            return  # a model with a fixed batch dim cannot take a short last batch
+        yield {s.name: np.ascontiguousarray(arrays[s.name][start:start + step]) for s in specs}
+        count += 1
+
+
+def _load_npz(path: Path) -> dict[str, np.ndarray]:
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            return {k: z[k] for k in z.files}
+    except (OSError, ValueError) as err:
+        raise InvalidInputError(format_message(f"Data file '{path}'", f"an unreadable .npz ({err})",
+                                               "an .npz written by numpy.savez")) from err
+
+
+def _array_source(kind: str, desc: str, loader: object, files: list[Path], specs: Sequence[TensorSpec],
+                  batch_size: int, num_batches: int | None) -> FeedSource:
+    # Validate and count up front, one file at a time, then stream.
+    total, nb = 0, 0
+    labels = []
+    step = _fixed_batch(specs) or batch_size
+    for f in files:
+        arrays = loader(f)  # type: ignore[operator]
+        _validate_arrays(arrays, specs, str(f))
+        n = arrays[specs[0].name].shape[0]
+        total += n
+        nb += n // step if _fixed_batch(specs) else math.ceil(n / step)
+        if "_labels" in arrays:
+            labels.append(arrays["_labels"])
+    if num_batches is not None:
+        nb = min(nb, num_batches)
+
+    def gen() -> Iterator[dict[str, np.ndarray]]:
+        left = num_batches
+        for f in files:
+            for batch in _split(loader(f), specs, batch_size, left):  # type: ignore[operator]
+                yield batch
+                if left is not None:
+                    left -= 1
+            if left is not None and left <= 0:
+                return
+
+    lab = np.concatenate(labels) if labels and len(labels) == len(files) else None
+    return FeedSource(kind, desc, specs, gen, nb, total, labels=lab)
+
+
+def _image_arrays(folder: Path, specs: Sequence[TensorSpec], pre: ImagePreprocess) -> dict[str, np.ndarray]:
+    from PIL import Image
+
+    if len(specs) != 1 or spec_rank(specs[0]) != 4:
+        raise InvalidInputError(format_message(f"Image folder '{folder}'", f"a model with inputs {[str(s) for s in specs]}",
+                                               "one 4-D image input", "use .npz data for other models"))
+    spec = specs[0]
+    files = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+    size = pre.size
+    if size is None:
+        dims = spec.shape[2:4] if pre.layout == "nchw" else spec.shape[1:3]
+        if all(isinstance(d, int) for d in dims):
+            size = (int(dims[0]), int(dims[1]))
+    images = []
+    for f in files:
+        try:
+            img = Image.open(f).convert("L" if pre.mode == "L" else "RGB")
+        except OSError as err:
+            raise InvalidInputError(format_message(f"Image '{f}'", "an unreadable image", "PNG/JPEG/BMP")) from err
+        if size is not None:
+            img = img.resize((size[1], size[0]))
+        arr = np.asarray(img, dtype=np.float32)
+        if arr.ndim == 2:
+            arr = arr[:, :, None]
+        if pre.mode == "BGR":
+            arr = arr[:, :, ::-1]
+        arr = (arr / pre.scale - np.asarray(pre.mean, np.float32)) / np.asarray(pre.std, np.float32)
+        images.append(arr.transpose(2, 0, 1) if pre.layout == "nchw" else arr)
+    if not images:
+        raise InvalidInputError(format_message(f"Image folder '{folder}'", "no image files",
+                                               "files ending in " + "/".join(IMAGE_SUFFIXES)))
+    return {spec.name: np.stack(images).astype(spec.dtype)}
+
+
+def spec_rank(spec: TensorSpec) -> int:
+    """Rank of a spec."""
+    return len(spec.shape)
+
+
+def load_feeds(
+    source: str | Path | None,
+    specs: Sequence[TensorSpec],
+    *,
+    batch_size: int | None = None,
+    num_batches: int | None = None,
+    seed: int = 0,
+    dims: Mapping[str, int] | None = None,
+    image_preprocess: str | ImagePreprocess | None = None,
+) -> FeedSource:
+    """Open a data source for a model with the given input specs.
+
+    Args:
+        source: Path, ``"random"``/``"random:N"`` or None (random).
+        specs: The model's inputs.
+        batch_size: Samples per batch (default 16, or the model's fixed batch dim).
+        num_batches: Cap on the number of batches.
+        seed: Seed for random data.
+        dims: Sizes for symbolic dims of random data (``{"seq": 32}``).
+        image_preprocess: Preprocessing for an image folder.
+
+    Returns:
+        A FeedSource (iterable of batches).
+
+    Raises:
+        InvalidInputError: For a missing source, wrong names/dtypes/shapes, NaN/Inf or empty data.
+    """
+    if not specs:
+        raise InvalidInputError("The model has no inputs to feed.")
+    bs = batch_size or DEFAULT_BATCH_SIZE
+    if batch_size is not None and batch_size <= 0:
+        raise InvalidInputError(format_message("Batch size", batch_size, "a positive integer"))
+    if source is None or str(source).startswith("random"):
+        text = "" if source is None else str(source)
+        n = num_batches or DEFAULT_RANDOM_BATCHES
+        if ":" in text:
+            try:
+                n = int(text.split(":", 1)[1])
+            except ValueError as err:
+                raise InvalidInputError(format_message("Data source", repr(text), "random or random:N")) from err
+        return _random_source(specs, n, batch_size, seed, dims)
+    path = Path(source)
+    if not path.exists():
+        raise InvalidInputError(format_message(f"Data '{source}'", "no such file or folder",
+                                               "an .npz file, a folder of .npz/.npy files or images, or 'random'"))
+    if path.is_file():
+        if path.suffix != ".npz":
+            raise InvalidInputError(format_message(f"Data file '{source}'", f"a '{path.suffix}' file",
+                                                   "an .npz file", "or pass a folder of .npy files/images"))
+        return _array_source("npz", str(path), _load_npz, [path], specs, bs, num_batches)
+    npz = sorted(path.glob("*.npz"))
+    if npz:
+        return _array_source("npz", f"{path} ({len(npz)} .npz files)", _load_npz, npz, specs, bs, num_batches)
+    npy = {p.stem: p for p in path.glob("*.npy")}
+    if npy:
+        def load_npy(_f: Path) -> dict[str, np.ndarray]:
+            return {k: np.load(p, allow_pickle=False) for k, p in npy.items()}
+        return _array_source("npy", f"{path} (.npy per input)", load_npy, [path], specs, bs, num_batches)
+    if any(p.suffix.lower() in IMAGE_SUFFIXES for p in path.iterdir()):
+        pre = image_preprocess if isinstance(image_preprocess, ImagePreprocess) else ImagePreprocess.parse(image_preprocess)
+        arrays = _image_arrays(path, specs, pre)
+        return _array_source("images", f"{path} (images)", lambda _f: arrays, [path], specs, bs, num_batches)
+    raise InvalidInputError(format_message(f"Data folder '{source}'", "no .npz, .npy or image files",
+                                           "one of those", "or pass 'random'"))
+
+
+def parse_dims(items: Sequence[str]) -> dict[str, int]:
+    """Parse ``seq=32`` items into ``{"seq": 32}``.
+
+    Raises:
+        InvalidInputError: For a malformed item.
+    """
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key or not value.isdigit() or int(value) <= 0:
+            raise InvalidInputError(format_message("Dim size", repr(item), "name=N with N > 0, e.g. seq=32"))
+        out[key] = int(value)
+    return out
+
+
+__all__ = ["FeedSource", "ImagePreprocess", "load_feeds", "parse_dims", "parse_range", "random_batch"]

@@ -1,0 +1,299 @@
+"""Load and save ONNX models safely, and give every node a stable address.
+
+* :func:`load_onnx` refuses files that are not ONNX, truncated files, missing external data and external
+  data paths that leave the model's folder (a path-traversal guard for untrusted models).
+* :func:`save_onnx` writes atomically, sets an IR version the installed onnxruntime can read, and switches
+  to external data above 2 GB.
+* :func:`name_nodes` names unnamed nodes deterministically; :func:`iter_nodes` walks If/Loop/Scan bodies
+  and yields each node with its qualified address (``If_3/then_branch/Add_1``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from mpinfer.errors import InvalidInputError, ModelLoadError, format_message
+
+logger = logging.getLogger(__name__)
+
+# Protobuf cannot serialise a message of 2 GiB or more; leave headroom for the graph itself.
+EXTERNAL_DATA_THRESHOLD = 2_000_000_000
+# Highest ONNX IR version that onnxruntime 1.20+ loads; models are written at the lowest IR their opsets
+# allow, never above this.
+MAX_ORT_IR_VERSION = 10
+# Tensors at least this big go to the external data file when a model is saved with external data.
+EXTERNAL_DATA_SIZE_THRESHOLD = 1024
+
+
+def _check_external_data(model: object, base_dir: Path, path: Path) -> None:
+    import onnx
+    from onnx.external_data_helper import uses_external_data
+
+    assert isinstance(model, onnx.ModelProto)
+    base = base_dir.resolve()
+    for tensor in _all_tensors(model):
+        if not uses_external_data(tensor):
+            continue
+        info = {e.key: e.value for e in tensor.external_data}
+        loc = info.get("location", "")
+        target = (base / loc).resolve()
+        if os.path.isabs(loc) or (base != target and base not in target.parents):
+            raise ModelLoadError(
+                format_message(
+                    f"ONNX model '{path}': tensor '{tensor.name}' has external data path '{loc}'",
+                    "a path outside the model's folder",
+                    f"a relative path inside '{base}'",
+                    "untrusted models may try to read other files; move the data next to the model",
+                )
+            )
+        if not target.is_file():
+            raise ModelLoadError(
+                format_message(
+                    f"ONNX model '{path}': external data file '{loc}' for tensor '{tensor.name}'",
+                    "a missing file",
+                    f"the file in '{base}'",
+                    "copy the .data file that came with the model next to it",
+                )
+            )
+
+
+def _all_tensors(model: object) -> Iterator[object]:
+    import onnx
+
+    assert isinstance(model, onnx.ModelProto)
+
+    def walk(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
+        yield from graph.initializer
+        for node in graph.node:
+            for attr in node.attribute:
+                if attr.type == onnx.AttributeProto.TENSOR:
+                    yield attr.t
+                elif attr.type == onnx.AttributeProto.GRAPH:
+                    yield from walk(attr.g)
+                elif attr.type == onnx.AttributeProto.GRAPHS:
+                    for g in attr.graphs:
+                        yield from walk(g)
+
+    yield from walk(model.graph)
+
+
+def load_onnx(path: str | os.PathLike[str], *, load_external_data: bool = True) -> object:
+    """Load an ONNX model with clear errors for the ways a file can be wrong.
+
+    Args:
+        path: The .onnx file.
+        load_external_data: Load external tensors into the proto (after the path check).
+
+    Returns:
+        The ``onnx.ModelProto``.
+
+    Raises:
+        ModelLoadError: Missing, unreadable, not ONNX, truncated, or bad external data.
+    """
+    import onnx
+    from google.protobuf.message import DecodeError
+
+    p = Path(path)
+    if not p.is_file():
+        raise ModelLoadError(format_message(f"ONNX model '{path}'", "no such file", "an existing .onnx file"))
+    try:
+        data = p.read_bytes()
+    except OSError as err:
+        raise ModelLoadError(format_message(f"ONNX model '{path}'", f"an unreadable file ({err.strerror})",
+                                            "a readable .onnx file")) from err
+    try:
+        model = onnx.load_model_from_string(data)
+    except (DecodeError, ValueError, RuntimeError) as err:
+        raise ModelLoadError(
+            format_message(f"ONNX model '{path}'", f"a file that does not parse as ONNX ({err})",
+                           "a complete ONNX protobuf", "the file may be truncated or not an ONNX model")
+        ) from err
+    if not model.graph.node and not model.graph.output:
+        raise ModelLoadError(
+            format_message(f"ONNX model '{path}'", "an empty graph (no nodes, no outputs)",
+                           "an ONNX model", "the file may be truncated or not an ONNX model")
+        )
+    _check_external_data(model, p.parent, p)
+    if load_external_data:
+        from onnx.external_data_helper import load_external_data_for_model
+
+        load_external_data_for_model(model, str(p.parent))
+    return model
+
+
+def ir_version_for(model: object) -> int:
+    """The lowest IR version that supports every opset the model imports, capped for onnxruntime."""
+    import onnx
+    from onnx import helper
+
+    assert isinstance(model, onnx.ModelProto)
+    needed = 3
+    for imp in model.opset_import:
+        domain = imp.domain or "ai.onnx"
+        if domain not in ("ai.onnx", "ai.onnx.ml"):
+            continue
+        best = None
+        for _rel, ir, onnx_opset, ml_opset, *_rest in helper.VERSION_TABLE:
+            have = onnx_opset if domain == "ai.onnx" else ml_opset
+            if have is not None and have >= imp.version:
+                best = ir if best is None else min(best, ir)
+        if best is not None:
+            needed = max(needed, best)
+    return min(max(needed, 7), max(MAX_ORT_IR_VERSION, needed))
+
+
+def save_onnx(
+    model: object,
+    path: str | os.PathLike[str],
+    *,
+    external_data: bool | None = None,
+) -> Path:
+    """Write a model atomically at an onnxruntime-loadable IR version.
+
+    Args:
+        model: The ``onnx.ModelProto`` (not modified: a copy is saved).
+        path: Destination .onnx path.
+        external_data: Force external data on/off; None switches it on above 2 GB.
+
+    Returns:
+        The destination path.
+    """
+    import onnx
+
+    assert isinstance(model, onnx.ModelProto)
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    m.ir_version = ir_version_for(m)
+    if external_data is None:
+        external_data = m.ByteSize() >= EXTERNAL_DATA_THRESHOLD if _small_enough_to_size(m) else True
+    tmpdir = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        tmp_model = tmpdir / out.name
+        data_name = out.name + ".data"
+        if external_data:
+            onnx.save_model(m, str(tmp_model), save_as_external_data=True, all_tensors_to_one_file=True,
+                            location=data_name, size_threshold=EXTERNAL_DATA_SIZE_THRESHOLD)
+            if (tmpdir / data_name).exists():
+                os.replace(tmpdir / data_name, out.parent / data_name)
+        else:
+            tmp_model.write_bytes(m.SerializeToString(deterministic=True))
+        os.replace(tmp_model, out)
+    finally:
+        shutil.rmtree(tmpdir, ignore_errors=True)
+    return out
+
+
+def _small_enough_to_size(model: object) -> bool:
+    # ByteSize works up to 2 GiB; summing raw_data first avoids an overflow error on giant models.
+    total = 0
+    for t in _all_tensors(model):
+        total += len(t.raw_data)  # type: ignore[attr-defined]
+        if total >= EXTERNAL_DATA_THRESHOLD:
+            return False
+    return True
+
+
+@dataclass(frozen=True)
+class NodeRef:
+    """A node and where it lives.
+
+    Attributes:
+        address: Qualified, stable name: ``name`` in the main graph, ``If_3/then_branch/Add_1`` inside bodies.
+        node: The ``onnx.NodeProto``.
+        graph: The ``onnx.GraphProto`` holding it.
+        depth: 0 for the main graph, 1 for a body, and so on.
+    """
+
+    address: str
+    node: object
+    graph: object
+    depth: int
+
+
+def iter_nodes(graph: object, prefix: str = "", depth: int = 0) -> Iterator[NodeRef]:
+    """Yield every node of ``graph`` and of its subgraphs (depth first, in graph order)."""
+    import onnx
+
+    assert isinstance(graph, onnx.GraphProto)
+    for node in graph.node:
+        addr = f"{prefix}{node.name}"
+        yield NodeRef(addr, node, graph, depth)
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                yield from iter_nodes(attr.g, f"{addr}/{attr.name}/", depth + 1)
+            elif attr.type == onnx.AttributeProto.GRAPHS:
+                for i, g in enumerate(attr.graphs):
+                    yield from iter_nodes(g, f"{addr}/{attr.name}_{i}/", depth + 1)
+
+
+def name_nodes(model: object) -> object:
+    """Return a copy of ``model`` in which every node has a name unique within its graph.
+
+    Unnamed nodes become ``<OpType>_<index>`` (index = position in its graph); a duplicate name gets a
+    ``_<n>`` suffix. Names already present are kept, so the result is stable across runs.
+    """
+    import onnx
+
+    assert isinstance(model, onnx.ModelProto)
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+
+    def fix(graph: onnx.GraphProto) -> None:
+        seen: set[str] = set()
+        for i, node in enumerate(graph.node):
+            name = node.name or f"{node.op_type}_{i}"
+            base, n = name, 1
+            while name in seen:
+                name = f"{base}_{n}"
+                n += 1
+            seen.add(name)
+            node.name = name
+            for attr in node.attribute:
+                if attr.type == onnx.AttributeProto.GRAPH:
+                    fix(attr.g)
+                elif attr.type == onnx.AttributeProto.GRAPHS:
+                    for g in attr.graphs:
+                        fix(g)
+
+    fix(m.graph)
+    return m
+
+
+def ort_session(model: object | str | os.PathLike[str], providers: list[str] | None = None) -> object:
+    """Create an onnxruntime InferenceSession from a ModelProto or path (CPU unless told otherwise).
+
+    Raises:
+        ModelLoadError: If onnxruntime refuses the model.
+    """
+    import onnx
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    providers = providers or ["CPUExecutionProvider"]
+    try:
+        if isinstance(model, onnx.ModelProto):
+            if _small_enough_to_size(model):
+                return ort.InferenceSession(model.SerializeToString(), so, providers=providers)
+            with tempfile.TemporaryDirectory() as td:
+                p = save_onnx(model, Path(td) / "model.onnx", external_data=True)
+                return ort.InferenceSession(str(p), so, providers=providers)
+        return ort.InferenceSession(str(model), so, providers=providers)
+    except Exception as err:  # onnxruntime raises its own Fail/InvalidGraph/... types
+        raise ModelLoadError(f"ONNX Runtime could not load the model: {err}") from err
+
+
+def require_file(path: str | os.PathLike[str], what: str) -> Path:
+    """Return ``path`` as a Path, or raise InvalidInputError naming ``what`` when it is no file."""
+    p = Path(path)
+    if not p.is_file():
+        raise InvalidInputError(format_message(f"{what} '{path}'", "no such file", "an existing file"))
+    return p

@@ -1,0 +1,72 @@
+"""Shared fixtures and marker handling.
+
+``gpu`` tests skip without CUDA, ``tensorrt`` tests skip without the tensorrt package; neither is imported
+here at module level.
+"""
+
+from __future__ import annotations
+
+import sys
+from importlib.util import find_spec
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))  # so tests can import models/
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available())
+    except ImportError:
+        return False
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    no_gpu = pytest.mark.skip(reason="needs a CUDA GPU; torch.cuda.is_available() is False on this machine")
+    no_trt = pytest.mark.skip(reason="needs TensorRT: `pip install tensorrt` from NVIDIA's package index, and a GPU")
+    has_gpu = None
+    has_trt = find_spec("tensorrt") is not None
+    for item in items:
+        if "gpu" in item.keywords:
+            if has_gpu is None:
+                has_gpu = _cuda_available()
+            if not has_gpu:
+                item.add_marker(no_gpu)
+        if "tensorrt" in item.keywords and not has_trt:
+            item.add_marker(no_trt)
+
+
+@pytest.fixture
+def cli_runner():
+    from click.testing import CliRunner
+
+    return CliRunner()
+
+
+@pytest.fixture
+def invoke(cli_runner):
+    """Invoke the mpinfer CLI; returns click's Result (``exit_code``, ``output``, ``stderr``)."""
+    from mpinfer.cli import main
+
+    def _invoke(*args: str):
+        return cli_runner.invoke(main, [str(a) for a in args], catch_exceptions=True)
+
+    return _invoke
+
+
+def assert_user_error(result, pattern: str | None = None) -> None:
+    """A user mistake: exit 1, one ``Error:`` line, no traceback."""
+    import re
+
+    out = result.output + (result.stderr if hasattr(result, "stderr") else "")
+    assert result.exit_code == 1, f"exit {result.exit_code}: {out}\n{result.exception!r}"
+    errors = [line for line in out.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1, out
+    assert "Traceback" not in out
+    if pattern:
+        assert re.search(pattern, errors[0]), errors[0]
