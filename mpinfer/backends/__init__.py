@@ -86,8 +86,7 @@ def _engine_runner(path: Path, device: str) -> Runner:
             format_message(f"Engine '{path}'", "a build without the engine backend (mpinfer.engine)",
                            "mpinfer.engine.load_engine_runner",
                            "install mpinfer with the engine support, or compare the .onnx instead")) from err
-    engine_device = "auto" if device == "cpu" else device
-    runner: Any = load_engine_runner(path, device=engine_device)
+    runner: Any = load_engine_runner(path, device=device)
     return runner  # type: ignore[no-any-return]
 
 
