@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -30,8 +31,10 @@ def export_model(name: str, out_dir: Path) -> Path:
     axes = {inp: {0: "batch", 1: "seq"}} if name == "transformer_small" else {inp: {0: "batch"}}
     path = out_dir / f"{name}.onnx"
     tmp = out_dir / f".{name}.raw.onnx"
-    torch.onnx.export(model, mod.example_inputs(), str(tmp), dynamo=False, input_names=[inp],
-                      output_names=["logits"], dynamic_axes={**axes, "logits": {0: "batch"}}, opset_version=17)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the legacy exporter's deprecation notice; it is the fast one
+        torch.onnx.export(model, mod.example_inputs(), str(tmp), dynamo=False, input_names=[inp],
+                          output_names=["logits"], dynamic_axes={**axes, "logits": {0: "batch"}}, opset_version=17)
     save_onnx(name_nodes(onnx.load(str(tmp))), path)
     tmp.unlink()
     return path
@@ -148,3 +151,23 @@ def write_plan(candidate: Path, model: onnx.ModelProto, low: dict[str, tuple[str
     path = Path(str(candidate)[: -len(".onnx")] + ".plan.json")
     path.write_text(json.dumps(plan, indent=2))
     return path
+
+
+def broken_fixture(out_dir: Path) -> dict[str, Path]:
+    """The MLP, its FP16 copy, a copy with the first LayerNorm forced to FP16 (plus plan), and data that
+    overflows FP16 at that LayerNorm's input (|x| ~ 1e6 gives pre-LayerNorm activations far above 65504)."""
+    base = export_model("mlp", out_dir)
+    model = onnx.load(str(base))
+    fp16 = out_dir / "mlp.fp16.onnx"
+    save_onnx(to_fp16(model), fp16)
+    ln = next(n.name for n in model.graph.node if n.op_type == "LayerNormalization")
+    broken_model = force_low(model, [ln])
+    broken = out_dir / "mlp.lnfp16.onnx"
+    save_onnx(broken_model, broken)
+    write_plan(broken, broken_model, {ln: ("user:low-node", "forced to FP16 by --low-node")})
+    rng = np.random.default_rng(0)
+    small = out_dir / "small.npz"
+    np.savez(small, x=rng.standard_normal((48, 64)).astype(np.float32), _labels=rng.integers(0, 10, 48))
+    big = out_dir / "overflow.npz"
+    np.savez(big, x=(rng.standard_normal((32, 64)) * 1e6).astype(np.float32))
+    return {"base": base, "fp16": fp16, "broken": broken, "small": small, "big": big, "ln": Path(ln)}
