@@ -24,14 +24,21 @@ def is_torch_spec(path_or_spec: str | os.PathLike[str]) -> bool:
     return ".py:" in text
 
 
-def open_runner(path_or_spec: str | os.PathLike[str], *, device: str = "cpu", numerics: str = "ort",
-                name: str | None = None) -> Runner:
+def open_runner(
+    path_or_spec: str | os.PathLike[str],
+    *,
+    device: str = "cpu",
+    numerics: str = "ort",
+    name: str | None = None,
+) -> Runner:
     """Return an (inactive) runner for a model path or spec.
 
     Args:
-        path_or_spec: ``model.onnx``; an engine (``.engine``/``.trt``/``.plan``); or ``file.py:factory[@weights]``.
+        path_or_spec: ``model.onnx``; an engine (``.engine``/``.trt``/``.plan``); or
+            ``file.py:factory[@weights]``.
         device: ``cpu``, ``cuda`` or ``auto``.
-        numerics: ``ort`` (onnxruntime kernels) or ``strict`` (every FP16/BF16 node emulated in its precision).
+        numerics: ``ort`` (onnxruntime kernels) or ``strict`` (every FP16/BF16 node emulated in its
+            precision).
         name: Display name (default: the path or spec).
 
     Returns:
@@ -52,8 +59,11 @@ def open_runner(path_or_spec: str | os.PathLike[str], *, device: str = "cpu", nu
         return TorchRunner(text, device=device, name=label)
     path = Path(text)
     if not path.is_file():
-        raise ModelLoadError(format_message(f"Model '{text}'", "no such file",
-                                            "an .onnx file, an engine, or file.py:factory[@weights]"))
+        raise ModelLoadError(
+            format_message(
+                f"Model '{text}'", "no such file", "an .onnx file, an engine, or file.py:factory[@weights]"
+            )
+        )
     if path.suffix.lower() == ".onnx":
         if numerics == "strict":
             return _strict_runner(path, label)
@@ -62,9 +72,13 @@ def open_runner(path_or_spec: str | os.PathLike[str], *, device: str = "cpu", nu
         return OrtRunner(path, device=device, name=label)
     if path.suffix.lower() in ENGINE_SUFFIXES:
         return _engine_runner(path, device)
-    raise InvalidInputError(format_message(f"Model '{text}'", f"a '{path.suffix}' file",
-                                           "an .onnx file, an engine (" + ", ".join(ENGINE_SUFFIXES)
-                                           + ") or file.py:factory[@weights]"))
+    raise InvalidInputError(
+        format_message(
+            f"Model '{text}'",
+            f"a '{path.suffix}' file",
+            "an .onnx file, an engine (" + ", ".join(ENGINE_SUFFIXES) + ") or file.py:factory[@weights]",
+        )
+    )
 
 
 def _strict_runner(path: Path, name: str) -> Runner:
@@ -72,8 +86,13 @@ def _strict_runner(path: Path, name: str) -> Runner:
         from mpinfer.backends.strict import StrictRunner
     except ImportError as err:
         raise BackendUnavailableError(
-            format_message("Strict numerics", "a build without mpinfer.backends.strict",
-                           "the strict FP16/BF16 emulation runner", "use --numerics ort")) from err
+            format_message(
+                "Strict numerics",
+                "a build without mpinfer.backends.strict",
+                "the strict FP16/BF16 emulation runner",
+                "use --numerics ort",
+            )
+        ) from err
     runner: Runner = StrictRunner(path, name=name)
     return runner
 
@@ -83,9 +102,13 @@ def _engine_runner(path: Path, device: str) -> Runner:
         from mpinfer.engine import load_engine_runner
     except ImportError as err:
         raise BackendUnavailableError(
-            format_message(f"Engine '{path}'", "a build without the engine backend (mpinfer.engine)",
-                           "mpinfer.engine.load_engine_runner",
-                           "install mpinfer with the engine support, or compare the .onnx instead")) from err
+            format_message(
+                f"Engine '{path}'",
+                "a build without the engine backend (mpinfer.engine)",
+                "mpinfer.engine.load_engine_runner",
+                "install mpinfer with the engine support, or compare the .onnx instead",
+            )
+        ) from err
     runner: Any = load_engine_runner(path, device=device)
     return runner  # type: ignore[no-any-return]
 

@@ -34,10 +34,14 @@ def parse_torch_spec(spec: str) -> tuple[Path, str, Path | None]:
     text, _, weights = spec.partition("@")
     path, sep, factory = text.rpartition(":")
     if not sep or not path.endswith(".py") or not factory.isidentifier():
-        raise InvalidInputError(format_message(f"Torch model spec '{spec}'", None, "file.py:factory", _SPEC_HINT))
+        raise InvalidInputError(
+            format_message(f"Torch model spec '{spec}'", None, "file.py:factory", _SPEC_HINT)
+        )
     file = Path(path)
     if not file.is_file():
-        raise ModelLoadError(format_message(f"Torch model file '{path}'", "no such file", "an existing .py file"))
+        raise ModelLoadError(
+            format_message(f"Torch model file '{path}'", "no such file", "an existing .py file")
+        )
     wpath = Path(weights) if weights else None
     if wpath is not None and not wpath.is_file():
         raise ModelLoadError(format_message(f"Weights '{weights}'", "no such file", "an existing checkpoint"))
@@ -61,19 +65,29 @@ def load_torch_module(spec: str) -> tuple[Any, list[TensorSpec]]:
     mod_name = f"_mpinfer_user_{file.stem}_{abs(hash(str(file.resolve())))}"
     mspec = importlib.util.spec_from_file_location(mod_name, file)
     if mspec is None or mspec.loader is None:
-        raise ModelLoadError(format_message(f"Torch model file '{file}'", "a file Python cannot import", "a module"))
+        raise ModelLoadError(
+            format_message(f"Torch model file '{file}'", "a file Python cannot import", "a module")
+        )
     module = importlib.util.module_from_spec(mspec)
     sys.path.insert(0, str(file.resolve().parent))
     try:
         mspec.loader.exec_module(module)
     except Exception as err:  # user code can raise anything
-        raise ModelLoadError(f"Torch model file '{file}' failed to import: {type(err).__name__}: {err}") from err
+        raise ModelLoadError(
+            f"Torch model file '{file}' failed to import: {type(err).__name__}: {err}"
+        ) from err
     finally:
         sys.path.pop(0)
     fn = getattr(module, factory, None)
     if not callable(fn):
-        raise ModelLoadError(format_message(f"Torch model file '{file}'", f"no callable '{factory}'",
-                                            "a factory function returning an nn.Module", _SPEC_HINT))
+        raise ModelLoadError(
+            format_message(
+                f"Torch model file '{file}'",
+                f"no callable '{factory}'",
+                "a factory function returning an nn.Module",
+                _SPEC_HINT,
+            )
+        )
     model = fn()
     if not isinstance(model, torch.nn.Module):
         raise ModelLoadError(format_message(f"Factory '{spec}'", f"a {type(model).__name__}", "an nn.Module"))
@@ -81,7 +95,9 @@ def load_torch_module(spec: str) -> tuple[Any, list[TensorSpec]]:
         try:
             state = torch.load(weights, map_location="cpu", weights_only=True)
         except Exception as err:  # pickle/unpickling errors have many types
-            raise ModelLoadError(f"Weights '{weights}' could not be loaded with weights_only=True: {err}") from err
+            raise ModelLoadError(
+                f"Weights '{weights}' could not be loaded with weights_only=True: {err}"
+            ) from err
         if isinstance(state, Mapping) and "model" in state and isinstance(state["model"], Mapping):
             state = state["model"]
         try:
@@ -130,14 +146,20 @@ class TorchRunner(Runner):
             module, file_specs = self._source, []
         self._specs = self._given_specs or file_specs
         if not self._specs:
-            raise InvalidInputError(format_message(f"Torch model '{self.name}'", "no input specs",
-                                                   "INPUT_SPECS in the model file, or input_specs=",
-                                                   "add INPUT_SPECS = ['x:batchx3x64x64:float32'] to the file"))
+            raise InvalidInputError(
+                format_message(
+                    f"Torch model '{self.name}'",
+                    "no input specs",
+                    "INPUT_SPECS in the model file, or input_specs=",
+                    "add INPUT_SPECS = ['x:batchx3x64x64:float32'] to the file",
+                )
+            )
         if self.device == "auto":
             self._torch_device = "cuda" if torch.cuda.is_available() else "cpu"
         elif self.device == "cuda" and not torch.cuda.is_available():
-            raise BackendUnavailableError(format_message("Torch CUDA device", "no visible GPU", "a CUDA GPU",
-                                                         "use --device cpu"))
+            raise BackendUnavailableError(
+                format_message("Torch CUDA device", "no visible GPU", "a CUDA GPU", "use --device cpu")
+            )
         else:
             self._torch_device = self.device
         self._module = module.to(self._torch_device).eval()
@@ -157,17 +179,25 @@ class TorchRunner(Runner):
     def _infer(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         import torch
 
-        args = [torch.from_numpy(np.ascontiguousarray(feeds[s.name])).to(self._torch_device) for s in self._specs]
+        args = [
+            torch.from_numpy(np.ascontiguousarray(feeds[s.name])).to(self._torch_device) for s in self._specs
+        ]
         with torch.inference_mode():
             out = self._module(*args)
         flat = _flatten_outputs(out)
         if self._output_names is None or len(self._output_names) != len(flat):
             if self._output_names is not None:
-                logger.warning("Torch model '%s' returned %d outputs for %d names; using positional names",
-                               self.name, len(flat), len(self._output_names))
+                logger.warning(
+                    "Torch model '%s' returned %d outputs for %d names; using positional names",
+                    self.name,
+                    len(flat),
+                    len(self._output_names),
+                )
             self._output_names = [f"output_{i}" for i in range(len(flat))]
-        return {n: t.detach().float().cpu().numpy() if t.is_floating_point() else t.detach().cpu().numpy()
-                for n, t in zip(self._output_names, flat)}
+        return {
+            n: t.detach().float().cpu().numpy() if t.is_floating_point() else t.detach().cpu().numpy()
+            for n, t in zip(self._output_names, flat, strict=True)
+        }
 
     def _deactivate(self) -> None:
         self._module = None
@@ -177,8 +207,14 @@ class TorchRunner(Runner):
         import torch
 
         info = super().describe()
-        info.update({"backend": "torch", "torch": torch.__version__, "device": self._torch_device,
-                     "numerics": f"torch-{self._torch_device}-fp32"})
+        info.update(
+            {
+                "backend": "torch",
+                "torch": torch.__version__,
+                "device": self._torch_device,
+                "numerics": f"torch-{self._torch_device}-fp32",
+            }
+        )
         return info
 
 
@@ -191,4 +227,6 @@ def _flatten_outputs(out: Any) -> list[Any]:
         return [t for v in out.values() for t in _flatten_outputs(v)]
     if isinstance(out, (list, tuple)):
         return [t for v in out for t in _flatten_outputs(v)]
-    raise ModelLoadError(f"Torch model returned a {type(out).__name__}; expected tensors (or tuples/dicts of them).")
+    raise ModelLoadError(
+        f"Torch model returned a {type(out).__name__}; expected tensors (or tuples/dicts of them)."
+    )

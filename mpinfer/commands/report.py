@@ -9,21 +9,32 @@ import click
 
 @click.command()
 @click.argument("report_json", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--format", "fmt", type=click.Choice(["html", "md", "json", "console"]), default="console",
-              show_default=True, help="Output format.")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["html", "md", "json", "console"]),
+    default="console",
+    show_default=True,
+    help="Output format.",
+)
 @click.option("--check", "checks", help='New thresholds, e.g. "cosine>=0.9999"; exit 1 when one fails.')
-@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
-              help="Write to this file (default: stdout).")
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write to this file (default: stdout).",
+)
 @click.option("--force", is_flag=True, help="Overwrite an existing output file.")
 @click.pass_context
-def report(ctx: click.Context, report_json: Path, fmt: str, checks: str | None, output: Path | None,
-           force: bool) -> None:
+def report(
+    ctx: click.Context, report_json: Path, fmt: str, checks: str | None, output: Path | None, force: bool
+) -> None:
     """Re-render REPORT_JSON (from `mpinfer compare --report`) as html, md, json or console tables.
 
     \b
     mpinfer report out/report/report.json --format html -o out/report.html
     mpinfer report out/report/report.json --check "cosine>=0.99999"     # exit 1 if it fails now
-    """
+    """  # noqa: D301 (click needs the \b)
     from mpinfer.report import load_report, render
 
     if output is not None:

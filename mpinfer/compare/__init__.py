@@ -5,5 +5,14 @@ from mpinfer.compare.comparator import CompareConfig, compare_models
 from mpinfer.compare.metrics import METRIC_DOCS
 from mpinfer.compare.result import SCHEMA_VERSION, CandidateResult, ComparisonResult
 
-__all__ = ["DEFAULT_CHECKS", "METRIC_DOCS", "SCHEMA_VERSION", "CandidateResult", "Check", "CompareConfig",
-           "ComparisonResult", "compare_models", "parse_checks"]
+__all__ = [
+    "DEFAULT_CHECKS",
+    "METRIC_DOCS",
+    "SCHEMA_VERSION",
+    "CandidateResult",
+    "Check",
+    "CompareConfig",
+    "ComparisonResult",
+    "compare_models",
+    "parse_checks",
+]

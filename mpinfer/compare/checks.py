@@ -21,10 +21,16 @@ from mpinfer.errors import InvalidInputError, format_message
 DEFAULT_CHECKS = "cosine>=0.999,nonfinite<=0"
 
 _OPS: dict[str, Callable[[float, float], bool]] = {
-    ">=": operator.ge, "<=": operator.le, "==": operator.eq, ">": operator.gt, "<": operator.lt,
+    ">=": operator.ge,
+    "<=": operator.le,
+    "==": operator.eq,
+    ">": operator.gt,
+    "<": operator.lt,
 }
 _ALIASES = {"snr": "snr_db", "top-1": "top1", "top-5": "top5", "acc": "accuracy", "acc_drop": "accuracy_drop"}
-_CHECK_RE = re.compile(r"^\s*([A-Za-z0-9_\-]+)\s*(>=|<=|==|>|<)\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*$")
+_CHECK_RE = re.compile(
+    r"^\s*([A-Za-z0-9_\-]+)\s*(>=|<=|==|>|<)\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*$"
+)
 
 
 @dataclass(frozen=True)
@@ -61,14 +67,27 @@ def parse_checks(text: str | None) -> tuple[Check, ...]:
             continue
         m = _CHECK_RE.match(item)
         if not m:
-            raise InvalidInputError(format_message(f"Check '{item.strip()}'", None, "metric<op>number",
-                                                   "write e.g. cosine>=0.9999,top1>=0.999,max_abs<=0.01"))
+            raise InvalidInputError(
+                format_message(
+                    f"Check '{item.strip()}'",
+                    None,
+                    "metric<op>number",
+                    "write e.g. cosine>=0.9999,top1>=0.999,max_abs<=0.01",
+                )
+            )
         name = _ALIASES.get(m.group(1).lower(), m.group(1).lower())
         if name not in METRIC_DOCS:
-            raise InvalidInputError(format_message(f"Check '{item.strip()}'", f"unknown metric '{m.group(1)}'",
-                                                   "one of " + ", ".join(METRIC_DOCS),
-                                                   "see `mpinfer compare --help` for what each one means"))
+            raise InvalidInputError(
+                format_message(
+                    f"Check '{item.strip()}'",
+                    f"unknown metric '{m.group(1)}'",
+                    "one of " + ", ".join(METRIC_DOCS),
+                    "see `mpinfer compare --help` for what each one means",
+                )
+            )
         checks.append(Check(name, m.group(2), float(m.group(3))))
     if not checks:
-        raise InvalidInputError(format_message("Checks", repr(text), "at least one check, e.g. cosine>=0.9999"))
+        raise InvalidInputError(
+            format_message("Checks", repr(text), "at least one check, e.g. cosine>=0.9999")
+        )
     return tuple(checks)

@@ -1,4 +1,4 @@
-"""compare_models: the same feeds through a baseline and candidates, then metrics, checks, divergence, latency."""
+"""compare_models: the same feeds through baseline and candidates; metrics, checks, divergence, latency."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from mpinfer.backends import Runner, is_torch_spec, open_runner
+from mpinfer.backends import Runner, open_runner
 from mpinfer.compare.checks import Check, parse_checks
 from mpinfer.compare.metrics import OutputAccumulator
 from mpinfer.compare.result import CandidateResult, ComparisonResult, LatencyResult, OutputMetrics
@@ -80,16 +80,22 @@ def _validate_config(cfg: CompareConfig) -> tuple[Check, ...]:
         if value < 1:
             raise InvalidInputError(format_message(what, value, "a positive integer"))
     if cfg.warmup < 0 or any(b < 1 for b in cfg.batch_sizes):
-        raise InvalidInputError(format_message("--warmup/--batch-sizes", f"{cfg.warmup}/{cfg.batch_sizes}",
-                                               "warmup >= 0 and batch sizes >= 1"))
+        raise InvalidInputError(
+            format_message(
+                "--warmup/--batch-sizes",
+                f"{cfg.warmup}/{cfg.batch_sizes}",
+                "warmup >= 0 and batch sizes >= 1",
+            )
+        )
     return checks
 
 
 def _activate(stack: contextlib.ExitStack, spec: str, role: str, cfg: CompareConfig) -> Runner:
     """Open and activate one runner, naming the model in any load error."""
     try:
-        runner = open_runner(spec, device=cfg.device, numerics=cfg.numerics if role == "Candidate" else "ort",
-                             name=spec)
+        runner = open_runner(
+            spec, device=cfg.device, numerics=cfg.numerics if role == "Candidate" else "ort", name=spec
+        )
         stack.enter_context(runner)
     except MpinferError as err:
         raise ModelLoadError(f"{role} '{spec}' could not be loaded: {err}") from err
@@ -101,40 +107,74 @@ def _activate(stack: contextlib.ExitStack, spec: str, role: str, cfg: CompareCon
 def _check_specs(base: Sequence[TensorSpec], cand: Sequence[TensorSpec], bname: str, cname: str) -> None:
     bmap, cmap = {s.name: s for s in base}, {s.name: s for s in cand}
     if set(bmap) != set(cmap):
-        raise InvalidInputError(format_message(
-            f"Candidate '{cname}': input names", sorted(cmap), f"the baseline's {sorted(bmap)}",
-            "compare models exported from the same network (convert keeps input names)"))
+        raise InvalidInputError(
+            format_message(
+                f"Candidate '{cname}': input names",
+                sorted(cmap),
+                f"the baseline's {sorted(bmap)}",
+                "compare models exported from the same network (convert keeps input names)",
+            )
+        )
     for name, b in bmap.items():
         c = cmap[name]
         if b.dtype != c.dtype:
-            raise InvalidInputError(format_message(
-                f"Candidate '{cname}': input '{name}'", f"dtype {c.dtype}", f"{b.dtype} as in baseline '{bname}'",
-                "convert with --keep-io-types so the candidate takes the same inputs"))
-        fixed_mismatch = any(isinstance(x, int) and isinstance(y, int) and x != y for x, y in zip(b.shape, c.shape))
+            raise InvalidInputError(
+                format_message(
+                    f"Candidate '{cname}': input '{name}'",
+                    f"dtype {c.dtype}",
+                    f"{b.dtype} as in baseline '{bname}'",
+                    "convert with --keep-io-types so the candidate takes the same inputs",
+                )
+            )
+        fixed_mismatch = any(
+            isinstance(x, int) and isinstance(y, int) and x != y
+            for x, y in zip(b.shape, c.shape, strict=False)
+        )
         if len(b.shape) != len(c.shape) or fixed_mismatch:
-            raise InvalidInputError(format_message(
-                f"Candidate '{cname}': input '{name}'", f"shape {tuple(c.shape)}",
-                f"{tuple(b.shape)} as in baseline '{bname}'", "both models must take the same input shapes"))
+            raise InvalidInputError(
+                format_message(
+                    f"Candidate '{cname}': input '{name}'",
+                    f"shape {tuple(c.shape)}",
+                    f"{tuple(b.shape)} as in baseline '{bname}'",
+                    "both models must take the same input shapes",
+                )
+            )
 
 
 def _check_outputs(bnames: Sequence[str], cnames: Sequence[str], cname: str) -> None:
     if set(bnames) != set(cnames):
         missing = [n for n in bnames if n not in cnames]
         extra = [n for n in cnames if n not in bnames]
-        raise InvalidInputError(format_message(
-            f"Candidate '{cname}': output names", sorted(cnames), f"the baseline's {sorted(bnames)}",
-            f"missing {missing}, unexpected {extra}; compare models of the same network"))
+        raise InvalidInputError(
+            format_message(
+                f"Candidate '{cname}': output names",
+                sorted(cnames),
+                f"the baseline's {sorted(bnames)}",
+                f"missing {missing}, unexpected {extra}; compare models of the same network",
+            )
+        )
 
 
 def _check_batch_outputs(bout: Mapping[str, np.ndarray], cout: Mapping[str, np.ndarray], cname: str) -> None:
     for name, b in bout.items():
         c = cout[name]
         if b.shape != c.shape:
-            raise InvalidInputError(format_message(f"Candidate '{cname}': output '{name}'", f"shape {c.shape}",
-                                                   f"{b.shape} as the baseline's", "both models must agree"))
+            raise InvalidInputError(
+                format_message(
+                    f"Candidate '{cname}': output '{name}'",
+                    f"shape {c.shape}",
+                    f"{b.shape} as the baseline's",
+                    "both models must agree",
+                )
+            )
         if (b.dtype.kind == "f") != (c.dtype.kind == "f"):
-            raise InvalidInputError(format_message(f"Candidate '{cname}': output '{name}'", f"dtype {c.dtype}",
-                                                   f"a dtype of the same kind as the baseline's {b.dtype}"))
+            raise InvalidInputError(
+                format_message(
+                    f"Candidate '{cname}': output '{name}'",
+                    f"dtype {c.dtype}",
+                    f"a dtype of the same kind as the baseline's {b.dtype}",
+                )
+            )
 
 
 def _specs_of(baseline: Runner, candidates: Mapping[str, Runner], cfg: CompareConfig) -> list[TensorSpec]:
@@ -162,23 +202,34 @@ def _output_names(baseline: Runner, candidates: Mapping[str, Runner]) -> list[st
 def _iter_progress(feeds: Any, show: bool) -> Iterator[dict[str, np.ndarray]]:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    with Progress(TextColumn("[bold]compare[/]"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  disable=not show, transient=True) as progress:
+    with Progress(
+        TextColumn("[bold]compare[/]"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        disable=not show,
+        transient=True,
+    ) as progress:
         task = progress.add_task("batches", total=len(feeds))
         for batch in feeds:
             yield batch
             progress.advance(task)
 
 
-def _run_batches(cfg: CompareConfig, baseline: Runner, candidates: Mapping[str, Runner], feeds: Any,
-                 out_names: Sequence[str]) -> tuple[dict[str, dict[str, OutputAccumulator]], list[dict[str, Any]]]:
+def _run_batches(
+    cfg: CompareConfig,
+    baseline: Runner,
+    candidates: Mapping[str, Runner],
+    feeds: Any,
+    out_names: Sequence[str],
+) -> tuple[dict[str, dict[str, OutputAccumulator]], list[dict[str, Any]]]:
     accs = {c: {o: OutputAccumulator(o) for o in out_names} for c in candidates}
     kept: list[dict[str, np.ndarray]] = []
     offset = 0
     labels = feeds.labels
     for batch in _iter_progress(feeds, cfg.show_progress):
         n = next(iter(batch.values())).shape[0] if batch else 0
-        lab = labels[offset:offset + n] if labels is not None and offset + n <= len(labels) else None
+        lab = labels[offset : offset + n] if labels is not None and offset + n <= len(labels) else None
         offset += n
         bout = baseline.infer(batch)
         for cname, runner in candidates.items():
@@ -189,9 +240,14 @@ def _run_batches(cfg: CompareConfig, baseline: Runner, candidates: Mapping[str, 
         if len(kept) < max(cfg.divergence_batches, 1):
             kept.append(batch)
     if not kept:
-        raise InvalidInputError(format_message(f"Data '{cfg.data or 'random'}'", "no batches",
-                                               "at least one batch of samples",
-                                               "check the batch size against the number of samples"))
+        raise InvalidInputError(
+            format_message(
+                f"Data '{cfg.data or 'random'}'",
+                "no batches",
+                "at least one batch of samples",
+                "check the batch size against the number of samples",
+            )
+        )
     return accs, kept
 
 
@@ -217,8 +273,14 @@ def compare_models(config: CompareConfig) -> ComparisonResult:
         cands = {c: _activate(stack, c, "Candidate", config) for c in config.candidates}
         specs = _specs_of(baseline, cands, config)
         out_names = _output_names(baseline, cands)
-        feeds = load_feeds(config.data, specs, batch_size=config.batch_size, num_batches=config.num_batches,
-                           seed=config.seed, dims=parse_dims(config.dims))
+        feeds = load_feeds(
+            config.data,
+            specs,
+            batch_size=config.batch_size,
+            num_batches=config.num_batches,
+            seed=config.seed,
+            dims=parse_dims(config.dims),
+        )
         accs, kept = _run_batches(config, baseline, cands, feeds, out_names)
         results = [_candidate_result(config, c, cands[c], accs[c], out_names, checks, kept) for c in cands]
         latency = _latency(config, baseline, cands, kept[0]) if config.latency else None
@@ -228,23 +290,48 @@ def compare_models(config: CompareConfig) -> ComparisonResult:
         notes.append("Random input data: the errors say little about real inputs; pass --data.")
     logger.info("compare finished in %.1f s", time.perf_counter() - t0)
     return ComparisonResult(
-        baseline=base_info, candidates=results, checks=[str(c) for c in checks],
-        data={"source": config.data or "random", "kind": feeds.kind, "description": feeds.description,
-              "batches": len(feeds), "samples": feeds.num_samples, "labels": feeds.labels is not None},
-        environment=_environment(config), latency=latency, notes=notes,
-        created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
+        baseline=base_info,
+        candidates=results,
+        checks=[str(c) for c in checks],
+        data={
+            "source": config.data or "random",
+            "kind": feeds.kind,
+            "description": feeds.description,
+            "batches": len(feeds),
+            "samples": feeds.num_samples,
+            "labels": feeds.labels is not None,
+        },
+        environment=_environment(config),
+        latency=latency,
+        notes=notes,
+        created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    )
 
 
-def _candidate_result(cfg: CompareConfig, name: str, runner: Runner, accs: Mapping[str, OutputAccumulator],
-                      out_names: Sequence[str], checks: tuple[Check, ...], kept: list[dict[str, Any]]
-                      ) -> CandidateResult:
+def _candidate_result(
+    cfg: CompareConfig,
+    name: str,
+    runner: Runner,
+    accs: Mapping[str, OutputAccumulator],
+    out_names: Sequence[str],
+    checks: tuple[Check, ...],
+    kept: list[dict[str, Any]],
+) -> CandidateResult:
     outputs = []
     for o in out_names:
         a = accs[o]
-        outputs.append(OutputMetrics(name=o, shape=list(a.shape or ()), baseline_dtype=a.baseline_dtype,
-                                     candidate_dtype=a.candidate_dtype, classifier=bool(a.classifier),
-                                     values=a.finalize(), hist_abs=a.hist_abs.to_dict(),
-                                     hist_rel=a.hist_rel.to_dict()))
+        outputs.append(
+            OutputMetrics(
+                name=o,
+                shape=list(a.shape or ()),
+                baseline_dtype=a.baseline_dtype,
+                candidate_dtype=a.candidate_dtype,
+                classifier=bool(a.classifier),
+                values=a.finalize(),
+                hist_abs=a.hist_abs.to_dict(),
+                hist_rel=a.hist_rel.to_dict(),
+            )
+        )
     result = CandidateResult(name=name, path=name, runner=runner.describe(), outputs=outputs)
     result.evaluate(checks)
     if name.lower().endswith(".onnx"):
@@ -261,25 +348,46 @@ def _onnx_extras(cfg: CompareConfig, result: CandidateResult, kept: list[dict[st
     result.precision = precision_summary(model, result.path)
     result.hints = speed_hints(model)
     if cfg.divergence and cfg.baseline.lower().endswith(".onnx"):
-        result.divergence = find_divergence(cfg.baseline, result.path, kept[: cfg.divergence_batches],
-                                            device=cfg.device, show_progress=cfg.show_progress)
+        result.divergence = find_divergence(
+            cfg.baseline,
+            result.path,
+            kept[: cfg.divergence_batches],
+            device=cfg.device,
+            show_progress=cfg.show_progress,
+        )
 
 
-def _latency(cfg: CompareConfig, baseline: Runner, cands: Mapping[str, Runner], sample: Mapping[str, np.ndarray]
-             ) -> LatencyResult:
+def _latency(
+    cfg: CompareConfig, baseline: Runner, cands: Mapping[str, Runner], sample: Mapping[str, np.ndarray]
+) -> LatencyResult:
     from mpinfer.compare.latency import measure_latency
 
     runners = {cfg.baseline: baseline, **cands}
     sizes = cfg.batch_sizes or (next(iter(sample.values())).shape[0],)
     fixed = {s.shape[0] for s in baseline.input_specs() if s.shape and isinstance(s.shape[0], int)}
     if fixed and any(b not in fixed for b in sizes):
-        raise InvalidInputError(format_message("--batch-sizes", list(sizes), f"{sorted(fixed)} only",
-                                               "the model has a fixed batch dimension"))
-    stats = measure_latency(runners, sample, sizes, warmup=cfg.warmup, iterations=cfg.iterations,
-                            time_budget_s=cfg.time_budget_s, show_progress=cfg.show_progress)
-    return LatencyResult(device=cfg.device, warmup=cfg.warmup, iterations=cfg.iterations,
-                         time_budget_s=cfg.time_budget_s, runners={n: r.describe() for n, r in runners.items()},
-                         stats=stats)
+        raise InvalidInputError(
+            format_message(
+                "--batch-sizes", list(sizes), f"{sorted(fixed)} only", "the model has a fixed batch dimension"
+            )
+        )
+    stats = measure_latency(
+        runners,
+        sample,
+        sizes,
+        warmup=cfg.warmup,
+        iterations=cfg.iterations,
+        time_budget_s=cfg.time_budget_s,
+        show_progress=cfg.show_progress,
+    )
+    return LatencyResult(
+        device=cfg.device,
+        warmup=cfg.warmup,
+        iterations=cfg.iterations,
+        time_budget_s=cfg.time_budget_s,
+        runners={n: r.describe() for n, r in runners.items()},
+        stats=stats,
+    )
 
 
 def _environment(cfg: CompareConfig) -> dict[str, Any]:
@@ -289,10 +397,17 @@ def _environment(cfg: CompareConfig) -> dict[str, Any]:
 
     import mpinfer
 
-    env = {"mpinfer": mpinfer.__version__, "python": platform.python_version(), "platform": platform.platform(),
-           "machine": platform.machine(), "processor": platform.processor() or platform.machine(),
-           "numpy": np.__version__, "onnxruntime": onnxruntime.__version__, "device": cfg.device,
-           "numerics": cfg.numerics}
+    env = {
+        "mpinfer": mpinfer.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "processor": platform.processor() or platform.machine(),
+        "numpy": np.__version__,
+        "onnxruntime": onnxruntime.__version__,
+        "device": cfg.device,
+        "numerics": cfg.numerics,
+    }
     if "torch" in sys.modules:
         env["torch"] = sys.modules["torch"].__version__
     return env

@@ -71,7 +71,9 @@ class _TensorAcc:
 
 
 def _precision_of(dtype: str) -> str:
-    return {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32", "float64": "fp64"}.get(dtype, dtype or "?")
+    return {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32", "float64": "fp64"}.get(
+        dtype, dtype or "?"
+    )
 
 
 def _shared_tensors(base: Any, cand: Any) -> tuple[list[str], dict[str, int]]:
@@ -100,15 +102,22 @@ def _with_outputs(model: Any, names: Sequence[str]) -> Any:
     return m
 
 
-def measure_tensors(base: Any, cand: Any, names: Sequence[str], batches: Sequence[Mapping[str, np.ndarray]],
-                    providers: list[str], *, show_progress: bool = False) -> dict[str, _TensorAcc]:
+def measure_tensors(
+    base: Any,
+    cand: Any,
+    names: Sequence[str],
+    batches: Sequence[Mapping[str, np.ndarray]],
+    providers: list[str],
+    *,
+    show_progress: bool = False,
+) -> dict[str, _TensorAcc]:
     """Run both models with ``names`` as extra outputs, chunk by chunk, and accumulate per-tensor error."""
     from rich.progress import Progress
 
     from mpinfer.modelio import ort_session
 
     accs = {n: _TensorAcc() for n in names}
-    chunks = [list(names[i:i + CHUNK_SIZE]) for i in range(0, len(names), CHUNK_SIZE)]
+    chunks = [list(names[i : i + CHUNK_SIZE]) for i in range(0, len(names), CHUNK_SIZE)]
     with Progress(disable=not show_progress, transient=True) as progress:
         task = progress.add_task("divergence: intermediate tensors", total=len(chunks) * len(batches))
         for chunk in chunks:
@@ -117,7 +126,7 @@ def measure_tensors(base: Any, cand: Any, names: Sequence[str], batches: Sequenc
             for feeds in batches:
                 rb = sb.run(chunk, dict(feeds))
                 rc = sc.run(chunk, dict(feeds))
-                for n, b, c in zip(chunk, rb, rc):
+                for n, b, c in zip(chunk, rb, rc, strict=True):
                     if np.asarray(b).dtype.kind == "f" and np.asarray(c).dtype.kind == "f":
                         accs[n].update(b, c)
                 progress.advance(task)
@@ -125,8 +134,9 @@ def measure_tensors(base: Any, cand: Any, names: Sequence[str], batches: Sequenc
     return {n: a for n, a in accs.items() if a.dtype}
 
 
-def rank_nodes(base: Any, accs: Mapping[str, _TensorAcc], plan_nodes: Mapping[str, Mapping[str, Any]]
-               ) -> list[NodeError]:
+def rank_nodes(
+    base: Any, accs: Mapping[str, _TensorAcc], plan_nodes: Mapping[str, Mapping[str, Any]]
+) -> list[NodeError]:
     """Per-node output error, input error and added error, in the baseline's graph order."""
     eff: dict[str, float] = {}  # effective error of every tensor (measured, or inherited from producers)
     nodes: list[NodeError] = []
@@ -141,11 +151,21 @@ def rank_nodes(base: Any, accs: Mapping[str, _TensorAcc], plan_nodes: Mapping[st
         acc = accs[out]
         plan = plan_nodes.get(node.name, {})
         added = err - in_err if math.isfinite(err) or math.isfinite(in_err) else 0.0
-        nodes.append(NodeError(
-            address=node.name, op_type=node.op_type, precision=str(plan.get("precision") or _precision_of(acc.dtype)),
-            output=out, error=err, input_error=in_err, added=added if not math.isnan(added) else 0.0,
-            max_abs=acc.max_abs if not acc.nonfinite else math.inf, nonfinite=acc.nonfinite,
-            reason=plan.get("reason"), detail=plan.get("detail")))
+        nodes.append(
+            NodeError(
+                address=node.name,
+                op_type=node.op_type,
+                precision=str(plan.get("precision") or _precision_of(acc.dtype)),
+                output=out,
+                error=err,
+                input_error=in_err,
+                added=added if not math.isnan(added) else 0.0,
+                max_abs=acc.max_abs if not acc.nonfinite else math.inf,
+                nonfinite=acc.nonfinite,
+                reason=plan.get("reason"),
+                detail=plan.get("detail"),
+            )
+        )
     return nodes
 
 
@@ -174,8 +194,14 @@ def load_plan_nodes(candidate: str | Path) -> dict[str, dict[str, Any]]:
         return {}
 
 
-def find_divergence(baseline: str | Path, candidate: str | Path, batches: Sequence[Mapping[str, np.ndarray]], *,
-                    device: str = "cpu", show_progress: bool = False) -> Divergence:
+def find_divergence(
+    baseline: str | Path,
+    candidate: str | Path,
+    batches: Sequence[Mapping[str, np.ndarray]],
+    *,
+    device: str = "cpu",
+    show_progress: bool = False,
+) -> Divergence:
     """Compare the intermediate tensors of two ONNX models on a few batches and locate the error jump.
 
     Args:
@@ -197,13 +223,32 @@ def find_divergence(baseline: str | Path, candidate: str | Path, batches: Sequen
     providers = resolve_providers(device)
     accs = measure_tensors(base, cand, shared, batches, providers, show_progress=show_progress)
     nodes = rank_nodes(base, accs, load_plan_nodes(candidate))
-    ranking = [n.address for n in sorted(nodes, key=lambda n: -n.added if not math.isnan(n.added) else 0)
-               if n.added > 0][:RANK_TOP]
+    ranking = [
+        n.address
+        for n in sorted(nodes, key=lambda n: -n.added if not math.isnan(n.added) else 0)
+        if n.added > 0
+    ][:RANK_TOP]
     jump = first_jump(nodes)
-    note = ("no node adds a jump in error" if jump is None else
-            f"error jumps at {jump.op_type} '{jump.address}' ({jump.precision})")
-    logger.info("divergence: %d tensors on %d batches in %.1f s; %s", len(accs), len(batches),
-                time.perf_counter() - t0, note)
+    note = (
+        "no node adds a jump in error"
+        if jump is None
+        else f"error jumps at {jump.op_type} '{jump.address}' ({jump.precision})"
+    )
+    logger.info(
+        "divergence: %d tensors on %d batches in %.1f s; %s",
+        len(accs),
+        len(batches),
+        time.perf_counter() - t0,
+        note,
+    )
     numerics = "ort-cuda" if providers[0].startswith("CUDA") else "ort-cpu"
-    return Divergence(numerics=numerics, batches=len(batches), tensors_compared=len(accs), nodes=nodes,
-                      first_jump=jump, ranking=ranking, skipped=skipped, note=note)
+    return Divergence(
+        numerics=numerics,
+        batches=len(batches),
+        tensors_compared=len(accs),
+        nodes=nodes,
+        first_jump=jump,
+        ranking=ranking,
+        skipped=skipped,
+        note=note,
+    )

@@ -51,7 +51,9 @@ def _infer(model: Any) -> tuple[dict[str, int], dict[str, list[int | str]]]:
     for vi in list(inferred.graph.value_info) + list(inferred.graph.input) + list(inferred.graph.output):
         tt = vi.type.tensor_type
         types[vi.name] = tt.elem_type
-        shapes[vi.name] = [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in tt.shape.dim]
+        shapes[vi.name] = [
+            d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in tt.shape.dim
+        ]
     for init in inferred.graph.initializer:
         types[init.name] = init.data_type
         shapes[init.name] = list(init.dims)
@@ -62,7 +64,7 @@ def _misaligned_dims(node: Any, shapes: dict[str, list[int | str]]) -> list[tupl
     def dims(name: str) -> list[int | str]:
         return shapes.get(name, [])
 
-    out: list[tuple[str, int]] = []
+    out: list[tuple[str, int | str]] = []
     if node.op_type in ("Conv", "ConvTranspose") and len(node.input) > 1:
         w = dims(node.input[1])
         group = next((a.i for a in node.attribute if a.name == "group"), 1)
@@ -71,7 +73,9 @@ def _misaligned_dims(node: Any, shapes: dict[str, list[int | str]]) -> list[tupl
             out += [("output channels", cout), ("input channels", cin)]
     elif node.op_type in ("MatMul", "Gemm") and len(node.input) > 1:
         a, b = dims(node.input[0]), dims(node.input[1])
-        trans_b = next((a_.i for a_ in node.attribute if a_.name == "transB"), 0) if node.op_type == "Gemm" else 0
+        trans_b = (
+            next((a_.i for a_ in node.attribute if a_.name == "transB"), 0) if node.op_type == "Gemm" else 0
+        )
         if len(b) >= 2:
             k, n = (b[-1], b[-2]) if trans_b else (b[-2], b[-1])
             out += [("inner dim K", k), ("output dim N", n)]
@@ -93,12 +97,18 @@ def speed_hints(model: Any) -> list[SpeedHint]:
             bad = _misaligned_dims(node, shapes)
             if bad:
                 what = ", ".join(f"{w} {v}" for w, v in bad)
-                hints.append(SpeedHint(
-                    "alignment", node.name, node.op_type,
-                    f"FP16 {node.op_type} '{node.name}' has {what}, not a multiple of {ALIGNMENT}: Tensor Cores "
-                    "need aligned shapes, so it gains little from FP16.",
-                    f"pad the layer to a multiple of {ALIGNMENT} in the model, or keep it FP32 "
-                    f"(`mpinfer convert --keep-node '{node.name}'`) and save the casts."))
+                hints.append(
+                    SpeedHint(
+                        "alignment",
+                        node.name,
+                        node.op_type,
+                        f"FP16 {node.op_type} '{node.name}' has {what}, not a multiple of {ALIGNMENT}: "
+                        "Tensor Cores "
+                        "need aligned shapes, so it gains little from FP16.",
+                        f"pad the layer to a multiple of {ALIGNMENT} in the model, or keep it FP32 "
+                        f"(`mpinfer convert --keep-node '{node.name}'`) and save the casts.",
+                    )
+                )
     hints += _cast_splits(nodes)
     if len(hints) > MAX_HINTS:
         logger.info("%d speed hints; the report lists the first %d", len(hints), MAX_HINTS)
@@ -118,12 +128,18 @@ def _cast_splits(nodes: list[Any]) -> list[SpeedHint]:
             continue
         for cons in consumers.get(cast.output[0], []):
             if cons.op_type in _FUSIBLE[prod.op_type]:
-                hints.append(SpeedHint(
-                    "cast-split", cons.name, cons.op_type,
-                    f"Cast '{cast.name}' sits between {prod.op_type} '{prod.name}' and {cons.op_type} "
-                    f"'{cons.name}', which a GPU engine would fuse; the pair runs as separate kernels plus a cast.",
-                    f"run both in the same precision: `mpinfer convert --low-node '{cons.name}'` or "
-                    f"`--keep-node '{prod.name}'`."))
+                hints.append(
+                    SpeedHint(
+                        "cast-split",
+                        cons.name,
+                        cons.op_type,
+                        f"Cast '{cast.name}' sits between {prod.op_type} '{prod.name}' and {cons.op_type} "
+                        f"'{cons.name}', which a GPU engine would fuse; the pair runs as separate kernels "
+                        "plus a cast.",
+                        f"run both in the same precision: `mpinfer convert --low-node '{cons.name}'` or "
+                        f"`--keep-node '{prod.name}'`.",
+                    )
+                )
     return hints
 
 
@@ -137,19 +153,30 @@ def precision_summary(model: Any, candidate_path: str | Path) -> dict[str, Any]:
     if plan_path.is_file():
         try:
             plan = json.loads(plan_path.read_text())
-            counts = Counter(str(n.get("precision", "fp32")) for n in plan.get("nodes", []))
+            plan_counts = Counter(str(n.get("precision", "fp32")) for n in plan.get("nodes", []))
             summ = plan.get("summary", {})
-            total = int(summ.get("nodes_total", sum(counts.values())))
-            low = int(summ.get("nodes_low", sum(v for k, v in counts.items() if k in ("fp16", "bf16"))))
-            return {"source": str(plan_path), "precision": plan.get("precision"), "nodes_total": total,
-                    "nodes_low": low, "low_share": low / total if total else 0.0,
-                    "low_share_flops": summ.get("low_share_flops"), "cast_count": summ.get("cast_count"),
-                    "counts": dict(counts), "reasons": dict(Counter(str(n.get("reason")) for n in plan["nodes"]))}
+            total = int(summ.get("nodes_total", sum(plan_counts.values())))
+            low = int(summ.get("nodes_low", sum(v for k, v in plan_counts.items() if k in ("fp16", "bf16"))))
+            return {
+                "source": str(plan_path),
+                "precision": plan.get("precision"),
+                "nodes_total": total,
+                "nodes_low": low,
+                "low_share": low / total if total else 0.0,
+                "low_share_flops": summ.get("low_share_flops"),
+                "cast_count": summ.get("cast_count"),
+                "counts": dict(plan_counts),
+                "reasons": dict(Counter(str(n.get("reason")) for n in plan["nodes"])),
+            }
         except (OSError, ValueError, KeyError, TypeError) as err:
             logger.warning("plan file '%s' is unreadable (%s); counting from the model", plan_path, err)
     types, _ = _infer(model)
-    names = {TensorProto.FLOAT16: "fp16", TensorProto.BFLOAT16: "bf16", TensorProto.FLOAT: "fp32"}
-    counts = Counter()
+    names: dict[int | None, str] = {
+        int(TensorProto.FLOAT16): "fp16",
+        int(TensorProto.BFLOAT16): "bf16",
+        int(TensorProto.FLOAT): "fp32",
+    }
+    counts: Counter[str] = Counter()
     casts = 0
     for ref in iter_nodes(model.graph):
         node = ref.node
@@ -162,6 +189,14 @@ def precision_summary(model: Any, candidate_path: str | Path) -> dict[str, Any]:
             counts[prec] += 1
     total = sum(counts.values())
     low = counts["fp16"] + counts["bf16"]
-    return {"source": "model", "precision": "fp16" if counts["fp16"] >= counts["bf16"] else "bf16",
-            "nodes_total": total, "nodes_low": low, "low_share": low / total if total else 0.0,
-            "low_share_flops": None, "cast_count": casts, "counts": dict(counts), "reasons": {}}
+    return {
+        "source": "model",
+        "precision": "fp16" if counts["fp16"] >= counts["bf16"] else "bf16",
+        "nodes_total": total,
+        "nodes_low": low,
+        "low_share": low / total if total else 0.0,
+        "low_share_flops": None,
+        "cast_count": casts,
+        "counts": dict(counts),
+        "reasons": {},
+    }

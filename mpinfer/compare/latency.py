@@ -25,13 +25,24 @@ def batch_of_size(sample: Mapping[str, np.ndarray], batch_size: int) -> dict[str
     out = {}
     for name, arr in sample.items():
         reps = -(-batch_size // max(arr.shape[0], 1))
-        out[name] = np.ascontiguousarray(np.concatenate([arr] * reps, axis=0)[:batch_size]) if reps > 1 \
+        out[name] = (
+            np.ascontiguousarray(np.concatenate([arr] * reps, axis=0)[:batch_size])
+            if reps > 1
             else np.ascontiguousarray(arr[:batch_size])
+        )
     return out
 
 
-def time_runner(runner: Runner, feeds: Mapping[str, np.ndarray], *, warmup: int, iterations: int,
-                time_budget_s: float | None = None, progress: Any = None, task: Any = None) -> list[float]:
+def time_runner(
+    runner: Runner,
+    feeds: Mapping[str, np.ndarray],
+    *,
+    warmup: int,
+    iterations: int,
+    time_budget_s: float | None = None,
+    progress: Any = None,
+    task: Any = None,
+) -> list[float]:
     """Return per-run latencies in seconds.
 
     Args:
@@ -62,15 +73,29 @@ def summarize(runner_name: str, batch_size: int, times: Sequence[float]) -> Late
     """Percentiles (ms) and throughput (samples/s) of a list of latencies."""
     ms = np.asarray(times, dtype=np.float64) * 1e3
     mean = float(ms.mean())
-    return LatencyStats(runner=runner_name, batch_size=batch_size, iterations=int(ms.size), mean_ms=mean,
-                        p50_ms=float(np.percentile(ms, 50)), p90_ms=float(np.percentile(ms, 90)),
-                        p99_ms=float(np.percentile(ms, 99)), min_ms=float(ms.min()),
-                        throughput=batch_size / (mean / 1e3) if mean > 0 else float("inf"))
+    return LatencyStats(
+        runner=runner_name,
+        batch_size=batch_size,
+        iterations=int(ms.size),
+        mean_ms=mean,
+        p50_ms=float(np.percentile(ms, 50)),
+        p90_ms=float(np.percentile(ms, 90)),
+        p99_ms=float(np.percentile(ms, 99)),
+        min_ms=float(ms.min()),
+        throughput=batch_size / (mean / 1e3) if mean > 0 else float("inf"),
+    )
 
 
-def measure_latency(runners: Mapping[str, Runner], sample: Mapping[str, np.ndarray], batch_sizes: Sequence[int],
-                    *, warmup: int, iterations: int, time_budget_s: float | None,
-                    show_progress: bool) -> list[LatencyStats]:
+def measure_latency(
+    runners: Mapping[str, Runner],
+    sample: Mapping[str, np.ndarray],
+    batch_sizes: Sequence[int],
+    *,
+    warmup: int,
+    iterations: int,
+    time_budget_s: float | None,
+    show_progress: bool,
+) -> list[LatencyStats]:
     """Measure every (active) runner at every batch size; the first runner is the baseline for speedups.
 
     Returns:
@@ -80,15 +105,32 @@ def measure_latency(runners: Mapping[str, Runner], sample: Mapping[str, np.ndarr
 
     stats: list[LatencyStats] = []
     t0 = time.perf_counter()
-    with Progress(TextColumn("[bold]latency[/] {task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), disable=not show_progress, transient=True) as progress:
+    with Progress(
+        TextColumn("[bold]latency[/] {task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        disable=not show_progress,
+        transient=True,
+    ) as progress:
         for bs in batch_sizes:
             feeds = batch_of_size(sample, bs)
             base_p50 = None
             for name, runner in runners.items():
                 task = progress.add_task(f"{name} @ batch {bs}", total=iterations)
-                st = summarize(name, bs, time_runner(runner, feeds, warmup=warmup, iterations=iterations,
-                                                     time_budget_s=time_budget_s, progress=progress, task=task))
+                st = summarize(
+                    name,
+                    bs,
+                    time_runner(
+                        runner,
+                        feeds,
+                        warmup=warmup,
+                        iterations=iterations,
+                        time_budget_s=time_budget_s,
+                        progress=progress,
+                        task=task,
+                    ),
+                )
                 progress.remove_task(task)
                 if base_p50 is None:
                     base_p50 = st.p50_ms

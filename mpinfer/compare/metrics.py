@@ -52,8 +52,9 @@ METRIC_DOCS: dict[str, str] = {
 class LogHistogram:
     """Counts of non-negative values in log-spaced bins, plus zero, tiny, huge and infinite buckets."""
 
-    counts: np.ndarray = field(default_factory=lambda: np.zeros((HI_DECADE - LO_DECADE) * BINS_PER_DECADE,
-                                                                 np.int64))
+    counts: np.ndarray = field(
+        default_factory=lambda: np.zeros((HI_DECADE - LO_DECADE) * BINS_PER_DECADE, np.int64)
+    )
     zeros: int = 0
     tiny: int = 0
     huge: int = 0
@@ -87,7 +88,7 @@ class LogHistogram:
             return 0.0
         seen = self.zeros + self.tiny
         if rank < seen:
-            return 10.0 ** LO_DECADE
+            return 10.0**LO_DECADE
         cum = np.cumsum(self.counts)
         i = int(np.searchsorted(cum, rank - seen, side="right"))
         if i >= self.counts.size:
@@ -99,8 +100,14 @@ class LogHistogram:
     def to_dict(self) -> dict[str, Any]:
         """Sparse JSON form."""
         nz = np.nonzero(self.counts)[0]
-        return {"lo_decade": LO_DECADE, "bins_per_decade": BINS_PER_DECADE, "zeros": self.zeros,
-                "tiny": self.tiny, "huge": self.huge, "bins": [[int(i), int(self.counts[i])] for i in nz]}
+        return {
+            "lo_decade": LO_DECADE,
+            "bins_per_decade": BINS_PER_DECADE,
+            "zeros": self.zeros,
+            "tiny": self.tiny,
+            "huge": self.huge,
+            "bins": [[int(i), int(self.counts[i])] for i in nz],
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> LogHistogram:
@@ -135,8 +142,26 @@ class OutputAccumulator:
         self.candidate_dtype = ""
         self.classifier: bool | None = None
         self.s: dict[str, float] = dict.fromkeys(
-            ("n", "sum_abs", "max_abs", "sum_rel", "max_rel", "sum_d2", "sum_b2", "sum_c2", "sum_bc", "nan",
-             "inf", "nonfinite", "rows", "labeled", "correct_b", "correct_c"), 0.0)
+            (
+                "n",
+                "sum_abs",
+                "max_abs",
+                "sum_rel",
+                "max_rel",
+                "sum_d2",
+                "sum_b2",
+                "sum_c2",
+                "sum_bc",
+                "nan",
+                "inf",
+                "nonfinite",
+                "rows",
+                "labeled",
+                "correct_b",
+                "correct_c",
+            ),
+            0.0,
+        )
         self.topk: dict[int, float] = dict.fromkeys(TOPK, 0.0)
         self.hist_abs = LogHistogram()
         self.hist_rel = LogHistogram()
@@ -205,15 +230,18 @@ class OutputAccumulator:
             "p99_rel": self.hist_rel.quantile(0.99),
             "cosine": math.nan if bad else _cosine(s["sum_bc"], s["sum_b2"], s["sum_c2"]),
             "snr_db": -math.inf if bad else _snr_db(s["sum_b2"], s["sum_d2"]),
-            "nan": s["nan"], "inf": s["inf"], "nonfinite": s["nonfinite"],
+            "nan": s["nan"],
+            "inf": s["inf"],
+            "nonfinite": s["nonfinite"],
         }
         for k in TOPK:
-            have = self.classifier and s["rows"] and (k == 1 or (self.shape is not None and self.shape[-1] > k))
+            have = (
+                self.classifier and s["rows"] and (k == 1 or (self.shape is not None and self.shape[-1] > k))
+            )
             out[f"top{k}"] = self.topk[k] / s["rows"] if have else None
         if s["labeled"]:
-            out["baseline_accuracy"] = s["correct_b"] / s["labeled"]
-            out["accuracy"] = s["correct_c"] / s["labeled"]
-            out["accuracy_drop"] = out["baseline_accuracy"] - out["accuracy"]
+            acc_b, acc_c = s["correct_b"] / s["labeled"], s["correct_c"] / s["labeled"]
+            out.update(baseline_accuracy=acc_b, accuracy=acc_c, accuracy_drop=acc_b - acc_c)
         return out
 
 

@@ -120,8 +120,11 @@ class CandidateResult:
 
     def evaluate(self, checks: tuple[Check, ...]) -> None:
         """(Re)compute :attr:`checks` for the given thresholds."""
-        self.checks = [CheckOutcome(str(c), o.name, o.values.get(c.metric), c.evaluate(o.values))
-                       for c in checks for o in self.outputs]
+        self.checks = [
+            CheckOutcome(str(c), o.name, o.values.get(c.metric), c.evaluate(o.values))
+            for c in checks
+            for o in self.outputs
+        ]
 
 
 @dataclass
@@ -208,17 +211,32 @@ class ComparisonResult:
         """
         version = d.get("schema_version")
         if not isinstance(version, int):
-            raise InvalidInputError(format_message(f"Report '{origin}'", "no integer schema_version",
-                                                   "a report.json written by mpinfer compare"))
+            raise InvalidInputError(
+                format_message(
+                    f"Report '{origin}'",
+                    "no integer schema_version",
+                    "a report.json written by mpinfer compare",
+                )
+            )
         if version > SCHEMA_VERSION:
-            raise InvalidInputError(format_message(f"Report '{origin}'", f"schema_version {version}",
-                                                   f"{SCHEMA_VERSION} or older",
-                                                   "it was written by a newer mpinfer; upgrade mpinfer to read it"))
+            raise InvalidInputError(
+                format_message(
+                    f"Report '{origin}'",
+                    f"schema_version {version}",
+                    f"{SCHEMA_VERSION} or older",
+                    "it was written by a newer mpinfer; upgrade mpinfer to read it",
+                )
+            )
         try:
             return _from_dict(_unjson(d))
         except (KeyError, TypeError, ValueError) as err:
-            raise InvalidInputError(format_message(f"Report '{origin}'", f"a malformed report ({err!r})",
-                                                   "a report.json written by mpinfer compare")) from err
+            raise InvalidInputError(
+                format_message(
+                    f"Report '{origin}'",
+                    f"a malformed report ({err!r})",
+                    "a report.json written by mpinfer compare",
+                )
+            ) from err
 
 
 def _from_dict(d: dict[str, Any]) -> ComparisonResult:
@@ -230,18 +248,38 @@ def _from_dict(d: dict[str, Any]) -> ComparisonResult:
         div = c.get("divergence")
         divergence = None
         if div:
-            divergence = Divergence(**{**div, "nodes": [NodeError(**n) for n in div["nodes"]],
-                                       "first_jump": node(div.get("first_jump"))})
-        cands.append(CandidateResult(
-            name=c["name"], path=c["path"], runner=c["runner"],
-            outputs=[OutputMetrics(**o) for o in c["outputs"]],
-            checks=[CheckOutcome(**o) for o in c.get("checks", [])], divergence=divergence,
-            precision=c.get("precision"), hints=[SpeedHint(**h) for h in c.get("hints", [])]))
+            divergence = Divergence(
+                **{
+                    **div,
+                    "nodes": [NodeError(**n) for n in div["nodes"]],
+                    "first_jump": node(div.get("first_jump")),
+                }
+            )
+        cands.append(
+            CandidateResult(
+                name=c["name"],
+                path=c["path"],
+                runner=c["runner"],
+                outputs=[OutputMetrics(**o) for o in c["outputs"]],
+                checks=[CheckOutcome(**o) for o in c.get("checks", [])],
+                divergence=divergence,
+                precision=c.get("precision"),
+                hints=[SpeedHint(**h) for h in c.get("hints", [])],
+            )
+        )
     lat = d.get("latency")
     latency = LatencyResult(**{**lat, "stats": [LatencyStats(**s) for s in lat["stats"]]}) if lat else None
-    return ComparisonResult(baseline=d["baseline"], candidates=cands, checks=list(d["checks"]), data=d["data"],
-                            environment=d.get("environment", {}), latency=latency, notes=list(d.get("notes", [])),
-                            created=d.get("created", ""), schema_version=SCHEMA_VERSION)
+    return ComparisonResult(
+        baseline=d["baseline"],
+        candidates=cands,
+        checks=list(d["checks"]),
+        data=d["data"],
+        environment=d.get("environment", {}),
+        latency=latency,
+        notes=list(d.get("notes", [])),
+        created=d.get("created", ""),
+        schema_version=SCHEMA_VERSION,
+    )
 
 
 def _jsonable(x: Any) -> Any:

@@ -101,11 +101,17 @@ def load_report(path: str | os.PathLike[str]) -> ComparisonResult:
     try:
         data = json.loads(p.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as err:
-        raise InvalidInputError(format_message(f"Report '{path}'", f"a file that is not JSON ({err})",
-                                               "a report.json written by mpinfer compare")) from err
+        raise InvalidInputError(
+            format_message(
+                f"Report '{path}'",
+                f"a file that is not JSON ({err})",
+                "a report.json written by mpinfer compare",
+            )
+        ) from err
     if not isinstance(data, dict):
-        raise InvalidInputError(format_message(f"Report '{path}'", f"a JSON {type(data).__name__}",
-                                               "a JSON object"))
+        raise InvalidInputError(
+            format_message(f"Report '{path}'", f"a JSON {type(data).__name__}", "a JSON object")
+        )
     return ComparisonResult.from_dict(data, origin=str(path))
 
 

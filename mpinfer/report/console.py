@@ -36,14 +36,18 @@ def render_console(result: ComparisonResult, console: Any = None) -> None:
 
     console = console or Console()
     color = "green" if result else "bold red"
-    console.print(f"[bold]mpinfer compare[/] baseline [cyan]{escape(result.baseline['name'])}[/] "
-                  f"({escape(tables.runner_line(result.baseline['runner']))}) on "
-                  f"{escape(str(result.data.get('description')))}: [{color}]{tables.verdict(result)}[/]")
+    console.print(
+        f"[bold]mpinfer compare[/] baseline [cyan]{escape(result.baseline['name'])}[/] "
+        f"({escape(tables.runner_line(result.baseline['runner']))}) on "
+        f"{escape(str(result.data.get('description')))}: [{color}]{tables.verdict(result)}[/]"
+    )
     for note in result.notes:
         console.print(f"[yellow]note:[/] {escape(note)}")
     for cand in result.candidates:
         console.print()
-        console.print(f"[bold]Candidate[/] [cyan]{escape(cand.name)}[/] ({escape(tables.runner_line(cand.runner))})")
+        console.print(
+            f"[bold]Candidate[/] [cyan]{escape(cand.name)}[/] ({escape(tables.runner_line(cand.runner))})"
+        )
         console.print(_table("Accuracy vs baseline", tables.accuracy_headers(), tables.accuracy_rows(cand)))
         labels = tables.label_rows(cand)
         if labels:
@@ -57,8 +61,15 @@ def render_console(result: ComparisonResult, console: Any = None) -> None:
         if cand.precision:
             console.print("Precision: " + escape(tables.precision_line(cand)))
         for hint in cand.hints:
-            console.print(f"[yellow]speed hint[/] ({hint.kind}) {escape(hint.message)} Fix: {escape(hint.fix)}")
+            console.print(
+                f"[yellow]speed hint[/] ({hint.kind}) {escape(hint.message)} Fix: {escape(hint.fix)}"
+            )
     if result.latency is not None:
         console.print()
-        console.print(_table(f"Latency (device {result.latency.device}, warm-up {result.latency.warmup})",
-                             tables.LATENCY_HEADERS, tables.latency_rows(result)))
+        console.print(
+            _table(
+                f"Latency (device {result.latency.device}, warm-up {result.latency.warmup})",
+                tables.LATENCY_HEADERS,
+                tables.latency_rows(result),
+            )
+        )

@@ -10,7 +10,8 @@ from mpinfer.compare.result import ComparisonResult
 from mpinfer.report import plots, tables
 
 _CSS = """
-body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px auto;max-width:1100px;color:#222}
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px auto;max-width:1100px;
+color:#222}
 h1{font-size:1.6em}h2{border-bottom:1px solid #ddd;padding-bottom:4px}
 table{border-collapse:collapse;margin:8px 0 16px;font-size:0.9em}
 th,td{border:1px solid #ddd;padding:4px 8px;text-align:right}th{background:#f4f4f4}
@@ -42,33 +43,47 @@ def _img(png: bytes | None, alt: str, plot_id: str) -> str:
     if png is None:
         return ""
     data = base64.b64encode(png).decode("ascii")
-    return (f'<figure><img class="plot" id="{_e(plot_id)}" alt="{_e(alt)}" '
-            f'src="data:image/png;base64,{data}"></figure>')
+    return (
+        f'<figure><img class="plot" id="{_e(plot_id)}" alt="{_e(alt)}" '
+        f'src="data:image/png;base64,{data}"></figure>'
+    )
 
 
 def render_html(result: ComparisonResult) -> str:
     """The report as one HTML document."""
     ok = bool(result)
-    parts = [f"<h1>mpinfer compare report</h1><p class=\"verdict {'ok' if ok else 'bad'}\">"
-             f"{_e(tables.verdict(result))}</p>",
-             f"<p>Checks: <code>{_e(', '.join(result.checks))}</code></p><ul>",
-             f"<li>Baseline: <code>{_e(result.baseline['name'])}</code> "
-             f"({_e(tables.runner_line(result.baseline['runner']))})</li>",
-             f"<li>Data: {_e(result.data.get('description'))} ({_e(result.data.get('samples'))} samples)</li>",
-             f"<li>Created {_e(result.created)}; mpinfer {_e(result.environment.get('mpinfer', '?'))}, onnxruntime "
-             f"{_e(result.environment.get('onnxruntime', '?'))}, {_e(result.environment.get('platform', ''))}</li>"]
+    env = result.environment
+    parts = [
+        f'<h1>mpinfer compare report</h1><p class="verdict {"ok" if ok else "bad"}">'
+        f"{_e(tables.verdict(result))}</p>",
+        f"<p>Checks: <code>{_e(', '.join(result.checks))}</code></p><ul>",
+        f"<li>Baseline: <code>{_e(result.baseline['name'])}</code> "
+        f"({_e(tables.runner_line(result.baseline['runner']))})</li>",
+        f"<li>Data: {_e(result.data.get('description'))} ({_e(result.data.get('samples'))} samples)</li>",
+        f"<li>Created {_e(result.created)}; mpinfer {_e(env.get('mpinfer', '?'))}, onnxruntime "
+        f"{_e(env.get('onnxruntime', '?'))}, {_e(env.get('platform', ''))}</li>",
+    ]
     parts += [f"<li><b>Note:</b> {_e(n)}</li>" for n in result.notes] + ["</ul>"]
     failed = result.failed_checks()
     if failed:
-        parts.append("<h2>Failed checks</h2><ul>" + "".join(
-            f"<li class=\"fail\">{_e(c)}: output '{_e(o.output)}': {_e(o.check)} (got {_e(tables.fmt(o.value))})"
-            "</li>" for c, o in failed) + "</ul>")
+        parts.append(
+            "<h2>Failed checks</h2><ul>"
+            + "".join(
+                f"<li class=\"fail\">{_e(c)}: output '{_e(o.output)}': {_e(o.check)} "
+                f"(got {_e(tables.fmt(o.value))})"
+                "</li>"
+                for c, o in failed
+            )
+            + "</ul>"
+        )
     for cand in result.candidates:
         parts.append(_candidate_section(cand))
     parts.append("<h2>Error distribution</h2>")
     outputs = list(dict.fromkeys(o.name for c in result.candidates for o in c.outputs))
     for k, name in enumerate(outputs):
-        parts.append(_img(plots.error_distribution(result, name), f"error distribution of {name}", f"dist-{k}"))
+        parts.append(
+            _img(plots.error_distribution(result, name), f"error distribution of {name}", f"dist-{k}")
+        )
     along = plots.error_along_graph(result)
     if along:
         parts.append("<h2>Error along the graph</h2>" + _img(along, "error along the graph", "along-graph"))
@@ -76,39 +91,66 @@ def render_html(result: ComparisonResult) -> str:
     if prec:
         parts.append("<h2>Precision</h2>" + _img(prec, "FP16 share and cast count", "precision"))
     if result.latency is not None:
-        parts.append(f"<h2>Latency (device {_e(result.latency.device)}, warm-up {result.latency.warmup})</h2>")
+        parts.append(
+            f"<h2>Latency (device {_e(result.latency.device)}, warm-up {result.latency.warmup})</h2>"
+        )
         parts.append(_table(tables.LATENCY_HEADERS, tables.latency_rows(result)))
-        parts.append("<ul>" + "".join(f"<li><code>{_e(n)}</code>: {_e(tables.runner_line(i))}</li>"
-                                      for n, i in result.latency.runners.items()) + "</ul>")
+        parts.append(
+            "<ul>"
+            + "".join(
+                f"<li><code>{_e(n)}</code>: {_e(tables.runner_line(i))}</li>"
+                for n, i in result.latency.runners.items()
+            )
+            + "</ul>"
+        )
         parts.append(_img(plots.latency_chart(result), "latency baseline vs candidates", "latency"))
-    parts.append("<h2>Metric definitions</h2><ul>" + "".join(
-        f"<li><code>{_e(k)}</code>: {_e(v)}</li>" for k, v in METRIC_DOCS.items()) + "</ul>"
+    parts.append(
+        "<h2>Metric definitions</h2><ul>"
+        + "".join(f"<li><code>{_e(k)}</code>: {_e(v)}</li>" for k, v in METRIC_DOCS.items())
+        + "</ul>"
         "<p>Median and p99 come from log-spaced histograms (40 bins per decade, within ~6 %); the other "
-        "metrics are exact.</p>")
-    return ("<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>mpinfer compare report</title>"
-            f"<style>{_CSS}</style></head><body>{''.join(parts)}</body></html>\n")
+        "metrics are exact.</p>"
+    )
+    return (
+        '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>mpinfer compare report</title>'
+        f"<style>{_CSS}</style></head><body>{''.join(parts)}</body></html>\n"
+    )
 
 
 def _candidate_section(cand: object) -> str:
     from mpinfer.compare.result import CandidateResult
 
     assert isinstance(cand, CandidateResult)
-    out = [f"<h2>Candidate <code>{_e(cand.name)}</code></h2><p>Runner: {_e(tables.runner_line(cand.runner))}</p>",
-           "<h3>Accuracy vs baseline</h3>", _table(tables.accuracy_headers(), tables.accuracy_rows(cand))]
+    out = [
+        f"<h2>Candidate <code>{_e(cand.name)}</code></h2>"
+        f"<p>Runner: {_e(tables.runner_line(cand.runner))}</p>",
+        "<h3>Accuracy vs baseline</h3>",
+        _table(tables.accuracy_headers(), tables.accuracy_rows(cand)),
+    ]
     if tables.label_rows(cand):
-        out += ["<h3>Accuracy vs labels</h3>",
-                _table(["output", "baseline", "candidate", "drop"], tables.label_rows(cand))]
+        out += [
+            "<h3>Accuracy vs labels</h3>",
+            _table(["output", "baseline", "candidate", "drop"], tables.label_rows(cand)),
+        ]
     out += ["<h3>Checks</h3>", _table(["check", "output", "value", "result"], tables.check_rows(cand))]
     if cand.divergence is not None:
-        out.append("<h3>Where the error comes from</h3><ul>" +
-                   "".join(f"<li>{_e(x)}</li>" for x in tables.divergence_lines(cand)) + "</ul>")
+        out.append(
+            "<h3>Where the error comes from</h3><ul>"
+            + "".join(f"<li>{_e(x)}</li>" for x in tables.divergence_lines(cand))
+            + "</ul>"
+        )
         rows = tables.node_rows(cand)
         if rows:
             out.append(_table(tables.NODE_HEADERS, rows))
     if cand.precision:
         out.append(f"<h3>Precision</h3><p>{_e(tables.precision_line(cand))}</p>")
     if cand.hints:
-        out.append("<h3>Speed hints</h3>" + "".join(
-            f"<div class=\"hint\"><b>{_e(h.kind)}</b> <code>{_e(h.node)}</code>: {_e(h.message)} "
-            f"<i>Fix:</i> {_e(h.fix)}</div>" for h in cand.hints))
+        out.append(
+            "<h3>Speed hints</h3>"
+            + "".join(
+                f'<div class="hint"><b>{_e(h.kind)}</b> <code>{_e(h.node)}</code>: {_e(h.message)} '
+                f"<i>Fix:</i> {_e(h.fix)}</div>"
+                for h in cand.hints
+            )
+        )
     return "".join(out)

@@ -18,24 +18,38 @@ def _md_table(headers: list[str], rows: list[list[str]]) -> list[str]:
 
 def render_markdown(result: ComparisonResult) -> str:
     """The report as GitHub-flavoured Markdown."""
-    lines = ["# mpinfer compare report", "",
-             f"**Verdict: {tables.verdict(result)}**; checks: `{', '.join(result.checks)}`", "",
-             f"- Baseline: `{result.baseline['name']}` ({tables.runner_line(result.baseline['runner'])})",
-             f"- Data: {result.data.get('description')} ({result.data.get('samples')} samples, "
-             f"{result.data.get('batches')} batches)",
-             f"- Created: {result.created}; mpinfer {result.environment.get('mpinfer', '?')}, "
-             f"onnxruntime {result.environment.get('onnxruntime', '?')}, {result.environment.get('platform', '')}"]
+    lines = [
+        "# mpinfer compare report",
+        "",
+        f"**Verdict: {tables.verdict(result)}**; checks: `{', '.join(result.checks)}`",
+        "",
+        f"- Baseline: `{result.baseline['name']}` ({tables.runner_line(result.baseline['runner'])})",
+        f"- Data: {result.data.get('description')} ({result.data.get('samples')} samples, "
+        f"{result.data.get('batches')} batches)",
+        f"- Created: {result.created}; mpinfer {result.environment.get('mpinfer', '?')}, "
+        f"onnxruntime {result.environment.get('onnxruntime', '?')}, {result.environment.get('platform', '')}",
+    ]
     lines += [f"- Note: {n}" for n in result.notes] + [""]
     for cand in result.candidates:
-        lines += [f"## Candidate `{cand.name}`", "", f"Runner: {tables.runner_line(cand.runner)}", "",
-                  "### Accuracy vs baseline", ""]
+        lines += [
+            f"## Candidate `{cand.name}`",
+            "",
+            f"Runner: {tables.runner_line(cand.runner)}",
+            "",
+            "### Accuracy vs baseline",
+            "",
+        ]
         lines += _md_table(tables.accuracy_headers(), tables.accuracy_rows(cand))
         if tables.label_rows(cand):
             lines += ["### Accuracy vs labels", ""]
             lines += _md_table(["output", "baseline", "candidate", "drop"], tables.label_rows(cand))
-        lines += ["### Checks", ""] + _md_table(["check", "output", "value", "result"], tables.check_rows(cand))
+        lines += ["### Checks", ""] + _md_table(
+            ["check", "output", "value", "result"], tables.check_rows(cand)
+        )
         if cand.divergence is not None:
-            lines += ["### Where the error comes from", ""] + [f"- {x}" for x in tables.divergence_lines(cand)]
+            lines += ["### Where the error comes from", ""] + [
+                f"- {x}" for x in tables.divergence_lines(cand)
+            ]
             lines += [""] + _md_table(tables.NODE_HEADERS, tables.node_rows(cand))
         if cand.precision:
             lines += ["### Precision", "", tables.precision_line(cand), ""]
@@ -47,6 +61,10 @@ def render_markdown(result: ComparisonResult) -> str:
         lines += _md_table(tables.LATENCY_HEADERS, tables.latency_rows(result))
         lines += [f"- `{n}`: {tables.runner_line(info)}" for n, info in result.latency.runners.items()] + [""]
     lines += ["## Metric definitions", ""] + [f"- `{k}`: {v}" for k, v in METRIC_DOCS.items()]
-    lines += ["", "Median and p99 come from log-spaced histograms (40 bins per decade, within ~6 %); the other "
-              "metrics are exact.", ""]
+    lines += [
+        "",
+        "Median and p99 come from log-spaced histograms (40 bins per decade, within ~6 %); the other "
+        "metrics are exact.",
+        "",
+    ]
     return "\n".join(lines)

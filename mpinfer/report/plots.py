@@ -52,11 +52,23 @@ def error_distribution(result: ComparisonResult, output: str) -> bytes | None:
         frac = h.counts / h.total
         if nz.size:
             lo, hi = max(nz[0] - 2, 0), min(nz[-1] + 3, h.counts.size)
-            ax.stairs(frac[lo:hi], edges[lo:hi + 1], color=_COLORS[i % len(_COLORS)], label=cand.name, fill=False,
-                      linewidth=1.5)
+            ax.stairs(
+                frac[lo:hi],
+                edges[lo : hi + 1],
+                color=_COLORS[i % len(_COLORS)],
+                label=cand.name,
+                fill=False,
+                linewidth=1.5,
+            )
         if h.huge:
-            ax.annotate(f"{h.huge} overflowed/non-finite", xy=(0.98, 0.9 - 0.1 * i), xycoords="axes fraction",
-                        ha="right", color=_COLORS[i % len(_COLORS)], fontsize=8)
+            ax.annotate(
+                f"{h.huge} overflowed/non-finite",
+                xy=(0.98, 0.9 - 0.1 * i),
+                xycoords="axes fraction",
+                ha="right",
+                color=_COLORS[i % len(_COLORS)],
+                fontsize=8,
+            )
         drawn = True
     if not drawn:
         return None
@@ -91,8 +103,14 @@ def error_along_graph(result: ComparisonResult) -> bytes | None:
         if div.first_jump is not None:
             k = next(k for k, n in enumerate(div.nodes) if n.address == div.first_jump.address)
             ax.axvline(k, color=color, linestyle="--", linewidth=1)
-            ax.annotate(f"jump: {div.first_jump.op_type} {div.first_jump.address}", xy=(k, ys[k]),
-                        xytext=(6, -14 - 12 * i), textcoords="offset points", fontsize=8, color=color)
+            ax.annotate(
+                f"jump: {div.first_jump.op_type} {div.first_jump.address}",
+                xy=(k, ys[k]),
+                xytext=(6, -14 - 12 * i),
+                textcoords="offset points",
+                fontsize=8,
+                color=color,
+            )
     ax.set_yscale("log")
     ax.set_xlabel("node (graph order)")
     ax.set_ylabel("relative L2 error of output\n(x = NaN/Inf)")
@@ -122,8 +140,15 @@ def latency_chart(result: ComparisonResult) -> bytes | None:
                 p99.append(s.p99_ms)
         color = _COLORS[i % len(_COLORS)]
         ax.bar(xs, p50, width * 0.9, color=color, label=("baseline: " if i == 0 else "") + r)
-        ax.errorbar(xs, p50, yerr=[np.zeros(len(p50)), np.subtract(p90, p50)], fmt="none", ecolor="black",
-                    capsize=3, linewidth=1)
+        ax.errorbar(
+            xs,
+            p50,
+            yerr=[np.zeros(len(p50)), np.subtract(p90, p50)],
+            fmt="none",
+            ecolor="black",
+            capsize=3,
+            linewidth=1,
+        )
         ax.scatter(xs, p99, marker=".", color="black", zorder=3)
     ax.set_xticks(range(len(sizes)), [f"batch {b}" for b in sizes])
     ax.set_ylabel("ms (bar p50, whisker p90, dot p99)")
@@ -135,27 +160,34 @@ def latency_chart(result: ComparisonResult) -> bytes | None:
 
 def precision_chart(result: ComparisonResult) -> bytes | None:
     """Nodes per precision (stacked) and cast count per candidate, from the plan or the model."""
-    cands = [c for c in result.candidates if c.precision]
-    if not cands:
+    rows: list[tuple[str, dict[str, Any]]] = [(c.name, c.precision) for c in result.candidates if c.precision]
+    if not rows:
         return None
-    fig = _figure(7.0, 1.6 + 0.5 * len(cands))
+    fig = _figure(7.0, 1.6 + 0.5 * len(rows))
     ax = fig.add_subplot(1, 1, 1)
     colors = {"fp16": "#2ca02c", "bf16": "#17becf", "fp32": "#7f7f7f"}
-    for i, cand in enumerate(cands):
-        counts = cand.precision.get("counts", {})  # type: ignore[union-attr]
+    labelled: set[str] = set()
+    for i, (_name, prec) in enumerate(rows):
+        counts = prec.get("counts", {})
         left = 0.0
-        for prec in ("fp16", "bf16", "fp32"):
-            n = float(counts.get(prec, 0))
+        for kind in ("fp16", "bf16", "fp32"):
+            n = float(counts.get(kind, 0))
             if n:
-                ax.barh(i, n, left=left, color=colors[prec], label=prec if i == 0 or prec not in
-                        {k for c in cands[:i] for k in c.precision.get("counts", {})} else None)  # type: ignore[union-attr]
+                ax.barh(i, n, left=left, color=colors[kind], label=None if kind in labelled else kind)
+                labelled.add(kind)
                 left += n
-        share = 100 * float(cand.precision.get("low_share") or 0)  # type: ignore[union-attr]
-        ax.annotate(f"{share:.0f} % low, {cand.precision.get('cast_count')} casts",  # type: ignore[union-attr]
-                    xy=(left, i), xytext=(4, 0), textcoords="offset points", va="center", fontsize=8)
-    ax.set_yticks(range(len(cands)), [c.name for c in cands], fontsize=8)
+        share = 100 * float(prec.get("low_share") or 0)
+        ax.annotate(
+            f"{share:.0f} % low, {prec.get('cast_count')} casts",
+            xy=(left, i),
+            xytext=(4, 0),
+            textcoords="offset points",
+            va="center",
+            fontsize=8,
+        )
+    ax.set_yticks(range(len(rows)), [name for name, _p in rows], fontsize=8)
     ax.set_xlabel("nodes")
     ax.set_title("Precision of nodes (FP16 share) and Cast count")
-    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.25 - 0.1 / len(cands)), ncol=3)
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.25 - 0.1 / len(rows)), ncol=3)
     ax.margins(x=0.25)
     return _png(fig)

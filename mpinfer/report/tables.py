@@ -9,9 +9,17 @@ from mpinfer.compare.result import CandidateResult, ComparisonResult, format_val
 
 # Columns of the accuracy table: (header, metric key).
 ACCURACY_COLUMNS = [
-    ("max abs", "max_abs"), ("mean abs", "mean_abs"), ("p99 abs", "p99_abs"), ("max rel", "max_rel"),
-    ("p99 rel", "p99_rel"), ("cosine", "cosine"), ("SNR dB", "snr_db"), ("top-1", "top1"), ("top-5", "top5"),
-    ("NaN", "nan"), ("Inf", "inf"),
+    ("max abs", "max_abs"),
+    ("mean abs", "mean_abs"),
+    ("p99 abs", "p99_abs"),
+    ("max rel", "max_rel"),
+    ("p99 rel", "p99_rel"),
+    ("cosine", "cosine"),
+    ("SNR dB", "snr_db"),
+    ("top-1", "top1"),
+    ("top-5", "top5"),
+    ("NaN", "nan"),
+    ("Inf", "inf"),
 ]
 # Divergence nodes listed in the tables.
 TOP_NODES = 5
@@ -40,8 +48,16 @@ def accuracy_headers() -> list[str]:
 
 def label_rows(cand: CandidateResult) -> list[list[str]]:
     """Accuracy against labels, where the data had ``_labels``."""
-    return [[o.name, fmt(o.values["baseline_accuracy"]), fmt(o.values["accuracy"]), fmt(o.values["accuracy_drop"])]
-            for o in cand.outputs if o.values.get("accuracy") is not None]
+    return [
+        [
+            o.name,
+            fmt(o.values["baseline_accuracy"]),
+            fmt(o.values["accuracy"]),
+            fmt(o.values["accuracy_drop"]),
+        ]
+        for o in cand.outputs
+        if o.values.get("accuracy") is not None
+    ]
 
 
 def check_rows(cand: CandidateResult) -> list[list[str]]:
@@ -62,18 +78,24 @@ def divergence_lines(cand: CandidateResult) -> list[str]:
     lines = [f"Intermediate tensors compared: {d.tensors_compared} on {d.batches} batch(es) ({d.numerics})."]
     if d.first_jump is not None:
         j = d.first_jump
-        text = (f"Error jumps at {j.op_type} '{j.address}' ({j.precision}): relative error {fmt(j.error)} "
-                f"from {fmt(j.input_error)} in its inputs")
+        text = (
+            f"Error jumps at {j.op_type} '{j.address}' ({j.precision}): relative error {fmt(j.error)} "
+            f"from {fmt(j.input_error)} in its inputs"
+        )
         if j.nonfinite:
             text += f", {j.nonfinite} NaN/Inf values"
         lines.append(text + ".")
         if j.reason:
-            lines.append(f"Plan reason for '{j.address}': {j.reason}" + (f": {j.detail}" if j.detail else "."))
+            lines.append(
+                f"Plan reason for '{j.address}': {j.reason}" + (f": {j.detail}" if j.detail else ".")
+            )
     else:
         lines.append("No node makes the error jump (no node reaches 1 % relative error at 10x its inputs').")
     skipped = {k: v for k, v in d.skipped.items() if v}
     if skipped:
-        lines.append("Not compared: " + ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in skipped.items()) + ".")
+        lines.append(
+            "Not compared: " + ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in skipped.items()) + "."
+        )
     return lines
 
 
@@ -86,8 +108,17 @@ def node_rows(cand: CandidateResult) -> list[list[str]]:
     rows = []
     for addr in d.ranking[:TOP_NODES]:
         n = by_addr[addr]
-        rows.append([n.address, n.op_type, n.precision, fmt(n.error), fmt(n.input_error), fmt(n.added),
-                     n.reason or ""])
+        rows.append(
+            [
+                n.address,
+                n.op_type,
+                n.precision,
+                fmt(n.error),
+                fmt(n.input_error),
+                fmt(n.added),
+                n.reason or "",
+            ]
+        )
     return rows
 
 
@@ -98,14 +129,33 @@ def latency_rows(result: ComparisonResult) -> list[list[str]]:
     """One row per runner and batch size."""
     if result.latency is None:
         return []
-    return [[s.runner, str(s.batch_size), str(s.iterations), f"{s.p50_ms:.3f}", f"{s.p90_ms:.3f}",
-             f"{s.p99_ms:.3f}", f"{s.mean_ms:.3f}", f"{s.throughput:.1f}",
-             f"{s.speedup:.2f}x" if s.speedup is not None and math.isfinite(s.speedup) else "n/a"]
-            for s in result.latency.stats]
+    return [
+        [
+            s.runner,
+            str(s.batch_size),
+            str(s.iterations),
+            f"{s.p50_ms:.3f}",
+            f"{s.p90_ms:.3f}",
+            f"{s.p99_ms:.3f}",
+            f"{s.mean_ms:.3f}",
+            f"{s.throughput:.1f}",
+            f"{s.speedup:.2f}x" if s.speedup is not None and math.isfinite(s.speedup) else "n/a",
+        ]
+        for s in result.latency.stats
+    ]
 
 
-LATENCY_HEADERS = ["runner", "batch", "runs", "p50 ms", "p90 ms", "p99 ms", "mean ms", "samples/s",
-                   "speedup vs baseline"]
+LATENCY_HEADERS = [
+    "runner",
+    "batch",
+    "runs",
+    "p50 ms",
+    "p90 ms",
+    "p99 ms",
+    "mean ms",
+    "samples/s",
+    "speedup vs baseline",
+]
 
 
 def precision_line(cand: CandidateResult) -> str:
@@ -115,8 +165,10 @@ def precision_line(cand: CandidateResult) -> str:
         return ""
     share = f"{100 * float(p.get('low_share') or 0):.0f} %"
     flops = p.get("low_share_flops")
-    text = (f"{p.get('nodes_low')}/{p.get('nodes_total')} nodes in {p.get('precision') or 'low precision'} "
-            f"({share}")
+    text = (
+        f"{p.get('nodes_low')}/{p.get('nodes_total')} nodes in {p.get('precision') or 'low precision'} "
+        f"({share}"
+    )
     if flops is not None:
         text += f", {100 * float(flops):.0f} % of FLOPs"
     src = "plan" if p.get("source") != "model" else "counted from the model"

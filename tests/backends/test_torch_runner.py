@@ -49,7 +49,9 @@ def test_loaded_module_with_specs_and_output_names():
     from models import mlp
     from mpinfer.specs import parse_tensor_spec
 
-    runner = TorchRunner(mlp.build(), input_specs=[parse_tensor_spec("x:batchx64:float32")], output_names=["p"])
+    runner = TorchRunner(
+        mlp.build(), input_specs=[parse_tensor_spec("x:batchx64:float32")], output_names=["p"]
+    )
     with runner:
         assert list(runner.infer({"x": _x()})) == ["p"]
         with pytest.raises(InvalidInputError, match="Input 'x'.*dtype float64"):

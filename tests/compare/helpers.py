@@ -33,8 +33,16 @@ def export_model(name: str, out_dir: Path) -> Path:
     tmp = out_dir / f".{name}.raw.onnx"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the legacy exporter's deprecation notice; it is the fast one
-        torch.onnx.export(model, mod.example_inputs(), str(tmp), dynamo=False, input_names=[inp],
-                          output_names=["logits"], dynamic_axes={**axes, "logits": {0: "batch"}}, opset_version=17)
+        torch.onnx.export(
+            model,
+            mod.example_inputs(),
+            str(tmp),
+            dynamo=False,
+            input_names=[inp],
+            output_names=["logits"],
+            dynamic_axes={**axes, "logits": {0: "batch"}},
+            opset_version=17,
+        )
     save_onnx(name_nodes(onnx.load(str(tmp))), path)
     tmp.unlink()
     return path
@@ -139,15 +147,37 @@ def write_plan(candidate: Path, model: onnx.ModelProto, low: dict[str, tuple[str
         if n.op_type == "Cast" and "__cast_to_" in n.name:
             continue
         reason, detail = low.get(n.name, ("rule:keep-fp32", "kept FP32 by default in this test plan"))
-        nodes.append({"name": n.name, "op_type": n.op_type, "precision": "fp16" if n.name in low else "fp32",
-                      "reason": reason, "detail": detail, "stats": {}})
+        nodes.append(
+            {
+                "name": n.name,
+                "op_type": n.op_type,
+                "precision": "fp16" if n.name in low else "fp32",
+                "reason": reason,
+                "detail": detail,
+                "stats": {},
+            }
+        )
     casts = sum(1 for n in model.graph.node if n.op_type == "Cast")
-    plan = {"schema_version": 1, "mpinfer_version": "test", "source": {"path": "x", "sha256": ""},
-            "precision": "fp16", "numerics": "ort", "keep_io_types": True, "budget": None,
-            "calibration": None, "nodes": nodes,
-            "summary": {"nodes_total": len(nodes), "nodes_low": len(low), "low_share_nodes": len(low) / len(nodes),
-                        "low_share_flops": None, "low_share_weight_bytes": None, "cast_count": casts,
-                        "expected_error": {}}}
+    plan = {
+        "schema_version": 1,
+        "mpinfer_version": "test",
+        "source": {"path": "x", "sha256": ""},
+        "precision": "fp16",
+        "numerics": "ort",
+        "keep_io_types": True,
+        "budget": None,
+        "calibration": None,
+        "nodes": nodes,
+        "summary": {
+            "nodes_total": len(nodes),
+            "nodes_low": len(low),
+            "low_share_nodes": len(low) / len(nodes),
+            "low_share_flops": None,
+            "low_share_weight_bytes": None,
+            "cast_count": casts,
+            "expected_error": {},
+        },
+    }
     path = Path(str(candidate)[: -len(".onnx")] + ".plan.json")
     path.write_text(json.dumps(plan, indent=2))
     return path

@@ -17,8 +17,22 @@ def _out(result):
 
 def test_compare_pass_writes_reports(invoke, mlp_files, tmp_path):
     rep = tmp_path / "rep"
-    r = invoke("compare", mlp_files["base"], mlp_files["fp16"], "--data", mlp_files["small"], "--check",
-               "cosine>=0.9999,top1>=0.9", "--latency", "--iterations", "3", "--warmup", "1", "--report", rep)
+    r = invoke(
+        "compare",
+        mlp_files["base"],
+        mlp_files["fp16"],
+        "--data",
+        mlp_files["small"],
+        "--check",
+        "cosine>=0.9999,top1>=0.9",
+        "--latency",
+        "--iterations",
+        "3",
+        "--warmup",
+        "1",
+        "--report",
+        rep,
+    )
     assert r.exit_code == 0, _out(r)
     assert "Accuracy vs baseline" in r.output and "Latency" in r.output and "PASS" in r.output
     assert sorted(p.name for p in rep.iterdir()) == ["index.html", "report.json", "report.md"]
@@ -27,12 +41,24 @@ def test_compare_pass_writes_reports(invoke, mlp_files, tmp_path):
 
 
 def test_compare_failed_check_exit_1_and_json(invoke, mlp_files):
-    r = invoke("compare", mlp_files["base"], mlp_files["fp16"], mlp_files["broken"], "--data", mlp_files["big"],
-               "--check", "cosine>=0.9999", "--json")
+    r = invoke(
+        "compare",
+        mlp_files["base"],
+        mlp_files["fp16"],
+        mlp_files["broken"],
+        "--data",
+        mlp_files["big"],
+        "--check",
+        "cosine>=0.9999",
+        "--json",
+    )
     assert r.exit_code == 1
     out = _out(r)
     assert "Traceback" not in out and "Error:" not in out
-    assert "FAIL: 1 check(s) failed" in out and "mlp.lnfp16.onnx: output 'logits': cosine>=0.9999 (got nan)" in out
+    assert (
+        "FAIL: 1 check(s) failed" in out
+        and "mlp.lnfp16.onnx: output 'logits': cosine>=0.9999 (got nan)" in out
+    )
     data = json.loads(r.stdout)
     assert data["schema_version"] == 1
     jump = data["candidates"][1]["divergence"]["first_jump"]
@@ -41,7 +67,9 @@ def test_compare_failed_check_exit_1_and_json(invoke, mlp_files):
 
 def test_compare_quiet(invoke, mlp_files):
     r = invoke("compare", mlp_files["base"], mlp_files["fp16"], "--num-batches", "1", "--quiet")
-    assert r.exit_code == 0 and r.output.strip().startswith("PASS") and len(r.output.strip().splitlines()) == 1
+    assert (
+        r.exit_code == 0 and r.output.strip().startswith("PASS") and len(r.output.strip().splitlines()) == 1
+    )
 
 
 def _variant(src, dst, edit):
@@ -72,11 +100,25 @@ def _rename_output(m):
     m.graph.node[-1].output[0] = "probs"
 
 
-@pytest.mark.parametrize("edit,pattern", [
-    (_rename_input, r"Candidate '.*variant.onnx': input names: received \['features'\], expected the baseline's \['x'\]"),
-    (_fp16_input, r"Candidate '.*variant.onnx': input 'x': received dtype float16, expected float32 .*--keep-io-types"),
-    (_rename_output, r"Candidate '.*variant.onnx': output names: received \['probs'\].*missing \['logits'\]"),
-])
+@pytest.mark.parametrize(
+    "edit,pattern",
+    [
+        (
+            _rename_input,
+            r"Candidate '.*variant.onnx': input names: received \['features'\], "
+            r"expected the baseline's \['x'\]",
+        ),
+        (
+            _fp16_input,
+            r"Candidate '.*variant.onnx': input 'x': received dtype float16, "
+            r"expected float32 .*--keep-io-types",
+        ),
+        (
+            _rename_output,
+            r"Candidate '.*variant.onnx': output names: received \['probs'\].*missing \['logits'\]",
+        ),
+    ],
+)
 def test_mismatched_models(invoke, mlp_files, tmp_path, edit, pattern):
     cand = _variant(mlp_files["fp16"], tmp_path / "variant.onnx", edit)
     r = invoke("compare", mlp_files["base"], cand, "--report", tmp_path / "rep")
@@ -87,9 +129,12 @@ def test_mismatched_models(invoke, mlp_files, tmp_path, edit, pattern):
 def _relu_model(path, dims):
     from onnx import helper
 
-    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"], name="relu")], "g",
-                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, dims)],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, dims)])
+    g = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"], name="relu")],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, dims)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, dims)],
+    )
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(path))
     return path
 
@@ -98,8 +143,11 @@ def test_mismatched_shapes(invoke, tmp_path):
     base = _relu_model(tmp_path / "base.onnx", ["batch", 4])
     cand = _relu_model(tmp_path / "cand.onnx", ["batch", 5])
     r = invoke("compare", base, cand)
-    assert_user_error(r, r"Candidate '.*cand.onnx': input 'x': received shape \('batch', 5\), "
-                         r"expected \('batch', 4\) as in baseline '.*base.onnx'")
+    assert_user_error(
+        r,
+        r"Candidate '.*cand.onnx': input 'x': received shape \('batch', 5\), "
+        r"expected \('batch', 4\) as in baseline '.*base.onnx'",
+    )
 
 
 def _npz(path, **arrays):
@@ -107,13 +155,16 @@ def _npz(path, **arrays):
     return path
 
 
-@pytest.mark.parametrize("arrays,pattern", [
-    ({"inp": np.zeros((4, 64), np.float32)}, r"Data '.*': received arrays \['inp'\].*missing: x"),
-    ({"x": np.zeros((4, 64), np.float64)}, r"input 'x': received dtype float64, expected float32"),
-    ({"x": np.zeros((4, 63), np.float32)}, r"input 'x': received shape \(4, 63\)"),
-    ({"x": np.zeros((0, 64), np.float32)}, r"input 'x': received an empty array"),
-    ({"x": np.full((4, 64), np.nan, np.float32)}, r"input 'x': received 256 NaN/Inf values"),
-])
+@pytest.mark.parametrize(
+    "arrays,pattern",
+    [
+        ({"inp": np.zeros((4, 64), np.float32)}, r"Data '.*': received arrays \['inp'\].*missing: x"),
+        ({"x": np.zeros((4, 64), np.float64)}, r"input 'x': received dtype float64, expected float32"),
+        ({"x": np.zeros((4, 63), np.float32)}, r"input 'x': received shape \(4, 63\)"),
+        ({"x": np.zeros((0, 64), np.float32)}, r"input 'x': received an empty array"),
+        ({"x": np.full((4, 64), np.nan, np.float32)}, r"input 'x': received 256 NaN/Inf values"),
+    ],
+)
 def test_bad_data(invoke, mlp_files, tmp_path, arrays, pattern):
     data = _npz(tmp_path / "d.npz", **arrays)
     r = invoke("compare", mlp_files["base"], mlp_files["fp16"], "--data", data, "--report", tmp_path / "rep")
@@ -132,8 +183,15 @@ def test_candidate_fails_to_load(invoke, mlp_files, tmp_path):
 
 
 def test_unknown_check(invoke, mlp_files, tmp_path):
-    r = invoke("compare", mlp_files["base"], mlp_files["fp16"], "--check", "cosine>=0.9,acuracy>=0.9",
-               "--report", tmp_path / "rep")
+    r = invoke(
+        "compare",
+        mlp_files["base"],
+        mlp_files["fp16"],
+        "--check",
+        "cosine>=0.9,acuracy>=0.9",
+        "--report",
+        tmp_path / "rep",
+    )
     assert_user_error(r, r"Check 'acuracy>=0.9': received unknown metric 'acuracy', expected one of max_abs")
     assert all(name in _out(r) for name in METRIC_DOCS)
     assert not (tmp_path / "rep").exists()

@@ -18,8 +18,14 @@ def _cfg(base, *cands, **kw):
 
 
 def test_fp16_candidate_passes_and_roundtrips(mlp_files):
-    result = compare_models(_cfg(mlp_files["base"], mlp_files["fp16"], data=str(mlp_files["small"]),
-                                 checks="cosine>=0.9999,top1>=0.9,max_abs<=0.01"))
+    result = compare_models(
+        _cfg(
+            mlp_files["base"],
+            mlp_files["fp16"],
+            data=str(mlp_files["small"]),
+            checks="cosine>=0.9999,top1>=0.9,max_abs<=0.01",
+        )
+    )
     assert result and bool(result) is True
     cand = result.candidates[0]
     v = cand.outputs[0].values
@@ -37,8 +43,15 @@ def test_fp16_candidate_passes_and_roundtrips(mlp_files):
 
 
 def test_broken_layernorm_is_caught_and_named(mlp_files):
-    result = compare_models(_cfg(mlp_files["base"], mlp_files["fp16"], mlp_files["broken"],
-                                 data=str(mlp_files["big"]), checks="cosine>=0.9999"))
+    result = compare_models(
+        _cfg(
+            mlp_files["base"],
+            mlp_files["fp16"],
+            mlp_files["broken"],
+            data=str(mlp_files["big"]),
+            checks="cosine>=0.9999",
+        )
+    )
     assert not result
     broken = result.candidates[1]
     assert not broken.passed
@@ -53,20 +66,39 @@ def test_broken_layernorm_is_caught_and_named(mlp_files):
 
 
 def test_torch_baseline_against_onnx(mlp_files):
-    result = compare_models(_cfg("models/mlp.py:build", mlp_files["base"], data=str(mlp_files["small"]),
-                                 checks="max_abs<=1e-4,cosine>=0.999999"))
+    result = compare_models(
+        _cfg(
+            "models/mlp.py:build",
+            mlp_files["base"],
+            data=str(mlp_files["small"]),
+            checks="max_abs<=1e-4,cosine>=0.999999",
+        )
+    )
     assert result, result.summary()
     assert result.baseline["runner"]["backend"] == "torch"
     assert result.candidates[0].divergence is None  # needs an ONNX baseline
 
 
 def test_latency_same_run(mlp_files):
-    result = compare_models(_cfg(mlp_files["base"], mlp_files["fp16"], data=str(mlp_files["small"]),
-                                 latency=True, batch_sizes=(1, 4), iterations=5, warmup=1, divergence=False))
+    result = compare_models(
+        _cfg(
+            mlp_files["base"],
+            mlp_files["fp16"],
+            data=str(mlp_files["small"]),
+            latency=True,
+            batch_sizes=(1, 4),
+            iterations=5,
+            warmup=1,
+            divergence=False,
+        )
+    )
     stats = result.latency.stats
     assert [(s.runner, s.batch_size) for s in stats] == [
-        (str(mlp_files["base"]), 1), (str(mlp_files["fp16"]), 1), (str(mlp_files["base"]), 4),
-        (str(mlp_files["fp16"]), 4)]
+        (str(mlp_files["base"]), 1),
+        (str(mlp_files["fp16"]), 1),
+        (str(mlp_files["base"]), 4),
+        (str(mlp_files["fp16"]), 4),
+    ]
     for s in stats:
         assert s.iterations == 5 and 0 < s.min_ms <= s.p50_ms <= s.p90_ms <= s.p99_ms
         assert s.throughput > 0 and s.speedup > 0
@@ -75,8 +107,18 @@ def test_latency_same_run(mlp_files):
 
 
 def test_time_budget_stops_early(mlp_files):
-    result = compare_models(_cfg(mlp_files["base"], mlp_files["fp16"], num_batches=1, latency=True,
-                                 iterations=100000, warmup=0, time_budget_s=0.05, divergence=False))
+    result = compare_models(
+        _cfg(
+            mlp_files["base"],
+            mlp_files["fp16"],
+            num_batches=1,
+            latency=True,
+            iterations=100000,
+            warmup=0,
+            time_budget_s=0.05,
+            divergence=False,
+        )
+    )
     assert all(1 <= s.iterations < 100000 for s in result.latency.stats)
 
 
@@ -96,12 +138,19 @@ def test_mismatched_models_are_named(mlp_files, tmp_path):
 
 def _fp16_conv_graph(cin: int, cout: int) -> onnx.ModelProto:
     w = numpy_helper.from_array(np.ones((cout, cin, 3, 3), np.float16), "w")
-    nodes = [helper.make_node("Cast", ["x"], ["x16"], name="x__cast_to_fp16", to=TensorProto.FLOAT16),
-             helper.make_node("Conv", ["x16", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
-             helper.make_node("Cast", ["c"], ["c32"], name="c__cast_to_fp32", to=TensorProto.FLOAT),
-             helper.make_node("Relu", ["c32"], ["y"], name="relu")]
-    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, cin, 8, 8])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, cout, 8, 8])], [w])
+    nodes = [
+        helper.make_node("Cast", ["x"], ["x16"], name="x__cast_to_fp16", to=TensorProto.FLOAT16),
+        helper.make_node("Conv", ["x16", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+        helper.make_node("Cast", ["c"], ["c32"], name="c__cast_to_fp32", to=TensorProto.FLOAT),
+        helper.make_node("Relu", ["c32"], ["y"], name="relu"),
+    ]
+    g = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, cin, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, cout, 8, 8])],
+        [w],
+    )
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
 
 

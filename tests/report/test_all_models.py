@@ -1,4 +1,4 @@
-"""Done-when of the compare issue: on every model in models/, compare FP32 vs FP16 writes every report format."""
+"""Done-when of the compare issue: on every model in models/, FP32 vs FP16 writes every report format."""
 
 from __future__ import annotations
 
@@ -18,9 +18,19 @@ def test_fp32_vs_fp16_all_formats(name, tmp_path):
     base = export_model(name, tmp_path)
     cand = tmp_path / f"{name}.fp16.onnx"
     save_onnx(to_fp16(onnx.load(str(base))), cand)
-    result = compare_models(CompareConfig(str(base), (str(cand),), num_batches=2, batch_size=4,
-                                          checks="cosine>=0.999,top1>=0.75", latency=True, iterations=3,
-                                          warmup=1, show_progress=False))
+    result = compare_models(
+        CompareConfig(
+            str(base),
+            (str(cand),),
+            num_batches=2,
+            batch_size=4,
+            checks="cosine>=0.999,top1>=0.75",
+            latency=True,
+            iterations=3,
+            warmup=1,
+            show_progress=False,
+        )
+    )
     assert result, result.summary()
     div = result.candidates[0].divergence
     assert div is not None and div.tensors_compared > 0

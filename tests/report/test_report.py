@@ -86,12 +86,17 @@ def test_cli_report_bad_input(invoke, report_result, tmp_path):
     p.write_text(json.dumps(newer))
     out = tmp_path / "x.html"
     r = invoke("report", p, "--format", "html", "-o", out)
-    assert_user_error(r, r"Report '.*newer.json': received schema_version 2, expected 1 or older.*upgrade mpinfer")
+    assert_user_error(
+        r, r"Report '.*newer.json': received schema_version 2, expected 1 or older.*upgrade mpinfer"
+    )
     assert not out.exists()
     (tmp_path / "junk.json").write_text("{not json")
     assert_user_error(invoke("report", tmp_path / "junk.json"), r"received a file that is not JSON")
-    assert_user_error(invoke("report", tmp_path / "missing.json"), r"Report '.*missing.json': received no such file")
-    assert_user_error(invoke("report", report_result["paths"]["json"], "--check", "snr_dbx>3"),
-                      r"unknown metric 'snr_dbx'")
+    assert_user_error(
+        invoke("report", tmp_path / "missing.json"), r"Report '.*missing.json': received no such file"
+    )
+    assert_user_error(
+        invoke("report", report_result["paths"]["json"], "--check", "snr_dbx>3"), r"unknown metric 'snr_dbx'"
+    )
     src = report_result["paths"]["json"]
     assert_user_error(invoke("report", src, "--format", "json", "-o", src), r"same path as an input")
