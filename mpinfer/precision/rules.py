@@ -42,7 +42,7 @@ KEEP_FP32_OPS = frozenset({
 })
 # Ops that compute indices, positions or shapes: rounding their float inputs moves boxes and pixels.
 INDEX_LIKE_OPS = frozenset({
-    "Range", "TopK", "NonMaxSuppression", "ArgMax", "ArgMin", "Shape", "Size", "NonZero", "Unique",
+    "Range", "TopK", "NonMaxSuppression", "ArgMax", "ArgMin", "NonZero", "Unique",
     "RoiAlign", "GridSample", "AffineGrid", "Multinomial", "Bernoulli",
 })
 # Control flow: the container keeps an FP32 interface; the nodes of its bodies are planned one by one.
