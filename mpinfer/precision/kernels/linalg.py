@@ -99,10 +99,10 @@ def conv(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
     kf = int(np.prod(kernel))
     m = w.shape[0]
     if group == 1:
-        perm = (0,) + tuple(range(2, 2 + sp)) + (1,) + tuple(range(2 + sp, 2 + 2 * sp))
-        cols = np.ascontiguousarray(win.transpose(perm)).reshape(batch * p, chans * kf)
-        y = cols @ w.reshape(m, chans * kf).T  # (N*P, M), float32 accumulation
-        y = y.reshape(batch, p, m).transpose(0, 2, 1)
+        # (C, K.., N, O..): the copy reads rows of the output grid, and one GEMM does the whole batch.
+        perm = (1,) + tuple(range(2 + sp, 2 + 2 * sp)) + (0,) + tuple(range(2, 2 + sp))
+        cols = np.ascontiguousarray(win.transpose(perm)).reshape(chans * kf, batch * p)
+        y = (w.reshape(m, chans * kf) @ cols).reshape(m, batch, p).transpose(1, 0, 2)  # FP32 accumulation
     else:
         cg, mg = chans // group, m // group
         cols = np.ascontiguousarray(win).reshape(batch, group, cg, p, kf)
