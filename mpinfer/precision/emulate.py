@@ -1,0 +1,465 @@
+"""Strict mixed-precision emulation: a numpy node-by-node executor of ONNX graphs.
+
+:class:`GraphEmulator` runs a graph (If/Loop/Scan bodies included) with a chosen precision per node. A
+low-precision node rounds its float inputs to FP16/BF16, computes with every elementary step rounded to
+that dtype (matrix products accumulate in FP32, as tensor cores do) and stores its float outputs in the
+low dtype, so a downstream FP32 node reads the rounded values. ONNX Runtime's CPU provider, by contrast,
+computes most FP16 ops in FP32 and understates the error a GPU shows.
+
+Incremental runs make the precision search cheap: :meth:`GraphEmulator.run_from` reuses a kept reference
+run and recomputes only the nodes downstream of the nodes whose precision changed.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import ChainMap
+from collections.abc import Callable, Mapping, MutableMapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from mpinfer.errors import BackendUnavailableError, InternalError, InvalidInputError, format_message
+from mpinfer.precision.kernels import (
+    NodeInfo,
+    Numerics,
+    UnsupportedVariant,
+    is_float,
+    is_low_float,
+    kernel_table,
+    reference_available,
+    reference_kernel,
+)
+from mpinfer.specs import Precision
+
+logger = logging.getLogger(__name__)
+
+CONTROL_FLOW = ("If", "Loop", "Scan")
+# Inputs that are coordinates or folded parameters, never rounded to the node's precision: Resize roi and
+# scales are float32 by the ONNX spec; BatchNorm statistics are folded in FP32 (kernels/norm.py).
+SKIP_ROUNDING = {"Resize": (1, 2), "Upsample": (1,), "BatchNormalization": (1, 2, 3, 4)}
+# Ops whose output dtype comes from an attribute or a constant, not from the node's precision.
+EXPLICIT_DTYPE_OPS = frozenset({"Cast", "CastLike", "Constant", "ConstantOfShape", "EyeLike", "RandomNormal",
+                                "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Shape", "Size"})
+Observer = Callable[[str, np.ndarray], None]
+
+
+@dataclass
+class EmulatorRun:
+    """The result of one emulated run.
+
+    Attributes:
+        outputs: Graph output name -> array (float outputs in the declared graph dtype).
+        tensors: Tensor name -> array of the main graph, for the names kept (all of them with ``keep=True``).
+        low: The node address -> precision map the run used.
+        complete: True when every main-graph tensor was kept (the run can seed :meth:`GraphEmulator.run_from`).
+        recomputed: Number of main-graph nodes executed.
+    """
+
+    outputs: dict[str, np.ndarray]
+    tensors: dict[str, np.ndarray] = field(default_factory=dict)
+    low: dict[str, Precision] = field(default_factory=dict)
+    complete: bool = False
+    recomputed: int = 0
+
+
+@dataclass
+class _Step:
+    info: NodeInfo
+    inputs: list[str]
+    outputs: list[str]
+    kernel: Callable[..., list[np.ndarray]] | None
+    bodies: dict[str, _Graph]
+    reads: set[str]
+
+
+@dataclass
+class _Graph:
+    prefix: str
+    steps: list[_Step]
+    inputs: list[str]
+    outputs: list[str]
+    output_types: list[int]
+    initializers: dict[str, np.ndarray]
+    outer_reads: set[str]
+
+
+@dataclass
+class _State:
+    low: Mapping[str, Precision]
+    observe: Observer | None
+
+
+class GraphEmulator:
+    """Numpy executor of an ONNX model with a per-node compute precision.
+
+    Args:
+        model: The ``onnx.ModelProto`` (not modified; unnamed nodes get ``name_nodes`` addresses).
+        follow_input_dtypes: Nodes not named in ``low`` compute in the dtype of their float inputs
+            (FP16 inputs -> FP16 arithmetic) instead of FP32; this is how a converted model is run.
+    """
+
+    def __init__(self, model: Any, *, follow_input_dtypes: bool = False) -> None:
+        from mpinfer.modelio import iter_nodes, name_nodes
+
+        if any(not ref.node.name for ref in iter_nodes(model.graph)):  # type: ignore[attr-defined]
+            model = name_nodes(model)
+        self.follow_input_dtypes = follow_input_dtypes
+        self._opsets = {imp.domain or "": int(imp.version) for imp in model.opset_import}
+        self._kernels = kernel_table()
+        self._numerics = {p: Numerics(p) for p in Precision}
+        self._owner: dict[str, int] = {}
+        self._op_types: dict[str, str] = {}
+        self._unsupported: set[str] = set()
+        self._fallback: dict[str, str] = {}
+        self._rounded: dict[tuple[str, Precision], np.ndarray] = {}
+        self._main = self._compile(model.graph, "", top=True)
+        self._last_use = self._last_uses(self._main)
+
+    # -- public API -------------------------------------------------------------------------------
+    def unsupported_ops(self) -> set[str]:
+        """Op types neither an mpinfer kernel nor onnx.reference can run (custom domains, mostly)."""
+        return set(self._unsupported)
+
+    def fallback_ops(self) -> dict[str, str]:
+        """Node address -> op type of nodes computed by the onnx.reference fallback (FP32, output rounded)."""
+        return dict(self._fallback)
+
+    def node_addresses(self) -> dict[str, str]:
+        """Every node address (main graph and bodies, graph order) -> its op type."""
+        return dict(self._op_types)
+
+    def run(self, feeds: Mapping[str, np.ndarray], low: Mapping[str, Precision] | None = None, *,
+            keep: bool | set[str] = False, observe: Observer | None = None) -> EmulatorRun:
+        """Run the whole graph.
+
+        Args:
+            feeds: Input name -> array.
+            low: Node address -> FP16/BF16; other nodes compute in FP32 (or their input dtype when
+                ``follow_input_dtypes``).
+            keep: True keeps every main-graph tensor (needed by :meth:`run_from`); a set keeps those names.
+            observe: Called with (qualified tensor name, array) for every tensor computed, subgraph tensors
+                included (named ``<body prefix><tensor>``, once per loop iteration).
+
+        Returns:
+            The run's outputs and kept tensors.
+
+        Raises:
+            InvalidInputError: Missing feeds or unknown node addresses in ``low``.
+            BackendUnavailableError: The graph uses an op the emulator cannot run.
+            InternalError: A kernel failed (the message names the node).
+        """
+        state = _State(self._check_low(low), observe)
+        missing = [n for n in self._main.inputs if n not in feeds and n not in self._main.initializers]
+        if missing:
+            raise InvalidInputError(format_message("Feeds for the strict emulator", f"names {sorted(feeds)}",
+                                                   f"every graph input {self._main.inputs}",
+                                                   "missing: " + ", ".join(missing)))
+        env: dict[str, Any] = dict(self._main.initializers)
+        for name in self._main.inputs:
+            if name in feeds:
+                env[name] = np.asarray(feeds[name])
+        keep_all = keep is True
+        keep_set = keep if isinstance(keep, set) else set()
+        with np.errstate(all="ignore"):
+            for idx, step in enumerate(self._main.steps):
+                self._exec_step(step, env, env, state)
+                if not keep_all:
+                    for name in step.reads:
+                        if self._last_use.get(name) == idx and name not in keep_set:
+                            env.pop(name, None)
+        outputs = self._collect_outputs(env)
+        tensors = env if keep_all else {k: env[k] for k in keep_set if k in env}
+        return EmulatorRun(outputs, tensors, dict(state.low), keep_all, len(self._main.steps))
+
+    def run_from(self, reference: EmulatorRun, low: Mapping[str, Precision] | None = None) -> EmulatorRun:
+        """Recompute only the nodes downstream of the nodes whose precision differs from ``reference``.
+
+        Args:
+            reference: A run made with ``keep=True`` (any precision map).
+            low: The new node address -> precision map.
+
+        Returns:
+            A run equal to ``run(feeds, low)``; its ``tensors`` share the reference's unchanged arrays.
+
+        Raises:
+            InvalidInputError: ``reference`` was not kept, or ``low`` names unknown nodes.
+        """
+        if not reference.complete:
+            raise InvalidInputError(format_message("Reference run for run_from", "a run without kept tensors",
+                                                   "a run made with keep=True"))
+        new_low = self._check_low(low)
+        changed = {a for a in set(reference.low) | set(new_low)
+                   if reference.low.get(a, Precision.FP32) != new_low.get(a, Precision.FP32)}
+        seeds = {self._owner[a] for a in changed}
+        env: dict[str, Any] = dict(reference.tensors)
+        state = _State(new_low, None)
+        dirty: set[str] = set()
+        count = 0
+        with np.errstate(all="ignore"):
+            for idx, step in enumerate(self._main.steps):
+                if idx in seeds or not dirty.isdisjoint(step.reads):
+                    self._exec_step(step, env, env, state)
+                    dirty.update(step.outputs)
+                    count += 1
+        return EmulatorRun(self._collect_outputs(env), env, dict(new_low), True, count)
+
+    # -- compilation ------------------------------------------------------------------------------
+    def _compile(self, graph: Any, prefix: str, *, top: bool = False) -> _Graph:
+        from onnx import numpy_helper
+
+        inits = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+        inputs = [vi.name for vi in graph.input]
+        steps = []
+        for index, node in enumerate(self._toposort(graph, inits)):
+            steps.append(self._compile_node(node, prefix, index))
+            if top:
+                for addr in self._addresses_under(steps[-1]):
+                    self._owner[addr] = len(steps) - 1
+        defined = set(inits) | {vi.name for vi in graph.input} | {o for s in steps for o in s.outputs}
+        outer = {r for s in steps for r in s.reads if r and r not in defined}
+        types = [vi.type.tensor_type.elem_type for vi in graph.output]
+        return _Graph(prefix, steps, inputs, [vi.name for vi in graph.output], types, inits, outer)
+
+    @staticmethod
+    def _toposort(graph: Any, inits: Mapping[str, Any]) -> list[Any]:
+        """Graph nodes in an order where producers come first (ONNX requires it; some exporters forget)."""
+        produced = {o for node in graph.node for o in node.output if o}
+        ready = set(inits) | {vi.name for vi in graph.input}
+        pending, order = list(graph.node), []
+        while pending:
+            rest = []
+            for node in pending:
+                if all(i in ready or i not in produced for i in node.input if i):
+                    order.append(node)
+                    ready.update(node.output)
+                else:
+                    rest.append(node)
+            if len(rest) == len(pending):  # a cycle or a dangling name: keep the file's order
+                order.extend(rest)
+                break
+            pending = rest
+        return order
+
+    def _compile_node(self, node: Any, prefix: str, index: int) -> _Step:
+        from onnx import AttributeProto, helper, numpy_helper
+
+        address = f"{prefix}{node.name}"
+        attrs: dict[str, Any] = {}
+        bodies: dict[str, _Graph] = {}
+        for a in node.attribute:
+            if a.type == AttributeProto.GRAPH:
+                bodies[a.name] = self._compile(a.g, f"{address}/{a.name}/")
+            elif a.type == AttributeProto.TENSOR:
+                attrs[a.name] = numpy_helper.to_array(a.t)
+            elif a.type == AttributeProto.GRAPHS:
+                attrs[a.name] = list(a.graphs)
+            else:
+                value = helper.get_attribute_value(a)
+                attrs[a.name] = value.decode() if isinstance(value, bytes) else value
+        domain = node.domain if node.domain not in ("", "ai.onnx") else ""
+        info = NodeInfo(address, node.op_type, domain, self._opsets.get(domain, 1), attrs, node)
+        self._op_types[address] = node.op_type
+        kernel: Callable[..., list[np.ndarray]] | None = None
+        if node.op_type not in CONTROL_FLOW or domain:
+            if not domain and node.op_type in self._kernels:
+                kernel = self._kernels[node.op_type]  # type: ignore[assignment]
+            elif reference_available(domain, node.op_type, info.opset):
+                kernel = reference_kernel
+                self._fallback[address] = node.op_type
+            else:
+                self._unsupported.add(node.op_type if not domain else f"{domain}::{node.op_type}")
+        reads = {i for i in node.input if i}
+        for body in bodies.values():
+            reads |= body.outer_reads
+        return _Step(info, list(node.input), list(node.output), kernel, bodies, reads)
+
+    @staticmethod
+    def _addresses_under(step: _Step) -> list[str]:
+        out = [step.info.address]
+        todo = list(step.bodies.values())
+        while todo:
+            g = todo.pop()
+            for s in g.steps:
+                out.append(s.info.address)
+                todo.extend(s.bodies.values())
+        return out
+
+    @staticmethod
+    def _last_uses(graph: _Graph) -> dict[str, int]:
+        last: dict[str, int] = {}
+        for idx, step in enumerate(graph.steps):
+            for name in step.reads:
+                last[name] = idx
+        for name in graph.outputs:
+            last[name] = len(graph.steps)  # never freed
+        return last
+
+    def _check_low(self, low: Mapping[str, Precision] | None) -> dict[str, Precision]:
+        out: dict[str, Precision] = {}
+        unknown = []
+        for addr, prec in (low or {}).items():
+            if addr not in self._owner:
+                unknown.append(addr)
+                continue
+            p = Precision.parse(prec)
+            if p.is_low:
+                out[addr] = p
+        if unknown:
+            raise InvalidInputError(format_message("Low-precision node addresses", ", ".join(sorted(unknown)[:5]),
+                                                   "addresses of nodes in the model (mpinfer.modelio.iter_nodes)"))
+        return out
+
+    # -- execution --------------------------------------------------------------------------------
+    def _precision(self, step: _Step, ins: list[Any], state: _State) -> Precision:
+        p = state.low.get(step.info.address)
+        if p is not None:
+            return p
+        if self.follow_input_dtypes:
+            skip = SKIP_ROUNDING.get(step.info.op_type, ())
+            for i, v in enumerate(ins):
+                if i not in skip and is_low_float(v):
+                    return Precision.FP16 if v.dtype == np.float16 else Precision.BF16
+        return Precision.FP32
+
+    def _load(self, step: _Step, ins: list[Any], num: Numerics) -> list[Any]:
+        skip = SKIP_ROUNDING.get(step.info.op_type, ())
+        out = []
+        for i, v in enumerate(ins):
+            if not is_float(v):
+                out.append(v)
+            elif i in skip:
+                out.append(v.astype(np.float32) if is_low_float(v) else v)
+            elif num.low and self._main.initializers.get(step.inputs[i]) is v:
+                key = (step.inputs[i], num.precision)  # weights are rounded once, not on every run
+                cached = self._rounded.get(key)
+                if cached is None:
+                    cached = self._rounded[key] = num.load(v)
+                out.append(cached)
+            else:
+                out.append(num.load(v))
+        return out
+
+    def _exec_step(self, step: _Step, local: MutableMapping[str, Any], scope: Mapping[str, Any],
+                   state: _State, prefix: str = "") -> None:
+        info = step.info
+        try:
+            ins = [scope[name] if name else None for name in step.inputs]
+        except KeyError as err:
+            raise InternalError(f"Strict emulation: node '{info.address}' reads tensor {err} that no node "
+                                "produced") from err
+        prec = self._precision(step, ins, state)
+        num = self._numerics[prec]
+        try:
+            if step.kernel is None and info.op_type in CONTROL_FLOW and not info.domain:
+                outs = self._control(step, ins, scope, state)
+            elif step.kernel is None:
+                raise BackendUnavailableError(format_message(
+                    f"Strict emulation of node '{info.address}'", f"op {info.domain or 'ai.onnx'}::{info.op_type}",
+                    "an op with an mpinfer or onnx.reference kernel", "use ONNX Runtime numerics (--numerics ort)"))
+            else:
+                loaded = self._load(step, ins, num)
+                try:
+                    outs = step.kernel(info, num, loaded)
+                except UnsupportedVariant:
+                    self._fallback[info.address] = info.op_type
+                    outs = reference_kernel(info, num, loaded)
+        except (BackendUnavailableError, InternalError):
+            raise
+        except Exception as err:  # a kernel failing on a valid model is a bug; name the node
+            raise InternalError(f"Strict emulation failed at node '{info.address}' ({info.op_type}) in "
+                                f"{prec.value}: {type(err).__name__}: {err}") from err
+        explicit = info.op_type in EXPLICIT_DTYPE_OPS and (self.follow_input_dtypes or not num.low)
+        for name, value in zip(step.outputs, outs, strict=False):
+            if not name:
+                continue
+            value = np.asarray(value)
+            if is_float(value) and not explicit and (num.low or info.op_type not in CONTROL_FLOW):
+                value = num.store(value)
+            local[name] = value
+            if state.observe is not None:
+                state.observe(prefix + name, value)
+
+    def _collect_outputs(self, env: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        from onnx import helper
+
+        out = {}
+        for name, elem in zip(self._main.outputs, self._main.output_types, strict=False):
+            value = env[name]
+            if is_float(value) and elem:
+                want = np.dtype(helper.tensor_dtype_to_np_dtype(elem))
+                if want != value.dtype and (want.kind == "f" or want.name == "bfloat16"):
+                    value = value.astype(want)
+            out[name] = value
+        return out
+
+    def _body(self, graph: _Graph, bindings: Mapping[str, Any], outer: Mapping[str, Any],
+              state: _State) -> list[np.ndarray]:
+        local: dict[str, Any] = dict(graph.initializers)
+        local.update(bindings)
+        scope = ChainMap(local, outer)  # type: ignore[arg-type]
+        for step in graph.steps:
+            self._exec_step(step, local, scope, state, graph.prefix)
+        if state.observe is not None:
+            for name, value in bindings.items():
+                state.observe(graph.prefix + name, value)
+        return [scope[o] for o in graph.outputs]
+
+    def _control(self, step: _Step, ins: list[Any], scope: Mapping[str, Any], state: _State) -> list[np.ndarray]:
+        op = step.info.op_type
+        if op == "If":
+            branch = "then_branch" if bool(np.asarray(ins[0]).ravel()[0]) else "else_branch"
+            return self._body(step.bodies[branch], {}, scope, state)
+        if op == "Loop":
+            return self._loop(step, ins, scope, state)
+        return self._scan(step, ins, scope, state)
+
+    def _loop(self, step: _Step, ins: list[Any], scope: Mapping[str, Any], state: _State) -> list[np.ndarray]:
+        body = step.bodies["body"]
+        trip = int(np.asarray(ins[0]).ravel()[0]) if ins and ins[0] is not None else None
+        cond = bool(np.asarray(ins[1]).ravel()[0]) if len(ins) > 1 and ins[1] is not None else True
+        carried = list(ins[2:])
+        n_scan = len(body.outputs) - 1 - len(carried)
+        scans: list[list[np.ndarray]] = [[] for _ in range(n_scan)]
+        i = 0
+        while cond and (trip is None or i < trip):
+            names = body.inputs
+            bind = {names[0]: np.asarray(i, np.int64), names[1]: np.asarray(cond, bool)}
+            bind.update({names[2 + j]: v for j, v in enumerate(carried)})
+            res = self._body(body, {k: v for k, v in bind.items() if k}, scope, state)
+            cond = bool(np.asarray(res[0]).ravel()[0])
+            carried = res[1:1 + len(carried)]
+            for j, v in enumerate(res[1 + len(carried):]):
+                scans[j].append(v)
+            i += 1
+        return carried + [np.stack(s) if s else np.zeros((0,), np.float32) for s in scans]
+
+    def _scan(self, step: _Step, ins: list[Any], scope: Mapping[str, Any], state: _State) -> list[np.ndarray]:
+        if step.info.opset < 9:
+            raise UnsupportedVariant("Scan-8 (batched form)")
+        body, n = step.bodies["body"], step.info
+        m = int(n.get("num_scan_inputs"))
+        states, xs = list(ins[:len(ins) - m]), ins[len(ins) - m:]
+        in_axes = list(n.get("scan_input_axes") or [0] * m)
+        in_dirs = list(n.get("scan_input_directions") or [0] * m)
+        n_out = len(body.outputs) - len(states)
+        out_axes = list(n.get("scan_output_axes") or [0] * n_out)
+        out_dirs = list(n.get("scan_output_directions") or [0] * n_out)
+        length = xs[0].shape[in_axes[0] % xs[0].ndim]
+        outs: list[list[np.ndarray]] = [[] for _ in range(n_out)]
+        for t in range(length):
+            bind = dict(zip(body.inputs, states, strict=False))
+            for j, x in enumerate(xs):
+                pos = length - 1 - t if in_dirs[j] else t
+                bind[body.inputs[len(states) + j]] = np.take(x, pos, axis=in_axes[j] % x.ndim)
+            res = self._body(body, bind, scope, state)
+            states = res[:len(states)]
+            for j, v in enumerate(res[len(states):]):
+                outs[j].append(v)
+        stacked = []
+        for j, seq in enumerate(outs):
+            seq = seq[::-1] if out_dirs[j] else seq
+            ax = out_axes[j] % (seq[0].ndim + 1) if seq else 0
+            stacked.append(np.stack(seq, axis=ax) if seq else np.zeros((0,), np.float32))
+        return states + stacked

@@ -1,0 +1,169 @@
+"""Matrix kernels: MatMul, Gemm, Einsum, Conv, ConvTranspose.
+
+Tensor-core behaviour: inputs arrive rounded to the low dtype, products are accumulated in float32 (numpy
+float32 BLAS) and the executor rounds the output once. Conv is im2col over ``sliding_window_view`` plus
+one matrix product per group.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Any
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+from mpinfer.precision.kernels.numerics import NodeInfo, Numerics
+
+
+def matmul(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
+    """ONNX MatMul (numpy matmul broadcasting rules are ONNX's)."""
+    a, b = x
+    return [np.matmul(a, b)]
+
+
+def gemm(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
+    """ONNX Gemm: alpha * A' B' + beta * C, the epilogue in float32."""
+    a, b = x[0], x[1]
+    c = x[2] if len(x) > 2 else None
+    if n.get("transA", 0):
+        a = a.T
+    if n.get("transB", 0):
+        b = b.T
+    y = a @ b
+    alpha, beta = n.get("alpha", 1.0), n.get("beta", 1.0)
+    if alpha != 1.0:
+        y = y * np.asarray(alpha, y.dtype)
+    if c is not None:
+        y = y + (c if beta == 1.0 else c * np.asarray(beta, y.dtype))
+    return [y]
+
+
+def einsum(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
+    """ONNX Einsum through numpy's optimised einsum."""
+    eq = n.get("equation")
+    eq = eq.decode() if isinstance(eq, bytes) else eq
+    return [np.asarray(np.einsum(eq.replace(" ", ""), *x, optimize=True))]
+
+
+def _conv_geometry(n: NodeInfo, in_sp: tuple[int, ...], kernel: tuple[int, ...]) -> tuple[list[int], list[int],
+                                                                                       list[int], list[int]]:
+    """Strides, dilations, begin pads and end pads for Conv/pooling (auto_pad resolved)."""
+    sp = len(in_sp)
+    strides = list(n.get("strides") or [1] * sp)
+    dil = list(n.get("dilations") or [1] * sp)
+    auto_pad = n.get("auto_pad", "NOTSET")
+    auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
+    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        begin, end = [], []
+        for i in range(sp):
+            out = math.ceil(in_sp[i] / strides[i])
+            total = max(0, (out - 1) * strides[i] + (kernel[i] - 1) * dil[i] + 1 - in_sp[i])
+            small = total // 2
+            b = small if auto_pad == "SAME_UPPER" else total - small
+            begin.append(b)
+            end.append(total - b)
+        return strides, dil, begin, end
+    if auto_pad == "VALID":
+        return strides, dil, [0] * sp, [0] * sp
+    pads = list(n.get("pads") or [0] * (2 * sp))
+    return strides, dil, pads[:sp], pads[sp:]
+
+
+def conv_windows(x: np.ndarray, kernel: tuple[int, ...], strides: list[int], dil: list[int],
+                 begin: list[int], end: list[int], pad_value: float = 0.0) -> np.ndarray:
+    """Strided view (N, C, O1.., K1..) of the padded input's receptive fields (no copy beyond padding)."""
+    sp = len(kernel)
+    if any(begin) or any(end):
+        x = np.pad(x, [(0, 0), (0, 0)] + list(zip(begin, end, strict=False)), constant_values=pad_value)
+    eff = tuple((k - 1) * d + 1 for k, d in zip(kernel, dil, strict=False))
+    win = sliding_window_view(x, eff, axis=tuple(range(2, 2 + sp)))
+    slc = (slice(None), slice(None)) + tuple(slice(None, None, s) for s in strides) \
+        + tuple(slice(None, None, d) for d in dil)
+    return win[slc]
+
+
+def conv(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
+    """ONNX Conv (1-D/2-D/3-D, groups, pads, strides, dilations, auto_pad) via im2col + GEMM."""
+    xin, w = x[0], x[1]
+    bias = x[2] if len(x) > 2 else None
+    group = int(n.get("group", 1))
+    kernel = tuple(w.shape[2:])
+    sp = len(kernel)
+    strides, dil, begin, end = _conv_geometry(n, xin.shape[2:], kernel)
+    win = conv_windows(xin, kernel, strides, dil, begin, end)
+    batch, chans = xin.shape[:2]
+    out_sp = win.shape[2:2 + sp]
+    p = int(np.prod(out_sp))
+    kf = int(np.prod(kernel))
+    m = w.shape[0]
+    if group == 1:
+        # (C, K.., N, O..): the copy reads rows of the output grid, and one GEMM does the whole batch.
+        perm = (1,) + tuple(range(2 + sp, 2 + 2 * sp)) + (0,) + tuple(range(2, 2 + sp))
+        cols = np.ascontiguousarray(win.transpose(perm)).reshape(chans * kf, batch * p)
+        y = (w.reshape(m, chans * kf) @ cols).reshape(m, batch, p).transpose(1, 0, 2)  # FP32 accumulation
+    else:
+        cg, mg = chans // group, m // group
+        cols = np.ascontiguousarray(win).reshape(batch, group, cg, p, kf)
+        wg = w.reshape(group, mg, cg, kf)
+        y = np.einsum("ngcpk,gmck->ngmp", cols, wg, optimize=True).reshape(batch, m, p)
+    y = y.reshape((batch, m) + tuple(out_sp))
+    if bias is not None:
+        y = y + bias.reshape((1, m) + (1,) * sp)
+    return [np.ascontiguousarray(y)]
+
+
+def conv_transpose(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
+    """ONNX ConvTranspose: per-position products scattered (col2im) into the output, then cropped."""
+    xin, w = x[0], x[1]
+    bias = x[2] if len(x) > 2 else None
+    group = int(n.get("group", 1))
+    batch, chans = xin.shape[:2]
+    in_sp = xin.shape[2:]
+    kernel = tuple(w.shape[2:])
+    sp = len(kernel)
+    cg, mg = chans // group, w.shape[1]
+    m = mg * group
+    strides = list(n.get("strides") or [1] * sp)
+    dil = list(n.get("dilations") or [1] * sp)
+    out_pad = list(n.get("output_padding") or [0] * sp)
+    full = [strides[i] * (in_sp[i] - 1) + (kernel[i] - 1) * dil[i] + 1 + out_pad[i] for i in range(sp)]
+    out_shape = n.get("output_shape")
+    auto_pad = n.get("auto_pad", "NOTSET")
+    auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
+    if out_shape is not None or auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        target = list(out_shape)[-sp:] if out_shape is not None else [in_sp[i] * strides[i] for i in range(sp)]
+        total = [full[i] - target[i] for i in range(sp)]
+        if auto_pad == "SAME_UPPER":
+            begin = [t // 2 for t in total]
+        else:
+            begin = [t - t // 2 for t in total]
+        end = [total[i] - begin[i] for i in range(sp)]
+    else:
+        pads = list(n.get("pads") or [0] * (2 * sp))
+        begin, end = pads[:sp], pads[sp:]
+    xs = xin.reshape(batch, group, cg, -1)
+    wg = w.reshape(group, cg, mg, -1)
+    t = np.einsum("ngci,gcmk->ngmki", xs, wg, optimize=True)  # (N, G, Mg, K, I)
+    t = t.reshape((batch, m, int(np.prod(kernel))) + tuple(in_sp))
+    y = np.zeros((batch, m) + tuple(full), dtype=t.dtype)
+    for ki, kpos in enumerate(itertools.product(*[range(k) for k in kernel])):
+        slc = (slice(None), slice(None)) + tuple(
+            slice(kpos[i] * dil[i], kpos[i] * dil[i] + strides[i] * (in_sp[i] - 1) + 1, strides[i])
+            for i in range(sp))
+        y[slc] += t[:, :, ki]
+    crop = (slice(None), slice(None)) + tuple(slice(begin[i], full[i] - end[i]) for i in range(sp))
+    y = y[crop]
+    if bias is not None:
+        y = y + bias.reshape((1, m) + (1,) * sp)
+    return [np.ascontiguousarray(y)]
+
+
+KERNELS = {
+    "MatMul": matmul,
+    "Gemm": gemm,
+    "Einsum": einsum,
+    "Conv": conv,
+    "ConvTranspose": conv_transpose,
+}

@@ -1,0 +1,120 @@
+"""Rounding rules of the emulated precisions and the static facts of one compiled node.
+
+Arithmetic is carried out in float32 numpy arrays whose values are rounded to the node's precision after
+every elementary step (:meth:`Numerics.r`). For a single +, -, *, / or sqrt, computing in float32 and
+rounding once to FP16/BF16 gives the correctly rounded low-precision result (float32 carries more than
+twice the bits of either), so this is the arithmetic of a device that computes in that dtype, including
+overflow to ``inf`` above 65504 in FP16 and flushing to zero below its subnormals.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from mpinfer.specs import Precision
+
+# Float dtypes the emulator treats as "float tensors" (rounded by low-precision nodes). float64 is left as
+# it is: models rarely use it and it is never converted to a low precision.
+LOW_KINDS = ("float16", "bfloat16")
+
+
+def is_float(x: Any) -> bool:
+    """True for float32/float16/bfloat16/float64 arrays."""
+    return isinstance(x, np.ndarray) and (x.dtype.kind == "f" or x.dtype.name == "bfloat16")
+
+
+def is_low_float(x: Any) -> bool:
+    """True for float16 and bfloat16 arrays."""
+    return isinstance(x, np.ndarray) and x.dtype.name in LOW_KINDS
+
+
+class Numerics:
+    """How one node computes: FP32, or rounding every elementary step to FP16/BF16.
+
+    Attributes:
+        precision: The node's precision.
+        low: True for FP16/BF16.
+        dtype: Storage dtype of the node's float outputs.
+    """
+
+    def __init__(self, precision: Precision) -> None:
+        self.precision = precision
+        self.low = precision.is_low
+        self.dtype = precision.numpy_dtype
+
+    def r(self, x: Any) -> Any:
+        """Round ``x`` (float32 values) to this precision; the result is float32 holding the rounded values."""
+        if not self.low:
+            return x
+        arr = np.asarray(x, dtype=np.float32)
+        out = arr.astype(self.dtype).astype(np.float32)
+        return out if isinstance(x, np.ndarray) else out[()]
+
+    def load(self, x: np.ndarray) -> np.ndarray:
+        """A float input as this node reads it: rounded to the low dtype (as float32), or upcast to float32."""
+        if self.low:
+            if x.dtype == self.dtype:
+                return x.astype(np.float32)
+            return x.astype(np.float32).astype(self.dtype).astype(np.float32)
+        if x.dtype.name in LOW_KINDS:
+            return x.astype(np.float32)
+        return x
+
+    def store(self, x: np.ndarray) -> np.ndarray:
+        """A float output as this node writes it (the low dtype, or float32)."""
+        if self.low:
+            return x if x.dtype == self.dtype else x.astype(self.dtype)
+        if x.dtype.name in LOW_KINDS:
+            return x.astype(np.float32)
+        return x
+
+    def __repr__(self) -> str:
+        return f"Numerics({self.precision.value})"
+
+
+@dataclass
+class NodeInfo:
+    """Static facts about one node, computed once when the graph is compiled.
+
+    Attributes:
+        address: Qualified node address (``If_3/then_branch/Add_1``).
+        op_type: ONNX op type.
+        domain: Op domain ("" for ai.onnx).
+        opset: Opset version of that domain in the model.
+        attrs: Attribute name -> Python value (tensors as numpy arrays, graphs as GraphProto).
+        node: The NodeProto.
+        cache: Per-node scratch space for kernels (e.g. a fallback evaluator).
+    """
+
+    address: str
+    op_type: str
+    domain: str
+    opset: int
+    attrs: dict[str, Any]
+    node: Any
+    cache: dict[str, Any] = field(default_factory=dict)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """Attribute ``key`` or ``default``."""
+        return self.attrs.get(key, default)
+
+
+def erf(x: np.ndarray) -> np.ndarray:
+    """Vectorised error function (Abramowitz & Stegun 7.1.26 refined; |error| < 1.2e-7), computed in float64."""
+    z = np.asarray(x, dtype=np.float64)
+    a = np.abs(z)
+    # W. J. Cody-style Chebyshev fit of erfc (Numerical Recipes erfcc), fractional error < 1.2e-7.
+    t = 1.0 / (1.0 + 0.5 * a)
+    poly = -a * a - 1.26551223 + t * (1.00002368 + t * (0.37409196 + t * (0.09678418 + t * (
+        -0.18628806 + t * (0.27886807 + t * (-1.13520398 + t * (1.48851587 + t * (
+            -0.82215223 + t * 0.17087277))))))))
+    erfc = t * np.exp(poly)
+    res = np.where(z >= 0, 1.0 - erfc, erfc - 1.0)
+    return res.astype(x.dtype if isinstance(x, np.ndarray) and x.dtype.kind == "f" else np.float32)
+
+
+SQRT_HALF = 1.0 / math.sqrt(2.0)
