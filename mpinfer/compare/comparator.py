@@ -285,9 +285,7 @@ def compare_models(config: CompareConfig) -> ComparisonResult:
         results = [_candidate_result(config, c, cands[c], accs[c], out_names, checks, kept) for c in cands]
         latency = _latency(config, baseline, cands, kept[0]) if config.latency else None
         base_info = {"name": config.baseline, "path": config.baseline, "runner": baseline.describe()}
-    notes = []
-    if feeds.is_random:
-        notes.append("Random input data: the errors say little about real inputs; pass --data.")
+    notes = _notes(feeds.is_random, result_runners=[c.runner for c in results], latency=latency is not None)
     logger.info("compare finished in %.1f s", time.perf_counter() - t0)
     return ComparisonResult(
         baseline=base_info,
@@ -353,6 +351,7 @@ def _onnx_extras(cfg: CompareConfig, result: CandidateResult, kept: list[dict[st
             result.path,
             kept[: cfg.divergence_batches],
             device=cfg.device,
+            numerics=cfg.numerics,
             show_progress=cfg.show_progress,
         )
 
@@ -388,6 +387,23 @@ def _latency(
         runners={n: r.describe() for n, r in runners.items()},
         stats=stats,
     )
+
+
+def _notes(is_random: bool, result_runners: Sequence[Mapping[str, Any]], latency: bool) -> list[str]:
+    notes = []
+    if is_random:
+        notes.append("Random input data: the errors say little about real inputs; pass --data.")
+    if latency and any(r.get("backend") == "mpinfer-strict" for r in result_runners):
+        notes.append(
+            "Strict-numerics candidates are timed in the numpy emulator: their latency says nothing about "
+            "FP16 speed; time them with --numerics ort or as an engine."
+        )
+    if latency and any(str(r.get("numerics")) == "ort-cpu" for r in result_runners):
+        notes.append(
+            "Latency on onnxruntime's CPU provider: it has few FP16 kernels and runs FP16 models through "
+            "inserted Casts, so FP16 is rarely faster here; measure on a GPU (--device cuda) or an engine."
+        )
+    return notes
 
 
 def _environment(cfg: CompareConfig) -> dict[str, Any]:

@@ -28,6 +28,8 @@ logger = logging.getLogger(__name__)
 
 # Intermediate tensors fetched per onnxruntime session: bounds the memory of one batch's extra outputs.
 CHUNK_SIZE = 64
+# The strict emulator recomputes the whole graph per chunk, so it takes bigger chunks (one batch's tensors).
+STRICT_CHUNK_SIZE = 512
 # A node's output relative error must reach 1 % to count as a jump (FP16 rounding alone gives ~1e-3).
 JUMP_MIN_ERROR = 1e-2
 # ... and be at least 10x the error already present in its inputs.
@@ -102,6 +104,25 @@ def _with_outputs(model: Any, names: Sequence[str]) -> Any:
     return m
 
 
+def _candidate_fetcher(cand: Any, chunk: list[str], providers: list[str], strict: bool) -> Any:
+    """A function feeds -> candidate arrays of ``chunk`` (onnxruntime, or the strict emulator)."""
+    from mpinfer.modelio import ort_session
+
+    if strict:
+        from mpinfer.precision.emulate import GraphEmulator
+
+        emu = GraphEmulator(cand, follow_input_dtypes=True)
+        keep = set(chunk)
+
+        def run_strict(feeds: Mapping[str, np.ndarray]) -> list[Any]:
+            tensors = emu.run(feeds, keep=keep).tensors
+            return [tensors.get(n) for n in chunk]
+
+        return run_strict
+    session: Any = ort_session(_with_outputs(cand, chunk), providers)
+    return lambda feeds: session.run(chunk, dict(feeds))
+
+
 def measure_tensors(
     base: Any,
     cand: Any,
@@ -109,28 +130,36 @@ def measure_tensors(
     batches: Sequence[Mapping[str, np.ndarray]],
     providers: list[str],
     *,
+    strict: bool = False,
     show_progress: bool = False,
 ) -> dict[str, _TensorAcc]:
-    """Run both models with ``names`` as extra outputs, chunk by chunk, and accumulate per-tensor error."""
+    """Run both models with ``names`` as extra outputs, chunk by chunk, and accumulate per-tensor error.
+
+    The baseline always runs in onnxruntime (FP32); the candidate in onnxruntime or, with ``strict``, in the
+    strict FP16/BF16 emulator (which keeps only the chunk's tensors).
+    """
     from rich.progress import Progress
 
     from mpinfer.modelio import ort_session
 
     accs = {n: _TensorAcc() for n in names}
-    chunks = [list(names[i : i + CHUNK_SIZE]) for i in range(0, len(names), CHUNK_SIZE)]
+    size = STRICT_CHUNK_SIZE if strict else CHUNK_SIZE
+    chunks = [list(names[i : i + size]) for i in range(0, len(names), size)]
     with Progress(disable=not show_progress, transient=True) as progress:
         task = progress.add_task("divergence: intermediate tensors", total=len(chunks) * len(batches))
         for chunk in chunks:
             sb: Any = ort_session(_with_outputs(base, chunk), providers)
-            sc: Any = ort_session(_with_outputs(cand, chunk), providers)
+            fetch = _candidate_fetcher(cand, chunk, providers, strict)
             for feeds in batches:
                 rb = sb.run(chunk, dict(feeds))
-                rc = sc.run(chunk, dict(feeds))
+                rc = fetch(feeds)
                 for n, b, c in zip(chunk, rb, rc, strict=True):
+                    if c is None:
+                        continue
                     if np.asarray(b).dtype.kind == "f" and np.asarray(c).dtype.kind == "f":
                         accs[n].update(b, c)
                 progress.advance(task)
-            del sb, sc
+            del sb, fetch
     return {n: a for n, a in accs.items() if a.dtype}
 
 
@@ -200,6 +229,7 @@ def find_divergence(
     batches: Sequence[Mapping[str, np.ndarray]],
     *,
     device: str = "cpu",
+    numerics: str = "ort",
     show_progress: bool = False,
 ) -> Divergence:
     """Compare the intermediate tensors of two ONNX models on a few batches and locate the error jump.
@@ -209,6 +239,7 @@ def find_divergence(
         candidate: The converted ONNX model (same node and tensor names).
         batches: A few input batches (kept small: both models run once per batch per chunk).
         device: ``cpu``, ``cuda`` or ``auto`` (onnxruntime providers).
+        numerics: ``ort`` or ``strict`` (the candidate's tensors from the strict FP16/BF16 emulator).
         show_progress: Show a progress bar.
 
     Returns:
@@ -221,7 +252,8 @@ def find_divergence(
     base, cand = name_nodes(load_onnx(baseline)), name_nodes(load_onnx(candidate))
     shared, skipped = _shared_tensors(base, cand)
     providers = resolve_providers(device)
-    accs = measure_tensors(base, cand, shared, batches, providers, show_progress=show_progress)
+    strict = numerics == "strict"
+    accs = measure_tensors(base, cand, shared, batches, providers, strict=strict, show_progress=show_progress)
     nodes = rank_nodes(base, accs, load_plan_nodes(candidate))
     ranking = [
         n.address
@@ -241,9 +273,9 @@ def find_divergence(
         time.perf_counter() - t0,
         note,
     )
-    numerics = "ort-cuda" if providers[0].startswith("CUDA") else "ort-cpu"
+    label = "strict" if strict else ("ort-cuda" if providers[0].startswith("CUDA") else "ort-cpu")
     return Divergence(
-        numerics=numerics,
+        numerics=label,
         batches=len(batches),
         tensors_compared=len(accs),
         nodes=nodes,

@@ -125,13 +125,23 @@ def node_rows(cand: CandidateResult) -> list[list[str]]:
 NODE_HEADERS = ["node", "op", "precision", "rel error", "input error", "added", "plan reason"]
 
 
+def short_names(names: list[str]) -> dict[str, str]:
+    """File names instead of paths where those are unique (tables stay narrow)."""
+    import os
+
+    base = {n: os.path.basename(n) or n for n in names}
+    unique = len(set(base.values())) == len(base)
+    return base if unique else {n: n for n in names}
+
+
 def latency_rows(result: ComparisonResult) -> list[list[str]]:
     """One row per runner and batch size."""
     if result.latency is None:
         return []
+    short = short_names(list(dict.fromkeys(s.runner for s in result.latency.stats)))
     return [
         [
-            s.runner,
+            short[s.runner],
             str(s.batch_size),
             str(s.iterations),
             f"{s.p50_ms:.3f}",

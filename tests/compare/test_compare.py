@@ -172,3 +172,36 @@ def test_precision_summary_from_model_and_plan(mlp_files):
     assert summary["counts"] == {"fp16": 1, "fp32": 1} and summary["cast_count"] == 2
     plan = precision_summary(onnx.load(str(mlp_files["broken"])), mlp_files["broken"])
     assert plan["source"].endswith("mlp.lnfp16.plan.json") and plan["nodes_low"] == 1
+
+
+def test_strict_numerics_sees_what_ort_hides(mlp_files):
+    """ORT's CPU provider folds Cast pairs and computes in FP32; the strict emulator overflows like a GPU."""
+    pytest.importorskip("mpinfer.backends.strict", reason="strict numerics not in this build")
+    kw = {"data": str(mlp_files["big"]), "checks": "cosine>=0.9999"}
+    assert compare_models(_cfg(mlp_files["base"], mlp_files["fp16"], **kw))
+    strict = compare_models(_cfg(mlp_files["base"], mlp_files["fp16"], numerics="strict", **kw))
+    assert not strict
+    cand = strict.candidates[0]
+    assert cand.runner["numerics"] == "strict-fp16" and cand.divergence.numerics == "strict"
+    assert cand.divergence.first_jump is not None and cand.divergence.first_jump.op_type == "Gemm"
+
+
+def test_real_converter_plan_reason_in_report(mlp_files, tmp_path):
+    precision = pytest.importorskip("mpinfer.precision", reason="convert stage not in this build")
+    ln = str(mlp_files["ln"])
+    res = precision.convert_precision(
+        precision.ConvertConfig(
+            model=mlp_files["base"],
+            output=tmp_path / "mlp.forced.onnx",
+            calibration="random:1",
+            low_nodes=(ln,),
+            keep_ops=("Gemm",),  # the Gemms stay FP32: the overflow first happens at the LayerNorm
+            progress=False,
+        )
+    )
+    result = compare_models(_cfg(mlp_files["base"], res.output, data=str(mlp_files["big"]), numerics="strict"))
+    assert not result
+    cand = result.candidates[0]
+    assert cand.precision["source"] == str(res.plan_path)
+    jump = cand.divergence.first_jump
+    assert jump.address == ln and jump.reason == "user:low-node" and ln in jump.detail
