@@ -216,6 +216,20 @@ def _iter_progress(feeds: Any, show: bool) -> Iterator[dict[str, np.ndarray]]:
             progress.advance(task)
 
 
+def _infer(runner: Runner, batch: Mapping[str, np.ndarray], who: str, index: int) -> dict[str, np.ndarray]:
+    """One inference; a model that loads but fails to run (onnxruntime, torch) is named in the error."""
+    try:
+        return runner.infer(batch)
+    except MpinferError as err:
+        raise type(err)(f"{who}: {err}") from err
+    except Exception as err:
+        if type(err).__module__.split(".")[0] not in ("onnxruntime", "torch"):
+            raise  # anything else is a bug in mpinfer: keep the traceback
+        raise ModelLoadError(
+            f"{who} failed to run on batch {index}: {type(err).__name__}: {str(err).strip()[:500]}"
+        ) from err
+
+
 def _run_batches(
     cfg: CompareConfig,
     baseline: Runner,
@@ -227,13 +241,13 @@ def _run_batches(
     kept: list[dict[str, np.ndarray]] = []
     offset = 0
     labels = feeds.labels
-    for batch in _iter_progress(feeds, cfg.show_progress):
+    for index, batch in enumerate(_iter_progress(feeds, cfg.show_progress)):
         n = next(iter(batch.values())).shape[0] if batch else 0
         lab = labels[offset : offset + n] if labels is not None and offset + n <= len(labels) else None
         offset += n
-        bout = baseline.infer(batch)
+        bout = _infer(baseline, batch, f"Baseline '{cfg.baseline}'", index)
         for cname, runner in candidates.items():
-            cout = runner.infer(batch)
+            cout = _infer(runner, batch, f"Candidate '{cname}'", index)
             _check_batch_outputs(bout, cout, cname)
             for o in out_names:
                 accs[cname][o].update(bout[o], cout[o], lab)

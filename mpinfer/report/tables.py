@@ -94,7 +94,9 @@ def divergence_lines(cand: CandidateResult) -> list[str]:
     skipped = {k: v for k, v in d.skipped.items() if v}
     if skipped:
         lines.append(
-            "Not compared: " + ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in skipped.items()) + "."
+            "Not compared: "
+            + ", ".join(f"{v} {k.replace('_only_', '-only ').replace('_', ' ')}" for k, v in skipped.items())
+            + "."
         )
     return lines
 

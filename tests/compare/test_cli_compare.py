@@ -200,3 +200,46 @@ def test_unknown_check(invoke, mlp_files, tmp_path):
 def test_fixed_batch_latency_sizes(invoke, mlp_files, tmp_path):
     r = invoke("compare", mlp_files["base"], mlp_files["fp16"], "--batch-sizes", "1,x")
     assert r.exit_code == 2 and "comma-separated integers" in _out(r)
+
+
+def test_candidate_fails_to_run(invoke, tmp_path):
+    """A model that loads but fails at run time (Reshape to an impossible shape) is named."""
+    from onnx import helper, numpy_helper
+
+    base = _relu_model(tmp_path / "base.onnx", ["batch", 4])
+    shape = numpy_helper.from_array(np.array([3, 5], np.int64), "shape")
+    g = helper.make_graph(
+        [
+            helper.make_node("Reshape", ["x", "shape"], ["r"], name="reshape"),
+            helper.make_node("Relu", ["r"], ["y"], name="relu"),
+        ],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [shape],
+    )
+    cand = tmp_path / "cand.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(cand))
+    r = invoke("compare", base, cand, "--report", tmp_path / "rep")
+    assert_user_error(r, r"Candidate '.*cand.onnx' failed to run on batch 0: .*Reshape")
+    assert not (tmp_path / "rep").exists()
+
+
+def test_torch_baseline_and_strict_numerics(invoke, mlp_files):
+    pytest.importorskip("mpinfer.backends.strict", reason="strict numerics not in this build")
+    r = invoke(
+        "compare",
+        "models/mlp.py:build",
+        mlp_files["fp16"],
+        "--data",
+        mlp_files["small"],
+        "--numerics",
+        "strict",
+        "--num-batches",
+        "1",
+        "--json",
+    )
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.stdout)
+    assert data["baseline"]["runner"]["backend"] == "torch"
+    assert data["candidates"][0]["runner"]["numerics"] == "strict-fp16"

@@ -199,7 +199,9 @@ def test_real_converter_plan_reason_in_report(mlp_files, tmp_path):
             progress=False,
         )
     )
-    result = compare_models(_cfg(mlp_files["base"], res.output, data=str(mlp_files["big"]), numerics="strict"))
+    result = compare_models(
+        _cfg(mlp_files["base"], res.output, data=str(mlp_files["big"]), numerics="strict")
+    )
     assert not result
     cand = result.candidates[0]
     assert cand.precision["source"] == str(res.plan_path)
