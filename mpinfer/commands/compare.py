@@ -62,6 +62,13 @@ def _ints(ctx: click.Context, param: click.Parameter, value: str | None) -> tupl
     show_default=True,
     help="Locate the node where the error jumps (ONNX baseline and candidates).",
 )
+@click.option(
+    "--divergence-batches",
+    type=int,
+    default=2,
+    show_default=True,
+    help="Batches the per-layer divergence compares (both models run once per batch per 64 tensors).",
+)
 @click.option("--quiet", is_flag=True, help="No progress bars or tables; only the verdict.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report JSON to stdout (for scripts).")
 @click.pass_context
@@ -84,6 +91,7 @@ def compare(
     num_batches: int | None,
     dims: tuple[str, ...],
     divergence: bool,
+    divergence_batches: int,
     quiet: bool,
     as_json: bool,
 ) -> None:
@@ -118,6 +126,7 @@ def compare(
         num_batches=num_batches,
         dims=dims,
         divergence=divergence,
+        divergence_batches=divergence_batches,
         show_progress=not (quiet or as_json),
     )
     result = compare_models(config)
