@@ -12,8 +12,8 @@ from typing import Any
 from mpinfer.backends.base import Runner, check_feeds
 from mpinfer.errors import BackendUnavailableError, InvalidInputError, ModelLoadError, format_message
 
-# File suffixes of built engines (TensorRT plans, and the engine helper's artefacts).
-ENGINE_SUFFIXES = (".engine", ".trt", ".plan")
+# File suffixes of built engines (TensorRT plans, ONNX Runtime ORT-format engines).
+ENGINE_SUFFIXES = (".engine", ".trt", ".plan", ".ort")
 # Numerics an ONNX model can be run with: onnxruntime's kernels, or the strict FP16/BF16 emulation.
 NUMERICS = ("ort", "strict")
 
@@ -34,7 +34,8 @@ def open_runner(
     """Return an (inactive) runner for a model path or spec.
 
     Args:
-        path_or_spec: ``model.onnx``; an engine (``.engine``/``.trt``/``.plan``); or
+        path_or_spec: ``model.onnx``; an engine (``.engine``/``.trt``/``.plan``/``.ort``, or any file with
+            an engine sidecar from ``build-engine``); or
             ``file.py:factory[@weights]``.
         device: ``cpu``, ``cuda`` or ``auto``.
         numerics: ``ort`` (onnxruntime kernels) or ``strict`` (every FP16/BF16 node emulated in its
@@ -64,6 +65,8 @@ def open_runner(
                 f"Model '{text}'", "no such file", "an .onnx file, an engine, or file.py:factory[@weights]"
             )
         )
+    if _is_engine(path):
+        return _engine_runner(path, device)
     if path.suffix.lower() == ".onnx":
         if numerics == "strict":
             return _strict_runner(path, label)
@@ -79,6 +82,17 @@ def open_runner(
             "an .onnx file, an engine (" + ", ".join(ENGINE_SUFFIXES) + ") or file.py:factory[@weights]",
         )
     )
+
+
+def _is_engine(path: Path) -> bool:
+    """An engine suffix, or (with the engine backend installed) any file with an engine sidecar."""
+    if path.suffix.lower() in ENGINE_SUFFIXES:
+        return True
+    try:
+        from mpinfer.engine import is_engine_artifact
+    except ImportError:
+        return False
+    return bool(is_engine_artifact(path))
 
 
 def _strict_runner(path: Path, name: str) -> Runner:
