@@ -150,26 +150,9 @@ def precision_summary(model: Any, candidate_path: str | Path) -> dict[str, Any]:
     from mpinfer.modelio import iter_nodes
 
     plan_path = Path(str(candidate_path)[: -len(".onnx")] + ".plan.json")
-    if plan_path.is_file():
-        try:
-            plan = json.loads(plan_path.read_text())
-            plan_counts = Counter(str(n.get("precision", "fp32")) for n in plan.get("nodes", []))
-            summ = plan.get("summary", {})
-            total = int(summ.get("nodes_total", sum(plan_counts.values())))
-            low = int(summ.get("nodes_low", sum(v for k, v in plan_counts.items() if k in ("fp16", "bf16"))))
-            return {
-                "source": str(plan_path),
-                "precision": plan.get("precision"),
-                "nodes_total": total,
-                "nodes_low": low,
-                "low_share": low / total if total else 0.0,
-                "low_share_flops": summ.get("low_share_flops"),
-                "cast_count": summ.get("cast_count"),
-                "counts": dict(plan_counts),
-                "reasons": dict(Counter(str(n.get("reason")) for n in plan["nodes"])),
-            }
-        except (OSError, ValueError, KeyError, TypeError) as err:
-            logger.warning("plan file '%s' is unreadable (%s); counting from the model", plan_path, err)
+    from_plan = _summary_from_plan(plan_path) if plan_path.is_file() else None
+    if from_plan is not None:
+        return from_plan
     types, _ = _infer(model)
     names: dict[int | None, str] = {
         int(TensorProto.FLOAT16): "fp16",
@@ -200,3 +183,27 @@ def precision_summary(model: Any, candidate_path: str | Path) -> dict[str, Any]:
         "counts": dict(counts),
         "reasons": {},
     }
+
+
+def _summary_from_plan(plan_path: Path) -> dict[str, Any] | None:
+    """The precision summary of a plan file, or None when it is unreadable."""
+    try:
+        plan = json.loads(plan_path.read_text())
+        plan_counts = Counter(str(n.get("precision", "fp32")) for n in plan.get("nodes", []))
+        summ = plan.get("summary", {})
+        total = int(summ.get("nodes_total", sum(plan_counts.values())))
+        low = int(summ.get("nodes_low", sum(v for k, v in plan_counts.items() if k in ("fp16", "bf16"))))
+        return {
+            "source": str(plan_path),
+            "precision": plan.get("precision"),
+            "nodes_total": total,
+            "nodes_low": low,
+            "low_share": low / total if total else 0.0,
+            "low_share_flops": summ.get("low_share_flops"),
+            "cast_count": summ.get("cast_count"),
+            "counts": dict(plan_counts),
+            "reasons": dict(Counter(str(n.get("reason")) for n in plan["nodes"])),
+        }
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        logger.warning("plan file '%s' is unreadable (%s); counting from the model", plan_path, err)
+    return None

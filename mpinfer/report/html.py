@@ -78,32 +78,7 @@ def render_html(result: ComparisonResult) -> str:
         )
     for cand in result.candidates:
         parts.append(_candidate_section(cand))
-    parts.append("<h2>Error distribution</h2>")
-    outputs = list(dict.fromkeys(o.name for c in result.candidates for o in c.outputs))
-    for k, name in enumerate(outputs):
-        parts.append(
-            _img(plots.error_distribution(result, name), f"error distribution of {name}", f"dist-{k}")
-        )
-    along = plots.error_along_graph(result)
-    if along:
-        parts.append("<h2>Error along the graph</h2>" + _img(along, "error along the graph", "along-graph"))
-    prec = plots.precision_chart(result)
-    if prec:
-        parts.append("<h2>Precision</h2>" + _img(prec, "FP16 share and cast count", "precision"))
-    if result.latency is not None:
-        parts.append(
-            f"<h2>Latency (device {_e(result.latency.device)}, warm-up {result.latency.warmup})</h2>"
-        )
-        parts.append(_table(tables.LATENCY_HEADERS, tables.latency_rows(result)))
-        parts.append(
-            "<ul>"
-            + "".join(
-                f"<li><code>{_e(n)}</code>: {_e(tables.runner_line(i))}</li>"
-                for n, i in result.latency.runners.items()
-            )
-            + "</ul>"
-        )
-        parts.append(_img(plots.latency_chart(result), "latency baseline vs candidates", "latency"))
+    parts += _plot_sections(result)
     parts.append(
         "<h2>Metric definitions</h2><ul>"
         + "".join(f"<li><code>{_e(k)}</code>: {_e(v)}</li>" for k, v in METRIC_DOCS.items())
@@ -154,3 +129,34 @@ def _candidate_section(cand: object) -> str:
             )
         )
     return "".join(out)
+
+
+def _plot_sections(result: ComparisonResult) -> list[str]:
+    """Error distribution, error along the graph, precision and latency sections."""
+    parts = ["<h2>Error distribution</h2>"]
+    outputs = list(dict.fromkeys(o.name for c in result.candidates for o in c.outputs))
+    for k, name in enumerate(outputs):
+        parts.append(
+            _img(plots.error_distribution(result, name), f"error distribution of {name}", f"dist-{k}")
+        )
+    along = plots.error_along_graph(result)
+    if along:
+        parts.append("<h2>Error along the graph</h2>" + _img(along, "error along the graph", "along-graph"))
+    prec = plots.precision_chart(result)
+    if prec:
+        parts.append("<h2>Precision</h2>" + _img(prec, "FP16 share and cast count", "precision"))
+    if result.latency is not None:
+        parts.append(
+            f"<h2>Latency (device {_e(result.latency.device)}, warm-up {result.latency.warmup})</h2>"
+        )
+        parts.append(_table(tables.LATENCY_HEADERS, tables.latency_rows(result)))
+        parts.append(
+            "<ul>"
+            + "".join(
+                f"<li><code>{_e(n)}</code>: {_e(tables.runner_line(i))}</li>"
+                for n, i in result.latency.runners.items()
+            )
+            + "</ul>"
+        )
+        parts.append(_img(plots.latency_chart(result), "latency baseline vs candidates", "latency"))
+    return parts
