@@ -89,6 +89,12 @@ def divergence_lines(cand: CandidateResult) -> list[str]:
             lines.append(
                 f"Plan reason for '{j.address}': {j.reason}" + (f": {j.detail}" if j.detail else ".")
             )
+        if cand.passed and d.numerics.startswith("ort"):
+            lines.append(
+                "The end-to-end outputs pass although an intermediate tensor does not: fetching "
+                "intermediates keeps Casts that onnxruntime otherwise folds away (computing in FP32). "
+                "A GPU keeps them too; check with --numerics strict."
+            )
     else:
         lines.append("No node makes the error jump (no node reaches 1 % relative error at 10x its inputs').")
     skipped = {k: v for k, v in d.skipped.items() if v}

@@ -243,3 +243,19 @@ def test_torch_baseline_and_strict_numerics(invoke, mlp_files):
     data = json.loads(r.stdout)
     assert data["baseline"]["runner"]["backend"] == "torch"
     assert data["candidates"][0]["runner"]["numerics"] == "strict-fp16"
+
+
+def test_output_shape_mismatch_at_run_time(invoke, tmp_path):
+    from onnx import helper
+
+    base = _relu_model(tmp_path / "base.onnx", ["batch", 4])
+    g = helper.make_graph(
+        [helper.make_node("Concat", ["x", "x"], ["y"], name="concat", axis=1)],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8])],
+    )
+    cand = tmp_path / "cand.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(cand))
+    r = invoke("compare", base, cand, "--batch-size", "3")
+    assert_user_error(r, r"Candidate '.*cand.onnx': output 'y': received shape \(3, 8\), expected \(3, 4\)")
