@@ -39,7 +39,7 @@ def error_distribution(result: ComparisonResult, output: str) -> bytes | None:
     """Histogram of |candidate - baseline| for one output, one line per candidate."""
     fig = _figure()
     ax = fig.add_subplot(1, 1, 1)
-    drawn = False
+    drawn = lines = 0
     for i, cand in enumerate(result.candidates):
         om = next((o for o in cand.outputs if o.name == output), None)
         if om is None or not om.hist_abs:
@@ -60,23 +60,25 @@ def error_distribution(result: ComparisonResult, output: str) -> bytes | None:
                 fill=False,
                 linewidth=1.5,
             )
+            lines += 1
         if h.huge:
             ax.annotate(
-                f"{h.huge} overflowed/non-finite",
+                f"{cand.name}: {h.huge} overflowed/non-finite",
                 xy=(0.98, 0.9 - 0.1 * i),
                 xycoords="axes fraction",
                 ha="right",
                 color=_COLORS[i % len(_COLORS)],
                 fontsize=8,
             )
-        drawn = True
+        drawn += 1
     if not drawn:
         return None
-    ax.set_xscale("log")
+    if lines:
+        ax.set_xscale("log")
+        ax.legend(fontsize=8, loc="upper left")
     ax.set_xlabel("|candidate - baseline|")
     ax.set_ylabel("fraction of elements")
     ax.set_title(f"Error distribution: output '{output}'")
-    ax.legend(fontsize=8)
     return _png(fig)
 
 
