@@ -10,7 +10,7 @@ from mpinfer.compare.metrics import BINS_PER_DECADE, METRIC_DOCS, LogHistogram, 
 from mpinfer.errors import InvalidInputError
 
 
-def _batches(seed=0, n=5, shape=(8, 10), noise=1e-3):
+def _batches(seed=0, n=5, shape=(8, 10), noise=0.3):
     rng = np.random.default_rng(seed)
     for _ in range(n):
         b = rng.standard_normal(shape).astype(np.float32)
@@ -39,6 +39,8 @@ def test_streaming_equals_one_shot():
         assert exact / tol <= v[key] <= exact * tol, (key, v[key], exact)
     assert v["nan"] == v["inf"] == v["nonfinite"] == 0
     assert v["top1"] == pytest.approx(np.mean(b.argmax(1) == c.argmax(1)))
+    top5 = np.argsort(-c, axis=1)[:, :5]
+    assert v["top5"] == pytest.approx(np.mean((top5 == b.argmax(1)[:, None]).any(axis=1)))
     assert 0.0 <= v["top1"] <= v["top5"] <= 1.0
 
 
