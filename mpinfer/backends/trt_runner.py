@@ -53,8 +53,9 @@ def trt_dtype_names(dtype: Any) -> tuple[str, str]:
     """
     key = getattr(dtype, "name", str(dtype).rsplit(".", 1)[-1])
     if key not in TRT_DTYPES:
-        raise ModelLoadError(format_message("TensorRT engine I/O tensor", f"dtype {key}",
-                                            f"one of {', '.join(TRT_DTYPES)}"))
+        raise ModelLoadError(
+            format_message("TensorRT engine I/O tensor", f"dtype {key}", f"one of {', '.join(TRT_DTYPES)}")
+        )
     return TRT_DTYPES[key]
 
 
@@ -68,8 +69,14 @@ class TrtRunner(Runner):
         name: Display name (defaults to the file name).
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, device_index: int = 0, profile_index: int = 0,
-                 name: str | None = None) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        device_index: int = 0,
+        profile_index: int = 0,
+        name: str | None = None,
+    ) -> None:
         super().__init__(name or os.path.basename(str(path)))
         self.path = Path(path)
         self.device_index = device_index
@@ -96,10 +103,14 @@ class TrtRunner(Runner):
             runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))
             engine = runtime.deserialize_cuda_engine(self.path.read_bytes())
             if engine is None:
-                raise ModelLoadError(format_message(
-                    f"TensorRT engine '{self.path}'", f"a plan TensorRT {trt.__version__} cannot deserialize",
-                    "an engine built by this TensorRT version on this GPU model",
-                    "rebuild it here with mpinfer build-engine --force"))
+                raise ModelLoadError(
+                    format_message(
+                        f"TensorRT engine '{self.path}'",
+                        f"a plan TensorRT {trt.__version__} cannot deserialize",
+                        "an engine built by this TensorRT version on this GPU model",
+                        "rebuild it here with mpinfer build-engine --force",
+                    )
+                )
             self._engine = engine
             self._context = engine.create_execution_context()
             self._stream = torch.cuda.Stream(device=self.device_index)
@@ -137,11 +148,15 @@ class TrtRunner(Runner):
         if prof is None:
             return
         lo, _opt, hi = prof
-        if len(shape) != len(lo) or not all(a <= s <= b for a, s, b in zip(lo, shape, hi)):
-            raise InvalidInputError(format_message(
-                f"Input '{name}' for TensorRT engine '{self.name}'", f"shape {shape}",
-                f"a shape between min {lo} and max {hi} (the engine's optimization profile)",
-                "rebuild with a wider --shapes profile, or feed smaller batches"))
+        if len(shape) != len(lo) or not all(a <= s <= b for a, s, b in zip(lo, shape, hi, strict=False)):
+            raise InvalidInputError(
+                format_message(
+                    f"Input '{name}' for TensorRT engine '{self.name}'",
+                    f"shape {shape}",
+                    f"a shape between min {lo} and max {hi} (the engine's optimization profile)",
+                    "rebuild with a wider --shapes profile, or feed smaller batches",
+                )
+            )
 
     def _infer(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         import torch
@@ -160,18 +175,30 @@ class TrtRunner(Runner):
             for name in self._outputs:
                 shape = tuple(int(d) for d in ctx.get_tensor_shape(name))
                 if any(d < 0 for d in shape):
-                    raise InvalidInputError(format_message(
-                        f"Output '{name}' of TensorRT engine '{self.name}'", f"data-dependent shape {shape}",
-                        "a shape known from the input shapes",
-                        "compare this model with the ONNX Runtime engine (--backend onnxruntime)"))
-                out = torch.empty(shape, dtype=getattr(torch, self._dtypes[name][1]), device=f"cuda:{self.device_index}")
+                    raise InvalidInputError(
+                        format_message(
+                            f"Output '{name}' of TensorRT engine '{self.name}'",
+                            f"data-dependent shape {shape}",
+                            "a shape known from the input shapes",
+                            "compare this model with the ONNX Runtime engine (--backend onnxruntime)",
+                        )
+                    )
+                out = torch.empty(
+                    shape, dtype=getattr(torch, self._dtypes[name][1]), device=f"cuda:{self.device_index}"
+                )
                 outputs[name] = out
                 ctx.set_tensor_address(name, out.data_ptr())
             # Inputs were copied on the default stream; make the engine's stream wait for them.
             self._stream.wait_stream(torch.cuda.current_stream(self.device_index))
             if not ctx.execute_async_v3(self._stream.cuda_stream):
-                raise ModelLoadError(format_message(f"TensorRT engine '{self.name}'", "a failed execute_async_v3",
-                                                    "a successful run", "rerun with -v for TensorRT's log"))
+                raise ModelLoadError(
+                    format_message(
+                        f"TensorRT engine '{self.name}'",
+                        "a failed execute_async_v3",
+                        "a successful run",
+                        "rerun with -v for TensorRT's log",
+                    )
+                )
             self._stream.synchronize()
         return {name: _to_numpy(t, self._dtypes[name][0]) for name, t in outputs.items()}
 
@@ -184,8 +211,15 @@ class TrtRunner(Runner):
         """Backend facts for reports."""
         info = super().describe()
         version = getattr(self._trt, "__version__", None)
-        info.update({"backend": "tensorrt", "tensorrt_version": version, "engine": str(self.path),
-                     "device": f"cuda:{self.device_index}", "numerics": "tensorrt"})
+        info.update(
+            {
+                "backend": "tensorrt",
+                "tensorrt_version": version,
+                "engine": str(self.path),
+                "device": f"cuda:{self.device_index}",
+                "numerics": "tensorrt",
+            }
+        )
         return info
 
 

@@ -4,7 +4,8 @@ Public API::
 
     from mpinfer.engine import BuildConfig, build_engine, load_engine_runner
 
-    result = build_engine(BuildConfig(model=Path("out/model.fp16.onnx"), shapes=parse_shapes("x:1x3,8x3,32x3")))
+    cfg = BuildConfig(model=Path("out/model.fp16.onnx"), shapes=parse_shapes("x:1x3,8x3,32x3"))
+    result = build_engine(cfg)
     with load_engine_runner(result.path) as runner:
         outputs = runner.infer({"x": x})
 

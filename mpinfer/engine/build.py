@@ -20,7 +20,6 @@ from mpinfer.engine.machine import (
     GpuInfo,
     check_capability,
     cuda_device_count,
-    device_index,
     import_tensorrt,
     require_gpu,
 )
@@ -61,7 +60,9 @@ def probe_tensorrt() -> TensorRTProbe:
     return TensorRTProbe(str(trt.__version__))
 
 
-def select_backend(requested: Backend, device: str, *, tensorrt: TensorRTProbe, gpu_count: int) -> tuple[Backend, str]:
+def select_backend(
+    requested: Backend, device: str, *, tensorrt: TensorRTProbe, gpu_count: int
+) -> tuple[Backend, str]:
     """Pick the backend for ``auto`` and say why (explicit choices are returned as they are).
 
     Args:
@@ -78,11 +79,15 @@ def select_backend(requested: Backend, device: str, *, tensorrt: TensorRTProbe, 
     if device == "cpu":
         return Backend.ONNXRUNTIME, "--device cpu: TensorRT needs a GPU, so an ONNX Runtime CPU engine"
     if tensorrt.version is None:
-        return Backend.ONNXRUNTIME, ("TensorRT is not installed here, so an ONNX Runtime engine; for TensorRT: "
-                                     "pip install tensorrt --extra-index-url https://pypi.nvidia.com")
+        return Backend.ONNXRUNTIME, (
+            "TensorRT is not installed here, so an ONNX Runtime engine; for TensorRT: "
+            "pip install tensorrt --extra-index-url https://pypi.nvidia.com"
+        )
     if gpu_count == 0:
-        return Backend.ONNXRUNTIME, (f"TensorRT {tensorrt.version} is installed but no CUDA GPU is visible, "
-                                     "so an ONNX Runtime CPU engine")
+        return Backend.ONNXRUNTIME, (
+            f"TensorRT {tensorrt.version} is installed but no CUDA GPU is visible, "
+            "so an ONNX Runtime CPU engine"
+        )
     return Backend.TENSORRT, f"TensorRT {tensorrt.version} and a CUDA GPU are available"
 
 
@@ -106,11 +111,16 @@ def _resolve_ort_device(device: str) -> str:
 def _check_trt_only_options(cfg: BuildConfig, reason: str) -> list[str]:
     if cfg.weak_precisions:
         flags = ", ".join(f"--{p.value}" for p in cfg.weak_precisions)
-        raise InvalidInputError(format_message(
-            flags, "an ONNX Runtime engine build", "a TensorRT 10.x build",
-            f"backend: {reason}. These are TensorRT's weak-typing builder flags; ONNX Runtime runs the precisions "
-            "written in the graph, so convert first (mpinfer convert --precision fp16) and build the converted "
-            "model"))
+        raise InvalidInputError(
+            format_message(
+                flags,
+                "an ONNX Runtime engine build",
+                "a TensorRT 10.x build",
+                f"backend: {reason}. These are TensorRT's weak-typing builder flags; ONNX Runtime runs the "
+                "precisions written in the graph, so convert first (mpinfer convert --precision fp16) "
+                "and build the converted model",
+            )
+        )
     notes = []
     if cfg.timing_cache is not None or cfg.workspace is not None:
         notes.append("--timing-cache/--workspace apply to TensorRT only; ignored for the ONNX Runtime engine")
@@ -136,8 +146,14 @@ def build_engine(cfg: BuildConfig) -> BuildResult:
     model_path = require_file(cfg.model, "ONNX model")
     model = load_onnx(model_path, load_external_data=False)
     specs = specs_from_onnx(model)
-    backend, reason = select_backend(cfg.backend, cfg.device, tensorrt=probe_tensorrt() if cfg.backend in (
-        Backend.AUTO, Backend.TENSORRT) else TensorRTProbe(None, "not probed"), gpu_count=cuda_device_count())
+    backend, reason = select_backend(
+        cfg.backend,
+        cfg.device,
+        tensorrt=probe_tensorrt()
+        if cfg.backend in (Backend.AUTO, Backend.TENSORRT)
+        else TensorRTProbe(None, "not probed"),
+        gpu_count=cuda_device_count(),
+    )
     logger.info("Backend: %s (%s)", backend.value, reason)
     output = Path(cfg.output) if cfg.output is not None else default_output(model_path, backend)
     plan = cfg.plan if cfg.plan is not None else plan_path_for(model_path)
@@ -150,8 +166,10 @@ def build_engine(cfg: BuildConfig) -> BuildResult:
     low = {p for p in precisions if p.is_low}
     notes: list[str] = []
     if not low:
-        notes.append("the model has no fp16/bf16 tensors: the engine computes in fp32 "
-                     "(run mpinfer convert first for a mixed-precision engine)")
+        notes.append(
+            "the model has no fp16/bf16 tensors: the engine computes in fp32 "
+            "(run mpinfer convert first for a mixed-precision engine)"
+        )
     gpu: GpuInfo | None = None
     if backend is Backend.TENSORRT:
         probe = probe_tensorrt()
@@ -189,10 +207,17 @@ def build_engine(cfg: BuildConfig) -> BuildResult:
         "device": _device_section(gpu),
         "profiles": [{p.name: p.to_dict() for p in cfg.shapes}] if cfg.shapes else [],
         "io": io,
-        "precision": {"graph": sorted(p.value for p in precisions - set(cfg.weak_precisions)),
-                      "weak_flags": [p.value for p in cfg.weak_precisions], "plan": plan_summary},
-        "build": {"opt_level": cfg.opt_level, "workspace_bytes": cfg.workspace,
-                  "timing_cache": str(cfg.timing_cache) if cfg.timing_cache else None, "device": cfg.device},
+        "precision": {
+            "graph": sorted(p.value for p in precisions - set(cfg.weak_precisions)),
+            "weak_flags": [p.value for p in cfg.weak_precisions],
+            "plan": plan_summary,
+        },
+        "build": {
+            "opt_level": cfg.opt_level,
+            "workspace_bytes": cfg.workspace,
+            "timing_cache": str(cfg.timing_cache) if cfg.timing_cache else None,
+            "device": cfg.device,
+        },
         "notes": notes,
         "mpinfer_version": __version__,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -209,7 +234,12 @@ def build_engine(cfg: BuildConfig) -> BuildResult:
 
 def _device_section(gpu: GpuInfo | None) -> dict[str, Any]:
     if gpu is None:
-        return {"kind": "cpu", "gpu_name": None, "compute_capability": None, "cpu": host_platform.machine() or None}
+        return {
+            "kind": "cpu",
+            "gpu_name": None,
+            "compute_capability": None,
+            "cpu": host_platform.machine() or None,
+        }
     cuda = None
     try:
         import torch
@@ -217,6 +247,11 @@ def _device_section(gpu: GpuInfo | None) -> dict[str, Any]:
         cuda = torch.version.cuda
     except ImportError:
         pass
-    return {"kind": "cuda", "index": gpu.index, "gpu_name": gpu.name, "compute_capability": gpu.capability_text,
-            "total_memory": gpu.total_memory, "cuda": cuda}
-
+    return {
+        "kind": "cuda",
+        "index": gpu.index,
+        "gpu_name": gpu.name,
+        "compute_capability": gpu.capability_text,
+        "total_memory": gpu.total_memory,
+        "cuda": cuda,
+    }

@@ -31,8 +31,15 @@ _SHAPES_HINT = (
 )
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*$", re.IGNORECASE)
 _SIZE_UNITS = {
-    "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
 }
 
 
@@ -85,7 +92,7 @@ class ShapeProfile:
     def contains(self, shape: Sequence[int]) -> bool:
         """True when ``shape`` lies between min and max in every dim."""
         return len(shape) == len(self.min) and all(
-            lo <= s <= hi for lo, s, hi in zip(self.min, shape, self.max)
+            lo <= s <= hi for lo, s, hi in zip(self.min, shape, self.max, strict=False)
         )
 
     def __str__(self) -> str:
@@ -95,9 +102,14 @@ class ShapeProfile:
 def _parse_shape(text: str, where: str) -> tuple[int, ...]:
     dims = text.strip().lower().split("x")
     if not text.strip() or not all(d.isdigit() and int(d) > 0 for d in dims):
-        raise InvalidInputError(format_message(f"{where}: shape '{text}'", None,
-                                               "positive integers joined by 'x', e.g. 8x3x64x64",
-                                               _SHAPES_HINT))
+        raise InvalidInputError(
+            format_message(
+                f"{where}: shape '{text}'",
+                None,
+                "positive integers joined by 'x', e.g. 8x3x64x64",
+                _SHAPES_HINT,
+            )
+        )
     return tuple(int(d) for d in dims)
 
 
@@ -113,19 +125,31 @@ def parse_shape_profile(text: str) -> ShapeProfile:
         raise InvalidInputError(format_message(where, "no input name", "name:min,opt,max", _SHAPES_HINT))
     parts = [p for p in shapes_text.split(",")]
     if len(parts) not in (1, 3):
-        raise InvalidInputError(format_message(where, f"{len(parts)} shapes", "3 (min,opt,max) or 1 (fixed)",
-                                               _SHAPES_HINT))
+        raise InvalidInputError(
+            format_message(where, f"{len(parts)} shapes", "3 (min,opt,max) or 1 (fixed)", _SHAPES_HINT)
+        )
     shapes = [_parse_shape(p, where) for p in parts]
     if len(shapes) == 1:
         shapes = shapes * 3
     lo, opt, hi = shapes
     if not len(lo) == len(opt) == len(hi):
-        raise InvalidInputError(format_message(where, f"ranks {len(lo)}, {len(opt)}, {len(hi)}",
-                                               "the same rank for min, opt and max", _SHAPES_HINT))
-    if not all(a <= b <= c for a, b, c in zip(lo, opt, hi)):
-        raise InvalidInputError(format_message(where, f"min {lo}, opt {opt}, max {hi}",
-                                               "min <= opt <= max in every dim",
-                                               "order the shapes as min,opt,max"))
+        raise InvalidInputError(
+            format_message(
+                where,
+                f"ranks {len(lo)}, {len(opt)}, {len(hi)}",
+                "the same rank for min, opt and max",
+                _SHAPES_HINT,
+            )
+        )
+    if not all(a <= b <= c for a, b, c in zip(lo, opt, hi, strict=False)):
+        raise InvalidInputError(
+            format_message(
+                where,
+                f"min {lo}, opt {opt}, max {hi}",
+                "min <= opt <= max in every dim",
+                "order the shapes as min,opt,max",
+            )
+        )
     return ShapeProfile(name.strip(), lo, opt, hi)
 
 
@@ -147,13 +171,17 @@ def parse_shapes(values: str | Iterable[str] | None) -> tuple[ShapeProfile, ...]
     names = [p.name for p in out]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
-        raise InvalidInputError(format_message("--shapes", f"input(s) {', '.join(dupes)} given twice",
-                                               "one min,opt,max per input"))
+        raise InvalidInputError(
+            format_message(
+                "--shapes", f"input(s) {', '.join(dupes)} given twice", "one min,opt,max per input"
+            )
+        )
     return tuple(out)
 
 
-def check_profiles(profiles: Sequence[ShapeProfile], specs: Sequence[TensorSpec], *,
-                   require_all_dynamic: bool) -> None:
+def check_profiles(
+    profiles: Sequence[ShapeProfile], specs: Sequence[TensorSpec], *, require_all_dynamic: bool
+) -> None:
     """Check profiles against the model inputs: known names, ranks, fixed dims, dynamic inputs covered.
 
     Args:
@@ -168,25 +196,41 @@ def check_profiles(profiles: Sequence[ShapeProfile], specs: Sequence[TensorSpec]
     for prof in profiles:
         spec = by_name.get(prof.name)
         if spec is None:
-            raise InvalidInputError(format_message(f"--shapes input '{prof.name}'", "a name the model lacks",
-                                                   f"one of {sorted(by_name)}"))
+            raise InvalidInputError(
+                format_message(
+                    f"--shapes input '{prof.name}'", "a name the model lacks", f"one of {sorted(by_name)}"
+                )
+            )
         if len(spec.shape) != len(prof.min):
-            raise InvalidInputError(format_message(f"--shapes input '{prof.name}'", f"rank {len(prof.min)}",
-                                                   f"rank {len(spec.shape)} ({_fmt_spec_shape(spec)})"))
+            raise InvalidInputError(
+                format_message(
+                    f"--shapes input '{prof.name}'",
+                    f"rank {len(prof.min)}",
+                    f"rank {len(spec.shape)} ({_fmt_spec_shape(spec)})",
+                )
+            )
         for i, d in enumerate(spec.shape):
             if isinstance(d, int) and not prof.min[i] == prof.opt[i] == prof.max[i] == d:
-                raise InvalidInputError(format_message(
-                    f"--shapes input '{prof.name}' dim {i}",
-                    f"{prof.min[i]},{prof.opt[i]},{prof.max[i]}",
-                    f"{d} (fixed in the model: {_fmt_spec_shape(spec)})"))
+                raise InvalidInputError(
+                    format_message(
+                        f"--shapes input '{prof.name}' dim {i}",
+                        f"{prof.min[i]},{prof.opt[i]},{prof.max[i]}",
+                        f"{d} (fixed in the model: {_fmt_spec_shape(spec)})",
+                    )
+                )
     if require_all_dynamic:
         covered = {p.name for p in profiles}
         missing = [s for s in specs if s.symbols and s.name not in covered]
         if missing:
             example = ";".join(_example_profile(s) for s in missing)
-            raise InvalidInputError(format_message(
-                "TensorRT build", f"dynamic input(s) {', '.join(s.name for s in missing)} without a shape profile",
-                "--shapes name:min,opt,max for every dynamic input", f'e.g. --shapes "{example}"'))
+            raise InvalidInputError(
+                format_message(
+                    "TensorRT build",
+                    f"dynamic input(s) {', '.join(s.name for s in missing)} without a shape profile",
+                    "--shapes name:min,opt,max for every dynamic input",
+                    f'e.g. --shapes "{example}"',
+                )
+            )
 
 
 def _fmt_spec_shape(spec: TensorSpec) -> str:
@@ -211,8 +255,14 @@ def parse_size(text: str | int) -> int:
     else:
         m = _SIZE_RE.match(str(text))
         if not m:
-            raise InvalidInputError(format_message("Size", repr(text), "a number with an optional unit",
-                                                   "e.g. 4GiB, 512MiB, 2GB or a byte count"))
+            raise InvalidInputError(
+                format_message(
+                    "Size",
+                    repr(text),
+                    "a number with an optional unit",
+                    "e.g. 4GiB, 512MiB, 2GB or a byte count",
+                )
+            )
         value = int(float(m.group(1)) * _SIZE_UNITS[(m.group(2) or "B").lower()])
     if value <= 0:
         raise InvalidInputError(format_message("Size", repr(text), "a positive size"))
@@ -225,7 +275,7 @@ class BuildConfig:
 
     Attributes:
         model: The (mixed-precision) ONNX model.
-        output: Engine path; None puts ``<model stem>.engine`` (TensorRT) or ``.ort`` (ONNX Runtime) beside it.
+        output: Engine path; None: ``<model stem>.engine`` (TensorRT) or ``.ort`` (ONNX Runtime) beside it.
         backend: ``auto`` picks TensorRT when it is importable and a GPU is visible, else ONNX Runtime.
         shapes: One optimization profile: min/opt/max per dynamic input.
         timing_cache: TensorRT timing cache file, loaded when present and saved after the build.
@@ -259,8 +309,11 @@ class BuildConfig:
         known = set(cls.__dataclass_fields__)
         unknown = sorted(set(values) - known)
         if unknown:
-            raise InvalidInputError(format_message("build-engine settings", f"unknown key(s) {unknown}",
-                                                   f"keys among {sorted(known)}"))
+            raise InvalidInputError(
+                format_message(
+                    "build-engine settings", f"unknown key(s) {unknown}", f"keys among {sorted(known)}"
+                )
+            )
         kw: dict[str, Any] = dict(values)
         for key in ("model", "output", "timing_cache", "plan"):
             if kw.get(key) is not None:
@@ -287,13 +340,16 @@ class BuildConfig:
             InvalidInputError: For an out-of-range optimization level or a weak FP32 flag.
         """
         if not isinstance(self.opt_level, int) or not 0 <= self.opt_level <= MAX_OPT_LEVEL:
-            raise InvalidInputError(format_message("--opt-level", repr(self.opt_level),
-                                                   f"an integer from 0 to {MAX_OPT_LEVEL}"))
+            raise InvalidInputError(
+                format_message("--opt-level", repr(self.opt_level), f"an integer from 0 to {MAX_OPT_LEVEL}")
+            )
         for p in self.weak_precisions:
             if not p.is_low:
                 raise InvalidInputError(format_message("Weak precision flag", p.value, "fp16 or bf16"))
         if not _DEVICE_RE.match(self.device):
-            raise InvalidInputError(format_message("--device", repr(self.device), "auto, cpu, cuda or cuda:N"))
+            raise InvalidInputError(
+                format_message("--device", repr(self.device), "auto, cpu, cuda or cuda:N")
+            )
 
 
 _DEVICE_RE = re.compile(r"^(auto|cpu|cuda|cuda:\d+|gpu)$")

@@ -38,17 +38,27 @@ def _engine_backend(path: Path, sidecar: dict[str, Any] | None) -> str:
         return "tensorrt"
     if path.suffix.lower() in ORT_SUFFIXES:
         return "onnxruntime"
-    raise ModelLoadError(format_message(f"Engine '{path}'", "a file without a sidecar and with an unknown suffix",
-                                        f"{sidecar_path(path).name} beside it, or a .engine/.plan/.ort file",
-                                        "build it with mpinfer build-engine"))
+    raise ModelLoadError(
+        format_message(
+            f"Engine '{path}'",
+            "a file without a sidecar and with an unknown suffix",
+            f"{sidecar_path(path).name} beside it, or a .engine/.plan/.ort file",
+            "build it with mpinfer build-engine",
+        )
+    )
 
 
 def _check_unchanged(path: Path, sidecar: dict[str, Any]) -> None:
     recorded = (sidecar.get("engine") or {}).get("sha256")
     if recorded and recorded != sha256_file(path):
-        raise ModelLoadError(format_message(f"Engine '{path}'", "a file whose sha256 differs from its sidecar",
-                                            "the engine that build-engine wrote",
-                                            "the engine was replaced or corrupted; rebuild it with --force"))
+        raise ModelLoadError(
+            format_message(
+                f"Engine '{path}'",
+                "a file whose sha256 differs from its sidecar",
+                "the engine that build-engine wrote",
+                "the engine was replaced or corrupted; rebuild it with --force",
+            )
+        )
 
 
 def load_engine_runner(path: str | os.PathLike[str], *, device: str = "auto") -> Runner:
@@ -70,7 +80,9 @@ def load_engine_runner(path: str | os.PathLike[str], *, device: str = "auto") ->
     """
     p = Path(path)
     if not p.is_file():
-        raise ModelLoadError(format_message(f"Engine '{path}'", "no such file", "an engine built by build-engine"))
+        raise ModelLoadError(
+            format_message(f"Engine '{path}'", "no such file", "an engine built by build-engine")
+        )
     sidecar = read_sidecar(p)
     backend = _engine_backend(p, sidecar)
     if sidecar is None:
@@ -81,8 +93,11 @@ def load_engine_runner(path: str | os.PathLike[str], *, device: str = "auto") ->
         return _tensorrt_runner(p, sidecar, device)
     if backend == "onnxruntime":
         return _ort_runner(p, sidecar, device)
-    raise ModelLoadError(format_message(f"Engine sidecar '{sidecar_path(p)}'", f"backend {backend!r}",
-                                        "tensorrt or onnxruntime"))
+    raise ModelLoadError(
+        format_message(
+            f"Engine sidecar '{sidecar_path(p)}'", f"backend {backend!r}", "tensorrt or onnxruntime"
+        )
+    )
 
 
 def _tensorrt_runner(path: Path, sidecar: dict[str, Any] | None, device: str) -> Runner:
@@ -111,15 +126,24 @@ def _ort_runner(path: Path, sidecar: dict[str, Any] | None, device: str) -> Runn
     built_cuda = "CUDAExecutionProvider" in settings.get("providers", [])
     if device == "cpu" and built_cuda or device.startswith("cuda") and not built_cuda:
         kind = "cuda" if built_cuda else "cpu"
-        raise InvalidInputError(format_message(
-            f"--device {device} for engine '{path}'", f"an engine optimised for {kind}", f"--device {kind} or auto",
-            f"build another engine with mpinfer build-engine --backend onnxruntime --device {device}"))
+        raise InvalidInputError(
+            format_message(
+                f"--device {device} for engine '{path}'",
+                f"an engine optimised for {kind}",
+                f"--device {kind} or auto",
+                f"build another engine with mpinfer build-engine --backend onnxruntime --device {device}",
+            )
+        )
     usable = cuda_usable()
     gpu = gpu_info(0) if usable else None
     if sidecar is not None:
-        here = MachineFacts("onnxruntime", ort.__version__, gpu.name if gpu else None,
-                            gpu.capability_text if gpu else None,
-                            tuple(p for p in ort.get_available_providers() if p != "CUDAExecutionProvider" or usable))
+        here = MachineFacts(
+            "onnxruntime",
+            ort.__version__,
+            gpu.name if gpu else None,
+            gpu.capability_text if gpu else None,
+            tuple(p for p in ort.get_available_providers() if p != "CUDAExecutionProvider" or usable),
+        )
         recorded = MachineFacts.from_sidecar(sidecar)
         if not built_cuda:  # a CPU engine does not depend on the GPU
             recorded = MachineFacts(recorded.backend, recorded.runtime_version, providers=recorded.providers)

@@ -17,7 +17,8 @@ from mpinfer.specs import Precision
 logger = logging.getLogger(__name__)
 
 TENSORRT_INSTALL_HINT = (
-    "install it from NVIDIA's package index: `pip install tensorrt --extra-index-url https://pypi.nvidia.com` "
+    "install it from NVIDIA's package index: "
+    "`pip install tensorrt --extra-index-url https://pypi.nvidia.com` "
     "(on a Linux or Windows machine with an NVIDIA GPU and driver), or build an ONNX Runtime engine with "
     "--backend onnxruntime"
 )
@@ -70,16 +71,31 @@ def import_tensorrt() -> object:
         BackendUnavailableError: TensorRT is missing or fails to import (e.g. the registry stub).
     """
     if not tensorrt_installed():
-        raise BackendUnavailableError(format_message("TensorRT", "no `tensorrt` Python package",
-                                                     "TensorRT 10 or 11", TENSORRT_INSTALL_HINT))
+        raise BackendUnavailableError(
+            format_message(
+                "TensorRT", "no `tensorrt` Python package", "TensorRT 10 or 11", TENSORRT_INSTALL_HINT
+            )
+        )
     try:
         import tensorrt as trt  # type: ignore[import-not-found]
     except Exception as err:  # the PyPI stub raises while importing when NVIDIA's index was unreachable
-        raise BackendUnavailableError(format_message("TensorRT", f"a `tensorrt` package that fails to import ({err})",
-                                                     "a working TensorRT 10 or 11", TENSORRT_INSTALL_HINT)) from err
+        raise BackendUnavailableError(
+            format_message(
+                "TensorRT",
+                f"a `tensorrt` package that fails to import ({err})",
+                "a working TensorRT 10 or 11",
+                TENSORRT_INSTALL_HINT,
+            )
+        ) from err
     if not hasattr(trt, "Builder"):
-        raise BackendUnavailableError(format_message("TensorRT", "a placeholder `tensorrt` package without the bindings",
-                                                     "a working TensorRT 10 or 11", TENSORRT_INSTALL_HINT))
+        raise BackendUnavailableError(
+            format_message(
+                "TensorRT",
+                "a placeholder `tensorrt` package without the bindings",
+                "a working TensorRT 10 or 11",
+                TENSORRT_INSTALL_HINT,
+            )
+        )
     return trt
 
 
@@ -103,10 +119,15 @@ def check_tensorrt_version(version: str) -> int:
     """
     major = tensorrt_major(version)
     if major < MIN_TENSORRT_MAJOR:
-        raise BackendUnavailableError(format_message(
-            "TensorRT", f"version {version}", f"{MIN_TENSORRT_MAJOR}.0 or newer",
-            "mpinfer builds strongly typed networks and uses the name-based tensor API of TensorRT 10; "
-            "upgrade with `pip install -U tensorrt --extra-index-url https://pypi.nvidia.com`"))
+        raise BackendUnavailableError(
+            format_message(
+                "TensorRT",
+                f"version {version}",
+                f"{MIN_TENSORRT_MAJOR}.0 or newer",
+                "mpinfer builds strongly typed networks and uses the name-based tensor API of TensorRT 10; "
+                "upgrade with `pip install -U tensorrt --extra-index-url https://pypi.nvidia.com`",
+            )
+        )
     return major
 
 
@@ -127,8 +148,12 @@ def gpu_info(index: int = 0) -> GpuInfo | None:
     import torch
 
     props = torch.cuda.get_device_properties(index)
-    return GpuInfo(index=index, name=str(props.name), compute_capability=(int(props.major), int(props.minor)),
-                   total_memory=int(props.total_memory))
+    return GpuInfo(
+        index=index,
+        name=str(props.name),
+        compute_capability=(int(props.major), int(props.minor)),
+        total_memory=int(props.total_memory),
+    )
 
 
 def device_index(device: str) -> int:
@@ -143,22 +168,34 @@ def require_gpu(device: str, what: str) -> GpuInfo:
         BackendUnavailableError: ``cpu`` asked for, or no such CUDA device here.
     """
     if device == "cpu":
-        raise BackendUnavailableError(format_message(what, "--device cpu", "a CUDA GPU",
-                                                     "TensorRT runs only on NVIDIA GPUs; use --backend onnxruntime "
-                                                     "for a CPU engine"))
+        raise BackendUnavailableError(
+            format_message(
+                what,
+                "--device cpu",
+                "a CUDA GPU",
+                "TensorRT runs only on NVIDIA GPUs; use --backend onnxruntime for a CPU engine",
+            )
+        )
     idx = device_index(device)
     info = gpu_info(idx)
     if info is None:
         count = cuda_device_count()
-        raise BackendUnavailableError(format_message(
-            what, f"no CUDA device {idx} (this machine has {count} visible GPU(s))", "an NVIDIA GPU",
-            "run on a machine with an NVIDIA GPU and driver (check `nvidia-smi`), or build an ONNX Runtime "
-            "engine with --backend onnxruntime"))
+        raise BackendUnavailableError(
+            format_message(
+                what,
+                f"no CUDA device {idx} (this machine has {count} visible GPU(s))",
+                "an NVIDIA GPU",
+                "run on a machine with an NVIDIA GPU and driver (check `nvidia-smi`), or build an ONNX "
+                "Runtime "
+                "engine with --backend onnxruntime",
+            )
+        )
     return info
 
 
-def check_capability(precisions: set[Precision] | frozenset[Precision], capability: tuple[int, int],
-                     gpu_name: str) -> list[str]:
+def check_capability(
+    precisions: set[Precision] | frozenset[Precision], capability: tuple[int, int], gpu_name: str
+) -> list[str]:
     """Refuse a GPU too old for the low precisions asked for; return warnings for slow-but-valid ones.
 
     Args:
@@ -178,13 +215,20 @@ def check_capability(precisions: set[Precision] | frozenset[Precision], capabili
         if need is None:
             continue
         if capability < need:
-            raise BackendUnavailableError(format_message(
-                f"GPU {gpu_name} (compute capability {capability[0]}.{capability[1]})",
-                f"a model computing in {p.value}",
-                f"compute capability {need[0]}.{need[1]} or newer for {p.value}",
-                "convert with --precision fp16 for older GPUs (fp16 needs 5.3+), or keep the model in fp32"
-                if p is Precision.BF16 else "keep the model in fp32 on this GPU"))
+            raise BackendUnavailableError(
+                format_message(
+                    f"GPU {gpu_name} (compute capability {capability[0]}.{capability[1]})",
+                    f"a model computing in {p.value}",
+                    f"compute capability {need[0]}.{need[1]} or newer for {p.value}",
+                    "convert with --precision fp16 for older GPUs (fp16 needs 5.3+), "
+                    "or keep the model in fp32"
+                    if p is Precision.BF16
+                    else "keep the model in fp32 on this GPU",
+                )
+            )
         if p is Precision.FP16 and capability < FP16_TENSOR_CORE_CAPABILITY:
-            warnings.append(f"GPU {gpu_name} (compute capability {capability[0]}.{capability[1]}) has no "
-                            "tensor cores: fp16 may be no faster than fp32 there")
+            warnings.append(
+                f"GPU {gpu_name} (compute capability {capability[0]}.{capability[1]}) has no "
+                "tensor cores: fp16 may be no faster than fp32 there"
+            )
     return warnings

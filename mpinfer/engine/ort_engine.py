@@ -49,10 +49,15 @@ def engine_format(output: Path) -> str:
     """
     suffix = output.suffix.lower()
     if suffix not in ENGINE_SUFFIXES:
-        raise InvalidInputError(format_message(
-            f"ONNX Runtime engine path '{output}'", f"suffix '{output.suffix}'", "'.ort' or '.onnx'",
-            "use .ort (ORT format) or .onnx (optimised ONNX, needed for models with external data); "
-            ".engine/.plan are TensorRT engines"))
+        raise InvalidInputError(
+            format_message(
+                f"ONNX Runtime engine path '{output}'",
+                f"suffix '{output.suffix}'",
+                "'.ort' or '.onnx'",
+                "use .ort (ORT format) or .onnx (optimised ONNX, needed for models with external data); "
+                ".engine/.plan are TensorRT engines",
+            )
+        )
     return suffix[1:]
 
 
@@ -70,7 +75,9 @@ def _uses_external_data(model: Any) -> bool:
     return any(uses_external_data(t) for t in model.graph.initializer)
 
 
-def build_ort_engine(cfg: BuildConfig, model_path: Path, model: Any, output: Path, device: str) -> dict[str, Any]:
+def build_ort_engine(
+    cfg: BuildConfig, model_path: Path, model: Any, output: Path, device: str
+) -> dict[str, Any]:
     """Optimise ``model_path`` for ``device``'s provider and save it to ``output`` (atomically).
 
     Returns:
@@ -85,9 +92,14 @@ def build_ort_engine(cfg: BuildConfig, model_path: Path, model: Any, output: Pat
     fmt = engine_format(output)
     external = _uses_external_data(model)
     if fmt == "ort" and external:
-        raise InvalidInputError(format_message(
-            f"ONNX Runtime engine path '{output}'", "an .ort output for a model with external data",
-            "an .onnx output", f"use -o {output.with_suffix('.onnx')} (the ORT format holds at most 2 GB)"))
+        raise InvalidInputError(
+            format_message(
+                f"ONNX Runtime engine path '{output}'",
+                "an .ort output for a model with external data",
+                "an .onnx output",
+                f"use -o {output.with_suffix('.onnx')} (the ORT format holds at most 2 GB)",
+            )
+        )
     providers, options = provider_entries(device)
     level = ort_opt_level_name(cfg.opt_level)
     config_entries: dict[str, str] = {}
@@ -97,7 +109,8 @@ def build_ort_engine(cfg: BuildConfig, model_path: Path, model: Any, output: Pat
     if fmt == "onnx" and external:
         config_entries["session.optimized_model_external_initializers_file_name"] = data_name
         config_entries["session.optimized_model_external_initializers_min_size_in_bytes"] = str(
-            EXTERNAL_INITIALIZER_MIN_BYTES)
+            EXTERNAL_INITIALIZER_MIN_BYTES
+        )
     output.parent.mkdir(parents=True, exist_ok=True)
     tmpdir = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
     try:
@@ -111,12 +124,22 @@ def build_ort_engine(cfg: BuildConfig, model_path: Path, model: Any, output: Pat
         try:
             ort.InferenceSession(str(model_path), so, providers=providers, provider_options=options)
         except Exception as err:  # onnxruntime raises Fail/InvalidGraph/NotImplemented...
-            raise ModelLoadError(format_message(f"ONNX Runtime could not optimise '{model_path}'", str(err),
-                                                "a model onnxruntime can load")) from err
+            raise ModelLoadError(
+                format_message(
+                    f"ONNX Runtime could not optimise '{model_path}'",
+                    str(err),
+                    "a model onnxruntime can load",
+                )
+            ) from err
         seconds = time.perf_counter() - start
         if not (tmpdir / output.name).is_file():
-            raise ModelLoadError(format_message(f"ONNX Runtime engine for '{model_path}'", "no optimised file",
-                                                f"{output.name} written by onnxruntime {ort.__version__}"))
+            raise ModelLoadError(
+                format_message(
+                    f"ONNX Runtime engine for '{model_path}'",
+                    "no optimised file",
+                    f"{output.name} written by onnxruntime {ort.__version__}",
+                )
+            )
         if (tmpdir / data_name).exists():
             os.replace(tmpdir / data_name, output.parent / data_name)
         os.replace(tmpdir / output.name, output)
@@ -138,9 +161,14 @@ def build_ort_engine(cfg: BuildConfig, model_path: Path, model: Any, output: Pat
 
 
 _ORT_TYPES = {
-    "tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(double)": np.float64,
-    "tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(int8)": np.int8,
-    "tensor(uint8)": np.uint8, "tensor(bool)": np.bool_,
+    "tensor(float)": np.float32,
+    "tensor(float16)": np.float16,
+    "tensor(double)": np.float64,
+    "tensor(int64)": np.int64,
+    "tensor(int32)": np.int32,
+    "tensor(int8)": np.int8,
+    "tensor(uint8)": np.uint8,
+    "tensor(bool)": np.bool_,
 }
 
 
@@ -153,8 +181,13 @@ class OrtEngineRunner(Runner):
         name: Display name (defaults to the file name).
     """
 
-    def __init__(self, path: str | os.PathLike[str], settings: Mapping[str, Any] | None = None, *,
-                 name: str | None = None) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        settings: Mapping[str, Any] | None = None,
+        *,
+        name: str | None = None,
+    ) -> None:
         super().__init__(name or os.path.basename(str(path)))
         self.path = Path(path)
         self.settings = dict(settings or {})
@@ -168,26 +201,40 @@ class OrtEngineRunner(Runner):
         options = list(self.settings.get("provider_options") or [{} for _ in providers])
         missing = [p for p in providers if p not in ort.get_available_providers()]
         if missing:
-            raise BackendUnavailableError(format_message(
-                f"ONNX Runtime engine '{self.path}'", f"providers {providers}",
-                f"providers available here ({ort.get_available_providers()})",
-                "rebuild the engine on this machine with mpinfer build-engine --backend onnxruntime"))
+            raise BackendUnavailableError(
+                format_message(
+                    f"ONNX Runtime engine '{self.path}'",
+                    f"providers {providers}",
+                    f"providers available here ({ort.get_available_providers()})",
+                    "rebuild the engine on this machine with mpinfer build-engine --backend onnxruntime",
+                )
+            )
         so = ort.SessionOptions()
         so.log_severity_level = 3
         so.graph_optimization_level = getattr(
-            ort.GraphOptimizationLevel, self.settings.get("load_graph_optimization_level", "ORT_DISABLE_ALL"))
+            ort.GraphOptimizationLevel, self.settings.get("load_graph_optimization_level", "ORT_DISABLE_ALL")
+        )
         if self.settings.get("format", self.path.suffix.lstrip(".")) == "ort":
             so.add_session_config_entry("session.load_model_format", "ORT")
         try:
-            self._session = ort.InferenceSession(str(self.path), so, providers=providers, provider_options=options)
+            self._session = ort.InferenceSession(
+                str(self.path), so, providers=providers, provider_options=options
+            )
         except Exception as err:
-            raise ModelLoadError(format_message(f"ONNX Runtime engine '{self.path}'", f"a load failure ({err})",
-                                                "an engine written by mpinfer build-engine",
-                                                "rebuild it with mpinfer build-engine --force")) from err
+            raise ModelLoadError(
+                format_message(
+                    f"ONNX Runtime engine '{self.path}'",
+                    f"a load failure ({err})",
+                    "an engine written by mpinfer build-engine",
+                    "rebuild it with mpinfer build-engine --force",
+                )
+            ) from err
         self._specs = []
         for i in self._session.get_inputs():
-            shape = tuple(d if isinstance(d, int) and d > 0 else (d if isinstance(d, str) else f"dim{k}")
-                          for k, d in enumerate(i.shape))
+            shape = tuple(
+                d if isinstance(d, int) and d > 0 else (d if isinstance(d, str) else f"dim{k}")
+                for k, d in enumerate(i.shape)
+            )
             self._specs.append(TensorSpec(i.name, shape, np.dtype(_ORT_TYPES.get(i.type, np.float32))))
 
     def input_specs(self) -> list[TensorSpec]:
@@ -200,7 +247,9 @@ class OrtEngineRunner(Runner):
 
     def _infer(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         names = self.output_names()
-        return dict(zip(names, self._session.run(names, {k: np.asarray(v) for k, v in feeds.items()})))
+        return dict(
+            zip(names, self._session.run(names, {k: np.asarray(v) for k, v in feeds.items()}), strict=False)
+        )
 
     def _deactivate(self) -> None:
         self._session = None
@@ -208,8 +257,18 @@ class OrtEngineRunner(Runner):
     def describe(self) -> dict[str, Any]:
         """Backend facts: providers actually used and the numerics they imply."""
         info = super().describe()
-        providers = self._session.get_providers() if self._session is not None else self.settings.get("providers", [])
-        info.update({"backend": "onnxruntime-engine", "engine": str(self.path), "providers": providers,
-                     "graph_optimization_level": self.settings.get("graph_optimization_level"),
-                     "numerics": "ort-cuda" if providers and providers[0] == "CUDAExecutionProvider" else "ort-cpu"})
+        providers = (
+            self._session.get_providers() if self._session is not None else self.settings.get("providers", [])
+        )
+        info.update(
+            {
+                "backend": "onnxruntime-engine",
+                "engine": str(self.path),
+                "providers": providers,
+                "graph_optimization_level": self.settings.get("graph_optimization_level"),
+                "numerics": "ort-cuda"
+                if providers and providers[0] == "CUDAExecutionProvider"
+                else "ort-cpu",
+            }
+        )
         return info

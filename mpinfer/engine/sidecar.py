@@ -51,8 +51,11 @@ def read_plan_summary(plan: Path | None, model: Path) -> dict[str, Any] | None:
     path = Path(plan) if plan is not None else plan_path_for(model)
     if not path.is_file():
         if explicit:
-            raise ModelLoadError(format_message(f"Precision plan '{path}'", "no such file",
-                                                "the .plan.json written by mpinfer convert"))
+            raise ModelLoadError(
+                format_message(
+                    f"Precision plan '{path}'", "no such file", "the .plan.json written by mpinfer convert"
+                )
+            )
         return None
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -60,8 +63,13 @@ def read_plan_summary(plan: Path | None, model: Path) -> dict[str, Any] | None:
             raise ValueError("not an object")
     except (ValueError, UnicodeDecodeError) as err:
         if explicit:
-            raise ModelLoadError(format_message(f"Precision plan '{path}'", f"invalid JSON ({err})",
-                                                "the .plan.json written by mpinfer convert")) from err
+            raise ModelLoadError(
+                format_message(
+                    f"Precision plan '{path}'",
+                    f"invalid JSON ({err})",
+                    "the .plan.json written by mpinfer convert",
+                )
+            ) from err
         logger.warning("Ignoring unreadable precision plan %s: %s", path, err)
         return None
     return {
@@ -97,8 +105,13 @@ def graph_precisions(model: object) -> set[Precision]:
         found.update(t.data_type for t in graph.initializer)
         for node in graph.node:
             for attr in node.attribute:
-                if node.op_type in ("Cast", "CastLike", "EyeLike", "RandomNormal", "RandomUniform") \
-                        and attr.name in ("to", "dtype"):
+                if node.op_type in (
+                    "Cast",
+                    "CastLike",
+                    "EyeLike",
+                    "RandomNormal",
+                    "RandomUniform",
+                ) and attr.name in ("to", "dtype"):
                     found.add(attr.i)
                 elif attr.type == onnx.AttributeProto.TENSOR:
                     found.add(attr.t.data_type)
@@ -137,9 +150,13 @@ class MachineFacts:
         backend = data.get("backend", "")
         runtime = data.get(backend) or {}
         device = data.get("device") or {}
-        return cls(backend=backend, runtime_version=str(runtime.get("version", "")),
-                   gpu_name=device.get("gpu_name"), compute_capability=device.get("compute_capability"),
-                   providers=tuple(runtime.get("providers", ())))
+        return cls(
+            backend=backend,
+            runtime_version=str(runtime.get("version", "")),
+            gpu_name=device.get("gpu_name"),
+            compute_capability=device.get("compute_capability"),
+            providers=tuple(runtime.get("providers", ())),
+        )
 
 
 def check_compatible(recorded: MachineFacts, here: MachineFacts, engine: Path) -> list[str]:
@@ -153,8 +170,10 @@ def check_compatible(recorded: MachineFacts, here: MachineFacts, engine: Path) -
         ModelLoadError: Built with another TensorRT/onnxruntime version or for another compute capability.
         BackendUnavailableError: Built for CUDA where this machine has no usable CUDA provider.
     """
-    rebuild = (f"rebuild it on this machine: mpinfer build-engine <model.onnx> --backend {recorded.backend} "
-               f"-o {engine} --force")
+    rebuild = (
+        f"rebuild it on this machine: mpinfer build-engine <model.onnx> --backend {recorded.backend} "
+        f"-o {engine} --force"
+    )
     warnings: list[str] = []
     name = "TensorRT" if recorded.backend == "tensorrt" else "onnxruntime"
     if recorded.backend == "tensorrt":
@@ -162,28 +181,49 @@ def check_compatible(recorded: MachineFacts, here: MachineFacts, engine: Path) -
     else:  # onnxruntime: optimised graphs and the ORT format are stable within a minor release
         same = recorded.runtime_version.split(".")[:2] == here.runtime_version.split(".")[:2]
     if not same:
-        raise ModelLoadError(format_message(f"Engine '{engine}'", f"built with {name} {recorded.runtime_version}",
-                                            f"{name} {here.runtime_version} (installed here)", rebuild))
-    if recorded.backend == "onnxruntime" and "CUDAExecutionProvider" in recorded.providers \
-            and "CUDAExecutionProvider" not in here.providers:
-        raise BackendUnavailableError(format_message(
-            f"Engine '{engine}'", "an ONNX Runtime engine optimised for the CUDA provider",
-            "a machine with an NVIDIA GPU and onnxruntime-gpu",
-            f"rebuild a CPU engine here: mpinfer build-engine <model.onnx> --backend onnxruntime --device cpu "
-            f"-o {engine} --force"))
+        raise ModelLoadError(
+            format_message(
+                f"Engine '{engine}'",
+                f"built with {name} {recorded.runtime_version}",
+                f"{name} {here.runtime_version} (installed here)",
+                rebuild,
+            )
+        )
+    if (
+        recorded.backend == "onnxruntime"
+        and "CUDAExecutionProvider" in recorded.providers
+        and "CUDAExecutionProvider" not in here.providers
+    ):
+        raise BackendUnavailableError(
+            format_message(
+                f"Engine '{engine}'",
+                "an ONNX Runtime engine optimised for the CUDA provider",
+                "a machine with an NVIDIA GPU and onnxruntime-gpu",
+                "rebuild a CPU engine here: mpinfer build-engine <model.onnx> --backend onnxruntime "
+                f"--device cpu "
+                f"-o {engine} --force",
+            )
+        )
     if recorded.compute_capability and here.compute_capability != recorded.compute_capability:
-        where = f"a GPU of compute capability {here.compute_capability}" if here.compute_capability else "no GPU"
-        msg = format_message(f"Engine '{engine}'",
-                             f"built for {recorded.gpu_name} (compute capability {recorded.compute_capability})",
-                             f"the same GPU generation; this machine has {where}", rebuild)
+        where = (
+            f"a GPU of compute capability {here.compute_capability}" if here.compute_capability else "no GPU"
+        )
+        msg = format_message(
+            f"Engine '{engine}'",
+            f"built for {recorded.gpu_name} (compute capability {recorded.compute_capability})",
+            f"the same GPU generation; this machine has {where}",
+            rebuild,
+        )
         if recorded.backend == "tensorrt":
             raise ModelLoadError(msg)
         if here.compute_capability is None:
             raise BackendUnavailableError(msg)
         warnings.append(msg)
     elif recorded.gpu_name and here.gpu_name and recorded.gpu_name != here.gpu_name:
-        warnings.append(f"Engine '{engine}' was built on {recorded.gpu_name} and runs on {here.gpu_name} "
-                        "(same compute capability): it works, but its tactics were timed on the other GPU")
+        warnings.append(
+            f"Engine '{engine}' was built on {recorded.gpu_name} and runs on {here.gpu_name} "
+            "(same compute capability): it works, but its tactics were timed on the other GPU"
+        )
     return warnings
 
 
@@ -199,14 +239,30 @@ def read_sidecar(engine: str | Path) -> dict[str, Any] | None:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (ValueError, UnicodeDecodeError) as err:
-        raise ModelLoadError(format_message(f"Engine sidecar '{path}'", f"invalid JSON ({err})",
-                                            "the JSON written by mpinfer build-engine",
-                                            "rebuild the engine, or delete the broken sidecar")) from err
+        raise ModelLoadError(
+            format_message(
+                f"Engine sidecar '{path}'",
+                f"invalid JSON ({err})",
+                "the JSON written by mpinfer build-engine",
+                "rebuild the engine, or delete the broken sidecar",
+            )
+        ) from err
     if not isinstance(data, dict) or data.get("kind") != SIDECAR_KIND:
-        raise ModelLoadError(format_message(f"Engine sidecar '{path}'", "a JSON file of another kind",
-                                            f"\"kind\": \"{SIDECAR_KIND}\"", "rebuild the engine with mpinfer"))
+        raise ModelLoadError(
+            format_message(
+                f"Engine sidecar '{path}'",
+                "a JSON file of another kind",
+                f'"kind": "{SIDECAR_KIND}"',
+                "rebuild the engine with mpinfer",
+            )
+        )
     if int(data.get("schema_version", 0)) > SCHEMA_VERSION:
-        raise ModelLoadError(format_message(f"Engine sidecar '{path}'",
-                                            f"schema_version {data.get('schema_version')}",
-                                            f"{SCHEMA_VERSION} or older", "upgrade mpinfer"))
+        raise ModelLoadError(
+            format_message(
+                f"Engine sidecar '{path}'",
+                f"schema_version {data.get('schema_version')}",
+                f"{SCHEMA_VERSION} or older",
+                "upgrade mpinfer",
+            )
+        )
     return data

@@ -83,17 +83,24 @@ def plan_network_mode(version: str, weak_precisions: Sequence[Precision] = ()) -
     flags = ", ".join(f"--{p.value}" for p in weak)
     if major >= STRONG_ONLY_TENSORRT_MAJOR:
         if weak:
-            raise InvalidInputError(format_message(
-                f"{flags} (weak typing)", f"TensorRT {version}",
-                f"TensorRT 10.x, the last version with BuilderFlag.FP16/BF16",
-                "TensorRT 11 removed weak typing: every network is strongly typed and takes its precisions "
-                "from the ONNX graph. Convert first (mpinfer convert model.onnx --precision fp16 -o "
-                "model.fp16.onnx) and build the converted model without the flag"))
+            raise InvalidInputError(
+                format_message(
+                    f"{flags} (weak typing)",
+                    f"TensorRT {version}",
+                    "TensorRT 10.x, the last version with BuilderFlag.FP16/BF16",
+                    "TensorRT 11 removed weak typing: every network is strongly typed and takes its "
+                    "precisions "
+                    "from the ONNX graph. Convert first (mpinfer convert model.onnx --precision fp16 -o "
+                    "model.fp16.onnx) and build the converted model without the flag",
+                )
+            )
         # STRONGLY_TYPED is deprecated and ignored on 11: strong typing is the only mode, so pass no flag.
         return TrtNetworkMode(major, True, (), ())
     if weak:
-        note = (f"{flags}: weak typing lets TensorRT pick any layer's precision (deprecated since TensorRT "
-                "10.12, removed in 11); the precision plan in the ONNX graph is not enforced")
+        note = (
+            f"{flags}: weak typing lets TensorRT pick any layer's precision (deprecated since TensorRT "
+            "10.12, removed in 11); the precision plan in the ONNX graph is not enforced"
+        )
         return TrtNetworkMode(major, False, (), tuple(p.name for p in weak), (note,))
     return TrtNetworkMode(major, True, ("STRONGLY_TYPED",), ())
 
@@ -119,6 +126,7 @@ class ParserIssue:
     @classmethod
     def from_trt(cls, err: Any) -> ParserIssue:
         """Read a ``tensorrt.ParserError`` (``node_name``/``node_operator`` exist since TensorRT 8.6)."""
+
         def call(attr: str, default: Any) -> Any:
             fn = getattr(err, attr, None)
             try:
@@ -127,13 +135,20 @@ class ParserIssue:
                 return default
 
         code = call("code", "")
-        return cls(node_index=int(call("node", -1)), node_name=str(call("node_name", "") or ""),
-                   op_type=str(call("node_operator", "") or ""), code=getattr(code, "name", str(code)),
-                   desc=str(call("desc", str(err))))
+        return cls(
+            node_index=int(call("node", -1)),
+            node_name=str(call("node_name", "") or ""),
+            op_type=str(call("node_operator", "") or ""),
+            code=getattr(code, "name", str(code)),
+            desc=str(call("desc", str(err))),
+        )
 
     def __str__(self) -> str:
-        where = f"node '{self.node_name or f'#{self.node_index}'}'" if self.node_index >= 0 or self.node_name \
+        where = (
+            f"node '{self.node_name or f'#{self.node_index}'}'"
+            if self.node_index >= 0 or self.node_name
             else "graph"
+        )
         op = f" ({self.op_type})" if self.op_type else ""
         return f"{where}{op}: {self.desc}" + (f" [{self.code}]" if self.code else "")
 
@@ -141,12 +156,18 @@ class ParserIssue:
 def format_parser_errors(model: Path, issues: Sequence[ParserIssue]) -> str:
     """One message naming the ONNX nodes TensorRT's parser rejected."""
     listed = "; ".join(str(i) for i in issues[:MAX_LISTED_PARSER_ERRORS])
-    more = f" (and {len(issues) - MAX_LISTED_PARSER_ERRORS} more)" if len(issues) > MAX_LISTED_PARSER_ERRORS else ""
+    more = (
+        f" (and {len(issues) - MAX_LISTED_PARSER_ERRORS} more)"
+        if len(issues) > MAX_LISTED_PARSER_ERRORS
+        else ""
+    )
     return format_message(
-        f"TensorRT's ONNX parser rejected '{model}'", f"{len(issues)} error(s): {listed}{more}",
+        f"TensorRT's ONNX parser rejected '{model}'",
+        f"{len(issues)} error(s): {listed}{more}",
         "a graph TensorRT supports",
         "keep the named node(s) out of the engine (e.g. replace the op before export), or build an ONNX "
-        "Runtime engine with --backend onnxruntime")
+        "Runtime engine with --backend onnxruntime",
+    )
 
 
 def _make_logger(trt: Any) -> Any:
@@ -223,18 +244,28 @@ def build_trt_engine(cfg: BuildConfig, model: Path, output: Path, gpu: GpuInfo) 
         seconds = time.perf_counter() - start
         if serialized is None:
             detail = "; ".join(trt_logger.errors[-3:]) or "see the TensorRT log above"
-            raise EngineBuildError(format_message(f"TensorRT build of '{model}'", f"a failure ({detail})",
-                                                  "a serialized engine",
-                                                  "check the shape profile and workspace, or rerun with -v"))
+            raise EngineBuildError(
+                format_message(
+                    f"TensorRT build of '{model}'",
+                    f"a failure ({detail})",
+                    "a serialized engine",
+                    "check the shape profile and workspace, or rerun with -v",
+                )
+            )
         write_bytes_atomic(output, bytes(serialized))
         logger.info("Built %s in %.1f s", output, seconds)
         if cache is not None and cfg.timing_cache is not None:
             write_bytes_atomic(cfg.timing_cache, bytes(config.get_timing_cache().serialize()))
         io = _network_io(network)
     return {
-        "tensorrt": {"version": trt.__version__, "mode": mode.label, "strongly_typed": mode.strongly_typed,
-                     "network_flags": list(mode.network_flags), "builder_flags": list(mode.builder_flags),
-                     "build_seconds": round(seconds, 3)},
+        "tensorrt": {
+            "version": trt.__version__,
+            "mode": mode.label,
+            "strongly_typed": mode.strongly_typed,
+            "network_flags": list(mode.network_flags),
+            "builder_flags": list(mode.builder_flags),
+            "build_seconds": round(seconds, 3),
+        },
         "io": io,
         "notes": list(mode.notes),
     }
@@ -242,7 +273,13 @@ def build_trt_engine(cfg: BuildConfig, model: Path, output: Path, gpu: GpuInfo) 
 
 def _network_io(network: Any) -> dict[str, list[dict[str, Any]]]:
     def describe(t: Any) -> dict[str, Any]:
-        return {"name": t.name, "shape": [int(d) for d in t.shape], "dtype": getattr(t.dtype, "name", str(t.dtype))}
+        return {
+            "name": t.name,
+            "shape": [int(d) for d in t.shape],
+            "dtype": getattr(t.dtype, "name", str(t.dtype)),
+        }
 
-    return {"inputs": [describe(network.get_input(i)) for i in range(network.num_inputs)],
-            "outputs": [describe(network.get_output(i)) for i in range(network.num_outputs)]}
+    return {
+        "inputs": [describe(network.get_input(i)) for i in range(network.num_inputs)],
+        "outputs": [describe(network.get_output(i)) for i in range(network.num_outputs)],
+    }
