@@ -79,7 +79,7 @@ def build_engine(
     mpinfer build-engine out/model.fp16.onnx --shapes "x:1x3x64x64,8x3x64x64,32x3x64x64" \\
         --timing-cache out/timing.cache -o out/model.engine
     mpinfer build-engine out/model.fp16.onnx --backend onnxruntime -o out/model.ort
-    """
+    """  # noqa: D301
     from mpinfer.engine import BuildConfig
     from mpinfer.engine import build_engine as build
 
