@@ -244,7 +244,7 @@ def _example_profile(spec: TensorSpec) -> str:
     return f"{spec.name}:{shape(1)},{shape(8)},{shape(32)}"
 
 
-def parse_size(text: str | int) -> int:
+def parse_size(text: str | int, what: str = "Size") -> int:
     """Parse a memory size (``4GiB``, ``512MiB``, ``1GB``, ``1048576``) into bytes.
 
     Raises:
@@ -265,7 +265,7 @@ def parse_size(text: str | int) -> int:
             )
         value = int(float(m.group(1)) * _SIZE_UNITS[(m.group(2) or "B").lower()])
     if value <= 0:
-        raise InvalidInputError(format_message("Size", repr(text), "a positive size"))
+        raise InvalidInputError(format_message(what, repr(text), "a positive size"))
     return value
 
 
@@ -325,7 +325,7 @@ class BuildConfig:
             if not (isinstance(shapes, tuple) and all(isinstance(s, ShapeProfile) for s in shapes)):
                 kw["shapes"] = parse_shapes(shapes)
         if kw.get("workspace") is not None:
-            kw["workspace"] = parse_size(kw["workspace"])
+            kw["workspace"] = parse_size(kw["workspace"], "--workspace")
         if "weak_precisions" in kw:
             wp = kw["weak_precisions"]
             kw["weak_precisions"] = tuple(Precision.parse(p) for p in ([wp] if isinstance(wp, str) else wp))
