@@ -257,7 +257,7 @@ def parse_size(text: str | int, what: str = "Size") -> int:
         if not m:
             raise InvalidInputError(
                 format_message(
-                    "Size",
+                    what,
                     repr(text),
                     "a number with an optional unit",
                     "e.g. 4GiB, 512MiB, 2GB or a byte count",
