@@ -31,8 +31,13 @@ def make_mixed_model(path: Path, *, low: str = "fp16", dynamic: bool = True) -> 
         helper.make_node("Cast", ["r"], ["y"], to=TensorProto.FLOAT, name="Cast_3"),
     ]
     batch = "batch" if dynamic else 2
-    graph = helper.make_graph(nodes, "mixed", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 8])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, 4])], [init])
+    graph = helper.make_graph(
+        nodes,
+        "mixed",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, 4])],
+        [init],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     onnx.checker.check_model(model)
     return save_onnx(model, path)

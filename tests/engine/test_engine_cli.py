@@ -76,8 +76,10 @@ def test_existing_output_and_input_as_output(invoke, fp16_model, tmp_path):
     out.write_bytes(b"keep")
     assert_user_error(invoke("build-engine", fp16_model, "--backend", "onnxruntime", "-o", out), "--force")
     assert out.read_bytes() == b"keep"
-    assert_user_error(invoke("build-engine", fp16_model, "--backend", "onnxruntime", "-o", fp16_model,
-                             "--force"), "same path as an input")
+    assert_user_error(
+        invoke("build-engine", fp16_model, "--backend", "onnxruntime", "-o", fp16_model, "--force"),
+        "same path as an input",
+    )
 
 
 def test_not_an_onnx_file(invoke, tmp_path):
@@ -94,6 +96,15 @@ def test_missing_model_is_a_usage_error(invoke, tmp_path):
 
 def test_help_lists_the_options(invoke):
     result = invoke("build-engine", "--help")
-    for flag in ("--backend", "--shapes", "--timing-cache", "--workspace", "--opt-level", "--fp16", "--bf16",
-                 "--device", "--force"):
+    for flag in (
+        "--backend",
+        "--shapes",
+        "--timing-cache",
+        "--workspace",
+        "--opt-level",
+        "--fp16",
+        "--bf16",
+        "--device",
+        "--force",
+    ):
         assert flag in result.output

@@ -61,7 +61,10 @@ def test_same_input_twice_is_refused():
         parse_shapes("x:1x2;x:2x2")
 
 
-SPECS = [TensorSpec("x", ("batch", 3, 64, 64), np.dtype(np.float32)), TensorSpec("scale", (1,), np.dtype(np.float32))]
+SPECS = [
+    TensorSpec("x", ("batch", 3, 64, 64), np.dtype(np.float32)),
+    TensorSpec("scale", (1,), np.dtype(np.float32)),
+]
 
 
 def test_profiles_checked_against_model_inputs():
@@ -75,14 +78,23 @@ def test_profiles_checked_against_model_inputs():
 
 
 def test_tensorrt_needs_a_profile_for_every_dynamic_input():
-    with pytest.raises(InvalidInputError, match=r"dynamic input\(s\) x without.*--shapes \"x:1x3x64x64,8x3x64x64"):
+    with pytest.raises(
+        InvalidInputError, match=r"dynamic input\(s\) x without.*--shapes \"x:1x3x64x64,8x3x64x64"
+    ):
         check_profiles((), SPECS, require_all_dynamic=True)
     check_profiles((), SPECS, require_all_dynamic=False)  # ONNX Runtime handles dynamic shapes itself
 
 
 @pytest.mark.parametrize(
     ("text", "expected"),
-    [("4GiB", 4 * 2**30), ("512MiB", 512 * 2**20), ("2GB", 2 * 10**9), ("1024", 1024), ("1.5 GiB", 3 * 2**29), (7, 7)],
+    [
+        ("4GiB", 4 * 2**30),
+        ("512MiB", 512 * 2**20),
+        ("2GB", 2 * 10**9),
+        ("1024", 1024),
+        ("1.5 GiB", 3 * 2**29),
+        (7, 7),
+    ],
 )
 def test_parse_size(text, expected):
     assert parse_size(text) == expected
@@ -95,8 +107,16 @@ def test_bad_sizes(text):
 
 
 def test_build_config_from_mapping_parses_strings(tmp_path):
-    cfg = BuildConfig.from_mapping({"model": str(tmp_path / "m.onnx"), "backend": "trt", "shapes": "x:1x2,2x2,4x2",
-                                    "workspace": "1GiB", "weak_precisions": ["fp16"], "opt_level": 5})
+    cfg = BuildConfig.from_mapping(
+        {
+            "model": str(tmp_path / "m.onnx"),
+            "backend": "trt",
+            "shapes": "x:1x2,2x2,4x2",
+            "workspace": "1GiB",
+            "weak_precisions": ["fp16"],
+            "opt_level": 5,
+        }
+    )
     assert cfg.backend is Backend.TENSORRT and cfg.workspace == 2**30
     assert cfg.weak_precisions == (Precision.FP16,) and cfg.shapes[0].max == (4, 2)
 

@@ -35,8 +35,11 @@ def test_ort_engine_runs_like_the_source_model(fp16_model, feeds):
 
 
 def test_sidecar_records_what_the_engine_depends_on(fp16_model):
-    (fp16_model.parent / "model.fp16.plan.json").write_text(json.dumps(
-        {"schema_version": 1, "precision": "fp16", "summary": {"nodes_low": 2}, "source": {"sha256": "x"}}))
+    (fp16_model.parent / "model.fp16.plan.json").write_text(
+        json.dumps(
+            {"schema_version": 1, "precision": "fp16", "summary": {"nodes_low": 2}, "source": {"sha256": "x"}}
+        )
+    )
     result = _build(fp16_model, shapes=parse_shapes("x:1x8,4x8,16x8"), opt_level=2)
     side = json.loads(result.sidecar.read_text())
     assert side["kind"] == "mpinfer-engine" and side["backend"] == "onnxruntime"
@@ -46,8 +49,12 @@ def test_sidecar_records_what_the_engine_depends_on(fp16_model):
     assert side["onnxruntime"]["providers"] == ["CPUExecutionProvider"]
     assert side["onnxruntime"]["graph_optimization_level"] == "ORT_ENABLE_EXTENDED"
     assert side["onnxruntime"]["format"] == "ort"
-    assert side["device"] == {"kind": "cpu", "gpu_name": None, "compute_capability": None,
-                              "cpu": side["device"]["cpu"]}
+    assert side["device"] == {
+        "kind": "cpu",
+        "gpu_name": None,
+        "compute_capability": None,
+        "cpu": side["device"]["cpu"],
+    }
     assert side["profiles"] == [{"x": {"min": [1, 8], "opt": [4, 8], "max": [16, 8]}}]
     assert side["precision"]["graph"] == ["fp16", "fp32"]
     assert side["precision"]["plan"]["summary"] == {"nodes_low": 2}

@@ -82,7 +82,9 @@ def test_default_output_names():
 
 
 def test_bf16_needs_ampere():
-    with pytest.raises(BackendUnavailableError, match=r"Tesla T4 \(compute capability 7.5\).*bf16.*8.0 or newer"):
+    with pytest.raises(
+        BackendUnavailableError, match=r"Tesla T4 \(compute capability 7.5\).*bf16.*8.0 or newer"
+    ):
         check_capability({Precision.BF16}, (7, 5), "Tesla T4")
     assert check_capability({Precision.BF16, Precision.FP16}, (8, 0), "A100") == []
 
@@ -100,9 +102,13 @@ def test_parser_errors_name_the_onnx_nodes():
     issues = [ParserIssue(3, "Conv_3", "Conv", "UNSUPPORTED_NODE", "no kernel for bf16 input")]
     issues += [ParserIssue(i, f"Add_{i}", "Add", "INVALID_NODE", "bad") for i in range(10, 16)]
     msg = format_parser_errors(Path("m.onnx"), issues)
-    assert msg.startswith("TensorRT's ONNX parser rejected 'm.onnx': received 7 error(s): node 'Conv_3' (Conv): "
-                          "no kernel for bf16 input [UNSUPPORTED_NODE]")
-    assert "(and 2 more)" in msg and "Add_13" in msg and "Add_14" not in msg and "--backend onnxruntime" in msg
+    assert msg.startswith(
+        "TensorRT's ONNX parser rejected 'm.onnx': received 7 error(s): node 'Conv_3' (Conv): "
+        "no kernel for bf16 input [UNSUPPORTED_NODE]"
+    )
+    assert (
+        "(and 2 more)" in msg and "Add_13" in msg and "Add_14" not in msg and "--backend onnxruntime" in msg
+    )
 
 
 def test_parser_issue_from_a_binding_object_without_node_info():
