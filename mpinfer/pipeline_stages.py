@@ -341,7 +341,6 @@ def _run_report(plan: StagePlan, out: Path) -> StageOutput:
         )
     (write_report,) = import_api("report", "mpinfer.report", "write_report")
     data = json.loads(Path(comparison).read_text(encoding="utf-8"))
-    data["artefacts"] = {k: os.path.relpath(v, out) for k, v in artefacts.items()}
     written = write_report(data, out, formats=tuple(plan.settings["formats"]))
     write_artefact_index(out, artefacts)
     summary = {"files": sorted(os.path.relpath(p, out) for p in dict(written).values())}
