@@ -33,7 +33,7 @@ from mpinfer.engine.sidecar import (
 )
 from mpinfer.errors import BackendUnavailableError, InvalidInputError, format_message
 from mpinfer.fileio import check_output_path, sha256_file, write_json_atomic
-from mpinfer.specs import specs_from_onnx
+from mpinfer.specs import Precision, specs_from_onnx
 
 logger = logging.getLogger(__name__)
 
@@ -127,6 +127,77 @@ def _check_trt_only_options(cfg: BuildConfig, reason: str) -> list[str]:
     return notes
 
 
+@dataclass(frozen=True)
+class _Checked:
+    """Everything ``build_engine`` validated before writing anything."""
+
+    model_path: Path
+    model: Any
+    specs: list[Any]
+    backend: Backend
+    reason: str
+    output: Path
+    precisions: frozenset[Precision]
+    plan_summary: dict[str, Any] | None
+
+
+def _check_inputs(cfg: BuildConfig) -> _Checked:
+    from mpinfer.modelio import load_onnx, require_file
+
+    cfg.validate()
+    model_path = require_file(cfg.model, "ONNX model")
+    model = load_onnx(model_path, load_external_data=False)
+    specs = specs_from_onnx(model)
+    probe = (
+        probe_tensorrt()
+        if cfg.backend in (Backend.AUTO, Backend.TENSORRT)
+        else TensorRTProbe(None, "not probed")
+    )
+    backend, reason = select_backend(cfg.backend, cfg.device, tensorrt=probe, gpu_count=cuda_device_count())
+    logger.info("Backend: %s (%s)", backend.value, reason)
+    output = Path(cfg.output) if cfg.output is not None else default_output(model_path, backend)
+    plan = cfg.plan if cfg.plan is not None else plan_path_for(model_path)
+    inputs = [model_path, cfg.timing_cache, plan, Path(str(model_path) + ".data")]
+    check_output_path(output, inputs, force=cfg.force)
+    check_output_path(sidecar_path(output), inputs, force=True)
+    check_profiles(cfg.shapes, specs, require_all_dynamic=backend is Backend.TENSORRT)
+    plan_summary = read_plan_summary(cfg.plan, model_path)
+    precisions = frozenset(graph_precisions(model) | set(cfg.weak_precisions))
+    return _Checked(model_path, model, specs, backend, reason, output, precisions, plan_summary)
+
+
+def _build_tensorrt(
+    cfg: BuildConfig, c: _Checked, low: set[Precision]
+) -> tuple[dict[str, Any], GpuInfo, list[str]]:
+    probe = probe_tensorrt()
+    if probe.version is None:
+        raise BackendUnavailableError(probe.reason or TENSORRT_INSTALL_HINT)
+    gpu = require_gpu(cfg.device, "TensorRT build")
+    notes = check_capability(low, gpu.compute_capability, gpu.name)
+    from mpinfer.engine.trt_builder import build_trt_engine, plan_network_mode
+
+    plan_network_mode(probe.version, cfg.weak_precisions)  # refuse --fp16 on TensorRT 11 before building
+    facts = build_trt_engine(cfg, c.model_path, c.output, gpu)
+    notes += facts.pop("notes", [])
+    return {"tensorrt": facts["tensorrt"], "io": facts["io"]}, gpu, notes
+
+
+def _build_onnxruntime(
+    cfg: BuildConfig, c: _Checked, low: set[Precision]
+) -> tuple[dict[str, Any], GpuInfo | None, list[str]]:
+    notes = _check_trt_only_options(cfg, c.reason)
+    device = _resolve_ort_device(cfg.device)
+    gpu = None
+    if device.startswith("cuda"):
+        gpu = require_gpu(device, "ONNX Runtime CUDA engine")
+        notes += check_capability(low, gpu.compute_capability, gpu.name)
+    from mpinfer.engine.ort_engine import build_ort_engine
+
+    section = build_ort_engine(cfg, c.model_path, c.model, c.output, device)
+    io = {"inputs": [{"name": s.name, "shape": list(s.shape), "dtype": s.dtype.name} for s in c.specs]}
+    return {"onnxruntime": section, "io": io}, gpu, notes
+
+
 def build_engine(cfg: BuildConfig) -> BuildResult:
     """Build a TensorRT or ONNX Runtime engine from an ONNX model and write ``<engine>.json`` beside it.
 
@@ -140,77 +211,45 @@ def build_engine(cfg: BuildConfig) -> BuildResult:
         MpinferError: For bad input, a missing backend, a GPU too old for the model's precisions, or a
             failed build (no file is written in any of these cases).
     """
-    from mpinfer.modelio import load_onnx, require_file
-
-    cfg.validate()
-    model_path = require_file(cfg.model, "ONNX model")
-    model = load_onnx(model_path, load_external_data=False)
-    specs = specs_from_onnx(model)
-    backend, reason = select_backend(
-        cfg.backend,
-        cfg.device,
-        tensorrt=probe_tensorrt()
-        if cfg.backend in (Backend.AUTO, Backend.TENSORRT)
-        else TensorRTProbe(None, "not probed"),
-        gpu_count=cuda_device_count(),
-    )
-    logger.info("Backend: %s (%s)", backend.value, reason)
-    output = Path(cfg.output) if cfg.output is not None else default_output(model_path, backend)
-    plan = cfg.plan if cfg.plan is not None else plan_path_for(model_path)
-    inputs = [model_path, cfg.timing_cache, plan, Path(str(model_path) + ".data")]
-    check_output_path(output, inputs, force=cfg.force)
-    check_output_path(sidecar_path(output), inputs, force=True)
-    check_profiles(cfg.shapes, specs, require_all_dynamic=backend is Backend.TENSORRT)
-    plan_summary = read_plan_summary(cfg.plan, model_path)
-    precisions = graph_precisions(model) | set(cfg.weak_precisions)
-    low = {p for p in precisions if p.is_low}
+    c = _check_inputs(cfg)
+    low = {p for p in c.precisions if p.is_low}
     notes: list[str] = []
     if not low:
         notes.append(
             "the model has no fp16/bf16 tensors: the engine computes in fp32 "
             "(run mpinfer convert first for a mixed-precision engine)"
         )
-    gpu: GpuInfo | None = None
-    if backend is Backend.TENSORRT:
-        probe = probe_tensorrt()
-        if probe.version is None:
-            raise BackendUnavailableError(probe.reason or TENSORRT_INSTALL_HINT)
-        gpu = require_gpu(cfg.device, "TensorRT build")
-        notes += check_capability(low, gpu.compute_capability, gpu.name)
-        from mpinfer.engine.trt_builder import build_trt_engine, plan_network_mode
-
-        plan_network_mode(probe.version, cfg.weak_precisions)  # refuse --fp16 on TensorRT 11 before building
-        facts = build_trt_engine(cfg, model_path, output, gpu)
-        notes += facts.pop("notes", [])
-        runtime_section = {"tensorrt": facts["tensorrt"]}
-        io = facts["io"]
-    else:
-        notes += _check_trt_only_options(cfg, reason)
-        device = _resolve_ort_device(cfg.device)
-        if device.startswith("cuda"):
-            gpu = require_gpu(device, "ONNX Runtime CUDA engine")
-            notes += check_capability(low, gpu.compute_capability, gpu.name)
-        from mpinfer.engine.ort_engine import build_ort_engine
-
-        runtime_section = {"onnxruntime": build_ort_engine(cfg, model_path, model, output, device)}
-        io = {"inputs": [{"name": s.name, "shape": list(s.shape), "dtype": s.dtype.name} for s in specs]}
+    build = _build_tensorrt if c.backend is Backend.TENSORRT else _build_onnxruntime
+    sections, gpu, more = build(cfg, c, low)
+    notes += more
     for note in notes:
         logger.warning(note)
-    sidecar = {
+    side = sidecar_path(c.output)
+    try:
+        write_json_atomic(side, _sidecar(cfg, c, sections, gpu, notes))
+    except Exception:
+        c.output.unlink(missing_ok=True)
+        raise
+    return BuildResult(path=c.output, sidecar=side, backend=c.backend, reason=c.reason, notes=tuple(notes))
+
+
+def _sidecar(
+    cfg: BuildConfig, c: _Checked, sections: dict[str, Any], gpu: GpuInfo | None, notes: list[str]
+) -> dict[str, Any]:
+    return {
         "schema_version": SCHEMA_VERSION,
         "kind": SIDECAR_KIND,
-        "backend": backend.value,
-        "backend_reason": reason,
-        "engine": {"path": output.name, "sha256": sha256_file(output), "bytes": output.stat().st_size},
-        "source": {"path": str(model_path), "sha256": sha256_file(model_path)},
-        **runtime_section,
+        "backend": c.backend.value,
+        "backend_reason": c.reason,
+        "engine": {"path": c.output.name, "sha256": sha256_file(c.output), "bytes": c.output.stat().st_size},
+        "source": {"path": str(c.model_path), "sha256": sha256_file(c.model_path)},
+        **sections,
         "device": _device_section(gpu),
         "profiles": [{p.name: p.to_dict() for p in cfg.shapes}] if cfg.shapes else [],
-        "io": io,
         "precision": {
-            "graph": sorted(p.value for p in precisions - set(cfg.weak_precisions)),
+            "graph": sorted(p.value for p in c.precisions - set(cfg.weak_precisions)),
             "weak_flags": [p.value for p in cfg.weak_precisions],
-            "plan": plan_summary,
+            "plan": c.plan_summary,
         },
         "build": {
             "opt_level": cfg.opt_level,
@@ -223,13 +262,6 @@ def build_engine(cfg: BuildConfig) -> BuildResult:
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "host": host_platform.node(),
     }
-    side = sidecar_path(output)
-    try:
-        write_json_atomic(side, sidecar)
-    except Exception:
-        output.unlink(missing_ok=True)
-        raise
-    return BuildResult(path=output, sidecar=side, backend=backend, reason=reason, notes=tuple(notes))
 
 
 def _device_section(gpu: GpuInfo | None) -> dict[str, Any]:

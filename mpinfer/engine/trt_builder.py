@@ -179,10 +179,10 @@ def _make_logger(trt: Any) -> Any:
             self.errors: list[str] = []
 
         def log(self, severity: Any, msg: str) -> None:
-            if severity in (trt.ILogger.INTERNAL_ERROR, trt.ILogger.ERROR):
+            if severity in (trt.ILogger.Severity.INTERNAL_ERROR, trt.ILogger.Severity.ERROR):
                 self.errors.append(msg)
                 logger.error("TensorRT: %s", msg)
-            elif severity == trt.ILogger.WARNING:
+            elif severity == trt.ILogger.Severity.WARNING:
                 logger.warning("TensorRT: %s", msg)
             else:
                 logger.debug("TensorRT: %s", msg)
