@@ -75,6 +75,50 @@ def _uses_external_data(model: Any) -> bool:
     return any(uses_external_data(t) for t in model.graph.initializer)
 
 
+def _session_entries(fmt: str, external: bool, data_name: str) -> dict[str, str]:
+    entries: dict[str, str] = {}
+    if fmt == "ort":
+        entries["session.save_model_format"] = "ORT"
+    if fmt == "onnx" and external:
+        entries["session.optimized_model_external_initializers_file_name"] = data_name
+        entries["session.optimized_model_external_initializers_min_size_in_bytes"] = str(
+            EXTERNAL_INITIALIZER_MIN_BYTES
+        )
+    return entries
+
+
+def _optimise(model_path: Path, tmp: Path, level: str, entries: dict[str, str], device: str) -> float:
+    """Run onnxruntime's optimiser once, saving the optimised graph to ``tmp``; returns the seconds."""
+    import onnxruntime as ort
+
+    providers, options = provider_entries(device)
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, level)
+    so.optimized_model_filepath = str(tmp)
+    for key, value in entries.items():
+        so.add_session_config_entry(key, value)
+    logger.info("Optimising %s for %s (%s) ...", model_path, providers[0], level)
+    start = time.perf_counter()
+    try:
+        ort.InferenceSession(str(model_path), so, providers=providers, provider_options=options)
+    except Exception as err:  # onnxruntime raises Fail/InvalidGraph/NotImplemented...
+        raise ModelLoadError(
+            format_message(
+                f"ONNX Runtime could not optimise '{model_path}'", str(err), "a model onnxruntime can load"
+            )
+        ) from err
+    if not tmp.is_file():
+        raise ModelLoadError(
+            format_message(
+                f"ONNX Runtime engine for '{model_path}'",
+                "no optimised file",
+                f"{tmp.name} written by onnxruntime {ort.__version__}",
+            )
+        )
+    return time.perf_counter() - start
+
+
 def build_ort_engine(
     cfg: BuildConfig, model_path: Path, model: Any, output: Path, device: str
 ) -> dict[str, Any]:
@@ -102,60 +146,28 @@ def build_ort_engine(
         )
     providers, options = provider_entries(device)
     level = ort_opt_level_name(cfg.opt_level)
-    config_entries: dict[str, str] = {}
-    if fmt == "ort":
-        config_entries["session.save_model_format"] = "ORT"
     data_name = output.name + ".data"
-    if fmt == "onnx" and external:
-        config_entries["session.optimized_model_external_initializers_file_name"] = data_name
-        config_entries["session.optimized_model_external_initializers_min_size_in_bytes"] = str(
-            EXTERNAL_INITIALIZER_MIN_BYTES
-        )
+    entries = _session_entries(fmt, external, data_name)
     output.parent.mkdir(parents=True, exist_ok=True)
     tmpdir = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
     try:
-        so = ort.SessionOptions()
-        so.log_severity_level = 3
-        so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, level)
-        so.optimized_model_filepath = str(tmpdir / output.name)
-        for key, value in config_entries.items():
-            so.add_session_config_entry(key, value)
-        start = time.perf_counter()
-        try:
-            ort.InferenceSession(str(model_path), so, providers=providers, provider_options=options)
-        except Exception as err:  # onnxruntime raises Fail/InvalidGraph/NotImplemented...
-            raise ModelLoadError(
-                format_message(
-                    f"ONNX Runtime could not optimise '{model_path}'",
-                    str(err),
-                    "a model onnxruntime can load",
-                )
-            ) from err
-        seconds = time.perf_counter() - start
-        if not (tmpdir / output.name).is_file():
-            raise ModelLoadError(
-                format_message(
-                    f"ONNX Runtime engine for '{model_path}'",
-                    "no optimised file",
-                    f"{output.name} written by onnxruntime {ort.__version__}",
-                )
-            )
+        seconds = _optimise(model_path, tmpdir / output.name, level, entries, device)
         if (tmpdir / data_name).exists():
             os.replace(tmpdir / data_name, output.parent / data_name)
         os.replace(tmpdir / output.name, output)
     finally:
         shutil.rmtree(tmpdir, ignore_errors=True)
-    logger.info("Optimised %s for %s in %.1f s -> %s", model_path, providers[0], seconds, output)
+    logger.info("Optimised %s in %.1f s -> %s", model_path, seconds, output)
     return {
         "version": ort.__version__,
         "format": fmt,
         "providers": providers,
         "provider_options": options,
         "graph_optimization_level": level,
-        "session_config": config_entries,
+        "session_config": entries,
         # The saved graph is already optimised: reload it without optimisation (faster, same graph).
         "load_graph_optimization_level": "ORT_DISABLE_ALL",
-        "external_data": data_name if (output.parent / data_name).exists() and external else None,
+        "external_data": data_name if external and (output.parent / data_name).exists() else None,
         "build_seconds": round(seconds, 3),
     }
 

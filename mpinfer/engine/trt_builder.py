@@ -190,6 +190,40 @@ def _make_logger(trt: Any) -> Any:
     return _Logger()
 
 
+def _parse_network(trt: Any, builder: Any, model: Path, mode: TrtNetworkMode, trt_logger: Any) -> Any:
+    """Create the network with the mode's flags and parse the ONNX file (external data from its folder)."""
+    flags = 0
+    for name in mode.network_flags:
+        flags |= 1 << int(getattr(trt.NetworkDefinitionCreationFlag, name))
+    network = builder.create_network(flags)
+    parser = trt.OnnxParser(network, trt_logger)
+    if not parser.parse_from_file(str(model)):
+        issues = [ParserIssue.from_trt(parser.get_error(i)) for i in range(parser.num_errors)]
+        raise EngineBuildError(format_parser_errors(model, issues))
+    return network, parser  # the parser must outlive the network's use (it owns parsed weights)
+
+
+def _configure(trt: Any, builder: Any, cfg: BuildConfig, mode: TrtNetworkMode) -> tuple[Any, Any]:
+    """Builder config: weak flags (TensorRT 10 only), workspace, optimization level, profile, timing cache."""
+    config = builder.create_builder_config()
+    for name in mode.builder_flags:
+        config.set_flag(getattr(trt.BuilderFlag, name))
+    if cfg.workspace is not None:
+        config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, cfg.workspace)
+    config.builder_optimization_level = cfg.opt_level
+    if cfg.shapes:
+        profile = builder.create_optimization_profile()
+        for p in cfg.shapes:
+            profile.set_shape(p.name, p.min, p.opt, p.max)
+        config.add_optimization_profile(profile)
+    cache = None
+    if cfg.timing_cache is not None:
+        data = cfg.timing_cache.read_bytes() if cfg.timing_cache.is_file() else b""
+        cache = config.create_timing_cache(data)
+        config.set_timing_cache(cache, ignore_mismatch=False)
+    return config, cache
+
+
 def build_trt_engine(cfg: BuildConfig, model: Path, output: Path, gpu: GpuInfo) -> dict[str, Any]:
     """Parse ``model`` with external data, build a serialized engine and write it to ``output``.
 
@@ -200,7 +234,7 @@ def build_trt_engine(cfg: BuildConfig, model: Path, output: Path, gpu: GpuInfo) 
         gpu: The GPU to build for (the current CUDA device is switched to it).
 
     Returns:
-        The ``tensorrt`` and ``io`` sections of the sidecar.
+        The ``tensorrt`` and ``io`` sections of the sidecar, and ``notes``.
 
     Raises:
         EngineBuildError: Parser errors (with node names) or a failed build.
@@ -214,30 +248,8 @@ def build_trt_engine(cfg: BuildConfig, model: Path, output: Path, gpu: GpuInfo) 
     trt_logger = _make_logger(trt)
     with torch.cuda.device(gpu.index):
         builder = trt.Builder(trt_logger)
-        flags = 0
-        for name in mode.network_flags:
-            flags |= 1 << int(getattr(trt.NetworkDefinitionCreationFlag, name))
-        network = builder.create_network(flags)
-        parser = trt.OnnxParser(network, trt_logger)
-        if not parser.parse_from_file(str(model)):
-            issues = [ParserIssue.from_trt(parser.get_error(i)) for i in range(parser.num_errors)]
-            raise EngineBuildError(format_parser_errors(model, issues))
-        config = builder.create_builder_config()
-        for name in mode.builder_flags:
-            config.set_flag(getattr(trt.BuilderFlag, name))
-        if cfg.workspace is not None:
-            config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, cfg.workspace)
-        config.builder_optimization_level = cfg.opt_level
-        if cfg.shapes:
-            profile = builder.create_optimization_profile()
-            for p in cfg.shapes:
-                profile.set_shape(p.name, p.min, p.opt, p.max)
-            config.add_optimization_profile(profile)
-        cache = None
-        if cfg.timing_cache is not None:
-            data = cfg.timing_cache.read_bytes() if cfg.timing_cache.is_file() else b""
-            cache = config.create_timing_cache(data)
-            config.set_timing_cache(cache, ignore_mismatch=False)
+        network, _parser = _parse_network(trt, builder, model, mode, trt_logger)
+        config, cache = _configure(trt, builder, cfg, mode)
         start = time.perf_counter()
         logger.info("Building TensorRT %s engine (%s) on %s ...", trt.__version__, mode.label, gpu.name)
         serialized = builder.build_serialized_network(network, config)
@@ -257,18 +269,15 @@ def build_trt_engine(cfg: BuildConfig, model: Path, output: Path, gpu: GpuInfo) 
         if cache is not None and cfg.timing_cache is not None:
             write_bytes_atomic(cfg.timing_cache, bytes(config.get_timing_cache().serialize()))
         io = _network_io(network)
-    return {
-        "tensorrt": {
-            "version": trt.__version__,
-            "mode": mode.label,
-            "strongly_typed": mode.strongly_typed,
-            "network_flags": list(mode.network_flags),
-            "builder_flags": list(mode.builder_flags),
-            "build_seconds": round(seconds, 3),
-        },
-        "io": io,
-        "notes": list(mode.notes),
+    section = {
+        "version": trt.__version__,
+        "mode": mode.label,
+        "strongly_typed": mode.strongly_typed,
+        "network_flags": list(mode.network_flags),
+        "builder_flags": list(mode.builder_flags),
+        "build_seconds": round(seconds, 3),
     }
+    return {"tensorrt": section, "io": io, "notes": list(mode.notes)}
 
 
 def _network_io(network: Any) -> dict[str, list[dict[str, Any]]]:
