@@ -159,22 +159,14 @@ class MachineFacts:
         )
 
 
-def check_compatible(recorded: MachineFacts, here: MachineFacts, engine: Path) -> list[str]:
-    """Refuse an engine whose recorded facts make it unusable here; return softer warnings.
-
-    TensorRT plans only deserialize with the TensorRT version that built them and only run on GPUs of the
-    same compute capability; a different GPU model of the same capability runs but with tactics tuned for
-    another chip. ONNX Runtime engines are graphs optimised by one onnxruntime version for one provider.
-
-    Raises:
-        ModelLoadError: Built with another TensorRT/onnxruntime version or for another compute capability.
-        BackendUnavailableError: Built for CUDA where this machine has no usable CUDA provider.
-    """
-    rebuild = (
+def _rebuild_hint(recorded: MachineFacts, engine: Path) -> str:
+    return (
         f"rebuild it on this machine: mpinfer build-engine <model.onnx> --backend {recorded.backend} "
         f"-o {engine} --force"
     )
-    warnings: list[str] = []
+
+
+def _check_runtime(recorded: MachineFacts, here: MachineFacts, engine: Path) -> None:
     name = "TensorRT" if recorded.backend == "tensorrt" else "onnxruntime"
     if recorded.backend == "tensorrt":
         same = recorded.runtime_version == here.runtime_version
@@ -186,24 +178,35 @@ def check_compatible(recorded: MachineFacts, here: MachineFacts, engine: Path) -
                 f"Engine '{engine}'",
                 f"built with {name} {recorded.runtime_version}",
                 f"{name} {here.runtime_version} (installed here)",
-                rebuild,
+                _rebuild_hint(recorded, engine),
             )
         )
-    if (
-        recorded.backend == "onnxruntime"
-        and "CUDAExecutionProvider" in recorded.providers
-        and "CUDAExecutionProvider" not in here.providers
-    ):
+    cuda = "CUDAExecutionProvider"
+    if recorded.backend == "onnxruntime" and cuda in recorded.providers and cuda not in here.providers:
         raise BackendUnavailableError(
             format_message(
                 f"Engine '{engine}'",
                 "an ONNX Runtime engine optimised for the CUDA provider",
                 "a machine with an NVIDIA GPU and onnxruntime-gpu",
                 "rebuild a CPU engine here: mpinfer build-engine <model.onnx> --backend onnxruntime "
-                f"--device cpu "
-                f"-o {engine} --force",
+                f"--device cpu -o {engine} --force",
             )
         )
+
+
+def check_compatible(recorded: MachineFacts, here: MachineFacts, engine: Path) -> list[str]:
+    """Refuse an engine whose recorded facts make it unusable here; return softer warnings.
+
+    TensorRT plans only deserialize with the TensorRT version that built them and only run on GPUs of the
+    same compute capability; a different GPU model of the same capability runs but with tactics tuned for
+    another chip. ONNX Runtime engines are graphs optimised by one onnxruntime version for one provider.
+
+    Raises:
+        ModelLoadError: Built with another TensorRT/onnxruntime version or for another compute capability.
+        BackendUnavailableError: Built for CUDA where this machine has no usable CUDA provider.
+    """
+    _check_runtime(recorded, here, engine)
+    warnings: list[str] = []
     if recorded.compute_capability and here.compute_capability != recorded.compute_capability:
         where = (
             f"a GPU of compute capability {here.compute_capability}" if here.compute_capability else "no GPU"
@@ -212,7 +215,7 @@ def check_compatible(recorded: MachineFacts, here: MachineFacts, engine: Path) -
             f"Engine '{engine}'",
             f"built for {recorded.gpu_name} (compute capability {recorded.compute_capability})",
             f"the same GPU generation; this machine has {where}",
-            rebuild,
+            _rebuild_hint(recorded, engine),
         )
         if recorded.backend == "tensorrt":
             raise ModelLoadError(msg)
