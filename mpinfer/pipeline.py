@@ -244,6 +244,30 @@ def _run_stage(stage: Stage, plan: StagePlan, key: str, work_dir: Path) -> tuple
     return output, seconds
 
 
+def _settle(
+    stage: Stage, ctx: StageContext, state: dict[str, Any], state_path: Path, *, force: bool
+) -> StageRun:
+    """Skip ``stage`` when its key is recorded with intact outputs; else run it and record it."""
+    plan = stage.plan(ctx)
+    key = stage_key(stage.name, plan)
+    records: MutableMapping[str, Any] = state["stages"]
+    record = records.get(stage.name, {}).get(key)
+    if not force and record is not None and _intact(record):
+        artefacts = {k: Path(v["path"]) for k, v in record["artefacts"].items()}
+        return StageRun(stage.name, "skipped", key, artefacts, 0.0, dict(record.get("summary", {})))
+    output, seconds = _run_stage(stage, plan, key, ctx.work_dir)
+    records.setdefault(stage.name, {})[key] = {
+        "artefacts": {k: {"path": str(p), "sha256": hash_path(p)} for k, p in output.artefacts.items()},
+        "summary": output.summary,
+        "settings": plan.settings,
+        "seconds": round(seconds, 3),
+        "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    state["latest"] = {**state.get("latest", {}), stage.name: key}
+    write_json_atomic(state_path, state)  # after every stage: a later failure resumes from here
+    return StageRun(stage.name, "ran", key, dict(output.artefacts), seconds, dict(output.summary))
+
+
 def run_pipeline(
     path: str | Path,
     *,
@@ -274,7 +298,6 @@ def run_pipeline(
         from mpinfer.pipeline_stages import default_stages
 
         registry = default_stages()
-    meta = doc.get("pipeline", {})
     unknown = sorted(set(doc) - set(registry) - {"pipeline"})
     if unknown:
         raise InvalidInputError(
@@ -282,50 +305,25 @@ def run_pipeline(
                 f"Pipeline file '{path}'", f"table(s) {unknown}", f"tables among {['pipeline', *registry]}"
             )
         )
+    if not set(doc) & set(registry):
+        raise InvalidInputError(
+            format_message(f"Pipeline file '{path}'", "no stage tables", f"at least one of {list(registry)}")
+        )
+    meta = doc.get("pipeline", {})
     root = (path.parent / str(meta.get("root", "."))).resolve()
     work_dir = (root / str(meta.get("work_dir", "out/pipeline"))).resolve()
     work_dir.mkdir(parents=True, exist_ok=True)
     state_path = work_dir / STATE_FILE
     state = _load_state(state_path)
-    records: MutableMapping[str, Any] = state["stages"]
     artefacts: dict[str, Path] = {}
     runs: list[StageRun] = []
     for name, stage in registry.items():
         if name not in doc:
             continue
         ctx = StageContext(root=root, work_dir=work_dir, section=dict(doc[name]), artefacts=dict(artefacts))
-        plan = stage.plan(ctx)
-        key = stage_key(name, plan)
-        record = records.get(name, {}).get(key)
-        if not force and record is not None and _intact(record):
-            run = StageRun(
-                name,
-                "skipped",
-                key,
-                {k: Path(v["path"]) for k, v in record["artefacts"].items()},
-                0.0,
-                dict(record.get("summary", {})),
-            )
-        else:
-            output, seconds = _run_stage(stage, plan, key, work_dir)
-            records.setdefault(name, {})[key] = {
-                "artefacts": {
-                    k: {"path": str(p), "sha256": hash_path(p)} for k, p in output.artefacts.items()
-                },
-                "summary": output.summary,
-                "settings": plan.settings,
-                "seconds": round(seconds, 3),
-                "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            }
-            state["latest"] = {**state.get("latest", {}), name: key}
-            write_json_atomic(state_path, state)  # after every stage: a later failure resumes from here
-            run = StageRun(name, "ran", key, dict(output.artefacts), seconds, dict(output.summary))
+        run = _settle(stage, ctx, state, state_path, force=force)
         artefacts.update(run.artefacts)
         runs.append(run)
         if on_stage is not None:
             on_stage(run)
-    if not runs:
-        raise InvalidInputError(
-            format_message(f"Pipeline file '{path}'", "no stage tables", f"at least one of {list(registry)}")
-        )
     return PipelineResult(tuple(runs), work_dir, state_path)
