@@ -8,15 +8,15 @@ import numpy as np
 import pytest
 
 
-def make_mixed_model(path: Path, *, low: str = "fp16", dynamic: bool = True) -> Path:
-    """x (float32, [batch, 8]) -> Cast(low) -> MatMul(W low) -> Relu -> Cast(float32) -> y [batch, 4]."""
+def make_mixed_model(path: Path, *, low: str = "fp16", dynamic: bool = True, width: int = 8) -> Path:
+    """x (float32, [batch, width]) -> Cast(low) -> MatMul(W low) -> Relu -> Cast(float32) -> y [batch, 4]."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
     from mpinfer.modelio import save_onnx
 
     rng = np.random.default_rng(0)
-    w = rng.standard_normal((8, 4)).astype(np.float32)
+    w = rng.standard_normal((width, 4)).astype(np.float32)
     if low == "fp16":
         elem, init = TensorProto.FLOAT16, numpy_helper.from_array(w.astype(np.float16), "W")
     elif low == "bf16":
@@ -34,7 +34,7 @@ def make_mixed_model(path: Path, *, low: str = "fp16", dynamic: bool = True) -> 
     graph = helper.make_graph(
         nodes,
         "mixed",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 8])],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, width])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, 4])],
         [init],
     )

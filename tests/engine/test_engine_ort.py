@@ -141,3 +141,24 @@ def test_cuda_engine_runs(fp16_model, feeds):
     with load_engine_runner(result.path) as runner, OrtRunner(fp16_model) as ref:
         np.testing.assert_allclose(runner.infer(feeds)["y"], ref.infer(feeds)["y"], rtol=1e-2, atol=1e-2)
         assert runner.describe()["numerics"] == "ort-cuda"
+
+
+def test_model_with_external_data_builds_an_optimised_onnx(tmp_path):
+    from mpinfer.modelio import load_onnx, save_onnx
+
+    src = make_mixed_model(
+        tmp_path / "inline.onnx", width=1024
+    )  # 8 KiB of weights: above the 1 KiB threshold
+    feeds = {"x": np.random.default_rng(2).standard_normal((3, 1024)).astype(np.float32)}
+    ext = save_onnx(load_onnx(src), tmp_path / "ext" / "model.onnx", external_data=True)
+    assert (tmp_path / "ext" / "model.onnx.data").is_file()
+    with pytest.raises(InvalidInputError, match="external data.*-o .*model.onnx"):
+        _build(ext, output=tmp_path / "ext" / "model.ort")
+    out = tmp_path / "engine" / "model.opt.onnx"
+    result = _build(ext, output=out)
+    side = json.loads(result.sidecar.read_text())
+    assert side["onnxruntime"]["format"] == "onnx"
+    assert side["onnxruntime"]["external_data"] == "model.opt.onnx.data"
+    assert (out.parent / "model.opt.onnx.data").stat().st_size >= 1024 * 4 * 2
+    with load_engine_runner(result.path) as runner, OrtRunner(src) as ref:
+        np.testing.assert_allclose(runner.infer(feeds)["y"], ref.infer(feeds)["y"], rtol=0, atol=1e-6)
