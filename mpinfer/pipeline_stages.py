@@ -269,6 +269,8 @@ def _run_build_engine(plan: StagePlan, out: Path) -> StageOutput:
 # -- compare --
 def _plan_compare(ctx: StageContext) -> StagePlan:
     settings, inputs = resolve_section(ctx, ctx.section)
+    # An engine runs on the device it was built for (a CUDA engine on a GPU machine): let compare follow it.
+    settings.setdefault("device", "auto")
     if "baseline" not in settings and "onnx" in ctx.artefacts:
         settings["baseline"] = str(ctx.artefacts["onnx"])
         inputs.append(ctx.artefacts["onnx"])
