@@ -73,7 +73,7 @@ def build_engine(
     output: Path | None,
     force: bool,
 ) -> None:
-    r"""Build an engine from an ONNX model (strongly typed: precisions come from the graph).
+    """Build an engine from an ONNX model (strongly typed: precisions come from the graph).
 
     \b
     mpinfer build-engine out/model.fp16.onnx --shapes "x:1x3x64x64,8x3x64x64,32x3x64x64" \\
