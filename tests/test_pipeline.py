@@ -169,19 +169,6 @@ def test_stage_settings_are_checked(tmp_path):
         run_pipeline(toml)
 
 
-def test_a_stage_missing_from_this_installation_says_so(tmp_path):
-    from importlib.util import find_spec
-
-    if find_spec("mpinfer.export") is not None and hasattr(
-        __import__("mpinfer.export").export, "export_onnx"
-    ):
-        pytest.skip("mpinfer.export is installed here")
-    toml = tmp_path / "p.toml"
-    toml.write_text('[export]\nsource = "model.py:build"\n')
-    with pytest.raises(MpinferError, match=r"\[export\].*no mpinfer.export.ExportConfig/export_onnx"):
-        run_pipeline(toml)
-
-
 def test_report_dir_must_stay_inside_the_work_dir(tmp_path):
     toml = tmp_path / "p.toml"
     toml.write_text('[pipeline]\nwork_dir = "w"\n[report]\ndir = ".."\n')

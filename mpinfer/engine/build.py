@@ -81,7 +81,7 @@ def select_backend(
     if tensorrt.version is None:
         return Backend.ONNXRUNTIME, (
             "TensorRT is not installed here, so an ONNX Runtime engine; for TensorRT: "
-            "pip install tensorrt --extra-index-url https://pypi.nvidia.com"
+            "pip install tensorrt with NVIDIA's package index as an extra index (see NVIDIA's TensorRT install guide)"
         )
     if gpu_count == 0:
         return Backend.ONNXRUNTIME, (

@@ -18,7 +18,7 @@ logger = logging.getLogger(__name__)
 
 TENSORRT_INSTALL_HINT = (
     "install it from NVIDIA's package index: "
-    "`pip install tensorrt --extra-index-url https://pypi.nvidia.com` "
+    "`pip install tensorrt with NVIDIA's package index as an extra index (see NVIDIA's TensorRT install guide)` "
     "(on a Linux or Windows machine with an NVIDIA GPU and driver), or build an ONNX Runtime engine with "
     "--backend onnxruntime"
 )
@@ -125,7 +125,7 @@ def check_tensorrt_version(version: str) -> int:
                 f"version {version}",
                 f"{MIN_TENSORRT_MAJOR}.0 or newer",
                 "mpinfer builds strongly typed networks and uses the name-based tensor API of TensorRT 10; "
-                "upgrade with `pip install -U tensorrt --extra-index-url https://pypi.nvidia.com`",
+                "upgrade with `pip install -U tensorrt from NVIDIA's package index`",
             )
         )
     return major

@@ -45,7 +45,7 @@ def test_tensorrt_11_refuses_weak_flags_and_says_why():
 
 @pytest.mark.parametrize("version", ["8.6.1", "9.3.0"])
 def test_tensorrt_before_10_is_refused(version):
-    with pytest.raises(BackendUnavailableError, match=f"version {version}.*10.0 or newer.*pypi.nvidia.com"):
+    with pytest.raises(BackendUnavailableError, match=f"version {version}.*10.0 or newer.*NVIDIA.s package index"):
         plan_network_mode(version)
 
 
@@ -63,7 +63,7 @@ NO_TRT = TensorRTProbe(None, "no tensorrt")
     ("requested", "device", "probe", "gpus", "backend", "why"),
     [
         (Backend.AUTO, "auto", TRT, 1, Backend.TENSORRT, "TensorRT 10.13.0 and a CUDA GPU"),
-        (Backend.AUTO, "auto", NO_TRT, 1, Backend.ONNXRUNTIME, "TensorRT is not installed.*pypi.nvidia.com"),
+        (Backend.AUTO, "auto", NO_TRT, 1, Backend.ONNXRUNTIME, "TensorRT is not installed.*NVIDIA.s package index"),
         (Backend.AUTO, "auto", TRT, 0, Backend.ONNXRUNTIME, "no CUDA GPU is visible"),
         (Backend.AUTO, "cpu", TRT, 1, Backend.ONNXRUNTIME, "--device cpu"),
         (Backend.TENSORRT, "auto", NO_TRT, 0, Backend.TENSORRT, "--backend tensorrt"),
