@@ -239,7 +239,6 @@ def _load_hf(path: Path, weights: Path | None) -> LoadedModel:
         model = transformers.AutoModel.from_pretrained(str(path), local_files_only=True)
     except Exception as err:
         raise ModelLoadError(f"Hugging Face model '{path}' could not be loaded: {err}") from err
-    model.config.return_dict = False
     model.eval()
     vocab = int(getattr(model.config, "vocab_size", 1000) or 1000)
     specs = [f"input_ids:batchxseq=16:int64:0..{vocab}", "attention_mask:batchxseq=16:int64:1..2"]
@@ -249,4 +248,41 @@ def _load_hf(path: Path, weights: Path | None) -> LoadedModel:
         specs = [f"pixel_values:batchx{ch}x{size}x{size}:float32"]
     if weights is not None:
         raise InvalidInputError("--weights is not used with a Hugging Face folder: its weights are inside it.")
-    return LoadedModel(model, "huggingface", input_specs=specs, description=f"Hugging Face {path}")
+    names = [s.split(":", 1)[0] for s in specs]
+    return LoadedModel(_KeywordCall(model, names), "huggingface", input_specs=specs, input_names=names,
+                       output_names=["last_hidden_state"], description=f"Hugging Face {path}")
+
+
+def _keyword_call_class() -> Any:
+    import torch
+
+    class KeywordCall(torch.nn.Module):
+        """Calls a Hugging Face model with keyword inputs and returns its first output tensor.
+
+        Positional order differs between architectures (GPT-2's second argument is the KV cache), and
+        exporters pass positional tensors, so the wrapper maps them to names and turns the cache off.
+        """
+
+        def __init__(self, model: Any, names: list[str]) -> None:
+            super().__init__()
+            self.model = model
+            self.names = names
+
+        def forward(self, x0: Any, x1: Any = None, x2: Any = None) -> Any:
+            # fixed positional parameters: torch.export treats *args as a single tuple input
+            kwargs = {n: t for n, t in zip(self.names, (x0, x1, x2)) if t is not None}
+            out = self.model(**kwargs, use_cache=False, return_dict=True) if _accepts_cache(self.model) \
+                else self.model(**kwargs, return_dict=True)
+            return out[0]
+
+    return KeywordCall
+
+
+def _accepts_cache(model: Any) -> bool:
+    import inspect
+
+    return "use_cache" in inspect.signature(model.forward).parameters
+
+
+def _KeywordCall(model: Any, names: list[str]) -> Any:  # noqa: N802 - builds the nn.Module lazily
+    return _keyword_call_class()(model, names).eval()

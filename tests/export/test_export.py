@@ -223,3 +223,23 @@ def test_api_errors_are_typed(tmp_path):
         export_onnx(ExportConfig(str(MODELS / "mlp.py"), tmp_path / "o.txt"))
     with pytest.raises(ExportError):
         export_onnx(ExportConfig(str(MODELS / "mlp.py"), tmp_path / "o.onnx", inputs=("x:2x7:float32",)))
+
+
+@pytest.mark.parametrize("arch", ["bert", "gpt2", "vit"])
+def test_hugging_face_folder_built_from_config(tmp_path, arch):
+    transformers = pytest.importorskip("transformers", reason="the hf extra (transformers) is not installed")
+    torch.manual_seed(0)
+    cfg = {
+        "bert": lambda: transformers.BertConfig(vocab_size=200, hidden_size=32, num_hidden_layers=2,
+                                                num_attention_heads=2, intermediate_size=64,
+                                                max_position_embeddings=64),
+        "gpt2": lambda: transformers.GPT2Config(vocab_size=200, n_embd=32, n_layer=2, n_head=2, n_positions=64),
+        "vit": lambda: transformers.ViTConfig(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2,
+                                              num_attention_heads=2, intermediate_size=64),
+    }[arch]()
+    transformers.AutoModel.from_config(cfg).save_pretrained(tmp_path / arch)
+    exporter = "torchscript" if arch != "vit" else "dynamo"
+    res, sidecar = _export(tmp_path, str(tmp_path / arch), exporter)
+    assert sidecar["parity"]["passed"] and sidecar["parity"]["max_abs"] < 1e-4
+    names = [i.name for i in onnx.load(str(res.path)).graph.input]
+    assert names == (["pixel_values"] if arch == "vit" else ["input_ids", "attention_mask"])
