@@ -207,3 +207,25 @@ def test_real_converter_plan_reason_in_report(mlp_files, tmp_path):
     assert cand.precision["source"] == str(res.plan_path)
     jump = cand.divergence.first_jump
     assert jump.address == ln and jump.reason == "user:low-node" and ln in jump.detail
+
+
+def test_ort_engine_candidate(mlp_files, tmp_path):
+    engine = pytest.importorskip("mpinfer.engine", reason="engine stage not in this build")
+    built = engine.build_engine(
+        engine.BuildConfig(
+            model=mlp_files["fp16"],
+            output=tmp_path / "mlp.ort",
+            backend=engine.Backend.ONNXRUNTIME,
+            device="cpu",
+        )
+    )
+    result = compare_models(
+        _cfg(
+            mlp_files["base"], built.path, data=str(mlp_files["small"]), latency=True, iterations=3, warmup=1
+        )
+    )
+    assert result, result.summary()
+    cand = result.candidates[0]
+    assert cand.runner["backend"] == "onnxruntime-engine"
+    assert cand.divergence is None and cand.outputs[0].values["cosine"] > 0.9999
+    assert [s.runner for s in result.latency.stats] == [str(mlp_files["base"]), str(built.path)]
