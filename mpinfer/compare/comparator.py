@@ -298,7 +298,12 @@ def compare_models(config: CompareConfig) -> ComparisonResult:
         accs, kept = _run_batches(config, baseline, cands, feeds, out_names)
         results = [_candidate_result(config, c, cands[c], accs[c], out_names, checks, kept) for c in cands]
         latency = _latency(config, baseline, cands, kept[0]) if config.latency else None
-        base_info = {"name": config.baseline, "path": config.baseline, "runner": baseline.describe()}
+        base_info = {
+            "name": config.baseline,
+            "path": config.baseline,
+            "runner": baseline.describe(),
+            "size_bytes": model_size(config.baseline),
+        }
     notes = _notes(feeds.is_random, result_runners=[c.runner for c in results], latency=latency is not None)
     logger.info("compare finished in %.1f s", time.perf_counter() - t0)
     return ComparisonResult(
@@ -344,7 +349,9 @@ def _candidate_result(
                 hist_rel=a.hist_rel.to_dict(),
             )
         )
-    result = CandidateResult(name=name, path=name, runner=runner.describe(), outputs=outputs)
+    result = CandidateResult(
+        name=name, path=name, runner=runner.describe(), outputs=outputs, size_bytes=model_size(name)
+    )
     result.evaluate(checks)
     if name.lower().endswith(".onnx"):
         _onnx_extras(cfg, result, kept)
@@ -401,6 +408,18 @@ def _latency(
         runners={n: r.describe() for n, r in runners.items()},
         stats=stats,
     )
+
+
+def model_size(path_or_spec: str) -> int | None:
+    """Bytes on disk of a model file plus its external data files (None for a torch spec)."""
+    from pathlib import Path
+
+    p = Path(path_or_spec)
+    if not p.is_file():
+        return None
+    size = p.stat().st_size
+    data = p.with_name(p.name + ".data")
+    return size + (data.stat().st_size if data.is_file() else 0)
 
 
 def _notes(is_random: bool, result_runners: Sequence[Mapping[str, Any]], latency: bool) -> list[str]:

@@ -112,6 +112,7 @@ class CandidateResult:
     divergence: Divergence | None = None
     precision: dict[str, Any] | None = None
     hints: list[SpeedHint] = field(default_factory=list)
+    size_bytes: int | None = None
 
     @property
     def passed(self) -> bool:
@@ -264,6 +265,7 @@ def _from_dict(d: dict[str, Any]) -> ComparisonResult:
                 checks=[CheckOutcome(**o) for o in c.get("checks", [])],
                 divergence=divergence,
                 precision=c.get("precision"),
+                size_bytes=c.get("size_bytes"),
                 hints=[SpeedHint(**h) for h in c.get("hints", [])],
             )
         )

@@ -48,6 +48,8 @@ def render_console(result: ComparisonResult, console: Any = None) -> None:
         console.print(
             f"[bold]Candidate[/] [cyan]{escape(cand.name)}[/] ({escape(tables.runner_line(cand.runner))})"
         )
+        if cand.size_bytes is not None:
+            console.print("Size: " + escape(tables.size_line(result, cand)))
         console.print(_table("Accuracy vs baseline", tables.accuracy_headers(), tables.accuracy_rows(cand)))
         labels = tables.label_rows(cand)
         if labels:

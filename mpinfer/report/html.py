@@ -77,7 +77,7 @@ def render_html(result: ComparisonResult) -> str:
             + "</ul>"
         )
     for cand in result.candidates:
-        parts.append(_candidate_section(cand))
+        parts.append(_candidate_section(result, cand))
     parts += _plot_sections(result)
     parts.append(
         "<h2>Metric definitions</h2><ul>"
@@ -92,13 +92,13 @@ def render_html(result: ComparisonResult) -> str:
     )
 
 
-def _candidate_section(cand: object) -> str:
+def _candidate_section(result: ComparisonResult, cand: object) -> str:
     from mpinfer.compare.result import CandidateResult
 
     assert isinstance(cand, CandidateResult)
     out = [
         f"<h2>Candidate <code>{_e(cand.name)}</code></h2>"
-        f"<p>Runner: {_e(tables.runner_line(cand.runner))}</p>",
+        f"<p>Runner: {_e(tables.runner_line(cand.runner))}. Size: {_e(tables.size_line(result, cand) or 'n/a')}</p>",
         "<h3>Accuracy vs baseline</h3>",
         _table(tables.accuracy_headers(), tables.accuracy_rows(cand)),
     ]

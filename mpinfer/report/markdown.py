@@ -34,7 +34,7 @@ def render_markdown(result: ComparisonResult) -> str:
         lines += [
             f"## Candidate `{cand.name}`",
             "",
-            f"Runner: {tables.runner_line(cand.runner)}",
+            f"Runner: {tables.runner_line(cand.runner)}. Size: {tables.size_line(result, cand) or 'n/a'}",
             "",
             "### Accuracy vs baseline",
             "",

@@ -193,6 +193,17 @@ def precision_line(cand: CandidateResult) -> str:
     return text + f"), {p.get('cast_count')} Casts ({src})."
 
 
+def size_line(result: ComparisonResult, cand: CandidateResult) -> str:
+    """Model size on disk, and its ratio to the baseline's."""
+    if cand.size_bytes is None:
+        return ""
+    text = f"{cand.size_bytes / 1e6:.2f} MB on disk"
+    base = result.baseline.get("size_bytes")
+    if base:
+        text += f" ({cand.size_bytes / base:.2f}x the baseline's {base / 1e6:.2f} MB)"
+    return text + "."
+
+
 def runner_line(info: dict[str, Any]) -> str:
     """Backend, providers/device and numerics of a runner."""
     parts = [str(info.get("backend", info.get("runner", "?")))]
