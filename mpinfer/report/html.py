@@ -98,7 +98,8 @@ def _candidate_section(result: ComparisonResult, cand: object) -> str:
     assert isinstance(cand, CandidateResult)
     out = [
         f"<h2>Candidate <code>{_e(cand.name)}</code></h2>"
-        f"<p>Runner: {_e(tables.runner_line(cand.runner))}. Size: {_e(tables.size_line(result, cand) or 'n/a')}</p>",
+        f"<p>Runner: {_e(tables.runner_line(cand.runner))}. "
+        f"Size: {_e(tables.size_line(result, cand) or 'n/a')}</p>",
         "<h3>Accuracy vs baseline</h3>",
         _table(tables.accuracy_headers(), tables.accuracy_rows(cand)),
     ]
