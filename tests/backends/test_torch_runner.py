@@ -94,8 +94,15 @@ def test_open_runner_dispatch(tmp_path):
         open_runner(onnx_file, numerics="exact")
 
 
-@pytest.mark.skipif(find_spec("mpinfer.engine") is not None, reason="engine backend present in this build")
-def test_engine_without_engine_backend(tmp_path):
+def test_engine_artifacts_route_to_the_engine_backend(tmp_path):
+    """A .engine file goes to mpinfer.engine (a clear error without TensorRT), never to onnxruntime."""
+    from mpinfer.errors import MpinferError
+
     (tmp_path / "m.engine").write_bytes(b"x")
-    with pytest.raises(BackendUnavailableError, match="mpinfer.engine"):
-        open_runner(tmp_path / "m.engine")
+    if find_spec("mpinfer.engine") is None:
+        with pytest.raises(BackendUnavailableError, match="mpinfer.engine"):
+            open_runner(tmp_path / "m.engine")
+        return
+    with pytest.raises(MpinferError) as info:
+        open_runner(tmp_path / "m.engine").activate()
+    assert "TensorRT" in str(info.value) or "engine" in str(info.value).lower()
