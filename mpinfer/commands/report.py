@@ -37,6 +37,10 @@ def report(
     """  # noqa: D301 (click needs the \b)
     from mpinfer.report import load_report, render
 
+    if output is not None and fmt == "console":
+        raise click.BadParameter(
+            "-o/--output writes html, md or json; pick one with --format", param_hint="-o"
+        )
     if output is not None:
         from mpinfer.fileio import check_output_path
 

@@ -65,6 +65,8 @@ def test_cli_report_formats(invoke, report_result, tmp_path):
     assert "Accuracy vs baseline" in r.output and "FAIL" in r.output and r.exit_code == 1
     r = invoke("report", src, "--format", "json")
     assert json.loads(r.stdout)["schema_version"] == 1
+    r = invoke("report", src, "-o", tmp_path / "c.txt")
+    assert r.exit_code == 2 and "pick one with --format" in r.output and not (tmp_path / "c.txt").exists()
 
 
 def test_cli_report_rethreshold(invoke, report_result, tmp_path):
