@@ -110,7 +110,9 @@ class AmpConfig:
             raise InvalidInputError(format_message("Weight decay", self.weight_decay, "a finite value >= 0"))
         if self.clip_grad_norm is not None:
             _positive_float("clip_grad_norm", self.clip_grad_norm)
-        if not (math.isfinite(self.min_loss_scale) and 0 <= self.min_loss_scale < self.init_scale):
+        fp16 = self.precision is Precision.FP16
+        if not (math.isfinite(self.min_loss_scale) and 0 <= self.min_loss_scale
+                and (self.min_loss_scale < self.init_scale or not fp16)):
             raise InvalidInputError(format_message(
                 "Minimum loss scale", self.min_loss_scale, f"a value in [0, init_scale={self.init_scale:g})"))
 
@@ -152,10 +154,10 @@ def _positive_float(name: str, value: object) -> None:
 
 
 def _primitive(value: Any) -> Any:
+    if isinstance(value, Precision):  # a str subclass: check it first
+        return value.value
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
-    if isinstance(value, Precision):
-        return value.value
     if isinstance(value, Path):
         return str(value)
     if isinstance(value, dict):

@@ -147,7 +147,8 @@ class AmpTrainer:
         total = steps_per_epoch * cfg.epochs
         warmup = cfg.warmup_steps if cfg.warmup_steps is not None else round(DEFAULT_WARMUP_FRACTION * total)
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(cfg.schedule, warmup, total))
+        self._lr_fn = lr_lambda(cfg.schedule, warmup, total)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_fn)
         low = cfg.precision.is_low
         self.scaler = LossScaler(dist.device_type, enabled=cfg.precision is Precision.FP16,
                                  init_scale=cfg.init_scale, min_scale=cfg.min_loss_scale)
@@ -189,6 +190,9 @@ class AmpTrainer:
         model.load_state_dict(ckpt["model"])
         self.optimizer.load_state_dict(ckpt["optimizer"])
         self.scheduler.load_state_dict(ckpt["scheduler"])
+        # The LR of the next step under this run's schedule (identical to the saved one when nothing changed).
+        for group, base in zip(self.optimizer.param_groups, self.scheduler.base_lrs):
+            group["lr"] = base * self._lr_fn(self.scheduler.last_epoch)
         self.scaler.load_state_dict(ckpt["amp_scaler"])
         self.history = [dict(r) for r in ckpt["metrics"]]
         self.start_epoch = int(ckpt["epoch"])
@@ -202,8 +206,9 @@ class AmpTrainer:
         now, then = cfg.to_dict(), dict(ckpt["config"])
         changed = [f"{k}: {then.get(k)!r} -> {now[k]!r}" for k in EXACTNESS_FIELDS if then.get(k) != now[k]]
         if changed:
-            logger.warning("Resuming with changed settings (%s); the run will not match an uninterrupted one, "
-                           "and the restored optimizer/schedule state keeps the checkpoint's LR.", "; ".join(changed))
+            logger.warning("Resuming with changed settings (%s): the run will not match an uninterrupted one; "
+                           "the schedule continues from step %d with the checkpoint's peak LR.", "; ".join(changed),
+                           self.global_step)
         logger.info("resuming from %s after epoch %d", cfg.resume, self.start_epoch)
 
     # ------------------------------------------------------------------------------------------- loop
