@@ -53,3 +53,15 @@ def dropout_cnn():
     torch.manual_seed(0)
     return nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Dropout(0.3),
                          nn.Flatten(), nn.Linear(8 * 64, 10))
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """One intra-op thread: on the shared 2-core CI box, two threads per process oversubscribe the cores and
+    run these small models several times slower."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
