@@ -132,3 +132,17 @@ def barrier(ctx: DistContext) -> None:
             dist.barrier(device_ids=[ctx.local_rank])
         else:
             dist.barrier()
+
+
+def broadcast_buffers(module: object, ctx: DistContext) -> None:
+    """Copy rank 0's buffers (e.g. BatchNorm running statistics) to every rank.
+
+    DDP broadcasts buffers at the start of each forward, so after the last training step every rank holds
+    statistics updated by its own shard; this makes evaluation and checkpoints identical across ranks.
+    """
+    if not ctx.distributed:
+        return
+    import torch.distributed as dist
+
+    for buf in module.buffers():  # type: ignore[attr-defined]
+        dist.broadcast(buf, src=0)

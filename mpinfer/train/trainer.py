@@ -27,7 +27,14 @@ from mpinfer.specs import Precision
 from mpinfer.train import checkpoint as ck
 from mpinfer.train.config import DEFAULT_WARMUP_FRACTION, AmpConfig, TrainResult
 from mpinfer.train.data import load_train_data, make_loader
-from mpinfer.train.distributed import DistContext, all_reduce_sums, barrier, close_distributed, init_distributed
+from mpinfer.train.distributed import (
+    DistContext,
+    all_reduce_sums,
+    barrier,
+    broadcast_buffers,
+    close_distributed,
+    init_distributed,
+)
 from mpinfer.train.metrics import best_index, peak_memory, summarize, write_metrics
 from mpinfer.train.overflow import OverflowMonitor
 from mpinfer.train.scaling import LossScaleCollapseError, LossScaler
@@ -306,6 +313,7 @@ class AmpTrainer:
         if dist.device_type == "cuda":
             torch.cuda.synchronize(dist.device)
         elapsed = time.perf_counter() - t0
+        broadcast_buffers(self.model, dist)
         total_loss, total_seen = all_reduce_sums([float(loss_sum), float(seen)], dist)
         mem, kind = peak_memory(dist.device)
         return {"epoch": epoch + 1, "step": self.global_step, "lr": float(self.optimizer.param_groups[0]["lr"]),
