@@ -31,13 +31,18 @@ def capture_rng() -> dict[str, Any]:
     """Torch, CUDA, numpy and Python RNG states as tensors and lists."""
     import torch
 
-    keys, pos, has_gauss, cached = np.random.get_state()[1:]
+    np_state: Any = np.random.get_state()
+    keys, pos, has_gauss, cached = np_state[1:]
     version, pystate, gauss = random.getstate()
     return {
         "torch": torch.get_rng_state(),
         "cuda": list(torch.cuda.get_rng_state_all()) if torch.cuda.is_available() else [],
-        "numpy": {"keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)), "pos": int(pos),
-                  "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
+        "numpy": {
+            "keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached),
+        },
         "python": {"version": int(version), "state": list(pystate), "gauss": gauss},
     }
 
@@ -50,8 +55,15 @@ def restore_rng(state: dict[str, Any]) -> None:
     if state.get("cuda") and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
     npst = state["numpy"]
-    np.random.set_state(("MT19937", npst["keys"].numpy().astype(np.uint32), npst["pos"], npst["has_gauss"],
-                         npst["cached_gaussian"]))
+    np.random.set_state(
+        (
+            "MT19937",
+            npst["keys"].numpy().astype(np.uint32),
+            npst["pos"],
+            npst["has_gauss"],
+            npst["cached_gaussian"],
+        )
+    )
     py = state["python"]
     random.setstate((py["version"], tuple(py["state"]), py["gauss"]))
 
@@ -93,19 +105,32 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
     import torch
 
     if not path.is_file():
-        raise InvalidInputError(format_message(f"Checkpoint '{path}'", "no such file",
-                                               "a last.pt or best.pt written by mpinfer train"))
+        raise InvalidInputError(
+            format_message(
+                f"Checkpoint '{path}'", "no such file", "a last.pt or best.pt written by mpinfer train"
+            )
+        )
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # torch raises many types for a corrupt or unsafe pickle
-        raise InvalidInputError(format_message(f"Checkpoint '{path}'", f"an unreadable file ({type(err).__name__})",
-                                               "a checkpoint written by mpinfer train",
-                                               "it may be truncated or not a torch checkpoint")) from err
+        raise InvalidInputError(
+            format_message(
+                f"Checkpoint '{path}'",
+                f"an unreadable file ({type(err).__name__})",
+                "a checkpoint written by mpinfer train",
+                "it may be truncated or not a torch checkpoint",
+            )
+        ) from err
     missing = [k for k in REQUIRED_KEYS if not isinstance(ckpt, dict) or k not in ckpt]
     if missing:
-        raise InvalidInputError(format_message(f"Checkpoint '{path}'", f"a file without {', '.join(missing)}",
-                                               "a checkpoint written by mpinfer train",
-                                               "a bare state_dict cannot be resumed; start a new run"))
+        raise InvalidInputError(
+            format_message(
+                f"Checkpoint '{path}'",
+                f"a file without {', '.join(missing)}",
+                "a checkpoint written by mpinfer train",
+                "a bare state_dict cannot be resumed; start a new run",
+            )
+        )
     return ckpt  # type: ignore[no-any-return]
 
 
@@ -121,10 +146,14 @@ def check_same_model(model_state: dict[str, Any], ckpt_state: dict[str, Any], pa
     problems += [f"unexpected {k}" for k in theirs if k not in ours][:3]
     problems += [f"{k}: {theirs[k]} vs {s}" for k, s in ours.items() if k in theirs and theirs[k] != s][:3]
     if problems:
-        raise InvalidInputError(format_message(
-            f"Checkpoint '{path}'", f"weights of another model ({'; '.join(problems)})",
-            "the parameters of the model being trained",
-            "resume with the same model source it was trained with, or start a new run with --force"))
+        raise InvalidInputError(
+            format_message(
+                f"Checkpoint '{path}'",
+                f"weights of another model ({'; '.join(problems)})",
+                "the parameters of the model being trained",
+                "resume with the same model source it was trained with, or start a new run with --force",
+            )
+        )
 
 
 def check_run_dir(output: Path, *, force: bool, resume: Path | None) -> list[Path]:
@@ -134,13 +163,21 @@ def check_run_dir(output: Path, *, force: bool, resume: Path | None) -> list[Pat
         InvalidInputError: If ``output`` is a file, or holds checkpoints and neither force nor resume is set.
     """
     if output.exists() and not output.is_dir():
-        raise InvalidInputError(format_message(f"Output folder '{output}'", "an existing file", "a folder",
-                                               "choose another -o/--output"))
+        raise InvalidInputError(
+            format_message(
+                f"Output folder '{output}'", "an existing file", "a folder", "choose another -o/--output"
+            )
+        )
     found = [output / name for name in ARTEFACTS if (output / name).exists()]
     has_ckpt = any(p.name in (BEST, LAST) for p in found)
     if has_ckpt and not force and resume is None:
         names = ", ".join(p.name for p in found)
-        raise InvalidInputError(format_message(
-            f"Output folder '{output}'", f"the artefacts of an earlier run ({names})", "a new or empty folder",
-            f"pass --force to overwrite them, or --resume {output / LAST} to continue that run"))
+        raise InvalidInputError(
+            format_message(
+                f"Output folder '{output}'",
+                f"the artefacts of an earlier run ({names})",
+                "a new or empty folder",
+                f"pass --force to overwrite them, or --resume {output / LAST} to continue that run",
+            )
+        )
     return found if force and resume is None else []

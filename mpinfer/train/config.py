@@ -94,10 +94,13 @@ class AmpConfig:
         if self.resume is not None:
             object.__setattr__(self, "resume", Path(self.resume))
         if self.device not in DEVICES:
-            raise InvalidInputError(format_message("Device", repr(self.device), "one of " + ", ".join(DEVICES)))
+            raise InvalidInputError(
+                format_message("Device", repr(self.device), "one of " + ", ".join(DEVICES))
+            )
         if self.schedule not in SCHEDULES:
-            raise InvalidInputError(format_message("LR schedule", repr(self.schedule),
-                                                   "one of " + ", ".join(SCHEDULES)))
+            raise InvalidInputError(
+                format_message("LR schedule", repr(self.schedule), "one of " + ", ".join(SCHEDULES))
+            )
         for name in ("epochs", "batch_size", "grad_accum", "overflow_every"):
             _positive_int(name, getattr(self, name))
         if self.num_workers < 0:
@@ -111,10 +114,18 @@ class AmpConfig:
         if self.clip_grad_norm is not None:
             _positive_float("clip_grad_norm", self.clip_grad_norm)
         fp16 = self.precision is Precision.FP16
-        if not (math.isfinite(self.min_loss_scale) and 0 <= self.min_loss_scale
-                and (self.min_loss_scale < self.init_scale or not fp16)):
-            raise InvalidInputError(format_message(
-                "Minimum loss scale", self.min_loss_scale, f"a value in [0, init_scale={self.init_scale:g})"))
+        if not (
+            math.isfinite(self.min_loss_scale)
+            and 0 <= self.min_loss_scale
+            and (self.min_loss_scale < self.init_scale or not fp16)
+        ):
+            raise InvalidInputError(
+                format_message(
+                    "Minimum loss scale",
+                    self.min_loss_scale,
+                    f"a value in [0, init_scale={self.init_scale:g})",
+                )
+            )
 
     def to_dict(self) -> dict[str, Any]:
         """The config as primitives (str/int/float/bool/None) for checkpoints and summary.json."""

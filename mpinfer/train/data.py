@@ -23,7 +23,9 @@ DIGITS_SPLIT_SEED = 0
 DIGITS_TEST_SIZE = 400
 # Share of an .npz held out for evaluation when no eval data is given.
 NPZ_HOLDOUT_FRACTION = 0.2
-_DATA_HINT = "pass --data digits, an .npz with input arrays and an integer _labels array, or a Dataset via the API"
+_DATA_HINT = (
+    "pass --data digits, an .npz with input arrays and an integer _labels array, or a Dataset via the API"
+)
 
 
 @dataclass
@@ -69,26 +71,41 @@ def _read_npz(path: Path) -> tuple[dict[str, np.ndarray], np.ndarray]:
         with np.load(path, allow_pickle=False) as z:
             arrays = {k: z[k] for k in z.files}
     except (OSError, ValueError) as err:
-        raise InvalidInputError(format_message(f"Data file '{path}'", f"an unreadable .npz ({err})",
-                                               "an .npz written by numpy.savez")) from err
+        raise InvalidInputError(
+            format_message(
+                f"Data file '{path}'", f"an unreadable .npz ({err})", "an .npz written by numpy.savez"
+            )
+        ) from err
     labels = arrays.pop("_labels", None)
     inputs = {k: v for k, v in arrays.items() if not k.startswith("_")}
     if labels is None or labels.ndim != 1 or labels.dtype.kind not in "iu":
-        got = "no _labels array" if labels is None else f"_labels of shape {labels.shape} and dtype {labels.dtype}"
-        raise InvalidInputError(format_message(f"Data file '{path}'", got, "a 1-D integer _labels array",
-                                               _DATA_HINT))
+        got = (
+            "no _labels array"
+            if labels is None
+            else f"_labels of shape {labels.shape} and dtype {labels.dtype}"
+        )
+        raise InvalidInputError(
+            format_message(f"Data file '{path}'", got, "a 1-D integer _labels array", _DATA_HINT)
+        )
     if not inputs:
-        raise InvalidInputError(format_message(f"Data file '{path}'", "no input arrays",
-                                               "one array per model input", _DATA_HINT))
+        raise InvalidInputError(
+            format_message(f"Data file '{path}'", "no input arrays", "one array per model input", _DATA_HINT)
+        )
     for name, arr in inputs.items():
         if arr.ndim == 0 or arr.shape[0] != labels.shape[0]:
-            raise InvalidInputError(format_message(f"Data file '{path}': input '{name}'",
-                                                   f"shape {arr.shape}", f"{labels.shape[0]} samples on axis 0"))
+            raise InvalidInputError(
+                format_message(
+                    f"Data file '{path}': input '{name}'",
+                    f"shape {arr.shape}",
+                    f"{labels.shape[0]} samples on axis 0",
+                )
+            )
         if arr.dtype.kind == "f":
             inputs[name] = arr.astype(np.float32)
             if not np.all(np.isfinite(inputs[name])):
-                raise InvalidInputError(format_message(f"Data file '{path}': input '{name}'", "NaN/Inf values",
-                                                       "finite values"))
+                raise InvalidInputError(
+                    format_message(f"Data file '{path}': input '{name}'", "NaN/Inf values", "finite values")
+                )
     return inputs, labels
 
 
@@ -122,8 +139,13 @@ def load_train_data(data: Any, eval_data: Any = None) -> TrainData:
         perm = np.random.default_rng(DIGITS_SPLIT_SEED).permutation(len(labels))
         n_eval = int(round(len(labels) * NPZ_HOLDOUT_FRACTION))
         if n_eval == 0 or n_eval == len(labels):
-            raise InvalidInputError(format_message(f"Data file '{data}'", f"{len(labels)} samples",
-                                                   "at least 3 (20% are held out for evaluation)"))
+            raise InvalidInputError(
+                format_message(
+                    f"Data file '{data}'",
+                    f"{len(labels)} samples",
+                    "at least 3 (20% are held out for evaluation)",
+                )
+            )
         tr, te = perm[:-n_eval], perm[-n_eval:]
         train = ArrayDataset({k: v[tr] for k, v in inputs.items()}, labels[tr])
         evl = ArrayDataset({k: v[te] for k, v in inputs.items()}, labels[te])
@@ -143,25 +165,32 @@ def _checked_npz(data: str | Path) -> Path:
     path = Path(data)
     if path.suffix != ".npz" or not path.is_file():
         received = "no such file" if path.suffix == ".npz" else f"an unknown data set {str(data)!r}"
-        raise InvalidInputError(format_message(f"Data '{data}'", received, "'digits' or an existing .npz file",
-                                               _DATA_HINT))
+        raise InvalidInputError(
+            format_message(f"Data '{data}'", received, "'digits' or an existing .npz file", _DATA_HINT)
+        )
     return path
 
 
-def make_loader(dataset: Any, *, batch_size: int, shuffle: bool, seed: int, rank: int, world: int,
-                num_workers: int = 0) -> Any:
+def make_loader(
+    dataset: Any, *, batch_size: int, shuffle: bool, seed: int, rank: int, world: int, num_workers: int = 0
+) -> Any:
     """A DataLoader whose order depends only on ``(seed, epoch)``; call ``loader.sampler.set_epoch``.
 
     Training loaders shard with ``DistributedSampler`` (padding the last shard, as DDP needs equal step
     counts); evaluation loaders take every ``world``-th sample from ``rank`` without padding, so summed
     metrics count each sample once.
     """
-    import torch
     from torch.utils.data import DataLoader, DistributedSampler, Subset
 
     if shuffle:
-        sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=seed)
-        return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=num_workers,
-                          generator=torch.Generator().manual_seed(seed))
+        # No private generator: the loader draws its worker base seed from the global torch RNG, whose
+        # state the checkpoint carries, so worker-side randomness also resumes exactly.
+        sampler: Any = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=seed)
+        return DataLoader(
+            dataset,
+            batch_size=batch_size,
+            sampler=sampler,
+            num_workers=num_workers,
+        )
     shard = dataset if world == 1 else Subset(dataset, range(rank, len(dataset), world))
     return DataLoader(shard, batch_size=batch_size, shuffle=False, num_workers=num_workers)

@@ -61,9 +61,14 @@ def resolve_device(device: str) -> str:
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cuda" and not torch.cuda.is_available():
-        raise BackendUnavailableError(format_message(
-            "Device 'cuda'", "a machine where torch.cuda.is_available() is False", "a CUDA GPU",
-            "use --device cpu (with --precision bf16 or fp32), or install a CUDA build of torch"))
+        raise BackendUnavailableError(
+            format_message(
+                "Device 'cuda'",
+                "a machine where torch.cuda.is_available() is False",
+                "a CUDA GPU",
+                "use --device cpu (with --precision bf16 or fp32), or install a CUDA build of torch",
+            )
+        )
     return device
 
 
@@ -88,9 +93,14 @@ def init_distributed(device: str) -> DistContext:
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
     if device_type == "cuda":
         if local_rank >= torch.cuda.device_count():
-            raise BackendUnavailableError(format_message(
-                f"Local rank {local_rank}", f"{torch.cuda.device_count()} CUDA devices", "one device per process",
-                "lower --nproc_per_node to the number of GPUs"))
+            raise BackendUnavailableError(
+                format_message(
+                    f"Local rank {local_rank}",
+                    f"{torch.cuda.device_count()} CUDA devices",
+                    "one device per process",
+                    "lower --nproc_per_node to the number of GPUs",
+                )
+            )
         torch.cuda.set_device(local_rank)
     backend = "nccl" if device_type == "cuda" else "gloo"
     owns = not dist.is_initialized()

@@ -32,6 +32,7 @@ def write_metrics(path: Path, history: list[dict[str, Any]]) -> Path:
 
 def best_index(history: list[dict[str, Any]]) -> int:
     """Index of the best epoch: highest eval accuracy (ties: lower eval loss), else lowest train loss."""
+
     def key(i: int) -> tuple[float, float]:
         rec = history[i]
         if rec.get("eval_accuracy") is not None:
@@ -53,8 +54,12 @@ def summarize(history: list[dict[str, Any]], *, status: str, extra: dict[str, An
         "train_loss": last["train_loss"],
         "eval_loss": last.get("eval_loss"),
         "eval_accuracy": last.get("eval_accuracy"),
-        "best": {"epoch": best["epoch"], "eval_accuracy": best.get("eval_accuracy"),
-                 "eval_loss": best.get("eval_loss"), "train_loss": best["train_loss"]},
+        "best": {
+            "epoch": best["epoch"],
+            "eval_accuracy": best.get("eval_accuracy"),
+            "eval_loss": best.get("eval_loss"),
+            "train_loss": best["train_loss"],
+        },
         "loss_scale": last["loss_scale"],
         "skipped_steps": sum(r["skipped_steps"] for r in history),
         "samples_per_s": _mean([r["samples_per_s"] for r in history]),

@@ -64,7 +64,9 @@ class OverflowMonitor:
         self._handles = []
         for name, module in model.named_modules():
             if next(module.children(), None) is None:  # leaf modules: where the arithmetic happens
-                self._handles.append(module.register_forward_hook(self._make_hook(name or type(module).__name__)))
+                self._handles.append(
+                    module.register_forward_hook(self._make_hook(name or type(module).__name__))
+                )
 
     def start_sample(self, micro_step: int) -> None:
         """Turn recording on for this micro-batch when it is a sampled one."""
@@ -91,8 +93,10 @@ class OverflowMonitor:
             for t in _float_tensors(output):
                 self._record(name, type(module).__name__, "activation", t, sample)
                 if t.requires_grad:
-                    t.register_hook(lambda g, n=name, m=type(module).__name__: self._record(n, m, "gradient",
-                                                                                            g, sample))
+                    t.register_hook(
+                        lambda g, n=name, m=type(module).__name__: self._record(n, m, "gradient", g, sample)
+                    )
+
         return hook
 
     def _record(self, name: str, mtype: str, kind: str, t: Any, sample: int) -> None:
@@ -104,7 +108,11 @@ class OverflowMonitor:
         st.count += a.numel()
         st.over = st.over + (~(a <= FP16_MAX)).sum()  # counts Inf and NaN too
         st.under = st.under + ((a > 0) & (a < FP16_MIN_SUBNORMAL)).sum()
-        m = torch.where(finite, a, torch.zeros_like(a)).amax() if a.numel() else torch.zeros((), device=a.device)
+        m = (
+            torch.where(finite, a, torch.zeros_like(a)).amax()
+            if a.numel()
+            else torch.zeros((), device=a.device)
+        )
         st.absmax = torch.maximum(torch.as_tensor(st.absmax, device=a.device), m)
         st.steps.add(sample)
 
@@ -113,17 +121,31 @@ class OverflowMonitor:
         out = []
         for (name, kind), st in self._stats.items():
             n = max(st.count, 1)
-            out.append({"module": name, "type": st.type, "kind": kind,
-                        "overflow_frac": float(st.over) / n, "underflow_frac": float(st.under) / n,
-                        "absmax": float(st.absmax), "steps": len(st.steps)})
+            out.append(
+                {
+                    "module": name,
+                    "type": st.type,
+                    "kind": kind,
+                    "overflow_frac": float(st.over) / n,
+                    "underflow_frac": float(st.under) / n,
+                    "absmax": float(st.absmax),
+                    "steps": len(st.steps),
+                }
+            )
         return out
 
     def report(self, precision: str) -> dict[str, Any]:
         """The ``overflow.json`` document."""
         observed = self.entries()
-        flagged = [e for e in observed if e["overflow_frac"] > 0 or (
-            e["underflow_frac"] >= UNDERFLOW_FLAG_FRACTION
-            and (e["kind"] == "activation" or precision == "fp16"))]
+        flagged = [
+            e
+            for e in observed
+            if e["overflow_frac"] > 0
+            or (
+                e["underflow_frac"] >= UNDERFLOW_FLAG_FRACTION
+                and (e["kind"] == "activation" or precision == "fp16")
+            )
+        ]
         flagged.sort(key=lambda e: (-e["overflow_frac"], -e["underflow_frac"], e["module"], e["kind"]))
         return {
             "schema_version": 1,
@@ -131,8 +153,11 @@ class OverflowMonitor:
             "trained_in": precision,
             "sample_every": self.every,
             "sampled_steps": self._sampled,
-            "thresholds": {"overflow_abs": FP16_MAX, "underflow_abs": FP16_MIN_SUBNORMAL,
-                           "underflow_flag_fraction": UNDERFLOW_FLAG_FRACTION},
+            "thresholds": {
+                "overflow_abs": FP16_MAX,
+                "underflow_abs": FP16_MIN_SUBNORMAL,
+                "underflow_flag_fraction": UNDERFLOW_FLAG_FRACTION,
+            },
             "modules": flagged,
             "observed": observed,
         }
@@ -143,8 +168,12 @@ class OverflowMonitor:
         write_json_atomic(path, doc)
         if doc["modules"]:
             names = sorted({e["module"] for e in doc["modules"]})
-            logger.warning("FP16 overflow/underflow in %d module(s): %s (details in %s)", len(names),
-                           ", ".join(names[:8]) + (" ..." if len(names) > 8 else ""), path)
+            logger.warning(
+                "FP16 overflow/underflow in %d module(s): %s (details in %s)",
+                len(names),
+                ", ".join(names[:8]) + (" ..." if len(names) > 8 else ""),
+                path,
+            )
         return path
 
 

@@ -94,8 +94,9 @@ class LossScaler:
             self.skipped += 1
             logger.debug("step %d skipped: Inf/NaN gradients, loss scale %g -> %g", step, before, after)
         if after < self.min_scale:
-            raise LossScaleCollapseError(collapse_message(after, self.min_scale, step, self.skipped,
-                                                          overflow_report))
+            raise LossScaleCollapseError(
+                collapse_message(after, self.min_scale, step, self.skipped, overflow_report)
+            )
         return StepOutcome(applied, after)
 
     def state_dict(self) -> dict[str, Any]:
@@ -107,14 +108,19 @@ class LossScaler:
         if self.enabled and state:
             self._scaler.load_state_dict(state)
         elif self.enabled:
-            logger.warning("The checkpoint has no loss-scaler state (it was not trained in fp16); "
-                           "starting from the initial loss scale.")
+            logger.warning(
+                "The checkpoint has no loss-scaler state (it was not trained in fp16); "
+                "starting from the initial loss scale."
+            )
 
 
 def collapse_message(scale: float, min_scale: float, step: int, skipped: int, report: Path | None) -> str:
     """The error message for a collapsed loss scale: scale, step, and what to do."""
-    where = (f"per-module overflow statistics so far are in {report}" if report is not None
-             else "rerun with --overflow-report to find the modules that overflow")
+    where = (
+        f"per-module overflow statistics so far are in {report}"
+        if report is not None
+        else "rerun with --overflow-report to find the modules that overflow"
+    )
     return format_message(
         f"FP16 loss scale collapsed at optimizer step {step}",
         f"scale {scale:g} after {skipped} skipped steps",

@@ -45,8 +45,19 @@ logger = logging.getLogger(__name__)
 # Micro-batches between progress-bar refreshes (each one reads the loss back from the device).
 PROGRESS_EVERY = 10
 # Config fields whose change on resume breaks the bit-exact continuation.
-EXACTNESS_FIELDS = ("data", "precision", "epochs", "batch_size", "lr", "weight_decay", "schedule",
-                    "warmup_steps", "grad_accum", "clip_grad_norm", "seed")
+EXACTNESS_FIELDS = (
+    "data",
+    "precision",
+    "epochs",
+    "batch_size",
+    "lr",
+    "weight_decay",
+    "schedule",
+    "warmup_steps",
+    "grad_accum",
+    "clip_grad_norm",
+    "seed",
+)
 
 
 class TrainingDivergedError(MpinferError):
@@ -55,6 +66,7 @@ class TrainingDivergedError(MpinferError):
 
 def lr_lambda(schedule: str, warmup: int, total: int) -> Any:
     """LR multiplier per optimizer step: linear warm-up, then cosine decay to 0 (or constant)."""
+
     def fn(step: int) -> float:
         if step < warmup:
             return (step + 1) / (warmup + 1)
@@ -145,11 +157,28 @@ class AmpTrainer:
         ck.seed_everything(cfg.seed)  # factories often seed themselves; reseed for shuffling and dropout
         data = load_train_data(cfg.data, cfg.eval_data)
         self._data_desc = data.description
-        self.train_loader = make_loader(data.train, batch_size=cfg.batch_size, shuffle=True, seed=cfg.seed,
-                                        rank=dist.rank, world=dist.world, num_workers=cfg.num_workers)
-        self.eval_loader = None if data.eval is None else make_loader(
-            data.eval, batch_size=cfg.batch_size, shuffle=False, seed=cfg.seed, rank=dist.rank,
-            world=dist.world, num_workers=cfg.num_workers)
+        self.train_loader = make_loader(
+            data.train,
+            batch_size=cfg.batch_size,
+            shuffle=True,
+            seed=cfg.seed,
+            rank=dist.rank,
+            world=dist.world,
+            num_workers=cfg.num_workers,
+        )
+        self.eval_loader = (
+            None
+            if data.eval is None
+            else make_loader(
+                data.eval,
+                batch_size=cfg.batch_size,
+                shuffle=False,
+                seed=cfg.seed,
+                rank=dist.rank,
+                world=dist.world,
+                num_workers=cfg.num_workers,
+            )
+        )
         steps_per_epoch = math.ceil(len(self.train_loader) / cfg.grad_accum)
         total = steps_per_epoch * cfg.epochs
         warmup = cfg.warmup_steps if cfg.warmup_steps is not None else round(DEFAULT_WARMUP_FRACTION * total)
@@ -157,11 +186,18 @@ class AmpTrainer:
         self._lr_fn = lr_lambda(cfg.schedule, warmup, total)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_fn)
         low = cfg.precision.is_low
-        self.scaler = LossScaler(dist.device_type, enabled=cfg.precision is Precision.FP16,
-                                 init_scale=cfg.init_scale, min_scale=cfg.min_loss_scale)
+        self.scaler = LossScaler(
+            dist.device_type,
+            enabled=cfg.precision is Precision.FP16,
+            init_scale=cfg.init_scale,
+            min_scale=cfg.min_loss_scale,
+        )
         dtype = torch.float16 if cfg.precision is Precision.FP16 else torch.bfloat16
-        self.autocast = (partial(torch.autocast, device_type=dist.device_type, dtype=dtype) if low
-                         else contextlib.nullcontext)
+        self.autocast = (
+            partial(torch.autocast, device_type=dist.device_type, dtype=dtype)
+            if low
+            else contextlib.nullcontext
+        )
         if ckpt is not None:
             self._restore(ckpt, model)
         self.model = model
@@ -184,11 +220,17 @@ class AmpTrainer:
             logger.warning(
                 "fp16 on CPU: autocast runs few ops in FP16 there and is usually slower than FP32 (most CPUs "
                 "have no FP16 arithmetic units); the GradScaler runs on CPU. Useful to test the FP16 path "
-                "and collect overflow diagnostics; for speed on CPU use --precision bf16.")
+                "and collect overflow diagnostics; for speed on CPU use --precision bf16."
+            )
         if cfg.precision is Precision.BF16 and dev == "cuda" and not torch.cuda.is_bf16_supported():
-            raise BackendUnavailableError(format_message(
-                "Precision bf16", f"a GPU without BF16 support ({torch.cuda.get_device_name()})",
-                "compute capability 8.0 or newer", "use --precision fp16 on this GPU"))
+            raise BackendUnavailableError(
+                format_message(
+                    "Precision bf16",
+                    f"a GPU without BF16 support ({torch.cuda.get_device_name()})",
+                    "compute capability 8.0 or newer",
+                    "use --precision fp16 on this GPU",
+                )
+            )
 
     def _restore(self, ckpt: dict[str, Any], model: Any) -> None:
         cfg = self.config
@@ -198,7 +240,7 @@ class AmpTrainer:
         self.optimizer.load_state_dict(ckpt["optimizer"])
         self.scheduler.load_state_dict(ckpt["scheduler"])
         # The LR of the next step under this run's schedule (identical to the saved one when nothing changed).
-        for group, base in zip(self.optimizer.param_groups, self.scheduler.base_lrs):
+        for group, base in zip(self.optimizer.param_groups, self.scheduler.base_lrs, strict=True):
             group["lr"] = base * self._lr_fn(self.scheduler.last_epoch)
         self.scaler.load_state_dict(ckpt["amp_scaler"])
         self.history = [dict(r) for r in ckpt["metrics"]]
@@ -207,15 +249,23 @@ class AmpTrainer:
         self.micro_step = int(ckpt.get("micro_step", 0))
         self._resume_rng = ckpt["rng"]
         if self.start_epoch >= cfg.epochs:
-            raise InvalidInputError(format_message(
-                f"Checkpoint '{cfg.resume}'", f"a run that finished {self.start_epoch} epochs",
-                f"fewer than --epochs {cfg.epochs}", "pass a larger --epochs to train further"))
+            raise InvalidInputError(
+                format_message(
+                    f"Checkpoint '{cfg.resume}'",
+                    f"a run that finished {self.start_epoch} epochs",
+                    f"fewer than --epochs {cfg.epochs}",
+                    "pass a larger --epochs to train further",
+                )
+            )
         now, then = cfg.to_dict(), dict(ckpt["config"])
         changed = [f"{k}: {then.get(k)!r} -> {now[k]!r}" for k in EXACTNESS_FIELDS if then.get(k) != now[k]]
         if changed:
-            logger.warning("Resuming with changed settings (%s): the run will not match an uninterrupted one; "
-                           "the schedule continues from step %d with the checkpoint's peak LR.", "; ".join(changed),
-                           self.global_step)
+            logger.warning(
+                "Resuming with changed settings (%s): the run will not match an uninterrupted one; "
+                "the schedule continues from step %d with the checkpoint's peak LR.",
+                "; ".join(changed),
+                self.global_step,
+            )
         logger.info("resuming from %s after epoch %d", cfg.resume, self.start_epoch)
 
     # ------------------------------------------------------------------------------------------- loop
@@ -248,20 +298,34 @@ class AmpTrainer:
         done = self.history[-1]["epoch"] if self.history else 0
         if self.monitor is not None and overflow_path is not None:
             self.monitor.write(overflow_path, cfg.precision.value)
-        summary = summarize(self.history, status="completed" if done >= cfg.epochs else "partial", extra={
-            "precision": cfg.precision.value, "device": dist.device, "world_size": dist.world,
-            "model": cfg.to_dict()["model"], "data": self._data_desc, "batch_size": cfg.batch_size,
-            "grad_accum": cfg.grad_accum, "time_s": time.perf_counter() - t_start,
-            "checkpoints": {"best": str(out / ck.BEST), "last": str(out / ck.LAST)},
-            "overflow": str(overflow_path) if overflow_path is not None else None,
-        })
+        summary = summarize(
+            self.history,
+            status="completed" if done >= cfg.epochs else "partial",
+            extra={
+                "precision": cfg.precision.value,
+                "device": dist.device,
+                "world_size": dist.world,
+                "model": cfg.to_dict()["model"],
+                "data": self._data_desc,
+                "batch_size": cfg.batch_size,
+                "grad_accum": cfg.grad_accum,
+                "time_s": time.perf_counter() - t_start,
+                "checkpoints": {"best": str(out / ck.BEST), "last": str(out / ck.LAST)},
+                "overflow": str(overflow_path) if overflow_path is not None else None,
+            },
+        )
         if dist.is_main:
             from mpinfer.fileio import write_json_atomic
 
             write_json_atomic(out / ck.SUMMARY, summary)
         barrier(dist)
-        return TrainResult(best=out / ck.BEST, last=out / ck.LAST, metrics=out / ck.METRICS, summary=summary,
-                           overflow=overflow_path)
+        return TrainResult(
+            best=out / ck.BEST,
+            last=out / ck.LAST,
+            metrics=out / ck.METRICS,
+            summary=summary,
+            overflow=overflow_path,
+        )
 
     def _progress(self) -> Any:
         if self.config.quiet or not self.dist.is_main:
@@ -269,8 +333,14 @@ class AmpTrainer:
         from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-        return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                        TextColumn("{task.fields[info]}"), console=Console(stderr=True))
+        return Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("{task.fields[info]}"),
+            console=Console(stderr=True),
+        )
 
     def _train_epoch(self, epoch: int, progress: Any, overflow_path: Path | None) -> dict[str, Any]:
         import torch
@@ -306,8 +376,12 @@ class AmpTrainer:
             if (i + 1) % PROGRESS_EVERY == 0 or i + 1 == nb:
                 self._check_finite(bad)
                 if task is not None:
-                    progress.update(task, completed=i + 1, info=f"loss {float(loss_sum) / max(seen, 1):.4f}"
-                                    f"  scale {self.scaler.scale:g}  skipped {self.scaler.skipped}")
+                    progress.update(
+                        task,
+                        completed=i + 1,
+                        info=f"loss {float(loss_sum) / max(seen, 1):.4f}"
+                        f"  scale {self.scaler.scale:g}  skipped {self.scaler.skipped}",
+                    )
         if self.monitor is not None:
             self.monitor.stop()
         if dist.device_type == "cuda":
@@ -316,11 +390,18 @@ class AmpTrainer:
         broadcast_buffers(self.model, dist)
         total_loss, total_seen = all_reduce_sums([float(loss_sum), float(seen)], dist)
         mem, kind = peak_memory(dist.device)
-        return {"epoch": epoch + 1, "step": self.global_step, "lr": float(self.optimizer.param_groups[0]["lr"]),
-                "train_loss": total_loss / max(total_seen, 1.0), "loss_scale": self.scaler.scale,
-                "skipped_steps": self.scaler.skipped - skipped_before,
-                "samples_per_s": total_seen / max(elapsed, 1e-9), "epoch_time_s": elapsed,
-                "peak_memory_bytes": mem, "peak_memory_kind": kind}
+        return {
+            "epoch": epoch + 1,
+            "step": self.global_step,
+            "lr": float(self.optimizer.param_groups[0]["lr"]),
+            "train_loss": total_loss / max(total_seen, 1.0),
+            "loss_scale": self.scaler.scale,
+            "skipped_steps": self.scaler.skipped - skipped_before,
+            "samples_per_s": total_seen / max(elapsed, 1e-9),
+            "epoch_time_s": elapsed,
+            "peak_memory_bytes": mem,
+            "peak_memory_kind": kind,
+        }
 
     def _optimizer_step(self, overflow_path: Path | None) -> None:
         import torch
@@ -338,10 +419,14 @@ class AmpTrainer:
     def _check_finite(self, bad: Any) -> None:
         if self.scaler.enabled or int(bad) == 0:
             return  # under FP16 the scaler skips such steps and lowers the scale
-        raise TrainingDivergedError(format_message(
-            f"Training loss became NaN/Inf by optimizer step {self.global_step}",
-            f"{int(bad)} non-finite micro-batch losses", "finite losses",
-            "lower --lr, add --clip-grad-norm 1.0, or check the data for extreme values"))
+        raise TrainingDivergedError(
+            format_message(
+                f"Training loss became NaN/Inf by optimizer step {self.global_step}",
+                f"{int(bad)} non-finite micro-batch losses",
+                "finite losses",
+                "lower --lr, add --clip-grad-norm 1.0, or check the data for extreme values",
+            )
+        )
 
     def _evaluate(self) -> dict[str, Any]:
         import torch
@@ -361,7 +446,9 @@ class AmpTrainer:
                 correct += (logits.argmax(dim=-1) == labels).sum()
                 n += int(labels.shape[0])
         model.train()
-        total_loss, total_correct, total = all_reduce_sums([float(loss_sum), float(correct), float(n)], self.dist)
+        total_loss, total_correct, total = all_reduce_sums(
+            [float(loss_sum), float(correct), float(n)], self.dist
+        )
         return {"eval_loss": total_loss / max(total, 1.0), "eval_accuracy": total_correct / max(total, 1.0)}
 
     def _save(self, epoch: int) -> None:
@@ -369,10 +456,16 @@ class AmpTrainer:
 
         out = self.config.output
         payload = {
-            "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-            LossScaler.state_dict_key: self.scaler.state_dict(), "scheduler": self.scheduler.state_dict(),
-            "epoch": epoch + 1, "global_step": self.global_step, "micro_step": self.micro_step,
-            "rng": ck.capture_rng(), "config": self.config.to_dict(), "metrics": self.history,
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            LossScaler.state_dict_key: self.scaler.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "epoch": epoch + 1,
+            "global_step": self.global_step,
+            "micro_step": self.micro_step,
+            "rng": ck.capture_rng(),
+            "config": self.config.to_dict(),
+            "metrics": self.history,
             "mpinfer_version": __version__,
         }
         ck.save_checkpoint(out / ck.LAST, payload)

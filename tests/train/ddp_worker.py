@@ -20,8 +20,17 @@ def main(out: Path) -> None:
     xtr, ytr, xte, yte = digits_arrays()
     train = TensorDataset(torch.from_numpy(xtr[:320]), torch.from_numpy(ytr[:320]))
     evl = TensorDataset(torch.from_numpy(xte[:101]), torch.from_numpy(yte[:101]))
-    cfg = AmpConfig(lambda: digits_cnn.build(width=8), out / "run", data=train, eval_data=evl, precision="bf16",
-                    device="cpu", epochs=2, batch_size=32, quiet=True)
+    cfg = AmpConfig(
+        lambda: digits_cnn.build(width=8),
+        out / "run",
+        data=train,
+        eval_data=evl,
+        precision="bf16",
+        device="cpu",
+        epochs=2,
+        batch_size=32,
+        quiet=True,
+    )
     trainer = AmpTrainer(cfg)
     result = trainer.fit()
     rank = int(os.environ["RANK"])

@@ -1,4 +1,4 @@
-"""`mpinfer train` through click: the happy path and each user mistake (exit 1, one Error: line, no traceback)."""
+"""`mpinfer train` through click: the happy path, and each user mistake (exit 1, one Error: line)."""
 
 from __future__ import annotations
 
@@ -13,16 +13,34 @@ from tests.conftest import assert_user_error
 @pytest.fixture
 def trained_run(invoke, tmp_path):
     out = tmp_path / "runs" / "digits"
-    result = invoke("train", "models/digits_cnn.py:build", "--data", "digits", "--precision", "fp32",
-                    "--epochs", "1", "--batch-size", "32", "--overflow-report", "-o", out)
+    result = invoke(
+        "train",
+        "models/digits_cnn.py:build",
+        "--data",
+        "digits",
+        "--precision",
+        "fp32",
+        "--epochs",
+        "1",
+        "--batch-size",
+        "32",
+        "--overflow-report",
+        "-o",
+        out,
+    )
     assert result.exit_code == 0, result.output
     return out, result
 
 
 def test_train_cli_writes_run_and_summary_line(trained_run):
     out, result = trained_run
-    assert sorted(p.name for p in out.iterdir()) == ["best.pt", "last.pt", "metrics.jsonl", "overflow.json",
-                                                    "summary.json"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "best.pt",
+        "last.pt",
+        "metrics.jsonl",
+        "overflow.json",
+        "summary.json",
+    ]
     lines = [line for line in result.output.splitlines() if line.startswith("Trained")]
     assert len(lines) == 1 and "accuracy" in lines[0] and "samples/s" in lines[0], result.output
     assert "Overflow report:" in result.output
@@ -32,8 +50,21 @@ def test_train_cli_writes_run_and_summary_line(trained_run):
 
 def test_resume_continues_and_force_overwrites(invoke, trained_run):
     out, _ = trained_run
-    result = invoke("train", "models/digits_cnn.py:build", "--precision", "fp32", "--epochs", "2",
-                    "--batch-size", "32", "--quiet", "--resume", out / "last.pt", "-o", out)
+    result = invoke(
+        "train",
+        "models/digits_cnn.py:build",
+        "--precision",
+        "fp32",
+        "--epochs",
+        "2",
+        "--batch-size",
+        "32",
+        "--quiet",
+        "--resume",
+        out / "last.pt",
+        "-o",
+        out,
+    )
     assert result.exit_code == 0, result.output
     assert [json.loads(x)["epoch"] for x in (out / "metrics.jsonl").read_text().splitlines()] == [1, 2]
     result = invoke("train", "models/digits_cnn.py:build", "--epochs", "1", "--quiet", "--force", "-o", out)
@@ -70,7 +101,9 @@ def test_existing_run_without_force_or_resume(invoke, trained_run):
 
 def test_resume_from_another_models_checkpoint(invoke, trained_run, tmp_path):
     out, _ = trained_run
-    result = invoke("train", "models/resnet_small.py:build", "--resume", out / "last.pt", "-o", tmp_path / "new")
+    result = invoke(
+        "train", "models/resnet_small.py:build", "--resume", out / "last.pt", "-o", tmp_path / "new"
+    )
     assert_user_error(result, r"weights of another model \(missing stem.0.weight")
     assert not (tmp_path / "new").exists()
 
@@ -84,8 +117,18 @@ def test_resume_from_a_non_checkpoint(invoke, tmp_path):
 
 def test_resume_of_a_finished_run(invoke, trained_run):
     out, _ = trained_run
-    result = invoke("train", "models/digits_cnn.py:build", "--precision", "fp32", "--epochs", "1",
-                    "--resume", out / "last.pt", "-o", out)
+    result = invoke(
+        "train",
+        "models/digits_cnn.py:build",
+        "--precision",
+        "fp32",
+        "--epochs",
+        "1",
+        "--resume",
+        out / "last.pt",
+        "-o",
+        out,
+    )
     assert_user_error(result, r"finished 1 epochs.*larger --epochs")
 
 

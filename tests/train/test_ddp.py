@@ -32,8 +32,12 @@ def test_two_gloo_ranks_end_with_identical_weights(tmp_path):
     assert all(s["world_size"] == 2 for s in summaries)
     # sharded evaluation summed over ranks: both see the same accuracy over all 101 samples
     assert summaries[0]["eval_accuracy"] == summaries[1]["eval_accuracy"]
-    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["best.pt", "last.pt", "metrics.jsonl",
-                                                                   "summary.json"]
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [
+        "best.pt",
+        "last.pt",
+        "metrics.jsonl",
+        "summary.json",
+    ]
 
 
 def test_torchrun_cli(tmp_path):
@@ -43,8 +47,19 @@ def test_torchrun_cli(tmp_path):
 
     xtr, ytr, _, _ = digits_arrays()
     np.savez(tmp_path / "d.npz", x=xtr[:300], _labels=ytr[:300])
-    proc = _torchrun("-m", "mpinfer", "train", "models/digits_cnn.py:build", "--data", str(tmp_path / "d.npz"),
-                     "--epochs", "1", "--quiet", "-o", str(tmp_path / "run"))
+    proc = _torchrun(
+        "-m",
+        "mpinfer",
+        "train",
+        "models/digits_cnn.py:build",
+        "--data",
+        str(tmp_path / "d.npz"),
+        "--epochs",
+        "1",
+        "--quiet",
+        "-o",
+        str(tmp_path / "run"),
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = [line for line in proc.stdout.splitlines() if line.startswith("Trained")]
     assert len(lines) == 1 and "2 processes" in lines[0], proc.stdout

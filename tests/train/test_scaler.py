@@ -8,8 +8,7 @@ from torch import nn
 
 from mpinfer.train import AmpConfig, AmpTrainer, LossScaleCollapseError
 from mpinfer.train.scaling import LossScaler
-
-from .conftest import amplified_mlp, tiny_cnn
+from tests.train.helpers import amplified_mlp, tiny_cnn
 
 
 def _linear_and_grads(scaler: LossScaler):
@@ -64,35 +63,59 @@ def test_disabled_scaler_is_a_plain_step():
 
 def test_trainer_fp16_collapse_on_overflowing_model_writes_overflow_report(tmp_path, digits_small, caplog):
     train, evl = digits_small
-    cfg = AmpConfig(amplified_mlp, tmp_path / "run", data=train, eval_data=evl, precision="fp16",
-                    device="cpu", epochs=1, batch_size=32, init_scale=8.0, min_loss_scale=1.0,
-                    overflow_report=True, overflow_every=1, quiet=True)
+    cfg = AmpConfig(
+        amplified_mlp,
+        tmp_path / "run",
+        data=train,
+        eval_data=evl,
+        precision="fp16",
+        device="cpu",
+        epochs=1,
+        batch_size=32,
+        init_scale=8.0,
+        min_loss_scale=1.0,
+        overflow_report=True,
+        overflow_every=1,
+        quiet=True,
+    )
     with pytest.raises(LossScaleCollapseError, match=r"optimizer step 3: received scale 0.5 after 4 skipped"):
         AmpTrainer(cfg).fit()
     assert "fp16 on CPU" in caplog.text
     import json
 
     report = json.loads((tmp_path / "run" / "overflow.json").read_text())
-    assert any(e["module"] == "3" and e["kind"] == "activation" and e["overflow_frac"] > 0
-               for e in report["modules"])
+    assert any(
+        e["module"] == "3" and e["kind"] == "activation" and e["overflow_frac"] > 0 for e in report["modules"]
+    )
     assert not (tmp_path / "run" / "last.pt").exists()
 
 
 def test_fp16_clipping_sees_unscaled_gradients(tmp_path, digits_small, monkeypatch):
-    """The trainer unscales before clipping: the norm clip_grad_norm_ sees matches the FP32 run's, not x1024."""
+    """Unscale before clipping: clip_grad_norm_ sees the FP32 run's gradient norm, not 1024 times it."""
     train, evl = digits_small
     real_clip = torch.nn.utils.clip_grad_norm_
     norms: dict[str, list[float]] = {"fp16": [], "fp32": []}
     for precision in norms:
+
         def spy(params, max_norm, *args, _seen=norms[precision], **kwargs):
             total = real_clip(params, max_norm, *args, **kwargs)
             _seen.append(float(total))
             return total
 
         monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", spy)
-        cfg = AmpConfig(tiny_cnn, tmp_path / precision, data=train, eval_data=evl, precision=precision,
-                        device="cpu", epochs=1, batch_size=64, clip_grad_norm=0.5, init_scale=2.0**10,
-                        quiet=True)
+        cfg = AmpConfig(
+            tiny_cnn,
+            tmp_path / precision,
+            data=train,
+            eval_data=evl,
+            precision=precision,
+            device="cpu",
+            epochs=1,
+            batch_size=64,
+            clip_grad_norm=0.5,
+            init_scale=2.0**10,
+            quiet=True,
+        )
         assert AmpTrainer(cfg).fit().summary["skipped_steps"] == 0
     assert len(norms["fp16"]) == len(norms["fp32"]) == 4
     assert norms["fp16"][0] == pytest.approx(norms["fp32"][0], rel=0.05)
@@ -100,8 +123,9 @@ def test_fp16_clipping_sees_unscaled_gradients(tmp_path, digits_small, monkeypat
 
 @pytest.mark.gpu
 def test_fp16_cuda_training_reaches_accuracy(tmp_path):
-    cfg = AmpConfig("models/digits_cnn.py:build", tmp_path / "run", precision="fp16", device="cuda",
-                    epochs=3, quiet=True)
+    cfg = AmpConfig(
+        "models/digits_cnn.py:build", tmp_path / "run", precision="fp16", device="cuda", epochs=3, quiet=True
+    )
     result = AmpTrainer(cfg).fit()
     assert result.summary["eval_accuracy"] >= 0.9
     assert result.summary["peak_memory_kind"] == "cuda_max_memory_allocated"
@@ -112,7 +136,17 @@ def test_fp16_cuda_training_reaches_accuracy(tmp_path):
 @pytest.mark.gpu
 def test_fp16_cuda_collapse_on_overflowing_model(tmp_path, digits_small):
     train, evl = digits_small
-    cfg = AmpConfig(amplified_mlp, tmp_path / "run", data=train, eval_data=evl, precision="fp16",
-                    device="cuda", epochs=1, batch_size=32, init_scale=8.0, quiet=True)
+    cfg = AmpConfig(
+        amplified_mlp,
+        tmp_path / "run",
+        data=train,
+        eval_data=evl,
+        precision="fp16",
+        device="cuda",
+        epochs=1,
+        batch_size=32,
+        init_scale=8.0,
+        quiet=True,
+    )
     with pytest.raises(LossScaleCollapseError, match="scale 0.5"):
         AmpTrainer(cfg).fit()

@@ -10,8 +10,7 @@ import pytest
 import torch
 
 from mpinfer.train import AmpConfig, AmpTrainer, train_model
-
-from .conftest import amplified_mlp, dropout_cnn
+from tests.train.helpers import amplified_mlp, dropout_cnn
 
 # models/digits_cnn.py reaches ~0.98 on the 400 held-out digits after 3 epochs in fp32 and bf16 on CPU;
 # 0.9 leaves room for thread-count and platform differences.
@@ -20,8 +19,17 @@ DIGITS_ACCURACY = 0.9
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_digits_cnn_reaches_accuracy(tmp_path, precision):
-    result = train_model(AmpConfig("models/digits_cnn.py:build", tmp_path / "run", data="digits",
-                                   precision=precision, device="cpu", epochs=3, quiet=True))
+    result = train_model(
+        AmpConfig(
+            "models/digits_cnn.py:build",
+            tmp_path / "run",
+            data="digits",
+            precision=precision,
+            device="cpu",
+            epochs=3,
+            quiet=True,
+        )
+    )
     s = result.summary
     assert s["eval_accuracy"] >= DIGITS_ACCURACY, s
     assert s["status"] == "completed" and s["epochs_done"] == 3 and s["skipped_steps"] == 0
@@ -48,8 +56,20 @@ def test_resume_matches_uninterrupted_run_bit_exactly(tmp_path, digits_small, pr
     train, evl = digits_small
 
     def cfg(out, **kw):
-        return AmpConfig(dropout_cnn, tmp_path / out, data=train, eval_data=evl, precision=precision,
-                         device="cpu", epochs=3, batch_size=48, grad_accum=2, clip_grad_norm=1.0, quiet=True, **kw)
+        return AmpConfig(
+            dropout_cnn,
+            tmp_path / out,
+            data=train,
+            eval_data=evl,
+            precision=precision,
+            device="cpu",
+            epochs=3,
+            batch_size=48,
+            grad_accum=2,
+            clip_grad_norm=1.0,
+            quiet=True,
+            **kw,
+        )
 
     AmpTrainer(cfg("full")).fit()
     partial = AmpTrainer(cfg("split")).fit(stop_after_epoch=1)
@@ -64,10 +84,14 @@ def test_resume_matches_uninterrupted_run_bit_exactly(tmp_path, digits_small, pr
         for name, t in st.items():
             assert torch.equal(t, split["optimizer"]["state"][sid][name]), (sid, name)
     assert full["amp_scaler"] == split["amp_scaler"] and full["scheduler"] == split["scheduler"]
-    drop_times = [{k: v for k, v in r.items() if k not in ("samples_per_s", "epoch_time_s", "peak_memory_bytes")}
-                  for r in full["metrics"]]
-    assert drop_times == [{k: v for k, v in r.items() if k not in ("samples_per_s", "epoch_time_s",
-                                                                   "peak_memory_bytes")} for r in split["metrics"]]
+    drop_times = [
+        {k: v for k, v in r.items() if k not in ("samples_per_s", "epoch_time_s", "peak_memory_bytes")}
+        for r in full["metrics"]
+    ]
+    assert drop_times == [
+        {k: v for k, v in r.items() if k not in ("samples_per_s", "epoch_time_s", "peak_memory_bytes")}
+        for r in split["metrics"]
+    ]
     lines = (tmp_path / "split" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(x)["epoch"] for x in lines] == [1, 2, 3]
 
@@ -77,9 +101,20 @@ def test_resume_without_restored_rng_would_differ(tmp_path, digits_small):
     train, evl = digits_small
     weights = []
     for seed in (0, 1):
-        trainer = AmpTrainer(AmpConfig(dropout_cnn, tmp_path / str(seed), data=train, eval_data=evl,
-                                       precision="fp32", device="cpu", epochs=1, batch_size=64, seed=seed,
-                                       quiet=True))
+        trainer = AmpTrainer(
+            AmpConfig(
+                dropout_cnn,
+                tmp_path / str(seed),
+                data=train,
+                eval_data=evl,
+                precision="fp32",
+                device="cpu",
+                epochs=1,
+                batch_size=64,
+                seed=seed,
+                quiet=True,
+            )
+        )
         trainer.fit()
         weights.append(trainer.model.state_dict()["5.weight"])
     assert not torch.equal(*weights)
@@ -87,9 +122,21 @@ def test_resume_without_restored_rng_would_differ(tmp_path, digits_small):
 
 def test_overflow_report_names_the_overflowing_module(tmp_path, digits_small):
     train, evl = digits_small
-    result = train_model(AmpConfig(amplified_mlp, tmp_path / "run", data=train, eval_data=evl,
-                                   precision="fp32", device="cpu", epochs=1, batch_size=32,
-                                   overflow_report=True, overflow_every=2, quiet=True))
+    result = train_model(
+        AmpConfig(
+            amplified_mlp,
+            tmp_path / "run",
+            data=train,
+            eval_data=evl,
+            precision="fp32",
+            device="cpu",
+            epochs=1,
+            batch_size=32,
+            overflow_report=True,
+            overflow_every=2,
+            quiet=True,
+        )
+    )
     assert result.overflow == tmp_path / "run" / "overflow.json"
     report = json.loads(result.overflow.read_text())
     assert report["schema_version"] == 1 and report["precision"] == "fp16" and report["sampled_steps"] == 4
@@ -99,14 +146,22 @@ def test_overflow_report_names_the_overflowing_module(tmp_path, digits_small):
     assert ("5", "activation") not in flagged and ("1", "activation") not in flagged
     observed = {(e["module"], e["kind"]) for e in report["observed"]}
     assert ("5", "gradient") in observed and ("1", "activation") in observed
-    assert set(report["modules"][0]) == {"module", "type", "kind", "overflow_frac", "underflow_frac", "absmax",
-                                         "steps"}
+    assert set(report["modules"][0]) == {
+        "module",
+        "type",
+        "kind",
+        "overflow_frac",
+        "underflow_frac",
+        "absmax",
+        "steps",
+    }
 
 
 def test_trainer_restores_global_rng(tmp_path, digits_small):
     train, evl = digits_small
     torch.manual_seed(42)
     before = torch.get_rng_state()
-    AmpTrainer(AmpConfig(dropout_cnn, tmp_path / "r", data=train, eval_data=evl, device="cpu", epochs=1,
-                         quiet=True)).fit()
+    AmpTrainer(
+        AmpConfig(dropout_cnn, tmp_path / "r", data=train, eval_data=evl, device="cpu", epochs=1, quiet=True)
+    ).fit()
     assert torch.equal(before, torch.get_rng_state())
