@@ -78,6 +78,16 @@ def lr_lambda(schedule: str, warmup: int, total: int) -> Any:
     return fn
 
 
+def autocast_for(precision: Precision, device_type: str) -> Any:
+    """``partial(torch.autocast, device_type=..., dtype=...)`` for FP16/BF16, ``nullcontext`` for FP32."""
+    import torch
+
+    if not precision.is_low:
+        return contextlib.nullcontext
+    dtype = torch.float16 if precision is Precision.FP16 else torch.bfloat16
+    return partial(torch.autocast, device_type=device_type, dtype=dtype)
+
+
 def _forward(model: Any, inputs: Any) -> Any:
     if isinstance(inputs, dict):
         out = model(**inputs)
@@ -185,19 +195,13 @@ class AmpTrainer:
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
         self._lr_fn = lr_lambda(cfg.schedule, warmup, total)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_fn)
-        low = cfg.precision.is_low
         self.scaler = LossScaler(
             dist.device_type,
             enabled=cfg.precision is Precision.FP16,
             init_scale=cfg.init_scale,
             min_scale=cfg.min_loss_scale,
         )
-        dtype = torch.float16 if cfg.precision is Precision.FP16 else torch.bfloat16
-        self.autocast = (
-            partial(torch.autocast, device_type=dist.device_type, dtype=dtype)
-            if low
-            else contextlib.nullcontext
-        )
+        self.autocast = autocast_for(cfg.precision, dist.device_type)
         if ckpt is not None:
             self._restore(ckpt, model)
         self.model = model
