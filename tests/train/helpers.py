@@ -46,3 +46,12 @@ def dropout_cnn():
         nn.Flatten(),
         nn.Linear(8 * 64, 10),
     )
+
+
+def plain_mlp():
+    """No BatchNorm and no dropout: micro-batching cannot change the maths, only the rounding."""
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Flatten(), nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))

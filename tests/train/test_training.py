@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from mpinfer.train import AmpConfig, AmpTrainer, train_model
-from tests.train.helpers import amplified_mlp, dropout_cnn
+from tests.train.helpers import amplified_mlp, dropout_cnn, plain_mlp
 
 # models/digits_cnn.py reaches ~0.98 on the 400 held-out digits after 3 epochs in fp32 and bf16 on CPU;
 # 0.9 leaves room for thread-count and platform differences.
@@ -165,3 +165,18 @@ def test_trainer_restores_global_rng(tmp_path, digits_small):
         AmpConfig(dropout_cnn, tmp_path / "r", data=train, eval_data=evl, device="cpu", epochs=1, quiet=True)
     ).fit()
     assert torch.equal(before, torch.get_rng_state())
+
+
+def test_grad_accumulation_equals_the_large_batch(tmp_path, digits_small):
+    train, evl = digits_small
+    weights = []
+    for batch, accum in ((64, 1), (32, 2), (16, 4)):
+        trainer = AmpTrainer(AmpConfig(plain_mlp, tmp_path / f"b{batch}", data=train, eval_data=evl,
+                                       precision="fp32", device="cpu", epochs=2, batch_size=batch,
+                                       grad_accum=accum, quiet=True))
+        s = trainer.fit().summary
+        assert s["optimizer_steps"] == 8
+        weights.append(trainer.model.state_dict())
+    for other in weights[1:]:
+        for key, value in weights[0].items():
+            torch.testing.assert_close(other[key], value, atol=1e-5, rtol=1e-4)
