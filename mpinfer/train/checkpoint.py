@@ -8,6 +8,7 @@ A checkpoint holds only tensors and primitive containers, so ``torch.load(weight
 from __future__ import annotations
 
 import contextlib
+import logging
 import random
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +18,8 @@ import numpy as np
 
 from mpinfer.errors import InvalidInputError, format_message
 from mpinfer.fileio import atomic_path
+
+logger = logging.getLogger(__name__)
 
 BEST = "best.pt"
 LAST = "last.pt"
@@ -94,6 +97,22 @@ def save_checkpoint(path: Path, payload: dict[str, Any]) -> Path:
     with atomic_path(path) as tmp:
         torch.save(payload, tmp)
     return path
+
+
+def carry_best(resume: Path | None, dest: Path, fallback: dict[str, Any]) -> Path:
+    """Give a resumed run in a new folder its ``best.pt``: the resumed run's own, else the current state.
+
+    The best epoch may predate the resume; its weights then exist only next to the checkpoint resumed from.
+    """
+    import shutil
+
+    src = resume.parent / BEST if resume is not None else None
+    if src is not None and src.is_file():
+        with atomic_path(dest) as tmp:
+            shutil.copyfile(src, tmp)
+        return dest
+    logger.warning("No best.pt next to %s; %s holds the latest epoch instead of the best one.", resume, dest)
+    return save_checkpoint(dest, fallback)
 
 
 def load_checkpoint(path: Path) -> dict[str, Any]:

@@ -475,6 +475,8 @@ class AmpTrainer:
         ck.save_checkpoint(out / ck.LAST, payload)
         if best_index(self.history) == len(self.history) - 1:
             ck.save_checkpoint(out / ck.BEST, payload)
+        elif not (out / ck.BEST).exists():
+            ck.carry_best(self.config.resume, out / ck.BEST, payload)
         write_metrics(out / ck.METRICS, self.history)
 
 

@@ -89,3 +89,18 @@ def test_lr_schedule_warmup_then_cosine_to_zero():
     assert values[4] == pytest.approx(1.0) and values[20] == pytest.approx(0.0, abs=1e-12)
     assert all(a >= b for a, b in zip(values[4:], values[5:], strict=False))
     assert lr_lambda("constant", 0, 10)(7) == 1.0
+
+
+def test_carry_best_copies_the_resumed_runs_best(tmp_path, caplog):
+    import torch
+
+    from mpinfer.train.checkpoint import carry_best
+
+    old = tmp_path / "old"
+    old.mkdir()
+    torch.save({"epoch": 1}, old / "best.pt")
+    dest = carry_best(old / "last.pt", tmp_path / "new" / "best.pt", {"epoch": 3})
+    assert dest.read_bytes() == (old / "best.pt").read_bytes()
+    (old / "best.pt").unlink()
+    dest = carry_best(old / "last.pt", tmp_path / "new2" / "best.pt", {"epoch": 3})
+    assert torch.load(dest, weights_only=True) == {"epoch": 3} and "instead of the best" in caplog.text
