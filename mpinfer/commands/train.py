@@ -119,7 +119,8 @@ def train(
         f"loss scale {s['loss_scale']:g}, {s['skipped_steps']} skipped steps, " if precision == "fp16" else ""
     )
     click.echo(
-        f"Trained {model} for {s['epochs_done']} epochs ({precision}, {s['device']}, "
+        f"Trained {model} for {s['epochs_done']} epoch{'s' if s['epochs_done'] != 1 else ''} "
+        f"({precision}, {s['device']}, "
         f"{s['world_size']} process{'es' if s['world_size'] > 1 else ''}): {acc}train loss "
         f"{s['train_loss']:.4f}, {scale}{s['samples_per_s']:.0f} samples/s, peak memory "
         f"{s['peak_memory_bytes'] / 2**20:.0f} MiB -> {result.best}"

@@ -284,6 +284,9 @@ class AmpTrainer:
             ck.restore_rng(self._resume_rng)
         t_start = time.perf_counter()
         overflow_path = out / ck.OVERFLOW if self.monitor is not None else None
+        logger.info("training %s on %s: %s, %s, epochs %d-%d, %d process(es)", cfg.to_dict()["model"],
+                    self._data_desc, cfg.precision.value, dist.device, self.start_epoch + 1, cfg.epochs,
+                    dist.world)
         with self._progress() as progress:
             for epoch in range(self.start_epoch, cfg.epochs):
                 try:
@@ -300,6 +303,7 @@ class AmpTrainer:
                 if stop_after_epoch is not None and epoch + 1 >= stop_after_epoch:
                     break
         done = self.history[-1]["epoch"] if self.history else 0
+        logger.info("training done after epoch %d in %.1f s", done, time.perf_counter() - t_start)
         if self.monitor is not None and overflow_path is not None:
             self.monitor.write(overflow_path, cfg.precision.value)
         summary = summarize(
