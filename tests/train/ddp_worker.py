@@ -28,7 +28,9 @@ def main(out: Path) -> None:
         precision="bf16",
         device="cpu",
         epochs=2,
-        batch_size=32,
+        batch_size=16,
+        grad_accum=2,  # exercises DDP's no_sync on the first micro-batch
+        clip_grad_norm=1.0,
         quiet=True,
     )
     trainer = AmpTrainer(cfg)

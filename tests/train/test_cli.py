@@ -138,4 +138,3 @@ def test_cuda_requested_without_gpu(invoke, tmp_path):
     result = invoke("train", "models/digits_cnn.py:build", "--device", "cuda", "-o", tmp_path / "out")
     assert_user_error(result, r"Device 'cuda'.*--device cpu")
     assert not (tmp_path / "out").exists()
-

@@ -171,12 +171,85 @@ def test_grad_accumulation_equals_the_large_batch(tmp_path, digits_small):
     train, evl = digits_small
     weights = []
     for batch, accum in ((64, 1), (32, 2), (16, 4)):
-        trainer = AmpTrainer(AmpConfig(plain_mlp, tmp_path / f"b{batch}", data=train, eval_data=evl,
-                                       precision="fp32", device="cpu", epochs=2, batch_size=batch,
-                                       grad_accum=accum, quiet=True))
+        trainer = AmpTrainer(
+            AmpConfig(
+                plain_mlp,
+                tmp_path / f"b{batch}",
+                data=train,
+                eval_data=evl,
+                precision="fp32",
+                device="cpu",
+                epochs=2,
+                batch_size=batch,
+                grad_accum=accum,
+                quiet=True,
+            )
+        )
         s = trainer.fit().summary
         assert s["optimizer_steps"] == 8
         weights.append(trainer.model.state_dict())
     for other in weights[1:]:
         for key, value in weights[0].items():
             torch.testing.assert_close(other[key], value, atol=1e-5, rtol=1e-4)
+
+
+def test_nan_loss_without_scaler_stops_with_a_hint(tmp_path, digits_small):
+    from torch import nn
+
+    from mpinfer.train import TrainingDivergedError
+
+    def factory():
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Flatten(), nn.Linear(64, 10), nn.Softplus(), nn.Linear(10, 10, bias=False))
+        with torch.no_grad():
+            model[3].weight.fill_(float("inf"))
+        return model
+
+    train, evl = digits_small
+    with pytest.raises(TrainingDivergedError, match=r"NaN/Inf.*--clip-grad-norm"):
+        AmpTrainer(
+            AmpConfig(
+                factory,
+                tmp_path / "run",
+                data=train,
+                eval_data=evl,
+                precision="bf16",
+                device="cpu",
+                epochs=1,
+                batch_size=32,
+                quiet=True,
+            )
+        ).fit()
+
+
+def test_npz_with_two_named_inputs_feeds_keyword_arguments(tmp_path):
+    from torch import nn
+
+    class TwoInputs(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = nn.Linear(4, 3)
+            self.b = nn.Linear(2, 3)
+
+        def forward(self, left, right):
+            return self.a(left) + self.b(right)
+
+    rng = np.random.default_rng(0)
+    left, right = rng.normal(size=(200, 4)), rng.normal(size=(200, 2))
+    labels = (left[:, 0] > 0).astype(np.int64) + (right[:, 0] > 0)
+    np.savez(tmp_path / "two.npz", left=left, right=right, _labels=labels)
+    result = train_model(
+        AmpConfig(
+            TwoInputs,
+            tmp_path / "run",
+            data=str(tmp_path / "two.npz"),
+            precision="fp32",
+            device="cpu",
+            epochs=5,
+            batch_size=8,
+            lr=0.05,
+            quiet=True,
+        )
+    )
+    assert result.summary["eval_accuracy"] >= 0.8
+    assert "160 train / 40 held out" in result.summary["data"]
