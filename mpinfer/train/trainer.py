@@ -373,7 +373,7 @@ class AmpTrainer:
             with sync:
                 with self.autocast():
                     loss = torch.nn.functional.cross_entropy(_forward(self.ddp, inputs).float(), labels)
-                self.scaler.backward(loss / cfg.grad_accum)
+                self.scaler.backward(loss / min(cfg.grad_accum, nb - i // cfg.grad_accum * cfg.grad_accum))
             finite = torch.isfinite(loss.detach())
             loss_sum += torch.where(finite, loss.detach().double(), 0.0) * labels.shape[0]
             bad += (~finite).long()
