@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -65,3 +66,27 @@ def test_torchrun_cli(tmp_path):
     assert len(lines) == 1 and "2 processes" in lines[0], proc.stdout
     ckpt = torch.load(tmp_path / "run" / "last.pt", weights_only=True)
     assert ckpt["epoch"] == 1
+
+
+@pytest.mark.gpu
+def test_torchrun_nccl_fp16(tmp_path):
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 CUDA devices for one process per device")
+    proc = _torchrun(
+        "-m",
+        "mpinfer",
+        "train",
+        "models/digits_cnn.py:build",
+        "--device",
+        "cuda",
+        "--precision",
+        "fp16",
+        "--epochs",
+        "2",
+        "--quiet",
+        "-o",
+        str(tmp_path / "run"),
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["device"] == "cuda:0" and summary["eval_accuracy"] >= 0.8
