@@ -42,7 +42,7 @@ SKIP_ROUNDING = {"Resize": (1, 2), "Upsample": (1,), "BatchNormalization": (1, 2
 # Ops whose output dtype comes from an attribute or a constant, not from the node's precision.
 EXPLICIT_DTYPE_OPS = frozenset({"Cast", "CastLike", "Constant", "ConstantOfShape", "EyeLike", "RandomNormal",
                                 "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Shape", "Size"})
-Observer = Callable[[str, np.ndarray], None]
+Observer = Callable[[str, str, np.ndarray], None]
 
 
 @dataclass
@@ -139,8 +139,9 @@ class GraphEmulator:
             low: Node address -> FP16/BF16; other nodes compute in FP32 (or their input dtype when
                 ``follow_input_dtypes``).
             keep: True keeps every main-graph tensor (needed by :meth:`run_from`); a set keeps those names.
-            observe: Called with (qualified tensor name, array) for every tensor computed, subgraph tensors
-                included (named ``<body prefix><tensor>``, once per loop iteration).
+            observe: Called as ``observe(prefix, tensor name, array)`` for every tensor computed, subgraph
+                tensors included (prefix ``""`` in the main graph, ``"If_3/then_branch/"`` in a body; once
+                per loop iteration).
 
         Returns:
             The run's outputs and kept tensors.
@@ -379,7 +380,7 @@ class GraphEmulator:
                 value = num.store(value)
             local[name] = value
             if state.observe is not None:
-                state.observe(prefix + name, value)
+                state.observe(prefix, name, value)
 
     def _collect_outputs(self, env: Mapping[str, Any]) -> dict[str, np.ndarray]:
         from onnx import helper
@@ -403,7 +404,7 @@ class GraphEmulator:
             self._exec_step(step, local, scope, state, graph.prefix)
         if state.observe is not None:
             for name, value in bindings.items():
-                state.observe(graph.prefix + name, value)
+                state.observe(graph.prefix, name, value)
         return [scope[o] for o in graph.outputs]
 
     def _control(self, step: _Step, ins: list[Any], scope: Mapping[str, Any], state: _State) -> list[np.ndarray]:

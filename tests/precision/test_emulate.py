@@ -293,7 +293,7 @@ def test_nodes_inside_if_branches_are_addressable(exported):
         np.testing.assert_array_equal(untouched[k], ref.outputs[k])
         np.testing.assert_array_equal(emu.run_from(ref, then_nodes).outputs[k], low[k])
     seen = []
-    emu.run({"input_0": x}, observe=lambda name, v: seen.append(name))
+    emu.run({"input_0": x}, observe=lambda prefix, name, v: seen.append(prefix + name))
     assert any("/then_branch/" in n for n in seen)
 
 
