@@ -92,8 +92,20 @@ class TensorStats:
 class _Accumulator:
     """Running statistics of one tensor (fixed memory)."""
 
-    __slots__ = ("count", "sum_abs", "absmax", "min_nonzero", "over", "under", "subnormal", "bf16_under",
-                 "nan", "inf", "zeros", "hist")
+    __slots__ = (
+        "count",
+        "sum_abs",
+        "absmax",
+        "min_nonzero",
+        "over",
+        "under",
+        "subnormal",
+        "bf16_under",
+        "nan",
+        "inf",
+        "zeros",
+        "hist",
+    )
 
     def __init__(self) -> None:
         self.count = 0
@@ -150,12 +162,19 @@ class _Accumulator:
         n = max(self.count, 1)
         finite_count = max(self.count - self.nan - self.inf, 1)
         return TensorStats(
-            absmax=self.absmax, p999=self.percentile(PERCENTILE),
+            absmax=self.absmax,
+            p999=self.percentile(PERCENTILE),
             min_nonzero=None if math.isinf(self.min_nonzero) else self.min_nonzero,
-            mean_abs=self.sum_abs / finite_count, count=self.count,
-            fp16_overflow_frac=self.over / n, fp16_underflow_frac=self.under / n,
-            fp16_subnormal_frac=self.subnormal / n, bf16_underflow_frac=self.bf16_under / n,
-            nan_count=self.nan, inf_count=self.inf, finite=self.nan == 0 and self.inf == 0)
+            mean_abs=self.sum_abs / finite_count,
+            count=self.count,
+            fp16_overflow_frac=self.over / n,
+            fp16_underflow_frac=self.under / n,
+            fp16_subnormal_frac=self.subnormal / n,
+            bf16_underflow_frac=self.bf16_under / n,
+            nan_count=self.nan,
+            inf_count=self.inf,
+            finite=self.nan == 0 and self.inf == 0,
+        )
 
 
 class StatsCollector:
@@ -217,8 +236,11 @@ class CalibrationStats(Mapping[str, TensorStats]):
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (``schema_version`` 1)."""
-        return {"schema_version": 1, "source": dict(self.source),
-                "tensors": {k: v.to_dict() for k, v in self.tensors.items()}}
+        return {
+            "schema_version": 1,
+            "source": dict(self.source),
+            "tensors": {k: v.to_dict() for k, v in self.tensors.items()},
+        }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> CalibrationStats:
@@ -230,8 +252,13 @@ class CalibrationStats(Mapping[str, TensorStats]):
         try:
             tensors = {k: TensorStats.from_dict(v) for k, v in data["tensors"].items()}
         except (KeyError, TypeError, AttributeError) as err:
-            raise InvalidInputError(format_message("Calibration statistics", "a dict without 'tensors' entries",
-                                                   "the output of CalibrationStats.to_dict()")) from err
+            raise InvalidInputError(
+                format_message(
+                    "Calibration statistics",
+                    "a dict without 'tensors' entries",
+                    "the output of CalibrationStats.to_dict()",
+                )
+            ) from err
         return cls(tensors, dict(data.get("source", {})))
 
 
@@ -245,9 +272,13 @@ def _float_tensors(model: Any) -> tuple[list[str], list[str], dict[str, int]]:
         logger.debug("shape inference failed (%s); using declared types only", err)
         inferred = model
     g = inferred.graph
-    types = {vi.name: vi.type.tensor_type.elem_type for vi in list(g.value_info) + list(g.output) + list(g.input)}
+    types = {
+        vi.name: vi.type.tensor_type.elem_type for vi in list(g.value_info) + list(g.output) + list(g.input)
+    }
     inits = {t.name for t in model.graph.initializer}
-    known = [vi.name for vi in model.graph.input if vi.name not in inits and types.get(vi.name) in _FLOAT_TYPES]
+    known = [
+        vi.name for vi in model.graph.input if vi.name not in inits and types.get(vi.name) in _FLOAT_TYPES
+    ]
     unknown: list[str] = []
     seen = set(known)
     for node in model.graph.node:
@@ -273,7 +304,7 @@ def _ort_sessions(model: Any, names: list[str], types: Mapping[str, int]) -> lis
     inputs = {vi.name for vi in model.graph.input}
     sessions = []
     for start in range(0, len(names), MAX_OUTPUTS_PER_SESSION):
-        chunk = [n for n in names[start:start + MAX_OUTPUTS_PER_SESSION] if n not in inputs]
+        chunk = [n for n in names[start : start + MAX_OUTPUTS_PER_SESSION] if n not in inputs]
         if not chunk:
             continue
         m = onnx.ModelProto()
@@ -295,7 +326,9 @@ def _batches(feeds: Iterable[Mapping[str, np.ndarray]], progress: bool, total: i
             bar.advance(task)
 
 
-def calibrate(model: Any, feeds: Iterable[Mapping[str, np.ndarray]], *, progress: bool = True) -> CalibrationStats:
+def calibrate(
+    model: Any, feeds: Iterable[Mapping[str, np.ndarray]], *, progress: bool = True
+) -> CalibrationStats:
     """FP32 reference run over ``feeds`` collecting per-tensor statistics, one batch at a time.
 
     Args:
@@ -338,8 +371,13 @@ def calibrate(model: Any, feeds: Iterable[Mapping[str, np.ndarray]], *, progress
                 for name, value in zip(names, sess.run(names, dict(batch)), strict=True):
                     collector.update(name, value)
         except Exception as err:  # onnxruntime raises its own exception types for bad feeds
-            raise InvalidInputError(format_message("Calibration feeds", f"a batch ONNX Runtime rejected ({err})",
-                                                   "arrays matching the model's inputs")) from err
+            raise InvalidInputError(
+                format_message(
+                    "Calibration feeds",
+                    f"a batch ONNX Runtime rejected ({err})",
+                    "arrays matching the model's inputs",
+                )
+            ) from err
         if emulator is not None:
             emulator.run(batch, observe=observe)
         batches += 1
@@ -347,16 +385,22 @@ def calibrate(model: Any, feeds: Iterable[Mapping[str, np.ndarray]], *, progress
         samples += int(first.shape[0]) if first is not None and np.ndim(first) else 1
     if batches == 0:
         raise InvalidInputError(format_message("Calibration feeds", "no batches", "at least one batch"))
-    source = {"source": getattr(feeds, "description", "in-memory batches"),
-              "kind": getattr(feeds, "kind", "arrays"), "samples": samples, "batches": batches}
+    source = {
+        "source": getattr(feeds, "description", "in-memory batches"),
+        "kind": getattr(feeds, "kind", "arrays"),
+        "samples": samples,
+        "batches": batches,
+    }
     results = collector.results()
-    logger.info("calibrated %d tensors over %d batches in %.1fs", len(results), batches,
-                time.perf_counter() - start)
+    logger.info(
+        "calibrated %d tensors over %d batches in %.1fs", len(results), batches, time.perf_counter() - start
+    )
     return CalibrationStats(results, source)
 
 
 def _observer(collector: StatsCollector, main_names: set[str]) -> Any:
     """Emulator observer collecting every body tensor (qualified name) and the listed main-graph tensors."""
+
     def observe(prefix: str, name: str, value: np.ndarray) -> None:
         if prefix or name in main_names:
             collector.update(prefix + name, value)

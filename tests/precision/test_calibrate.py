@@ -25,15 +25,20 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _scale_model(factor: float):
-    nodes = [helper.make_node("Mul", ["x", "k"], ["y"], name="scale"),
-             helper.make_node("Relu", ["y"], ["z"], name="relu")]
-    return make_model(nodes, [("x", [None, 6])], [("z", [None, 6])],
-                      [numpy_helper.from_array(np.array(factor, np.float32), "k")])
+    nodes = [
+        helper.make_node("Mul", ["x", "k"], ["y"], name="scale"),
+        helper.make_node("Relu", ["y"], ["z"], name="relu"),
+    ]
+    return make_model(
+        nodes,
+        [("x", [None, 6])],
+        [("z", [None, 6])],
+        [numpy_helper.from_array(np.array(factor, np.float32), "k")],
+    )
 
 
 def test_stats_are_exact_on_known_values():
-    x = np.array([[0.0, 1e-8, 1e-5, 0.5, -3.0, 40000.0],
-                  [1e-39, 2.0, 2.0, -0.25, 0.0, 1.0]], np.float32)
+    x = np.array([[0.0, 1e-8, 1e-5, 0.5, -3.0, 40000.0], [1e-39, 2.0, 2.0, -0.25, 0.0, 1.0]], np.float32)
     stats = calibrate(_scale_model(2.0), [{"x": x}], progress=False)
     assert set(stats) == {"x", "y", "z"}
     y = stats["y"]
@@ -75,8 +80,16 @@ def test_streaming_equals_all_at_once_and_memory_is_bounded():
         parts.update("t", chunk)
         sizes.append(parts.nbytes())
     a, b = whole.results()["t"], parts.results()["t"]
-    for key in ("absmax", "min_nonzero", "count", "p999", "fp16_overflow_frac", "fp16_underflow_frac",
-                "fp16_subnormal_frac", "bf16_underflow_frac"):
+    for key in (
+        "absmax",
+        "min_nonzero",
+        "count",
+        "p999",
+        "fp16_overflow_frac",
+        "fp16_underflow_frac",
+        "fp16_subnormal_frac",
+        "bf16_underflow_frac",
+    ):
         assert getattr(a, key) == getattr(b, key), key
     assert a.mean_abs == pytest.approx(b.mean_abs, rel=1e-9)
     # memory is the fixed-size histogram, whatever the number of batches
