@@ -184,7 +184,8 @@ class GraphEmulator:
         env: dict[str, Any] = dict(self._main.initializers)
         for name in self._main.inputs:
             if name in feeds:
-                env[name] = np.asarray(feeds[name])
+                value = feeds[name]
+                env[name] = value if isinstance(value, (list, type(None))) else np.asarray(value)
         keep_all = keep is True
         keep_set = keep if isinstance(keep, set) else set()
         with np.errstate(all="ignore"):
@@ -396,7 +397,11 @@ class GraphEmulator:
         num = self._numerics[prec]
         try:
             if step.kernel is None and info.op_type in CONTROL_FLOW and not info.domain:
-                outs = self._control(step, ins, scope, state)
+                try:
+                    outs = self._control(step, ins, scope, state)
+                except UnsupportedVariant:
+                    self._fallback[info.address] = info.op_type
+                    outs = reference_kernel(info, num, ins)
             elif step.kernel is None:
                 raise BackendUnavailableError(
                     format_message(
@@ -424,7 +429,8 @@ class GraphEmulator:
         for name, value in zip(step.outputs, outs, strict=False):
             if not name:
                 continue
-            value = np.asarray(value)
+            if not isinstance(value, (list, type(None))):  # sequences and empty optionals pass through
+                value = np.asarray(value)
             if is_float(value) and not explicit and (num.low or info.op_type not in CONTROL_FLOW):
                 value = num.store(value)
             local[name] = value

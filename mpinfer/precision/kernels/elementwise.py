@@ -51,7 +51,7 @@ def _pow(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
 
 
 def _mod(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
-    if n.get("fmod", 0) or x[0].dtype.kind == "f":
+    if n.get("fmod", 0):
         return [np.fmod(x[0], x[1])]
     return [np.mod(x[0], x[1])]
 

@@ -35,4 +35,4 @@ def reference_kernel(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarra
         n.cache["reference"] = ev
     feeds = {name: v for name, v in zip(n.node.input, x, strict=False) if name}
     outs = ev.run(None, feeds)
-    return [np.asarray(o) for o in outs]
+    return [o if isinstance(o, (list, type(None))) else np.asarray(o) for o in outs]

@@ -167,6 +167,10 @@ def conv_transpose(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]
             for i in range(sp)
         )
         y[slc] += t[:, :, ki]
+    if min(begin + end) < 0:  # output_shape larger than the full result: zero rows at the edges
+        y = np.pad(y, [(0, 0), (0, 0)] + [(max(-b, 0), max(-e, 0)) for b, e in zip(begin, end, strict=True)])
+        full = list(y.shape[2:])
+        begin, end = [max(b, 0) for b in begin], [max(e, 0) for e in end]
     crop = (slice(None), slice(None)) + tuple(slice(begin[i], full[i] - end[i]) for i in range(sp))
     y = y[crop]
     if bias is not None:

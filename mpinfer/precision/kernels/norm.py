@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from mpinfer.precision.kernels.numerics import NodeInfo, Numerics
+from mpinfer.precision.kernels.pool import UnsupportedVariant
 
 
 def _axes(n: NodeInfo, x: list[Any], ndim: int) -> tuple[int, ...] | None:
@@ -38,6 +39,8 @@ def _reduce(
         axes = _axes(n, x, v.ndim)
         if axes is None:
             return [v]
+        if v.size == 0:
+            raise UnsupportedVariant("reduction over an empty tensor")
         keep = bool(n.get("keepdims", 1))
         out = step(v, axes, num)
         if not keep:
@@ -146,6 +149,8 @@ def layer_norm(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
 
 def batch_norm(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
     """BatchNormalization (inference): folded to y = x * a + b, a and b computed in FP32, then rounded."""
+    if n.get("training_mode", 0) or len(n.node.output) > 1:
+        raise UnsupportedVariant("BatchNormalization in training mode")
     v, scale, bias, mean, var = x[:5]
     f = np.float32
     a = scale.astype(f) / np.sqrt(var.astype(f) + f(n.get("epsilon", 1e-5)))
@@ -176,6 +181,14 @@ def group_norm(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
         bias = np.repeat(bias, chans // groups)
     shape = (1, -1) + (1,) * (v.ndim - 2)
     return [(num.r(y * scale.reshape(shape)) + bias.reshape(shape)).astype(v.dtype)]
+
+
+def mean_variance_norm(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
+    """MeanVarianceNormalization: (x - mean) / sqrt(var + 1e-9) over ``axes`` (default N, H, W)."""
+    v = x[0]
+    axes = tuple(a % v.ndim for a in (n.get("axes") or (0, 2, 3)))
+    y, _, _ = _normalize(v, axes, 1e-9, num)
+    return [y.astype(v.dtype)]
 
 
 def cumsum(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
@@ -216,4 +229,5 @@ KERNELS = {
     "InstanceNormalization": instance_norm,
     "GroupNormalization": group_norm,
     "CumSum": cumsum,
+    "MeanVarianceNormalization": mean_variance_norm,
 }

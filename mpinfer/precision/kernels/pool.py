@@ -87,6 +87,7 @@ def global_max_pool(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray
 
 
 def _source_coords(mode: str, out: int, length: int, scale: float) -> np.ndarray:
+    """Input coordinate of each output index, as ONNX Runtime computes it (align_corners: integer sizes)."""
     j = np.arange(out, dtype=np.float64)
     if mode == "half_pixel":
         return (j + 0.5) / scale - 0.5
@@ -137,7 +138,8 @@ def resize(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
         scales = x[2] if len(x) > 2 and x[2] is not None and x[2].size else None
         sizes = x[3] if len(x) > 3 and x[3] is not None and x[3].size else None
         coord = _text(n.get("coordinate_transformation_mode"), "half_pixel")
-    nearest_mode = _text(n.get("nearest_mode"), "round_prefer_floor")
+    legacy = n.op_type == "Upsample" or n.opset < 11  # Upsample/Resize-10 nearest is asymmetric + floor
+    nearest_mode = "floor" if legacy else _text(n.get("nearest_mode"), "round_prefer_floor")
     out = v
     for ax in range(v.ndim):
         length = v.shape[ax]
