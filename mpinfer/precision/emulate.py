@@ -31,6 +31,7 @@ from mpinfer.precision.kernels import (
     reference_available,
     reference_kernel,
 )
+from mpinfer.precision.kernels.control import CONTROL_FLOW_KERNELS
 from mpinfer.specs import Precision
 
 logger = logging.getLogger(__name__)
@@ -466,59 +467,7 @@ class GraphEmulator:
     def _control(
         self, step: _Step, ins: list[Any], scope: Mapping[str, Any], state: _State
     ) -> list[np.ndarray]:
-        op = step.info.op_type
-        if op == "If":
-            branch = "then_branch" if bool(np.asarray(ins[0]).ravel()[0]) else "else_branch"
-            return self._body(step.bodies[branch], {}, scope, state)
-        if op == "Loop":
-            return self._loop(step, ins, scope, state)
-        return self._scan(step, ins, scope, state)
+        def run_body(body: _Graph, bindings: Mapping[str, Any]) -> list[np.ndarray]:
+            return self._body(body, bindings, scope, state)
 
-    def _loop(self, step: _Step, ins: list[Any], scope: Mapping[str, Any], state: _State) -> list[np.ndarray]:
-        body = step.bodies["body"]
-        trip = int(np.asarray(ins[0]).ravel()[0]) if ins and ins[0] is not None else None
-        cond = bool(np.asarray(ins[1]).ravel()[0]) if len(ins) > 1 and ins[1] is not None else True
-        carried = list(ins[2:])
-        n_scan = len(body.outputs) - 1 - len(carried)
-        scans: list[list[np.ndarray]] = [[] for _ in range(n_scan)]
-        i = 0
-        while cond and (trip is None or i < trip):
-            names = body.inputs
-            bind = {names[0]: np.asarray(i, np.int64), names[1]: np.asarray(cond, bool)}
-            bind.update({names[2 + j]: v for j, v in enumerate(carried)})
-            res = self._body(body, {k: v for k, v in bind.items() if k}, scope, state)
-            cond = bool(np.asarray(res[0]).ravel()[0])
-            carried = res[1 : 1 + len(carried)]
-            for j, v in enumerate(res[1 + len(carried) :]):
-                scans[j].append(v)
-            i += 1
-        return carried + [np.stack(s) if s else np.zeros((0,), np.float32) for s in scans]
-
-    def _scan(self, step: _Step, ins: list[Any], scope: Mapping[str, Any], state: _State) -> list[np.ndarray]:
-        if step.info.opset < 9:
-            raise UnsupportedVariant("Scan-8 (batched form)")
-        body, n = step.bodies["body"], step.info
-        m = int(n.get("num_scan_inputs"))
-        states, xs = list(ins[: len(ins) - m]), ins[len(ins) - m :]
-        in_axes = list(n.get("scan_input_axes") or [0] * m)
-        in_dirs = list(n.get("scan_input_directions") or [0] * m)
-        n_out = len(body.outputs) - len(states)
-        out_axes = list(n.get("scan_output_axes") or [0] * n_out)
-        out_dirs = list(n.get("scan_output_directions") or [0] * n_out)
-        length = xs[0].shape[in_axes[0] % xs[0].ndim]
-        outs: list[list[np.ndarray]] = [[] for _ in range(n_out)]
-        for t in range(length):
-            bind = dict(zip(body.inputs, states, strict=False))
-            for j, x in enumerate(xs):
-                pos = length - 1 - t if in_dirs[j] else t
-                bind[body.inputs[len(states) + j]] = np.take(x, pos, axis=in_axes[j] % x.ndim)
-            res = self._body(body, bind, scope, state)
-            states = res[: len(states)]
-            for j, v in enumerate(res[len(states) :]):
-                outs[j].append(v)
-        stacked = []
-        for j, seq in enumerate(outs):
-            seq = seq[::-1] if out_dirs[j] else seq
-            ax = out_axes[j] % (seq[0].ndim + 1) if seq else 0
-            stacked.append(np.stack(seq, axis=ax) if seq else np.zeros((0,), np.float32))
-        return states + stacked
+        return CONTROL_FLOW_KERNELS[step.info.op_type](step.info, step.bodies, ins, run_body)
