@@ -25,7 +25,7 @@ def reference_available(domain: str, op_type: str, opset: int) -> bool:
     return True
 
 
-def reference_kernel(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
+def reference_kernel(n: NodeInfo, num: Numerics, x: list[Any]) -> list[Any]:
     """Run one node through onnx.reference on the (already rounded, float32) inputs."""
     ev = n.cache.get("reference")
     if ev is None:
