@@ -2,8 +2,9 @@
 
 Statistics are streamed batch by batch: each tensor keeps running scalars (absmax, smallest non-zero
 magnitude, sum of magnitudes, counts above/below the FP16 and BF16 limits, NaN/Inf counts) and a fixed-size
-log2 histogram of magnitudes from which the 99.9th percentile is read. Memory is therefore bounded by the
-number of tensors, never by the number of batches, and one batch's intermediates are alive at a time.
+histogram of magnitudes (16 bins per octave) from which the 99.9th percentile is read. Memory is therefore
+bounded by the number of tensors, never by the number of batches; one batch's intermediates are alive at
+a time.
 
 Main-graph tensors come from ONNX Runtime (every float intermediate added as a graph output, in chunks for
 very large graphs); tensors inside If/Loop/Scan bodies come from :class:`GraphEmulator` (once per loop
@@ -21,7 +22,9 @@ from typing import Any
 
 import numpy as np
 
+from mpinfer.backends.base import check_feeds
 from mpinfer.errors import InvalidInputError, ModelLoadError, format_message
+from mpinfer.specs import specs_from_onnx
 
 logger = logging.getLogger(__name__)
 
@@ -33,11 +36,22 @@ FP16_MIN_SUBNORMAL = 2.0**-24
 FP16_MIN_NORMAL = 2.0**-14
 # Smallest BF16 normal (same exponent range as FP32, ~1.18e-38): below it BF16 loses range; GPUs often flush.
 BF16_MIN_NORMAL = 2.0**-126
-# Log2 histogram of |x|: 16 bins per octave (4.4 % relative resolution of the percentile) over
-# [2**-64, 2**64), plus one bin below and one above; fixed size, so memory does not grow with the data.
-HIST_BINS_PER_OCTAVE = 16
-HIST_LOG2_LOW, HIST_LOG2_HIGH = -64, 64
-HISTOGRAM_BINS = (HIST_LOG2_HIGH - HIST_LOG2_LOW) * HIST_BINS_PER_OCTAVE + 2
+# Histogram of |x| indexed by the top 12 bits of its float32 pattern (8 exponent bits + 4 mantissa bits):
+# 16 bins per octave over the whole float32 range (a percentile read from it is an upper bound within
+# 6.25 %), computed with one integer shift, and of fixed size, so memory never grows with the data.
+HIST_MANTISSA_BITS = 4
+HISTOGRAM_BINS = 1 << (8 + HIST_MANTISSA_BITS)
+_SHIFT = 23 - HIST_MANTISSA_BITS
+
+
+_INF_BIN = 0xFF << HIST_MANTISSA_BITS  # exponent all ones: inf (mantissa 0) and NaN
+
+
+def _bin_of(value: float) -> int:
+    """Histogram bin of a positive float32 value (bins below it hold only smaller magnitudes)."""
+    return int(np.asarray(value, np.float32).view(np.uint32)) >> _SHIFT
+
+
 # Percentile reported as "p999".
 PERCENTILE = 99.9
 # Graph outputs added to one ONNX Runtime session; larger graphs are split into several sessions.
@@ -52,7 +66,7 @@ class TensorStats:
 
     Attributes:
         absmax: Largest finite |x|.
-        p999: 99.9th percentile of |x| (from the log2 histogram; an upper bound within 4.4 %).
+        p999: 99.9th percentile of |x| (from the histogram: an upper bound within 6.25 %).
         min_nonzero: Smallest non-zero finite |x| (None when every value was 0).
         mean_abs: Mean finite |x|.
         count: Number of values seen (all batches).
@@ -90,73 +104,73 @@ class TensorStats:
 
 
 class _Accumulator:
-    """Running statistics of one tensor (fixed memory)."""
+    """Running statistics of one tensor (fixed memory: a few scalars and one histogram)."""
 
-    __slots__ = (
-        "count",
-        "sum_abs",
-        "absmax",
-        "min_nonzero",
-        "over",
-        "under",
-        "subnormal",
-        "bf16_under",
-        "nan",
-        "inf",
-        "zeros",
-        "hist",
-    )
+    __slots__ = ("count", "sum_abs", "absmax", "min_nonzero", "over", "nan", "zeros", "hist")
 
     def __init__(self) -> None:
         self.count = 0
         self.sum_abs = 0.0
         self.absmax = 0.0
         self.min_nonzero = math.inf
-        self.over = self.under = self.subnormal = self.bf16_under = self.nan = self.inf = self.zeros = 0
+        self.over = self.nan = self.zeros = 0
         self.hist = np.zeros(HISTOGRAM_BINS, dtype=np.int64)
 
     def update(self, arr: np.ndarray) -> None:
         v = np.abs(np.asarray(arr).astype(np.float32, copy=False).ravel())
-        self.count += v.size
-        finite = np.isfinite(v)
-        if not finite.all():
-            bad = v[~finite]
-            nans = int(np.count_nonzero(np.isnan(bad)))
-            self.nan += nans
-            self.inf += bad.size - nans
-            self.over += bad.size - nans  # inf counts as out of FP16 range too
-            v = v[finite]
         if v.size == 0:
             return
+        self.count += v.size
+        bins = v.view(np.uint32) >> _SHIFT
+        hist = np.bincount(bins, minlength=HISTOGRAM_BINS)
+        zeros = int(np.count_nonzero(v == 0))
+        hist[0] -= zeros
+        self.zeros += zeros
+        if hist[_INF_BIN:].any():  # inf or NaN present: keep them out of the magnitude statistics
+            nans = int(np.count_nonzero(np.isnan(v)))
+            self.nan += nans
+            self.over += int(hist[_INF_BIN:].sum()) - nans  # inf counts as out of FP16 range
+            hist[_INF_BIN:] = 0
+            hist[_INF_BIN] = int(np.count_nonzero(np.isinf(v)))
+            v = v[np.isfinite(v)]
+            if v.size == 0:
+                self.hist += hist
+                return
+        self.hist += hist
         self.absmax = max(self.absmax, float(v.max()))
         self.sum_abs += float(v.sum(dtype=np.float64))
         self.over += int(np.count_nonzero(v > FP16_MAX))
-        nz = v[v > 0]
-        self.zeros += v.size - nz.size
-        if nz.size == 0:
-            return
-        self.min_nonzero = min(self.min_nonzero, float(nz.min()))
-        small = nz[nz < FP16_MIN_NORMAL]
-        if small.size:
-            self.subnormal += small.size
-            self.under += int(np.count_nonzero(small < FP16_MIN_SUBNORMAL))
-            self.bf16_under += int(np.count_nonzero(small < BF16_MIN_NORMAL))
-        bins = np.floor((np.log2(nz) - HIST_LOG2_LOW) * HIST_BINS_PER_OCTAVE).astype(np.int64) + 1
-        np.clip(bins, 0, HISTOGRAM_BINS - 1, out=bins)
-        self.hist += np.bincount(bins, minlength=HISTOGRAM_BINS)
+        nonzero_bins = np.flatnonzero(hist[:_INF_BIN])
+        if nonzero_bins.size:  # the smallest non-zero value lies in the lowest occupied bin
+            low = int(nonzero_bins[0])
+            if v.size == bins.size:
+                candidates = v[bins == low]
+            else:
+                candidates = v[(v.view(np.uint32) >> _SHIFT) == low]
+            candidates = candidates[candidates > 0]
+            if candidates.size:
+                self.min_nonzero = min(self.min_nonzero, float(candidates.min()))
+
+    def below(self, limit: float) -> int:
+        """Number of finite non-zero values with magnitude below ``limit`` (a power of two)."""
+        return int(self.hist[: _bin_of(limit)].sum())
+
+    @property
+    def inf(self) -> int:
+        return int(self.hist[_INF_BIN])
 
     def percentile(self, q: float) -> float:
-        """Upper edge of the histogram bin holding the q-th percentile of |x| (zeros included)."""
-        finite_count = self.zeros + int(self.hist.sum())
-        if finite_count == 0:
+        """Upper edge of the histogram bin holding the q-th percentile of finite |x| (zeros included)."""
+        finite_hist = self.hist[:_INF_BIN]
+        total = self.zeros + int(finite_hist.sum())
+        if total == 0:
             return 0.0
-        rank = q / 100.0 * finite_count
+        rank = q / 100.0 * total
         if rank <= self.zeros:
             return 0.0
-        cum = np.cumsum(self.hist) + self.zeros
-        b = int(np.searchsorted(cum, rank))
-        edge = 2.0 ** (HIST_LOG2_LOW + b / HIST_BINS_PER_OCTAVE)  # upper edge of bin b
-        return float(min(edge, self.absmax))
+        b = int(np.searchsorted(np.cumsum(finite_hist) + self.zeros, rank))
+        edge = float(np.asarray((b + 1) << _SHIFT, np.uint32).view(np.float32))  # next bin's lower edge
+        return min(edge, self.absmax)
 
     def result(self) -> TensorStats:
         n = max(self.count, 1)
@@ -168,9 +182,9 @@ class _Accumulator:
             mean_abs=self.sum_abs / finite_count,
             count=self.count,
             fp16_overflow_frac=self.over / n,
-            fp16_underflow_frac=self.under / n,
-            fp16_subnormal_frac=self.subnormal / n,
-            bf16_underflow_frac=self.bf16_under / n,
+            fp16_underflow_frac=self.below(FP16_MIN_SUBNORMAL) / n,
+            fp16_subnormal_frac=self.below(FP16_MIN_NORMAL) / n,
+            bf16_underflow_frac=self.below(BF16_MIN_NORMAL) / n,
             nan_count=self.nan,
             inf_count=self.inf,
             finite=self.nan == 0 and self.inf == 0,
@@ -362,7 +376,9 @@ def calibrate(
     observe = _observer(collector, set(unknown))
     input_names = {vi.name for vi in model.graph.input}
     batches = samples = 0
+    specs = specs_from_onnx(model)
     for batch in _batches(feeds, progress, len(feeds) if isinstance(feeds, Sized) else None):
+        check_feeds(batch, specs, where="calibration")  # names, dtypes and shapes, with a clear message
         for name, arr in batch.items():
             if name in input_names:
                 collector.update(name, arr)

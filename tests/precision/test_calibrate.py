@@ -52,7 +52,7 @@ def test_stats_are_exact_on_known_values():
     assert y.fp16_subnormal_frac == 3 / 12  # ... and 2e-5 is subnormal
     assert y.bf16_underflow_frac == 1 / 12  # 2e-39
     assert y.finite and y.nan_count == 0
-    # p99.9 of 12 values is the largest; the histogram gives an upper bound within one bin (4.4 %)
+    # p99.9 of 12 values is the largest; the histogram gives an upper bound within one bin (6.25 %)
     assert y.p999 == 80000.0
     z = stats["z"]  # relu keeps the positive values only
     assert z.absmax == 80000.0 and z.count == 12
@@ -64,7 +64,7 @@ def test_percentile_and_nan_inf_counts():
     x = np.abs(rng.standard_normal((1000, 6))).astype(np.float32)
     stats = calibrate(_scale_model(1.0), [{"x": x}], progress=False)["y"]
     exact = np.percentile(np.abs(x), 99.9)
-    assert exact <= stats.p999 <= exact * 2 ** (1 / 16) * 1.0001
+    assert exact <= stats.p999 <= exact * (1 + 1 / 16)
     bad = np.array([[np.nan, np.inf, -np.inf, 1.0, 2.0, 3.0]], np.float32)
     s = calibrate(_scale_model(1.0), [{"x": bad}], progress=False)["x"]
     assert (s.nan_count, s.inf_count, s.finite, s.absmax) == (1, 2, False, 3.0)
@@ -143,3 +143,7 @@ def test_subgraph_tensors_come_from_the_emulator(exported):
     assert all(isinstance(stats[k], TensorStats) for k in body)
     with pytest.raises(InvalidInputError, match="no batches"):
         calibrate(model, [], progress=False)
+    with pytest.raises(InvalidInputError, match="missing: input_0"):
+        calibrate(model, [{"x": feeds["input_0"]}], progress=False)
+    with pytest.raises(InvalidInputError, match="dtype float64"):
+        calibrate(model, [{"input_0": feeds["input_0"].astype(np.float64)}], progress=False)

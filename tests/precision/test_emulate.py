@@ -13,7 +13,7 @@ from mpinfer.errors import BackendUnavailableError, InvalidInputError
 from mpinfer.modelio import iter_nodes
 from mpinfer.precision.emulate import GraphEmulator
 from mpinfer.specs import Precision
-from tests.precision.numerics_graphs import MODEL_NAMES, make_model, ort_run
+from tests.precision.numerics_graphs import MODEL_NAMES, export_dynamo, make_model, ort_run
 
 F, I64 = TensorProto.FLOAT, TensorProto.INT64
 
@@ -33,6 +33,17 @@ def test_fp32_matches_onnxruntime_on_example_models(exported, name):
     for k in want:
         assert got[k].dtype == want[k].dtype
         np.testing.assert_allclose(got[k], want[k], atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["transformer_small", "control_flow"])
+def test_fp32_matches_onnxruntime_on_dynamo_exports(name):
+    model, feeds = export_dynamo(name)
+    emu = GraphEmulator(model)
+    want = ort_run(model, feeds)
+    got = emu.run(feeds).outputs
+    for k in want:
+        np.testing.assert_allclose(got[k], want[k], atol=1e-4, rtol=1e-4)
+    assert emu.fallback_ops() == {}
 
 
 def _single(op, inputs, outputs, attrs=None, inits=(), opset=17):
