@@ -117,7 +117,9 @@ class GraphEmulator:
     def __init__(self, model: Any, *, follow_input_dtypes: bool = False) -> None:
         from mpinfer.modelio import iter_nodes, name_nodes
 
-        if any(not ref.node.name for ref in iter_nodes(model.graph)):  # type: ignore[attr-defined]
+        addresses = [ref.address for ref in iter_nodes(model.graph)]  # type: ignore[attr-defined]
+        unnamed = any(a == "" or a.endswith("/") for a in addresses)
+        if unnamed or len(set(addresses)) != len(addresses):  # addresses must be the planner's, and unique
             model = name_nodes(model)
         self.follow_input_dtypes = follow_input_dtypes
         self._opsets = {imp.domain or "": int(imp.version) for imp in model.opset_import}

@@ -787,3 +787,15 @@ def test_onnx_node_conformance_suite():
     assert not failures, "\n".join(failures)
     assert counts["ok"] > 1500
     assert counts["unsupported"] < 40  # ai.onnx.ml, preview training ops, FlexAttention
+
+
+def test_duplicate_node_names_get_unique_addresses():
+    nodes = [
+        helper.make_node("Relu", ["x"], ["r"], name="n"),
+        helper.make_node("Neg", ["r"], ["y"], name="n"),
+    ]
+    model = make_model(nodes, [("x", [3])], [("y", None)])
+    emu = GraphEmulator(model)
+    assert list(emu.node_addresses()) == ["n", "n_1"]
+    out = emu.run({"x": np.array([1.0, -2.0, 3.0], np.float32)}, {"n_1": Precision.FP16}).outputs["y"]
+    np.testing.assert_array_equal(out, [-1.0, 0.0, -3.0])
