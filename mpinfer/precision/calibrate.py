@@ -54,8 +54,9 @@ def _bin_of(value: float) -> int:
 
 # Percentile reported as "p999".
 PERCENTILE = 99.9
-# Graph outputs added to one ONNX Runtime session; larger graphs are split into several sessions.
-MAX_OUTPUTS_PER_SESSION = 1024
+# Tensors fetched per pass of ONNX Runtime over the data: bounds the memory of one batch's intermediates
+# (a BERT-base layer stack at batch 16 x 128 tokens is ~6 MB per tensor); larger graphs take more passes.
+MAX_OUTPUTS_PER_SESSION = 256
 
 _FLOAT_TYPES = (1, 10, 11, 16)  # FLOAT, FLOAT16, DOUBLE, BFLOAT16
 
@@ -308,42 +309,59 @@ def _float_tensors(model: Any) -> tuple[list[str], list[str], dict[str, int]]:
     return known, unknown, types
 
 
-def _ort_sessions(model: Any, names: list[str], types: Mapping[str, int]) -> list[tuple[Any, list[str]]]:
-    """One ONNX Runtime session per chunk of tensor names, each returning those tensors as its outputs."""
+def _chunks(model: Any, names: list[str]) -> list[list[str]]:
+    """Main-graph tensor names in session-sized chunks (graph inputs are read from the feeds)."""
+    inputs = {vi.name for vi in model.graph.input}
+    names = [n for n in names if n not in inputs]
+    return [names[i : i + MAX_OUTPUTS_PER_SESSION] for i in range(0, len(names), MAX_OUTPUTS_PER_SESSION)]
+
+
+def _ort_session_for(model: Any, names: list[str], types: Mapping[str, int]) -> Any:
+    """An ONNX Runtime session whose outputs are exactly ``names`` (the model's own outputs dropped)."""
     import onnx
     from onnx import helper
 
     from mpinfer.modelio import ort_session
 
-    inputs = {vi.name for vi in model.graph.input}
-    sessions = []
-    for start in range(0, len(names), MAX_OUTPUTS_PER_SESSION):
-        chunk = [n for n in names[start : start + MAX_OUTPUTS_PER_SESSION] if n not in inputs]
-        if not chunk:
-            continue
-        m = onnx.ModelProto()
-        m.CopyFrom(model)
-        del m.graph.output[:]
-        m.graph.output.extend(helper.make_tensor_value_info(n, types[n], None) for n in chunk)
-        sessions.append((ort_session(m), chunk))
-    return sessions
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    del m.graph.output[:]
+    m.graph.output.extend(helper.make_tensor_value_info(n, types[n], None) for n in names)
+    return ort_session(m)
 
 
-def _batches(feeds: Iterable[Mapping[str, np.ndarray]], progress: bool, total: int | None) -> Iterator[Any]:
+def _progress(progress: bool) -> Any:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     columns = [TextColumn("[bold]Calibrating"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
-    with Progress(*columns, disable=not progress, transient=True) as bar:
-        task = bar.add_task("calibrate", total=total)
-        for batch in feeds:
-            yield batch
-            bar.advance(task)
+    return Progress(*columns, disable=not progress, transient=True)
+
+
+def _run_chunk(
+    sess: Any, names: list[str], batch: Mapping[str, np.ndarray], collector: StatsCollector
+) -> None:
+    try:
+        values = sess.run(names, dict(batch))
+    except Exception as err:  # onnxruntime raises its own exception types
+        raise InvalidInputError(
+            format_message(
+                "Calibration feeds",
+                f"a batch ONNX Runtime rejected ({err})",
+                "arrays matching the model's inputs",
+            )
+        ) from err
+    for name, value in zip(names, values, strict=True):
+        collector.update(name, value)
 
 
 def calibrate(
     model: Any, feeds: Iterable[Mapping[str, np.ndarray]], *, progress: bool = True
 ) -> CalibrationStats:
     """FP32 reference run over ``feeds`` collecting per-tensor statistics, one batch at a time.
+
+    Main-graph tensors come from ONNX Runtime, at most ``MAX_OUTPUTS_PER_SESSION`` of them per pass over
+    the data (one session alive at a time, so very large graphs stay within memory); tensors inside
+    If/Loop/Scan bodies, and tensors whose type cannot be inferred, come from the numpy emulator.
 
     Args:
         model: The FP32 ``onnx.ModelProto`` (not modified).
@@ -354,51 +372,55 @@ def calibrate(
         The statistics of every float tensor: graph inputs, node outputs, and tensors in subgraph bodies.
 
     Raises:
-        InvalidInputError: No batches, or feeds the model does not accept.
+        InvalidInputError: No batches, or feeds the model does not accept (names, dtypes, shapes).
     """
     from mpinfer.modelio import name_nodes
 
     start = time.perf_counter()
     model = name_nodes(model)
     known, unknown, types = _float_tensors(model)
-    try:
-        sessions = _ort_sessions(model, known, types) if known else []
-    except ModelLoadError as err:
-        logger.warning("ONNX Runtime cannot run the model (%s); calibrating with the numpy emulator", err)
-        sessions, unknown = [], unknown + known
+    chunks = _chunks(model, known)
+    first_session = None
+    if chunks:
+        try:
+            first_session = _ort_session_for(model, chunks[0], types)
+        except ModelLoadError as err:
+            logger.warning("ONNX Runtime cannot run the model (%s); calibrating with the numpy emulator", err)
+            unknown, chunks = unknown + [n for c in chunks for n in c], []
     has_bodies = any(a.type in (5, 10) for n in model.graph.node for a in n.attribute)  # GRAPH, GRAPHS
     emulator = None
     if has_bodies or unknown:
         from mpinfer.precision.emulate import GraphEmulator
 
         emulator = GraphEmulator(model)
+    passes = max(1, len(chunks))
+    if passes > 1 and iter(feeds) is feeds:  # a one-shot iterator cannot be read once per pass
+        feeds = list(feeds)
+    logger.info("calibrating %d tensors in %d pass(es) over the data", len(known) + len(unknown), passes)
     collector = StatsCollector()
     observe = _observer(collector, set(unknown))
     input_names = {vi.name for vi in model.graph.input}
-    batches = samples = 0
     specs = specs_from_onnx(model)
-    for batch in _batches(feeds, progress, len(feeds) if isinstance(feeds, Sized) else None):
-        check_feeds(batch, specs, where="calibration")  # names, dtypes and shapes, with a clear message
-        for name, arr in batch.items():
-            if name in input_names:
-                collector.update(name, arr)
-        try:
-            for sess, names in sessions:
-                for name, value in zip(names, sess.run(names, dict(batch)), strict=True):
-                    collector.update(name, value)
-        except Exception as err:  # onnxruntime raises its own exception types for bad feeds
-            raise InvalidInputError(
-                format_message(
-                    "Calibration feeds",
-                    f"a batch ONNX Runtime rejected ({err})",
-                    "arrays matching the model's inputs",
-                )
-            ) from err
-        if emulator is not None:
-            emulator.run(batch, observe=observe)
-        batches += 1
-        first = next(iter(batch.values()), None)
-        samples += int(first.shape[0]) if first is not None and np.ndim(first) else 1
+    batches = samples = 0
+    with _progress(progress) as bar:
+        task = bar.add_task("calibrate", total=len(feeds) * passes if isinstance(feeds, Sized) else None)
+        for index in range(passes):
+            sess = first_session if index == 0 else _ort_session_for(model, chunks[index], types)
+            for batch in feeds:
+                if index == 0:
+                    check_feeds(batch, specs, where="calibration")  # clear message naming the input
+                    for name, arr in batch.items():
+                        if name in input_names:
+                            collector.update(name, arr)
+                    if emulator is not None:
+                        emulator.run(batch, observe=observe)
+                    batches += 1
+                    first = next(iter(batch.values()), None)
+                    samples += int(first.shape[0]) if first is not None and np.ndim(first) else 1
+                if sess is not None:
+                    _run_chunk(sess, chunks[index], batch, collector)
+                bar.advance(task)
+            sess = first_session = None  # one session alive at a time
     if batches == 0:
         raise InvalidInputError(format_message("Calibration feeds", "no batches", "at least one batch"))
     source = {
