@@ -95,6 +95,37 @@ def conv_windows(
     return win[slc]
 
 
+def _conv_channels_last(
+    x: np.ndarray,
+    w: np.ndarray,
+    kernel: tuple[int, ...],
+    strides: list[int],
+    dil: list[int],
+    begin: list[int],
+    end: list[int],
+) -> np.ndarray:
+    """Ungrouped conv as one GEMM over channels-last im2col rows: (N*P, K*C) @ (K*C, M) -> (N, M, P)."""
+    sp = len(kernel)
+    batch, chans, m = x.shape[0], x.shape[1], w.shape[0]
+    if any(begin) or any(end):
+        x = np.pad(x, [(0, 0), (0, 0)] + list(zip(begin, end, strict=True)))
+    xh = np.ascontiguousarray(np.moveaxis(x, 1, -1))  # N, S.., C
+    eff = tuple((k - 1) * d + 1 for k, d in zip(kernel, dil, strict=True))
+    win = sliding_window_view(xh, eff, axis=tuple(range(1, 1 + sp)))  # N, O.., C, E..
+    win = win[
+        (slice(None),)
+        + tuple(slice(None, None, s) for s in strides)
+        + (slice(None),)
+        + tuple(slice(None, None, d) for d in dil)
+    ]
+    p = int(np.prod(win.shape[1 : 1 + sp]))
+    kf = int(np.prod(kernel))
+    perm = (0,) + tuple(range(1, 1 + sp)) + tuple(range(2 + sp, 2 + 2 * sp)) + (1 + sp,)
+    cols = np.ascontiguousarray(win.transpose(perm)).reshape(batch * p, kf * chans)
+    wk = w.transpose(tuple(range(2, 2 + sp)) + (1, 0)).reshape(kf * chans, m)
+    return (cols @ wk).reshape(batch, p, m).transpose(0, 2, 1)  # FP32 accumulation
+
+
 def conv(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
     """ONNX Conv (1-D/2-D/3-D, groups, pads, strides, dilations, auto_pad) via im2col + GEMM."""
     xin, w = x[0], x[1]
@@ -103,19 +134,18 @@ def conv(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
     kernel = tuple(w.shape[2:])
     sp = len(kernel)
     strides, dil, begin, end = _conv_geometry(n, xin.shape[2:], kernel)
-    win = conv_windows(xin, kernel, strides, dil, begin, end)
     batch, chans = xin.shape[:2]
-    out_sp = win.shape[2 : 2 + sp]
-    p = int(np.prod(out_sp))
-    kf = int(np.prod(kernel))
+    out_sp = tuple(
+        (xin.shape[2 + i] + begin[i] + end[i] - (kernel[i] - 1) * dil[i] - 1) // strides[i] + 1
+        for i in range(sp)
+    )
     m = w.shape[0]
     if group == 1:
-        # (C, K.., N, O..): the copy reads rows of the output grid, and one GEMM does the whole batch.
-        perm = (1,) + tuple(range(2 + sp, 2 + 2 * sp)) + (0,) + tuple(range(2, 2 + sp))
-        cols = np.ascontiguousarray(win.transpose(perm)).reshape(chans * kf, batch * p)
-        y = (w.reshape(m, chans * kf) @ cols).reshape(m, batch, p).transpose(1, 0, 2)  # FP32 accumulation
+        y = _conv_channels_last(xin, w, kernel, strides, dil, begin, end)
     else:
+        win = conv_windows(xin, kernel, strides, dil, begin, end)
         cg, mg = chans // group, m // group
+        p, kf = int(np.prod(out_sp)), int(np.prod(kernel))
         cols = np.ascontiguousarray(win).reshape(batch, group, cg, p, kf)
         wg = w.reshape(group, mg, cg, kf)
         y = np.einsum("ngcpk,gmck->ngmp", cols, wg, optimize=True).reshape(batch, m, p)
