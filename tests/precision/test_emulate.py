@@ -799,3 +799,38 @@ def test_duplicate_node_names_get_unique_addresses():
     assert list(emu.node_addresses()) == ["n", "n_1"]
     out = emu.run({"x": np.array([1.0, -2.0, 3.0], np.float32)}, {"n_1": Precision.FP16}).outputs["y"]
     np.testing.assert_array_equal(out, [-1.0, 0.0, -3.0])
+
+
+def _f16_oracle_softmax(x):
+    h = x.astype(np.float16)
+    d = h - h.max(axis=-1, keepdims=True)
+    e = np.exp(d.astype(np.float32)).astype(np.float16)
+    s = e.astype(np.float32).sum(axis=-1, keepdims=True).astype(np.float16)  # FP32 accumulator, stored FP16
+    return e / s
+
+
+def _f16_oracle_layernorm(x, eps=1e-5):
+    h = x.astype(np.float16)
+    mean = h.astype(np.float32).mean(axis=-1, keepdims=True).astype(np.float16)
+    d = h - mean
+    var = (d * d).astype(np.float32).mean(axis=-1, keepdims=True).astype(np.float16)
+    std = np.sqrt((var + np.float16(eps)).astype(np.float32)).astype(np.float16)
+    return d / std
+
+
+@pytest.mark.parametrize("op", ["Softmax", "LayerNormalization"])
+def test_fp16_softmax_and_layernorm_round_every_step(op, rng):
+    """Bit-exact against numpy float16 arithmetic done one step at a time (each op rounds to FP16)."""
+    x = (rng.standard_normal((6, 32)) * 4).astype(np.float32)
+    if op == "Softmax":
+        node = helper.make_node(op, ["x"], ["y"], name="op", axis=-1)
+        model = make_model([node], [("x", [6, 32])], [("y", None)])
+        want = _f16_oracle_softmax(x)
+    else:
+        node = helper.make_node(op, ["x", "s"], ["y"], name="op", axis=-1)
+        model = make_model([node], [("x", [6, 32])], [("y", None)], [_init("s", np.ones(32, np.float32))])
+        want = _f16_oracle_layernorm(x)
+    run = GraphEmulator(model).run({"x": x}, {"op": Precision.FP16}, keep=True)
+    np.testing.assert_array_equal(run.tensors["y"], want)
+    fp32 = GraphEmulator(model).run({"x": x}).outputs["y"]
+    assert not np.array_equal(want.astype(np.float32), fp32)
