@@ -387,53 +387,66 @@ def calibrate(
         except ModelLoadError as err:
             logger.warning("ONNX Runtime cannot run the model (%s); calibrating with the numpy emulator", err)
             unknown, chunks = unknown + [n for c in chunks for n in c], []
-    has_bodies = any(a.type in (5, 10) for n in model.graph.node for a in n.attribute)  # GRAPH, GRAPHS
-    emulator = None
-    if has_bodies or unknown:
-        from mpinfer.precision.emulate import GraphEmulator
-
-        emulator = GraphEmulator(model)
     passes = max(1, len(chunks))
     if passes > 1 and iter(feeds) is feeds:  # a one-shot iterator cannot be read once per pass
         feeds = list(feeds)
     logger.info("calibrating %d tensors in %d pass(es) over the data", len(known) + len(unknown), passes)
-    collector = StatsCollector()
-    observe = _observer(collector, set(unknown))
-    input_names = {vi.name for vi in model.graph.input}
-    specs = specs_from_onnx(model)
-    batches = samples = 0
+    first_pass = _FirstPass(model, unknown)
     with _progress(progress) as bar:
         task = bar.add_task("calibrate", total=len(feeds) * passes if isinstance(feeds, Sized) else None)
         for index in range(passes):
             sess = first_session if index == 0 else _ort_session_for(model, chunks[index], types)
             for batch in feeds:
                 if index == 0:
-                    check_feeds(batch, specs, where="calibration")  # clear message naming the input
-                    for name, arr in batch.items():
-                        if name in input_names:
-                            collector.update(name, arr)
-                    if emulator is not None:
-                        emulator.run(batch, observe=observe)
-                    batches += 1
-                    first = next(iter(batch.values()), None)
-                    samples += int(first.shape[0]) if first is not None and np.ndim(first) else 1
+                    first_pass.add(batch)
                 if sess is not None:
-                    _run_chunk(sess, chunks[index], batch, collector)
+                    _run_chunk(sess, chunks[index], batch, first_pass.collector)
                 bar.advance(task)
             sess = first_session = None  # one session alive at a time
-    if batches == 0:
+    if first_pass.batches == 0:
         raise InvalidInputError(format_message("Calibration feeds", "no batches", "at least one batch"))
     source = {
         "source": getattr(feeds, "description", "in-memory batches"),
         "kind": getattr(feeds, "kind", "arrays"),
-        "samples": samples,
-        "batches": batches,
+        "samples": first_pass.samples,
+        "batches": first_pass.batches,
     }
-    results = collector.results()
+    results = first_pass.collector.results()
     logger.info(
-        "calibrated %d tensors over %d batches in %.1fs", len(results), batches, time.perf_counter() - start
+        "calibrated %d tensors over %d batches in %.1fs",
+        len(results),
+        first_pass.batches,
+        time.perf_counter() - start,
     )
     return CalibrationStats(results, source)
+
+
+class _FirstPass:
+    """What the first pass over the data does besides ONNX Runtime: checks, inputs, bodies, counts."""
+
+    def __init__(self, model: Any, emulated: list[str]) -> None:
+        self.collector = StatsCollector()
+        self.batches = self.samples = 0
+        self._specs = specs_from_onnx(model)
+        self._inputs = {vi.name for vi in model.graph.input}
+        self._observe = _observer(self.collector, set(emulated))
+        has_bodies = any(a.type in (5, 10) for n in model.graph.node for a in n.attribute)  # GRAPH(S)
+        self._emulator = None
+        if has_bodies or emulated:
+            from mpinfer.precision.emulate import GraphEmulator
+
+            self._emulator = GraphEmulator(model)
+
+    def add(self, batch: Mapping[str, np.ndarray]) -> None:
+        check_feeds(batch, self._specs, where="calibration")  # a clear message naming the input
+        for name, arr in batch.items():
+            if name in self._inputs:
+                self.collector.update(name, arr)
+        if self._emulator is not None:
+            self._emulator.run(batch, observe=self._observe)
+        self.batches += 1
+        first = next(iter(batch.values()), None)
+        self.samples += int(first.shape[0]) if first is not None and np.ndim(first) else 1
 
 
 def _observer(collector: StatsCollector, main_names: set[str]) -> Any:

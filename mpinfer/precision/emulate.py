@@ -131,7 +131,7 @@ class GraphEmulator:
         self._fallback: dict[str, str] = {}
         self._rounded: dict[tuple[str, Precision], np.ndarray] = {}
         self._main = self._compile(model.graph, "", top=True)
-        self._last_use = self._last_uses(self._main)
+        self._last_use = _last_uses(self._main)
 
     # -- public API -------------------------------------------------------------------------------
     def unsupported_ops(self) -> set[str]:
@@ -247,35 +247,15 @@ class GraphEmulator:
         inits = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
         inputs = [vi.name for vi in graph.input]
         steps = []
-        for index, node in enumerate(self._toposort(graph, inits)):
+        for index, node in enumerate(_toposort(graph, inits)):
             steps.append(self._compile_node(node, prefix, index))
             if top:
-                for addr in self._addresses_under(steps[-1]):
+                for addr in _addresses_under(steps[-1]):
                     self._owner[addr] = len(steps) - 1
         defined = set(inits) | {vi.name for vi in graph.input} | {o for s in steps for o in s.outputs}
         outer = {r for s in steps for r in s.reads if r and r not in defined}
         types = [vi.type.tensor_type.elem_type for vi in graph.output]
         return _Graph(prefix, steps, inputs, [vi.name for vi in graph.output], types, inits, outer)
-
-    @staticmethod
-    def _toposort(graph: Any, inits: Mapping[str, Any]) -> list[Any]:
-        """Graph nodes in an order where producers come first (ONNX requires it; some exporters forget)."""
-        produced = {o for node in graph.node for o in node.output if o}
-        ready = set(inits) | {vi.name for vi in graph.input}
-        pending, order = list(graph.node), []
-        while pending:
-            rest = []
-            for node in pending:
-                if all(i in ready or i not in produced for i in node.input if i):
-                    order.append(node)
-                    ready.update(node.output)
-                else:
-                    rest.append(node)
-            if len(rest) == len(pending):  # a cycle or a dangling name: keep the file's order
-                order.extend(rest)
-                break
-            pending = rest
-        return order
 
     def _compile_node(self, node: Any, prefix: str, index: int) -> _Step:
         from onnx import AttributeProto, helper, numpy_helper
@@ -309,27 +289,6 @@ class GraphEmulator:
         for body in bodies.values():
             reads |= body.outer_reads
         return _Step(info, list(node.input), list(node.output), kernel, bodies, reads)
-
-    @staticmethod
-    def _addresses_under(step: _Step) -> list[str]:
-        out = [step.info.address]
-        todo = list(step.bodies.values())
-        while todo:
-            g = todo.pop()
-            for s in g.steps:
-                out.append(s.info.address)
-                todo.extend(s.bodies.values())
-        return out
-
-    @staticmethod
-    def _last_uses(graph: _Graph) -> dict[str, int]:
-        last: dict[str, int] = {}
-        for idx, step in enumerate(graph.steps):
-            for name in step.reads:
-                last[name] = idx
-        for name in graph.outputs:
-            last[name] = len(graph.steps)  # never freed
-        return last
 
     def _check_low(self, low: Mapping[str, Precision] | None) -> dict[str, Precision]:
         out: dict[str, Precision] = {}
@@ -473,3 +432,44 @@ class GraphEmulator:
             return self._body(body, bindings, scope, state)
 
         return CONTROL_FLOW_KERNELS[step.info.op_type](step.info, step.bodies, ins, run_body)
+
+
+def _toposort(graph: Any, inits: Mapping[str, Any]) -> list[Any]:
+    """Graph nodes in an order where producers come first (ONNX requires it; some exporters forget)."""
+    produced = {o for node in graph.node for o in node.output if o}
+    ready = set(inits) | {vi.name for vi in graph.input}
+    pending, order = list(graph.node), []
+    while pending:
+        rest = []
+        for node in pending:
+            if all(i in ready or i not in produced for i in node.input if i):
+                order.append(node)
+                ready.update(node.output)
+            else:
+                rest.append(node)
+        if len(rest) == len(pending):  # a cycle or a dangling name: keep the file's order
+            order.extend(rest)
+            break
+        pending = rest
+    return order
+
+
+def _addresses_under(step: _Step) -> list[str]:
+    out = [step.info.address]
+    todo = list(step.bodies.values())
+    while todo:
+        g = todo.pop()
+        for s in g.steps:
+            out.append(s.info.address)
+            todo.extend(s.bodies.values())
+    return out
+
+
+def _last_uses(graph: _Graph) -> dict[str, int]:
+    last: dict[str, int] = {}
+    for idx, step in enumerate(graph.steps):
+        for name in step.reads:
+            last[name] = idx
+    for name in graph.outputs:
+        last[name] = len(graph.steps)  # never freed
+    return last
