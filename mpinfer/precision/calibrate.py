@@ -13,11 +13,14 @@ iteration). The planner (``convert``) reads these numbers and stores them in the
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
+import tempfile
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sized
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -54,6 +57,9 @@ def _bin_of(value: float) -> int:
 
 # Percentile reported as "p999".
 PERCENTILE = 99.9
+# Models with more weight bytes than this are calibrated from a temporary external-data copy, so the
+# per-chunk session models are graph-only protos instead of full copies of the weights.
+IN_MEMORY_LIMIT = 256 * 2**20
 # Tensors fetched per pass of ONNX Runtime over the data: bounds the memory of one batch's intermediates
 # (a BERT-base layer stack at batch 16 x 128 tokens is ~6 MB per tensor); larger graphs take more passes.
 MAX_OUTPUTS_PER_SESSION = 256
@@ -316,18 +322,52 @@ def _chunks(model: Any, names: list[str]) -> list[list[str]]:
     return [names[i : i + MAX_OUTPUTS_PER_SESSION] for i in range(0, len(names), MAX_OUTPUTS_PER_SESSION)]
 
 
-def _ort_session_for(model: Any, names: list[str], types: Mapping[str, int]) -> Any:
-    """An ONNX Runtime session whose outputs are exactly ``names`` (the model's own outputs dropped)."""
-    import onnx
-    from onnx import helper
+class _Sessions:
+    """Builds ONNX Runtime sessions whose outputs are chosen tensors, without copying big weights.
 
-    from mpinfer.modelio import ort_session
+    A model above ``IN_MEMORY_LIMIT`` bytes is written once to a temporary folder with external data; each
+    session's model is then a graph-only proto (a few KB) pointing at that data file.
+    """
 
-    m = onnx.ModelProto()
-    m.CopyFrom(model)
-    del m.graph.output[:]
-    m.graph.output.extend(helper.make_tensor_value_info(n, types[n], None) for n in names)
-    return ort_session(m)
+    def __init__(self, model: Any, types: Mapping[str, int]) -> None:
+        self._model = model
+        self._types = types
+        self._tmp: tempfile.TemporaryDirectory[str] | None = None
+        if _weight_bytes(model) > IN_MEMORY_LIMIT:
+            import onnx
+
+            from mpinfer.modelio import save_onnx
+
+            self._tmp = tempfile.TemporaryDirectory(prefix="mpinfer-calibrate-")
+            path = save_onnx(model, Path(self._tmp.name) / "model.onnx", external_data=True)
+            self._model = onnx.load(str(path), load_external_data=False)
+
+    def session(self, names: list[str]) -> Any:
+        """A session returning ``names`` (in that order)."""
+        import onnx
+        from onnx import helper
+
+        from mpinfer.modelio import ort_session
+
+        m = onnx.ModelProto()
+        m.CopyFrom(self._model)
+        del m.graph.output[:]
+        m.graph.output.extend(helper.make_tensor_value_info(n, self._types[n], None) for n in names)
+        if self._tmp is None:
+            return ort_session(m)
+        path = Path(self._tmp.name) / "outputs.onnx"  # next to model.onnx.data, which it references
+        path.write_bytes(m.SerializeToString())
+        return ort_session(path)
+
+    def close(self) -> None:
+        """Remove the temporary copy, if any."""
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+
+
+def _weight_bytes(model: Any) -> int:
+    return sum(len(t.raw_data) + 4 * len(t.float_data) for t in model.graph.initializer)
 
 
 def _progress(progress: bool) -> Any:
@@ -374,16 +414,19 @@ def calibrate(
     Raises:
         InvalidInputError: No batches, or feeds the model does not accept (names, dtypes, shapes).
     """
-    from mpinfer.modelio import name_nodes
+    from mpinfer.modelio import iter_nodes, name_nodes
 
     start = time.perf_counter()
-    model = name_nodes(model)
+    addresses = [ref.address for ref in iter_nodes(model.graph)]
+    if any(not a or a.endswith("/") for a in addresses) or len(set(addresses)) != len(addresses):
+        model = name_nodes(model)  # a copy; skipped for models already named, as big ones are
     known, unknown, types = _float_tensors(model)
     chunks = _chunks(model, known)
     first_session = None
+    sessions = _Sessions(model, types)
     if chunks:
         try:
-            first_session = _ort_session_for(model, chunks[0], types)
+            first_session = sessions.session(chunks[0])
         except ModelLoadError as err:
             logger.warning("ONNX Runtime cannot run the model (%s); calibrating with the numpy emulator", err)
             unknown, chunks = unknown + [n for c in chunks for n in c], []
@@ -392,10 +435,10 @@ def calibrate(
         feeds = list(feeds)
     logger.info("calibrating %d tensors in %d pass(es) over the data", len(known) + len(unknown), passes)
     first_pass = _FirstPass(model, unknown)
-    with _progress(progress) as bar:
+    with _progress(progress) as bar, contextlib.closing(sessions):
         task = bar.add_task("calibrate", total=len(feeds) * passes if isinstance(feeds, Sized) else None)
         for index in range(passes):
-            sess = first_session if index == 0 else _ort_session_for(model, chunks[index], types)
+            sess = first_session if index == 0 else sessions.session(chunks[index])
             for batch in feeds:
                 if index == 0:
                     first_pass.add(batch)

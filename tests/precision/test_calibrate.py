@@ -166,3 +166,19 @@ def test_many_tensors_take_several_passes_with_the_same_result(exported, monkeyp
             want = getattr(b, key)
             assert getattr(a, key) == (want if want is None else pytest.approx(want, rel=1e-3, abs=1e-6)), key
         assert a.p999 == pytest.approx(b.p999, rel=0.07), name
+
+
+def test_big_models_are_calibrated_from_an_external_data_copy(exported, monkeypatch):
+    import mpinfer.precision.calibrate as cal
+
+    model, feeds = exported("digits_cnn")
+    before = model.SerializeToString()
+    in_memory = calibrate(model, [feeds], progress=False)
+    monkeypatch.setattr(cal, "IN_MEMORY_LIMIT", 0)  # treat the model as big
+    monkeypatch.setattr(cal, "MAX_OUTPUTS_PER_SESSION", 3)
+    external = calibrate(model, [feeds], progress=False)
+    assert model.SerializeToString() == before  # the caller's model is not modified
+    assert set(external) == set(in_memory)
+    for name in in_memory:
+        assert external[name].absmax == pytest.approx(in_memory[name].absmax, rel=1e-5), name
+        assert external[name].count == in_memory[name].count
