@@ -57,6 +57,13 @@ def _bin_of(value: float) -> int:
 
 # Percentile reported as "p999".
 PERCENTILE = 99.9
+# What statistics from generated data mean, for the caller to show once.
+RANDOM_DATA_WARNING = (
+    "Calibration used seeded random data drawn from the input specs' ranges, not real inputs: activation "
+    "ranges, overflow and underflow figures describe that data and real inputs may differ (wider ranges "
+    "can overflow FP16 where this plan says it is safe). Pass --calibration with a few hundred "
+    "representative samples."
+)
 # Models with more weight bytes than this are calibrated from a temporary external-data copy, so the
 # per-chunk session models are graph-only protos instead of full copies of the weights.
 IN_MEMORY_LIMIT = 256 * 2**20
@@ -254,6 +261,10 @@ class CalibrationStats(Mapping[str, TensorStats]):
     def is_random(self) -> bool:
         """True when the statistics come from generated random data (the caller should warn)."""
         return self.source.get("kind") == "random"
+
+    def warning(self) -> str | None:
+        """The warning to show when the statistics come from random data, else None."""
+        return RANDOM_DATA_WARNING if self.is_random else None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (``schema_version`` 1)."""

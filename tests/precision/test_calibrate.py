@@ -103,7 +103,7 @@ def test_overflow_detected_on_random_feeds_and_round_trip():
     model = _scale_model(1e5)
     feeds = load_feeds("random:3", specs_from_onnx(model), batch_size=8, dims={"unk__0": 8})
     stats = calibrate(model, feeds, progress=False)
-    assert stats.is_random
+    assert stats.is_random and "random data" in stats.warning()
     assert stats.source["kind"] == "random" and stats.source["batches"] == 3
     assert stats["x"].fp16_overflow_frac == 0.0
     # uniform [-1, 1] * 1e5 exceeds 65504 with probability 1 - 0.65504 = 0.345
@@ -126,7 +126,8 @@ def test_real_model_and_data_match_a_direct_run(exported, tmp_path):
     spec = parse_tensor_spec("input_0:batchx1x8x8:float32")
     feeds = load_feeds(tmp_path / "digits.npz", [spec], batch_size=16)
     stats = calibrate(model, feeds, progress=True)
-    assert not stats.is_random and stats.source["samples"] == 40 and stats.source["batches"] == 3
+    assert not stats.is_random and stats.warning() is None
+    assert stats.source["samples"] == 40 and stats.source["batches"] == 3
     out = model.graph.output[0].name
     want = max(float(np.abs(ort_run(model, b)[out]).max()) for b in feeds)
     assert stats[out].absmax == pytest.approx(want, rel=1e-6)
