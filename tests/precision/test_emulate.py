@@ -425,6 +425,16 @@ OP_CASES = [
         18,
     ),
     (
+        "rmsnorm",
+        "RMSNormalization",
+        [("x", [2, 4, 9])],
+        [("y", None)],
+        {"epsilon": 1e-3, "axis": 1},
+        [("s", R.standard_normal((4, 9)).astype(np.float32))],
+        {"x": R.standard_normal((2, 4, 9)).astype(np.float32)},
+        23,
+    ),
+    (
         "trilu-fallback",
         "Trilu",
         [("x", [4, 4])],

@@ -11,8 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from mpinfer.precision.kernels.numerics import NodeInfo
-from mpinfer.precision.kernels.pool import UnsupportedVariant
+from mpinfer.precision.kernels.numerics import NodeInfo, UnsupportedVariant
 
 BodyRunner = Callable[[Any, Mapping[str, Any]], list[Any]]
 

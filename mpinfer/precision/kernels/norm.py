@@ -13,8 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from mpinfer.precision.kernels.numerics import NodeInfo, Numerics
-from mpinfer.precision.kernels.pool import UnsupportedVariant
+from mpinfer.precision.kernels.numerics import NodeInfo, Numerics, UnsupportedVariant
 
 
 def _axes(n: NodeInfo, x: list[Any], ndim: int) -> tuple[int, ...] | None:
@@ -147,6 +146,16 @@ def layer_norm(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
     return [y.astype(v.dtype), mean, inv]
 
 
+def rms_norm(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
+    """RMSNormalization (opset 23): x / sqrt(mean(x^2) + eps) * scale, each step rounded."""
+    v = x[0]
+    axis = int(n.get("axis", -1)) % v.ndim
+    r = num.r
+    ms = r(np.mean(r(v * v), axis=tuple(range(axis, v.ndim)), keepdims=True, dtype=np.float32))
+    rms = r(np.sqrt(r(ms + np.float32(n.get("epsilon", 1e-5)))))
+    return [(r(v / rms) * x[1]).astype(v.dtype)]
+
+
 def batch_norm(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
     """BatchNormalization (inference): folded to y = x * a + b, a and b computed in FP32, then rounded."""
     if n.get("training_mode", 0) or len(n.node.output) > 1:
@@ -225,6 +234,7 @@ KERNELS = {
     "Softmax": softmax,
     "LogSoftmax": log_softmax,
     "LayerNormalization": layer_norm,
+    "RMSNormalization": rms_norm,
     "BatchNormalization": batch_norm,
     "InstanceNormalization": instance_norm,
     "GroupNormalization": group_norm,

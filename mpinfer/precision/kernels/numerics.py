@@ -22,6 +22,10 @@ from mpinfer.specs import Precision
 LOW_KINDS = ("float16", "bfloat16")
 
 
+class UnsupportedVariant(Exception):
+    """Raised by a kernel for an attribute combination it does not implement (the caller falls back)."""
+
+
 def is_float(x: Any) -> bool:
     """True for float32/float16/bfloat16/float64 arrays."""
     return isinstance(x, np.ndarray) and (x.dtype.kind == "f" or x.dtype.name == "bfloat16")

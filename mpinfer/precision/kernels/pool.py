@@ -12,11 +12,7 @@ from typing import Any
 import numpy as np
 
 from mpinfer.precision.kernels.linalg import _conv_geometry, conv_windows
-from mpinfer.precision.kernels.numerics import NodeInfo, Numerics
-
-
-class UnsupportedVariant(Exception):
-    """Raised by a kernel for an attribute combination it does not implement (the caller falls back)."""
+from mpinfer.precision.kernels.numerics import NodeInfo, Numerics, UnsupportedVariant
 
 
 def _pool_geometry(

@@ -6,8 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from mpinfer.precision.kernels.numerics import NodeInfo, Numerics
-from mpinfer.precision.kernels.pool import UnsupportedVariant
+from mpinfer.precision.kernels.numerics import NodeInfo, Numerics, UnsupportedVariant
 
 
 def _ints(v: Any) -> list[int]:
