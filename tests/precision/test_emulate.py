@@ -95,6 +95,16 @@ OP_CASES = [
         17,
     ),
     (
+        "conv-depthwise-multiplier",
+        "Conv",
+        [("x", [2, 4, 9, 9])],
+        [("y", None)],
+        {"group": 4, "pads": [1, 2, 1, 0], "dilations": [1, 2]},
+        [("w", R.standard_normal((8, 1, 3, 2)).astype(np.float32)), ("b", np.ones(8, np.float32))],
+        {"x": X4},
+        17,
+    ),
+    (
         "conv-1d",
         "Conv",
         [("x", [2, 3, 11])],

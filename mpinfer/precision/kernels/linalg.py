@@ -142,13 +142,28 @@ def conv(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
     m = w.shape[0]
     if group == 1:
         y = _conv_channels_last(xin, w, kernel, strides, dil, begin, end)
-    else:
-        win = conv_windows(xin, kernel, strides, dil, begin, end)
+    elif chans == group:  # depthwise (times a channel multiplier): one multiply-add per kernel tap
+        win = conv_windows(xin, kernel, strides, dil, begin, end)  # N, C, O.., K.. (a view)
+        mult = m // group
+        y = np.zeros((batch, m) + out_sp, dtype=np.result_type(xin, w))
+        tmp = np.empty_like(y)
+        for tap in itertools.product(*[range(k) for k in kernel]):
+            xk = win[(Ellipsis,) + tap]
+            if mult > 1:
+                xk = np.repeat(xk, mult, axis=1)
+            np.multiply(xk, w[(slice(None), 0) + tap].reshape((1, m) + (1,) * sp), out=tmp)
+            y += tmp  # FP32 accumulation
+    else:  # grouped: one GEMM per group
         cg, mg = chans // group, m // group
-        p, kf = int(np.prod(out_sp)), int(np.prod(kernel))
-        cols = np.ascontiguousarray(win).reshape(batch, group, cg, p, kf)
-        wg = w.reshape(group, mg, cg, kf)
-        y = np.einsum("ngcpk,gmck->ngmp", cols, wg, optimize=True).reshape(batch, m, p)
+        y = np.concatenate(
+            [
+                _conv_channels_last(
+                    xin[:, g * cg : (g + 1) * cg], w[g * mg : (g + 1) * mg], kernel, strides, dil, begin, end
+                )
+                for g in range(group)
+            ],
+            axis=1,
+        )
     y = y.reshape((batch, m) + tuple(out_sp))
     if bias is not None:
         y = y + bias.reshape((1, m) + (1,) * sp)
