@@ -48,17 +48,48 @@ def run_loop(n: NodeInfo, bodies: Mapping[str, Any], ins: list[Any], run_body: B
 
 
 def run_scan(n: NodeInfo, bodies: Mapping[str, Any], ins: list[Any], run_body: BodyRunner) -> list[Any]:
-    """Scan (opset 9+): states carried, inputs sliced along their scan axes, outputs stacked."""
-    if n.opset < 9:
-        raise UnsupportedVariant("Scan-8 (batched form)")
+    """Scan: states carried, inputs sliced along their scan axes, outputs stacked (opset 8's batch too)."""
     body = bodies["body"]
     m = int(n.get("num_scan_inputs"))
+    if n.opset < 9:  # Scan-8: [sequence_lens], states and inputs with a leading batch axis
+        lens, rest = ins[0], ins[1:]
+        states, xs = list(rest[: len(rest) - m]), rest[len(rest) - m :]
+        if lens is not None and np.any(np.asarray(lens) != xs[0].shape[1]):
+            raise UnsupportedVariant("Scan-8 with per-sample sequence lengths")
+        dirs = list(n.get("directions") or [0] * m)
+        per_sample = [
+            _scan(body, [s[b] for s in states], [x[b] for x in xs], [0] * m, dirs, None, None, run_body)
+            for b in range(xs[0].shape[0])
+        ]
+        return [np.stack(vals) for vals in zip(*per_sample, strict=True)]
     states, xs = list(ins[: len(ins) - m]), ins[len(ins) - m :]
     in_axes = list(n.get("scan_input_axes") or [0] * m)
     in_dirs = list(n.get("scan_input_directions") or [0] * m)
+    return _scan(
+        body,
+        states,
+        xs,
+        in_axes,
+        in_dirs,
+        n.get("scan_output_axes"),
+        n.get("scan_output_directions"),
+        run_body,
+    )
+
+
+def _scan(
+    body: Any,
+    states: list[Any],
+    xs: list[Any],
+    in_axes: list[int],
+    in_dirs: list[int],
+    out_axes: Any,
+    out_dirs: Any,
+    run_body: BodyRunner,
+) -> list[Any]:
     n_out = len(body.outputs) - len(states)
-    out_axes = list(n.get("scan_output_axes") or [0] * n_out)
-    out_dirs = list(n.get("scan_output_directions") or [0] * n_out)
+    out_axes = list(out_axes or [0] * n_out)
+    out_dirs = list(out_dirs or [0] * n_out)
     length = xs[0].shape[in_axes[0] % xs[0].ndim]
     outs: list[list[np.ndarray]] = [[] for _ in range(n_out)]
     for t in range(length):
