@@ -445,6 +445,51 @@ OP_CASES = [
         23,
     ),
     (
+        "lstm-bidirectional-peepholes",
+        "LSTM",
+        [("x", [5, 2, 3])],
+        [("y", None), ("yh", None), ("yc", None)],
+        {"hidden_size": 4, "direction": "bidirectional"},
+        [
+            ("w", R.standard_normal((2, 16, 3)).astype(np.float32) * 0.5),
+            ("r", R.standard_normal((2, 16, 4)).astype(np.float32) * 0.5),
+            ("b", R.standard_normal((2, 32)).astype(np.float32) * 0.1),
+            ("lens", np.array([5, 5], np.int32)),
+            ("h0", R.standard_normal((2, 2, 4)).astype(np.float32)),
+            ("c0", R.standard_normal((2, 2, 4)).astype(np.float32)),
+            ("p", R.standard_normal((2, 12)).astype(np.float32) * 0.3),
+        ],
+        {"x": R.standard_normal((5, 2, 3)).astype(np.float32)},
+        17,
+    ),
+    (
+        "gru-reverse-linear-before-reset",
+        "GRU",
+        [("x", [6, 3, 5])],
+        [("y", None), ("yh", None)],
+        {"hidden_size": 4, "direction": "reverse", "linear_before_reset": 1},
+        [
+            ("w", R.standard_normal((1, 12, 5)).astype(np.float32) * 0.5),
+            ("r", R.standard_normal((1, 12, 4)).astype(np.float32) * 0.5),
+            ("b", R.standard_normal((1, 24)).astype(np.float32) * 0.1),
+        ],
+        {"x": R.standard_normal((6, 3, 5)).astype(np.float32)},
+        17,
+    ),
+    (
+        "gru-default",
+        "GRU",
+        [("x", [6, 3, 5])],
+        [("y", None), ("yh", None)],
+        {"hidden_size": 4},
+        [
+            ("w", R.standard_normal((1, 12, 5)).astype(np.float32) * 0.5),
+            ("r", R.standard_normal((1, 12, 4)).astype(np.float32) * 0.5),
+        ],
+        {"x": R.standard_normal((6, 3, 5)).astype(np.float32)},
+        17,
+    ),
+    (
         "trilu-fallback",
         "Trilu",
         [("x", [4, 4])],
@@ -857,3 +902,16 @@ def test_fp16_softmax_and_layernorm_round_every_step(op, rng):
     np.testing.assert_array_equal(run.tensors["y"], want)
     fp32 = GraphEmulator(model).run({"x": x}).outputs["y"]
     assert not np.array_equal(want.astype(np.float32), fp32)
+
+
+def test_lstm_in_fp16_keeps_its_state_in_fp16(rng):
+    case = next(c for c in OP_CASES if c[0] == "lstm-bidirectional-peepholes")
+    _id, op, ins, outs, attrs, inits, feeds, opset = case
+    emu = GraphEmulator(_single(op, ins, outs, attrs, inits, opset))
+    exact = emu.run(feeds).outputs
+    run = emu.run(feeds, {"LSTM_0": Precision.FP16}, keep=True)
+    assert run.tensors["y"].dtype == np.float16
+    err = np.abs(run.outputs["y"] - exact["y"]).max()
+    assert 1e-5 < err < 1e-2
+    h = emu.run(feeds, {"LSTM_0": Precision.BF16}).outputs["y"]
+    assert np.abs(h - exact["y"]).max() > err  # BF16 keeps 8 bits, FP16 11
