@@ -138,6 +138,12 @@ def _gelu(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
     return [(r(v * np.float32(0.5)) * one_plus).astype(v.dtype)]
 
 
+def _swish(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
+    v = x[0]
+    gate = num.r(_sigmoid(num.r(v * np.float32(n.get("alpha", 1.0)))))
+    return [(v * gate).astype(v.dtype)]
+
+
 def _softplus(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
     v = x[0]
     # Stable form max(x, 0) + log1p(exp(-|x|)): no intermediate overflow, as a real kernel would do it.
@@ -231,6 +237,7 @@ KERNELS: dict[str, Kernel] = {
     "HardSwish": _hard_swish,
     "Gelu": _gelu,
     "Softplus": _softplus,
+    "Swish": _swish,
     "Softsign": _softsign,
     "Mish": _mish,
     "ThresholdedRelu": _thresholded_relu,
