@@ -1,0 +1,326 @@
+"""Rewrite a graph from a plan: each node computes in its planned precision, with Casts only where a
+tensor's dtype and its consumer's disagree.
+
+* Casts are shared per (tensor, dtype) and named ``<tensor>__cast_to_fp16`` (node and output); a cast
+  that narrows a tensor which is itself a widening cast of a low tensor reuses the low tensor instead
+  (redundant pair folded).
+* Initializers are converted once, in place, when every consumer wants the low dtype, and duplicated
+  (``<name>__fp16``) only when consumers disagree. Constant nodes are converted like nodes.
+* dtype-carrying attributes of low nodes are patched: ``Cast.to``, ``ConstantOfShape.value``,
+  ``RandomNormal/RandomUniform(Like).dtype``, ``EyeLike.dtype``, ``Constant.value``.
+* If/Loop/Scan bodies are rewritten like the main graph; values from the outer scope are cast inside the
+  body where they enter, and body outputs are cast back so the container's interface keeps its types.
+* ``value_info`` is retyped; graph inputs/outputs keep FP32 with ``keep_io_types``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from mpinfer.precision.graphinfo import FLOAT, FLOAT16, GraphInfo, Slots
+from mpinfer.specs import Precision
+
+logger = logging.getLogger(__name__)
+
+CAST_TAG = {FLOAT: "fp32", FLOAT16: "fp16", 16: "bf16"}
+# Ops whose output dtype is set by a ``dtype`` attribute (absent = FLOAT for the first two).
+DTYPE_ATTR_OPS = {"RandomNormal": True, "RandomUniform": True, "RandomNormalLike": False,
+                  "RandomUniformLike": False, "EyeLike": False, "Bernoulli": False}
+
+
+def low_array(arr: np.ndarray, low: Precision) -> np.ndarray:
+    """``arr`` in the low dtype (FP16 or BF16)."""
+    return arr.astype(low.numpy_dtype)
+
+
+def to_low_tensor(tensor: Any, low: Precision) -> Any:
+    """A TensorProto with the same name and shape in the low dtype."""
+    from onnx import numpy_helper
+
+    arr = numpy_helper.to_array(tensor)
+    out = numpy_helper.from_array(low_array(arr, low), tensor.name)
+    return out
+
+
+class GraphRewriter:
+    """Applies node precisions to a (named) model.
+
+    Args:
+        info: Analysis of the model as planned (FP32 types).
+        precisions: Node address → precision.
+        low: FP16 or BF16.
+        keep_io_types: Main-graph inputs and outputs keep their FP32 type.
+    """
+
+    def __init__(self, info: GraphInfo, precisions: Mapping[str, Precision], low: Precision,
+                 *, keep_io_types: bool = True) -> None:
+        self.info = info
+        self.precisions = precisions
+        self.low = low
+        self.low_type = low.onnx_dtype
+        self.keep_io_types = keep_io_types
+        self.types: dict[str, int] = dict(info.types)
+        self.used: set[str] = set(info.types) | set(info.producer) | set(info.consumers)
+        self.copies: dict[str, str] = {}
+        self.cast_count = 0
+        self._slots: dict[str, Slots] = {}
+
+    # -- entry ----------------------------------------------------------------------------------------
+    def rewrite(self, model: Any) -> Any:
+        """Return a rewritten copy of ``model`` (which must be the model ``info`` was built from)."""
+        import onnx
+
+        m = onnx.ModelProto()
+        m.CopyFrom(model)
+        graph = m.graph
+        if not self.keep_io_types:
+            inits = {i.name for i in graph.initializer}
+            for vi in graph.input:
+                if vi.name not in inits and vi.type.tensor_type.elem_type == FLOAT:
+                    vi.type.tensor_type.elem_type = self.low_type
+                    self.types[vi.name] = self.low_type
+        self._rewrite_graph(graph, "", [], main=True)
+        return m
+
+    # -- graphs ---------------------------------------------------------------------------------------
+    def _rewrite_graph(self, graph: Any, prefix: str, caches: list[dict[tuple[str, int], str]],
+                       *, main: bool) -> None:
+        import onnx
+
+        cache: dict[tuple[str, int], str] = {}
+        chain = [*caches, cache]
+        self._convert_initializers(graph, main=main)
+        new_nodes: list[Any] = []
+        producers: dict[str, Any] = {}
+        for node in graph.node:
+            addr = prefix + node.name
+            for attr in node.attribute:
+                if attr.type == onnx.AttributeProto.GRAPH:
+                    self._rewrite_graph(attr.g, f"{addr}/{attr.name}/", chain, main=False)
+                elif attr.type == onnx.AttributeProto.GRAPHS:
+                    for i, g in enumerate(attr.graphs):
+                        self._rewrite_graph(g, f"{addr}/{attr.name}_{i}/", chain, main=False)
+            is_low = self.precisions.get(addr, Precision.FP32).is_low
+            slots = self._slots_of(addr, node) if is_low else Slots()
+            for i, name in enumerate(node.input):
+                if not name:
+                    continue
+                want = self.low_type if i in slots.inputs else self.info.types.get(name)
+                node.input[i] = self._fetch(name, want, chain, new_nodes, producers)
+            for i, name in enumerate(node.output):
+                if name and name in self.info.types:
+                    self.types[name] = self.low_type if i in slots.outputs else self.info.types[name]
+            if is_low and slots.outputs:
+                self._patch_attributes(node)
+            new_nodes.append(node)
+            for name in node.output:
+                producers[name] = node
+        self._fix_outputs(graph, new_nodes, main=main)
+        del graph.node[:]
+        graph.node.extend(new_nodes)
+        self._retype_value_info(graph)
+
+    def _slots_of(self, addr: str, node: Any) -> Slots:
+        if addr not in self._slots:
+            self._slots[addr] = self.info.slots(node, self.low_type)
+        return self._slots[addr]
+
+    def _wanted(self, name: str) -> set[int]:
+        """The dtypes the consumers of ``name`` want (graph outputs included)."""
+        wants = set()
+        for addr, pos in self.info.consumers.get(name, []):
+            node = self.info.by_address[addr].node
+            if self.precisions.get(addr, Precision.FP32).is_low and pos in self._slots_of(addr, node).inputs:
+                wants.add(self.low_type)
+            else:
+                wants.add(FLOAT)
+        if name in self.info.graph_outputs:
+            wants.add(FLOAT if self.keep_io_types else self.low_type)
+        return wants
+
+    def _convert_initializers(self, graph: Any, *, main: bool) -> None:
+        inputs = {vi.name for vi in graph.input}
+        extra = []
+        for init in graph.initializer:
+            if init.data_type != FLOAT or init.name in inputs:
+                continue
+            wants = self._wanted(init.name)
+            if wants == {self.low_type}:
+                init.CopyFrom(to_low_tensor(init, self.low))
+                self.types[init.name] = self.low_type
+            elif self.low_type in wants:
+                copy_name = self._unique(f"{init.name}__{CAST_TAG[self.low_type]}")
+                t = to_low_tensor(init, self.low)
+                t.name = copy_name
+                extra.append(t)
+                self.copies[init.name] = copy_name
+                self.types[copy_name] = self.low_type
+        graph.initializer.extend(extra)
+
+    # -- casts ----------------------------------------------------------------------------------------
+    def _fetch(self, name: str, want: int | None, chain: list[dict[tuple[str, int], str]],
+               new_nodes: list[Any], producers: Mapping[str, Any]) -> str:
+        """The name under which ``name`` is available in dtype ``want`` (inserting a Cast if needed)."""
+        have = self.types.get(name)
+        floats = (FLOAT, self.low_type)
+        if want is None or have is None or have == want or want not in floats or have not in floats:
+            return name
+        if self.copies.get(name) and want == self.low_type:
+            return self.copies[name]
+        for cache in reversed(chain):
+            if (name, want) in cache:
+                return cache[(name, want)]
+        src = producers.get(name)
+        if src is not None and src.op_type == "Cast" and src.input and self.types.get(src.input[0]) == want \
+                and want == self.low_type and have == FLOAT:
+            chain[-1][(name, want)] = src.input[0]  # low -> fp32 -> low is the identity: fold the pair
+            return src.input[0]
+        out = self._unique(f"{name}__cast_to_{CAST_TAG[want]}")
+        new_nodes.append(_cast_node(name, out, want))
+        self.types[out] = want
+        self.cast_count += 1
+        chain[-1][(name, want)] = out
+        return out
+
+    def _fix_outputs(self, graph: Any, new_nodes: list[Any], *, main: bool) -> None:
+        for vi in graph.output:
+            name = vi.name
+            have = self.types.get(name)
+            orig = self.info.types.get(name)
+            if orig != FLOAT or have is None:
+                continue
+            want = FLOAT if (self.keep_io_types or not main) else self.low_type
+            if have == want:
+                if main:
+                    vi.type.tensor_type.elem_type = want
+                continue
+            if not main:
+                out = self._unique(f"{name}__cast_to_{CAST_TAG[want]}")
+                new_nodes.append(_cast_node(name, out, want))
+                self.cast_count += 1
+                self.types[out] = want
+                vi.name = out
+                continue
+            renamed = self._unique(f"{name}__{CAST_TAG[have]}")
+            _rename_tensor(new_nodes, name, renamed)
+            self.types[renamed] = have
+            new_nodes.append(_cast_node(renamed, name, want, node_name=f"{name}__cast_to_{CAST_TAG[want]}"))
+            self.cast_count += 1
+            self.types[name] = want
+            vi.type.tensor_type.elem_type = want
+
+    def _retype_value_info(self, graph: Any) -> None:
+        produced = {o for n in graph.node for o in n.output}
+        keep = []
+        for vi in graph.value_info:
+            if vi.name not in produced:
+                continue
+            t = self.types.get(vi.name)
+            if t is not None and vi.type.HasField("tensor_type"):
+                vi.type.tensor_type.elem_type = t
+            keep.append(vi)
+        del graph.value_info[:]
+        graph.value_info.extend(keep)
+
+    def _unique(self, name: str) -> str:
+        out, n = name, 1
+        while out in self.used:
+            out = f"{name}_{n}"
+            n += 1
+        self.used.add(out)
+        return out
+
+    # -- attributes -------------------------------------------------------------------------------------
+    def _patch_attributes(self, node: Any) -> None:
+        from onnx import helper, numpy_helper
+
+        op = node.op_type
+        if op == "Cast":
+            for a in node.attribute:
+                if a.name == "to" and a.i == FLOAT:
+                    a.i = self.low_type
+        elif op in ("Constant", "ConstantOfShape"):
+            from mpinfer.precision.graphinfo import constant_tensor
+
+            t = constant_tensor(node) if op == "Constant" else next(
+                (a.t for a in node.attribute if a.name == "value"), None)
+            if t is None:
+                t = helper.make_tensor("value", FLOAT, [1], [0.0])
+            if t.data_type != FLOAT:
+                return
+            new = numpy_helper.from_array(low_array(numpy_helper.to_array(t), self.low), t.name or "value")
+            keep = [a for a in node.attribute if not a.name.startswith("value")]
+            del node.attribute[:]
+            node.attribute.extend(keep)
+            node.attribute.append(helper.make_attribute("value", new))
+        elif op in DTYPE_ATTR_OPS:
+            found = False
+            for a in node.attribute:
+                if a.name == "dtype":
+                    found = True
+                    if a.i == FLOAT:
+                        a.i = self.low_type
+            if not found and DTYPE_ATTR_OPS[op]:
+                node.attribute.append(helper.make_attribute("dtype", self.low_type))
+
+
+def _cast_node(src: str, dst: str, to: int, node_name: str | None = None) -> Any:
+    from onnx import helper
+
+    return helper.make_node("Cast", [src], [dst], name=node_name or dst, to=to)
+
+
+def _rename_tensor(nodes: list[Any], old: str, new: str) -> None:
+    """Rename tensor ``old`` to ``new`` in ``nodes`` and in the bodies they hold (outer-scope uses)."""
+    import onnx
+
+    for node in nodes:
+        for i, n in enumerate(node.input):
+            if n == old:
+                node.input[i] = new
+        for i, n in enumerate(node.output):
+            if n == old:
+                node.output[i] = new
+        for attr in node.attribute:
+            graphs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else (
+                list(attr.graphs) if attr.type == onnx.AttributeProto.GRAPHS else [])
+            for g in graphs:
+                _rename_tensor(list(g.node), old, new)
+                for vi in g.output:
+                    if vi.name == old:
+                        vi.name = new
+
+
+@dataclass(frozen=True)
+class ApplyResult:
+    """The rewritten model, the Casts inserted and the FP32 weights now stored in the low dtype."""
+
+    model: Any
+    cast_count: int
+    converted_weights: tuple[str, ...]
+
+
+def apply_plan(model: Any, info: GraphInfo, precisions: Mapping[str, Precision], low: Precision,
+               *, keep_io_types: bool = True) -> ApplyResult:
+    """Rewrite ``model`` (not modified) so each node computes in its planned precision.
+
+    Args:
+        model: The named FP32 model ``info`` describes.
+        info: Its analysis.
+        precisions: Node address → precision.
+        low: FP16 or BF16.
+        keep_io_types: Keep graph inputs/outputs FP32.
+
+    Returns:
+        The new model, the number of Casts inserted, and the converted weights.
+    """
+    rw = GraphRewriter(info, precisions, low, keep_io_types=keep_io_types)
+    out = rw.rewrite(model)
+    converted = tuple(sorted(n for n, t in info.types.items() if t == FLOAT and info.is_const(n)
+                             and (rw.types.get(n) == rw.low_type or n in rw.copies)))
+    return ApplyResult(out, rw.cast_count, converted)

@@ -1,0 +1,190 @@
+"""Accuracy budgets: ``cosine>=0.9999,top1>=0.999,max_abs<=1e-2`` parsed and checked on model outputs.
+
+Metrics compare a candidate's outputs with the FP32 reference on the same feeds (worst output wins):
+
+* ``cosine``: cosine similarity of each output, flattened per sample, mean over samples (higher is better);
+* ``top1`` / ``top5`` (any ``topK``): share of samples whose reference arg-max is in the candidate's top K
+  along the last axis (higher is better);
+* ``max_abs``: largest absolute error; ``mean_abs``: mean absolute error (lower is better);
+* ``rel``: relative L2 error ``||y - ref|| / ||ref||`` (lower is better);
+* ``snr``: signal-to-noise ratio in dB, ``10 log10(sum ref^2 / sum (y - ref)^2)`` (higher is better);
+* ``accuracy``: top-1 accuracy against the data's ``_labels`` (higher is better; needs labels).
+
+Any NaN/Inf in a candidate output where the reference is finite fails every metric.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from mpinfer.errors import InvalidInputError, format_message
+
+HIGHER_IS_BETTER = {"cosine": True, "max_abs": False, "mean_abs": False, "rel": False, "snr": True,
+                    "accuracy": True}
+_TOPK = re.compile(r"^top(\d+)$")
+_TERM = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(>=|<=)\s*([-+0-9.eE]+|inf)\s*$")
+_EXAMPLE = "cosine>=0.9999,top1>=0.999,max_abs<=1e-2,rel<=1e-2,snr>=40,accuracy>=0.95"
+
+
+@dataclass(frozen=True)
+class BudgetTerm:
+    """One ``metric op threshold`` term."""
+
+    metric: str
+    op: str
+    threshold: float
+
+    def holds(self, value: float) -> bool:
+        """True when ``value`` meets the term (NaN never does)."""
+        if math.isnan(value):
+            return False
+        return value >= self.threshold if self.op == ">=" else value <= self.threshold
+
+    def __str__(self) -> str:
+        return f"{self.metric}{self.op}{self.threshold:g}"
+
+
+@dataclass(frozen=True)
+class Budget:
+    """A conjunction of terms."""
+
+    terms: tuple[BudgetTerm, ...]
+    text: str
+
+    @property
+    def needs_labels(self) -> bool:
+        """True if a term is measured against labels."""
+        return any(t.metric == "accuracy" for t in self.terms)
+
+    def failures(self, metrics: Mapping[str, float]) -> list[str]:
+        """The terms ``metrics`` break, as readable strings."""
+        return [f"{t} (got {metrics.get(t.metric, float('nan')):.6g})" for t in self.terms
+                if not t.holds(metrics.get(t.metric, float("nan")))]
+
+    def met(self, metrics: Mapping[str, float]) -> bool:
+        """True when every term holds."""
+        return not self.failures(metrics)
+
+    def slack(self, metrics: Mapping[str, float]) -> float:
+        """How far inside the budget (>0) or outside (<0), relative to each threshold; the worst term."""
+        worst = math.inf
+        for t in self.terms:
+            v = metrics.get(t.metric, float("nan"))
+            if math.isnan(v):
+                return -math.inf
+            scale = max(abs(t.threshold), 1e-12)
+            s = (v - t.threshold) / scale if t.op == ">=" else (t.threshold - v) / scale
+            worst = min(worst, s)
+        return worst
+
+
+def _is_metric(name: str) -> bool:
+    return name in HIGHER_IS_BETTER or bool(_TOPK.match(name))
+
+
+def parse_budget(text: str) -> Budget:
+    """Parse ``metric>=x,metric<=y,...``.
+
+    Raises:
+        InvalidInputError: Empty, malformed terms, unknown metrics or a wrong direction, naming the term.
+    """
+    terms = []
+    known = ", ".join([*HIGHER_IS_BETTER, "topK"])
+    for raw in [p for p in (text or "").split(",") if p.strip()]:
+        m = _TERM.match(raw)
+        if not m:
+            raise InvalidInputError(format_message(f"Budget term '{raw.strip()}'", None,
+                                                   "metric>=value or metric<=value", f"e.g. {_EXAMPLE}"))
+        metric, op, value = m.group(1).lower(), m.group(2), m.group(3)
+        if not _is_metric(metric):
+            raise InvalidInputError(format_message(f"Budget metric '{metric}'", None, f"one of {known}",
+                                                   f"e.g. {_EXAMPLE}"))
+        higher = HIGHER_IS_BETTER.get(metric, True)
+        if (op == ">=") != higher:
+            want = ">=" if higher else "<="
+            raise InvalidInputError(format_message(
+                f"Budget term '{raw.strip()}'", f"'{op}'", f"'{want}' ({metric} is {'higher' if higher else 'lower'}"
+                " is better)", f"write {metric}{want}{value}"))
+        try:
+            threshold = float(value)
+        except ValueError as err:
+            raise InvalidInputError(format_message(f"Budget term '{raw.strip()}'", f"value '{value}'",
+                                                   "a number")) from err
+        terms.append(BudgetTerm(metric, op, threshold))
+    if not terms:
+        raise InvalidInputError(format_message("Budget", repr(text), "at least one term", f"e.g. {_EXAMPLE}"))
+    return Budget(tuple(terms), text)
+
+
+def output_metrics(reference: Sequence[Mapping[str, np.ndarray]], candidate: Sequence[Mapping[str, np.ndarray]],
+                   names: Sequence[str], *, labels: np.ndarray | None = None,
+                   topk: Sequence[int] = (1,)) -> dict[str, float]:
+    """Worst-output metrics of ``candidate`` against ``reference`` over batches.
+
+    Args:
+        reference: Per batch, output name → FP32 reference array.
+        candidate: Per batch, output name → candidate array.
+        names: Float outputs to compare.
+        labels: Labels for ``accuracy`` (aligned with the concatenated samples), or None.
+        topk: The K of the topK metrics wanted.
+
+    Returns:
+        Metric name → value.
+    """
+    out: dict[str, float] = {"cosine": 1.0, "max_abs": 0.0, "mean_abs": 0.0, "rel": 0.0, "snr": math.inf}
+    for k in topk:
+        out[f"top{k}"] = 1.0
+    for name in names:
+        ref = np.concatenate([np.asarray(b[name], np.float64).reshape(ref_rows(b[name]), -1) for b in reference])
+        cand = np.concatenate([np.asarray(b[name], np.float64).reshape(ref_rows(b[name]), -1) for b in candidate])
+        _merge(out, _metrics_one(ref, cand, topk))
+    if labels is not None and names:
+        cand = np.concatenate([np.asarray(b[names[0]], np.float64) for b in candidate])
+        n = min(len(labels), len(cand))
+        if cand.ndim >= 2 and n:
+            out["accuracy"] = float(np.mean(cand[:n].reshape(n, -1).argmax(-1) == np.asarray(labels[:n])))
+    return out
+
+
+def ref_rows(arr: np.ndarray) -> int:
+    """Rows (samples) of an output array (a scalar is one row)."""
+    return len(arr) if np.ndim(arr) else 1
+
+
+def _metrics_one(ref: np.ndarray, cand: np.ndarray, topk: Sequence[int]) -> dict[str, float]:
+    bad = ~np.isfinite(cand) & np.isfinite(ref)
+    if bad.any():
+        res = {"cosine": -1.0, "max_abs": math.inf, "mean_abs": math.inf, "rel": math.inf, "snr": -math.inf}
+        res.update({f"top{k}": 0.0 for k in topk})
+        return res
+    ok = np.isfinite(ref)
+    diff = np.where(ok, cand - ref, 0.0)
+    r = np.where(ok, ref, 0.0)
+    num = (r * np.where(ok, cand, 0.0)).sum(axis=1)
+    den = np.linalg.norm(r, axis=1) * np.linalg.norm(np.where(ok, cand, 0.0), axis=1)
+    cos = np.where(den > 0, num / np.maximum(den, 1e-300), np.where(np.abs(diff).sum(axis=1) == 0, 1.0, 0.0))
+    sig, noise = float((r ** 2).sum()), float((diff ** 2).sum())
+    res = {
+        "cosine": float(cos.mean()) if cos.size else 1.0,
+        "max_abs": float(np.abs(diff).max()) if diff.size else 0.0,
+        "mean_abs": float(np.abs(diff).mean()) if diff.size else 0.0,
+        "rel": math.sqrt(noise / sig) if sig > 0 else (0.0 if noise == 0 else math.inf),
+        "snr": 10 * math.log10(sig / noise) if noise > 0 else math.inf,
+    }
+    if ref.shape[1] > 1:
+        top_ref = ref.argmax(axis=1)
+        order = np.argsort(-cand, axis=1)
+        for k in topk:
+            res[f"top{k}"] = float(np.mean([t in o[:k] for t, o in zip(top_ref, order, strict=False)]))
+    return res
+
+
+def _merge(acc: dict[str, float], new: Mapping[str, float]) -> None:
+    for key, value in new.items():
+        worse = min if HIGHER_IS_BETTER.get(key, True) else max
+        acc[key] = worse(acc.get(key, value), value)

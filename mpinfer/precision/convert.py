@@ -1,0 +1,245 @@
+"""``convert_precision``: FP32 ONNX model → mixed FP16/BF16 model + plan, behind the validity gate.
+
+Orchestration only: load and check the model, plan (rules, calibration ranges, budget search) or read a
+plan, apply it, gate the result, write model and plan atomically.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from mpinfer.errors import InvalidInputError, format_message
+from mpinfer.precision.plan import NodeDecision, PrecisionPlan
+from mpinfer.specs import Precision
+
+logger = logging.getLogger(__name__)
+
+NUMERICS = ("strict", "ort")
+# Calibration source meaning "no data at all": rules only, no range statistics, no search.
+NO_CALIBRATION = "none"
+
+
+@dataclass(frozen=True)
+class ConvertConfig:
+    """Everything ``mpinfer convert`` needs.
+
+    Attributes:
+        model: The FP32 .onnx file.
+        output: Where to write the converted model (the plan goes next to it).
+        precision: FP16 or BF16.
+        calibration: Data for the reference run (.npz, folder, ``random[:N]``, ``none``); None = seeded
+            random data from the input specs (with a warning).
+        budget: Accuracy budget, e.g. ``cosine>=0.9999,top1>=0.999``; None = rules and ranges only.
+        plan: Re-apply this plan file instead of planning.
+        keep_ops / low_ops: Op types forced FP32 / low.
+        keep_nodes / low_nodes: Node-address regexes forced FP32 / low.
+        keep_fp32_from: An overflow.json from ``mpinfer train``: its modules stay FP32.
+        numerics: ``strict`` (GraphEmulator) or ``ort`` (ONNX Runtime) for verifying candidates.
+        keep_io_types: Graph inputs/outputs stay FP32.
+        force: Overwrite the output; re-plan an already-FP16 model.
+        seed: Seed for random calibration data.
+        max_batches: Cap on calibration batches.
+        batch_size: Calibration batch size.
+        search_batches: Calibration batches the budget search evaluates.
+        progress: Show progress bars.
+    """
+
+    model: Path
+    output: Path
+    precision: Precision = Precision.FP16
+    calibration: str | None = None
+    budget: str | None = None
+    plan: Path | None = None
+    keep_ops: tuple[str, ...] = ()
+    keep_nodes: tuple[str, ...] = ()
+    low_ops: tuple[str, ...] = ()
+    low_nodes: tuple[str, ...] = ()
+    keep_fp32_from: Path | None = None
+    numerics: str = "strict"
+    keep_io_types: bool = True
+    force: bool = False
+    seed: int = 0
+    max_batches: int | None = None
+    batch_size: int | None = None
+    search_batches: int = 2
+    progress: bool = True
+
+
+@dataclass(frozen=True)
+class ConvertResult:
+    """What ``convert_precision`` wrote."""
+
+    output: Path
+    plan_path: Path
+    plan: PrecisionPlan
+
+
+def plan_path_for(output: Path) -> Path:
+    """``out/model.fp16.onnx`` → ``out/model.fp16.plan.json``."""
+    name = output.name[:-5] if output.name.endswith(".onnx") else output.name
+    return output.with_name(name + ".plan.json")
+
+
+def _check_config(cfg: ConvertConfig) -> None:
+    if not cfg.precision.is_low:
+        raise InvalidInputError(format_message("--precision", cfg.precision.value, "fp16 or bf16"))
+    if cfg.numerics not in NUMERICS:
+        raise InvalidInputError(format_message("--numerics", repr(cfg.numerics), "strict or ort"))
+    if cfg.precision is Precision.BF16 and cfg.numerics == "ort" and cfg.budget:
+        raise InvalidInputError(format_message(
+            "--numerics ort with --precision bf16", "a request to verify BF16 with ONNX Runtime",
+            "--numerics strict", "ONNX Runtime's CPU provider has no BF16 MatMul/Conv; BF16 is checked only "
+            "through strict emulation"))
+    if cfg.plan is not None and (cfg.budget or cfg.keep_ops or cfg.low_ops or cfg.keep_nodes or cfg.low_nodes):
+        raise InvalidInputError(format_message(
+            "--plan", "together with planning options (--budget/--keep-*/--low-*)", "--plan alone",
+            "edit the plan's \"precision\" fields instead, or re-plan without --plan"))
+    if cfg.budget:
+        from mpinfer.precision.budget import parse_budget
+
+        parse_budget(cfg.budget)
+
+
+def convert_precision(cfg: ConvertConfig) -> ConvertResult:
+    """Convert an FP32 ONNX model to mixed precision and write it with its plan.
+
+    Args:
+        cfg: The conversion settings.
+
+    Returns:
+        The output model path, the plan path and the plan.
+
+    Raises:
+        MpinferError: For bad input (model, data, budget, plan); nothing is written then.
+        InternalError: If the rewritten model fails the validity gate (a bug); nothing is written.
+    """
+    from mpinfer.fileio import check_output_path, sha256_file
+    from mpinfer.modelio import load_onnx, name_nodes, require_file, save_onnx
+    from mpinfer.precision.apply import apply_plan
+    from mpinfer.precision.graphinfo import GraphInfo
+    from mpinfer.precision.normalize import check_not_low, ensure_opset
+    from mpinfer.precision.planner import summarize
+    from mpinfer.precision.validate import gate, run_checks
+
+    start = time.perf_counter()
+    _check_config(cfg)
+    out = check_output_path(cfg.output, [cfg.model, cfg.plan, cfg.keep_fp32_from], force=cfg.force)
+    plan_out = plan_path_for(out)
+    if cfg.plan is not None:
+        require_file(cfg.plan, "Plan")
+    check_output_path(plan_out, [cfg.model, cfg.keep_fp32_from], force=True)
+    model = load_onnx(cfg.model)
+    sha = sha256_file(cfg.model)
+    model = check_not_low(model, str(cfg.model), force=cfg.force)
+    model = ensure_opset(name_nodes(model), cfg.precision)
+    baseline = run_checks(model)
+    if baseline:
+        logger.warning("The input model already fails the %s check(s); the output is held to the others.",
+                       ", ".join(f.check for f in baseline))
+    info = GraphInfo(model)
+    if cfg.plan is not None:
+        plan = _read_plan(cfg, info, sha)
+        expected, search_cost = plan.summary.get("expected_error", {}), plan.summary.get("search")
+    else:
+        plan, expected, search_cost = _make_plan(cfg, model, info, sha)
+    result = apply_plan(model, info, plan.precisions(), cfg.precision, keep_io_types=plan.keep_io_types)
+    gate(result.model, baseline=baseline, stage="apply")
+    plan.summary = summarize(info, plan.nodes, cast_count=result.cast_count,
+                             converted_weights=result.converted_weights, expected_error=expected,
+                             search=search_cost)
+    save_onnx(result.model, out)
+    if cfg.plan is None or Path(cfg.plan).resolve() != plan_out.resolve():
+        plan.save(plan_out)
+    logger.info("convert: %d/%d nodes in %s, %d casts, %.1fs", plan.summary["nodes_low"],
+                plan.summary["nodes_total"], cfg.precision.value, result.cast_count, time.perf_counter() - start)
+    return ConvertResult(out, plan_out, plan)
+
+
+def _read_plan(cfg: ConvertConfig, info: Any, sha: str) -> PrecisionPlan:
+    from mpinfer.precision.rules import CONTROL_FLOW_OPS
+
+    assert cfg.plan is not None
+    plan = PrecisionPlan.load(cfg.plan)
+    plan.check_matches([ref.address for ref in info.nodes], sha, str(cfg.plan), force=cfg.force)
+    if plan.precision is not cfg.precision and cfg.precision is not Precision.FP16:
+        raise InvalidInputError(format_message(f"Plan '{cfg.plan}'", f"precision {plan.precision.value}",
+                                               f"{cfg.precision.value} (--precision)", "omit --precision with --plan"))
+    for n in plan.nodes:
+        if not n.precision.is_low:
+            continue
+        ref = info.by_address[n.name]
+        slots = info.slots(ref.node, plan.precision.onnx_dtype)
+        if slots.blocked or not slots.has_float or ref.node.op_type in CONTROL_FLOW_OPS:
+            why = slots.blocked or ("it has no float tensors" if not slots.has_float else "it is control flow")
+            raise InvalidInputError(format_message(
+                f"Plan '{cfg.plan}': node '{n.name}' ({n.op_type})", f"precision {n.precision.value}",
+                "fp32 for this node", f"{why}; set its \"precision\" to \"fp32\""))
+    return plan
+
+
+def _make_plan(cfg: ConvertConfig, model: Any, info: Any, sha: str) -> tuple[PrecisionPlan, dict, dict | None]:
+    from mpinfer import __version__
+    from mpinfer.precision.overflow import overflow_nodes
+    from mpinfer.precision.planner import RuleOptions, rule_plan
+
+    overflow = overflow_nodes(model, cfg.keep_fp32_from) if cfg.keep_fp32_from else {}
+    options = RuleOptions(cfg.keep_ops, cfg.low_ops, cfg.keep_nodes, cfg.low_nodes, overflow)
+    stats, feeds, calib_info = _calibrate(cfg, model)
+    decisions, nodes = rule_plan(info, cfg.precision, options, keep_io_types=cfg.keep_io_types, stats=stats)
+    expected: dict[str, Any] = {}
+    search_cost = None
+    if cfg.budget and feeds is not None:
+        from mpinfer.precision.search import SearchConfig, search_plan
+
+        outcome = search_plan(model, info, decisions, nodes, feeds, SearchConfig(
+            budget=cfg.budget, precision=cfg.precision, numerics=cfg.numerics, keep_io_types=cfg.keep_io_types,
+            batches=cfg.search_batches, progress=cfg.progress))
+        nodes, expected, search_cost = outcome.nodes, outcome.expected_error, outcome.cost
+    plan = PrecisionPlan(source_path=str(cfg.model), source_sha256=sha, precision=cfg.precision,
+                         numerics=cfg.numerics, keep_io_types=cfg.keep_io_types, nodes=list(nodes),
+                         budget=cfg.budget, calibration=calib_info, mpinfer_version=__version__)
+    return plan, expected, search_cost
+
+
+def _calibrate(cfg: ConvertConfig, model: Any) -> tuple[Any, Any, dict[str, Any] | None]:
+    """Calibration statistics, the feeds (for the search) and a description for the plan."""
+    from mpinfer.data import load_feeds
+    from mpinfer.specs import specs_from_onnx
+
+    if cfg.calibration == NO_CALIBRATION:
+        if cfg.budget:
+            raise InvalidInputError(format_message("--budget with --calibration none", "no data",
+                                                   "calibration data (or random)", "drop --calibration none"))
+        return None, None, None
+    specs = specs_from_onnx(model)
+    feeds = load_feeds(cfg.calibration, specs, batch_size=cfg.batch_size, num_batches=cfg.max_batches,
+                       seed=cfg.seed)
+    if feeds.is_random:
+        logger.warning("No calibration data: using %s from the input specs. Range rules and the budget search "
+                       "then reflect random inputs, not your data; pass --calibration data.npz.", feeds.description)
+    info = {"source": feeds.description, "kind": feeds.kind, "samples": int(feeds.num_samples)}
+    try:
+        from mpinfer.precision.calibrate import calibrate
+    except ImportError:
+        logger.warning("Calibration statistics are unavailable in this build; range rules are skipped.")
+        return None, feeds, info
+    from mpinfer.errors import BackendUnavailableError
+
+    try:
+        stats = calibrate(model, feeds, progress=cfg.progress)
+    except BackendUnavailableError as err:
+        logger.warning("Calibration skipped (range rules off): %s", err)
+        return None, feeds, info
+    return stats, feeds, info
+
+
+def replace_config(cfg: ConvertConfig, **changes: Any) -> ConvertConfig:
+    """A copy of ``cfg`` with fields changed (for the CLI and benchmarks)."""
+    return replace(cfg, **changes)
+
+
+__all__ = ["ConvertConfig", "ConvertResult", "NodeDecision", "PrecisionPlan", "convert_precision"]

@@ -1,0 +1,257 @@
+"""What the planner and the rewriter need to know about a graph: tensor types and shapes, producers and
+consumers (across If/Loop/Scan bodies), op schemas, which inputs of a node may be lowered, and FLOPs.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from mpinfer.modelio import NodeRef, iter_nodes
+
+logger = logging.getLogger(__name__)
+
+FLOAT = 1  # onnx.TensorProto.FLOAT
+FLOAT16 = 10  # onnx.TensorProto.FLOAT16
+BFLOAT16 = 16  # onnx.TensorProto.BFLOAT16
+DEFAULT_DOMAINS = ("", "ai.onnx")
+# Inputs that stay FP32 even when their node runs in low precision: coordinates and scale factors, where
+# FP16 rounding moves pixels (onnxconverter-common writes FP16 Resize scales, which ORT then refuses).
+PINNED_INPUTS: dict[str, tuple[int, ...]] = {"Resize": (1, 2), "RoiAlign": (1,)}
+# Inputs that carry shapes, axes, sizes or counts: whatever computes them is index-like, never converted.
+SHAPE_INPUTS: dict[str, tuple[int, ...]] = {
+    "Reshape": (1,), "Expand": (1,), "Slice": (1, 2, 3, 4), "Tile": (1,), "ConstantOfShape": (0,),
+    "Range": (0, 1, 2), "Resize": (1, 2, 3), "Upsample": (1,), "Pad": (1, 3), "TopK": (1,),
+    "Unsqueeze": (1,), "Squeeze": (1,), "Split": (1,), "OneHot": (1,), "CumSum": (1,),
+    "NonMaxSuppression": (2, 3, 4), "ReduceSum": (1,), "ReduceMean": (1,), "ReduceMax": (1,),
+    "ReduceMin": (1,), "ReduceProd": (1,), "ReduceL1": (1,), "ReduceL2": (1,), "ReduceLogSum": (1,),
+    "ReduceLogSumExp": (1,), "ReduceSumSquare": (1,), "RoiAlign": (2,), "GatherElements": (1,),
+    "Gather": (1,), "GatherND": (1,), "ScatterElements": (1,), "ScatterND": (1,), "Trilu": (1,),
+    "CenterCropPad": (1,), "Col2Im": (1, 2), "DFT": (1, 2), "STFT": (1, 2, 3),
+}
+
+
+@dataclass
+class Slots:
+    """Which inputs/outputs of a node switch to the low dtype when the node runs low.
+
+    Attributes:
+        inputs: Input positions to lower.
+        outputs: Output positions to lower.
+        blocked: Why the node cannot run low (None when it can, or when it has no float tensors).
+        has_float: Whether the node touches FP32 tensors at all.
+    """
+
+    inputs: list[int] = field(default_factory=list)
+    outputs: list[int] = field(default_factory=list)
+    blocked: str | None = None
+    has_float: bool = False
+
+
+class GraphInfo:
+    """Types, shapes, producers and consumers of every tensor of a model, its subgraphs included.
+
+    Args:
+        model: A model whose nodes are all named (``mpinfer.modelio.name_nodes``).
+    """
+
+    def __init__(self, model: Any) -> None:
+        import onnx
+
+        self.model = model
+        self.opsets = {(imp.domain or ""): imp.version for imp in model.opset_import}
+        try:
+            inferred = onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False,
+                                                         data_prop=True)
+        except Exception as err:  # noqa: BLE001 - inference is best effort here; the gate is strict
+            logger.debug("shape inference failed on the input model: %s", err)
+            inferred = model
+        self.types: dict[str, int] = {}
+        self.shapes: dict[str, tuple[int | None, ...] | None] = {}
+        self.initializers: dict[str, Any] = {}
+        self._collect(inferred.graph)
+        self.nodes: list[NodeRef] = list(iter_nodes(model.graph))
+        self.by_address = {ref.address: ref for ref in self.nodes}
+        self.producer: dict[str, str] = {}
+        self.consumers: dict[str, list[tuple[str, int]]] = {}
+        self.graph_inputs = {vi.name for vi in model.graph.input} - set(self.initializers)
+        self.graph_outputs = [vi.name for vi in model.graph.output]
+        for ref in self.nodes:
+            for i, name in enumerate(ref.node.input):
+                if name:
+                    self.consumers.setdefault(name, []).append((ref.address, i))
+            for name in ref.node.output:
+                if name:
+                    self.producer[name] = ref.address
+        self._schemas: dict[str, Any] = {}
+
+    def _collect(self, graph: Any) -> None:
+        import onnx
+
+        for vi in list(graph.input) + list(graph.output) + list(graph.value_info):
+            if vi.type.HasField("tensor_type"):
+                tt = vi.type.tensor_type
+                if tt.elem_type:
+                    self.types[vi.name] = tt.elem_type
+                if tt.HasField("shape"):
+                    self.shapes[vi.name] = tuple(d.dim_value if d.HasField("dim_value") else None
+                                                 for d in tt.shape.dim)
+        for init in graph.initializer:
+            self.types[init.name] = init.data_type
+            self.shapes[init.name] = tuple(init.dims)
+            self.initializers[init.name] = init
+        for node in graph.node:
+            if node.op_type == "Constant" and node.domain in DEFAULT_DOMAINS and node.output:
+                t = constant_tensor(node)
+                if t is not None:
+                    self.types[node.output[0]] = t.data_type
+                    self.shapes[node.output[0]] = tuple(t.dims)
+            for attr in node.attribute:
+                if attr.type == onnx.AttributeProto.GRAPH:
+                    self._collect(attr.g)
+                elif attr.type == onnx.AttributeProto.GRAPHS:
+                    for g in attr.graphs:
+                        self._collect(g)
+
+    # -- schema and slots ---------------------------------------------------------------------------
+    def opset_of(self, node: Any) -> int:
+        """The opset version imported for the node's domain."""
+        domain = "" if node.domain in DEFAULT_DOMAINS else node.domain
+        return self.opsets.get(domain, 0)
+
+    def schema(self, node: Any) -> Any:
+        """The node's ``OpSchema`` at the model's opset, or None for unknown/custom ops."""
+        import onnx
+
+        domain = "" if node.domain in DEFAULT_DOMAINS else node.domain
+        key = f"{domain}::{node.op_type}"
+        if key not in self._schemas:
+            try:
+                self._schemas[key] = onnx.defs.get_schema(node.op_type, self.opset_of(node), domain)
+            except Exception:  # noqa: BLE001 - onnx raises SchemaError, a private type
+                self._schemas[key] = None
+        return self._schemas[key]
+
+    def slots(self, node: Any, low_type: int) -> Slots:
+        """Which float inputs/outputs of ``node`` become ``low_type`` when it runs low."""
+        schema = self.schema(node)
+        float_in = [i for i, n in enumerate(node.input) if n and self.types.get(n) == FLOAT]
+        float_out = [i for i, n in enumerate(node.output) if n and self.types.get(n) == FLOAT]
+        out = Slots(has_float=bool(float_in or float_out))
+        if not out.has_float or schema is None:
+            return out
+        in_params = _formal(schema.inputs, len(node.input))
+        out_params = _formal(schema.outputs, len(node.output))
+        allowed = {c.type_param_str: set(c.allowed_type_strs) for c in schema.type_constraints}
+        low_str = "tensor(float16)" if low_type == FLOAT16 else "tensor(bfloat16)"
+        pinned = set(PINNED_INPUTS.get(node.op_type, ()))
+        float_vars = {in_params[i] for i in float_in if i not in pinned} | {out_params[i] for i in float_out}
+        lowered = {v for v in float_vars if v in allowed and low_str in allowed[v]}
+        if float_vars and not lowered:
+            out.blocked = (f"{node.op_type} (opset {self.opset_of(node)}) has no "
+                           f"{low_str[7:-1]} type for its float tensors")
+            return out
+        out.inputs = [i for i in float_in if in_params[i] in lowered and i not in pinned]
+        out.outputs = [i for i in float_out if out_params[i] in lowered]
+        if not out.inputs and not out.outputs:
+            out.blocked = f"{node.op_type} has only fixed-type float tensors"
+        return out
+
+    # -- values ---------------------------------------------------------------------------------------
+    def const_array(self, name: str) -> np.ndarray | None:
+        """The value of an initializer or a Constant node's output, else None."""
+        from onnx import numpy_helper
+
+        if name in self.initializers:
+            return numpy_helper.to_array(self.initializers[name])
+        addr = self.producer.get(name)
+        if addr is not None:
+            node = self.by_address[addr].node
+            if node.op_type == "Constant":
+                t = constant_tensor(node)
+                return None if t is None else numpy_helper.to_array(t)
+        return None
+
+    def is_const(self, name: str) -> bool:
+        """True for initializers and Constant outputs."""
+        if name in self.initializers:
+            return True
+        addr = self.producer.get(name)
+        return addr is not None and self.by_address[addr].node.op_type == "Constant"
+
+    def numel(self, name: str) -> int:
+        """Element count from inferred shapes (unknown dims count as 1)."""
+        shape = self.shapes.get(name)
+        if not shape:
+            return 1
+        return int(np.prod([d if d else 1 for d in shape]))
+
+    def flops(self, ref: NodeRef) -> int:
+        """Approximate FLOPs of a node: 2*MACs for Conv/ConvTranspose/MatMul/Gemm/Einsum, else output size."""
+        node = ref.node
+        outs = [o for o in node.output if o]
+        if not outs:
+            return 0
+        y = self.numel(outs[0])
+        if node.op_type in ("Conv", "ConvTranspose") and len(node.input) > 1:
+            w = self.shapes.get(node.input[1]) or ()
+            k = int(np.prod([d or 1 for d in w[1:]])) if w else 1
+            if node.op_type == "ConvTranspose":
+                x = self.numel(node.input[0])
+                return 2 * x * int(np.prod([d or 1 for d in w[1:]])) if w else y
+            return 2 * y * k
+        if node.op_type in ("MatMul", "Gemm", "MatMulInteger"):
+            a = self.shapes.get(node.input[0]) or ()
+            trans_a = any(a_.name == "transA" and a_.i for a_ in node.attribute)
+            if a:
+                kdim = a[0] if (node.op_type == "Gemm" and trans_a) else a[-1]
+                return 2 * y * int(kdim or 1)
+            return 2 * y
+        if node.op_type == "Einsum":
+            return 2 * max(y, max((self.numel(i) for i in node.input if i), default=1))
+        return y
+
+    def weight_bytes(self, ref: NodeRef) -> int:
+        """FP32 bytes of the initializers and Constant values a node reads."""
+        total = 0
+        for name in ref.node.input:
+            if name in self.initializers and self.types.get(name) == FLOAT:
+                total += 4 * self.numel(name)
+            elif name and self.is_const(name) and self.types.get(name) == FLOAT:
+                total += 4 * self.numel(name)
+        return total
+
+    def walk(self) -> Iterator[NodeRef]:
+        """Every node, subgraphs included, in graph order."""
+        return iter(self.nodes)
+
+
+def _formal(params: Any, count: int) -> list[str]:
+    """Type-parameter string of each actual position, expanding a trailing variadic formal."""
+    out = []
+    for i in range(count):
+        j = min(i, len(params) - 1) if params else -1
+        out.append(params[j].type_str if j >= 0 else "")
+    return out
+
+
+def constant_tensor(node: Any) -> Any:
+    """The TensorProto a Constant node produces (value, or value_float(s)/value_int(s) made into one)."""
+    from onnx import helper
+
+    for attr in node.attribute:
+        if attr.name == "value":
+            return attr.t
+        if attr.name == "value_float":
+            return helper.make_tensor("value", FLOAT, [], [attr.f])
+        if attr.name == "value_floats":
+            return helper.make_tensor("value", FLOAT, [len(attr.floats)], list(attr.floats))
+        if attr.name == "value_int":
+            return helper.make_tensor("value", 7, [], [attr.i])
+        if attr.name == "value_ints":
+            return helper.make_tensor("value", 7, [len(attr.ints)], list(attr.ints))
+    return None

@@ -1,0 +1,114 @@
+"""Prepare an input model for planning: refuse (or, with --force, undo) an earlier low-precision
+conversion, and raise the opset where BF16 needs it."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from mpinfer.errors import InvalidInputError, format_message
+from mpinfer.precision.graphinfo import BFLOAT16, FLOAT, FLOAT16
+from mpinfer.specs import Precision
+
+logger = logging.getLogger(__name__)
+
+LOW_TYPES = (FLOAT16, BFLOAT16)
+# Cast to/from bfloat16 and bfloat16 kernels of the common ops arrive with opset 13.
+BF16_MIN_OPSET = 13
+
+
+def _graphs(graph: Any) -> Iterator[Any]:
+    import onnx
+
+    yield graph
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                yield from _graphs(attr.g)
+            elif attr.type == onnx.AttributeProto.GRAPHS:
+                for g in attr.graphs:
+                    yield from _graphs(g)
+
+
+def low_tensor_count(model: Any) -> tuple[int, int]:
+    """(low-precision, FP32) counts over initializers, graph inputs/outputs and Cast targets."""
+    low = high = 0
+    for g in _graphs(model.graph):
+        for t in g.initializer:
+            low += t.data_type in LOW_TYPES
+            high += t.data_type == FLOAT
+        for vi in list(g.input) + list(g.output):
+            et = vi.type.tensor_type.elem_type if vi.type.HasField("tensor_type") else 0
+            low += et in LOW_TYPES
+            high += et == FLOAT
+        for node in g.node:
+            if node.op_type == "Cast":
+                low += any(a.name == "to" and a.i in LOW_TYPES for a in node.attribute)
+    return low, high
+
+
+def check_not_low(model: Any, path: str, *, force: bool) -> Any:
+    """Refuse an already FP16/BF16 model, or with ``force`` return it brought back to FP32.
+
+    Raises:
+        InvalidInputError: The model already has low-precision tensors and ``force`` is off.
+    """
+    low, high = low_tensor_count(model)
+    if not low:
+        return model
+    what = "already FP16/BF16" if not high else "already mixed precision"
+    if not force:
+        raise InvalidInputError(format_message(
+            f"ONNX model '{path}'", f"a model that is {what} ({low} low-precision tensors or casts)",
+            "an FP32 model", "nothing was converted; pass --force to bring it back to FP32 and re-plan it"))
+    logger.warning("Model '%s' is %s: --force brings it back to FP32 (inputs and outputs included) "
+                   "and re-plans it.", path, what)
+    return upcast_to_fp32(model)
+
+
+def upcast_to_fp32(model: Any) -> Any:
+    """A copy of ``model`` with every FP16/BF16 tensor, cast target and dtype attribute made FP32."""
+    import onnx
+    from onnx import numpy_helper
+
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    for g in _graphs(m.graph):
+        for t in g.initializer:
+            if t.data_type in LOW_TYPES:
+                t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(t).astype(np.float32), t.name))
+        for vi in list(g.input) + list(g.output) + list(g.value_info):
+            if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type in LOW_TYPES:
+                vi.type.tensor_type.elem_type = FLOAT
+        for node in g.node:
+            for a in node.attribute:
+                if a.name in ("to", "dtype") and a.type == onnx.AttributeProto.INT and a.i in LOW_TYPES:
+                    a.i = FLOAT
+                elif a.type == onnx.AttributeProto.TENSOR and a.t.data_type in LOW_TYPES:
+                    a.t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(a.t).astype(np.float32), a.t.name))
+    return m
+
+
+def ensure_opset(model: Any, precision: Precision) -> Any:
+    """Raise the default-domain opset to what ``precision`` needs (BF16: 13) with the version converter.
+
+    Raises:
+        InvalidInputError: The converter cannot upgrade the model.
+    """
+    opset = next((imp.version for imp in model.opset_import if imp.domain in ("", "ai.onnx")), 0)
+    if precision is not Precision.BF16 or opset >= BF16_MIN_OPSET:
+        return model
+    from onnx import version_converter
+
+    try:
+        out = version_converter.convert_version(model, BF16_MIN_OPSET)
+    except Exception as err:  # noqa: BLE001 - the converter raises several private types
+        raise InvalidInputError(format_message(
+            "BF16 conversion", f"a model at opset {opset} that the ONNX version converter cannot upgrade ({err})",
+            f"opset {BF16_MIN_OPSET} or later (Cast to bfloat16 needs it)",
+            "re-export the model with --opset 17, or convert to fp16")) from err
+    logger.warning("BF16 needs opset %d: the model was upgraded from opset %d.", BF16_MIN_OPSET, opset)
+    return out

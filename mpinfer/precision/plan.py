@@ -1,0 +1,204 @@
+"""PrecisionPlan: every node's precision with its reason and numbers; JSON, stable order, re-appliable.
+
+The JSON layout is the contract in CONTRACTS.md (``schema_version`` 1). Nodes are listed in graph order
+(depth first through If/Loop/Scan bodies), so a diff of two plans reads like a diff of two graphs, and a
+user can edit ``"precision"`` of any node and re-apply the plan with ``mpinfer convert --plan``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mpinfer.errors import InvalidInputError, format_message
+from mpinfer.specs import Precision
+
+logger = logging.getLogger(__name__)
+
+SCHEMA_VERSION = 1
+REASON_CODES = frozenset({
+    "rule:fp16-safe", "rule:keep-fp32", "rule:follow", "rule:index-like", "range:overflow",
+    "range:underflow", "weights:out-of-range", "sensitivity", "user:keep-op", "user:keep-node",
+    "user:low-op", "user:low-node", "overflow-json", "unknown-op", "custom-domain",
+})
+
+
+@dataclass
+class NodeDecision:
+    """One node of the plan.
+
+    Attributes:
+        name: The node's address (``If_3/then_branch/Add_1`` inside bodies).
+        op_type: Its op type.
+        precision: The precision it computes in.
+        reason: A reason code (see :data:`REASON_CODES`).
+        detail: A human sentence behind the reason.
+        stats: Numbers behind it (flops, weight bytes, absmax, sensitivity...).
+    """
+
+    name: str
+    op_type: str
+    precision: Precision
+    reason: str
+    detail: str = ""
+    stats: dict[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form."""
+        return {"name": self.name, "op_type": self.op_type, "precision": self.precision.value,
+                "reason": self.reason, "detail": self.detail, "stats": dict(self.stats)}
+
+
+@dataclass
+class PrecisionPlan:
+    """The whole plan: where it comes from, how it was made, every node, and a summary."""
+
+    source_path: str
+    source_sha256: str
+    precision: Precision
+    numerics: str
+    keep_io_types: bool
+    nodes: list[NodeDecision]
+    budget: str | None = None
+    calibration: dict[str, Any] | None = None
+    summary: dict[str, Any] = field(default_factory=dict)
+    mpinfer_version: str = ""
+
+    # -- queries ----------------------------------------------------------------------------------------
+    def low_nodes(self) -> dict[str, Precision]:
+        """Address → low precision for the nodes that run low (the emulator's ``low`` argument)."""
+        return {n.name: n.precision for n in self.nodes if n.precision.is_low}
+
+    def precisions(self) -> dict[str, Precision]:
+        """Address → precision for every node."""
+        return {n.name: n.precision for n in self.nodes}
+
+    def reasons(self) -> dict[str, int]:
+        """Count of nodes per reason code."""
+        out: dict[str, int] = {}
+        for n in self.nodes:
+            out[n.reason] = out.get(n.reason, 0) + 1
+        return dict(sorted(out.items()))
+
+    # -- JSON -------------------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form of the contract."""
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "mpinfer_version": self.mpinfer_version,
+            "source": {"path": self.source_path, "sha256": self.source_sha256},
+            "precision": self.precision.value,
+            "numerics": self.numerics,
+            "keep_io_types": self.keep_io_types,
+            "budget": self.budget,
+            "calibration": self.calibration,
+            "nodes": [n.to_dict() for n in self.nodes],
+            "summary": self.summary,
+        }
+
+    def to_json(self) -> str:
+        """Stable, indented JSON text (same plan → same bytes)."""
+        return json.dumps(self.to_dict(), indent=1, sort_keys=False, allow_nan=False, default=_default) + "\n"
+
+    def save(self, path: str | Path) -> Path:
+        """Write the plan atomically."""
+        from mpinfer.fileio import write_text_atomic
+
+        return write_text_atomic(path, self.to_json())
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], origin: str = "plan") -> PrecisionPlan:
+        """Parse the JSON form.
+
+        Raises:
+            InvalidInputError: For a malformed plan, naming the field.
+        """
+        if not isinstance(data, Mapping) or data.get("schema_version") != SCHEMA_VERSION:
+            raise InvalidInputError(format_message(
+                f"Plan '{origin}'", f"schema_version {data.get('schema_version') if isinstance(data, Mapping) else None}",
+                f"{SCHEMA_VERSION}", "write plans with `mpinfer convert`"))
+        try:
+            precision = Precision.parse(data["precision"])
+            nodes = [_node_from_dict(n, precision, origin) for n in data["nodes"]]
+            src = data.get("source") or {}
+            return cls(source_path=str(src.get("path", "")), source_sha256=str(src.get("sha256", "")),
+                       precision=precision, numerics=str(data.get("numerics", "strict")),
+                       keep_io_types=bool(data.get("keep_io_types", True)), nodes=nodes,
+                       budget=data.get("budget"), calibration=data.get("calibration"),
+                       summary=dict(data.get("summary") or {}),
+                       mpinfer_version=str(data.get("mpinfer_version", "")))
+        except (KeyError, TypeError) as err:
+            raise InvalidInputError(format_message(f"Plan '{origin}'", f"a missing or malformed field ({err})",
+                                                   "the layout written by `mpinfer convert`")) from err
+
+    @classmethod
+    def load(cls, path: str | Path) -> PrecisionPlan:
+        """Read a plan file.
+
+        Raises:
+            InvalidInputError: Unreadable, not JSON, or malformed.
+        """
+        p = Path(path)
+        try:
+            data = json.loads(p.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError) as err:
+            raise InvalidInputError(format_message(f"Plan '{path}'", f"an unreadable or non-JSON file ({err})",
+                                                   "a .plan.json written by `mpinfer convert`")) from err
+        return cls.from_dict(data, str(path))
+
+    def check_matches(self, addresses: Sequence[str], sha256: str, origin: str, *, force: bool = False) -> None:
+        """Refuse a plan made for another model.
+
+        Args:
+            addresses: The model's node addresses in graph order.
+            sha256: The model file's sha256.
+            origin: The plan's path, for messages.
+            force: Accept a sha256 mismatch when every node matches.
+
+        Raises:
+            InvalidInputError: Unknown or missing nodes, or a sha256 mismatch without ``force``.
+        """
+        known, listed = set(addresses), {n.name for n in self.nodes}
+        unknown = [n.name for n in self.nodes if n.name not in known]
+        missing = [a for a in addresses if a not in listed]
+        if unknown or missing:
+            detail = []
+            if unknown:
+                detail.append(f"{len(unknown)} nodes the model does not have (e.g. {unknown[:3]})")
+            if missing:
+                detail.append(f"{len(missing)} model nodes it does not list (e.g. {missing[:3]})")
+            raise InvalidInputError(format_message(
+                f"Plan '{origin}'", "a plan for another model: " + "; ".join(detail),
+                "a plan made for this model", "re-plan without --plan, or pass the model the plan was made for"))
+        if self.source_sha256 and self.source_sha256 != sha256 and not force:
+            raise InvalidInputError(format_message(
+                f"Plan '{origin}'", f"a plan for a model with sha256 {self.source_sha256[:12]}...",
+                f"this model's sha256 {sha256[:12]}...",
+                "its node names match: pass --force to apply it anyway, or re-plan without --plan"))
+
+
+def _node_from_dict(d: Mapping[str, Any], precision: Precision, origin: str) -> NodeDecision:
+    p = Precision.parse(d["precision"])
+    if p.is_low and p is not precision:
+        raise InvalidInputError(format_message(
+            f"Plan '{origin}': node '{d['name']}'", f"precision {p.value}",
+            f"{precision.value} or fp32 (the plan's precision)", "edit the node's \"precision\" field"))
+    return NodeDecision(name=str(d["name"]), op_type=str(d["op_type"]), precision=p,
+                        reason=str(d.get("reason", "")), detail=str(d.get("detail", "")),
+                        stats=dict(d.get("stats") or {}))
+
+
+def _default(obj: Any) -> Any:
+    import numpy as np
+
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, Path):
+        return str(obj)
+    if isinstance(obj, Precision):
+        return obj.value
+    raise TypeError(f"{type(obj).__name__} is not JSON serializable")

@@ -1,0 +1,344 @@
+"""Op-type and range rules that classify every node as low-precision, FP32, or follow-its-inputs.
+
+The policy is seeded from torch.amp's CUDA autocast lists (``autocast_mode.cpp``: ops that autocast to
+lower precision, and ops that autocast to float32) mapped to ONNX op types. Each rule is a small class
+with one question (``decide``); :class:`NodeClassifier` asks them in order and the first answer wins,
+in the style of ModelOpt AutoCast's node classifier.
+"""
+
+from __future__ import annotations
+
+import abc
+import enum
+import logging
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from mpinfer.modelio import NodeRef
+from mpinfer.precision.graphinfo import DEFAULT_DOMAINS, FLOAT, SHAPE_INPUTS, GraphInfo
+from mpinfer.specs import Precision
+
+logger = logging.getLogger(__name__)
+
+# torch.amp CUDA "lower_precision_fp" list, as ONNX ops: matrix engines, FP32 accumulate on tensor cores.
+FP16_SAFE_OPS = frozenset({
+    "Conv", "ConvTranspose", "MatMul", "Gemm", "Einsum", "PRelu", "LSTM", "GRU", "RNN", "Attention",
+    "DeformConv", "ConvInteger",
+})
+# torch.amp CUDA "fp32" list, as ONNX ops: transcendental functions whose range overflows FP16,
+# reductions and normalisations (long accumulations), softmax, losses, cumulative ops.
+KEEP_FP32_OPS = frozenset({
+    "Exp", "Log", "Pow", "Reciprocal", "Acos", "Asin", "Acosh", "Asinh", "Atanh", "Cosh", "Sinh", "Tan",
+    "Softplus", "Softmax", "LogSoftmax", "CumSum", "ReduceSum", "ReduceMean", "ReduceProd",
+    "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare", "ReduceL1", "ReduceL2", "LpNormalization",
+    "LayerNormalization", "GroupNormalization", "InstanceNormalization", "MeanVarianceNormalization",
+    "RMSNormalization", "SkipLayerNormalization", "SoftmaxCrossEntropyLoss", "NegativeLogLikelihoodLoss",
+    "LpPool", "GlobalLpPool", "Det", "DFT", "STFT", "MelWeightMatrix", "BlackmanWindow",
+    "HammingWindow", "HannWindow",
+})
+# Ops that compute indices, positions or shapes: rounding their float inputs moves boxes and pixels.
+INDEX_LIKE_OPS = frozenset({
+    "Range", "TopK", "NonMaxSuppression", "ArgMax", "ArgMin", "NonZero", "Unique",
+    "RoiAlign", "GridSample", "AffineGrid", "Multinomial", "Bernoulli",
+})
+# Control flow: the container keeps an FP32 interface; the nodes of its bodies are planned one by one.
+CONTROL_FLOW_OPS = frozenset({"If", "Loop", "Scan"})
+FP16_MAX = 65504.0
+# Activations whose |x| reaches FP16_MAX / margin are kept FP32: room for the unseen inputs that go
+# beyond what the calibration data showed.
+RANGE_MARGIN = 2.0
+# A tensor where more than this share of the non-zero values would flush to zero in the low dtype
+# loses its information: its producer stays FP32.
+UNDERFLOW_LIMIT = 0.10
+# Weights: a share of non-zero values below the FP16 subnormal range above this is "out of range".
+WEIGHT_UNDERFLOW_LIMIT = 0.10
+FP16_TINY = 5.96e-8  # smallest positive FP16 subnormal
+
+
+class Kind(str, enum.Enum):
+    """The outcome of classification for one node."""
+
+    LOW = "low"
+    KEEP = "keep"
+    FOLLOW = "follow"
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One rule's verdict: kind, reason code (plan contract), human detail, numbers."""
+
+    kind: Kind
+    reason: str
+    detail: str
+    stats: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class RuleContext:
+    """What rules can look at besides the node itself."""
+
+    info: GraphInfo
+    precision: Precision
+    index_like: set[str]
+    stats: Mapping[str, Any] | None = None
+    weight_stats: dict[str, dict[str, float]] = field(default_factory=dict)
+
+
+class NodeRule(abc.ABC):
+    """A rule: answers a Decision for the nodes it is about, None for the rest."""
+
+    @abc.abstractmethod
+    def decide(self, ref: NodeRef, ctx: RuleContext) -> Decision | None:
+        """Return the verdict for ``ref`` or None."""
+
+
+class UserNodeRule(NodeRule):
+    """``--keep-node`` / ``--low-node``: regexes matched (fullmatch, then search) against node addresses."""
+
+    def __init__(self, keep: Sequence[str] = (), low: Sequence[str] = ()) -> None:
+        self.keep = [(p, _compile(p)) for p in keep]
+        self.low = [(p, _compile(p)) for p in low]
+
+    def decide(self, ref: NodeRef, ctx: RuleContext) -> Decision | None:
+        for pattern, rx in self.keep:
+            if rx.search(ref.address):
+                return Decision(Kind.KEEP, "user:keep-node", f"--keep-node '{pattern}' matches this node")
+        for pattern, rx in self.low:
+            if rx.search(ref.address):
+                return Decision(Kind.LOW, "user:low-node", f"--low-node '{pattern}' matches this node")
+        return None
+
+
+class NodeSetRule(NodeRule):
+    """Keep a given set of node addresses FP32 (from an overflow.json of the AMP trainer)."""
+
+    def __init__(self, nodes: Mapping[str, str]) -> None:
+        self.nodes = dict(nodes)
+
+    def decide(self, ref: NodeRef, ctx: RuleContext) -> Decision | None:
+        if ref.address in self.nodes:
+            return Decision(Kind.KEEP, "overflow-json", self.nodes[ref.address])
+        return None
+
+
+class UserOpRule(NodeRule):
+    """``--keep-op`` / ``--low-op``: by op type."""
+
+    def __init__(self, keep: Iterable[str] = (), low: Iterable[str] = ()) -> None:
+        self.keep, self.low = set(keep), set(low)
+
+    def decide(self, ref: NodeRef, ctx: RuleContext) -> Decision | None:
+        if ref.node.op_type in self.keep:
+            return Decision(Kind.KEEP, "user:keep-op", f"--keep-op {ref.node.op_type}")
+        if ref.node.op_type in self.low:
+            return Decision(Kind.LOW, "user:low-op", f"--low-op {ref.node.op_type}")
+        return None
+
+
+class DomainRule(NodeRule):
+    """Custom-domain and unknown ops stay FP32: mpinfer cannot know what they compute."""
+
+    def decide(self, ref: NodeRef, ctx: RuleContext) -> Decision | None:
+        node = ref.node
+        if node.domain not in DEFAULT_DOMAINS and node.domain != "ai.onnx.ml":
+            return Decision(Kind.KEEP, "custom-domain", f"op {node.op_type} of custom domain '{node.domain}'")
+        if ctx.info.schema(node) is None:
+            return Decision(Kind.KEEP, "unknown-op",
+                            f"op {node.op_type} is not in ONNX opset {ctx.info.opset_of(node)}")
+        return None
+
+
+class NoFloatRule(NodeRule):
+    """Nodes without FP32 tensors have nothing to convert (shape and index arithmetic on integers)."""
+
+    def decide(self, ref: NodeRef, ctx: RuleContext) -> Decision | None:
+        if ref.node.op_type in CONTROL_FLOW_OPS:
+            return Decision(Kind.KEEP, "rule:keep-fp32",
+                            "control flow: interface kept FP32, body nodes planned one by one")
+        if not ctx.info.slots(ref.node, ctx.precision.onnx_dtype).has_float:
+            return Decision(Kind.KEEP, "rule:index-like", "no floating-point tensors")
+        return None
+
+
+class SchemaRule(NodeRule):
+    """The op must accept the low dtype at the model's opset."""
+
+    def decide(self, ref: NodeRef, ctx: RuleContext) -> Decision | None:
+        blocked = ctx.info.slots(ref.node, ctx.precision.onnx_dtype).blocked
+        if blocked:
+            return Decision(Kind.KEEP, "rule:keep-fp32", blocked)
+        return None
+
+
+class WeightRangeRule(NodeRule):
+    """Weights (initializers and Constant values) beyond FP16 range keep their consumer FP32; never clamped."""
+
+    def decide(self, ref: NodeRef, ctx: RuleContext) -> Decision | None:
+        if ctx.precision is Precision.BF16:
+            return None
+        for name in ref.node.input:
+            if not name or ctx.info.types.get(name) != FLOAT or not ctx.info.is_const(name):
+                continue
+            st = ctx.weight_stats.get(name)
+            if st is None:
+                st = ctx.weight_stats[name] = _weight_stats(ctx.info.const_array(name))
+            if st["absmax"] > FP16_MAX:
+                return Decision(Kind.KEEP, "weights:out-of-range",
+                                f"weight '{name}' reaches |{st['absmax']:.4g}| > FP16 max {FP16_MAX:g}", st)
+            if st["underflow_frac"] > WEIGHT_UNDERFLOW_LIMIT:
+                return Decision(Kind.KEEP, "weights:out-of-range",
+                                f"{st['underflow_frac']:.1%} of weight '{name}' would flush to zero in FP16", st)
+        return None
+
+
+class ActivationRangeRule(NodeRule):
+    """Calibration statistics: a tensor that overflows (or mostly underflows) keeps its producer and
+    consumers FP32. Integer tensors (token ids, indices) are never counted."""
+
+    def decide(self, ref: NodeRef, ctx: RuleContext) -> Decision | None:
+        if not ctx.stats:
+            return None
+        node = ref.node
+        for name in list(node.output) + list(node.input):
+            if not name or ctx.info.types.get(name) != FLOAT or ctx.info.is_const(name):
+                continue
+            st = ctx.stats.get(name)
+            if st is None:
+                continue
+            peak = max(_get(st, "absmax"), 0.0)
+            if ctx.precision is Precision.FP16 and (peak * RANGE_MARGIN > FP16_MAX
+                                                    or _get(st, "fp16_overflow_frac") > 0):
+                return Decision(Kind.KEEP, "range:overflow",
+                                f"tensor '{name}' reaches |{peak:.4g}| (x{RANGE_MARGIN:g} margin > {FP16_MAX:g})",
+                                {"absmax": peak, "p999": _get(st, "p999")})
+            if name in node.output:
+                key = "fp16_underflow_frac" if ctx.precision is Precision.FP16 else "bf16_underflow_frac"
+                frac = _get(st, key)
+                if frac > UNDERFLOW_LIMIT:
+                    return Decision(Kind.KEEP, "range:underflow",
+                                    f"{frac:.1%} of tensor '{name}' flushes to zero in {ctx.precision.value}",
+                                    {key: frac, "min_nonzero": _get(st, "min_nonzero")})
+        return None
+
+
+class IndexLikeRule(NodeRule):
+    """Index-like ops and the shape arithmetic that feeds Reshape/Expand/Slice/Resize/... stay FP32."""
+
+    def decide(self, ref: NodeRef, ctx: RuleContext) -> Decision | None:
+        if ref.node.op_type in INDEX_LIKE_OPS:
+            return Decision(Kind.KEEP, "rule:index-like", f"{ref.node.op_type} computes indices or positions")
+        if ref.address in ctx.index_like:
+            return Decision(Kind.KEEP, "rule:index-like", "feeds only shape/index inputs (shape arithmetic)")
+        return None
+
+
+class OpPolicyRule(NodeRule):
+    """The torch.amp-seeded op-type policy; anything else follows its inputs."""
+
+    def decide(self, ref: NodeRef, ctx: RuleContext) -> Decision | None:
+        op = ref.node.op_type
+        if op in FP16_SAFE_OPS:
+            return Decision(Kind.LOW, "rule:fp16-safe", f"{op} runs on matrix engines with FP32 accumulation")
+        if op in KEEP_FP32_OPS:
+            return Decision(Kind.KEEP, "rule:keep-fp32", f"{op} overflows or accumulates error in low precision")
+        return Decision(Kind.FOLLOW, "rule:follow", f"{op} follows the precision of its inputs")
+
+
+class NodeClassifier:
+    """Asks the rules in order; the first verdict wins.
+
+    Args:
+        rules: The rules, highest priority first.
+    """
+
+    def __init__(self, rules: Sequence[NodeRule]) -> None:
+        self.rules = list(rules)
+
+    def classify(self, ctx: RuleContext) -> dict[str, Decision]:
+        """Return address → Decision for every node of the model."""
+        out = {}
+        for ref in ctx.info.walk():
+            for rule in self.rules:
+                verdict = rule.decide(ref, ctx)
+                if verdict is not None:
+                    out[ref.address] = _respect_schema(verdict, ref, ctx)
+                    break
+        return out
+
+
+def _respect_schema(verdict: Decision, ref: NodeRef, ctx: RuleContext) -> Decision:
+    """A user override cannot make a node low that has no low type or no float tensors."""
+    if verdict.kind is not Kind.LOW:
+        return verdict
+    slots = ctx.info.slots(ref.node, ctx.precision.onnx_dtype)
+    if not slots.has_float:
+        return Decision(Kind.KEEP, "rule:index-like", "no floating-point tensors")
+    if slots.blocked or ref.node.op_type in CONTROL_FLOW_OPS:
+        return Decision(Kind.KEEP, "rule:keep-fp32", (slots.blocked or "control flow") + f" ({verdict.detail})")
+    return verdict
+
+
+def default_rules(*, keep_ops: Iterable[str] = (), low_ops: Iterable[str] = (), keep_nodes: Sequence[str] = (),
+                  low_nodes: Sequence[str] = (), overflow_nodes: Mapping[str, str] | None = None) -> list[NodeRule]:
+    """The standard rule list, user overrides first."""
+    return [
+        DomainRule(),
+        NoFloatRule(),
+        UserNodeRule(keep_nodes, low_nodes),
+        NodeSetRule(overflow_nodes or {}),
+        UserOpRule(keep_ops, low_ops),
+        SchemaRule(),
+        WeightRangeRule(),
+        ActivationRangeRule(),
+        IndexLikeRule(),
+        OpPolicyRule(),
+    ]
+
+
+def shape_subgraph(info: GraphInfo) -> set[str]:
+    """Addresses of nodes whose outputs only feed shape/index inputs (directly or through such nodes)."""
+    index_like: set[str] = set()
+    for ref in reversed(info.nodes):
+        node = ref.node
+        if not node.output or node.op_type in CONTROL_FLOW_OPS or node.op_type == "Constant":
+            continue
+        uses = [c for o in node.output if o for c in info.consumers.get(o, [])]
+        if not uses or any(o in info.graph_outputs for o in node.output):
+            continue
+        if all(_is_shape_use(info, c) or c[0] in index_like for c in uses):
+            index_like.add(ref.address)
+    return index_like
+
+
+def _is_shape_use(info: GraphInfo, use: tuple[str, int]) -> bool:
+    node = info.by_address[use[0]].node
+    return use[1] in SHAPE_INPUTS.get(node.op_type, ())
+
+
+def _weight_stats(arr: np.ndarray | None) -> dict[str, float]:
+    if arr is None or arr.size == 0:
+        return {"absmax": 0.0, "underflow_frac": 0.0}
+    a = np.abs(arr.astype(np.float32, copy=False))
+    finite = a[np.isfinite(a)]
+    nz = finite[finite > 0]
+    under = float(np.count_nonzero(nz < FP16_TINY / 2) / nz.size) if nz.size else 0.0
+    return {"absmax": float(finite.max()) if finite.size else 0.0, "underflow_frac": under}
+
+
+def _get(st: Any, key: str) -> float:
+    val = st.get(key, 0.0) if isinstance(st, Mapping) else getattr(st, key, 0.0)
+    return float(val) if val is not None and np.isfinite(val) else (float("inf") if val else 0.0)
+
+
+def _compile(pattern: str) -> re.Pattern[str]:
+    from mpinfer.errors import InvalidInputError, format_message
+
+    try:
+        return re.compile(pattern)
+    except re.error as err:
+        raise InvalidInputError(format_message(f"Node pattern '{pattern}'", f"an invalid regex ({err})",
+                                               "a Python regular expression, e.g. 'head/.*'")) from err

@@ -1,0 +1,349 @@
+"""Accuracy-budget search: as much low precision (by FLOPs) as the budget allows, with few Casts.
+
+1. Group the rule plan's low nodes into fused chains: each compute node (Conv, MatMul, ...) with the
+   follow-ops it feeds first, so a group switches precision as a unit and adds no Casts inside.
+2. Sensitivity, O(model size) in total: each group is run alone on the FP32 reference tensors of its
+   inputs (a small sub-model in the strict emulator) and its local relative error measured.
+3. Greedy by FLOPs per unit of error: groups sorted by ``flops / error``; the whole candidate is verified
+   with one incremental emulator run (``GraphEmulator.run_from``); when it fails, bisection over the
+   sorted prefix finds the largest prefix that meets the budget (log2(groups) verifications), then a few
+   skipped groups are tried one by one.
+
+The cost (emulator node evaluations, verifications, wall time) goes into the plan summary.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from mpinfer.errors import AccuracyMismatchError, InvalidInputError, format_message
+from mpinfer.precision.budget import Budget, output_metrics, parse_budget
+from mpinfer.precision.graphinfo import GraphInfo
+from mpinfer.precision.plan import NodeDecision
+from mpinfer.precision.rules import Decision, Kind
+from mpinfer.specs import Precision
+
+logger = logging.getLogger(__name__)
+
+# Skipped groups tried one by one after the bisection: enough to recover groups a single bad neighbour
+# pushed out of the prefix, few enough that the cost stays O(log groups) full runs.
+MAX_REFINE = 8
+# Floor of the error used in the FLOPs-per-error score (a group with zero local error is not infinitely good).
+ERROR_FLOOR = 1e-7
+
+
+@dataclass(frozen=True)
+class SearchConfig:
+    """Settings of one search."""
+
+    budget: str
+    precision: Precision
+    numerics: str = "strict"
+    keep_io_types: bool = True
+    batches: int = 2
+    progress: bool = True
+
+
+@dataclass
+class SearchOutcome:
+    """The searched plan entries, the error the final plan showed, and what the search cost."""
+
+    nodes: list[NodeDecision]
+    expected_error: dict[str, Any]
+    cost: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class _Group:
+    anchor: str
+    members: list[str]
+    flops: float
+    error: float = 0.0
+
+
+class _Verifier:
+    """Measures a candidate low-node set against the FP32 reference with the chosen numerics."""
+
+    def __init__(self, model: Any, info: GraphInfo, emu: Any, refs: list[Any], batches: list[dict],
+                 budget: Budget, cfg: SearchConfig, labels: np.ndarray | None) -> None:
+        self.model, self.info, self.emu, self.refs, self.batches = model, info, emu, refs, batches
+        self.budget, self.cfg, self.labels = budget, cfg, labels
+        self.topk = sorted({int(t.metric[3:]) for t in budget.terms if t.metric.startswith("top")} or {1})
+        self.evaluations = 0
+        self.verifications = 0
+        self.ort_ref: list[dict[str, np.ndarray]] | None = None
+        self.names: list[str] = []
+
+    def reference_outputs(self) -> list[dict[str, np.ndarray]]:
+        if self.cfg.numerics == "ort":
+            if self.ort_ref is None:
+                self.ort_ref = [self._ort_run(self.model, b) for b in self.batches]
+            return self.ort_ref
+        return [r.outputs for r in self.refs]
+
+    def metrics(self, low: Mapping[str, Precision]) -> dict[str, float]:
+        self.verifications += 1
+        if self.cfg.numerics == "ort":
+            from mpinfer.precision.apply import apply_plan
+
+            precisions = {a: low.get(a, Precision.FP32) for a in self.info.by_address}
+            converted = apply_plan(self.model, self.info, precisions, self.cfg.precision,
+                                   keep_io_types=self.cfg.keep_io_types).model
+            outs = [self._ort_run(converted, b) for b in self.batches]
+            self.evaluations += len(self.info.nodes) * len(self.batches)
+        else:
+            outs = []
+            for ref in self.refs:
+                run = self.emu.run_from(ref, dict(low))
+                self.evaluations += run.recomputed
+                outs.append(run.outputs)
+        ref_outs = self.reference_outputs()
+        names = self.names or [n for n, v in ref_outs[0].items() if np.asarray(v).dtype.kind == "f"]
+        self.names = names
+        return output_metrics(ref_outs, outs, names, labels=self.labels, topk=self.topk)
+
+    @staticmethod
+    def _ort_run(model: Any, batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        from mpinfer.modelio import ort_session
+
+        sess = ort_session(model)
+        names = [o.name for o in sess.get_outputs()]
+        return {n: np.asarray(v, np.float32) if np.asarray(v).dtype.kind == "f" else v
+                for n, v in zip(names, sess.run(names, dict(batch)), strict=False)}
+
+
+def build_groups(info: GraphInfo, nodes: Sequence[NodeDecision], decisions: Mapping[str, Decision]) -> list[_Group]:
+    """Fused chains of searchable low nodes (main graph, not forced by the user)."""
+    prec = {n.name: n.precision for n in nodes}
+    searchable = [ref for ref in info.nodes if ref.depth == 0 and prec[ref.address].is_low
+                  and not decisions[ref.address].reason.startswith("user:")]
+    parent: dict[str, str] = {ref.address: ref.address for ref in searchable}
+
+    def root(a: str) -> str:
+        while parent[a] != a:
+            parent[a] = parent[parent[a]]
+            a = parent[a]
+        return a
+
+    for ref in searchable:
+        if decisions[ref.address].kind is not Kind.FOLLOW:
+            continue
+        for name in ref.node.input:
+            src = info.producer.get(name)
+            if src in parent and src != ref.address:
+                parent[root(ref.address)] = root(src)
+                break
+    groups: dict[str, _Group] = {}
+    for ref in searchable:
+        r = root(ref.address)
+        g = groups.setdefault(r, _Group(r, [], 0.0))
+        g.members.append(ref.address)
+        g.flops += float(info.flops(ref))
+    return list(groups.values())
+
+
+def _local_error(model: Any, info: GraphInfo, group: _Group, refs: list[Any], low: Precision) -> tuple[float, int]:
+    """Relative L2 error at the group's outputs when only the group runs low, fed FP32 reference tensors."""
+    from onnx import helper
+
+    from mpinfer.precision.emulate import GraphEmulator
+
+    members = set(group.members)
+    nodes = [info.by_address[a].node for a in group.members]
+    produced = {o for n in nodes for o in n.output if o}
+    ext = list(dict.fromkeys(i for n in nodes for i in n.input if i and i not in produced))
+    inits = [info.initializers[i] for i in ext if i in info.initializers]
+    feeds_names = [i for i in ext if i not in info.initializers]
+    outs = [o for o in dict.fromkeys(o for n in nodes for o in n.output if o)
+            if o in info.graph_outputs or any(c[0] not in members for c in info.consumers.get(o, []))]
+    if not outs:
+        return 0.0, 0
+    sample = refs[0].tensors
+
+    def vi(name: str) -> Any:
+        arr = np.asarray(sample[name])
+        return helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(arr.dtype), None)
+
+    graph = helper.make_graph(nodes, f"group_{group.anchor}", [vi(n) for n in feeds_names], [vi(o) for o in outs],
+                              initializer=inits)
+    sub = helper.make_model(graph, opset_imports=list(info.model.opset_import))
+    sub.ir_version = info.model.ir_version
+    emu = GraphEmulator(sub)
+    noise = signal = 0.0
+    for ref in refs:
+        run = emu.run({n: ref.tensors[n] for n in feeds_names}, {a: low for a in group.members})
+        for o in outs:
+            want = np.asarray(ref.tensors[o], np.float64)
+            got = np.asarray(run.outputs[o], np.float64)
+            if want.dtype.kind != "f":
+                continue
+            if not np.all(np.isfinite(got[np.isfinite(want)])):
+                return math.inf, len(nodes) * len(refs)
+            ok = np.isfinite(want)
+            noise += float(((got - want)[ok] ** 2).sum())
+            signal += float((want[ok] ** 2).sum())
+    err = math.sqrt(noise / signal) if signal > 0 else (0.0 if noise == 0 else math.inf)
+    return err, len(nodes) * len(refs)
+
+
+def _take_batches(feeds: Any, count: int) -> list[dict[str, np.ndarray]]:
+    out = []
+    for batch in feeds:
+        out.append(batch)
+        if len(out) >= count:
+            break
+    if not out:
+        raise InvalidInputError("The calibration data has no batches to search with.")
+    return out
+
+
+def _labels_for(feeds: Any, batches: list[dict[str, np.ndarray]], budget: Budget) -> np.ndarray | None:
+    if not budget.needs_labels:
+        return None
+    labels = getattr(feeds, "labels", None)
+    if labels is None:
+        raise InvalidInputError(format_message(
+            "Budget term 'accuracy'", "calibration data without labels", "an .npz with a '_labels' array",
+            "add _labels to the .npz, or use agreement metrics such as top1>=0.999"))
+    n = sum(len(next(iter(b.values()))) for b in batches)
+    return np.asarray(labels)[:n]
+
+
+def _open_emulator(model: Any, cfg: SearchConfig) -> Any:
+    from mpinfer.precision.emulate import GraphEmulator
+
+    emu = GraphEmulator(model)
+    missing = emu.unsupported_ops()
+    if missing and cfg.numerics == "strict":
+        raise InvalidInputError(format_message(
+            "Strict numerics", f"a model with ops the emulator cannot run ({', '.join(sorted(missing))})",
+            "ops with strict kernels", "use --numerics ort (not for bf16), or convert without --budget"))
+    return None if missing else emu
+
+
+def search_plan(model: Any, info: GraphInfo, decisions: Mapping[str, Decision], nodes: Sequence[NodeDecision],
+                feeds: Any, cfg: SearchConfig) -> SearchOutcome:
+    """Search the low-precision node set that meets ``cfg.budget`` with the most FLOPs in low precision.
+
+    Args:
+        model: The named FP32 model.
+        info: Its analysis.
+        decisions: Rule verdicts per node.
+        nodes: The rule plan (its low nodes are the candidates).
+        feeds: Calibration batches (the first ``cfg.batches`` are used).
+        cfg: Budget, precision and numerics.
+
+    Returns:
+        The plan entries after the search, the final error and the search cost.
+
+    Raises:
+        AccuracyMismatchError: The budget fails even with the whole model in FP32.
+        InvalidInputError: Labels missing for ``accuracy``, or ops strict numerics cannot run.
+    """
+    from rich.progress import Progress
+
+    start = time.perf_counter()
+    budget = parse_budget(cfg.budget)
+    batches = _take_batches(feeds, max(cfg.batches, 1))
+    labels = _labels_for(feeds, batches, budget)
+    emu = _open_emulator(model, cfg)
+    refs = [emu.run(b, None, keep=True) for b in batches] if emu is not None else []
+    ver = _Verifier(model, info, emu, refs, batches, budget, cfg, labels)
+    ver.evaluations += len(info.nodes) * len(refs)
+    base_metrics = ver.metrics({})
+    if not budget.met(base_metrics):
+        raise AccuracyMismatchError(format_message(
+            f"Budget '{cfg.budget}'", "a budget the model misses even with every node in FP32: "
+            + "; ".join(budget.failures(base_metrics)), "a budget the FP32 model meets",
+            "loosen the budget (agreement metrics such as cosine/top1 compare with the FP32 model itself)"))
+    groups = build_groups(info, nodes, decisions)
+    forced = {n.name: n.precision for n in nodes if n.precision.is_low
+              and not any(n.name in g.members for g in groups)}
+    with Progress(transient=True, disable=not cfg.progress) as bar:
+        task = bar.add_task("sensitivity", total=len(groups))
+        for g in groups:
+            if emu is not None:
+                g.error, evals = _local_error(model, info, g, refs, cfg.precision)
+                ver.evaluations += evals
+            bar.advance(task)
+        order = sorted((g for g in groups if math.isfinite(g.error)),
+                       key=lambda g: -g.flops / max(g.error, ERROR_FLOOR))
+        accepted, final = _bisect(order, forced, ver, bar, cfg)
+    metrics = final
+    chosen = {a for g in accepted for a in g.members}
+    out_nodes = _finalize(nodes, groups, chosen)
+    cost = {"node_evaluations": int(ver.evaluations), "verifications": int(ver.verifications),
+            "groups": len(groups), "groups_low": len(accepted), "batches": len(batches),
+            "wall_s": round(time.perf_counter() - start, 3), "numerics": cfg.numerics,
+            "model_nodes": len(info.nodes)}
+    logger.info("search: %d/%d groups low, %d verifications, %d node evaluations, %.1fs", len(accepted),
+                len(groups), ver.verifications, ver.evaluations, cost["wall_s"])
+    return SearchOutcome(out_nodes, {k: _clean(v) for k, v in metrics.items()}, cost)
+
+
+def _bisect(order: list[_Group], forced: Mapping[str, Precision], ver: _Verifier, bar: Any,
+            cfg: SearchConfig) -> tuple[list[_Group], dict[str, float]]:
+    def low_of(groups: Sequence[_Group]) -> dict[str, Precision]:
+        low = dict(forced)
+        low.update({a: cfg.precision for g in groups for a in g.members})
+        return low
+
+    task = bar.add_task("verify", total=None)
+    full = ver.metrics(low_of(order))
+    bar.advance(task)
+    if ver.budget.met(full):
+        return order, full
+    base = ver.metrics(low_of([]))
+    if not ver.budget.met(base):
+        raise AccuracyMismatchError(format_message(
+            f"Budget '{cfg.budget}'", "a budget the nodes forced low by --low-op/--low-node already break: "
+            + "; ".join(ver.budget.failures(base)), "a budget those nodes meet",
+            "drop some --low-op/--low-node overrides or loosen the budget"))
+    lo, hi, best = 0, len(order), base
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        m = ver.metrics(low_of(order[:mid]))
+        bar.advance(task)
+        if ver.budget.met(m):
+            lo, best = mid, m
+        else:
+            hi = mid
+    accepted = list(order[:lo])
+    for g in order[hi:hi + MAX_REFINE]:
+        m = ver.metrics(low_of([*accepted, g]))
+        bar.advance(task)
+        if ver.budget.met(m):
+            accepted.append(g)
+            best = m
+    return accepted, best
+
+
+def _finalize(nodes: Sequence[NodeDecision], groups: Sequence[_Group], chosen: set[str]) -> list[NodeDecision]:
+    error = {a: g.error for g in groups for a in g.members}
+    out = []
+    for n in nodes:
+        if n.name not in error:
+            out.append(n)
+            continue
+        stats = {**n.stats, "sensitivity": _clean(error[n.name])}
+        if n.name in chosen:
+            out.append(NodeDecision(n.name, n.op_type, n.precision, n.reason, n.detail, stats))
+        else:
+            detail = (f"kept FP32 by the budget search: its group's local error {error[n.name]:.3g} did not fit "
+                      "the budget")
+            out.append(NodeDecision(n.name, n.op_type, Precision.FP32, "sensitivity", detail, stats))
+    return out
+
+
+def _clean(v: float) -> float | str:
+    """JSON-safe number (inf/nan as strings)."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return str(v)
+    return float(v)

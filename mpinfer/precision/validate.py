@@ -1,0 +1,138 @@
+"""The validity gate run after every rewrite: full ``onnx.checker``, strict type/shape inference and an
+ONNX Runtime session load. A failure is a bug in mpinfer (:class:`InternalError` naming the node), never
+an invalid file on disk. Checks the *input* model already fails (e.g. ONNX Runtime has no kernel for one of
+its ops) are not held against the output; :func:`baseline_failures` records them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mpinfer.errors import InternalError
+
+logger = logging.getLogger(__name__)
+
+CHECKS = ("checker", "inference", "onnxruntime")
+_MISSING_KERNEL = "Could not find an implementation for"
+_NODE_RE = re.compile(r"node name:\s*([^)\s]+)|Node\s*\(([^)]+)\)|node '([^']+)'|name:\s*'?([^'\s,)]+)", re.I)
+
+
+@dataclass(frozen=True)
+class GateFailure:
+    """One failed check: which check, the node it names (when it names one) and the message."""
+
+    check: str
+    node: str | None
+    message: str
+
+
+def _node_from(message: str) -> str | None:
+    m = _NODE_RE.search(message)
+    if not m:
+        return None
+    return next(g for g in m.groups() if g)
+
+
+def run_checks(model: Any, checks: tuple[str, ...] = CHECKS) -> list[GateFailure]:
+    """Run the gate's checks on an in-memory model (external data > 2 GB goes through a temp file).
+
+    Args:
+        model: The ``onnx.ModelProto``.
+        checks: Which checks to run.
+
+    Returns:
+        The failures (empty when valid).
+    """
+    from mpinfer.modelio import _small_enough_to_size
+
+    if _small_enough_to_size(model):
+        return _run(model, None, checks)
+    with tempfile.TemporaryDirectory(prefix="mpinfer-gate-") as td:
+        from mpinfer.modelio import save_onnx
+
+        path = save_onnx(model, Path(td) / "model.onnx", external_data=True)
+        return _run(None, path, checks)
+
+
+def run_checks_path(path: str | os.PathLike[str], checks: tuple[str, ...] = CHECKS) -> list[GateFailure]:
+    """Run the gate's checks on a saved model (works above 2 GB)."""
+    return _run(None, Path(path), checks)
+
+
+def _run(model: Any, path: Path | None, checks: tuple[str, ...]) -> list[GateFailure]:
+    import onnx
+
+    failures = []
+    start = time.perf_counter()
+    if "checker" in checks:
+        try:
+            onnx.checker.check_model(model if path is None else str(path), full_check=path is None)
+        except Exception as err:  # noqa: BLE001 - onnx raises ValidationError and others
+            failures.append(GateFailure("checker", _node_from(str(err)), str(err)))
+    if "inference" in checks:
+        try:
+            if path is None:
+                onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True)
+            else:
+                with tempfile.TemporaryDirectory() as td:
+                    onnx.shape_inference.infer_shapes_path(str(path), str(Path(td) / "inferred.onnx"),
+                                                           check_type=True, strict_mode=True)
+        except Exception as err:  # noqa: BLE001 - InferenceError and friends
+            failures.append(GateFailure("inference", _node_from(str(err)), str(err)))
+    if "onnxruntime" in checks:
+        try:
+            _ort_load(model, path)
+        except Exception as err:  # noqa: BLE001 - onnxruntime raises its own types
+            if _MISSING_KERNEL in str(err):
+                # The CPU provider lacks a kernel for a dtype (BF16 MatMul/Conv, some FP16 ops): the model is
+                # valid, GPU providers and TensorRT run it; not a validity failure.
+                logger.info("ONNX Runtime CPU has no kernel for a node of this model: %s", str(err)[:300])
+            else:
+                failures.append(GateFailure("onnxruntime", _node_from(str(err)), str(err)))
+    logger.debug("validity gate: %d failures in %.2fs", len(failures), time.perf_counter() - start)
+    return failures
+
+
+def _ort_load(model: Any, path: Path | None) -> None:
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    src = str(path) if path is not None else model.SerializeToString()
+    ort.InferenceSession(src, so, providers=["CPUExecutionProvider"])
+
+
+def gate(model: Any, *, baseline: list[GateFailure] | None = None, stage: str = "rewrite",
+         path: Path | None = None) -> None:
+    """Raise InternalError if ``model`` fails a check the input model passed.
+
+    Args:
+        model: The rewritten model (or None with ``path``).
+        baseline: Failures of the input model (checks it already fails are skipped).
+        stage: What produced the model, for the message.
+        path: Check this saved file instead of ``model``.
+
+    Raises:
+        InternalError: Naming the check, the node and the message.
+    """
+    skip = {f.check for f in (baseline or [])}
+    checks = tuple(c for c in CHECKS if c not in skip)
+    if not checks:
+        return
+    failures = run_checks_path(path, checks) if path is not None else run_checks(model, checks)
+    if failures:
+        f = failures[0]
+        where = f"node '{f.node}'" if f.node else "the model"
+        raise InternalError(
+            f"mpinfer produced an invalid model after {stage}: the {f.check} check fails at {where}: "
+            f"{f.message.strip()[:2000]}. This is a bug in mpinfer; the output was not written. "
+            "Work around it with --keep-node for that node and report it."
+        )

@@ -1,0 +1,162 @@
+"""`mpinfer convert` CLI: happy paths and every bad input of the issue (exit 1, one Error: line)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from tests.conftest import assert_user_error
+from tests.precision.graphs import fvi, init, make, mlp, rng_w, save
+
+
+@pytest.fixture
+def model_path(tmp_path):
+    return save(mlp(), tmp_path / "m.onnx")
+
+
+def _npz(path, **arrays):
+    np.savez(path, **arrays)
+    return path
+
+
+def test_convert_writes_model_and_plan(invoke, model_path, tmp_path):
+    out = tmp_path / "out" / "m.fp16.onnx"
+    data = _npz(tmp_path / "cal.npz", x=np.random.default_rng(0).standard_normal((32, 8)).astype(np.float32))
+    r = invoke("convert", model_path, "--precision", "fp16", "--calibration", data,
+               "--budget", "cosine>=0.999,top1>=0.9", "-o", out)
+    assert r.exit_code == 0, r.output
+    assert out.exists() and (tmp_path / "out" / "m.fp16.plan.json").exists()
+    assert "nodes low" in r.output
+    plan = json.loads((tmp_path / "out" / "m.fp16.plan.json").read_text())
+    assert plan["budget"] == "cosine>=0.999,top1>=0.9" and plan["summary"]["search"]["node_evaluations"] > 0
+    again = invoke("convert", model_path, "--plan", tmp_path / "out" / "m.fp16.plan.json", "-o",
+                   tmp_path / "re.onnx")
+    assert again.exit_code == 0, again.output
+    assert (tmp_path / "re.onnx").read_bytes() == out.read_bytes()
+
+
+def test_overrides(invoke, model_path, tmp_path):
+    out = tmp_path / "m.bf16.onnx"
+    r = invoke("convert", model_path, "--precision", "bf16", "--keep-op", "Relu", "--keep-node", "fc2",
+               "--low-op", "Softmax", "--calibration", "none", "-o", out)
+    assert r.exit_code == 0, r.output
+    nodes = {n["name"]: n for n in json.loads((tmp_path / "m.bf16.plan.json").read_text())["nodes"]}
+    assert nodes["relu"]["reason"] == "user:keep-op" and nodes["relu"]["precision"] == "fp32"
+    assert nodes["fc2"]["reason"] == "user:keep-node" and nodes["fc2"]["precision"] == "fp32"
+    assert nodes["softmax"]["reason"] == "user:low-op" and nodes["softmax"]["precision"] == "bf16"
+
+
+def test_not_onnx(invoke, tmp_path):
+    bad = tmp_path / "bad.onnx"
+    bad.write_text("hello, not a model")
+    r = invoke("convert", bad, "-o", tmp_path / "o.onnx")
+    assert_user_error(r, "ONNX")
+    assert not (tmp_path / "o.onnx").exists()
+
+
+def test_truncated(invoke, model_path, tmp_path):
+    data = model_path.read_bytes()
+    trunc = tmp_path / "trunc.onnx"
+    trunc.write_bytes(data[: len(data) // 2])
+    r = invoke("convert", trunc, "-o", tmp_path / "o.onnx")
+    assert_user_error(r, "truncated|parse")
+    assert not (tmp_path / "o.onnx").exists()
+
+
+def _external(tmp_path, location):
+    w = numpy_helper.from_array(rng_w(8, 4), "w")
+    w.ClearField("raw_data")
+    w.data_location = TensorProto.EXTERNAL
+    w.external_data.add(key="location", value=location)
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], "g", [fvi("x", [2, 8])],
+                          [fvi("y", [2, 4])], [w])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    p = tmp_path / "ext.onnx"
+    p.write_bytes(m.SerializeToString())
+    return p
+
+
+def test_missing_external_data(invoke, tmp_path):
+    r = invoke("convert", _external(tmp_path, "weights.bin"), "-o", tmp_path / "o.onnx")
+    assert_user_error(r, "external data")
+    assert not (tmp_path / "o.onnx").exists()
+
+
+def test_external_data_escaping_folder(invoke, tmp_path):
+    r = invoke("convert", _external(tmp_path, "../../etc/passwd"), "-o", tmp_path / "o.onnx")
+    assert_user_error(r, "outside the model's folder")
+    assert not (tmp_path / "o.onnx").exists()
+
+
+def test_already_fp16(invoke, model_path, tmp_path):
+    first = tmp_path / "a.onnx"
+    assert invoke("convert", model_path, "--calibration", "none", "-o", first).exit_code == 0
+    r = invoke("convert", first, "--calibration", "none", "-o", tmp_path / "b.onnx")
+    assert_user_error(r, "already mixed precision.*--force")
+    assert not (tmp_path / "b.onnx").exists()
+    forced = invoke("convert", first, "--calibration", "none", "--force", "-o", tmp_path / "b.onnx")
+    assert forced.exit_code == 0, forced.output
+
+
+@pytest.mark.parametrize("arrays, match", [
+    ({"inp": np.zeros((4, 8), np.float32)}, "missing: x"),
+    ({"x": np.zeros((4, 8), np.float64)}, "dtype float64"),
+    ({"x": np.zeros((4, 7), np.float32)}, "shape"),
+    ({"x": np.full((4, 8), np.nan, np.float32)}, "NaN"),
+])
+def test_bad_calibration_data(invoke, model_path, tmp_path, arrays, match):
+    data = _npz(tmp_path / "cal.npz", **arrays)
+    r = invoke("convert", model_path, "--calibration", data, "-o", tmp_path / "o.onnx")
+    assert_user_error(r, match)
+    assert not (tmp_path / "o.onnx").exists()
+
+
+def test_unmeetable_budget(invoke, model_path, tmp_path):
+    rng = np.random.default_rng(0)
+    data = _npz(tmp_path / "cal.npz", x=rng.standard_normal((64, 8)).astype(np.float32),
+                _labels=rng.integers(0, 4, 64))
+    r = invoke("convert", model_path, "--calibration", data, "--budget", "accuracy>=0.99", "-o", tmp_path / "o.onnx")
+    assert_user_error(r, "even with every node in FP32")
+    assert not (tmp_path / "o.onnx").exists()
+
+
+def test_unknown_budget_metric(invoke, model_path, tmp_path):
+    r = invoke("convert", model_path, "--budget", "psnr>=40", "-o", tmp_path / "o.onnx")
+    assert_user_error(r, "Budget metric 'psnr'")
+
+
+def test_output_exists_needs_force(invoke, model_path, tmp_path):
+    out = tmp_path / "o.onnx"
+    out.write_bytes(b"keep")
+    r = invoke("convert", model_path, "--calibration", "none", "-o", out)
+    assert_user_error(r, "--force")
+    assert out.read_bytes() == b"keep"
+    assert_user_error(invoke("convert", model_path, "-o", model_path), "same path as an input")
+
+
+def test_bf16_with_ort_numerics_refused(invoke, model_path, tmp_path):
+    r = invoke("convert", model_path, "--precision", "bf16", "--numerics", "ort", "--budget", "cosine>=0.99",
+               "-o", tmp_path / "o.onnx")
+    assert_user_error(r, "strict")
+
+
+def test_unknown_ops_kept_and_reported(invoke, tmp_path):
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["a"], name="mm"),
+             helper.make_node("Frobnicate", ["a"], ["y"], name="frob", domain="acme")]
+    g = helper.make_graph(nodes, "g", [fvi("x", [2, 4])], [fvi("y", [2, 4])], [init("w", rng_w(4, 4))])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("acme", 1)])
+    src = save(m, tmp_path / "c.onnx")
+    r = invoke("convert", src, "--calibration", "none", "-o", tmp_path / "c.fp16.onnx")
+    assert r.exit_code == 0, r.output
+    assert "custom-domain: 1" in r.output
+    plan = json.loads((tmp_path / "c.fp16.plan.json").read_text())
+    assert {n["name"]: n["reason"] for n in plan["nodes"]}["frob"] == "custom-domain"
+    assert onnx.load(str(tmp_path / "c.fp16.onnx")).graph.node
+
+
+def test_make_helper_checks():
+    assert make([helper.make_node("Relu", ["x"], ["y"], name="r")], [fvi("x", [1])], [fvi("y", [1])])

@@ -1,0 +1,60 @@
+"""Tiny ONNX graphs for the precision tests (built in the test, never checked in)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+OPSET = 17
+
+
+def make(nodes, inputs, outputs, inits=(), *, opset: int = OPSET, value_info=(), doc: str = "") -> onnx.ModelProto:
+    graph = helper.make_graph(nodes, "g", inputs, outputs, initializer=list(inits), value_info=list(value_info))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    model.doc_string = doc
+    onnx.checker.check_model(model)
+    return model
+
+
+def fvi(name: str, shape, elem=TensorProto.FLOAT):
+    return helper.make_tensor_value_info(name, elem, shape)
+
+
+def init(name: str, arr) -> onnx.TensorProto:
+    return numpy_helper.from_array(np.asarray(arr), name)
+
+
+def rng_w(*shape, seed=0, scale=0.3):
+    return (np.random.default_rng(seed).standard_normal(shape) * scale).astype(np.float32)
+
+
+def mlp(hidden: int = 16) -> onnx.ModelProto:
+    """x[N,8] -> MatMul -> Add -> Relu -> MatMul -> Add -> Softmax -> y[N,4]."""
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["h"], name="fc1"),
+        helper.make_node("Add", ["h", "b1"], ["hb"], name="add1"),
+        helper.make_node("Relu", ["hb"], ["r"], name="relu"),
+        helper.make_node("MatMul", ["r", "w2"], ["o"], name="fc2"),
+        helper.make_node("Add", ["o", "b2"], ["logits"], name="add2"),
+        helper.make_node("Softmax", ["logits"], ["y"], name="softmax", axis=-1),
+    ]
+    inits = [init("w1", rng_w(8, hidden)), init("b1", rng_w(hidden, seed=1)), init("w2", rng_w(hidden, 4, seed=2)),
+             init("b2", rng_w(4, seed=3))]
+    return make(nodes, [fvi("x", ["N", 8])], [fvi("y", ["N", 4])], inits)
+
+
+def save(model: onnx.ModelProto, path: Path) -> Path:
+    path.write_bytes(model.SerializeToString())
+    return path
+
+
+def run_ort(model_or_path, feeds):
+    import onnxruntime as ort
+
+    src = model_or_path.SerializeToString() if isinstance(model_or_path, onnx.ModelProto) else str(model_or_path)
+    sess = ort.InferenceSession(src, providers=["CPUExecutionProvider"])
+    return sess.run(None, feeds)

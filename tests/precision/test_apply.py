@@ -1,0 +1,238 @@
+"""Graph rewriting from a plan: casts, initializers, patched attributes, subgraphs, IO types, validity."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from mpinfer.modelio import name_nodes
+from mpinfer.precision import ConvertConfig, convert_precision
+from mpinfer.precision.apply import apply_plan
+from mpinfer.precision.graphinfo import GraphInfo
+from mpinfer.precision.validate import run_checks
+from mpinfer.specs import Precision
+from tests.precision.graphs import fvi, init, make, mlp, rng_w, run_ort, save
+
+FP16 = TensorProto.FLOAT16
+
+
+def _convert(tmp_path: Path, model: onnx.ModelProto, **kw) -> tuple[onnx.ModelProto, object]:
+    src = save(model, tmp_path / "m.onnx")
+    kw.setdefault("calibration", "none")
+    res = convert_precision(ConvertConfig(model=src, output=tmp_path / "m.fp16.onnx", **kw))
+    return onnx.load(str(res.output)), res
+
+
+def _types(model: onnx.ModelProto) -> dict[str, int]:
+    out = {t.name: t.data_type for t in model.graph.initializer}
+    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True)
+    for vi in list(inferred.graph.value_info) + list(inferred.graph.input) + list(inferred.graph.output):
+        out[vi.name] = vi.type.tensor_type.elem_type
+    return out
+
+
+def test_mlp_casts_only_at_boundaries(tmp_path):
+    out, res = _convert(tmp_path, mlp())
+    casts = [n for n in out.graph.node if n.op_type == "Cast"]
+    # x -> fp16 before fc1, and logits -> fp32 before Softmax (kept FP32); output stays FP32.
+    assert sorted(n.name for n in casts) == ["logits__cast_to_fp32", "x__cast_to_fp16"]
+    types = _types(out)
+    assert types["w1"] == FP16 and types["w2"] == FP16
+    assert out.graph.input[0].type.tensor_type.elem_type == TensorProto.FLOAT
+    assert out.graph.output[0].type.tensor_type.elem_type == TensorProto.FLOAT
+    assert {n.name for n in out.graph.node} >= {"fc1", "add1", "relu", "fc2", "add2", "softmax"}
+    x = np.random.default_rng(0).standard_normal((3, 8)).astype(np.float32)
+    np.testing.assert_allclose(run_ort(out, {"x": x})[0], run_ort(mlp(), {"x": x})[0], atol=2e-3)
+    assert res.plan.summary["cast_count"] == 2
+
+
+def test_shared_initializer_duplicated_only_when_consumers_disagree(tmp_path):
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["a"], name="mm"),
+             helper.make_node("Add", ["x2", "w"], ["b"], name="add_fp32")]
+    model = make(nodes, [fvi("x", [2, 4]), fvi("x2", [4, 4])], [fvi("a", [2, 4]), fvi("b", [4, 4])],
+                 [init("w", rng_w(4, 4))])
+    out, _ = _convert(tmp_path, model)
+    inits = {t.name: t.data_type for t in out.graph.initializer}
+    assert inits == {"w": TensorProto.FLOAT, "w__fp16": FP16}
+    mm = next(n for n in out.graph.node if n.name == "mm")
+    assert mm.input[1] == "w__fp16"
+
+
+def test_weights_out_of_fp16_range_kept_fp32_not_clamped(tmp_path):
+    big = np.full((4, 4), 1e8, np.float32)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["y"], name="mm"),
+             helper.make_node("Constant", [], ["c"], name="const",
+                              value=helper.make_tensor("v", TensorProto.FLOAT, [4], [1e9, 1, 2, 3])),
+             helper.make_node("MatMul", ["x", "w2"], ["z0"], name="mm2"),
+             helper.make_node("Mul", ["z0", "c"], ["z"], name="mul")]
+    model = make(nodes, [fvi("x", [2, 4])], [fvi("y", [2, 4]), fvi("z", [2, 4])],
+                 [init("w", big), init("w2", rng_w(4, 4))])
+    out, res = _convert(tmp_path, model)
+    reasons = {n.name: n.reason for n in res.plan.nodes}
+    assert reasons["mm"] == "weights:out-of-range" and reasons["mul"] == "weights:out-of-range"
+    inits = {t.name: t for t in out.graph.initializer}
+    assert inits["w"].data_type == TensorProto.FLOAT
+    assert onnx.numpy_helper.to_array(inits["w"]).max() == 1e8
+    const = next(n for n in out.graph.node if n.name == "const")
+    assert const.attribute[0].t.data_type == TensorProto.FLOAT
+
+
+def test_embedding_table_converted_integer_ids_ignored(tmp_path):
+    table = rng_w(100, 8)
+    nodes = [helper.make_node("Gather", ["table", "ids"], ["e"], name="embed"),
+             helper.make_node("MatMul", ["e", "w"], ["y"], name="mm")]
+    model = make(nodes, [fvi("ids", [2, 5], TensorProto.INT64)], [fvi("y", [2, 5, 4])],
+                 [init("table", table), init("w", rng_w(8, 4))])
+    out, res = _convert(tmp_path, model)
+    assert {t.name: t.data_type for t in out.graph.initializer}["table"] == FP16
+    assert res.plan.precisions()["embed"] is Precision.FP16
+
+
+def test_existing_casts_and_dtype_attributes_patched(tmp_path):
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["a"], name="mm"),
+        helper.make_node("Cast", ["a"], ["a32"], name="cast_f", to=TensorProto.FLOAT),
+        helper.make_node("Shape", ["a32"], ["shp"], name="shape"),
+        helper.make_node("ConstantOfShape", ["shp"], ["ones"], name="cos",
+                         value=helper.make_tensor("v", TensorProto.FLOAT, [1], [1.0])),
+        helper.make_node("RandomNormalLike", ["a32"], ["noise"], name="rnd", dtype=TensorProto.FLOAT, scale=1e-4),
+        helper.make_node("EyeLike", ["sq"], ["eye"], name="eye", dtype=TensorProto.FLOAT),
+        helper.make_node("Add", ["a32", "ones"], ["b"], name="add"),
+        helper.make_node("Add", ["b", "noise"], ["c"], name="add2"),
+        helper.make_node("MatMul", ["c", "eye"], ["d"], name="mm2"),
+    ]
+    model = make(nodes, [fvi("x", [2, 4]), fvi("sq", [4, 4])], [fvi("d", [2, 4])], [init("w", rng_w(4, 4))])
+    out, res = _convert(tmp_path, model, low_nodes=("cast_f", "cos", "rnd", "eye", "add", "add2"))
+    by = {n.name: n for n in out.graph.node}
+    assert helper.get_attribute_value(by["cast_f"].attribute[0]) == FP16
+    assert by["cos"].attribute[0].t.data_type == FP16
+    assert {a.name: a.i for a in by["rnd"].attribute}["dtype"] == FP16
+    assert {a.name: a.i for a in by["eye"].attribute}["dtype"] == FP16
+    x = np.random.default_rng(0).standard_normal((2, 4)).astype(np.float32)
+    sq = np.zeros((4, 4), np.float32)
+    np.testing.assert_allclose(run_ort(out, {"x": x, "sq": sq})[0], run_ort(model, {"x": x, "sq": sq})[0],
+                               atol=1e-2)
+
+
+def test_resize_scales_stay_fp32(tmp_path):
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv"),
+             helper.make_node("Resize", ["c", "", "scales"], ["r"], name="resize", mode="nearest"),
+             helper.make_node("Conv", ["r", "w2"], ["y"], name="conv2")]
+    model = make(nodes, [fvi("x", [1, 2, 4, 4])], [fvi("y", [1, 2, 8, 8])],
+                 [init("w", rng_w(2, 2, 1, 1)), init("scales", np.array([1, 1, 2, 2], np.float32)),
+                  init("w2", rng_w(2, 2, 1, 1))])
+    out, res = _convert(tmp_path, model)
+    assert res.plan.precisions()["resize"] is Precision.FP16
+    assert {t.name: t.data_type for t in out.graph.initializer}["scales"] == TensorProto.FLOAT
+    assert [n.name for n in out.graph.node if n.op_type == "Cast"] == ["x__cast_to_fp16", "y__cast_to_fp32"]
+
+
+def test_shape_arithmetic_feeding_reshape_is_index_like(tmp_path):
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["a"], name="mm"),
+             helper.make_node("Shape", ["a"], ["s"], name="shape"),
+             helper.make_node("Cast", ["s"], ["sf"], name="to_float", to=TensorProto.FLOAT),
+             helper.make_node("Mul", ["sf", "half"], ["sh"], name="scale_shape"),
+             helper.make_node("Cast", ["sh"], ["si"], name="to_int", to=TensorProto.INT64),
+             helper.make_node("Reshape", ["a", "si"], ["y"], name="reshape")]
+    model = make(nodes, [fvi("x", [2, 4])], [fvi("y", [4, 2])],
+                 [init("w", rng_w(4, 4)), init("half", np.array([2.0, 0.5], np.float32))])
+    out, res = _convert(tmp_path, model)
+    p = {n.name: (n.precision, n.reason) for n in res.plan.nodes}
+    assert p["scale_shape"] == (Precision.FP32, "rule:index-like")
+    assert p["to_float"][0] is Precision.FP32
+
+
+def test_if_subgraph_converted_outer_values_cast_inside(tmp_path):
+    then_g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["t"], name="then_mm")], "then", [],
+                               [fvi("t", [2, 4])])
+    else_g = helper.make_graph([helper.make_node("Tanh", ["x"], ["e"], name="else_tanh")], "else", [],
+                               [fvi("e", [2, 4])])
+    nodes = [helper.make_node("ReduceMax", ["x"], ["m"], name="rmax", keepdims=0),
+             helper.make_node("Greater", ["m", "zero"], ["cond"], name="gt"),
+             helper.make_node("If", ["cond"], ["y"], name="if", then_branch=then_g, else_branch=else_g)]
+    model = make(nodes, [fvi("x", [2, 4])], [fvi("y", [2, 4])],
+                 [init("w", rng_w(4, 4)), init("zero", np.array(0.0, np.float32))])
+    out, res = _convert(tmp_path, model)
+    prec = res.plan.precisions()
+    assert prec["if/then_branch/then_mm"] is Precision.FP16
+    body = next(a.g for a in out.graph.node[-1].attribute if a.name == "then_branch")
+    assert [n.op_type for n in body.node] == ["Cast", "MatMul", "Cast"]
+    x = np.ones((2, 4), np.float32)
+    np.testing.assert_allclose(run_ort(out, {"x": x})[0], run_ort(model, {"x": x})[0], atol=1e-2)
+    assert not run_checks(out)
+
+
+def test_loop_body_converted(tmp_path):
+    body = helper.make_graph(
+        [helper.make_node("MatMul", ["h_in", "w"], ["h1"], name="mm"),
+         helper.make_node("Tanh", ["h1"], ["h_out"], name="tanh"),
+         helper.make_node("Identity", ["cond_in"], ["cond_out"], name="id")],
+        "body", [fvi("i", [], TensorProto.INT64), fvi("cond_in", [], TensorProto.BOOL), fvi("h_in", [2, 4])],
+        [fvi("cond_out", [], TensorProto.BOOL), fvi("h_out", [2, 4])])
+    nodes = [helper.make_node("Loop", ["trip", "", "x"], ["y"], name="loop", body=body)]
+    model = make(nodes, [fvi("x", [2, 4])], [fvi("y", [2, 4])],
+                 [init("w", rng_w(4, 4)), init("trip", np.array(3, np.int64))])
+    out, res = _convert(tmp_path, model)
+    assert res.plan.precisions()["loop/body/mm"] is Precision.FP16
+    x = np.random.default_rng(0).standard_normal((2, 4)).astype(np.float32)
+    np.testing.assert_allclose(run_ort(out, {"x": x})[0], run_ort(model, {"x": x})[0], atol=1e-2)
+
+
+def test_stale_value_info_retyped_and_io_types(tmp_path):
+    model = mlp()
+    model.graph.value_info.extend([fvi("h", ["N", 16]), fvi("r", ["N", 16])])
+    out, _ = _convert(tmp_path, model, keep_io_types=False)
+    vis = {vi.name: vi.type.tensor_type.elem_type for vi in out.graph.value_info}
+    assert vis["h"] == FP16 and vis["r"] == FP16
+    assert out.graph.input[0].type.tensor_type.elem_type == FP16
+    assert out.graph.output[0].type.tensor_type.elem_type == FP16
+    assert not run_checks(out)
+
+
+def test_bf16_raises_opset_and_keeps_metadata(tmp_path):
+    model = mlp()
+    model.opset_import[0].version = 11
+    helper.set_model_props(model, {"charset": "abc"})
+    model.doc_string = "keep me"
+    out, res = _convert(tmp_path, model, precision=Precision.BF16)
+    assert out.opset_import[0].version == 13
+    assert {p.key: p.value for p in out.metadata_props} == {"charset": "abc"}
+    assert out.doc_string == "keep me"
+    assert {t.name: t.data_type for t in out.graph.initializer}["w1"] == TensorProto.BFLOAT16
+    assert out.ir_version <= 10
+
+
+def test_same_plan_byte_identical_and_input_untouched(tmp_path):
+    src = save(mlp(), tmp_path / "m.onnx")
+    before = src.read_bytes()
+    a = convert_precision(ConvertConfig(model=src, output=tmp_path / "a.onnx", calibration="none"))
+    b = convert_precision(ConvertConfig(model=src, output=tmp_path / "b.onnx", plan=a.plan_path))
+    assert a.output.read_bytes() == b.output.read_bytes()
+    assert src.read_bytes() == before
+
+
+def test_apply_does_not_mutate_given_model():
+    model = name_nodes(mlp())
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    info = GraphInfo(model)
+    apply_plan(model, info, {"fc1": Precision.FP16}, Precision.FP16)
+    assert model == copy
+
+
+@pytest.mark.parametrize("keep_io", [True, False])
+def test_custom_domain_kept_and_reported(tmp_path, keep_io):
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["a"], name="mm"),
+             helper.make_node("MyOp", ["a"], ["y"], name="custom", domain="my.domain")]
+    graph = helper.make_graph(nodes, "g", [fvi("x", [2, 4])], [fvi("y", [2, 4])], [init("w", rng_w(4, 4))])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("my.domain", 1)])
+    model.ir_version = 8
+    out, res = _convert(tmp_path, model, keep_io_types=keep_io)
+    by = {n.name: n for n in res.plan.nodes}
+    assert by["custom"].reason == "custom-domain" and by["custom"].precision is Precision.FP32
+    assert by["mm"].precision is Precision.FP16
+    assert any(n.op_type == "Cast" and n.input[0] == "a" for n in out.graph.node)

@@ -1,0 +1,80 @@
+"""PrecisionPlan JSON: stable, editable, re-appliable; plans for other models refused."""
+
+from __future__ import annotations
+
+import json
+
+import onnx
+import pytest
+
+from mpinfer.errors import InvalidInputError, MpinferError
+from mpinfer.precision import ConvertConfig, PrecisionPlan, convert_precision
+from mpinfer.precision.plan import REASON_CODES
+from mpinfer.specs import Precision
+from tests.precision.graphs import mlp, save
+
+
+@pytest.fixture
+def converted(tmp_path):
+    src = save(mlp(), tmp_path / "m.onnx")
+    return src, convert_precision(ConvertConfig(model=src, output=tmp_path / "out" / "m.fp16.onnx",
+                                                calibration="none"))
+
+
+def test_plan_file_layout(converted):
+    src, res = converted
+    assert res.plan_path.name == "m.fp16.plan.json"
+    data = json.loads(res.plan_path.read_text())
+    assert data["schema_version"] == 1 and data["precision"] == "fp16" and data["numerics"] == "strict"
+    assert data["source"]["path"] == str(src) and len(data["source"]["sha256"]) == 64
+    assert [n["name"] for n in data["nodes"]] == ["fc1", "add1", "relu", "fc2", "add2", "softmax"]
+    assert {n["reason"] for n in data["nodes"]} <= REASON_CODES
+    s = data["summary"]
+    for key in ("nodes_total", "nodes_low", "low_share_nodes", "low_share_flops", "low_share_weight_bytes",
+                "cast_count", "expected_error"):
+        assert key in s
+    assert s["nodes_low"] == 5 and 0.9 < s["low_share_flops"] < 1.0
+    assert PrecisionPlan.load(res.plan_path).to_json() == res.plan_path.read_text()
+
+
+def test_edited_plan_reapplied(converted, tmp_path):
+    src, res = converted
+    data = json.loads(res.plan_path.read_text())
+    for n in data["nodes"]:
+        if n["name"] == "fc2":
+            n["precision"] = "fp32"
+    edited = tmp_path / "edited.plan.json"
+    edited.write_text(json.dumps(data))
+    out = convert_precision(ConvertConfig(model=src, output=tmp_path / "re.onnx", plan=edited))
+    assert out.plan.precisions()["fc2"] is Precision.FP32
+    m = onnx.load(str(out.output))
+    fc2 = next(n for n in m.graph.node if n.name == "fc2")
+    assert fc2.input[0].endswith("__cast_to_fp32")
+
+
+def test_plan_for_other_model_refused(converted, tmp_path):
+    _, res = converted
+    data = json.loads(res.plan_path.read_text())
+    data["nodes"][0]["name"] = "not_a_node"
+    bad = tmp_path / "bad.plan.json"
+    bad.write_text(json.dumps(data))
+    other = tmp_path / "other.onnx"
+    save(mlp(hidden=8), other)
+    with pytest.raises(InvalidInputError, match="plan for another model"):
+        convert_precision(ConvertConfig(model=other, output=tmp_path / "x.onnx", plan=bad))
+    with pytest.raises(InvalidInputError, match="sha256"):
+        convert_precision(ConvertConfig(model=other, output=tmp_path / "x.onnx", plan=res.plan_path))
+    assert not (tmp_path / "x.onnx").exists()
+
+
+def test_plan_with_impossible_precision_refused(converted, tmp_path):
+    src, res = converted
+    data = json.loads(res.plan_path.read_text())
+    data["nodes"][0]["precision"] = "bf16"
+    bad = tmp_path / "bad.plan.json"
+    bad.write_text(json.dumps(data))
+    with pytest.raises(MpinferError, match="fp16 or fp32"):
+        convert_precision(ConvertConfig(model=src, output=tmp_path / "x.onnx", plan=bad))
+    bad.write_text("{not json")
+    with pytest.raises(MpinferError, match="non-JSON"):
+        convert_precision(ConvertConfig(model=src, output=tmp_path / "x.onnx", plan=bad))
