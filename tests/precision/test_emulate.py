@@ -915,3 +915,23 @@ def test_lstm_in_fp16_keeps_its_state_in_fp16(rng):
     assert 1e-5 < err < 1e-2
     h = emu.run(feeds, {"LSTM_0": Precision.BF16}).outputs["y"]
     assert np.abs(h - exact["y"]).max() > err  # BF16 keeps 8 bits, FP16 11
+
+
+def test_fast_fp16_rounding_is_bit_exact():
+    from mpinfer.precision.kernels.numerics import fp16_to_float32, round_to_fp16
+
+    every = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16)
+    np.testing.assert_array_equal(fp16_to_float32(every), every.astype(np.float32))  # NaNs compare equal
+    assert fp16_to_float32(np.float16(3.5)[()].reshape(())).shape == ()
+    # every exponent and top mantissa pattern, with the low bits that decide rounding (ties, just above/below)
+    top = np.arange(0, 1 << 19, 3, dtype=np.uint32) << np.uint32(13)
+    with np.errstate(over="ignore", invalid="ignore"):
+        for low in (0, 0x0001, 0x0FFE, 0x0FFF, 0x1000, 0x1001, 0x1FFF):
+            for sign in (0, 0x80000000):
+                v = (top | np.uint32(low | sign)).view(np.float32)
+                np.testing.assert_array_equal(round_to_fp16(v), v.astype(np.float16).astype(np.float32))
+        v = np.array(
+            [65504, 65519.99, 65520, -65520, 2.0**-25, 3 * 2.0**-26, 2.0**-24 * 1.5, np.inf, np.nan],
+            np.float32,
+        )
+        np.testing.assert_array_equal(round_to_fp16(v), v.astype(np.float16).astype(np.float32))
