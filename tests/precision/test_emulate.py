@@ -760,6 +760,10 @@ def test_loop_and_scan_match_onnxruntime_and_body_nodes_can_be_low(rng):
         body_mul = next(a for a in emu.node_addresses() if a.endswith("/body/mul"))
         low = emu.run(feeds, {body_mul: Precision.FP16}).outputs
         assert any(not np.array_equal(low[k], got[k]) for k in got)
+        inc = emu.run_from(emu.run(feeds, keep=True), {body_mul: Precision.FP16})
+        assert inc.recomputed == 1  # the Loop/Scan node is the unit of recomputation
+        for k in got:
+            np.testing.assert_array_equal(inc.outputs[k], low[k])
 
 
 def test_unsupported_custom_op_is_reported_and_refused():
