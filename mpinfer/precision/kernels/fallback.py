@@ -7,6 +7,7 @@ rearrangement); for multi-step arithmetic ops it understates low-precision error
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -14,6 +15,7 @@ import numpy as np
 from mpinfer.precision.kernels.numerics import NodeInfo, Numerics
 
 
+@functools.lru_cache(maxsize=1024)
 def reference_available(domain: str, op_type: str, opset: int) -> bool:
     """True when onnx.reference has an implementation of the op."""
     from onnx.reference.ops import load_op
