@@ -20,6 +20,8 @@ from mpinfer.precision.kernels.numerics import NodeInfo, Numerics
 def matmul(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
     """ONNX MatMul (numpy matmul broadcasting rules are ONNX's)."""
     a, b = x
+    if a.ndim > 2 and b.ndim == 2:  # activations @ weights: one big GEMM instead of one per batch row
+        return [(a.reshape(-1, a.shape[-1]) @ b).reshape(a.shape[:-1] + (b.shape[1],))]
     return [np.matmul(a, b)]
 
 
