@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from mpinfer.precision.kernels import elementwise, linalg, norm, pool, recurrent, tensor
+from mpinfer.precision.kernels import attention, elementwise, linalg, norm, pool, recurrent, tensor
 from mpinfer.precision.kernels.fallback import reference_available, reference_kernel
 from mpinfer.precision.kernels.numerics import NodeInfo, Numerics, UnsupportedVariant, is_float, is_low_float
 
@@ -10,7 +10,7 @@ from mpinfer.precision.kernels.numerics import NodeInfo, Numerics, UnsupportedVa
 def kernel_table() -> dict[str, object]:
     """A fresh op type -> kernel mapping (ai.onnx domain)."""
     table: dict[str, object] = {}
-    for mod in (elementwise, linalg, norm, pool, recurrent, tensor):
+    for mod in (attention, elementwise, linalg, norm, pool, recurrent, tensor):
         table.update(mod.KERNELS)
     return table
 
