@@ -88,11 +88,12 @@ def attention(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
 def _softmax_precision(n: NodeInfo, num: Numerics) -> Precision:
     from onnx import TensorProto
 
-    return {
-        TensorProto.FLOAT: Precision.FP32,
-        TensorProto.FLOAT16: Precision.FP16,
-        TensorProto.BFLOAT16: Precision.BF16,
-    }.get(int(n.get("softmax_precision")), num.precision)
+    table: dict[int, Precision] = {
+        int(TensorProto.FLOAT): Precision.FP32,
+        int(TensorProto.FLOAT16): Precision.FP16,
+        int(TensorProto.BFLOAT16): Precision.BF16,
+    }
+    return table.get(int(n.get("softmax_precision")), num.precision)
 
 
 def _softmax(s: np.ndarray, num: Numerics) -> np.ndarray:
