@@ -183,3 +183,16 @@ def test_big_models_are_calibrated_from_an_external_data_copy(exported, monkeypa
     for name in in_memory:
         assert external[name].absmax == pytest.approx(in_memory[name].absmax, rel=1e-5), name
         assert external[name].count == in_memory[name].count
+
+
+def test_loop_body_tensors_are_counted_once_per_iteration():
+    from tests.precision.test_emulate import _loop_model
+
+    model = _loop_model()  # 5 iterations of acc = acc * k; scan = acc + k over 3 values
+    x = np.array([1.1, 0.3, -0.7], np.float32)
+    stats = calibrate(model, [{"x": x}, {"x": -x}], progress=False)
+    body = {k: v for k, v in stats.items() if k.startswith("loop/body/")}
+    assert set(body) >= {"loop/body/acc_out", "loop/body/scan_out", "loop/body/acc_in"}
+    assert body["loop/body/acc_out"].count == 2 * 5 * 3
+    k = np.array([1.5, -2.25, 3.1], np.float32)
+    assert body["loop/body/acc_out"].absmax == pytest.approx(float(np.abs(x * k**5).max()), rel=1e-6)
