@@ -31,6 +31,7 @@ from mpinfer.precision.kernels import (
     reference_available,
     reference_kernel,
 )
+from mpinfer.precision.kernels.control import CONTROL_FLOW_KERNELS
 from mpinfer.specs import Precision
 
 logger = logging.getLogger(__name__)
@@ -40,9 +41,22 @@ CONTROL_FLOW = ("If", "Loop", "Scan")
 # scales are float32 by the ONNX spec; BatchNorm statistics are folded in FP32 (kernels/norm.py).
 SKIP_ROUNDING = {"Resize": (1, 2), "Upsample": (1,), "BatchNormalization": (1, 2, 3, 4)}
 # Ops whose output dtype comes from an attribute or a constant, not from the node's precision.
-EXPLICIT_DTYPE_OPS = frozenset({"Cast", "CastLike", "Constant", "ConstantOfShape", "EyeLike", "RandomNormal",
-                                "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Shape", "Size"})
-Observer = Callable[[str, np.ndarray], None]
+EXPLICIT_DTYPE_OPS = frozenset(
+    {
+        "Cast",
+        "CastLike",
+        "Constant",
+        "ConstantOfShape",
+        "EyeLike",
+        "RandomNormal",
+        "RandomUniform",
+        "RandomNormalLike",
+        "RandomUniformLike",
+        "Shape",
+        "Size",
+    }
+)
+Observer = Callable[[str, str, np.ndarray], None]
 
 
 @dataclass
@@ -53,7 +67,7 @@ class EmulatorRun:
         outputs: Graph output name -> array (float outputs in the declared graph dtype).
         tensors: Tensor name -> array of the main graph, for the names kept (all of them with ``keep=True``).
         low: The node address -> precision map the run used.
-        complete: True when every main-graph tensor was kept (the run can seed :meth:`GraphEmulator.run_from`).
+        complete: True when every main-graph tensor was kept (it can seed :meth:`GraphEmulator.run_from`).
         recomputed: Number of main-graph nodes executed.
     """
 
@@ -103,7 +117,9 @@ class GraphEmulator:
     def __init__(self, model: Any, *, follow_input_dtypes: bool = False) -> None:
         from mpinfer.modelio import iter_nodes, name_nodes
 
-        if any(not ref.node.name for ref in iter_nodes(model.graph)):  # type: ignore[attr-defined]
+        addresses = [ref.address for ref in iter_nodes(model.graph)]  # type: ignore[attr-defined]
+        unnamed = any(a == "" or a.endswith("/") for a in addresses)
+        if unnamed or len(set(addresses)) != len(addresses):  # addresses must be the planner's, and unique
             model = name_nodes(model)
         self.follow_input_dtypes = follow_input_dtypes
         self._opsets = {imp.domain or "": int(imp.version) for imp in model.opset_import}
@@ -115,7 +131,7 @@ class GraphEmulator:
         self._fallback: dict[str, str] = {}
         self._rounded: dict[tuple[str, Precision], np.ndarray] = {}
         self._main = self._compile(model.graph, "", top=True)
-        self._last_use = self._last_uses(self._main)
+        self._last_use = _last_uses(self._main)
 
     # -- public API -------------------------------------------------------------------------------
     def unsupported_ops(self) -> set[str]:
@@ -130,8 +146,14 @@ class GraphEmulator:
         """Every node address (main graph and bodies, graph order) -> its op type."""
         return dict(self._op_types)
 
-    def run(self, feeds: Mapping[str, np.ndarray], low: Mapping[str, Precision] | None = None, *,
-            keep: bool | set[str] = False, observe: Observer | None = None) -> EmulatorRun:
+    def run(
+        self,
+        feeds: Mapping[str, np.ndarray],
+        low: Mapping[str, Precision] | None = None,
+        *,
+        keep: bool | set[str] = False,
+        observe: Observer | None = None,
+    ) -> EmulatorRun:
         """Run the whole graph.
 
         Args:
@@ -139,8 +161,9 @@ class GraphEmulator:
             low: Node address -> FP16/BF16; other nodes compute in FP32 (or their input dtype when
                 ``follow_input_dtypes``).
             keep: True keeps every main-graph tensor (needed by :meth:`run_from`); a set keeps those names.
-            observe: Called with (qualified tensor name, array) for every tensor computed, subgraph tensors
-                included (named ``<body prefix><tensor>``, once per loop iteration).
+            observe: Called as ``observe(prefix, tensor name, array)`` for every tensor computed, subgraph
+                tensors included (prefix ``""`` in the main graph, ``"If_3/then_branch/"`` in a body; once
+                per loop iteration).
 
         Returns:
             The run's outputs and kept tensors.
@@ -153,13 +176,19 @@ class GraphEmulator:
         state = _State(self._check_low(low), observe)
         missing = [n for n in self._main.inputs if n not in feeds and n not in self._main.initializers]
         if missing:
-            raise InvalidInputError(format_message("Feeds for the strict emulator", f"names {sorted(feeds)}",
-                                                   f"every graph input {self._main.inputs}",
-                                                   "missing: " + ", ".join(missing)))
+            raise InvalidInputError(
+                format_message(
+                    "Feeds for the strict emulator",
+                    f"names {sorted(feeds)}",
+                    f"every graph input {self._main.inputs}",
+                    "missing: " + ", ".join(missing),
+                )
+            )
         env: dict[str, Any] = dict(self._main.initializers)
         for name in self._main.inputs:
             if name in feeds:
-                env[name] = np.asarray(feeds[name])
+                value = feeds[name]
+                env[name] = value if isinstance(value, (list, type(None))) else np.asarray(value)
         keep_all = keep is True
         keep_set = keep if isinstance(keep, set) else set()
         with np.errstate(all="ignore"):
@@ -187,11 +216,17 @@ class GraphEmulator:
             InvalidInputError: ``reference`` was not kept, or ``low`` names unknown nodes.
         """
         if not reference.complete:
-            raise InvalidInputError(format_message("Reference run for run_from", "a run without kept tensors",
-                                                   "a run made with keep=True"))
+            raise InvalidInputError(
+                format_message(
+                    "Reference run for run_from", "a run without kept tensors", "a run made with keep=True"
+                )
+            )
         new_low = self._check_low(low)
-        changed = {a for a in set(reference.low) | set(new_low)
-                   if reference.low.get(a, Precision.FP32) != new_low.get(a, Precision.FP32)}
+        changed = {
+            a
+            for a in set(reference.low) | set(new_low)
+            if reference.low.get(a, Precision.FP32) != new_low.get(a, Precision.FP32)
+        }
         seeds = {self._owner[a] for a in changed}
         env: dict[str, Any] = dict(reference.tensors)
         state = _State(new_low, None)
@@ -212,35 +247,15 @@ class GraphEmulator:
         inits = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
         inputs = [vi.name for vi in graph.input]
         steps = []
-        for index, node in enumerate(self._toposort(graph, inits)):
+        for index, node in enumerate(_toposort(graph, inits)):
             steps.append(self._compile_node(node, prefix, index))
             if top:
-                for addr in self._addresses_under(steps[-1]):
+                for addr in _addresses_under(steps[-1]):
                     self._owner[addr] = len(steps) - 1
         defined = set(inits) | {vi.name for vi in graph.input} | {o for s in steps for o in s.outputs}
         outer = {r for s in steps for r in s.reads if r and r not in defined}
         types = [vi.type.tensor_type.elem_type for vi in graph.output]
         return _Graph(prefix, steps, inputs, [vi.name for vi in graph.output], types, inits, outer)
-
-    @staticmethod
-    def _toposort(graph: Any, inits: Mapping[str, Any]) -> list[Any]:
-        """Graph nodes in an order where producers come first (ONNX requires it; some exporters forget)."""
-        produced = {o for node in graph.node for o in node.output if o}
-        ready = set(inits) | {vi.name for vi in graph.input}
-        pending, order = list(graph.node), []
-        while pending:
-            rest = []
-            for node in pending:
-                if all(i in ready or i not in produced for i in node.input if i):
-                    order.append(node)
-                    ready.update(node.output)
-                else:
-                    rest.append(node)
-            if len(rest) == len(pending):  # a cycle or a dangling name: keep the file's order
-                order.extend(rest)
-                break
-            pending = rest
-        return order
 
     def _compile_node(self, node: Any, prefix: str, index: int) -> _Step:
         from onnx import AttributeProto, helper, numpy_helper
@@ -275,27 +290,6 @@ class GraphEmulator:
             reads |= body.outer_reads
         return _Step(info, list(node.input), list(node.output), kernel, bodies, reads)
 
-    @staticmethod
-    def _addresses_under(step: _Step) -> list[str]:
-        out = [step.info.address]
-        todo = list(step.bodies.values())
-        while todo:
-            g = todo.pop()
-            for s in g.steps:
-                out.append(s.info.address)
-                todo.extend(s.bodies.values())
-        return out
-
-    @staticmethod
-    def _last_uses(graph: _Graph) -> dict[str, int]:
-        last: dict[str, int] = {}
-        for idx, step in enumerate(graph.steps):
-            for name in step.reads:
-                last[name] = idx
-        for name in graph.outputs:
-            last[name] = len(graph.steps)  # never freed
-        return last
-
     def _check_low(self, low: Mapping[str, Precision] | None) -> dict[str, Precision]:
         out: dict[str, Precision] = {}
         unknown = []
@@ -307,8 +301,13 @@ class GraphEmulator:
             if p.is_low:
                 out[addr] = p
         if unknown:
-            raise InvalidInputError(format_message("Low-precision node addresses", ", ".join(sorted(unknown)[:5]),
-                                                   "addresses of nodes in the model (mpinfer.modelio.iter_nodes)"))
+            raise InvalidInputError(
+                format_message(
+                    "Low-precision node addresses",
+                    ", ".join(sorted(unknown)[:5]),
+                    "addresses of nodes in the model (mpinfer.modelio.iter_nodes)",
+                )
+            )
         return out
 
     # -- execution --------------------------------------------------------------------------------
@@ -335,29 +334,45 @@ class GraphEmulator:
                 key = (step.inputs[i], num.precision)  # weights are rounded once, not on every run
                 cached = self._rounded.get(key)
                 if cached is None:
-                    cached = self._rounded[key] = num.load(v)
+                    cached = self._rounded[key] = num.load(v)  # type: ignore[arg-type]
                 out.append(cached)
             else:
                 out.append(num.load(v))
         return out
 
-    def _exec_step(self, step: _Step, local: MutableMapping[str, Any], scope: Mapping[str, Any],
-                   state: _State, prefix: str = "") -> None:
+    def _exec_step(
+        self,
+        step: _Step,
+        local: MutableMapping[str, Any],
+        scope: Mapping[str, Any],
+        state: _State,
+        prefix: str = "",
+    ) -> None:
         info = step.info
         try:
             ins = [scope[name] if name else None for name in step.inputs]
         except KeyError as err:
-            raise InternalError(f"Strict emulation: node '{info.address}' reads tensor {err} that no node "
-                                "produced") from err
+            raise InternalError(
+                f"Strict emulation: node '{info.address}' reads tensor {err} that no node produced"
+            ) from err
         prec = self._precision(step, ins, state)
         num = self._numerics[prec]
         try:
             if step.kernel is None and info.op_type in CONTROL_FLOW and not info.domain:
-                outs = self._control(step, ins, scope, state)
+                try:
+                    outs = self._control(step, ins, scope, state)
+                except UnsupportedVariant:
+                    self._fallback[info.address] = info.op_type
+                    outs = reference_kernel(info, num, ins)
             elif step.kernel is None:
-                raise BackendUnavailableError(format_message(
-                    f"Strict emulation of node '{info.address}'", f"op {info.domain or 'ai.onnx'}::{info.op_type}",
-                    "an op with an mpinfer or onnx.reference kernel", "use ONNX Runtime numerics (--numerics ort)"))
+                raise BackendUnavailableError(
+                    format_message(
+                        f"Strict emulation of node '{info.address}'",
+                        f"op {info.domain or 'ai.onnx'}::{info.op_type}",
+                        "an op with an mpinfer or onnx.reference kernel",
+                        "use ONNX Runtime numerics (--numerics ort)",
+                    )
+                )
             else:
                 loaded = self._load(step, ins, num)
                 try:
@@ -368,18 +383,21 @@ class GraphEmulator:
         except (BackendUnavailableError, InternalError):
             raise
         except Exception as err:  # a kernel failing on a valid model is a bug; name the node
-            raise InternalError(f"Strict emulation failed at node '{info.address}' ({info.op_type}) in "
-                                f"{prec.value}: {type(err).__name__}: {err}") from err
+            raise InternalError(
+                f"Strict emulation failed at node '{info.address}' ({info.op_type}) in "
+                f"{prec.value}: {type(err).__name__}: {err}"
+            ) from err
         explicit = info.op_type in EXPLICIT_DTYPE_OPS and (self.follow_input_dtypes or not num.low)
         for name, value in zip(step.outputs, outs, strict=False):
             if not name:
                 continue
-            value = np.asarray(value)
+            if not isinstance(value, (list, type(None))):  # sequences and empty optionals pass through
+                value = np.asarray(value)
             if is_float(value) and not explicit and (num.low or info.op_type not in CONTROL_FLOW):
                 value = num.store(value)
             local[name] = value
             if state.observe is not None:
-                state.observe(prefix + name, value)
+                state.observe(prefix, name, value)
 
     def _collect_outputs(self, env: Mapping[str, Any]) -> dict[str, np.ndarray]:
         from onnx import helper
@@ -394,8 +412,9 @@ class GraphEmulator:
             out[name] = value
         return out
 
-    def _body(self, graph: _Graph, bindings: Mapping[str, Any], outer: Mapping[str, Any],
-              state: _State) -> list[np.ndarray]:
+    def _body(
+        self, graph: _Graph, bindings: Mapping[str, Any], outer: Mapping[str, Any], state: _State
+    ) -> list[np.ndarray]:
         local: dict[str, Any] = dict(graph.initializers)
         local.update(bindings)
         scope = ChainMap(local, outer)  # type: ignore[arg-type]
@@ -403,63 +422,54 @@ class GraphEmulator:
             self._exec_step(step, local, scope, state, graph.prefix)
         if state.observe is not None:
             for name, value in bindings.items():
-                state.observe(graph.prefix + name, value)
+                state.observe(graph.prefix, name, value)
         return [scope[o] for o in graph.outputs]
 
-    def _control(self, step: _Step, ins: list[Any], scope: Mapping[str, Any], state: _State) -> list[np.ndarray]:
-        op = step.info.op_type
-        if op == "If":
-            branch = "then_branch" if bool(np.asarray(ins[0]).ravel()[0]) else "else_branch"
-            return self._body(step.bodies[branch], {}, scope, state)
-        if op == "Loop":
-            return self._loop(step, ins, scope, state)
-        return self._scan(step, ins, scope, state)
+    def _control(
+        self, step: _Step, ins: list[Any], scope: Mapping[str, Any], state: _State
+    ) -> list[np.ndarray]:
+        def run_body(body: _Graph, bindings: Mapping[str, Any]) -> list[np.ndarray]:
+            return self._body(body, bindings, scope, state)
 
-    def _loop(self, step: _Step, ins: list[Any], scope: Mapping[str, Any], state: _State) -> list[np.ndarray]:
-        body = step.bodies["body"]
-        trip = int(np.asarray(ins[0]).ravel()[0]) if ins and ins[0] is not None else None
-        cond = bool(np.asarray(ins[1]).ravel()[0]) if len(ins) > 1 and ins[1] is not None else True
-        carried = list(ins[2:])
-        n_scan = len(body.outputs) - 1 - len(carried)
-        scans: list[list[np.ndarray]] = [[] for _ in range(n_scan)]
-        i = 0
-        while cond and (trip is None or i < trip):
-            names = body.inputs
-            bind = {names[0]: np.asarray(i, np.int64), names[1]: np.asarray(cond, bool)}
-            bind.update({names[2 + j]: v for j, v in enumerate(carried)})
-            res = self._body(body, {k: v for k, v in bind.items() if k}, scope, state)
-            cond = bool(np.asarray(res[0]).ravel()[0])
-            carried = res[1:1 + len(carried)]
-            for j, v in enumerate(res[1 + len(carried):]):
-                scans[j].append(v)
-            i += 1
-        return carried + [np.stack(s) if s else np.zeros((0,), np.float32) for s in scans]
+        return CONTROL_FLOW_KERNELS[step.info.op_type](step.info, step.bodies, ins, run_body)
 
-    def _scan(self, step: _Step, ins: list[Any], scope: Mapping[str, Any], state: _State) -> list[np.ndarray]:
-        if step.info.opset < 9:
-            raise UnsupportedVariant("Scan-8 (batched form)")
-        body, n = step.bodies["body"], step.info
-        m = int(n.get("num_scan_inputs"))
-        states, xs = list(ins[:len(ins) - m]), ins[len(ins) - m:]
-        in_axes = list(n.get("scan_input_axes") or [0] * m)
-        in_dirs = list(n.get("scan_input_directions") or [0] * m)
-        n_out = len(body.outputs) - len(states)
-        out_axes = list(n.get("scan_output_axes") or [0] * n_out)
-        out_dirs = list(n.get("scan_output_directions") or [0] * n_out)
-        length = xs[0].shape[in_axes[0] % xs[0].ndim]
-        outs: list[list[np.ndarray]] = [[] for _ in range(n_out)]
-        for t in range(length):
-            bind = dict(zip(body.inputs, states, strict=False))
-            for j, x in enumerate(xs):
-                pos = length - 1 - t if in_dirs[j] else t
-                bind[body.inputs[len(states) + j]] = np.take(x, pos, axis=in_axes[j] % x.ndim)
-            res = self._body(body, bind, scope, state)
-            states = res[:len(states)]
-            for j, v in enumerate(res[len(states):]):
-                outs[j].append(v)
-        stacked = []
-        for j, seq in enumerate(outs):
-            seq = seq[::-1] if out_dirs[j] else seq
-            ax = out_axes[j] % (seq[0].ndim + 1) if seq else 0
-            stacked.append(np.stack(seq, axis=ax) if seq else np.zeros((0,), np.float32))
-        return states + stacked
+
+def _toposort(graph: Any, inits: Mapping[str, Any]) -> list[Any]:
+    """Graph nodes in an order where producers come first (ONNX requires it; some exporters forget)."""
+    produced = {o for node in graph.node for o in node.output if o}
+    ready = set(inits) | {vi.name for vi in graph.input}
+    pending, order = list(graph.node), []
+    while pending:
+        rest = []
+        for node in pending:
+            if all(i in ready or i not in produced for i in node.input if i):
+                order.append(node)
+                ready.update(node.output)
+            else:
+                rest.append(node)
+        if len(rest) == len(pending):  # a cycle or a dangling name: keep the file's order
+            order.extend(rest)
+            break
+        pending = rest
+    return order
+
+
+def _addresses_under(step: _Step) -> list[str]:
+    out = [step.info.address]
+    todo = list(step.bodies.values())
+    while todo:
+        g = todo.pop()
+        for s in g.steps:
+            out.append(s.info.address)
+            todo.extend(s.bodies.values())
+    return out
+
+
+def _last_uses(graph: _Graph) -> dict[str, int]:
+    last: dict[str, int] = {}
+    for idx, step in enumerate(graph.steps):
+        for name in step.reads:
+            last[name] = idx
+    for name in graph.outputs:
+        last[name] = len(graph.steps)  # never freed
+    return last

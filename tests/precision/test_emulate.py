@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -11,7 +13,7 @@ from mpinfer.errors import BackendUnavailableError, InvalidInputError
 from mpinfer.modelio import iter_nodes
 from mpinfer.precision.emulate import GraphEmulator
 from mpinfer.specs import Precision
-from tests.precision.numerics_graphs import MODEL_NAMES, make_model, ort_run
+from tests.precision.numerics_graphs import MODEL_NAMES, export_dynamo, make_model, ort_run
 
 F, I64 = TensorProto.FLOAT, TensorProto.INT64
 
@@ -33,10 +35,26 @@ def test_fp32_matches_onnxruntime_on_example_models(exported, name):
         np.testing.assert_allclose(got[k], want[k], atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("name", ["transformer_small", "control_flow"])
+def test_fp32_matches_onnxruntime_on_dynamo_exports(name):
+    model, feeds = export_dynamo(name)
+    emu = GraphEmulator(model)
+    want = ort_run(model, feeds)
+    got = emu.run(feeds).outputs
+    for k in want:
+        np.testing.assert_allclose(got[k], want[k], atol=1e-4, rtol=1e-4)
+    assert emu.fallback_ops() == {}
+
+
 def _single(op, inputs, outputs, attrs=None, inits=(), opset=17):
     """One-node model: inputs/outputs are (name, shape[, elem]) tuples; inits are (name, array)."""
-    node = helper.make_node(op, [i[0] for i in inputs] + [n for n, _ in inits], [o[0] for o in outputs],
-                            name=f"{op}_0", **(attrs or {}))
+    node = helper.make_node(
+        op,
+        [i[0] for i in inputs] + [n for n, _ in inits],
+        [o[0] for o in outputs],
+        name=f"{op}_0",
+        **(attrs or {}),
+    )
     return make_model([node], inputs, outputs, [_init(n, a) for n, a in inits], opset=opset)
 
 
@@ -46,87 +64,479 @@ W4 = R.standard_normal((6, 4, 3, 3)).astype(np.float32)
 
 # (id, op, input specs, output specs, attrs, initializers, feeds, opset)
 OP_CASES = [
-    ("conv-strided-padded", "Conv", [("x", [2, 4, 9, 9])], [("y", None)],
-     {"strides": [2, 2], "pads": [1, 0, 2, 1]}, [("w", W4), ("b", np.arange(6, dtype=np.float32))], {"x": X4}, 17),
-    ("conv-groups-dilated", "Conv", [("x", [2, 4, 9, 9])], [("y", None)], {"group": 2, "dilations": [2, 1]},
-     [("w", R.standard_normal((6, 2, 3, 3)).astype(np.float32))], {"x": X4}, 17),
-    ("conv-depthwise-same", "Conv", [("x", [2, 4, 9, 9])], [("y", None)], {"group": 4, "auto_pad": "SAME_UPPER",
-     "strides": [2, 2]}, [("w", R.standard_normal((4, 1, 4, 4)).astype(np.float32))], {"x": X4}, 17),
-    ("conv-1d", "Conv", [("x", [2, 3, 11])], [("y", None)], {"pads": [1, 1]},
-     [("w", R.standard_normal((5, 3, 3)).astype(np.float32))],
-     {"x": R.standard_normal((2, 3, 11)).astype(np.float32)}, 17),
-    ("convtranspose", "ConvTranspose", [("x", [2, 4, 5, 5])], [("y", None)],
-     {"strides": [2, 2], "pads": [1, 1, 1, 1], "output_padding": [1, 1]},
-     [("w", R.standard_normal((4, 3, 3, 3)).astype(np.float32)), ("b", np.ones(3, np.float32))],
-     {"x": R.standard_normal((2, 4, 5, 5)).astype(np.float32)}, 17),
-    ("convtranspose-groups", "ConvTranspose", [("x", [1, 4, 4, 4])], [("y", None)], {"group": 2, "strides": [2, 2]},
-     [("w", R.standard_normal((4, 2, 2, 2)).astype(np.float32))],
-     {"x": R.standard_normal((1, 4, 4, 4)).astype(np.float32)}, 17),
-    ("maxpool-ceil", "MaxPool", [("x", [2, 4, 9, 9])], [("y", None)],
-     {"kernel_shape": [3, 3], "strides": [2, 2], "ceil_mode": 1}, [], {"x": X4}, 17),
-    ("maxpool-pads", "MaxPool", [("x", [2, 4, 9, 9])], [("y", None)],
-     {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1], "dilations": [2, 2]}, [], {"x": X4}, 17),
-    ("avgpool-exclude-pad", "AveragePool", [("x", [2, 4, 9, 9])], [("y", None)],
-     {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}, [], {"x": X4}, 17),
-    ("avgpool-include-pad-ceil", "AveragePool", [("x", [2, 4, 9, 9])], [("y", None)],
-     {"kernel_shape": [2, 2], "strides": [2, 2], "pads": [1, 1, 1, 1], "count_include_pad": 1, "ceil_mode": 1},
-     [], {"x": X4}, 17),
-    ("resize-nearest", "Resize", [("x", [2, 4, 9, 9])], [("y", None)], {"mode": "nearest"},
-     [("roi", np.zeros(0, np.float32)), ("scales", np.array([1, 1, 2, 1.5], np.float32))], {"x": X4}, 13),
-    ("resize-linear-align", "Resize", [("x", [2, 4, 9, 9])], [("y", None)],
-     {"mode": "linear", "coordinate_transformation_mode": "align_corners"},
-     [("roi", np.zeros(0, np.float32)), ("scales", np.array([1, 1, 0.6, 2.5], np.float32))], {"x": X4}, 13),
-    ("resize-linear-sizes", "Resize", [("x", [2, 4, 9, 9])], [("y", None)], {"mode": "linear"},
-     [("roi", np.zeros(0, np.float32)), ("scales", np.zeros(0, np.float32)),
-      ("sizes", np.array([2, 4, 13, 7], np.int64))], {"x": X4}, 13),
-    ("groupnorm", "GroupNormalization", [("x", [2, 4, 9, 9])], [("y", None)], {"num_groups": 2, "epsilon": 1e-3},
-     [("s", np.array([1.0, 2.0, 3.0, 4.0], np.float32)), ("b", np.array([0.1, 0.2, 0.3, 0.4], np.float32))],
-     {"x": X4}, 21),
-    ("instancenorm", "InstanceNormalization", [("x", [2, 4, 9, 9])], [("y", None)], {},
-     [("s", np.array([1.0, 2.0, 3.0, 4.0], np.float32)), ("b", np.array([0.1, 0.2, 0.3, 0.4], np.float32))],
-     {"x": X4}, 17),
-    ("batchnorm", "BatchNormalization", [("x", [2, 4, 9, 9])], [("y", None)], {"epsilon": 1e-3},
-     [("s", np.array([1.0, 2.0, 3.0, 4.0], np.float32)), ("b", np.array([0.1, 0.2, 0.3, 0.4], np.float32)),
-      ("m", np.array([0.5, -0.5, 0, 1], np.float32)), ("v", np.array([1, 2, 0.5, 4], np.float32))], {"x": X4}, 15),
-    ("softmax-opset11-coerced", "Softmax", [("x", [2, 4, 9, 9])], [("y", None)], {"axis": 1}, [], {"x": X4}, 11),
+    (
+        "conv-strided-padded",
+        "Conv",
+        [("x", [2, 4, 9, 9])],
+        [("y", None)],
+        {"strides": [2, 2], "pads": [1, 0, 2, 1]},
+        [("w", W4), ("b", np.arange(6, dtype=np.float32))],
+        {"x": X4},
+        17,
+    ),
+    (
+        "conv-groups-dilated",
+        "Conv",
+        [("x", [2, 4, 9, 9])],
+        [("y", None)],
+        {"group": 2, "dilations": [2, 1]},
+        [("w", R.standard_normal((6, 2, 3, 3)).astype(np.float32))],
+        {"x": X4},
+        17,
+    ),
+    (
+        "conv-depthwise-same",
+        "Conv",
+        [("x", [2, 4, 9, 9])],
+        [("y", None)],
+        {"group": 4, "auto_pad": "SAME_UPPER", "strides": [2, 2]},
+        [("w", R.standard_normal((4, 1, 4, 4)).astype(np.float32))],
+        {"x": X4},
+        17,
+    ),
+    (
+        "conv-depthwise-multiplier",
+        "Conv",
+        [("x", [2, 4, 9, 9])],
+        [("y", None)],
+        {"group": 4, "pads": [1, 2, 1, 0], "dilations": [1, 2]},
+        [("w", R.standard_normal((8, 1, 3, 2)).astype(np.float32)), ("b", np.ones(8, np.float32))],
+        {"x": X4},
+        17,
+    ),
+    (
+        "conv-1d",
+        "Conv",
+        [("x", [2, 3, 11])],
+        [("y", None)],
+        {"pads": [1, 1]},
+        [("w", R.standard_normal((5, 3, 3)).astype(np.float32))],
+        {"x": R.standard_normal((2, 3, 11)).astype(np.float32)},
+        17,
+    ),
+    (
+        "convtranspose",
+        "ConvTranspose",
+        [("x", [2, 4, 5, 5])],
+        [("y", None)],
+        {"strides": [2, 2], "pads": [1, 1, 1, 1], "output_padding": [1, 1]},
+        [("w", R.standard_normal((4, 3, 3, 3)).astype(np.float32)), ("b", np.ones(3, np.float32))],
+        {"x": R.standard_normal((2, 4, 5, 5)).astype(np.float32)},
+        17,
+    ),
+    (
+        "convtranspose-groups",
+        "ConvTranspose",
+        [("x", [1, 4, 4, 4])],
+        [("y", None)],
+        {"group": 2, "strides": [2, 2]},
+        [("w", R.standard_normal((4, 2, 2, 2)).astype(np.float32))],
+        {"x": R.standard_normal((1, 4, 4, 4)).astype(np.float32)},
+        17,
+    ),
+    (
+        "maxpool-ceil",
+        "MaxPool",
+        [("x", [2, 4, 9, 9])],
+        [("y", None)],
+        {"kernel_shape": [3, 3], "strides": [2, 2], "ceil_mode": 1},
+        [],
+        {"x": X4},
+        17,
+    ),
+    (
+        "maxpool-pads",
+        "MaxPool",
+        [("x", [2, 4, 9, 9])],
+        [("y", None)],
+        {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1], "dilations": [2, 2]},
+        [],
+        {"x": X4},
+        17,
+    ),
+    (
+        "avgpool-exclude-pad",
+        "AveragePool",
+        [("x", [2, 4, 9, 9])],
+        [("y", None)],
+        {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]},
+        [],
+        {"x": X4},
+        17,
+    ),
+    (
+        "avgpool-include-pad-ceil",
+        "AveragePool",
+        [("x", [2, 4, 9, 9])],
+        [("y", None)],
+        {
+            "kernel_shape": [2, 2],
+            "strides": [2, 2],
+            "pads": [1, 1, 1, 1],
+            "count_include_pad": 1,
+            "ceil_mode": 1,
+        },
+        [],
+        {"x": X4},
+        17,
+    ),
+    (
+        "resize-nearest",
+        "Resize",
+        [("x", [2, 4, 9, 9])],
+        [("y", None)],
+        {"mode": "nearest"},
+        [("roi", np.zeros(0, np.float32)), ("scales", np.array([1, 1, 2, 1.5], np.float32))],
+        {"x": X4},
+        13,
+    ),
+    (
+        "resize-linear-align",
+        "Resize",
+        [("x", [2, 4, 9, 9])],
+        [("y", None)],
+        {"mode": "linear", "coordinate_transformation_mode": "align_corners"},
+        [("roi", np.zeros(0, np.float32)), ("scales", np.array([1, 1, 0.6, 2.5], np.float32))],
+        {"x": X4},
+        13,
+    ),
+    (
+        "resize-linear-sizes",
+        "Resize",
+        [("x", [2, 4, 9, 9])],
+        [("y", None)],
+        {"mode": "linear"},
+        [
+            ("roi", np.zeros(0, np.float32)),
+            ("scales", np.zeros(0, np.float32)),
+            ("sizes", np.array([2, 4, 13, 7], np.int64)),
+        ],
+        {"x": X4},
+        13,
+    ),
+    (
+        "groupnorm",
+        "GroupNormalization",
+        [("x", [2, 4, 9, 9])],
+        [("y", None)],
+        {"num_groups": 2, "epsilon": 1e-3},
+        [
+            ("s", np.array([1.0, 2.0, 3.0, 4.0], np.float32)),
+            ("b", np.array([0.1, 0.2, 0.3, 0.4], np.float32)),
+        ],
+        {"x": X4},
+        21,
+    ),
+    (
+        "instancenorm",
+        "InstanceNormalization",
+        [("x", [2, 4, 9, 9])],
+        [("y", None)],
+        {},
+        [
+            ("s", np.array([1.0, 2.0, 3.0, 4.0], np.float32)),
+            ("b", np.array([0.1, 0.2, 0.3, 0.4], np.float32)),
+        ],
+        {"x": X4},
+        17,
+    ),
+    (
+        "batchnorm",
+        "BatchNormalization",
+        [("x", [2, 4, 9, 9])],
+        [("y", None)],
+        {"epsilon": 1e-3},
+        [
+            ("s", np.array([1.0, 2.0, 3.0, 4.0], np.float32)),
+            ("b", np.array([0.1, 0.2, 0.3, 0.4], np.float32)),
+            ("m", np.array([0.5, -0.5, 0, 1], np.float32)),
+            ("v", np.array([1, 2, 0.5, 4], np.float32)),
+        ],
+        {"x": X4},
+        15,
+    ),
+    (
+        "softmax-opset11-coerced",
+        "Softmax",
+        [("x", [2, 4, 9, 9])],
+        [("y", None)],
+        {"axis": 1},
+        [],
+        {"x": X4},
+        11,
+    ),
     ("logsoftmax", "LogSoftmax", [("x", [2, 4, 9, 9])], [("y", None)], {"axis": 2}, [], {"x": X4}, 13),
-    ("reducel2-opset18", "ReduceL2", [("x", [2, 4, 9, 9])], [("y", None)], {"keepdims": 0},
-     [("axes", np.array([1, -1], np.int64))], {"x": X4}, 18),
-    ("reducelogsumexp", "ReduceLogSumExp", [("x", [2, 4, 9, 9])], [("y", None)], {"axes": [2]}, [], {"x": X4}, 13),
-    ("reducesum-opset13", "ReduceSum", [("x", [2, 4, 9, 9])], [("y", None)], {},
-     [("axes", np.array([0, 2], np.int64))], {"x": X4}, 13),
-    ("reduceprod", "ReduceProd", [("x", [2, 4, 9, 9])], [("y", None)], {"axes": [3], "keepdims": 0}, [], {"x": X4}, 13),
-    ("pad-reflect", "Pad", [("x", [2, 4, 9, 9])], [("y", None)], {"mode": "reflect"},
-     [("p", np.array([0, 0, 2, -1, 0, 0, 1, 3], np.int64))], {"x": X4}, 17),
-    ("slice-negative-step", "Slice", [("x", [2, 4, 9, 9])], [("y", None)], {},
-     [("st", np.array([-1, 7], np.int64)), ("en", np.array([-100, 1], np.int64)),
-      ("ax", np.array([2, 3], np.int64)), ("sp", np.array([-2, -3], np.int64))], {"x": X4}, 17),
-    ("topk", "TopK", [("x", [2, 4, 9, 9])], [("v", None), ("i", None, I64)], {"axis": 2},
-     [("k", np.array([4], np.int64))], {"x": X4}, 17),
-    ("argmax-last", "ArgMax", [("x", [5, 6])], [("y", None, I64)], {"axis": 1, "select_last_index": 1,
-     "keepdims": 0}, [], {"x": np.array(R.integers(0, 3, (5, 6)), np.float32)}, 17),
-    ("einsum", "Einsum", [("a", [3, 4, 5]), ("b", [3, 5, 2])], [("y", None)], {"equation": "bij,bjk->bik"}, [],
-     {"a": R.standard_normal((3, 4, 5)).astype(np.float32), "b": R.standard_normal((3, 5, 2)).astype(np.float32)},
-     17),
-    ("cumsum-exclusive-reverse", "CumSum", [("x", [4, 5])], [("y", None)], {"exclusive": 1, "reverse": 1},
-     [("axis", np.array(1, np.int64))], {"x": R.standard_normal((4, 5)).astype(np.float32)}, 17),
-    ("scatternd-add", "ScatterND", [("x", [4, 3])], [("y", None)], {"reduction": "add"},
-     [("i", np.array([[1], [3], [1]], np.int64)), ("u", np.ones((3, 3), np.float32))],
-     {"x": R.standard_normal((4, 3)).astype(np.float32)}, 17),
-    ("gatherelements", "GatherElements", [("x", [3, 4])], [("y", None)], {"axis": 1},
-     [("i", np.array([[0, -1], [2, 1], [3, 3]], np.int64))], {"x": R.standard_normal((3, 4)).astype(np.float32)}, 17),
-    ("gelu-tanh", "Gelu", [("x", [3, 4])], [("y", None)], {"approximate": "tanh"}, [],
-     {"x": R.standard_normal((3, 4)).astype(np.float32) * 3}, 20),
-    ("hardswish", "HardSwish", [("x", [3, 4])], [("y", None)], {}, [],
-     {"x": R.standard_normal((3, 4)).astype(np.float32) * 4}, 17),
-    ("softplus", "Softplus", [("x", [3, 4])], [("y", None)], {}, [],
-     {"x": R.standard_normal((3, 4)).astype(np.float32) * 20}, 17),
-    ("split-opset18", "Split", [("x", [2, 7])], [("a", None), ("b", None), ("c", None)],
-     {"axis": 1, "num_outputs": 3}, [], {"x": R.standard_normal((2, 7)).astype(np.float32)}, 18),
-    ("trilu-fallback", "Trilu", [("x", [4, 4])], [("y", None)], {"upper": 0}, [],
-     {"x": R.standard_normal((4, 4)).astype(np.float32)}, 17),
-    ("depthtospace-fallback", "DepthToSpace", [("x", [1, 8, 2, 3])], [("y", None)], {"blocksize": 2,
-     "mode": "CRD"}, [], {"x": R.standard_normal((1, 8, 2, 3)).astype(np.float32)}, 17),
+    (
+        "reducel2-opset18",
+        "ReduceL2",
+        [("x", [2, 4, 9, 9])],
+        [("y", None)],
+        {"keepdims": 0},
+        [("axes", np.array([1, -1], np.int64))],
+        {"x": X4},
+        18,
+    ),
+    (
+        "reducelogsumexp",
+        "ReduceLogSumExp",
+        [("x", [2, 4, 9, 9])],
+        [("y", None)],
+        {"axes": [2]},
+        [],
+        {"x": X4},
+        13,
+    ),
+    (
+        "reducesum-opset13",
+        "ReduceSum",
+        [("x", [2, 4, 9, 9])],
+        [("y", None)],
+        {},
+        [("axes", np.array([0, 2], np.int64))],
+        {"x": X4},
+        13,
+    ),
+    (
+        "reduceprod",
+        "ReduceProd",
+        [("x", [2, 4, 9, 9])],
+        [("y", None)],
+        {"axes": [3], "keepdims": 0},
+        [],
+        {"x": X4},
+        13,
+    ),
+    (
+        "pad-reflect",
+        "Pad",
+        [("x", [2, 4, 9, 9])],
+        [("y", None)],
+        {"mode": "reflect"},
+        [("p", np.array([0, 0, 2, -1, 0, 0, 1, 3], np.int64))],
+        {"x": X4},
+        17,
+    ),
+    (
+        "slice-negative-step",
+        "Slice",
+        [("x", [2, 4, 9, 9])],
+        [("y", None)],
+        {},
+        [
+            ("st", np.array([-1, 7], np.int64)),
+            ("en", np.array([-100, 1], np.int64)),
+            ("ax", np.array([2, 3], np.int64)),
+            ("sp", np.array([-2, -3], np.int64)),
+        ],
+        {"x": X4},
+        17,
+    ),
+    (
+        "topk",
+        "TopK",
+        [("x", [2, 4, 9, 9])],
+        [("v", None), ("i", None, I64)],
+        {"axis": 2},
+        [("k", np.array([4], np.int64))],
+        {"x": X4},
+        17,
+    ),
+    (
+        "argmax-last",
+        "ArgMax",
+        [("x", [5, 6])],
+        [("y", None, I64)],
+        {"axis": 1, "select_last_index": 1, "keepdims": 0},
+        [],
+        {"x": np.array(R.integers(0, 3, (5, 6)), np.float32)},
+        17,
+    ),
+    (
+        "einsum",
+        "Einsum",
+        [("a", [3, 4, 5]), ("b", [3, 5, 2])],
+        [("y", None)],
+        {"equation": "bij,bjk->bik"},
+        [],
+        {
+            "a": R.standard_normal((3, 4, 5)).astype(np.float32),
+            "b": R.standard_normal((3, 5, 2)).astype(np.float32),
+        },
+        17,
+    ),
+    (
+        "cumsum-exclusive-reverse",
+        "CumSum",
+        [("x", [4, 5])],
+        [("y", None)],
+        {"exclusive": 1, "reverse": 1},
+        [("axis", np.array(1, np.int64))],
+        {"x": R.standard_normal((4, 5)).astype(np.float32)},
+        17,
+    ),
+    (
+        "scatternd-add",
+        "ScatterND",
+        [("x", [4, 3])],
+        [("y", None)],
+        {"reduction": "add"},
+        [("i", np.array([[1], [3], [1]], np.int64)), ("u", np.ones((3, 3), np.float32))],
+        {"x": R.standard_normal((4, 3)).astype(np.float32)},
+        17,
+    ),
+    (
+        "gatherelements",
+        "GatherElements",
+        [("x", [3, 4])],
+        [("y", None)],
+        {"axis": 1},
+        [("i", np.array([[0, -1], [2, 1], [3, 3]], np.int64))],
+        {"x": R.standard_normal((3, 4)).astype(np.float32)},
+        17,
+    ),
+    (
+        "gelu-tanh",
+        "Gelu",
+        [("x", [3, 4])],
+        [("y", None)],
+        {"approximate": "tanh"},
+        [],
+        {"x": R.standard_normal((3, 4)).astype(np.float32) * 3},
+        20,
+    ),
+    (
+        "hardswish",
+        "HardSwish",
+        [("x", [3, 4])],
+        [("y", None)],
+        {},
+        [],
+        {"x": R.standard_normal((3, 4)).astype(np.float32) * 4},
+        17,
+    ),
+    (
+        "softplus",
+        "Softplus",
+        [("x", [3, 4])],
+        [("y", None)],
+        {},
+        [],
+        {"x": R.standard_normal((3, 4)).astype(np.float32) * 20},
+        17,
+    ),
+    (
+        "split-opset18",
+        "Split",
+        [("x", [2, 7])],
+        [("a", None), ("b", None), ("c", None)],
+        {"axis": 1, "num_outputs": 3},
+        [],
+        {"x": R.standard_normal((2, 7)).astype(np.float32)},
+        18,
+    ),
+    (
+        "rmsnorm",
+        "RMSNormalization",
+        [("x", [2, 4, 9])],
+        [("y", None)],
+        {"epsilon": 1e-3, "axis": 1},
+        [("s", R.standard_normal((4, 9)).astype(np.float32))],
+        {"x": R.standard_normal((2, 4, 9)).astype(np.float32)},
+        23,
+    ),
+    (
+        "lstm-bidirectional-peepholes",
+        "LSTM",
+        [("x", [5, 2, 3])],
+        [("y", None), ("yh", None), ("yc", None)],
+        {"hidden_size": 4, "direction": "bidirectional"},
+        [
+            ("w", R.standard_normal((2, 16, 3)).astype(np.float32) * 0.5),
+            ("r", R.standard_normal((2, 16, 4)).astype(np.float32) * 0.5),
+            ("b", R.standard_normal((2, 32)).astype(np.float32) * 0.1),
+            ("lens", np.array([5, 5], np.int32)),
+            ("h0", R.standard_normal((2, 2, 4)).astype(np.float32)),
+            ("c0", R.standard_normal((2, 2, 4)).astype(np.float32)),
+            ("p", R.standard_normal((2, 12)).astype(np.float32) * 0.3),
+        ],
+        {"x": R.standard_normal((5, 2, 3)).astype(np.float32)},
+        17,
+    ),
+    (
+        "gru-reverse-linear-before-reset",
+        "GRU",
+        [("x", [6, 3, 5])],
+        [("y", None), ("yh", None)],
+        {"hidden_size": 4, "direction": "reverse", "linear_before_reset": 1},
+        [
+            ("w", R.standard_normal((1, 12, 5)).astype(np.float32) * 0.5),
+            ("r", R.standard_normal((1, 12, 4)).astype(np.float32) * 0.5),
+            ("b", R.standard_normal((1, 24)).astype(np.float32) * 0.1),
+        ],
+        {"x": R.standard_normal((6, 3, 5)).astype(np.float32)},
+        17,
+    ),
+    (
+        "gru-default",
+        "GRU",
+        [("x", [6, 3, 5])],
+        [("y", None), ("yh", None)],
+        {"hidden_size": 4},
+        [
+            ("w", R.standard_normal((1, 12, 5)).astype(np.float32) * 0.5),
+            ("r", R.standard_normal((1, 12, 4)).astype(np.float32) * 0.5),
+        ],
+        {"x": R.standard_normal((6, 3, 5)).astype(np.float32)},
+        17,
+    ),
+    (
+        "attention-4d-causal-past",
+        "Attention",
+        [("q", [2, 4, 3, 8]), ("k", [2, 4, 3, 8]), ("v", [2, 4, 3, 8])],
+        [("y", None), ("pk", None), ("pv", None)],
+        {"is_causal": 1},
+        [
+            ("mask", np.ones((3, 5), bool)),
+            ("past_k", R.standard_normal((2, 4, 2, 8)).astype(np.float32)),
+            ("past_v", R.standard_normal((2, 4, 2, 8)).astype(np.float32)),
+        ],
+        {k: R.standard_normal((2, 4, 3, 8)).astype(np.float32) for k in "qkv"},
+        23,
+    ),
+    (
+        "attention-3d-gqa-mask-softcap",
+        "Attention",
+        [("q", [2, 5, 32]), ("k", [2, 6, 16]), ("v", [2, 6, 16])],
+        [("y", None)],
+        {"q_num_heads": 4, "kv_num_heads": 2, "softcap": 3.0, "scale": 0.2},
+        [("mask", R.standard_normal((5, 6)).astype(np.float32))],
+        {
+            "q": R.standard_normal((2, 5, 32)).astype(np.float32),
+            "k": R.standard_normal((2, 6, 16)).astype(np.float32),
+            "v": R.standard_normal((2, 6, 16)).astype(np.float32),
+        },
+        23,
+    ),
+    (
+        "trilu-fallback",
+        "Trilu",
+        [("x", [4, 4])],
+        [("y", None)],
+        {"upper": 0},
+        [],
+        {"x": R.standard_normal((4, 4)).astype(np.float32)},
+        17,
+    ),
+    (
+        "depthtospace-fallback",
+        "DepthToSpace",
+        [("x", [1, 8, 2, 3])],
+        [("y", None)],
+        {"blocksize": 2, "mode": "CRD"},
+        [],
+        {"x": R.standard_normal((1, 8, 2, 3)).astype(np.float32)},
+        17,
+    ),
 ]
 
 
@@ -145,14 +555,18 @@ def test_op_kernels_match_onnxruntime(case):
 
 def _chain(elem):
     """x*y + z, relu, / y, - z, sigmoid: every node's output rounded when elem is FLOAT16."""
-    nodes = [helper.make_node("Mul", ["x", "y"], ["m"], name="mul"),
-             helper.make_node("Add", ["m", "z"], ["a"], name="add"),
-             helper.make_node("Relu", ["a"], ["r"], name="relu"),
-             helper.make_node("Div", ["r", "y"], ["d"], name="div"),
-             helper.make_node("Sub", ["d", "z"], ["s"], name="sub"),
-             helper.make_node("MatMul", ["s", "w"], ["out"], name="matmul")]
+    nodes = [
+        helper.make_node("Mul", ["x", "y"], ["m"], name="mul"),
+        helper.make_node("Add", ["m", "z"], ["a"], name="add"),
+        helper.make_node("Relu", ["a"], ["r"], name="relu"),
+        helper.make_node("Div", ["r", "y"], ["d"], name="div"),
+        helper.make_node("Sub", ["d", "z"], ["s"], name="sub"),
+        helper.make_node("MatMul", ["s", "w"], ["out"], name="matmul"),
+    ]
     shape = [8, 16]
-    return make_model(nodes, [("x", shape), ("y", shape), ("z", shape), ("w", [16, 4])], [("out", None)], elem=elem)
+    return make_model(
+        nodes, [("x", shape), ("y", shape), ("z", shape), ("w", [16, 4])], [("out", None)], elem=elem
+    )
 
 
 def _ort_node_by_node(model, feeds):
@@ -170,8 +584,10 @@ def _ort_node_by_node(model, feeds):
 
 
 def test_fp16_matches_onnxruntime_computing_each_node_in_fp16(rng):
-    feeds = {k: (rng.standard_normal(s) * 3).astype(np.float32)
-             for k, s in (("x", (8, 16)), ("y", (8, 16)), ("z", (8, 16)), ("w", (16, 4)))}
+    feeds = {
+        k: (rng.standard_normal(s) * 3).astype(np.float32)
+        for k, s in (("x", (8, 16)), ("y", (8, 16)), ("z", (8, 16)), ("w", (16, 4)))
+    }
     feeds["y"] = np.where(np.abs(feeds["y"]) < 0.1, 0.5, feeds["y"]).astype(np.float32)
     feeds16 = {k: v.astype(np.float16) for k, v in feeds.items()}
     fp16_model = _chain(TensorProto.FLOAT16)
@@ -223,15 +639,17 @@ def test_fp16_overflow_shows_where_fp32_is_finite(op, rng):
 
 
 def test_bf16_follows_ml_dtypes_rounding(rng):
-    nodes = [helper.make_node("Mul", ["x", "y"], ["m"], name="mul"),
-             helper.make_node("Add", ["m", "z"], ["out"], name="add")]
+    nodes = [
+        helper.make_node("Mul", ["x", "y"], ["m"], name="mul"),
+        helper.make_node("Add", ["m", "z"], ["out"], name="add"),
+    ]
     model = make_model(nodes, [("x", [64]), ("y", [64]), ("z", [64])], [("out", None)])
     feeds = {k: rng.standard_normal(64).astype(np.float32) * 7 for k in "xyz"}
     emu = GraphEmulator(model)
     run = emu.run(feeds, {"mul": Precision.BF16, "add": Precision.BF16}, keep=True)
     bf = ml_dtypes.bfloat16
     want_m = feeds["x"].astype(bf) * feeds["y"].astype(bf)  # ml_dtypes computes and rounds to bf16
-    want = (want_m + feeds["z"].astype(bf))
+    want = want_m + feeds["z"].astype(bf)
     assert run.tensors["m"].dtype == bf
     np.testing.assert_array_equal(run.tensors["m"], want_m)
     np.testing.assert_array_equal(run.outputs["out"], want.astype(np.float32))
@@ -249,7 +667,7 @@ def test_run_from_equals_full_run_and_recomputes_less(exported, name):
     addrs = [r.address for r in iter_nodes(model.graph)]
     ref = emu.run(feeds, keep=True)
     rng = np.random.default_rng(3)
-    for trial in range(3):
+    for _trial in range(3):
         pick = rng.choice(len(addrs), size=max(1, len(addrs) // 4), replace=False)
         low = {addrs[i]: Precision.FP16 for i in pick}
         full = emu.run(feeds, low).outputs
@@ -282,7 +700,9 @@ def test_nodes_inside_if_branches_are_addressable(exported):
     emu = GraphEmulator(model)
     inner = [a for a in emu.node_addresses() if "/then_branch/" in a or "/else_branch/" in a]
     assert inner
-    x = np.full((4, 16), 0.5, np.float32) * np.linspace(0.5, 40, 16, dtype=np.float32)  # mean > 0: then branch
+    x = np.full((4, 16), 0.5, np.float32) * np.linspace(
+        0.5, 40, 16, dtype=np.float32
+    )  # mean > 0: then branch
     ref = emu.run({"input_0": x}, keep=True)
     then_nodes = {a: Precision.FP16 for a in inner if "/then_branch/" in a}
     else_nodes = {a: Precision.FP16 for a in inner if "/else_branch/" in a}
@@ -293,41 +713,73 @@ def test_nodes_inside_if_branches_are_addressable(exported):
         np.testing.assert_array_equal(untouched[k], ref.outputs[k])
         np.testing.assert_array_equal(emu.run_from(ref, then_nodes).outputs[k], low[k])
     seen = []
-    emu.run({"input_0": x}, observe=lambda name, v: seen.append(name))
+    emu.run({"input_0": x}, observe=lambda prefix, name, v: seen.append(prefix + name))
     assert any("/then_branch/" in n for n in seen)
 
 
 def _loop_model():
     body = helper.make_graph(
-        [helper.make_node("Identity", ["cond_in"], ["cond_out"], name="id"),
-         helper.make_node("Mul", ["acc_in", "k"], ["acc_out"], name="mul"),
-         helper.make_node("Add", ["acc_out", "k"], ["scan_out"], name="add")],
+        [
+            helper.make_node("Identity", ["cond_in"], ["cond_out"], name="id"),
+            helper.make_node("Mul", ["acc_in", "k"], ["acc_out"], name="mul"),
+            helper.make_node("Add", ["acc_out", "k"], ["scan_out"], name="add"),
+        ],
         "body",
-        [helper.make_tensor_value_info("i", I64, []), helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
-         helper.make_tensor_value_info("acc_in", F, [3])],
-        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
-         helper.make_tensor_value_info("acc_out", F, [3]), helper.make_tensor_value_info("scan_out", F, [3])])
+        [
+            helper.make_tensor_value_info("i", I64, []),
+            helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("acc_in", F, [3]),
+        ],
+        [
+            helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("acc_out", F, [3]),
+            helper.make_tensor_value_info("scan_out", F, [3]),
+        ],
+    )
     loop = helper.make_node("Loop", ["trip", "cond", "x"], ["acc", "scans"], name="loop", body=body)
-    return make_model([loop], [("x", [3])], [("acc", None), ("scans", None)],
-                      [_init("trip", np.array(5, np.int64)), _init("cond", np.array(True)),
-                       _init("k", np.array([1.5, -2.25, 3.1], np.float32))])
+    return make_model(
+        [loop],
+        [("x", [3])],
+        [("acc", None), ("scans", None)],
+        [
+            _init("trip", np.array(5, np.int64)),
+            _init("cond", np.array(True)),
+            _init("k", np.array([1.5, -2.25, 3.1], np.float32)),
+        ],
+    )
 
 
 def _scan_model():
     body = helper.make_graph(
-        [helper.make_node("Add", ["s_in", "x_t"], ["s_out"], name="add"),
-         helper.make_node("Mul", ["s_out", "x_t"], ["y_t"], name="mul")],
-        "body", [helper.make_tensor_value_info("s_in", F, [2]), helper.make_tensor_value_info("x_t", F, [2])],
-        [helper.make_tensor_value_info("s_out", F, [2]), helper.make_tensor_value_info("y_t", F, [2])])
-    scan = helper.make_node("Scan", ["s0", "xs"], ["s", "ys"], name="scan", body=body, num_scan_inputs=1,
-                            scan_input_directions=[1], scan_output_axes=[1])
+        [
+            helper.make_node("Add", ["s_in", "x_t"], ["s_out"], name="add"),
+            helper.make_node("Mul", ["s_out", "x_t"], ["y_t"], name="mul"),
+        ],
+        "body",
+        [helper.make_tensor_value_info("s_in", F, [2]), helper.make_tensor_value_info("x_t", F, [2])],
+        [helper.make_tensor_value_info("s_out", F, [2]), helper.make_tensor_value_info("y_t", F, [2])],
+    )
+    scan = helper.make_node(
+        "Scan",
+        ["s0", "xs"],
+        ["s", "ys"],
+        name="scan",
+        body=body,
+        num_scan_inputs=1,
+        scan_input_directions=[1],
+        scan_output_axes=[1],
+    )
     return make_model([scan], [("s0", [2]), ("xs", [4, 2])], [("s", None), ("ys", None)])
 
 
 def test_loop_and_scan_match_onnxruntime_and_body_nodes_can_be_low(rng):
-    for model, feeds in ((_loop_model(), {"x": np.array([1.1, 0.3, -0.7], np.float32)}),
-                         (_scan_model(), {"s0": np.array([0.1, 0.2], np.float32),
-                                          "xs": rng.standard_normal((4, 2)).astype(np.float32)})):
+    for model, feeds in (
+        (_loop_model(), {"x": np.array([1.1, 0.3, -0.7], np.float32)}),
+        (
+            _scan_model(),
+            {"s0": np.array([0.1, 0.2], np.float32), "xs": rng.standard_normal((4, 2)).astype(np.float32)},
+        ),
+    ):
         emu = GraphEmulator(model)
         want = ort_run(model, feeds)
         got = emu.run(feeds).outputs
@@ -336,14 +788,23 @@ def test_loop_and_scan_match_onnxruntime_and_body_nodes_can_be_low(rng):
         body_mul = next(a for a in emu.node_addresses() if a.endswith("/body/mul"))
         low = emu.run(feeds, {body_mul: Precision.FP16}).outputs
         assert any(not np.array_equal(low[k], got[k]) for k in got)
+        inc = emu.run_from(emu.run(feeds, keep=True), {body_mul: Precision.FP16})
+        assert inc.recomputed == 1  # the Loop/Scan node is the unit of recomputation
+        for k in got:
+            np.testing.assert_array_equal(inc.outputs[k], low[k])
 
 
 def test_unsupported_custom_op_is_reported_and_refused():
     node = helper.make_node("FancyOp", ["x"], ["y"], name="fancy", domain="com.example")
-    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", F, [2])],
-                              [helper.make_tensor_value_info("y", F, [2])])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
-                                                    helper.make_opsetid("com.example", 1)])
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info("x", F, [2])],
+        [helper.make_tensor_value_info("y", F, [2])],
+    )
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.example", 1)]
+    )
     emu = GraphEmulator(model)
     assert emu.unsupported_ops() == {"com.example::FancyOp"}
     with pytest.raises(BackendUnavailableError, match="FancyOp"):
@@ -357,3 +818,152 @@ def test_unnamed_nodes_get_name_nodes_addresses():
     assert list(emu.node_addresses()) == ["Relu_0", "Neg_1"]
     out = emu.run({"x": np.array([1.0, -2.0, 3.0], np.float32)}, {"Neg_1": Precision.FP16}).outputs["y"]
     np.testing.assert_array_equal(out, [-1.0, 0.0, -3.0])
+
+
+def _conformance_cases():
+    from onnx.backend.test.case.node import collect_testcases
+
+    skip = (
+        "bernoulli",  # random
+        "training_dropout",  # random
+        "FLOAT8",  # 8- and 4-bit types: saturation rules, not this emulator's business
+        "FLOAT4",
+        "INT4",
+        "UINT4",
+        "e4m3",
+        "e5m2",
+        "float8",
+        "int4",
+        "test_if_opt",  # an optional wrapping a sequence as a graph output
+        # ONNX's reference uses the unrounded length * scale here; we follow ONNX Runtime (integer size)
+        "test_resize_downsample_scales_linear_align_corners",
+    )
+    with warnings.catch_warnings():  # the case generators overflow on purpose
+        warnings.simplefilter("ignore")
+        cases = collect_testcases()
+    return [c for c in cases if c.kind == "node" and not any(k in c.name for k in skip)]
+
+
+def _assert_conforms(g, w, case):
+    same_kind = g.dtype == w.dtype or g.dtype.kind in "OU" and w.dtype.kind in "OU"  # strings
+    assert g.shape == w.shape and same_kind, (g.shape, w.shape, g.dtype, w.dtype)
+    if w.dtype.kind == "f" or w.dtype.name == "bfloat16":
+        # strict BF16/FP16 rounds every step, the reference only some: one low-precision ulp
+        tol = {"bfloat16": 1.6e-2, "float16": 2e-3}.get(w.dtype.name, max(case.rtol, 1e-4))
+        atol = max(case.atol, 1e-5 if tol < 1e-3 else tol)
+        np.testing.assert_allclose(g.astype(np.float64), w.astype(np.float64), rtol=tol, atol=atol)
+    else:
+        np.testing.assert_array_equal(g, w)
+
+
+def test_onnx_node_conformance_suite():
+    """Every ONNX operator test case (FP32 and typed FP16/BF16 models) runs and matches, or is reported."""
+    from onnx import TensorProto
+
+    counts = {"ok": 0, "unsupported": 0}
+    failures = []
+    for case in _conformance_cases():
+        emu = GraphEmulator(case.model, follow_input_dtypes=True)
+        if emu.unsupported_ops():
+            counts["unsupported"] += 1
+            continue
+        inputs, outputs = case.data_sets[0]
+        conv = [numpy_helper.to_array(v) if isinstance(v, TensorProto) else v for v in inputs]
+        want = [numpy_helper.to_array(v) if isinstance(v, TensorProto) else v for v in outputs]
+        try:
+            got = emu.run(dict(zip([i.name for i in case.model.graph.input], conv, strict=False))).outputs
+            for vi, w in zip(case.model.graph.output, want, strict=False):
+                g = got[vi.name]
+                if isinstance(w, list) or w is None:  # sequences and empty optionals
+                    assert isinstance(g, list) == isinstance(w, list) and (w is None) == (g is None)
+                    for a, b in zip(g or [], w or [], strict=True):
+                        _assert_conforms(np.asarray(a), np.asarray(b), case)
+                else:
+                    _assert_conforms(np.asarray(g), np.asarray(w), case)
+            counts["ok"] += 1
+        except Exception as err:  # collect all failures for one readable message
+            failures.append(f"{case.name}: {type(err).__name__}: {str(err)[:120]}")
+    print(f"ONNX node conformance through the emulator: {counts}")
+    assert not failures, "\n".join(failures)
+    assert counts["ok"] > 1500
+    assert counts["unsupported"] < 40  # ai.onnx.ml, preview training ops, FlexAttention
+
+
+def test_duplicate_node_names_get_unique_addresses():
+    nodes = [
+        helper.make_node("Relu", ["x"], ["r"], name="n"),
+        helper.make_node("Neg", ["r"], ["y"], name="n"),
+    ]
+    model = make_model(nodes, [("x", [3])], [("y", None)])
+    emu = GraphEmulator(model)
+    assert list(emu.node_addresses()) == ["n", "n_1"]
+    out = emu.run({"x": np.array([1.0, -2.0, 3.0], np.float32)}, {"n_1": Precision.FP16}).outputs["y"]
+    np.testing.assert_array_equal(out, [-1.0, 0.0, -3.0])
+
+
+def _f16_oracle_softmax(x):
+    h = x.astype(np.float16)
+    d = h - h.max(axis=-1, keepdims=True)
+    e = np.exp(d.astype(np.float32)).astype(np.float16)
+    s = e.astype(np.float32).sum(axis=-1, keepdims=True).astype(np.float16)  # FP32 accumulator, stored FP16
+    return e / s
+
+
+def _f16_oracle_layernorm(x, eps=1e-5):
+    h = x.astype(np.float16)
+    mean = h.astype(np.float32).mean(axis=-1, keepdims=True).astype(np.float16)
+    d = h - mean
+    var = (d * d).astype(np.float32).mean(axis=-1, keepdims=True).astype(np.float16)
+    std = np.sqrt((var + np.float16(eps)).astype(np.float32)).astype(np.float16)
+    return d / std
+
+
+@pytest.mark.parametrize("op", ["Softmax", "LayerNormalization"])
+def test_fp16_softmax_and_layernorm_round_every_step(op, rng):
+    """Bit-exact against numpy float16 arithmetic done one step at a time (each op rounds to FP16)."""
+    x = (rng.standard_normal((6, 32)) * 4).astype(np.float32)
+    if op == "Softmax":
+        node = helper.make_node(op, ["x"], ["y"], name="op", axis=-1)
+        model = make_model([node], [("x", [6, 32])], [("y", None)])
+        want = _f16_oracle_softmax(x)
+    else:
+        node = helper.make_node(op, ["x", "s"], ["y"], name="op", axis=-1)
+        model = make_model([node], [("x", [6, 32])], [("y", None)], [_init("s", np.ones(32, np.float32))])
+        want = _f16_oracle_layernorm(x)
+    run = GraphEmulator(model).run({"x": x}, {"op": Precision.FP16}, keep=True)
+    np.testing.assert_array_equal(run.tensors["y"], want)
+    fp32 = GraphEmulator(model).run({"x": x}).outputs["y"]
+    assert not np.array_equal(want.astype(np.float32), fp32)
+
+
+def test_lstm_in_fp16_keeps_its_state_in_fp16(rng):
+    case = next(c for c in OP_CASES if c[0] == "lstm-bidirectional-peepholes")
+    _id, op, ins, outs, attrs, inits, feeds, opset = case
+    emu = GraphEmulator(_single(op, ins, outs, attrs, inits, opset))
+    exact = emu.run(feeds).outputs
+    run = emu.run(feeds, {"LSTM_0": Precision.FP16}, keep=True)
+    assert run.tensors["y"].dtype == np.float16
+    err = np.abs(run.outputs["y"] - exact["y"]).max()
+    assert 1e-5 < err < 1e-2
+    h = emu.run(feeds, {"LSTM_0": Precision.BF16}).outputs["y"]
+    assert np.abs(h - exact["y"]).max() > err  # BF16 keeps 8 bits, FP16 11
+
+
+def test_fast_fp16_rounding_is_bit_exact():
+    from mpinfer.precision.kernels.numerics import fp16_to_float32, round_to_fp16
+
+    every = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16)
+    np.testing.assert_array_equal(fp16_to_float32(every), every.astype(np.float32))  # NaNs compare equal
+    assert fp16_to_float32(np.float16(3.5)[()].reshape(())).shape == ()
+    # every exponent and top mantissa pattern, with the low bits that decide rounding (ties, just above/below)
+    top = np.arange(0, 1 << 19, 3, dtype=np.uint32) << np.uint32(13)
+    with np.errstate(over="ignore", invalid="ignore"):
+        for low in (0, 0x0001, 0x0FFE, 0x0FFF, 0x1000, 0x1001, 0x1FFF):
+            for sign in (0, 0x80000000):
+                v = (top | np.uint32(low | sign)).view(np.float32)
+                np.testing.assert_array_equal(round_to_fp16(v), v.astype(np.float16).astype(np.float32))
+        v = np.array(
+            [65504, 65519.99, 65520, -65520, 2.0**-25, 3 * 2.0**-26, 2.0**-24 * 1.5, np.inf, np.nan],
+            np.float32,
+        )
+        np.testing.assert_array_equal(round_to_fp16(v), v.astype(np.float16).astype(np.float32))

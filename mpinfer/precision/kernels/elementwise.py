@@ -51,7 +51,7 @@ def _pow(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
 
 
 def _mod(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
-    if n.get("fmod", 0) or x[0].dtype.kind == "f":
+    if n.get("fmod", 0):
         return [np.fmod(x[0], x[1])]
     return [np.mod(x[0], x[1])]
 
@@ -138,6 +138,12 @@ def _gelu(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
     return [(r(v * np.float32(0.5)) * one_plus).astype(v.dtype)]
 
 
+def _swish(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
+    v = x[0]
+    gate = num.r(_sigmoid(num.r(v * np.float32(n.get("alpha", 1.0)))))
+    return [(v * gate).astype(v.dtype)]
+
+
 def _softplus(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
     v = x[0]
     # Stable form max(x, 0) + log1p(exp(-|x|)): no intermediate overflow, as a real kernel would do it.
@@ -171,8 +177,18 @@ def _not(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
 def _isinf(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
     v = x[0]
     pos, neg = n.get("detect_positive", 1), n.get("detect_negative", 1)
-    return [np.isinf(v) & ((v > 0) if pos and not neg else (v < 0) if neg and not pos else
-                           np.ones_like(v, bool) if pos and neg else np.zeros_like(v, bool))]
+    return [
+        np.isinf(v)
+        & (
+            (v > 0)
+            if pos and not neg
+            else (v < 0)
+            if neg and not pos
+            else np.ones_like(v, bool)
+            if pos and neg
+            else np.zeros_like(v, bool)
+        )
+    ]
 
 
 def _round(v: np.ndarray) -> np.ndarray:
@@ -221,6 +237,7 @@ KERNELS: dict[str, Kernel] = {
     "HardSwish": _hard_swish,
     "Gelu": _gelu,
     "Softplus": _softplus,
+    "Swish": _swish,
     "Softsign": _softsign,
     "Mish": _mish,
     "ThresholdedRelu": _thresholded_relu,

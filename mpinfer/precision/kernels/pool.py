@@ -12,15 +12,12 @@ from typing import Any
 import numpy as np
 
 from mpinfer.precision.kernels.linalg import _conv_geometry, conv_windows
-from mpinfer.precision.kernels.numerics import NodeInfo, Numerics
+from mpinfer.precision.kernels.numerics import NodeInfo, Numerics, UnsupportedVariant
 
 
-class UnsupportedVariant(Exception):
-    """Raised by a kernel for an attribute combination it does not implement (the caller falls back)."""
-
-
-def _pool_geometry(n: NodeInfo, v: np.ndarray) -> tuple[tuple[int, ...], list[int], list[int], list[int],
-                                                         list[int], list[int]]:
+def _pool_geometry(
+    n: NodeInfo, v: np.ndarray
+) -> tuple[tuple[int, ...], list[int], list[int], list[int], list[int], list[int]]:
     """Kernel, strides, dilations, begin pads, end pads and the extra end pad ceil_mode needs."""
     kernel = tuple(n.get("kernel_shape"))
     in_sp = v.shape[2:]
@@ -31,7 +28,9 @@ def _pool_geometry(n: NodeInfo, v: np.ndarray) -> tuple[tuple[int, ...], list[in
             eff = (k - 1) * dil[i] + 1
             span = in_sp[i] + begin[i] + end[i] - eff
             out = math.ceil(span / strides[i]) + 1
-            if (out - 1) * strides[i] >= in_sp[i] + begin[i]:  # a window starting in the end padding is dropped
+            if (out - 1) * strides[i] >= in_sp[i] + begin[
+                i
+            ]:  # a window starting in the end padding is dropped
                 out -= 1
             extra[i] = max(0, (out - 1) * strides[i] + eff - (in_sp[i] + begin[i] + end[i]))
     return kernel, strides, dil, begin, end, extra
@@ -44,7 +43,9 @@ def max_pool(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
     v = x[0]
     kernel, strides, dil, begin, end, extra = _pool_geometry(n, v)
     fill = -np.inf if v.dtype.kind == "f" else np.iinfo(v.dtype).min
-    win = conv_windows(v, kernel, strides, dil, begin, [e + x_ for e, x_ in zip(end, extra, strict=False)], fill)
+    win = conv_windows(
+        v, kernel, strides, dil, begin, [e + x_ for e, x_ in zip(end, extra, strict=False)], fill
+    )
     sp = len(kernel)
     return [np.ascontiguousarray(win.max(axis=tuple(range(-sp, 0))))]
 
@@ -82,6 +83,7 @@ def global_max_pool(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray
 
 
 def _source_coords(mode: str, out: int, length: int, scale: float) -> np.ndarray:
+    """Input coordinate of each output index, as ONNX Runtime computes it (align_corners: integer sizes)."""
     j = np.arange(out, dtype=np.float64)
     if mode == "half_pixel":
         return (j + 0.5) / scale - 0.5
@@ -118,8 +120,12 @@ def resize(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
     """Resize/Upsample, modes nearest and linear (any rank; separable); other variants fall back."""
     v = x[0]
     mode = _text(n.get("mode"), "nearest")
-    if mode not in ("nearest", "linear", "bilinear", "trilinear") or n.get("antialias", 0) or \
-            n.get("axes") is not None or _text(n.get("keep_aspect_ratio_policy"), "stretch") != "stretch":
+    if (
+        mode not in ("nearest", "linear", "bilinear", "trilinear")
+        or n.get("antialias", 0)
+        or n.get("axes") is not None
+        or _text(n.get("keep_aspect_ratio_policy"), "stretch") != "stretch"
+    ):
         raise UnsupportedVariant(f"Resize mode={mode}")
     if n.op_type == "Upsample" or n.opset < 11:
         scales, sizes = (x[1] if len(x) > 1 else np.asarray(n.get("scales"))), None
@@ -128,7 +134,8 @@ def resize(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
         scales = x[2] if len(x) > 2 and x[2] is not None and x[2].size else None
         sizes = x[3] if len(x) > 3 and x[3] is not None and x[3].size else None
         coord = _text(n.get("coordinate_transformation_mode"), "half_pixel")
-    nearest_mode = _text(n.get("nearest_mode"), "round_prefer_floor")
+    legacy = n.op_type == "Upsample" or n.opset < 11  # Upsample/Resize-10 nearest is asymmetric + floor
+    nearest_mode = "floor" if legacy else _text(n.get("nearest_mode"), "round_prefer_floor")
     out = v
     for ax in range(v.ndim):
         length = v.shape[ax]

@@ -1,0 +1,350 @@
+"""Calibration: an FP32 reference run over the calibration feeds, collecting per-tensor range statistics.
+
+Statistics are streamed batch by batch: each tensor keeps running scalars (absmax, smallest non-zero
+magnitude, sum of magnitudes, counts above/below the FP16 and BF16 limits, NaN/Inf counts) and a fixed-size
+histogram of magnitudes (16 bins per octave) from which the 99.9th percentile is read. Memory is therefore
+bounded by the number of tensors, never by the number of batches; one batch's intermediates are alive at
+a time.
+
+Main-graph tensors come from ONNX Runtime (every float intermediate added as a graph output, in chunks for
+very large graphs); tensors inside If/Loop/Scan bodies come from :class:`GraphEmulator` (once per loop
+iteration). The planner (``convert``) reads these numbers and stores them in the plan.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import tempfile
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sized
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mpinfer.backends.base import check_feeds
+from mpinfer.errors import InvalidInputError, ModelLoadError, format_message
+from mpinfer.precision.tensorstats import (
+    BF16_MIN_NORMAL,
+    FP16_MAX,
+    FP16_MIN_NORMAL,
+    FP16_MIN_SUBNORMAL,
+    HISTOGRAM_BINS,
+    PERCENTILE,
+    StatsCollector,
+    TensorStats,
+)
+from mpinfer.specs import specs_from_onnx
+
+__all__ = [
+    "BF16_MIN_NORMAL",
+    "FP16_MAX",
+    "FP16_MIN_NORMAL",
+    "FP16_MIN_SUBNORMAL",
+    "HISTOGRAM_BINS",
+    "PERCENTILE",
+    "RANDOM_DATA_WARNING",
+    "CalibrationStats",
+    "StatsCollector",
+    "TensorStats",
+    "calibrate",
+]
+
+logger = logging.getLogger(__name__)
+
+# What statistics from generated data mean, for the caller to show once.
+RANDOM_DATA_WARNING = (
+    "Calibration used seeded random data drawn from the input specs' ranges, not real inputs: activation "
+    "ranges, overflow and underflow figures describe that data and real inputs may differ (wider ranges "
+    "can overflow FP16 where this plan says it is safe). Pass --calibration with a few hundred "
+    "representative samples."
+)
+# Models with more weight bytes than this are calibrated from a temporary external-data copy, so the
+# per-chunk session models are graph-only protos instead of full copies of the weights.
+IN_MEMORY_LIMIT = 256 * 2**20
+# Tensors fetched per pass of ONNX Runtime over the data: bounds the memory of one batch's intermediates
+# (a BERT-base layer stack at batch 16 x 128 tokens is ~6 MB per tensor); larger graphs take more passes.
+MAX_OUTPUTS_PER_SESSION = 256
+
+_FLOAT_TYPES = (1, 10, 11, 16)  # FLOAT, FLOAT16, DOUBLE, BFLOAT16
+
+
+@dataclass
+class CalibrationStats(Mapping[str, TensorStats]):
+    """Tensor name -> :class:`TensorStats`, plus where the data came from.
+
+    Body tensors are named ``<node address>/<attribute>/<tensor>`` (e.g. ``If_3/then_branch/relu_out``).
+
+    Attributes:
+        tensors: The statistics.
+        source: ``{"source": description, "kind": npz|random|..., "samples": N, "batches": B}``.
+    """
+
+    tensors: dict[str, TensorStats]
+    source: dict[str, Any] = field(default_factory=dict)
+
+    def __getitem__(self, name: str) -> TensorStats:
+        return self.tensors[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.tensors)
+
+    def __len__(self) -> int:
+        return len(self.tensors)
+
+    @property
+    def is_random(self) -> bool:
+        """True when the statistics come from generated random data (the caller should warn)."""
+        return self.source.get("kind") == "random"
+
+    def warning(self) -> str | None:
+        """The warning to show when the statistics come from random data, else None."""
+        return RANDOM_DATA_WARNING if self.is_random else None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form (``schema_version`` 1)."""
+        return {
+            "schema_version": 1,
+            "source": dict(self.source),
+            "tensors": {k: v.to_dict() for k, v in self.tensors.items()},
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> CalibrationStats:
+        """Inverse of :meth:`to_dict`.
+
+        Raises:
+            InvalidInputError: For a dict that is not calibration statistics.
+        """
+        try:
+            tensors = {k: TensorStats.from_dict(v) for k, v in data["tensors"].items()}
+        except (KeyError, TypeError, AttributeError) as err:
+            raise InvalidInputError(
+                format_message(
+                    "Calibration statistics",
+                    "a dict without 'tensors' entries",
+                    "the output of CalibrationStats.to_dict()",
+                )
+            ) from err
+        return cls(tensors, dict(data.get("source", {})))
+
+
+def _float_tensors(model: Any) -> tuple[list[str], list[str], dict[str, int]]:
+    """Main-graph float tensors of known type, node outputs of unknown type, and the element types."""
+    import onnx
+
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+    except Exception as err:  # too large or not inferable: fall back to the declared types  # noqa: BLE001
+        logger.debug("shape inference failed (%s); using declared types only", err)
+        inferred = model
+    g = inferred.graph
+    types = {
+        vi.name: vi.type.tensor_type.elem_type for vi in list(g.value_info) + list(g.output) + list(g.input)
+    }
+    inits = {t.name for t in model.graph.initializer}
+    known = [
+        vi.name for vi in model.graph.input if vi.name not in inits and types.get(vi.name) in _FLOAT_TYPES
+    ]
+    unknown: list[str] = []
+    seen = set(known)
+    for node in model.graph.node:
+        for out in node.output:
+            if not out or out in seen:
+                continue
+            seen.add(out)
+            t = types.get(out, 0)
+            if t in _FLOAT_TYPES:
+                known.append(out)
+            elif t == 0:
+                unknown.append(out)
+    return known, unknown, types
+
+
+def _chunks(model: Any, names: list[str]) -> list[list[str]]:
+    """Main-graph tensor names in session-sized chunks (graph inputs are read from the feeds)."""
+    inputs = {vi.name for vi in model.graph.input}
+    names = [n for n in names if n not in inputs]
+    return [names[i : i + MAX_OUTPUTS_PER_SESSION] for i in range(0, len(names), MAX_OUTPUTS_PER_SESSION)]
+
+
+class _Sessions:
+    """Builds ONNX Runtime sessions whose outputs are chosen tensors, without copying big weights.
+
+    A model above ``IN_MEMORY_LIMIT`` bytes is written once to a temporary folder with external data; each
+    session's model is then a graph-only proto (a few KB) pointing at that data file.
+    """
+
+    def __init__(self, model: Any, types: Mapping[str, int]) -> None:
+        self._model = model
+        self._types = types
+        self._tmp: tempfile.TemporaryDirectory[str] | None = None
+        if _weight_bytes(model) > IN_MEMORY_LIMIT:
+            import onnx
+
+            from mpinfer.modelio import save_onnx
+
+            self._tmp = tempfile.TemporaryDirectory(prefix="mpinfer-calibrate-")
+            path = save_onnx(model, Path(self._tmp.name) / "model.onnx", external_data=True)
+            self._model = onnx.load(str(path), load_external_data=False)
+
+    def session(self, names: list[str]) -> Any:
+        """A session returning ``names`` (in that order)."""
+        import onnx
+        from onnx import helper
+
+        from mpinfer.modelio import ort_session
+
+        m = onnx.ModelProto()
+        m.CopyFrom(self._model)
+        del m.graph.output[:]
+        m.graph.output.extend(helper.make_tensor_value_info(n, self._types[n], None) for n in names)
+        if self._tmp is None:
+            return ort_session(m)
+        path = Path(self._tmp.name) / "outputs.onnx"  # next to model.onnx.data, which it references
+        path.write_bytes(m.SerializeToString())
+        return ort_session(path)
+
+    def close(self) -> None:
+        """Remove the temporary copy, if any."""
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+
+
+def _weight_bytes(model: Any) -> int:
+    return sum(len(t.raw_data) + 4 * len(t.float_data) for t in model.graph.initializer)
+
+
+def _progress(progress: bool) -> Any:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    columns = [TextColumn("[bold]Calibrating"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
+    return Progress(*columns, disable=not progress, transient=True)
+
+
+def _run_chunk(
+    sess: Any, names: list[str], batch: Mapping[str, np.ndarray], collector: StatsCollector
+) -> None:
+    try:
+        values = sess.run(names, dict(batch))
+    except Exception as err:  # onnxruntime raises its own exception types
+        raise InvalidInputError(
+            format_message(
+                "Calibration feeds",
+                f"a batch ONNX Runtime rejected ({err})",
+                "arrays matching the model's inputs",
+            )
+        ) from err
+    for name, value in zip(names, values, strict=True):
+        collector.update(name, value)
+
+
+def calibrate(
+    model: Any, feeds: Iterable[Mapping[str, np.ndarray]], *, progress: bool = True
+) -> CalibrationStats:
+    """FP32 reference run over ``feeds`` collecting per-tensor statistics, one batch at a time.
+
+    Main-graph tensors come from ONNX Runtime, at most ``MAX_OUTPUTS_PER_SESSION`` of them per pass over
+    the data (one session alive at a time, so very large graphs stay within memory); tensors inside
+    If/Loop/Scan bodies, and tensors whose type cannot be inferred, come from the numpy emulator.
+
+    Args:
+        model: The FP32 ``onnx.ModelProto`` (not modified).
+        feeds: A :class:`mpinfer.data.FeedSource` (or any iterable of ``{input: array}`` batches).
+        progress: Show a progress bar.
+
+    Returns:
+        The statistics of every float tensor: graph inputs, node outputs, and tensors in subgraph bodies.
+
+    Raises:
+        InvalidInputError: No batches, or feeds the model does not accept (names, dtypes, shapes).
+    """
+    from mpinfer.modelio import iter_nodes, name_nodes
+
+    start = time.perf_counter()
+    addresses = [ref.address for ref in iter_nodes(model.graph)]
+    if any(not a or a.endswith("/") for a in addresses) or len(set(addresses)) != len(addresses):
+        model = name_nodes(model)  # a copy; skipped for models already named, as big ones are
+    known, unknown, types = _float_tensors(model)
+    chunks = _chunks(model, known)
+    first_session = None
+    sessions = _Sessions(model, types)
+    if chunks:
+        try:
+            first_session = sessions.session(chunks[0])
+        except ModelLoadError as err:
+            logger.warning("ONNX Runtime cannot run the model (%s); calibrating with the numpy emulator", err)
+            unknown, chunks = unknown + [n for c in chunks for n in c], []
+    passes = max(1, len(chunks))
+    if passes > 1 and iter(feeds) is feeds:  # a one-shot iterator cannot be read once per pass
+        feeds = list(feeds)
+    logger.info("calibrating %d tensors in %d pass(es) over the data", len(known) + len(unknown), passes)
+    first_pass = _FirstPass(model, unknown)
+    with _progress(progress) as bar, contextlib.closing(sessions):
+        task = bar.add_task("calibrate", total=len(feeds) * passes if isinstance(feeds, Sized) else None)
+        for index in range(passes):
+            sess = first_session if index == 0 else sessions.session(chunks[index])
+            for batch in feeds:
+                if index == 0:
+                    first_pass.add(batch)
+                if sess is not None:
+                    _run_chunk(sess, chunks[index], batch, first_pass.collector)
+                bar.advance(task)
+            sess = first_session = None  # one session alive at a time
+    if first_pass.batches == 0:
+        raise InvalidInputError(format_message("Calibration feeds", "no batches", "at least one batch"))
+    source = {
+        "source": getattr(feeds, "description", "in-memory batches"),
+        "kind": getattr(feeds, "kind", "arrays"),
+        "samples": first_pass.samples,
+        "batches": first_pass.batches,
+    }
+    results = first_pass.collector.results()
+    logger.info(
+        "calibrated %d tensors over %d batches in %.1fs",
+        len(results),
+        first_pass.batches,
+        time.perf_counter() - start,
+    )
+    return CalibrationStats(results, source)
+
+
+class _FirstPass:
+    """What the first pass over the data does besides ONNX Runtime: checks, inputs, bodies, counts."""
+
+    def __init__(self, model: Any, emulated: list[str]) -> None:
+        self.collector = StatsCollector()
+        self.batches = self.samples = 0
+        self._specs = specs_from_onnx(model)
+        self._inputs = {vi.name for vi in model.graph.input}
+        self._observe = _observer(self.collector, set(emulated))
+        has_bodies = any(a.type in (5, 10) for n in model.graph.node for a in n.attribute)  # GRAPH(S)
+        self._emulator = None
+        if has_bodies or emulated:
+            from mpinfer.precision.emulate import GraphEmulator
+
+            self._emulator = GraphEmulator(model)
+
+    def add(self, batch: Mapping[str, np.ndarray]) -> None:
+        check_feeds(batch, self._specs, where="calibration")  # a clear message naming the input
+        for name, arr in batch.items():
+            if name in self._inputs:
+                self.collector.update(name, arr)
+        if self._emulator is not None:
+            self._emulator.run(batch, observe=self._observe)
+        self.batches += 1
+        first = next(iter(batch.values()), None)
+        self.samples += int(first.shape[0]) if first is not None and np.ndim(first) else 1
+
+
+def _observer(collector: StatsCollector, main_names: set[str]) -> Any:
+    """Emulator observer collecting every body tensor (qualified name) and the listed main-graph tensors."""
+
+    def observe(prefix: str, name: str, value: np.ndarray) -> None:
+        if prefix or name in main_names:
+            collector.update(prefix + name, value)
+
+    return observe

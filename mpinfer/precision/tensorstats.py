@@ -1,0 +1,202 @@
+"""Per-tensor running statistics with fixed memory: the numbers calibration reports for each tensor.
+
+Each tensor keeps a few running scalars (absmax, smallest non-zero magnitude, sum of magnitudes, counts
+above/below the FP16 and BF16 limits, NaN/Inf counts) and one fixed-size histogram of magnitudes from which
+the 99.9th percentile is read, so memory never grows with the number of batches.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+# Largest finite FP16 value: magnitudes above it overflow to inf when stored in FP16.
+FP16_MAX = 65504.0
+# Smallest FP16 subnormal: non-zero magnitudes below it flush to zero in FP16.
+FP16_MIN_SUBNORMAL = 2.0**-24
+# Smallest FP16 normal: below it FP16 keeps fewer than 11 significant bits (gradual underflow).
+FP16_MIN_NORMAL = 2.0**-14
+# Smallest BF16 normal (same exponent range as FP32, ~1.18e-38): below it BF16 loses range; GPUs often flush.
+BF16_MIN_NORMAL = 2.0**-126
+# Histogram of |x| indexed by the top 12 bits of its float32 pattern (8 exponent bits + 4 mantissa bits):
+# 16 bins per octave over the whole float32 range (a percentile read from it is an upper bound within
+# 6.25 %), computed with one integer shift, and of fixed size, so memory never grows with the data.
+HIST_MANTISSA_BITS = 4
+HISTOGRAM_BINS = 1 << (8 + HIST_MANTISSA_BITS)
+_SHIFT = 23 - HIST_MANTISSA_BITS
+
+
+_INF_BIN = 0xFF << HIST_MANTISSA_BITS  # exponent all ones: inf (mantissa 0) and NaN
+
+
+def _bin_of(value: float) -> int:
+    """Histogram bin of a positive float32 value (bins below it hold only smaller magnitudes)."""
+    return int(np.asarray(value, np.float32).view(np.uint32)) >> _SHIFT
+
+
+# Percentile reported as "p999".
+PERCENTILE = 99.9
+
+
+@dataclass(frozen=True)
+class TensorStats:
+    """Range statistics of one tensor over all calibration samples.
+
+    Attributes:
+        absmax: Largest finite |x|.
+        p999: 99.9th percentile of |x| (from the histogram: an upper bound within 6.25 %).
+        min_nonzero: Smallest non-zero finite |x| (None when every value was 0).
+        mean_abs: Mean finite |x|.
+        count: Number of values seen (all batches).
+        fp16_overflow_frac: Fraction of values with |x| > 65504 (inf in FP16).
+        fp16_underflow_frac: Fraction of non-zero values with |x| < 2**-24 (flushed to 0 in FP16).
+        fp16_subnormal_frac: Fraction of non-zero values with |x| < 2**-14 (below FP16's normal range).
+        bf16_underflow_frac: Fraction of non-zero values with |x| < 2**-126 (below BF16's normal range).
+        nan_count: NaN values seen.
+        inf_count: Inf values seen.
+        finite: True when no NaN or Inf was seen.
+    """
+
+    absmax: float
+    p999: float
+    min_nonzero: float | None
+    mean_abs: float
+    count: int
+    fp16_overflow_frac: float
+    fp16_underflow_frac: float
+    fp16_subnormal_frac: float
+    bf16_underflow_frac: float
+    nan_count: int = 0
+    inf_count: int = 0
+    finite: bool = True
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready numbers."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> TensorStats:
+        """Inverse of :meth:`to_dict` (unknown keys are ignored)."""
+        names = cls.__dataclass_fields__
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+class _Accumulator:
+    """Running statistics of one tensor (fixed memory: a few scalars and one histogram)."""
+
+    __slots__ = ("count", "sum_abs", "absmax", "min_nonzero", "over", "nan", "zeros", "hist")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.sum_abs = 0.0
+        self.absmax = 0.0
+        self.min_nonzero = math.inf
+        self.over = self.nan = self.zeros = 0
+        self.hist = np.zeros(HISTOGRAM_BINS, dtype=np.int64)
+
+    def update(self, arr: np.ndarray) -> None:
+        v = np.abs(np.asarray(arr).astype(np.float32, copy=False).ravel())
+        if v.size == 0:
+            return
+        self.count += v.size
+        bins = v.view(np.uint32) >> _SHIFT
+        hist = np.bincount(bins, minlength=HISTOGRAM_BINS)
+        zeros = int(np.count_nonzero(v == 0))
+        hist[0] -= zeros
+        self.zeros += zeros
+        if hist[_INF_BIN:].any():  # inf or NaN present: keep them out of the magnitude statistics
+            nans = int(np.count_nonzero(np.isnan(v)))
+            self.nan += nans
+            self.over += int(hist[_INF_BIN:].sum()) - nans  # inf counts as out of FP16 range
+            hist[_INF_BIN:] = 0
+            hist[_INF_BIN] = int(np.count_nonzero(np.isinf(v)))
+            v = v[np.isfinite(v)]
+            if v.size == 0:
+                self.hist += hist
+                return
+        self.hist += hist
+        self.absmax = max(self.absmax, float(v.max()))
+        self.sum_abs += float(v.sum(dtype=np.float64))
+        self.over += int(np.count_nonzero(v > FP16_MAX))
+        nonzero_bins = np.flatnonzero(hist[:_INF_BIN])
+        if nonzero_bins.size:  # the smallest non-zero value lies in the lowest occupied bin
+            low = int(nonzero_bins[0])
+            if v.size == bins.size:
+                candidates = v[bins == low]
+            else:
+                candidates = v[(v.view(np.uint32) >> _SHIFT) == low]
+            candidates = candidates[candidates > 0]
+            if candidates.size:
+                self.min_nonzero = min(self.min_nonzero, float(candidates.min()))
+
+    def below(self, limit: float) -> int:
+        """Number of finite non-zero values with magnitude below ``limit`` (a power of two)."""
+        return int(self.hist[: _bin_of(limit)].sum())
+
+    @property
+    def inf(self) -> int:
+        return int(self.hist[_INF_BIN])
+
+    def percentile(self, q: float) -> float:
+        """Upper edge of the histogram bin holding the q-th percentile of finite |x| (zeros included)."""
+        finite_hist = self.hist[:_INF_BIN]
+        total = self.zeros + int(finite_hist.sum())
+        if total == 0:
+            return 0.0
+        rank = q / 100.0 * total
+        if rank <= self.zeros:
+            return 0.0
+        b = int(np.searchsorted(np.cumsum(finite_hist) + self.zeros, rank))
+        edge = float(np.asarray((b + 1) << _SHIFT, np.uint32).view(np.float32))  # next bin's lower edge
+        return min(edge, self.absmax)
+
+    def result(self) -> TensorStats:
+        n = max(self.count, 1)
+        finite_count = max(self.count - self.nan - self.inf, 1)
+        return TensorStats(
+            absmax=self.absmax,
+            p999=self.percentile(PERCENTILE),
+            min_nonzero=None if math.isinf(self.min_nonzero) else self.min_nonzero,
+            mean_abs=self.sum_abs / finite_count,
+            count=self.count,
+            fp16_overflow_frac=self.over / n,
+            fp16_underflow_frac=self.below(FP16_MIN_SUBNORMAL) / n,
+            fp16_subnormal_frac=self.below(FP16_MIN_NORMAL) / n,
+            bf16_underflow_frac=self.below(BF16_MIN_NORMAL) / n,
+            nan_count=self.nan,
+            inf_count=self.inf,
+            finite=self.nan == 0 and self.inf == 0,
+        )
+
+
+class StatsCollector:
+    """Streams arrays into per-tensor running statistics (the engine of :func:`calibrate`)."""
+
+    def __init__(self) -> None:
+        self._acc: dict[str, _Accumulator] = {}
+
+    def update(self, name: str, array: np.ndarray) -> None:
+        """Add one batch of values of tensor ``name`` (non-float arrays are ignored)."""
+        arr = np.asarray(array)
+        if arr.dtype.kind != "f" and arr.dtype.name != "bfloat16":
+            return
+        acc = self._acc.get(name)
+        if acc is None:
+            acc = self._acc[name] = _Accumulator()
+        acc.update(arr)
+
+    def nbytes(self) -> int:
+        """Memory held by the statistics (constant in the number of batches)."""
+        return sum(a.hist.nbytes for a in self._acc.values())
+
+    def histogram_bins(self) -> set[int]:
+        """Histogram sizes in use (always ``{HISTOGRAM_BINS}``)."""
+        return {a.hist.size for a in self._acc.values()}
+
+    def results(self) -> dict[str, TensorStats]:
+        """Name -> final statistics."""
+        return {k: a.result() for k, a in self._acc.items()}
