@@ -1,0 +1,48 @@
+"""Every command in the README's quick tour runs (STYLE: every command shown in the README runs in CI)."""
+
+from __future__ import annotations
+
+import re
+import shlex
+
+import pytest
+
+from tests.conftest import ROOT
+
+
+def quick_tour_commands() -> list[list[str]]:
+    text = (ROOT / "README.md").read_text()
+    block = text.split("<!-- quick-tour:start -->", 1)[1].split("<!-- quick-tour:end -->", 1)[0]
+    body = block.split("```bash", 1)[1].split("```", 1)[0]
+    joined = re.sub(r"\\\n\s*", " ", body)
+    commands = []
+    for line in joined.splitlines():
+        line = line.split("  #", 1)[0].strip()
+        if line:
+            commands.append(shlex.split(line))
+    return commands
+
+
+def test_quick_tour_block_is_found():
+    cmds = quick_tour_commands()
+    assert [c[1] for c in cmds][:4] == ["doctor", "train", "export", "convert"]
+    assert all(c[0] == "mpinfer" for c in cmds)
+
+
+def test_quick_tour_runs(tmp_path, monkeypatch, cli_runner):
+    from mpinfer.cli import main
+
+    for name in ("models", "calibration"):
+        (tmp_path / name).symlink_to(ROOT / name)
+    monkeypatch.chdir(tmp_path)
+    for cmd in quick_tour_commands():
+        result = cli_runner.invoke(main, ["-q", *cmd[1:]])
+        assert result.exit_code == 0, f"{shlex.join(cmd)}\n{result.output}\n{result.exception!r}"
+    assert (tmp_path / "out" / "digits.fp16.plan.json").is_file()
+    assert (tmp_path / "out" / "report" / "index.html").is_file()
+    assert (tmp_path / "out" / "report.md").read_text().strip()
+
+
+@pytest.mark.parametrize("target", ["demo", "test"])
+def test_makefile_has_the_two_setup_targets(target):
+    assert re.search(rf"^{target}:", (ROOT / "Makefile").read_text(), re.M)
