@@ -17,8 +17,12 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from mpinfer.errors import InvalidInputError, ModelLoadError, format_message
+
+if TYPE_CHECKING:
+    import onnx
 
 logger = logging.getLogger(__name__)
 
@@ -31,7 +35,7 @@ MAX_ORT_IR_VERSION = 10
 EXTERNAL_DATA_SIZE_THRESHOLD = 1024
 
 
-def _check_external_data(model: object, base_dir: Path, path: Path) -> None:
+def _check_external_data(model: onnx.ModelProto, base_dir: Path, path: Path) -> None:
     import onnx
     from onnx.external_data_helper import uses_external_data
 
@@ -63,7 +67,7 @@ def _check_external_data(model: object, base_dir: Path, path: Path) -> None:
             )
 
 
-def _all_tensors(model: object) -> Iterator[object]:
+def _all_tensors(model: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
     import onnx
 
     assert isinstance(model, onnx.ModelProto)
@@ -83,7 +87,7 @@ def _all_tensors(model: object) -> Iterator[object]:
     yield from walk(model.graph)
 
 
-def load_onnx(path: str | os.PathLike[str], *, load_external_data: bool = True) -> object:
+def load_onnx(path: str | os.PathLike[str], *, load_external_data: bool = True) -> onnx.ModelProto:
     """Load an ONNX model with clear errors for the ways a file can be wrong.
 
     Args:
@@ -127,7 +131,7 @@ def load_onnx(path: str | os.PathLike[str], *, load_external_data: bool = True) 
     return model
 
 
-def ir_version_for(model: object) -> int:
+def ir_version_for(model: onnx.ModelProto) -> int:
     """The lowest IR version that supports every opset the model imports, capped for onnxruntime."""
     import onnx
     from onnx import helper
@@ -149,7 +153,7 @@ def ir_version_for(model: object) -> int:
 
 
 def save_onnx(
-    model: object,
+    model: onnx.ModelProto,
     path: str | os.PathLike[str],
     *,
     external_data: bool | None = None,
@@ -191,11 +195,11 @@ def save_onnx(
     return out
 
 
-def _small_enough_to_size(model: object) -> bool:
+def _small_enough_to_size(model: onnx.ModelProto) -> bool:
     # ByteSize works up to 2 GiB; summing raw_data first avoids an overflow error on giant models.
     total = 0
     for t in _all_tensors(model):
-        total += len(t.raw_data)  # type: ignore[attr-defined]
+        total += len(t.raw_data)
         if total >= EXTERNAL_DATA_THRESHOLD:
             return False
     return True
@@ -213,12 +217,12 @@ class NodeRef:
     """
 
     address: str
-    node: object
-    graph: object
+    node: onnx.NodeProto
+    graph: onnx.GraphProto
     depth: int
 
 
-def iter_nodes(graph: object, prefix: str = "", depth: int = 0) -> Iterator[NodeRef]:
+def iter_nodes(graph: onnx.GraphProto, prefix: str = "", depth: int = 0) -> Iterator[NodeRef]:
     """Yield every node of ``graph`` and of its subgraphs (depth first, in graph order)."""
     import onnx
 
@@ -234,7 +238,7 @@ def iter_nodes(graph: object, prefix: str = "", depth: int = 0) -> Iterator[Node
                     yield from iter_nodes(g, f"{addr}/{attr.name}_{i}/", depth + 1)
 
 
-def name_nodes(model: object) -> object:
+def name_nodes(model: onnx.ModelProto) -> onnx.ModelProto:
     """Return a copy of ``model`` in which every node has a name unique within its graph.
 
     Unnamed nodes become ``<OpType>_<index>`` (index = position in its graph); a duplicate name gets a
@@ -267,7 +271,7 @@ def name_nodes(model: object) -> object:
     return m
 
 
-def ort_session(model: object | str | os.PathLike[str], providers: list[str] | None = None) -> object:
+def ort_session(model: onnx.ModelProto | str | os.PathLike[str], providers: list[str] | None = None) -> Any:
     """Create an onnxruntime InferenceSession from a ModelProto or path (CPU unless told otherwise).
 
     Raises:

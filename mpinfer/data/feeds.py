@@ -272,8 +272,9 @@ def _image_arrays(folder: Path, specs: Sequence[TensorSpec], pre: ImagePreproces
     from PIL import Image
 
     if len(specs) != 1 or spec_rank(specs[0]) != 4:
-        raise InvalidInputError(format_message(f"Image folder '{folder}'", f"a model with inputs {[str(s) for s in specs]}",
-                                               "one 4-D image input", "use .npz data for other models"))
+        got = f"a model with inputs {[str(s) for s in specs]}"
+        raise InvalidInputError(format_message(f"Image folder '{folder}'", got, "one 4-D image input",
+                                               "use .npz data for other models"))
     spec = specs[0]
     files = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
     size = pre.size
@@ -289,12 +290,12 @@ def _image_arrays(folder: Path, specs: Sequence[TensorSpec], pre: ImagePreproces
             raise InvalidInputError(format_message(f"Image '{f}'", "an unreadable image", "PNG/JPEG/BMP")) from err
         if size is not None:
             img = img.resize((size[1], size[0]))
-        arr = np.asarray(img, dtype=np.float32)
+        arr: np.ndarray = np.asarray(img, dtype=np.float32)
         if arr.ndim == 2:
             arr = arr[:, :, None]
         if pre.mode == "BGR":
             arr = arr[:, :, ::-1]
-        arr = (arr / pre.scale - np.asarray(pre.mean, np.float32)) / np.asarray(pre.std, np.float32)
+        arr = ((arr / np.float32(pre.scale) - np.asarray(pre.mean, np.float32)) / np.asarray(pre.std, np.float32)).astype(np.float32)
         images.append(arr.transpose(2, 0, 1) if pre.layout == "nchw" else arr)
     if not images:
         raise InvalidInputError(format_message(f"Image folder '{folder}'", "no image files",
@@ -366,7 +367,8 @@ def load_feeds(
             return {k: np.load(p, allow_pickle=False) for k, p in npy.items()}
         return _array_source("npy", f"{path} (.npy per input)", load_npy, [path], specs, bs, num_batches)
     if any(p.suffix.lower() in IMAGE_SUFFIXES for p in path.iterdir()):
-        pre = image_preprocess if isinstance(image_preprocess, ImagePreprocess) else ImagePreprocess.parse(image_preprocess)
+        pre = (image_preprocess if isinstance(image_preprocess, ImagePreprocess)
+               else ImagePreprocess.parse(image_preprocess))
         arrays = _image_arrays(path, specs, pre)
         return _array_source("images", f"{path} (images)", lambda _f: arrays, [path], specs, bs, num_batches)
     raise InvalidInputError(format_message(f"Data folder '{source}'", "no .npz, .npy or image files",

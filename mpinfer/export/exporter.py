@@ -218,7 +218,8 @@ _REASON_MARKERS = ("No ONNX function", "unrecognized namespace", "Unsupported", 
 
 def _explain(err: BaseException, exporter: str) -> str:
     """One line naming the failing op (when one can be found) and the exporter's reason."""
-    chain, e = [], err
+    chain: list[str] = []
+    e: BaseException | None = err
     while e is not None and len(chain) < 5:
         chain.append(_ANSI_RE.sub("", f"{type(e).__name__}: {e}"))
         e = e.__cause__ or e.__context__

@@ -23,6 +23,8 @@ from mpinfer.errors import InvalidInputError, ModelLoadError, format_message
 
 logger = logging.getLogger(__name__)
 
+_SOURCES = "file.py:factory, a TorchScript file, a torch.export .pt2 file or a Hugging Face folder"
+
 
 @dataclass
 class LoadedModel:
@@ -115,8 +117,8 @@ def apply_weights(module: Any, state: dict[str, Any], weights: Path) -> None:
     own = module.state_dict()
     missing = [k for k in own if k not in state]
     unexpected = [k for k in state if k not in own]
-    shapes = [f"{k}: {tuple(state[k].shape)} vs model {tuple(own[k].shape)}"
-              for k in own if k in state and hasattr(state[k], "shape") and tuple(state[k].shape) != tuple(own[k].shape)]
+    shapes = [f"{k}: {tuple(state[k].shape)} vs model {tuple(own[k].shape)}" for k in own
+              if k in state and hasattr(state[k], "shape") and tuple(state[k].shape) != tuple(own[k].shape)]
     if missing or unexpected or shapes:
         parts = []
         if missing:
@@ -166,8 +168,7 @@ def load_model(source: str, weights: Path | None = None, *, trust_weights: bool 
 
     path, factory = split_source(source)
     if not path.exists():
-        raise ModelLoadError(format_message(f"Model '{source}'", "no such file or folder",
-                                            "file.py:factory, a TorchScript file, a .pt2 file or a Hugging Face folder"))
+        raise ModelLoadError(format_message(f"Model '{source}'", "no such file or folder", _SOURCES))
     if path.is_dir():
         return _load_hf(path, weights)
     if path.suffix == ".py":
@@ -188,8 +189,7 @@ def load_model(source: str, weights: Path | None = None, *, trust_weights: bool 
     except Exception as err:  # torch raises many types for corrupt archives
         raise ModelLoadError(f"Model '{source}' could not be loaded: {type(err).__name__}: {err}") from err
     raise ModelLoadError(format_message(f"Model '{source}'", f"a '{path.suffix or 'suffix-less'}' file of unknown kind",
-                                        "file.py:factory, a TorchScript archive, a .pt2 program or a Hugging Face folder",
-                                        "plain state_dict files go in --weights next to file.py:factory"))
+                                        _SOURCES, "plain state_dict files go in --weights next to file.py:factory"))
 
 
 def _load_factory(path: Path, factory: str, weights: Path | None, trust: bool) -> LoadedModel:
