@@ -295,7 +295,8 @@ def _image_arrays(folder: Path, specs: Sequence[TensorSpec], pre: ImagePreproces
             arr = arr[:, :, None]
         if pre.mode == "BGR":
             arr = arr[:, :, ::-1]
-        arr = ((arr / np.float32(pre.scale) - np.asarray(pre.mean, np.float32)) / np.asarray(pre.std, np.float32)).astype(np.float32)
+        arr = (arr / np.float32(pre.scale) - np.asarray(pre.mean, np.float32)) / np.asarray(pre.std, np.float32)
+        arr = arr.astype(np.float32)
         images.append(arr.transpose(2, 0, 1) if pre.layout == "nchw" else arr)
     if not images:
         raise InvalidInputError(format_message(f"Image folder '{folder}'", "no image files",
