@@ -242,4 +242,52 @@ def replace_config(cfg: ConvertConfig, **changes: Any) -> ConvertConfig:
     return replace(cfg, **changes)
 
 
-__all__ = ["ConvertConfig", "ConvertResult", "NodeDecision", "PrecisionPlan", "convert_precision"]
+
+
+
+@dataclass(frozen=True)
+class ModelConversion:
+    """An in-memory conversion: the new model, its plan entries and summary."""
+
+    model: Any
+    nodes: list[NodeDecision]
+    summary: dict[str, Any]
+
+
+def convert_model(model: Any, precision: Precision = Precision.FP16, *, keep_ops: tuple[str, ...] = (),
+                  low_ops: tuple[str, ...] = (), keep_nodes: tuple[str, ...] = (), low_nodes: tuple[str, ...] = (),
+                  keep_io_types: bool = True, stats: Any = None) -> ModelConversion:
+    """Rules-only conversion of an in-memory FP32 model (no data, no search), behind the validity gate.
+
+    Args:
+        model: The ``onnx.ModelProto`` (not modified).
+        precision: FP16 or BF16.
+        keep_ops / low_ops / keep_nodes / low_nodes: User overrides as in :class:`ConvertConfig`.
+        keep_io_types: Keep graph inputs/outputs FP32.
+        stats: Optional calibration statistics for the range rules.
+
+    Returns:
+        The converted model, the plan entries and the summary.
+
+    Raises:
+        InternalError: The rewritten model fails the validity gate.
+    """
+    from mpinfer.modelio import name_nodes
+    from mpinfer.precision.apply import apply_plan
+    from mpinfer.precision.graphinfo import GraphInfo
+    from mpinfer.precision.normalize import ensure_opset
+    from mpinfer.precision.planner import RuleOptions, rule_plan, summarize
+    from mpinfer.precision.validate import gate, run_checks
+
+    named = ensure_opset(name_nodes(model), precision)
+    baseline = run_checks(named)
+    info = GraphInfo(named)
+    options = RuleOptions(keep_ops, low_ops, keep_nodes, low_nodes)
+    _, nodes = rule_plan(info, precision, options, keep_io_types=keep_io_types, stats=stats)
+    result = apply_plan(named, info, {n.name: n.precision for n in nodes}, precision, keep_io_types=keep_io_types)
+    gate(result.model, baseline=baseline, stage="apply")
+    summary = summarize(info, nodes, cast_count=result.cast_count, converted_weights=result.converted_weights)
+    return ModelConversion(result.model, nodes, summary)
+
+__all__ = ["ConvertConfig", "ConvertResult", "ModelConversion", "NodeDecision", "PrecisionPlan", "convert_model",
+           "convert_precision"]

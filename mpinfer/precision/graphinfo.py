@@ -21,7 +21,7 @@ BFLOAT16 = 16  # onnx.TensorProto.BFLOAT16
 DEFAULT_DOMAINS = ("", "ai.onnx")
 # Inputs that stay FP32 even when their node runs in low precision: coordinates and scale factors, where
 # FP16 rounding moves pixels (onnxconverter-common writes FP16 Resize scales, which ORT then refuses).
-PINNED_INPUTS: dict[str, tuple[int, ...]] = {"Resize": (1, 2), "RoiAlign": (1,)}
+PINNED_INPUTS: dict[str, tuple[int, ...]] = {"Resize": (1, 2)}
 # Inputs that carry shapes, axes, sizes or counts: whatever computes them is index-like, never converted.
 SHAPE_INPUTS: dict[str, tuple[int, ...]] = {
     "Reshape": (1,), "Expand": (1,), "Slice": (1, 2, 3, 4), "Tile": (1,), "ConstantOfShape": (0,),
@@ -73,6 +73,7 @@ class GraphInfo:
         self.types: dict[str, int] = {}
         self.shapes: dict[str, tuple[int | None, ...] | None] = {}
         self.initializers: dict[str, Any] = {}
+        self.non_tensor: set[str] = set()  # sequence / optional / map values
         self._collect(inferred.graph)
         self.nodes: list[NodeRef] = list(iter_nodes(model.graph))
         self.by_address = {ref.address: ref for ref in self.nodes}
@@ -93,6 +94,8 @@ class GraphInfo:
         import onnx
 
         for vi in list(graph.input) + list(graph.output) + list(graph.value_info):
+            if vi.type.WhichOneof("value") not in (None, "tensor_type"):
+                self.non_tensor.add(vi.name)
             if vi.type.HasField("tensor_type"):
                 tt = vi.type.tensor_type
                 if tt.elem_type:

@@ -45,6 +45,9 @@ INDEX_LIKE_OPS = frozenset({
     "Range", "TopK", "NonMaxSuppression", "ArgMax", "ArgMin", "NonZero", "Unique",
     "RoiAlign", "GridSample", "AffineGrid", "Multinomial", "Bernoulli",
 })
+# Ops that cannot run low at all: bit reinterpretation (BitCast needs equal widths) and function ops whose
+# ONNX Runtime expansion has FP32-only constants (MeanVarianceNormalization).
+NEVER_LOW_OPS = frozenset({"BitCast", "MeanVarianceNormalization"})
 # Control flow: the container keeps an FP32 interface; the nodes of its bodies are planned one by one.
 CONTROL_FLOW_OPS = frozenset({"If", "Loop", "Scan"})
 FP16_MAX = 65504.0
@@ -165,10 +168,10 @@ class NoFloatRule(NodeRule):
 
 
 class SchemaRule(NodeRule):
-    """The op must accept the low dtype at the model's opset."""
+    """The op must accept the low dtype at the model's opset (and work on tensors, not sequences)."""
 
     def decide(self, ref: NodeRef, ctx: RuleContext) -> Decision | None:
-        blocked = ctx.info.slots(ref.node, ctx.precision.onnx_dtype).blocked
+        blocked = ctx.info.slots(ref.node, ctx.precision.onnx_dtype).blocked or _never_low(ref, ctx)
         if blocked:
             return Decision(Kind.KEEP, "rule:keep-fp32", blocked)
         return None
@@ -277,9 +280,21 @@ def _respect_schema(verdict: Decision, ref: NodeRef, ctx: RuleContext) -> Decisi
     slots = ctx.info.slots(ref.node, ctx.precision.onnx_dtype)
     if not slots.has_float:
         return Decision(Kind.KEEP, "rule:index-like", "no floating-point tensors")
-    if slots.blocked or ref.node.op_type in CONTROL_FLOW_OPS:
-        return Decision(Kind.KEEP, "rule:keep-fp32", (slots.blocked or "control flow") + f" ({verdict.detail})")
+    blocked = slots.blocked or _never_low(ref, ctx)
+    if blocked:
+        return Decision(Kind.KEEP, "rule:keep-fp32", f"{blocked} ({verdict.detail})")
     return verdict
+
+
+def _never_low(ref: NodeRef, ctx: RuleContext) -> str | None:
+    node = ref.node
+    if node.op_type in CONTROL_FLOW_OPS:
+        return "control flow: interface kept FP32"
+    if node.op_type in NEVER_LOW_OPS:
+        return f"{node.op_type} cannot compute in low precision"
+    if any(n in ctx.info.non_tensor for n in list(node.input) + list(node.output) if n):
+        return "sequence/optional values are kept FP32"
+    return None
 
 
 def default_rules(*, keep_ops: Iterable[str] = (), low_ops: Iterable[str] = (), keep_nodes: Sequence[str] = (),

@@ -20,7 +20,7 @@ from mpinfer.errors import InternalError
 logger = logging.getLogger(__name__)
 
 CHECKS = ("checker", "inference", "onnxruntime")
-_MISSING_KERNEL = "Could not find an implementation for"
+_MISSING_KERNEL = ("Could not find an implementation for", "Failed to find kernel for")
 _NODE_RE = re.compile(r"node name:\s*([^)\s]+)|Node\s*\(([^)]+)\)|node '([^']+)'|name:\s*'?([^'\s,)]+)", re.I)
 
 
@@ -90,7 +90,7 @@ def _run(model: Any, path: Path | None, checks: tuple[str, ...]) -> list[GateFai
         try:
             _ort_load(model, path)
         except Exception as err:  # noqa: BLE001 - onnxruntime raises its own types
-            if _MISSING_KERNEL in str(err):
+            if any(m in str(err) for m in _MISSING_KERNEL):
                 # The CPU provider lacks a kernel for a dtype (BF16 MatMul/Conv, some FP16 ops): the model is
                 # valid, GPU providers and TensorRT run it; not a validity failure.
                 logger.info("ONNX Runtime CPU has no kernel for a node of this model: %s", str(err)[:300])
