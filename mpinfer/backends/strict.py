@@ -76,9 +76,14 @@ class StrictRunner(Runner):
         emulator = GraphEmulator(proto, follow_input_dtypes=True)
         missing = emulator.unsupported_ops()
         if missing:
-            raise BackendUnavailableError(format_message(
-                f"Strict numerics for '{self.name}'", f"ops without a strict kernel: {', '.join(sorted(missing))}",
-                "standard ONNX ops", "use ONNX Runtime numerics (--numerics ort) for this model"))
+            raise BackendUnavailableError(
+                format_message(
+                    f"Strict numerics for '{self.name}'",
+                    f"ops without a strict kernel: {', '.join(sorted(missing))}",
+                    "standard ONNX ops",
+                    "use ONNX Runtime numerics (--numerics ort) for this model",
+                )
+            )
         self._proto, self._emulator = proto, emulator
         self._specs = specs_from_onnx(proto)
         logger.debug("strict runner '%s' ready in %.2fs", self.name, time.perf_counter() - start)
@@ -99,17 +104,25 @@ class StrictRunner(Runner):
         self._emulator = None
 
     def describe(self) -> dict[str, Any]:
-        """Backend facts: ``backend`` mpinfer-strict and ``numerics`` strict-fp16 / strict-bf16 / strict-fp32."""
+        """Backend facts: ``backend`` mpinfer-strict, ``numerics`` strict-fp16 / strict-bf16 / strict-fp32."""
         info = super().describe()
         proto = self._proto
         if proto is None:
             from mpinfer.modelio import load_onnx
 
-            proto = load_onnx(self._model, load_external_data=False) if isinstance(
-                self._model, (str, os.PathLike)) else self._model
+            proto = (
+                load_onnx(self._model, load_external_data=False)
+                if isinstance(self._model, (str, os.PathLike))
+                else self._model
+            )
         lows = low_precisions_in(proto)
-        info.update({"backend": "mpinfer-strict", "device": "cpu",
-                     "numerics": "strict-" + ("+".join(lows) if lows else "fp32")})
+        info.update(
+            {
+                "backend": "mpinfer-strict",
+                "device": "cpu",
+                "numerics": "strict-" + ("+".join(lows) if lows else "fp32"),
+            }
+        )
         if self._emulator is not None:
             info["fallback_nodes"] = len(self._emulator.fallback_ops())
         return info

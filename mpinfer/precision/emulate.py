@@ -40,9 +40,22 @@ CONTROL_FLOW = ("If", "Loop", "Scan")
 # scales are float32 by the ONNX spec; BatchNorm statistics are folded in FP32 (kernels/norm.py).
 SKIP_ROUNDING = {"Resize": (1, 2), "Upsample": (1,), "BatchNormalization": (1, 2, 3, 4)}
 # Ops whose output dtype comes from an attribute or a constant, not from the node's precision.
-EXPLICIT_DTYPE_OPS = frozenset({"Cast", "CastLike", "Constant", "ConstantOfShape", "EyeLike", "RandomNormal",
-                                "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Shape", "Size"})
-Observer = Callable[[str, np.ndarray], None]
+EXPLICIT_DTYPE_OPS = frozenset(
+    {
+        "Cast",
+        "CastLike",
+        "Constant",
+        "ConstantOfShape",
+        "EyeLike",
+        "RandomNormal",
+        "RandomUniform",
+        "RandomNormalLike",
+        "RandomUniformLike",
+        "Shape",
+        "Size",
+    }
+)
+Observer = Callable[[str, str, np.ndarray], None]
 
 
 @dataclass
@@ -53,7 +66,7 @@ class EmulatorRun:
         outputs: Graph output name -> array (float outputs in the declared graph dtype).
         tensors: Tensor name -> array of the main graph, for the names kept (all of them with ``keep=True``).
         low: The node address -> precision map the run used.
-        complete: True when every main-graph tensor was kept (the run can seed :meth:`GraphEmulator.run_from`).
+        complete: True when every main-graph tensor was kept (it can seed :meth:`GraphEmulator.run_from`).
         recomputed: Number of main-graph nodes executed.
     """
 
@@ -130,8 +143,14 @@ class GraphEmulator:
         """Every node address (main graph and bodies, graph order) -> its op type."""
         return dict(self._op_types)
 
-    def run(self, feeds: Mapping[str, np.ndarray], low: Mapping[str, Precision] | None = None, *,
-            keep: bool | set[str] = False, observe: Observer | None = None) -> EmulatorRun:
+    def run(
+        self,
+        feeds: Mapping[str, np.ndarray],
+        low: Mapping[str, Precision] | None = None,
+        *,
+        keep: bool | set[str] = False,
+        observe: Observer | None = None,
+    ) -> EmulatorRun:
         """Run the whole graph.
 
         Args:
@@ -139,8 +158,9 @@ class GraphEmulator:
             low: Node address -> FP16/BF16; other nodes compute in FP32 (or their input dtype when
                 ``follow_input_dtypes``).
             keep: True keeps every main-graph tensor (needed by :meth:`run_from`); a set keeps those names.
-            observe: Called with (qualified tensor name, array) for every tensor computed, subgraph tensors
-                included (named ``<body prefix><tensor>``, once per loop iteration).
+            observe: Called as ``observe(prefix, tensor name, array)`` for every tensor computed, subgraph
+                tensors included (prefix ``""`` in the main graph, ``"If_3/then_branch/"`` in a body; once
+                per loop iteration).
 
         Returns:
             The run's outputs and kept tensors.
@@ -153,9 +173,14 @@ class GraphEmulator:
         state = _State(self._check_low(low), observe)
         missing = [n for n in self._main.inputs if n not in feeds and n not in self._main.initializers]
         if missing:
-            raise InvalidInputError(format_message("Feeds for the strict emulator", f"names {sorted(feeds)}",
-                                                   f"every graph input {self._main.inputs}",
-                                                   "missing: " + ", ".join(missing)))
+            raise InvalidInputError(
+                format_message(
+                    "Feeds for the strict emulator",
+                    f"names {sorted(feeds)}",
+                    f"every graph input {self._main.inputs}",
+                    "missing: " + ", ".join(missing),
+                )
+            )
         env: dict[str, Any] = dict(self._main.initializers)
         for name in self._main.inputs:
             if name in feeds:
@@ -187,11 +212,17 @@ class GraphEmulator:
             InvalidInputError: ``reference`` was not kept, or ``low`` names unknown nodes.
         """
         if not reference.complete:
-            raise InvalidInputError(format_message("Reference run for run_from", "a run without kept tensors",
-                                                   "a run made with keep=True"))
+            raise InvalidInputError(
+                format_message(
+                    "Reference run for run_from", "a run without kept tensors", "a run made with keep=True"
+                )
+            )
         new_low = self._check_low(low)
-        changed = {a for a in set(reference.low) | set(new_low)
-                   if reference.low.get(a, Precision.FP32) != new_low.get(a, Precision.FP32)}
+        changed = {
+            a
+            for a in set(reference.low) | set(new_low)
+            if reference.low.get(a, Precision.FP32) != new_low.get(a, Precision.FP32)
+        }
         seeds = {self._owner[a] for a in changed}
         env: dict[str, Any] = dict(reference.tensors)
         state = _State(new_low, None)
@@ -307,8 +338,13 @@ class GraphEmulator:
             if p.is_low:
                 out[addr] = p
         if unknown:
-            raise InvalidInputError(format_message("Low-precision node addresses", ", ".join(sorted(unknown)[:5]),
-                                                   "addresses of nodes in the model (mpinfer.modelio.iter_nodes)"))
+            raise InvalidInputError(
+                format_message(
+                    "Low-precision node addresses",
+                    ", ".join(sorted(unknown)[:5]),
+                    "addresses of nodes in the model (mpinfer.modelio.iter_nodes)",
+                )
+            )
         return out
 
     # -- execution --------------------------------------------------------------------------------
@@ -335,29 +371,41 @@ class GraphEmulator:
                 key = (step.inputs[i], num.precision)  # weights are rounded once, not on every run
                 cached = self._rounded.get(key)
                 if cached is None:
-                    cached = self._rounded[key] = num.load(v)
+                    cached = self._rounded[key] = num.load(v)  # type: ignore[arg-type]
                 out.append(cached)
             else:
                 out.append(num.load(v))
         return out
 
-    def _exec_step(self, step: _Step, local: MutableMapping[str, Any], scope: Mapping[str, Any],
-                   state: _State, prefix: str = "") -> None:
+    def _exec_step(
+        self,
+        step: _Step,
+        local: MutableMapping[str, Any],
+        scope: Mapping[str, Any],
+        state: _State,
+        prefix: str = "",
+    ) -> None:
         info = step.info
         try:
             ins = [scope[name] if name else None for name in step.inputs]
         except KeyError as err:
-            raise InternalError(f"Strict emulation: node '{info.address}' reads tensor {err} that no node "
-                                "produced") from err
+            raise InternalError(
+                f"Strict emulation: node '{info.address}' reads tensor {err} that no node produced"
+            ) from err
         prec = self._precision(step, ins, state)
         num = self._numerics[prec]
         try:
             if step.kernel is None and info.op_type in CONTROL_FLOW and not info.domain:
                 outs = self._control(step, ins, scope, state)
             elif step.kernel is None:
-                raise BackendUnavailableError(format_message(
-                    f"Strict emulation of node '{info.address}'", f"op {info.domain or 'ai.onnx'}::{info.op_type}",
-                    "an op with an mpinfer or onnx.reference kernel", "use ONNX Runtime numerics (--numerics ort)"))
+                raise BackendUnavailableError(
+                    format_message(
+                        f"Strict emulation of node '{info.address}'",
+                        f"op {info.domain or 'ai.onnx'}::{info.op_type}",
+                        "an op with an mpinfer or onnx.reference kernel",
+                        "use ONNX Runtime numerics (--numerics ort)",
+                    )
+                )
             else:
                 loaded = self._load(step, ins, num)
                 try:
@@ -368,8 +416,10 @@ class GraphEmulator:
         except (BackendUnavailableError, InternalError):
             raise
         except Exception as err:  # a kernel failing on a valid model is a bug; name the node
-            raise InternalError(f"Strict emulation failed at node '{info.address}' ({info.op_type}) in "
-                                f"{prec.value}: {type(err).__name__}: {err}") from err
+            raise InternalError(
+                f"Strict emulation failed at node '{info.address}' ({info.op_type}) in "
+                f"{prec.value}: {type(err).__name__}: {err}"
+            ) from err
         explicit = info.op_type in EXPLICIT_DTYPE_OPS and (self.follow_input_dtypes or not num.low)
         for name, value in zip(step.outputs, outs, strict=False):
             if not name:
@@ -379,7 +429,7 @@ class GraphEmulator:
                 value = num.store(value)
             local[name] = value
             if state.observe is not None:
-                state.observe(prefix + name, value)
+                state.observe(prefix, name, value)
 
     def _collect_outputs(self, env: Mapping[str, Any]) -> dict[str, np.ndarray]:
         from onnx import helper
@@ -394,8 +444,9 @@ class GraphEmulator:
             out[name] = value
         return out
 
-    def _body(self, graph: _Graph, bindings: Mapping[str, Any], outer: Mapping[str, Any],
-              state: _State) -> list[np.ndarray]:
+    def _body(
+        self, graph: _Graph, bindings: Mapping[str, Any], outer: Mapping[str, Any], state: _State
+    ) -> list[np.ndarray]:
         local: dict[str, Any] = dict(graph.initializers)
         local.update(bindings)
         scope = ChainMap(local, outer)  # type: ignore[arg-type]
@@ -403,10 +454,12 @@ class GraphEmulator:
             self._exec_step(step, local, scope, state, graph.prefix)
         if state.observe is not None:
             for name, value in bindings.items():
-                state.observe(graph.prefix + name, value)
+                state.observe(graph.prefix, name, value)
         return [scope[o] for o in graph.outputs]
 
-    def _control(self, step: _Step, ins: list[Any], scope: Mapping[str, Any], state: _State) -> list[np.ndarray]:
+    def _control(
+        self, step: _Step, ins: list[Any], scope: Mapping[str, Any], state: _State
+    ) -> list[np.ndarray]:
         op = step.info.op_type
         if op == "If":
             branch = "then_branch" if bool(np.asarray(ins[0]).ravel()[0]) else "else_branch"
@@ -429,8 +482,8 @@ class GraphEmulator:
             bind.update({names[2 + j]: v for j, v in enumerate(carried)})
             res = self._body(body, {k: v for k, v in bind.items() if k}, scope, state)
             cond = bool(np.asarray(res[0]).ravel()[0])
-            carried = res[1:1 + len(carried)]
-            for j, v in enumerate(res[1 + len(carried):]):
+            carried = res[1 : 1 + len(carried)]
+            for j, v in enumerate(res[1 + len(carried) :]):
                 scans[j].append(v)
             i += 1
         return carried + [np.stack(s) if s else np.zeros((0,), np.float32) for s in scans]
@@ -440,7 +493,7 @@ class GraphEmulator:
             raise UnsupportedVariant("Scan-8 (batched form)")
         body, n = step.bodies["body"], step.info
         m = int(n.get("num_scan_inputs"))
-        states, xs = list(ins[:len(ins) - m]), ins[len(ins) - m:]
+        states, xs = list(ins[: len(ins) - m]), ins[len(ins) - m :]
         in_axes = list(n.get("scan_input_axes") or [0] * m)
         in_dirs = list(n.get("scan_input_directions") or [0] * m)
         n_out = len(body.outputs) - len(states)
@@ -454,8 +507,8 @@ class GraphEmulator:
                 pos = length - 1 - t if in_dirs[j] else t
                 bind[body.inputs[len(states) + j]] = np.take(x, pos, axis=in_axes[j] % x.ndim)
             res = self._body(body, bind, scope, state)
-            states = res[:len(states)]
-            for j, v in enumerate(res[len(states):]):
+            states = res[: len(states)]
+            for j, v in enumerate(res[len(states) :]):
                 outs[j].append(v)
         stacked = []
         for j, seq in enumerate(outs):

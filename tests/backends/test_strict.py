@@ -39,14 +39,23 @@ def _fp16_model(scale: float):
     for i in range(8):
         nodes.append(helper.make_node("Mul", [f"h{i}", "a"], [f"m{i}"], name=f"mul_{i}"))
         nodes.append(helper.make_node("Add", [f"m{i}", "b"], [f"h{i + 1}"], name=f"add_{i}"))
-    nodes += [helper.make_node("Mul", ["h8", "h8"], ["sq"], name="square"),
-              helper.make_node("Div", ["sq", "k"], ["q"], name="div"),
-              helper.make_node("Cast", ["q"], ["y"], name="y__cast_to_fp32", to=F)]
-    inits = [numpy_helper.from_array(np.array([1.0137], np.float16), "a"),
-             numpy_helper.from_array(np.array([scale * 0.0173], np.float16), "b"),
-             numpy_helper.from_array(np.array([1000.0], np.float16), "k")]
-    graph = helper.make_graph(nodes, "fp16", [helper.make_tensor_value_info("x", F, [32])],
-                              [helper.make_tensor_value_info("y", F, [32])], inits)
+    nodes += [
+        helper.make_node("Mul", ["h8", "h8"], ["sq"], name="square"),
+        helper.make_node("Div", ["sq", "k"], ["q"], name="div"),
+        helper.make_node("Cast", ["q"], ["y"], name="y__cast_to_fp32", to=F),
+    ]
+    inits = [
+        numpy_helper.from_array(np.array([1.0137], np.float16), "a"),
+        numpy_helper.from_array(np.array([scale * 0.0173], np.float16), "b"),
+        numpy_helper.from_array(np.array([1000.0], np.float16), "k"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "fp16",
+        [helper.make_tensor_value_info("x", F, [32])],
+        [helper.make_tensor_value_info("y", F, [32])],
+        inits,
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     onnx.checker.check_model(model, full_check=True)
@@ -75,8 +84,14 @@ def test_shows_the_honest_fp16_error(rng):
     model = _fp16_model(1.0)
     with StrictRunner(model, name="fp16") as strict, OrtRunner(model) as ort_runner:
         got, ort_out = strict.infer({"x": x})["y"], ort_runner.infer({"x": x})["y"]
-        assert strict.describe() == {"runner": "StrictRunner", "name": "fp16", "backend": "mpinfer-strict",
-                                     "device": "cpu", "numerics": "strict-fp16", "fallback_nodes": 0}
+        assert strict.describe() == {
+            "runner": "StrictRunner",
+            "name": "fp16",
+            "backend": "mpinfer-strict",
+            "device": "cpu",
+            "numerics": "strict-fp16",
+            "fallback_nodes": 0,
+        }
     np.testing.assert_array_equal(got, _numpy_fp16(x, 1.0))
     ref = _fp32(x, 1.0)
     err_strict, err_ort = np.abs(got - ref).max(), np.abs(ort_out - ref).max()
@@ -101,10 +116,15 @@ def test_bad_inputs_and_unsupported_ops_are_user_errors(tmp_path):
     with StrictRunner(model) as strict, pytest.raises(InvalidInputError, match="dtype float64"):
         strict.infer({"x": np.zeros(32)})
     node = helper.make_node("Fancy", ["x"], ["y"], name="fancy", domain="com.example")
-    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", F, [2])],
-                              [helper.make_tensor_value_info("y", F, [2])])
-    custom = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
-                                                     helper.make_opsetid("com.example", 1)])
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info("x", F, [2])],
+        [helper.make_tensor_value_info("y", F, [2])],
+    )
+    custom = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.example", 1)]
+    )
     with pytest.raises(BackendUnavailableError, match="--numerics ort"):
         StrictRunner(custom).activate()
 
@@ -112,13 +132,20 @@ def test_bad_inputs_and_unsupported_ops_are_user_errors(tmp_path):
 def test_runs_bf16_models_that_ort_cpu_cannot(rng):
     import ml_dtypes
 
-    nodes = [helper.make_node("Cast", ["x"], ["xb"], name="cast_in", to=TensorProto.BFLOAT16),
-             helper.make_node("MatMul", ["xb", "w"], ["yb"], name="matmul"),
-             helper.make_node("Cast", ["yb"], ["y"], name="cast_out", to=F)]
+    nodes = [
+        helper.make_node("Cast", ["x"], ["xb"], name="cast_in", to=TensorProto.BFLOAT16),
+        helper.make_node("MatMul", ["xb", "w"], ["yb"], name="matmul"),
+        helper.make_node("Cast", ["yb"], ["y"], name="cast_out", to=F),
+    ]
     w = rng.standard_normal((8, 4)).astype(np.float32)
     inits = [numpy_helper.from_array(w.astype(ml_dtypes.bfloat16), "w")]
-    graph = helper.make_graph(nodes, "bf16", [helper.make_tensor_value_info("x", F, [2, 8])],
-                              [helper.make_tensor_value_info("y", F, [2, 4])], inits)
+    graph = helper.make_graph(
+        nodes,
+        "bf16",
+        [helper.make_tensor_value_info("x", F, [2, 8])],
+        [helper.make_tensor_value_info("y", F, [2, 4])],
+        inits,
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     x = rng.standard_normal((2, 8)).astype(np.float32)
     with StrictRunner(model) as strict:

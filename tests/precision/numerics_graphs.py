@@ -6,7 +6,6 @@ import importlib
 import io
 import warnings
 
-import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
@@ -26,20 +25,29 @@ def export_module(name: str, batch: int = 2):
     buf = io.BytesIO()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(model, args, buf, dynamo=False, input_names=names, opset_version=17,
-                          dynamic_axes={n: {0: "batch"} for n in names})
+        torch.onnx.export(
+            model,
+            args,
+            buf,
+            dynamo=False,
+            input_names=names,
+            opset_version=17,
+            dynamic_axes={n: {0: "batch"} for n in names},
+        )
     proto = name_nodes(onnx.load_from_string(buf.getvalue()))
-    return proto, {n: a.numpy() for n, a in zip(names, args)}
+    return proto, {n: a.numpy() for n, a in zip(names, args, strict=False)}
 
 
 def make_model(nodes, inputs, outputs, initializers=(), opset: int = 17, elem=TensorProto.FLOAT):
     """A checked single-graph model; inputs/outputs are (name, shape|None) or (name, shape, elem) tuples."""
+
     def vi(spec):
         name, shape, *rest = spec
         return helper.make_tensor_value_info(name, rest[0] if rest else elem, shape)
 
-    graph = helper.make_graph(list(nodes), "g", [vi(i) for i in inputs], [vi(o) for o in outputs],
-                              initializer=list(initializers))
+    graph = helper.make_graph(
+        list(nodes), "g", [vi(i) for i in inputs], [vi(o) for o in outputs], initializer=list(initializers)
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
     model.ir_version = 8
     if all(spec[1] is not None for spec in list(inputs) + list(outputs)):
@@ -54,4 +62,4 @@ def ort_run(model, feeds):
     so.log_severity_level = 3
     sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
     names = [o.name for o in sess.get_outputs()]
-    return dict(zip(names, sess.run(names, feeds)))
+    return dict(zip(names, sess.run(names, feeds), strict=False))

@@ -35,8 +35,13 @@ def test_fp32_matches_onnxruntime_on_example_models(exported, name):
 
 def _single(op, inputs, outputs, attrs=None, inits=(), opset=17):
     """One-node model: inputs/outputs are (name, shape[, elem]) tuples; inits are (name, array)."""
-    node = helper.make_node(op, [i[0] for i in inputs] + [n for n, _ in inits], [o[0] for o in outputs],
-                            name=f"{op}_0", **(attrs or {}))
+    node = helper.make_node(
+        op,
+        [i[0] for i in inputs] + [n for n, _ in inits],
+        [o[0] for o in outputs],
+        name=f"{op}_0",
+        **(attrs or {}),
+    )
     return make_model([node], inputs, outputs, [_init(n, a) for n, a in inits], opset=opset)
 
 
@@ -46,87 +51,386 @@ W4 = R.standard_normal((6, 4, 3, 3)).astype(np.float32)
 
 # (id, op, input specs, output specs, attrs, initializers, feeds, opset)
 OP_CASES = [
-    ("conv-strided-padded", "Conv", [("x", [2, 4, 9, 9])], [("y", None)],
-     {"strides": [2, 2], "pads": [1, 0, 2, 1]}, [("w", W4), ("b", np.arange(6, dtype=np.float32))], {"x": X4}, 17),
-    ("conv-groups-dilated", "Conv", [("x", [2, 4, 9, 9])], [("y", None)], {"group": 2, "dilations": [2, 1]},
-     [("w", R.standard_normal((6, 2, 3, 3)).astype(np.float32))], {"x": X4}, 17),
-    ("conv-depthwise-same", "Conv", [("x", [2, 4, 9, 9])], [("y", None)], {"group": 4, "auto_pad": "SAME_UPPER",
-     "strides": [2, 2]}, [("w", R.standard_normal((4, 1, 4, 4)).astype(np.float32))], {"x": X4}, 17),
-    ("conv-1d", "Conv", [("x", [2, 3, 11])], [("y", None)], {"pads": [1, 1]},
-     [("w", R.standard_normal((5, 3, 3)).astype(np.float32))],
-     {"x": R.standard_normal((2, 3, 11)).astype(np.float32)}, 17),
-    ("convtranspose", "ConvTranspose", [("x", [2, 4, 5, 5])], [("y", None)],
-     {"strides": [2, 2], "pads": [1, 1, 1, 1], "output_padding": [1, 1]},
-     [("w", R.standard_normal((4, 3, 3, 3)).astype(np.float32)), ("b", np.ones(3, np.float32))],
-     {"x": R.standard_normal((2, 4, 5, 5)).astype(np.float32)}, 17),
-    ("convtranspose-groups", "ConvTranspose", [("x", [1, 4, 4, 4])], [("y", None)], {"group": 2, "strides": [2, 2]},
-     [("w", R.standard_normal((4, 2, 2, 2)).astype(np.float32))],
-     {"x": R.standard_normal((1, 4, 4, 4)).astype(np.float32)}, 17),
-    ("maxpool-ceil", "MaxPool", [("x", [2, 4, 9, 9])], [("y", None)],
-     {"kernel_shape": [3, 3], "strides": [2, 2], "ceil_mode": 1}, [], {"x": X4}, 17),
-    ("maxpool-pads", "MaxPool", [("x", [2, 4, 9, 9])], [("y", None)],
-     {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1], "dilations": [2, 2]}, [], {"x": X4}, 17),
-    ("avgpool-exclude-pad", "AveragePool", [("x", [2, 4, 9, 9])], [("y", None)],
-     {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}, [], {"x": X4}, 17),
-    ("avgpool-include-pad-ceil", "AveragePool", [("x", [2, 4, 9, 9])], [("y", None)],
-     {"kernel_shape": [2, 2], "strides": [2, 2], "pads": [1, 1, 1, 1], "count_include_pad": 1, "ceil_mode": 1},
-     [], {"x": X4}, 17),
-    ("resize-nearest", "Resize", [("x", [2, 4, 9, 9])], [("y", None)], {"mode": "nearest"},
-     [("roi", np.zeros(0, np.float32)), ("scales", np.array([1, 1, 2, 1.5], np.float32))], {"x": X4}, 13),
-    ("resize-linear-align", "Resize", [("x", [2, 4, 9, 9])], [("y", None)],
-     {"mode": "linear", "coordinate_transformation_mode": "align_corners"},
-     [("roi", np.zeros(0, np.float32)), ("scales", np.array([1, 1, 0.6, 2.5], np.float32))], {"x": X4}, 13),
-    ("resize-linear-sizes", "Resize", [("x", [2, 4, 9, 9])], [("y", None)], {"mode": "linear"},
-     [("roi", np.zeros(0, np.float32)), ("scales", np.zeros(0, np.float32)),
-      ("sizes", np.array([2, 4, 13, 7], np.int64))], {"x": X4}, 13),
-    ("groupnorm", "GroupNormalization", [("x", [2, 4, 9, 9])], [("y", None)], {"num_groups": 2, "epsilon": 1e-3},
-     [("s", np.array([1.0, 2.0, 3.0, 4.0], np.float32)), ("b", np.array([0.1, 0.2, 0.3, 0.4], np.float32))],
-     {"x": X4}, 21),
-    ("instancenorm", "InstanceNormalization", [("x", [2, 4, 9, 9])], [("y", None)], {},
-     [("s", np.array([1.0, 2.0, 3.0, 4.0], np.float32)), ("b", np.array([0.1, 0.2, 0.3, 0.4], np.float32))],
-     {"x": X4}, 17),
-    ("batchnorm", "BatchNormalization", [("x", [2, 4, 9, 9])], [("y", None)], {"epsilon": 1e-3},
-     [("s", np.array([1.0, 2.0, 3.0, 4.0], np.float32)), ("b", np.array([0.1, 0.2, 0.3, 0.4], np.float32)),
-      ("m", np.array([0.5, -0.5, 0, 1], np.float32)), ("v", np.array([1, 2, 0.5, 4], np.float32))], {"x": X4}, 15),
-    ("softmax-opset11-coerced", "Softmax", [("x", [2, 4, 9, 9])], [("y", None)], {"axis": 1}, [], {"x": X4}, 11),
+    (
+        "conv-strided-padded",
+        "Conv",
+        [("x", [2, 4, 9, 9])],
+        [("y", None)],
+        {"strides": [2, 2], "pads": [1, 0, 2, 1]},
+        [("w", W4), ("b", np.arange(6, dtype=np.float32))],
+        {"x": X4},
+        17,
+    ),
+    (
+        "conv-groups-dilated",
+        "Conv",
+        [("x", [2, 4, 9, 9])],
+        [("y", None)],
+        {"group": 2, "dilations": [2, 1]},
+        [("w", R.standard_normal((6, 2, 3, 3)).astype(np.float32))],
+        {"x": X4},
+        17,
+    ),
+    (
+        "conv-depthwise-same",
+        "Conv",
+        [("x", [2, 4, 9, 9])],
+        [("y", None)],
+        {"group": 4, "auto_pad": "SAME_UPPER", "strides": [2, 2]},
+        [("w", R.standard_normal((4, 1, 4, 4)).astype(np.float32))],
+        {"x": X4},
+        17,
+    ),
+    (
+        "conv-1d",
+        "Conv",
+        [("x", [2, 3, 11])],
+        [("y", None)],
+        {"pads": [1, 1]},
+        [("w", R.standard_normal((5, 3, 3)).astype(np.float32))],
+        {"x": R.standard_normal((2, 3, 11)).astype(np.float32)},
+        17,
+    ),
+    (
+        "convtranspose",
+        "ConvTranspose",
+        [("x", [2, 4, 5, 5])],
+        [("y", None)],
+        {"strides": [2, 2], "pads": [1, 1, 1, 1], "output_padding": [1, 1]},
+        [("w", R.standard_normal((4, 3, 3, 3)).astype(np.float32)), ("b", np.ones(3, np.float32))],
+        {"x": R.standard_normal((2, 4, 5, 5)).astype(np.float32)},
+        17,
+    ),
+    (
+        "convtranspose-groups",
+        "ConvTranspose",
+        [("x", [1, 4, 4, 4])],
+        [("y", None)],
+        {"group": 2, "strides": [2, 2]},
+        [("w", R.standard_normal((4, 2, 2, 2)).astype(np.float32))],
+        {"x": R.standard_normal((1, 4, 4, 4)).astype(np.float32)},
+        17,
+    ),
+    (
+        "maxpool-ceil",
+        "MaxPool",
+        [("x", [2, 4, 9, 9])],
+        [("y", None)],
+        {"kernel_shape": [3, 3], "strides": [2, 2], "ceil_mode": 1},
+        [],
+        {"x": X4},
+        17,
+    ),
+    (
+        "maxpool-pads",
+        "MaxPool",
+        [("x", [2, 4, 9, 9])],
+        [("y", None)],
+        {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1], "dilations": [2, 2]},
+        [],
+        {"x": X4},
+        17,
+    ),
+    (
+        "avgpool-exclude-pad",
+        "AveragePool",
+        [("x", [2, 4, 9, 9])],
+        [("y", None)],
+        {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]},
+        [],
+        {"x": X4},
+        17,
+    ),
+    (
+        "avgpool-include-pad-ceil",
+        "AveragePool",
+        [("x", [2, 4, 9, 9])],
+        [("y", None)],
+        {
+            "kernel_shape": [2, 2],
+            "strides": [2, 2],
+            "pads": [1, 1, 1, 1],
+            "count_include_pad": 1,
+            "ceil_mode": 1,
+        },
+        [],
+        {"x": X4},
+        17,
+    ),
+    (
+        "resize-nearest",
+        "Resize",
+        [("x", [2, 4, 9, 9])],
+        [("y", None)],
+        {"mode": "nearest"},
+        [("roi", np.zeros(0, np.float32)), ("scales", np.array([1, 1, 2, 1.5], np.float32))],
+        {"x": X4},
+        13,
+    ),
+    (
+        "resize-linear-align",
+        "Resize",
+        [("x", [2, 4, 9, 9])],
+        [("y", None)],
+        {"mode": "linear", "coordinate_transformation_mode": "align_corners"},
+        [("roi", np.zeros(0, np.float32)), ("scales", np.array([1, 1, 0.6, 2.5], np.float32))],
+        {"x": X4},
+        13,
+    ),
+    (
+        "resize-linear-sizes",
+        "Resize",
+        [("x", [2, 4, 9, 9])],
+        [("y", None)],
+        {"mode": "linear"},
+        [
+            ("roi", np.zeros(0, np.float32)),
+            ("scales", np.zeros(0, np.float32)),
+            ("sizes", np.array([2, 4, 13, 7], np.int64)),
+        ],
+        {"x": X4},
+        13,
+    ),
+    (
+        "groupnorm",
+        "GroupNormalization",
+        [("x", [2, 4, 9, 9])],
+        [("y", None)],
+        {"num_groups": 2, "epsilon": 1e-3},
+        [
+            ("s", np.array([1.0, 2.0, 3.0, 4.0], np.float32)),
+            ("b", np.array([0.1, 0.2, 0.3, 0.4], np.float32)),
+        ],
+        {"x": X4},
+        21,
+    ),
+    (
+        "instancenorm",
+        "InstanceNormalization",
+        [("x", [2, 4, 9, 9])],
+        [("y", None)],
+        {},
+        [
+            ("s", np.array([1.0, 2.0, 3.0, 4.0], np.float32)),
+            ("b", np.array([0.1, 0.2, 0.3, 0.4], np.float32)),
+        ],
+        {"x": X4},
+        17,
+    ),
+    (
+        "batchnorm",
+        "BatchNormalization",
+        [("x", [2, 4, 9, 9])],
+        [("y", None)],
+        {"epsilon": 1e-3},
+        [
+            ("s", np.array([1.0, 2.0, 3.0, 4.0], np.float32)),
+            ("b", np.array([0.1, 0.2, 0.3, 0.4], np.float32)),
+            ("m", np.array([0.5, -0.5, 0, 1], np.float32)),
+            ("v", np.array([1, 2, 0.5, 4], np.float32)),
+        ],
+        {"x": X4},
+        15,
+    ),
+    (
+        "softmax-opset11-coerced",
+        "Softmax",
+        [("x", [2, 4, 9, 9])],
+        [("y", None)],
+        {"axis": 1},
+        [],
+        {"x": X4},
+        11,
+    ),
     ("logsoftmax", "LogSoftmax", [("x", [2, 4, 9, 9])], [("y", None)], {"axis": 2}, [], {"x": X4}, 13),
-    ("reducel2-opset18", "ReduceL2", [("x", [2, 4, 9, 9])], [("y", None)], {"keepdims": 0},
-     [("axes", np.array([1, -1], np.int64))], {"x": X4}, 18),
-    ("reducelogsumexp", "ReduceLogSumExp", [("x", [2, 4, 9, 9])], [("y", None)], {"axes": [2]}, [], {"x": X4}, 13),
-    ("reducesum-opset13", "ReduceSum", [("x", [2, 4, 9, 9])], [("y", None)], {},
-     [("axes", np.array([0, 2], np.int64))], {"x": X4}, 13),
-    ("reduceprod", "ReduceProd", [("x", [2, 4, 9, 9])], [("y", None)], {"axes": [3], "keepdims": 0}, [], {"x": X4}, 13),
-    ("pad-reflect", "Pad", [("x", [2, 4, 9, 9])], [("y", None)], {"mode": "reflect"},
-     [("p", np.array([0, 0, 2, -1, 0, 0, 1, 3], np.int64))], {"x": X4}, 17),
-    ("slice-negative-step", "Slice", [("x", [2, 4, 9, 9])], [("y", None)], {},
-     [("st", np.array([-1, 7], np.int64)), ("en", np.array([-100, 1], np.int64)),
-      ("ax", np.array([2, 3], np.int64)), ("sp", np.array([-2, -3], np.int64))], {"x": X4}, 17),
-    ("topk", "TopK", [("x", [2, 4, 9, 9])], [("v", None), ("i", None, I64)], {"axis": 2},
-     [("k", np.array([4], np.int64))], {"x": X4}, 17),
-    ("argmax-last", "ArgMax", [("x", [5, 6])], [("y", None, I64)], {"axis": 1, "select_last_index": 1,
-     "keepdims": 0}, [], {"x": np.array(R.integers(0, 3, (5, 6)), np.float32)}, 17),
-    ("einsum", "Einsum", [("a", [3, 4, 5]), ("b", [3, 5, 2])], [("y", None)], {"equation": "bij,bjk->bik"}, [],
-     {"a": R.standard_normal((3, 4, 5)).astype(np.float32), "b": R.standard_normal((3, 5, 2)).astype(np.float32)},
-     17),
-    ("cumsum-exclusive-reverse", "CumSum", [("x", [4, 5])], [("y", None)], {"exclusive": 1, "reverse": 1},
-     [("axis", np.array(1, np.int64))], {"x": R.standard_normal((4, 5)).astype(np.float32)}, 17),
-    ("scatternd-add", "ScatterND", [("x", [4, 3])], [("y", None)], {"reduction": "add"},
-     [("i", np.array([[1], [3], [1]], np.int64)), ("u", np.ones((3, 3), np.float32))],
-     {"x": R.standard_normal((4, 3)).astype(np.float32)}, 17),
-    ("gatherelements", "GatherElements", [("x", [3, 4])], [("y", None)], {"axis": 1},
-     [("i", np.array([[0, -1], [2, 1], [3, 3]], np.int64))], {"x": R.standard_normal((3, 4)).astype(np.float32)}, 17),
-    ("gelu-tanh", "Gelu", [("x", [3, 4])], [("y", None)], {"approximate": "tanh"}, [],
-     {"x": R.standard_normal((3, 4)).astype(np.float32) * 3}, 20),
-    ("hardswish", "HardSwish", [("x", [3, 4])], [("y", None)], {}, [],
-     {"x": R.standard_normal((3, 4)).astype(np.float32) * 4}, 17),
-    ("softplus", "Softplus", [("x", [3, 4])], [("y", None)], {}, [],
-     {"x": R.standard_normal((3, 4)).astype(np.float32) * 20}, 17),
-    ("split-opset18", "Split", [("x", [2, 7])], [("a", None), ("b", None), ("c", None)],
-     {"axis": 1, "num_outputs": 3}, [], {"x": R.standard_normal((2, 7)).astype(np.float32)}, 18),
-    ("trilu-fallback", "Trilu", [("x", [4, 4])], [("y", None)], {"upper": 0}, [],
-     {"x": R.standard_normal((4, 4)).astype(np.float32)}, 17),
-    ("depthtospace-fallback", "DepthToSpace", [("x", [1, 8, 2, 3])], [("y", None)], {"blocksize": 2,
-     "mode": "CRD"}, [], {"x": R.standard_normal((1, 8, 2, 3)).astype(np.float32)}, 17),
+    (
+        "reducel2-opset18",
+        "ReduceL2",
+        [("x", [2, 4, 9, 9])],
+        [("y", None)],
+        {"keepdims": 0},
+        [("axes", np.array([1, -1], np.int64))],
+        {"x": X4},
+        18,
+    ),
+    (
+        "reducelogsumexp",
+        "ReduceLogSumExp",
+        [("x", [2, 4, 9, 9])],
+        [("y", None)],
+        {"axes": [2]},
+        [],
+        {"x": X4},
+        13,
+    ),
+    (
+        "reducesum-opset13",
+        "ReduceSum",
+        [("x", [2, 4, 9, 9])],
+        [("y", None)],
+        {},
+        [("axes", np.array([0, 2], np.int64))],
+        {"x": X4},
+        13,
+    ),
+    (
+        "reduceprod",
+        "ReduceProd",
+        [("x", [2, 4, 9, 9])],
+        [("y", None)],
+        {"axes": [3], "keepdims": 0},
+        [],
+        {"x": X4},
+        13,
+    ),
+    (
+        "pad-reflect",
+        "Pad",
+        [("x", [2, 4, 9, 9])],
+        [("y", None)],
+        {"mode": "reflect"},
+        [("p", np.array([0, 0, 2, -1, 0, 0, 1, 3], np.int64))],
+        {"x": X4},
+        17,
+    ),
+    (
+        "slice-negative-step",
+        "Slice",
+        [("x", [2, 4, 9, 9])],
+        [("y", None)],
+        {},
+        [
+            ("st", np.array([-1, 7], np.int64)),
+            ("en", np.array([-100, 1], np.int64)),
+            ("ax", np.array([2, 3], np.int64)),
+            ("sp", np.array([-2, -3], np.int64)),
+        ],
+        {"x": X4},
+        17,
+    ),
+    (
+        "topk",
+        "TopK",
+        [("x", [2, 4, 9, 9])],
+        [("v", None), ("i", None, I64)],
+        {"axis": 2},
+        [("k", np.array([4], np.int64))],
+        {"x": X4},
+        17,
+    ),
+    (
+        "argmax-last",
+        "ArgMax",
+        [("x", [5, 6])],
+        [("y", None, I64)],
+        {"axis": 1, "select_last_index": 1, "keepdims": 0},
+        [],
+        {"x": np.array(R.integers(0, 3, (5, 6)), np.float32)},
+        17,
+    ),
+    (
+        "einsum",
+        "Einsum",
+        [("a", [3, 4, 5]), ("b", [3, 5, 2])],
+        [("y", None)],
+        {"equation": "bij,bjk->bik"},
+        [],
+        {
+            "a": R.standard_normal((3, 4, 5)).astype(np.float32),
+            "b": R.standard_normal((3, 5, 2)).astype(np.float32),
+        },
+        17,
+    ),
+    (
+        "cumsum-exclusive-reverse",
+        "CumSum",
+        [("x", [4, 5])],
+        [("y", None)],
+        {"exclusive": 1, "reverse": 1},
+        [("axis", np.array(1, np.int64))],
+        {"x": R.standard_normal((4, 5)).astype(np.float32)},
+        17,
+    ),
+    (
+        "scatternd-add",
+        "ScatterND",
+        [("x", [4, 3])],
+        [("y", None)],
+        {"reduction": "add"},
+        [("i", np.array([[1], [3], [1]], np.int64)), ("u", np.ones((3, 3), np.float32))],
+        {"x": R.standard_normal((4, 3)).astype(np.float32)},
+        17,
+    ),
+    (
+        "gatherelements",
+        "GatherElements",
+        [("x", [3, 4])],
+        [("y", None)],
+        {"axis": 1},
+        [("i", np.array([[0, -1], [2, 1], [3, 3]], np.int64))],
+        {"x": R.standard_normal((3, 4)).astype(np.float32)},
+        17,
+    ),
+    (
+        "gelu-tanh",
+        "Gelu",
+        [("x", [3, 4])],
+        [("y", None)],
+        {"approximate": "tanh"},
+        [],
+        {"x": R.standard_normal((3, 4)).astype(np.float32) * 3},
+        20,
+    ),
+    (
+        "hardswish",
+        "HardSwish",
+        [("x", [3, 4])],
+        [("y", None)],
+        {},
+        [],
+        {"x": R.standard_normal((3, 4)).astype(np.float32) * 4},
+        17,
+    ),
+    (
+        "softplus",
+        "Softplus",
+        [("x", [3, 4])],
+        [("y", None)],
+        {},
+        [],
+        {"x": R.standard_normal((3, 4)).astype(np.float32) * 20},
+        17,
+    ),
+    (
+        "split-opset18",
+        "Split",
+        [("x", [2, 7])],
+        [("a", None), ("b", None), ("c", None)],
+        {"axis": 1, "num_outputs": 3},
+        [],
+        {"x": R.standard_normal((2, 7)).astype(np.float32)},
+        18,
+    ),
+    (
+        "trilu-fallback",
+        "Trilu",
+        [("x", [4, 4])],
+        [("y", None)],
+        {"upper": 0},
+        [],
+        {"x": R.standard_normal((4, 4)).astype(np.float32)},
+        17,
+    ),
+    (
+        "depthtospace-fallback",
+        "DepthToSpace",
+        [("x", [1, 8, 2, 3])],
+        [("y", None)],
+        {"blocksize": 2, "mode": "CRD"},
+        [],
+        {"x": R.standard_normal((1, 8, 2, 3)).astype(np.float32)},
+        17,
+    ),
 ]
 
 
@@ -145,14 +449,18 @@ def test_op_kernels_match_onnxruntime(case):
 
 def _chain(elem):
     """x*y + z, relu, / y, - z, sigmoid: every node's output rounded when elem is FLOAT16."""
-    nodes = [helper.make_node("Mul", ["x", "y"], ["m"], name="mul"),
-             helper.make_node("Add", ["m", "z"], ["a"], name="add"),
-             helper.make_node("Relu", ["a"], ["r"], name="relu"),
-             helper.make_node("Div", ["r", "y"], ["d"], name="div"),
-             helper.make_node("Sub", ["d", "z"], ["s"], name="sub"),
-             helper.make_node("MatMul", ["s", "w"], ["out"], name="matmul")]
+    nodes = [
+        helper.make_node("Mul", ["x", "y"], ["m"], name="mul"),
+        helper.make_node("Add", ["m", "z"], ["a"], name="add"),
+        helper.make_node("Relu", ["a"], ["r"], name="relu"),
+        helper.make_node("Div", ["r", "y"], ["d"], name="div"),
+        helper.make_node("Sub", ["d", "z"], ["s"], name="sub"),
+        helper.make_node("MatMul", ["s", "w"], ["out"], name="matmul"),
+    ]
     shape = [8, 16]
-    return make_model(nodes, [("x", shape), ("y", shape), ("z", shape), ("w", [16, 4])], [("out", None)], elem=elem)
+    return make_model(
+        nodes, [("x", shape), ("y", shape), ("z", shape), ("w", [16, 4])], [("out", None)], elem=elem
+    )
 
 
 def _ort_node_by_node(model, feeds):
@@ -170,8 +478,10 @@ def _ort_node_by_node(model, feeds):
 
 
 def test_fp16_matches_onnxruntime_computing_each_node_in_fp16(rng):
-    feeds = {k: (rng.standard_normal(s) * 3).astype(np.float32)
-             for k, s in (("x", (8, 16)), ("y", (8, 16)), ("z", (8, 16)), ("w", (16, 4)))}
+    feeds = {
+        k: (rng.standard_normal(s) * 3).astype(np.float32)
+        for k, s in (("x", (8, 16)), ("y", (8, 16)), ("z", (8, 16)), ("w", (16, 4)))
+    }
     feeds["y"] = np.where(np.abs(feeds["y"]) < 0.1, 0.5, feeds["y"]).astype(np.float32)
     feeds16 = {k: v.astype(np.float16) for k, v in feeds.items()}
     fp16_model = _chain(TensorProto.FLOAT16)
@@ -223,15 +533,17 @@ def test_fp16_overflow_shows_where_fp32_is_finite(op, rng):
 
 
 def test_bf16_follows_ml_dtypes_rounding(rng):
-    nodes = [helper.make_node("Mul", ["x", "y"], ["m"], name="mul"),
-             helper.make_node("Add", ["m", "z"], ["out"], name="add")]
+    nodes = [
+        helper.make_node("Mul", ["x", "y"], ["m"], name="mul"),
+        helper.make_node("Add", ["m", "z"], ["out"], name="add"),
+    ]
     model = make_model(nodes, [("x", [64]), ("y", [64]), ("z", [64])], [("out", None)])
     feeds = {k: rng.standard_normal(64).astype(np.float32) * 7 for k in "xyz"}
     emu = GraphEmulator(model)
     run = emu.run(feeds, {"mul": Precision.BF16, "add": Precision.BF16}, keep=True)
     bf = ml_dtypes.bfloat16
     want_m = feeds["x"].astype(bf) * feeds["y"].astype(bf)  # ml_dtypes computes and rounds to bf16
-    want = (want_m + feeds["z"].astype(bf))
+    want = want_m + feeds["z"].astype(bf)
     assert run.tensors["m"].dtype == bf
     np.testing.assert_array_equal(run.tensors["m"], want_m)
     np.testing.assert_array_equal(run.outputs["out"], want.astype(np.float32))
@@ -249,7 +561,7 @@ def test_run_from_equals_full_run_and_recomputes_less(exported, name):
     addrs = [r.address for r in iter_nodes(model.graph)]
     ref = emu.run(feeds, keep=True)
     rng = np.random.default_rng(3)
-    for trial in range(3):
+    for _trial in range(3):
         pick = rng.choice(len(addrs), size=max(1, len(addrs) // 4), replace=False)
         low = {addrs[i]: Precision.FP16 for i in pick}
         full = emu.run(feeds, low).outputs
@@ -282,7 +594,9 @@ def test_nodes_inside_if_branches_are_addressable(exported):
     emu = GraphEmulator(model)
     inner = [a for a in emu.node_addresses() if "/then_branch/" in a or "/else_branch/" in a]
     assert inner
-    x = np.full((4, 16), 0.5, np.float32) * np.linspace(0.5, 40, 16, dtype=np.float32)  # mean > 0: then branch
+    x = np.full((4, 16), 0.5, np.float32) * np.linspace(
+        0.5, 40, 16, dtype=np.float32
+    )  # mean > 0: then branch
     ref = emu.run({"input_0": x}, keep=True)
     then_nodes = {a: Precision.FP16 for a in inner if "/then_branch/" in a}
     else_nodes = {a: Precision.FP16 for a in inner if "/else_branch/" in a}
@@ -293,41 +607,73 @@ def test_nodes_inside_if_branches_are_addressable(exported):
         np.testing.assert_array_equal(untouched[k], ref.outputs[k])
         np.testing.assert_array_equal(emu.run_from(ref, then_nodes).outputs[k], low[k])
     seen = []
-    emu.run({"input_0": x}, observe=lambda name, v: seen.append(name))
+    emu.run({"input_0": x}, observe=lambda prefix, name, v: seen.append(prefix + name))
     assert any("/then_branch/" in n for n in seen)
 
 
 def _loop_model():
     body = helper.make_graph(
-        [helper.make_node("Identity", ["cond_in"], ["cond_out"], name="id"),
-         helper.make_node("Mul", ["acc_in", "k"], ["acc_out"], name="mul"),
-         helper.make_node("Add", ["acc_out", "k"], ["scan_out"], name="add")],
+        [
+            helper.make_node("Identity", ["cond_in"], ["cond_out"], name="id"),
+            helper.make_node("Mul", ["acc_in", "k"], ["acc_out"], name="mul"),
+            helper.make_node("Add", ["acc_out", "k"], ["scan_out"], name="add"),
+        ],
         "body",
-        [helper.make_tensor_value_info("i", I64, []), helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
-         helper.make_tensor_value_info("acc_in", F, [3])],
-        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
-         helper.make_tensor_value_info("acc_out", F, [3]), helper.make_tensor_value_info("scan_out", F, [3])])
+        [
+            helper.make_tensor_value_info("i", I64, []),
+            helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("acc_in", F, [3]),
+        ],
+        [
+            helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("acc_out", F, [3]),
+            helper.make_tensor_value_info("scan_out", F, [3]),
+        ],
+    )
     loop = helper.make_node("Loop", ["trip", "cond", "x"], ["acc", "scans"], name="loop", body=body)
-    return make_model([loop], [("x", [3])], [("acc", None), ("scans", None)],
-                      [_init("trip", np.array(5, np.int64)), _init("cond", np.array(True)),
-                       _init("k", np.array([1.5, -2.25, 3.1], np.float32))])
+    return make_model(
+        [loop],
+        [("x", [3])],
+        [("acc", None), ("scans", None)],
+        [
+            _init("trip", np.array(5, np.int64)),
+            _init("cond", np.array(True)),
+            _init("k", np.array([1.5, -2.25, 3.1], np.float32)),
+        ],
+    )
 
 
 def _scan_model():
     body = helper.make_graph(
-        [helper.make_node("Add", ["s_in", "x_t"], ["s_out"], name="add"),
-         helper.make_node("Mul", ["s_out", "x_t"], ["y_t"], name="mul")],
-        "body", [helper.make_tensor_value_info("s_in", F, [2]), helper.make_tensor_value_info("x_t", F, [2])],
-        [helper.make_tensor_value_info("s_out", F, [2]), helper.make_tensor_value_info("y_t", F, [2])])
-    scan = helper.make_node("Scan", ["s0", "xs"], ["s", "ys"], name="scan", body=body, num_scan_inputs=1,
-                            scan_input_directions=[1], scan_output_axes=[1])
+        [
+            helper.make_node("Add", ["s_in", "x_t"], ["s_out"], name="add"),
+            helper.make_node("Mul", ["s_out", "x_t"], ["y_t"], name="mul"),
+        ],
+        "body",
+        [helper.make_tensor_value_info("s_in", F, [2]), helper.make_tensor_value_info("x_t", F, [2])],
+        [helper.make_tensor_value_info("s_out", F, [2]), helper.make_tensor_value_info("y_t", F, [2])],
+    )
+    scan = helper.make_node(
+        "Scan",
+        ["s0", "xs"],
+        ["s", "ys"],
+        name="scan",
+        body=body,
+        num_scan_inputs=1,
+        scan_input_directions=[1],
+        scan_output_axes=[1],
+    )
     return make_model([scan], [("s0", [2]), ("xs", [4, 2])], [("s", None), ("ys", None)])
 
 
 def test_loop_and_scan_match_onnxruntime_and_body_nodes_can_be_low(rng):
-    for model, feeds in ((_loop_model(), {"x": np.array([1.1, 0.3, -0.7], np.float32)}),
-                         (_scan_model(), {"s0": np.array([0.1, 0.2], np.float32),
-                                          "xs": rng.standard_normal((4, 2)).astype(np.float32)})):
+    for model, feeds in (
+        (_loop_model(), {"x": np.array([1.1, 0.3, -0.7], np.float32)}),
+        (
+            _scan_model(),
+            {"s0": np.array([0.1, 0.2], np.float32), "xs": rng.standard_normal((4, 2)).astype(np.float32)},
+        ),
+    ):
         emu = GraphEmulator(model)
         want = ort_run(model, feeds)
         got = emu.run(feeds).outputs
@@ -340,10 +686,15 @@ def test_loop_and_scan_match_onnxruntime_and_body_nodes_can_be_low(rng):
 
 def test_unsupported_custom_op_is_reported_and_refused():
     node = helper.make_node("FancyOp", ["x"], ["y"], name="fancy", domain="com.example")
-    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", F, [2])],
-                              [helper.make_tensor_value_info("y", F, [2])])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
-                                                    helper.make_opsetid("com.example", 1)])
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info("x", F, [2])],
+        [helper.make_tensor_value_info("y", F, [2])],
+    )
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.example", 1)]
+    )
     emu = GraphEmulator(model)
     assert emu.unsupported_ops() == {"com.example::FancyOp"}
     with pytest.raises(BackendUnavailableError, match="FancyOp"):

@@ -16,5 +16,13 @@ def kernel_table() -> dict[str, object]:
     return table
 
 
-__all__ = ["NodeInfo", "Numerics", "UnsupportedVariant", "is_float", "is_low_float", "kernel_table",
-           "reference_available", "reference_kernel"]
+__all__ = [
+    "NodeInfo",
+    "Numerics",
+    "UnsupportedVariant",
+    "is_float",
+    "is_low_float",
+    "kernel_table",
+    "reference_available",
+    "reference_kernel",
+]

@@ -171,8 +171,18 @@ def _not(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
 def _isinf(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
     v = x[0]
     pos, neg = n.get("detect_positive", 1), n.get("detect_negative", 1)
-    return [np.isinf(v) & ((v > 0) if pos and not neg else (v < 0) if neg and not pos else
-                           np.ones_like(v, bool) if pos and neg else np.zeros_like(v, bool))]
+    return [
+        np.isinf(v)
+        & (
+            (v > 0)
+            if pos and not neg
+            else (v < 0)
+            if neg and not pos
+            else np.ones_like(v, bool)
+            if pos and neg
+            else np.zeros_like(v, bool)
+        )
+    ]
 
 
 def _round(v: np.ndarray) -> np.ndarray:

@@ -47,8 +47,9 @@ def einsum(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
     return [np.asarray(np.einsum(eq.replace(" ", ""), *x, optimize=True))]
 
 
-def _conv_geometry(n: NodeInfo, in_sp: tuple[int, ...], kernel: tuple[int, ...]) -> tuple[list[int], list[int],
-                                                                                       list[int], list[int]]:
+def _conv_geometry(
+    n: NodeInfo, in_sp: tuple[int, ...], kernel: tuple[int, ...]
+) -> tuple[list[int], list[int], list[int], list[int]]:
     """Strides, dilations, begin pads and end pads for Conv/pooling (auto_pad resolved)."""
     sp = len(in_sp)
     strides = list(n.get("strides") or [1] * sp)
@@ -71,16 +72,26 @@ def _conv_geometry(n: NodeInfo, in_sp: tuple[int, ...], kernel: tuple[int, ...])
     return strides, dil, pads[:sp], pads[sp:]
 
 
-def conv_windows(x: np.ndarray, kernel: tuple[int, ...], strides: list[int], dil: list[int],
-                 begin: list[int], end: list[int], pad_value: float = 0.0) -> np.ndarray:
+def conv_windows(
+    x: np.ndarray,
+    kernel: tuple[int, ...],
+    strides: list[int],
+    dil: list[int],
+    begin: list[int],
+    end: list[int],
+    pad_value: float = 0.0,
+) -> np.ndarray:
     """Strided view (N, C, O1.., K1..) of the padded input's receptive fields (no copy beyond padding)."""
     sp = len(kernel)
     if any(begin) or any(end):
         x = np.pad(x, [(0, 0), (0, 0)] + list(zip(begin, end, strict=False)), constant_values=pad_value)
     eff = tuple((k - 1) * d + 1 for k, d in zip(kernel, dil, strict=False))
     win = sliding_window_view(x, eff, axis=tuple(range(2, 2 + sp)))
-    slc = (slice(None), slice(None)) + tuple(slice(None, None, s) for s in strides) \
+    slc = (
+        (slice(None), slice(None))
+        + tuple(slice(None, None, s) for s in strides)
         + tuple(slice(None, None, d) for d in dil)
+    )
     return win[slc]
 
 
@@ -94,7 +105,7 @@ def conv(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
     strides, dil, begin, end = _conv_geometry(n, xin.shape[2:], kernel)
     win = conv_windows(xin, kernel, strides, dil, begin, end)
     batch, chans = xin.shape[:2]
-    out_sp = win.shape[2:2 + sp]
+    out_sp = win.shape[2 : 2 + sp]
     p = int(np.prod(out_sp))
     kf = int(np.prod(kernel))
     m = w.shape[0]
@@ -133,7 +144,9 @@ def conv_transpose(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]
     auto_pad = n.get("auto_pad", "NOTSET")
     auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
     if out_shape is not None or auto_pad in ("SAME_UPPER", "SAME_LOWER"):
-        target = list(out_shape)[-sp:] if out_shape is not None else [in_sp[i] * strides[i] for i in range(sp)]
+        target = (
+            list(out_shape)[-sp:] if out_shape is not None else [in_sp[i] * strides[i] for i in range(sp)]
+        )
         total = [full[i] - target[i] for i in range(sp)]
         if auto_pad == "SAME_UPPER":
             begin = [t // 2 for t in total]
@@ -151,7 +164,8 @@ def conv_transpose(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]
     for ki, kpos in enumerate(itertools.product(*[range(k) for k in kernel])):
         slc = (slice(None), slice(None)) + tuple(
             slice(kpos[i] * dil[i], kpos[i] * dil[i] + strides[i] * (in_sp[i] - 1) + 1, strides[i])
-            for i in range(sp))
+            for i in range(sp)
+        )
         y[slc] += t[:, :, ki]
     crop = (slice(None), slice(None)) + tuple(slice(begin[i], full[i] - end[i]) for i in range(sp))
     y = y[crop]

@@ -30,7 +30,9 @@ def _axes(n: NodeInfo, x: list[Any], ndim: int) -> tuple[int, ...] | None:
     return tuple(sorted(a % ndim for a in axes)) if ndim else ()
 
 
-def _reduce(step: Callable[[np.ndarray, tuple[int, ...], Numerics], np.ndarray]) -> Callable[..., list[np.ndarray]]:
+def _reduce(
+    step: Callable[[np.ndarray, tuple[int, ...], Numerics], np.ndarray],
+) -> Callable[..., list[np.ndarray]]:
     def k(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
         v = x[0]
         axes = _axes(n, x, v.ndim)
@@ -50,8 +52,11 @@ def _sum(v: np.ndarray, axes: tuple[int, ...], num: Numerics) -> np.ndarray:
 
 
 def _mean(v: np.ndarray, axes: tuple[int, ...], num: Numerics) -> np.ndarray:
-    return np.mean(v, axis=axes, keepdims=True).astype(v.dtype) if v.dtype.kind == "f" else \
-        (np.sum(v, axis=axes, keepdims=True) // max(1, int(np.prod([v.shape[a] for a in axes]))))
+    return (
+        np.mean(v, axis=axes, keepdims=True).astype(v.dtype)
+        if v.dtype.kind == "f"
+        else (np.sum(v, axis=axes, keepdims=True) // max(1, int(np.prod([v.shape[a] for a in axes]))))
+    )
 
 
 def _max(v: np.ndarray, axes: tuple[int, ...], num: Numerics) -> np.ndarray:
@@ -181,8 +186,13 @@ def cumsum(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
         v = np.flip(v, axis)
     out = np.cumsum(v, axis=axis, dtype=v.dtype)
     if n.get("exclusive", 0):
-        out = np.concatenate([np.zeros_like(np.take(out, [0], axis=axis)),
-                              np.take(out, range(out.shape[axis] - 1), axis=axis)], axis=axis)
+        out = np.concatenate(
+            [
+                np.zeros_like(np.take(out, [0], axis=axis)),
+                np.take(out, range(out.shape[axis] - 1), axis=axis),
+            ],
+            axis=axis,
+        )
     if n.get("reverse", 0):
         out = np.flip(out, axis)
     return [np.ascontiguousarray(out)]

@@ -47,7 +47,7 @@ class Numerics:
         self.dtype = precision.numpy_dtype
 
     def r(self, x: Any) -> Any:
-        """Round ``x`` (float32 values) to this precision; the result is float32 holding the rounded values."""
+        """Round ``x`` (float32 values) to this precision; returns float32 holding the rounded values."""
         if not self.low:
             return x
         arr = np.asarray(x, dtype=np.float32)
@@ -55,7 +55,7 @@ class Numerics:
         return out if isinstance(x, np.ndarray) else out[()]
 
     def load(self, x: np.ndarray) -> np.ndarray:
-        """A float input as this node reads it: rounded to the low dtype (as float32), or upcast to float32."""
+        """A float input as this node reads it: rounded to the low dtype (held in float32), or float32."""
         if self.low:
             if x.dtype == self.dtype:
                 return x.astype(np.float32)
@@ -104,14 +104,36 @@ class NodeInfo:
 
 
 def erf(x: np.ndarray) -> np.ndarray:
-    """Vectorised error function (Abramowitz & Stegun 7.1.26 refined; |error| < 1.2e-7), computed in float64."""
+    """Vectorised error function (Numerical Recipes erfc fit, |error| < 1.2e-7), computed in float64."""
     z = np.asarray(x, dtype=np.float64)
     a = np.abs(z)
-    # W. J. Cody-style Chebyshev fit of erfc (Numerical Recipes erfcc), fractional error < 1.2e-7.
+    # Chebyshev fit of erfc (Numerical Recipes erfcc), fractional error < 1.2e-7 everywhere.
     t = 1.0 / (1.0 + 0.5 * a)
-    poly = -a * a - 1.26551223 + t * (1.00002368 + t * (0.37409196 + t * (0.09678418 + t * (
-        -0.18628806 + t * (0.27886807 + t * (-1.13520398 + t * (1.48851587 + t * (
-            -0.82215223 + t * 0.17087277))))))))
+    poly = (
+        -a * a
+        - 1.26551223
+        + t
+        * (
+            1.00002368
+            + t
+            * (
+                0.37409196
+                + t
+                * (
+                    0.09678418
+                    + t
+                    * (
+                        -0.18628806
+                        + t
+                        * (
+                            0.27886807
+                            + t * (-1.13520398 + t * (1.48851587 + t * (-0.82215223 + t * 0.17087277)))
+                        )
+                    )
+                )
+            )
+        )
+    )
     erfc = t * np.exp(poly)
     res = np.where(z >= 0, 1.0 - erfc, erfc - 1.0)
     return res.astype(x.dtype if isinstance(x, np.ndarray) and x.dtype.kind == "f" else np.float32)

@@ -19,8 +19,9 @@ class UnsupportedVariant(Exception):
     """Raised by a kernel for an attribute combination it does not implement (the caller falls back)."""
 
 
-def _pool_geometry(n: NodeInfo, v: np.ndarray) -> tuple[tuple[int, ...], list[int], list[int], list[int],
-                                                         list[int], list[int]]:
+def _pool_geometry(
+    n: NodeInfo, v: np.ndarray
+) -> tuple[tuple[int, ...], list[int], list[int], list[int], list[int], list[int]]:
     """Kernel, strides, dilations, begin pads, end pads and the extra end pad ceil_mode needs."""
     kernel = tuple(n.get("kernel_shape"))
     in_sp = v.shape[2:]
@@ -31,7 +32,9 @@ def _pool_geometry(n: NodeInfo, v: np.ndarray) -> tuple[tuple[int, ...], list[in
             eff = (k - 1) * dil[i] + 1
             span = in_sp[i] + begin[i] + end[i] - eff
             out = math.ceil(span / strides[i]) + 1
-            if (out - 1) * strides[i] >= in_sp[i] + begin[i]:  # a window starting in the end padding is dropped
+            if (out - 1) * strides[i] >= in_sp[i] + begin[
+                i
+            ]:  # a window starting in the end padding is dropped
                 out -= 1
             extra[i] = max(0, (out - 1) * strides[i] + eff - (in_sp[i] + begin[i] + end[i]))
     return kernel, strides, dil, begin, end, extra
@@ -44,7 +47,9 @@ def max_pool(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
     v = x[0]
     kernel, strides, dil, begin, end, extra = _pool_geometry(n, v)
     fill = -np.inf if v.dtype.kind == "f" else np.iinfo(v.dtype).min
-    win = conv_windows(v, kernel, strides, dil, begin, [e + x_ for e, x_ in zip(end, extra, strict=False)], fill)
+    win = conv_windows(
+        v, kernel, strides, dil, begin, [e + x_ for e, x_ in zip(end, extra, strict=False)], fill
+    )
     sp = len(kernel)
     return [np.ascontiguousarray(win.max(axis=tuple(range(-sp, 0))))]
 
@@ -118,8 +123,12 @@ def resize(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
     """Resize/Upsample, modes nearest and linear (any rank; separable); other variants fall back."""
     v = x[0]
     mode = _text(n.get("mode"), "nearest")
-    if mode not in ("nearest", "linear", "bilinear", "trilinear") or n.get("antialias", 0) or \
-            n.get("axes") is not None or _text(n.get("keep_aspect_ratio_policy"), "stretch") != "stretch":
+    if (
+        mode not in ("nearest", "linear", "bilinear", "trilinear")
+        or n.get("antialias", 0)
+        or n.get("axes") is not None
+        or _text(n.get("keep_aspect_ratio_policy"), "stretch") != "stretch"
+    ):
         raise UnsupportedVariant(f"Resize mode={mode}")
     if n.op_type == "Upsample" or n.opset < 11:
         scales, sizes = (x[1] if len(x) > 1 else np.asarray(n.get("scales"))), None

@@ -154,7 +154,7 @@ def pad(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
     if mode == "constant":
         out = np.pad(v, pos, mode="constant", constant_values=np.asarray(value, dtype=v.dtype))
     elif mode in ("reflect", "edge", "wrap"):
-        out = np.pad(v, pos, mode=mode)
+        out = np.pad(v, pos, mode=mode)  # type: ignore[call-overload, arg-type]
     else:
         raise UnsupportedVariant(f"Pad mode={mode}")
     crop = tuple(slice(-b if b < 0 else None, e if e < 0 else None) for b, e in width)
@@ -182,8 +182,13 @@ def constant_of_shape(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarr
 
 def constant(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
     """Constant (tensor, float(s) or int(s) forms)."""
-    for key, dtype in (("value", None), ("value_float", np.float32), ("value_floats", np.float32),
-                       ("value_int", np.int64), ("value_ints", np.int64)):
+    for key, dtype in (
+        ("value", None),
+        ("value_float", np.float32),
+        ("value_floats", np.float32),
+        ("value_int", np.int64),
+        ("value_ints", np.int64),
+    ):
         if key in n.attrs:
             return [np.asarray(n.attrs[key], dtype=dtype)]
     raise UnsupportedVariant("Constant form")

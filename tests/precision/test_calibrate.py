@@ -1,0 +1,145 @@
+"""calibrate(): streamed per-tensor statistics with bounded memory."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from onnx import helper, numpy_helper
+
+from mpinfer.data import load_feeds
+from mpinfer.errors import InvalidInputError
+from mpinfer.precision.calibrate import (
+    HISTOGRAM_BINS,
+    CalibrationStats,
+    StatsCollector,
+    TensorStats,
+    calibrate,
+)
+from mpinfer.specs import parse_tensor_spec, specs_from_onnx
+from tests.precision.numerics_graphs import make_model, ort_run
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _scale_model(factor: float):
+    nodes = [
+        helper.make_node("Mul", ["x", "k"], ["y"], name="scale"),
+        helper.make_node("Relu", ["y"], ["z"], name="relu"),
+    ]
+    return make_model(
+        nodes,
+        [("x", [None, 6])],
+        [("z", [None, 6])],
+        [numpy_helper.from_array(np.array(factor, np.float32), "k")],
+    )
+
+
+def test_stats_are_exact_on_known_values():
+    x = np.array([[0.0, 1e-8, 1e-5, 0.5, -3.0, 40000.0], [1e-39, 2.0, 2.0, -0.25, 0.0, 1.0]], np.float32)
+    stats = calibrate(_scale_model(2.0), [{"x": x}], progress=False)
+    assert set(stats) == {"x", "y", "z"}
+    y = stats["y"]
+    vals = np.abs(x.astype(np.float64) * 2).ravel()
+    assert y.count == 12
+    assert y.absmax == 80000.0
+    assert y.min_nonzero == pytest.approx(2e-39, rel=1e-3)
+    assert y.mean_abs == pytest.approx(vals.mean(), rel=1e-6)
+    assert y.fp16_overflow_frac == 1 / 12  # 80000
+    assert y.fp16_underflow_frac == 2 / 12  # 2e-8 and 2e-39 flush to zero in FP16
+    assert y.fp16_subnormal_frac == 3 / 12  # ... and 2e-5 is subnormal
+    assert y.bf16_underflow_frac == 1 / 12  # 2e-39
+    assert y.finite and y.nan_count == 0
+    # p99.9 of 12 values is the largest; the histogram gives an upper bound within one bin (4.4 %)
+    assert y.p999 == 80000.0
+    z = stats["z"]  # relu keeps the positive values only
+    assert z.absmax == 80000.0 and z.count == 12
+    assert z.fp16_underflow_frac == 2 / 12
+
+
+def test_percentile_and_nan_inf_counts():
+    rng = np.random.default_rng(0)
+    x = np.abs(rng.standard_normal((1000, 6))).astype(np.float32)
+    stats = calibrate(_scale_model(1.0), [{"x": x}], progress=False)["y"]
+    exact = np.percentile(np.abs(x), 99.9)
+    assert exact <= stats.p999 <= exact * 2 ** (1 / 16) * 1.0001
+    bad = np.array([[np.nan, np.inf, -np.inf, 1.0, 2.0, 3.0]], np.float32)
+    s = calibrate(_scale_model(1.0), [{"x": bad}], progress=False)["x"]
+    assert (s.nan_count, s.inf_count, s.finite, s.absmax) == (1, 2, False, 3.0)
+
+
+def test_streaming_equals_all_at_once_and_memory_is_bounded():
+    rng = np.random.default_rng(1)
+    data = (rng.standard_normal((400, 6)) * np.exp(rng.uniform(-12, 12, (400, 6)))).astype(np.float32)
+    whole, parts = StatsCollector(), StatsCollector()
+    whole.update("t", data)
+    sizes = []
+    for chunk in np.array_split(data, 40):
+        parts.update("t", chunk)
+        sizes.append(parts.nbytes())
+    a, b = whole.results()["t"], parts.results()["t"]
+    for key in (
+        "absmax",
+        "min_nonzero",
+        "count",
+        "p999",
+        "fp16_overflow_frac",
+        "fp16_underflow_frac",
+        "fp16_subnormal_frac",
+        "bf16_underflow_frac",
+    ):
+        assert getattr(a, key) == getattr(b, key), key
+    assert a.mean_abs == pytest.approx(b.mean_abs, rel=1e-9)
+    # memory is the fixed-size histogram, whatever the number of batches
+    assert parts.histogram_bins() == {HISTOGRAM_BINS}
+    assert len(set(sizes)) == 1 and sizes[0] == HISTOGRAM_BINS * 8
+    parts.update("t", np.ones(10**6, np.float32))
+    assert parts.nbytes() == sizes[0]
+
+
+def test_overflow_detected_on_random_feeds_and_round_trip():
+    model = _scale_model(1e5)
+    feeds = load_feeds("random:3", specs_from_onnx(model), batch_size=8, dims={"unk__0": 8})
+    stats = calibrate(model, feeds, progress=False)
+    assert stats.is_random
+    assert stats.source["kind"] == "random" and stats.source["batches"] == 3
+    assert stats["x"].fp16_overflow_frac == 0.0
+    # uniform [-1, 1] * 1e5 exceeds 65504 with probability 1 - 0.65504 = 0.345
+    assert stats["y"].fp16_overflow_frac == pytest.approx(0.345, abs=0.1)
+    assert stats["y"].absmax > FP16_LIMIT
+    data = json.loads(json.dumps(stats.to_dict()))
+    back = CalibrationStats.from_dict(data)
+    assert back.tensors == stats.tensors and back.is_random
+    with pytest.raises(InvalidInputError, match="to_dict"):
+        CalibrationStats.from_dict({"nope": 1})
+
+
+FP16_LIMIT = 65504.0
+
+
+def test_real_model_and_data_match_a_direct_run(exported, tmp_path):
+    model, _ = exported("digits_cnn")
+    with np.load(ROOT / "calibration" / "digits.npz") as z:
+        np.savez(tmp_path / "digits.npz", input_0=z["x"][:40], _labels=z["_labels"][:40])
+    spec = parse_tensor_spec("input_0:batchx1x8x8:float32")
+    feeds = load_feeds(tmp_path / "digits.npz", [spec], batch_size=16)
+    stats = calibrate(model, feeds, progress=True)
+    assert not stats.is_random and stats.source["samples"] == 40 and stats.source["batches"] == 3
+    out = model.graph.output[0].name
+    want = max(float(np.abs(ort_run(model, b)[out]).max()) for b in feeds)
+    assert stats[out].absmax == pytest.approx(want, rel=1e-6)
+    node_outputs = {o for n in model.graph.node for o in n.output}
+    assert node_outputs <= set(stats)
+    assert stats[out].count == 40 * 10
+
+
+def test_subgraph_tensors_come_from_the_emulator(exported):
+    model, feeds = exported("control_flow")
+    stats = calibrate(model, [feeds, {k: -v for k, v in feeds.items()}], progress=False)
+    body = [k for k in stats if "/then_branch/" in k or "/else_branch/" in k]
+    assert any("/then_branch/" in k for k in body) and any("/else_branch/" in k for k in body)
+    assert all(isinstance(stats[k], TensorStats) for k in body)
+    with pytest.raises(InvalidInputError, match="no batches"):
+        calibrate(model, [], progress=False)
