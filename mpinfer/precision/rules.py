@@ -59,6 +59,8 @@ RANGE_MARGIN = 2.0
 UNDERFLOW_LIMIT = 0.10
 # Weights: a share of non-zero values below the FP16 subnormal range above this is "out of range".
 WEIGHT_UNDERFLOW_LIMIT = 0.10
+# Gathers from constant tables at least this big are embeddings (small gathers are shape arithmetic).
+EMBEDDING_MIN_ELEMENTS = 256
 FP16_TINY = 5.96e-8  # smallest positive FP16 subnormal
 
 
@@ -209,7 +211,8 @@ class ActivationRangeRule(NodeRule):
         for name in list(node.output) + list(node.input):
             if not name or ctx.info.types.get(name) != FLOAT or ctx.info.is_const(name):
                 continue
-            st = ctx.stats.get(name)
+            prefix = ref.address[: len(ref.address) - len(node.name)]
+            st = ctx.stats.get(name) if not prefix else (ctx.stats.get(prefix + name) or ctx.stats.get(name))
             if st is None:
                 continue
             peak = max(_get(st, "absmax"), 0.0)
@@ -236,6 +239,21 @@ class IndexLikeRule(NodeRule):
             return Decision(Kind.KEEP, "rule:index-like", f"{ref.node.op_type} computes indices or positions")
         if ref.address in ctx.index_like:
             return Decision(Kind.KEEP, "rule:index-like", "feeds only shape/index inputs (shape arithmetic)")
+        return None
+
+
+class EmbeddingRule(NodeRule):
+    """A Gather from a weight table (embeddings) runs low: the table is stored once in the low dtype and the
+    rows it returns are exact copies; the integer ids never count against range rules."""
+
+    def decide(self, ref: NodeRef, ctx: RuleContext) -> Decision | None:
+        node = ref.node
+        if node.op_type != "Gather" or len(node.input) < 2:
+            return None
+        table, ids = node.input[0], node.input[1]
+        if ctx.info.types.get(table) == FLOAT and ctx.info.is_const(table) and ctx.info.types.get(ids) in (6, 7) \
+                and ctx.info.numel(table) >= EMBEDDING_MIN_ELEMENTS:
+            return Decision(Kind.LOW, "rule:fp16-safe", "embedding lookup: the table is stored in low precision")
         return None
 
 
@@ -310,6 +328,7 @@ def default_rules(*, keep_ops: Iterable[str] = (), low_ops: Iterable[str] = (), 
         WeightRangeRule(),
         ActivationRangeRule(),
         IndexLikeRule(),
+        EmbeddingRule(),
         OpPolicyRule(),
     ]
 
