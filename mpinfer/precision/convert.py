@@ -90,14 +90,26 @@ def _check_config(cfg: ConvertConfig) -> None:
     if cfg.numerics not in NUMERICS:
         raise InvalidInputError(format_message("--numerics", repr(cfg.numerics), "strict or ort"))
     if cfg.precision is Precision.BF16 and cfg.numerics == "ort" and cfg.budget:
-        raise InvalidInputError(format_message(
-            "--numerics ort with --precision bf16", "a request to verify BF16 with ONNX Runtime",
-            "--numerics strict", "ONNX Runtime's CPU provider has no BF16 MatMul/Conv; BF16 is checked only "
-            "through strict emulation"))
-    if cfg.plan is not None and (cfg.budget or cfg.keep_ops or cfg.low_ops or cfg.keep_nodes or cfg.low_nodes):
-        raise InvalidInputError(format_message(
-            "--plan", "together with planning options (--budget/--keep-*/--low-*)", "--plan alone",
-            "edit the plan's \"precision\" fields instead, or re-plan without --plan"))
+        raise InvalidInputError(
+            format_message(
+                "--numerics ort with --precision bf16",
+                "a request to verify BF16 with ONNX Runtime",
+                "--numerics strict",
+                "ONNX Runtime's CPU provider has no BF16 MatMul/Conv; BF16 is checked only "
+                "through strict emulation",
+            )
+        )
+    if cfg.plan is not None and (
+        cfg.budget or cfg.keep_ops or cfg.low_ops or cfg.keep_nodes or cfg.low_nodes
+    ):
+        raise InvalidInputError(
+            format_message(
+                "--plan",
+                "together with planning options (--budget/--keep-*/--low-*)",
+                "--plan alone",
+                'edit the plan\'s "precision" fields instead, or re-plan without --plan',
+            )
+        )
     if cfg.budget:
         from mpinfer.precision.budget import parse_budget
 
@@ -138,8 +150,10 @@ def convert_precision(cfg: ConvertConfig) -> ConvertResult:
     model = ensure_opset(name_nodes(model), cfg.precision)
     baseline = run_checks(model)
     if baseline:
-        logger.warning("The input model already fails the %s check(s); the output is held to the others.",
-                       ", ".join(f.check for f in baseline))
+        logger.warning(
+            "The input model already fails the %s check(s); the output is held to the others.",
+            ", ".join(f.check for f in baseline),
+        )
     info = GraphInfo(model)
     if cfg.plan is not None:
         plan = _read_plan(cfg, info, sha)
@@ -148,14 +162,25 @@ def convert_precision(cfg: ConvertConfig) -> ConvertResult:
         plan, expected, search_cost = _make_plan(cfg, model, info, sha)
     result = apply_plan(model, info, plan.precisions(), cfg.precision, keep_io_types=plan.keep_io_types)
     gate(result.model, baseline=baseline, stage="apply")
-    plan.summary = summarize(info, plan.nodes, cast_count=result.cast_count,
-                             converted_weights=result.converted_weights, expected_error=expected,
-                             search=search_cost)
+    plan.summary = summarize(
+        info,
+        plan.nodes,
+        cast_count=result.cast_count,
+        converted_weights=result.converted_weights,
+        expected_error=expected,
+        search=search_cost,
+    )
     save_onnx(result.model, out)
     if cfg.plan is None or Path(cfg.plan).resolve() != plan_out.resolve():
         plan.save(plan_out)
-    logger.info("convert: %d/%d nodes in %s, %d casts, %.1fs", plan.summary["nodes_low"],
-                plan.summary["nodes_total"], cfg.precision.value, result.cast_count, time.perf_counter() - start)
+    logger.info(
+        "convert: %d/%d nodes in %s, %d casts, %.1fs",
+        plan.summary["nodes_low"],
+        plan.summary["nodes_total"],
+        cfg.precision.value,
+        result.cast_count,
+        time.perf_counter() - start,
+    )
     return ConvertResult(out, plan_out, plan)
 
 
@@ -166,22 +191,37 @@ def _read_plan(cfg: ConvertConfig, info: Any, sha: str) -> PrecisionPlan:
     plan = PrecisionPlan.load(cfg.plan)
     plan.check_matches([ref.address for ref in info.nodes], sha, str(cfg.plan), force=cfg.force)
     if plan.precision is not cfg.precision and cfg.precision is not Precision.FP16:
-        raise InvalidInputError(format_message(f"Plan '{cfg.plan}'", f"precision {plan.precision.value}",
-                                               f"{cfg.precision.value} (--precision)", "omit --precision with --plan"))
+        raise InvalidInputError(
+            format_message(
+                f"Plan '{cfg.plan}'",
+                f"precision {plan.precision.value}",
+                f"{cfg.precision.value} (--precision)",
+                "omit --precision with --plan",
+            )
+        )
     for n in plan.nodes:
         if not n.precision.is_low:
             continue
         ref = info.by_address[n.name]
         slots = info.slots(ref.node, plan.precision.onnx_dtype)
         if slots.blocked or not slots.has_float or ref.node.op_type in CONTROL_FLOW_OPS:
-            why = slots.blocked or ("it has no float tensors" if not slots.has_float else "it is control flow")
-            raise InvalidInputError(format_message(
-                f"Plan '{cfg.plan}': node '{n.name}' ({n.op_type})", f"precision {n.precision.value}",
-                "fp32 for this node", f"{why}; set its \"precision\" to \"fp32\""))
+            why = slots.blocked or (
+                "it has no float tensors" if not slots.has_float else "it is control flow"
+            )
+            raise InvalidInputError(
+                format_message(
+                    f"Plan '{cfg.plan}': node '{n.name}' ({n.op_type})",
+                    f"precision {n.precision.value}",
+                    "fp32 for this node",
+                    f'{why}; set its "precision" to "fp32"',
+                )
+            )
     return plan
 
 
-def _make_plan(cfg: ConvertConfig, model: Any, info: Any, sha: str) -> tuple[PrecisionPlan, dict, dict | None]:
+def _make_plan(
+    cfg: ConvertConfig, model: Any, info: Any, sha: str
+) -> tuple[PrecisionPlan, dict, dict | None]:
     from mpinfer import __version__
     from mpinfer.precision.overflow import overflow_nodes
     from mpinfer.precision.planner import RuleOptions, rule_plan
@@ -195,13 +235,33 @@ def _make_plan(cfg: ConvertConfig, model: Any, info: Any, sha: str) -> tuple[Pre
     if cfg.budget and feeds is not None:
         from mpinfer.precision.search import SearchConfig, search_plan
 
-        outcome = search_plan(model, info, decisions, nodes, feeds, SearchConfig(
-            budget=cfg.budget, precision=cfg.precision, numerics=cfg.numerics, keep_io_types=cfg.keep_io_types,
-            batches=cfg.search_batches, progress=cfg.progress))
+        outcome = search_plan(
+            model,
+            info,
+            decisions,
+            nodes,
+            feeds,
+            SearchConfig(
+                budget=cfg.budget,
+                precision=cfg.precision,
+                numerics=cfg.numerics,
+                keep_io_types=cfg.keep_io_types,
+                batches=cfg.search_batches,
+                progress=cfg.progress,
+            ),
+        )
         nodes, expected, search_cost = outcome.nodes, outcome.expected_error, outcome.cost
-    plan = PrecisionPlan(source_path=str(cfg.model), source_sha256=sha, precision=cfg.precision,
-                         numerics=cfg.numerics, keep_io_types=cfg.keep_io_types, nodes=list(nodes),
-                         budget=cfg.budget, calibration=calib_info, mpinfer_version=__version__)
+    plan = PrecisionPlan(
+        source_path=str(cfg.model),
+        source_sha256=sha,
+        precision=cfg.precision,
+        numerics=cfg.numerics,
+        keep_io_types=cfg.keep_io_types,
+        nodes=list(nodes),
+        budget=cfg.budget,
+        calibration=calib_info,
+        mpinfer_version=__version__,
+    )
     return plan, expected, search_cost
 
 
@@ -212,15 +272,25 @@ def _calibrate(cfg: ConvertConfig, model: Any) -> tuple[Any, Any, dict[str, Any]
 
     if cfg.calibration == NO_CALIBRATION:
         if cfg.budget:
-            raise InvalidInputError(format_message("--budget with --calibration none", "no data",
-                                                   "calibration data (or random)", "drop --calibration none"))
+            raise InvalidInputError(
+                format_message(
+                    "--budget with --calibration none",
+                    "no data",
+                    "calibration data (or random)",
+                    "drop --calibration none",
+                )
+            )
         return None, None, None
     specs = specs_from_onnx(model)
-    feeds = load_feeds(cfg.calibration, specs, batch_size=cfg.batch_size, num_batches=cfg.max_batches,
-                       seed=cfg.seed)
+    feeds = load_feeds(
+        cfg.calibration, specs, batch_size=cfg.batch_size, num_batches=cfg.max_batches, seed=cfg.seed
+    )
     if feeds.is_random:
-        logger.warning("No calibration data: using %s from the input specs. Range rules and the budget search "
-                       "then reflect random inputs, not your data; pass --calibration data.npz.", feeds.description)
+        logger.warning(
+            "No calibration data: using %s from the input specs. Range rules and the budget search "
+            "then reflect random inputs, not your data; pass --calibration data.npz.",
+            feeds.description,
+        )
     info = {"source": feeds.description, "kind": feeds.kind, "samples": int(feeds.num_samples)}
     try:
         from mpinfer.precision.calibrate import calibrate
@@ -242,9 +312,6 @@ def replace_config(cfg: ConvertConfig, **changes: Any) -> ConvertConfig:
     return replace(cfg, **changes)
 
 
-
-
-
 @dataclass(frozen=True)
 class ModelConversion:
     """An in-memory conversion: the new model, its plan entries and summary."""
@@ -254,15 +321,26 @@ class ModelConversion:
     summary: dict[str, Any]
 
 
-def convert_model(model: Any, precision: Precision = Precision.FP16, *, keep_ops: tuple[str, ...] = (),
-                  low_ops: tuple[str, ...] = (), keep_nodes: tuple[str, ...] = (), low_nodes: tuple[str, ...] = (),
-                  keep_io_types: bool = True, stats: Any = None) -> ModelConversion:
+def convert_model(
+    model: Any,
+    precision: Precision = Precision.FP16,
+    *,
+    keep_ops: tuple[str, ...] = (),
+    low_ops: tuple[str, ...] = (),
+    keep_nodes: tuple[str, ...] = (),
+    low_nodes: tuple[str, ...] = (),
+    keep_io_types: bool = True,
+    stats: Any = None,
+) -> ModelConversion:
     """Rules-only conversion of an in-memory FP32 model (no data, no search), behind the validity gate.
 
     Args:
         model: The ``onnx.ModelProto`` (not modified).
         precision: FP16 or BF16.
-        keep_ops / low_ops / keep_nodes / low_nodes: User overrides as in :class:`ConvertConfig`.
+        keep_ops: Op types kept FP32.
+        low_ops: Op types forced low.
+        keep_nodes: Node-address regexes kept FP32.
+        low_nodes: Node-address regexes forced low.
         keep_io_types: Keep graph inputs/outputs FP32.
         stats: Optional calibration statistics for the range rules.
 
@@ -284,10 +362,20 @@ def convert_model(model: Any, precision: Precision = Precision.FP16, *, keep_ops
     info = GraphInfo(named)
     options = RuleOptions(keep_ops, low_ops, keep_nodes, low_nodes)
     _, nodes = rule_plan(info, precision, options, keep_io_types=keep_io_types, stats=stats)
-    result = apply_plan(named, info, {n.name: n.precision for n in nodes}, precision, keep_io_types=keep_io_types)
+    result = apply_plan(
+        named, info, {n.name: n.precision for n in nodes}, precision, keep_io_types=keep_io_types
+    )
     gate(result.model, baseline=baseline, stage="apply")
     summary = summarize(info, nodes, cast_count=result.cast_count, converted_weights=result.converted_weights)
     return ModelConversion(result.model, nodes, summary)
 
-__all__ = ["ConvertConfig", "ConvertResult", "ModelConversion", "NodeDecision", "PrecisionPlan", "convert_model",
-           "convert_precision"]
+
+__all__ = [
+    "ConvertConfig",
+    "ConvertResult",
+    "ModelConversion",
+    "NodeDecision",
+    "PrecisionPlan",
+    "convert_model",
+    "convert_precision",
+]

@@ -1,5 +1,7 @@
-"""What the planner and the rewriter need to know about a graph: tensor types and shapes, producers and
-consumers (across If/Loop/Scan bodies), op schemas, which inputs of a node may be lowered, and FLOPs.
+"""What the planner and the rewriter need to know about a graph.
+
+Tensor types and shapes, producers and consumers (across If/Loop/Scan bodies), op schemas, which
+inputs of a node may be lowered, and FLOPs.
 """
 
 from __future__ import annotations
@@ -24,14 +26,43 @@ DEFAULT_DOMAINS = ("", "ai.onnx")
 PINNED_INPUTS: dict[str, tuple[int, ...]] = {"Resize": (1, 2)}
 # Inputs that carry shapes, axes, sizes or counts: whatever computes them is index-like, never converted.
 SHAPE_INPUTS: dict[str, tuple[int, ...]] = {
-    "Reshape": (1,), "Expand": (1,), "Slice": (1, 2, 3, 4), "Tile": (1,), "ConstantOfShape": (0,),
-    "Range": (0, 1, 2), "Resize": (1, 2, 3), "Upsample": (1,), "Pad": (1, 3), "TopK": (1,),
-    "Unsqueeze": (1,), "Squeeze": (1,), "Split": (1,), "OneHot": (1,), "CumSum": (1,),
-    "NonMaxSuppression": (2, 3, 4), "ReduceSum": (1,), "ReduceMean": (1,), "ReduceMax": (1,),
-    "ReduceMin": (1,), "ReduceProd": (1,), "ReduceL1": (1,), "ReduceL2": (1,), "ReduceLogSum": (1,),
-    "ReduceLogSumExp": (1,), "ReduceSumSquare": (1,), "RoiAlign": (2,), "GatherElements": (1,),
-    "Gather": (1,), "GatherND": (1,), "ScatterElements": (1,), "ScatterND": (1,), "Trilu": (1,),
-    "CenterCropPad": (1,), "Col2Im": (1, 2), "DFT": (1, 2), "STFT": (1, 2, 3),
+    "Reshape": (1,),
+    "Expand": (1,),
+    "Slice": (1, 2, 3, 4),
+    "Tile": (1,),
+    "ConstantOfShape": (0,),
+    "Range": (0, 1, 2),
+    "Resize": (1, 2, 3),
+    "Upsample": (1,),
+    "Pad": (1, 3),
+    "TopK": (1,),
+    "Unsqueeze": (1,),
+    "Squeeze": (1,),
+    "Split": (1,),
+    "OneHot": (1,),
+    "CumSum": (1,),
+    "NonMaxSuppression": (2, 3, 4),
+    "ReduceSum": (1,),
+    "ReduceMean": (1,),
+    "ReduceMax": (1,),
+    "ReduceMin": (1,),
+    "ReduceProd": (1,),
+    "ReduceL1": (1,),
+    "ReduceL2": (1,),
+    "ReduceLogSum": (1,),
+    "ReduceLogSumExp": (1,),
+    "ReduceSumSquare": (1,),
+    "RoiAlign": (2,),
+    "GatherElements": (1,),
+    "Gather": (1,),
+    "GatherND": (1,),
+    "ScatterElements": (1,),
+    "ScatterND": (1,),
+    "Trilu": (1,),
+    "CenterCropPad": (1,),
+    "Col2Im": (1, 2),
+    "DFT": (1, 2),
+    "STFT": (1, 2, 3),
 }
 
 
@@ -65,8 +96,9 @@ class GraphInfo:
         self.model = model
         self.opsets = {(imp.domain or ""): imp.version for imp in model.opset_import}
         try:
-            inferred = onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False,
-                                                         data_prop=True)
+            inferred = onnx.shape_inference.infer_shapes(
+                model, check_type=False, strict_mode=False, data_prop=True
+            )
         except Exception as err:  # noqa: BLE001 - inference is best effort here; the gate is strict
             logger.debug("shape inference failed on the input model: %s", err)
             inferred = model
@@ -101,8 +133,9 @@ class GraphInfo:
                 if tt.elem_type:
                     self.types[vi.name] = tt.elem_type
                 if tt.HasField("shape"):
-                    self.shapes[vi.name] = tuple(d.dim_value if d.HasField("dim_value") else None
-                                                 for d in tt.shape.dim)
+                    self.shapes[vi.name] = tuple(
+                        d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim
+                    )
         for init in graph.initializer:
             self.types[init.name] = init.data_type
             self.shapes[init.name] = tuple(init.dims)
@@ -155,8 +188,10 @@ class GraphInfo:
         float_vars = {in_params[i] for i in float_in if i not in pinned} | {out_params[i] for i in float_out}
         lowered = {v for v in float_vars if v in allowed and low_str in allowed[v]}
         if float_vars and not lowered:
-            out.blocked = (f"{node.op_type} (opset {self.opset_of(node)}) has no "
-                           f"{low_str[7:-1]} type for its float tensors")
+            out.blocked = (
+                f"{node.op_type} (opset {self.opset_of(node)}) has no "
+                f"{low_str[7:-1]} type for its float tensors"
+            )
             return out
         out.inputs = [i for i in float_in if in_params[i] in lowered and i not in pinned]
         out.outputs = [i for i in float_out if out_params[i] in lowered]

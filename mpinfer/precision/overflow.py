@@ -79,9 +79,13 @@ def overflow_nodes(model: Any, path: Path) -> dict[str, str]:
         if not isinstance(modules, list):
             raise TypeError("modules is not a list")
     except (OSError, ValueError, KeyError, TypeError) as err:
-        raise InvalidInputError(format_message(
-            f"Overflow file '{path}'", f"an unreadable or malformed file ({err})",
-            'JSON with "modules": [{"module": "features.3", ...}] as written by `mpinfer train`')) from err
+        raise InvalidInputError(
+            format_message(
+                f"Overflow file '{path}'",
+                f"an unreadable or malformed file ({err})",
+                'JSON with "modules": [{"module": "features.3", ...}] as written by `mpinfer train`',
+            )
+        ) from err
     out: dict[str, str] = {}
     unmatched = []
     for entry in modules:
@@ -93,8 +97,11 @@ def overflow_nodes(model: Any, path: Path) -> dict[str, str]:
             unmatched.append(module)
         frac = entry.get("overflow_frac", 0.0)
         for addr in nodes:
-            out.setdefault(addr, f"module '{module}' overflowed FP16 in training ({entry.get('kind', 'activation')}, "
-                                 f"{float(frac):.2%} of steps)")
+            out.setdefault(
+                addr,
+                f"module '{module}' overflowed FP16 in training ({entry.get('kind', 'activation')}, "
+                f"{float(frac):.2%} of steps)",
+            )
     if unmatched:
         logger.warning("overflow.json modules with no matching ONNX node: %s", ", ".join(unmatched[:10]))
     return out

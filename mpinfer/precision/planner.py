@@ -27,17 +27,24 @@ class RuleOptions:
     overflow_nodes: Mapping[str, str] = field(default_factory=dict)
 
 
-def classify_nodes(info: GraphInfo, precision: Precision, options: RuleOptions,
-                   stats: Mapping[str, Any] | None = None) -> dict[str, Decision]:
+def classify_nodes(
+    info: GraphInfo, precision: Precision, options: RuleOptions, stats: Mapping[str, Any] | None = None
+) -> dict[str, Decision]:
     """Rule verdict per node address."""
-    rules = default_rules(keep_ops=options.keep_ops, low_ops=options.low_ops, keep_nodes=options.keep_nodes,
-                          low_nodes=options.low_nodes, overflow_nodes=options.overflow_nodes)
+    rules = default_rules(
+        keep_ops=options.keep_ops,
+        low_ops=options.low_ops,
+        keep_nodes=options.keep_nodes,
+        low_nodes=options.low_nodes,
+        overflow_nodes=options.overflow_nodes,
+    )
     ctx = RuleContext(info=info, precision=precision, index_like=shape_subgraph(info), stats=stats)
     return NodeClassifier(rules).classify(ctx)
 
 
-def decisions_to_nodes(info: GraphInfo, decisions: Mapping[str, Decision],
-                       precisions: Mapping[str, Precision]) -> list[NodeDecision]:
+def decisions_to_nodes(
+    info: GraphInfo, decisions: Mapping[str, Decision], precisions: Mapping[str, Precision]
+) -> list[NodeDecision]:
     """Plan entries in graph order, with FLOPs and weight bytes among the numbers."""
     nodes = []
     for ref in info.nodes:
@@ -55,24 +62,39 @@ def decisions_to_nodes(info: GraphInfo, decisions: Mapping[str, Decision],
     return nodes
 
 
-def rule_plan(info: GraphInfo, precision: Precision, options: RuleOptions, *, keep_io_types: bool = True,
-              stats: Mapping[str, Any] | None = None) -> tuple[dict[str, Decision], list[NodeDecision]]:
+def rule_plan(
+    info: GraphInfo,
+    precision: Precision,
+    options: RuleOptions,
+    *,
+    keep_io_types: bool = True,
+    stats: Mapping[str, Any] | None = None,
+) -> tuple[dict[str, Decision], list[NodeDecision]]:
     """Classify, resolve follow-ops, and return verdicts and plan entries."""
     decisions = classify_nodes(info, precision, options, stats)
     precisions = resolve_precisions(info, decisions, precision, keep_io_types=keep_io_types)
     return decisions, decisions_to_nodes(info, decisions, precisions)
 
 
-def summarize(info: GraphInfo, nodes: Sequence[NodeDecision], *, cast_count: int,
-              converted_weights: Sequence[str], expected_error: Mapping[str, Any] | None = None,
-              search: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def summarize(
+    info: GraphInfo,
+    nodes: Sequence[NodeDecision],
+    *,
+    cast_count: int,
+    converted_weights: Sequence[str],
+    expected_error: Mapping[str, Any] | None = None,
+    search: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
     """The plan summary: shares of nodes, FLOPs and weight bytes in low precision, casts, error, cost."""
     float_nodes = [n for n in nodes if n.reason != "rule:index-like" or n.precision.is_low]
     low = [n for n in nodes if n.precision.is_low]
     total_flops = sum(n.stats.get("flops", 0.0) for n in float_nodes) or 1.0
     low_flops = sum(n.stats.get("flops", 0.0) for n in low)
-    weights = {name: 4 * info.numel(name) for name, t in info.types.items()
-               if t == FLOAT and info.is_const(name) and name in info.consumers}
+    weights = {
+        name: 4 * info.numel(name)
+        for name, t in info.types.items()
+        if t == FLOAT and info.is_const(name) and name in info.consumers
+    }
     total_w = sum(weights.values())
     low_w = sum(weights.get(name, 0) for name in set(converted_weights))
     reasons: dict[str, int] = {}

@@ -1,5 +1,8 @@
-"""Turn rule verdicts into one precision per node: follow-ops take their inputs' precision (forward),
-and where the inputs say nothing (constants only) their consumers' (backward)."""
+"""Turn rule verdicts into one precision per node.
+
+Follow-ops take their inputs' precision (forward),
+and where the inputs say nothing (constants only) their consumers' (backward).
+"""
 
 from __future__ import annotations
 
@@ -10,8 +13,9 @@ from mpinfer.precision.rules import Decision, Kind
 from mpinfer.specs import Precision
 
 
-def resolve_precisions(info: GraphInfo, decisions: Mapping[str, Decision], low: Precision,
-                       *, keep_io_types: bool = True) -> dict[str, Precision]:
+def resolve_precisions(
+    info: GraphInfo, decisions: Mapping[str, Decision], low: Precision, *, keep_io_types: bool = True
+) -> dict[str, Precision]:
     """Return address → precision for every node.
 
     Args:
@@ -49,7 +53,7 @@ def resolve_precisions(info: GraphInfo, decisions: Mapping[str, Decision], low: 
         if prec[ref.address] is not None:
             continue
         wants = []
-        for i, name in enumerate(ref.node.output):
+        for name in ref.node.output:
             if not name or info.types.get(name) != FLOAT:
                 continue
             if name in info.graph_outputs:

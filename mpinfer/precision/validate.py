@@ -1,7 +1,9 @@
-"""The validity gate run after every rewrite: full ``onnx.checker``, strict type/shape inference and an
-ONNX Runtime session load. A failure is a bug in mpinfer (:class:`InternalError` naming the node), never
+"""The validity gate run after every rewrite.
+
+Full ``onnx.checker``, strict type/shape inference and an ONNX Runtime session load. A failure is a
+bug in mpinfer (:class:`InternalError` naming the node), never
 an invalid file on disk. Checks the *input* model already fails (e.g. ONNX Runtime has no kernel for one of
-its ops) are not held against the output; :func:`baseline_failures` records them.
+its ops) are not held against the output (``gate(baseline=...)``).
 """
 
 from __future__ import annotations
@@ -82,8 +84,9 @@ def _run(model: Any, path: Path | None, checks: tuple[str, ...]) -> list[GateFai
                 onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True)
             else:
                 with tempfile.TemporaryDirectory() as td:
-                    onnx.shape_inference.infer_shapes_path(str(path), str(Path(td) / "inferred.onnx"),
-                                                           check_type=True, strict_mode=True)
+                    onnx.shape_inference.infer_shapes_path(
+                        str(path), str(Path(td) / "inferred.onnx"), check_type=True, strict_mode=True
+                    )
         except Exception as err:  # noqa: BLE001 - InferenceError and friends
             failures.append(GateFailure("inference", _node_from(str(err)), str(err)))
     if "onnxruntime" in checks:
@@ -110,8 +113,9 @@ def _ort_load(model: Any, path: Path | None) -> None:
     ort.InferenceSession(src, so, providers=["CPUExecutionProvider"])
 
 
-def gate(model: Any, *, baseline: list[GateFailure] | None = None, stage: str = "rewrite",
-         path: Path | None = None) -> None:
+def gate(
+    model: Any, *, baseline: list[GateFailure] | None = None, stage: str = "rewrite", path: Path | None = None
+) -> None:
     """Raise InternalError if ``model`` fails a check the input model passed.
 
     Args:

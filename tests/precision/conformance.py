@@ -48,8 +48,11 @@ def float_cases(select=None) -> list[Any]:
         m = case.model
         if m is None or not case.data_sets:
             continue
-        types = [vi.type.tensor_type.elem_type for vi in list(m.graph.input) + list(m.graph.output)
-                 if vi.type.HasField("tensor_type")] + [t.data_type for t in m.graph.initializer]
+        types = [
+            vi.type.tensor_type.elem_type
+            for vi in list(m.graph.input) + list(m.graph.output)
+            if vi.type.HasField("tensor_type")
+        ] + [t.data_type for t in m.graph.initializer]
         low, _ = low_tensor_count(m)
         if TensorProto.FLOAT in types and not low:
             out.append(case)
@@ -68,13 +71,21 @@ def _ort(model: Any, feeds: dict[str, Any]) -> list[Any]:
 
 def _feeds(case: Any) -> dict[str, Any]:
     inputs = case.data_sets[0][0]
-    names = [vi.name for vi in case.model.graph.input if vi.name not in {t.name for t in case.model.graph.initializer}]
+    names = [
+        vi.name
+        for vi in case.model.graph.input
+        if vi.name not in {t.name for t in case.model.graph.initializer}
+    ]
     return dict(zip(names, inputs, strict=False))
 
 
 def _close(got: Any, want: Any) -> bool:
     if isinstance(want, list):
-        return isinstance(got, list) and len(got) == len(want) and all(_close(g, w) for g, w in zip(got, want))
+        return (
+            isinstance(got, list)
+            and len(got) == len(want)
+            and all(_close(g, w) for g, w in zip(got, want, strict=False))
+        )
     g, w = np.asarray(got), np.asarray(want)
     if g.shape != w.shape:
         return False
@@ -97,8 +108,15 @@ def _run_converted(model: Any, feeds: dict[str, Any]) -> list[Any]:
     except Exception as err:  # noqa: BLE001
         # ONNX Runtime's CPU provider lacks some FP16 kernels or variants (reductions of ScatterND, ...):
         # the strict emulator runs the converted model instead.
-        if not any(m in str(err) for m in ("Could not find an implementation", "Failed to find kernel",
-                                           "MLFloat16", "not supported")):
+        if not any(
+            m in str(err)
+            for m in (
+                "Could not find an implementation",
+                "Failed to find kernel",
+                "MLFloat16",
+                "not supported",
+            )
+        ):
             raise
     from mpinfer.precision.emulate import GraphEmulator
 
@@ -119,7 +137,11 @@ def check_case(case: Any, *, force_low: bool = False) -> Outcome:
             ort_ref = _ort(case.model, feeds)
     except Exception:  # noqa: BLE001 - ORT lacks this op/variant: nothing to compare against
         ort_ref = None
-    ops = tuple(sorted({n.op_type for n in case.model.graph.node if n.domain in ("", "ai.onnx")})) if force_low else ()
+    ops = (
+        tuple(sorted({n.op_type for n in case.model.graph.node if n.domain in ("", "ai.onnx")}))
+        if force_low
+        else ()
+    )
     try:
         conv = convert_model(case.model, low_ops=ops)
     except InternalError as err:

@@ -26,7 +26,10 @@ def cases():
 
 def _report(label, counts):
     c = counts.counter()
-    print(f"\nconformance {label}: {len(counts.outcomes)} float cases in {counts.seconds:.1f}s: {dict(sorted(c.items()))}")
+    print(
+        f"\nconformance {label}: {len(counts.outcomes)} float cases in {counts.seconds:.1f}s: "
+        f"{dict(sorted(c.items()))}"
+    )
     bad = [o for o in counts.outcomes if o.status in ("crash", "invalid")]
     return c, bad
 

@@ -17,8 +17,9 @@ from tests.precision.graphs import mlp, save
 @pytest.fixture
 def converted(tmp_path):
     src = save(mlp(), tmp_path / "m.onnx")
-    return src, convert_precision(ConvertConfig(model=src, output=tmp_path / "out" / "m.fp16.onnx",
-                                                calibration="none"))
+    return src, convert_precision(
+        ConvertConfig(model=src, output=tmp_path / "out" / "m.fp16.onnx", calibration="none")
+    )
 
 
 def test_plan_file_layout(converted):
@@ -30,8 +31,15 @@ def test_plan_file_layout(converted):
     assert [n["name"] for n in data["nodes"]] == ["fc1", "add1", "relu", "fc2", "add2", "softmax"]
     assert {n["reason"] for n in data["nodes"]} <= REASON_CODES
     s = data["summary"]
-    for key in ("nodes_total", "nodes_low", "low_share_nodes", "low_share_flops", "low_share_weight_bytes",
-                "cast_count", "expected_error"):
+    for key in (
+        "nodes_total",
+        "nodes_low",
+        "low_share_nodes",
+        "low_share_flops",
+        "low_share_weight_bytes",
+        "cast_count",
+        "expected_error",
+    ):
         assert key in s
     assert s["nodes_low"] == 5 and 0.9 < s["low_share_flops"] < 1.0
     assert PrecisionPlan.load(res.plan_path).to_json() == res.plan_path.read_text()

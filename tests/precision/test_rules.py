@@ -31,12 +31,17 @@ def test_op_policy_follow_and_keep():
 
 
 def test_index_like_ops_never_converted():
-    nodes = [helper.make_node("MatMul", ["x", "w"], ["s"], name="mm"),
-             helper.make_node("TopK", ["s", "k"], ["v", "i"], name="topk", axis=-1),
-             helper.make_node("ArgMax", ["s"], ["am"], name="argmax", axis=-1)]
-    model = make(nodes, [fvi("x", [2, 4])], [fvi("v", [2, 2]), fvi("i", [2, 2], TensorProto.INT64),
-                                              fvi("am", [2, 1], TensorProto.INT64)],
-                 [init("w", rng_w(4, 4)), init("k", np.array([2], np.int64))])
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["s"], name="mm"),
+        helper.make_node("TopK", ["s", "k"], ["v", "i"], name="topk", axis=-1),
+        helper.make_node("ArgMax", ["s"], ["am"], name="argmax", axis=-1),
+    ]
+    model = make(
+        nodes,
+        [fvi("x", [2, 4])],
+        [fvi("v", [2, 2]), fvi("i", [2, 2], TensorProto.INT64), fvi("am", [2, 1], TensorProto.INT64)],
+        [init("w", rng_w(4, 4)), init("k", np.array([2], np.int64))],
+    )
     p = _plan(model)
     assert p["topk"] == (Precision.FP32, "rule:index-like")
     assert p["argmax"] == (Precision.FP32, "rule:index-like")
@@ -54,8 +59,10 @@ def test_user_overrides_both_ways_and_regex_errors():
 
 
 def test_range_rules_from_calibration_stats():
-    stats = {"h": {"absmax": 1e5, "p999": 5e4, "fp16_overflow_frac": 0.01},
-             "r": {"absmax": 1.0, "fp16_underflow_frac": 0.5, "bf16_underflow_frac": 0.0}}
+    stats = {
+        "h": {"absmax": 1e5, "p999": 5e4, "fp16_overflow_frac": 0.01},
+        "r": {"absmax": 1.0, "fp16_underflow_frac": 0.5, "bf16_underflow_frac": 0.0},
+    }
     p = _plan(mlp(), stats=stats)
     assert p["fc1"] == (Precision.FP32, "range:overflow")  # producer of h
     assert p["add1"] == (Precision.FP32, "range:overflow")  # consumer of h
@@ -66,25 +73,42 @@ def test_range_rules_from_calibration_stats():
 
 
 def test_integer_inputs_never_count_against_ranges():
-    nodes = [helper.make_node("Gather", ["table", "ids"], ["e"], name="embed"),
-             helper.make_node("MatMul", ["e", "w"], ["y"], name="mm")]
-    model = make(nodes, [fvi("ids", [2, 5], TensorProto.INT64)], [fvi("y", [2, 5, 4])],
-                 [init("table", rng_w(100, 8)), init("w", rng_w(8, 4))])
+    nodes = [
+        helper.make_node("Gather", ["table", "ids"], ["e"], name="embed"),
+        helper.make_node("MatMul", ["e", "w"], ["y"], name="mm"),
+    ]
+    model = make(
+        nodes,
+        [fvi("ids", [2, 5], TensorProto.INT64)],
+        [fvi("y", [2, 5, 4])],
+        [init("table", rng_w(100, 8)), init("w", rng_w(8, 4))],
+    )
     p = _plan(model, stats={"ids": {"absmax": 1e9, "fp16_overflow_frac": 1.0}})
     assert p["embed"] == (Precision.FP16, "rule:fp16-safe")
     assert p["mm"] == (Precision.FP16, "rule:fp16-safe")
 
 
 def test_overflow_json_maps_modules_to_nodes(tmp_path):
-    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="/features/features.3/Conv"),
-             helper.make_node("Relu", ["c"], ["r"], name="/features/features.4/Relu"),
-             helper.make_node("Conv", ["r", "w"], ["y"], name="/head/conv/Conv")]
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], name="/features/features.3/Conv"),
+        helper.make_node("Relu", ["c"], ["r"], name="/features/features.4/Relu"),
+        helper.make_node("Conv", ["r", "w"], ["y"], name="/head/conv/Conv"),
+    ]
     model = make(nodes, [fvi("x", [1, 2, 4, 4])], [fvi("y", [1, 2, 4, 4])], [init("w", rng_w(2, 2, 1, 1))])
     assert match_module(model, "features.3") == ["/features/features.3/Conv"]
     assert match_module(model, "head") == ["/head/conv/Conv"]
     path = tmp_path / "overflow.json"
-    path.write_text(json.dumps({"schema_version": 1, "precision": "fp16", "modules": [
-        {"module": "features.3", "type": "Conv2d", "kind": "activation", "overflow_frac": 0.02}]}))
+    path.write_text(
+        json.dumps(
+            {
+                "schema_version": 1,
+                "precision": "fp16",
+                "modules": [
+                    {"module": "features.3", "type": "Conv2d", "kind": "activation", "overflow_frac": 0.02}
+                ],
+            }
+        )
+    )
     mapped = overflow_nodes(model, path)
     p = _plan(model, overflow_nodes=mapped)
     assert p["/features/features.3/Conv"] == (Precision.FP32, "overflow-json")
