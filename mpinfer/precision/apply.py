@@ -45,11 +45,11 @@ def low_array(arr: np.ndarray, low: Precision) -> np.ndarray:
     return arr.astype(low.numpy_dtype)
 
 
-def to_low_tensor(tensor: Any, low: Precision) -> Any:
-    """A TensorProto with the same name and shape in the low dtype."""
+def to_low_tensor(tensor: Any, low: Precision, base_dir: str = "") -> Any:
+    """A TensorProto with the same name and shape in the low dtype (external data read from ``base_dir``)."""
     from onnx import numpy_helper
 
-    arr = numpy_helper.to_array(tensor)
+    arr = numpy_helper.to_array(tensor, base_dir)
     out = numpy_helper.from_array(low_array(arr, low), tensor.name)
     return out
 
@@ -165,11 +165,11 @@ class GraphRewriter:
                 continue
             wants = self._wanted(init.name)
             if wants == {self.low_type}:
-                init.CopyFrom(to_low_tensor(init, self.low))
+                init.CopyFrom(to_low_tensor(init, self.low, self.info.base_dir))
                 self.types[init.name] = self.low_type
             elif self.low_type in wants:
                 copy_name = self._unique(f"{init.name}__{CAST_TAG[self.low_type]}")
-                t = to_low_tensor(init, self.low)
+                t = to_low_tensor(init, self.low, self.info.base_dir)
                 t.name = copy_name
                 extra.append(t)
                 self.copies[init.name] = copy_name

@@ -135,7 +135,7 @@ def convert_precision(cfg: ConvertConfig) -> ConvertResult:
     from mpinfer.precision.graphinfo import GraphInfo
     from mpinfer.precision.normalize import check_not_low, ensure_opset
     from mpinfer.precision.planner import summarize
-    from mpinfer.precision.validate import gate, run_checks
+    from mpinfer.precision.validate import gate, run_checks, run_checks_path
 
     start = time.perf_counter()
     _check_config(cfg)
@@ -144,24 +144,31 @@ def convert_precision(cfg: ConvertConfig) -> ConvertResult:
     if cfg.plan is not None:
         require_file(cfg.plan, "Plan")
     check_output_path(plan_out, [cfg.model, cfg.keep_fp32_from], force=True)
-    model = load_onnx(cfg.model)
+    model = load_onnx(cfg.model, load_external_data=False)
+    large = _uses_external_data(model)
+    base_dir = str(Path(cfg.model).resolve().parent)
+    if large and cfg.calibration != NO_CALIBRATION:
+        from onnx.external_data_helper import load_external_data_for_model
+
+        load_external_data_for_model(model, base_dir)  # the reference run needs the weights in memory
+        large = False
     sha = sha256_file(cfg.model)
     model = check_not_low(model, str(cfg.model), force=cfg.force)
     model = ensure_opset(name_nodes(model), cfg.precision)
-    baseline = run_checks(model)
+    baseline = run_checks_path(cfg.model) if large else run_checks(model)
     if baseline:
         logger.warning(
             "The input model already fails the %s check(s); the output is held to the others.",
             ", ".join(f.check for f in baseline),
         )
-    info = GraphInfo(model)
+    info = GraphInfo(model, base_dir=base_dir if large else None)
     if cfg.plan is not None:
         plan = _read_plan(cfg, info, sha)
         expected, search_cost = plan.summary.get("expected_error", {}), plan.summary.get("search")
     else:
         plan, expected, search_cost = _make_plan(cfg, model, info, sha)
-    result = apply_plan(model, info, plan.precisions(), cfg.precision, keep_io_types=plan.keep_io_types)
-    gate(result.model, baseline=baseline, stage="apply")
+    del model  # large models: only the graph and the converted weights stay in memory from here on
+    result = apply_plan(info.model, info, plan.precisions(), cfg.precision, keep_io_types=plan.keep_io_types)
     plan.summary = summarize(
         info,
         plan.nodes,
@@ -170,7 +177,14 @@ def convert_precision(cfg: ConvertConfig) -> ConvertResult:
         expected_error=expected,
         search=search_cost,
     )
-    save_onnx(result.model, out)
+    if large:
+        from onnx.external_data_helper import load_external_data_for_model
+
+        load_external_data_for_model(result.model, base_dir)  # the FP32 weights that stayed FP32
+        _save_gated(result.model, out, baseline)
+    else:
+        gate(result.model, baseline=baseline, stage="apply")
+        save_onnx(result.model, out)
     if cfg.plan is None or Path(cfg.plan).resolve() != plan_out.resolve():
         plan.save(plan_out)
     logger.info(
@@ -182,6 +196,35 @@ def convert_precision(cfg: ConvertConfig) -> ConvertResult:
         time.perf_counter() - start,
     )
     return ConvertResult(out, plan_out, plan)
+
+
+def _uses_external_data(model: Any) -> bool:
+    from onnx.external_data_helper import uses_external_data
+
+    return any(uses_external_data(t) for t in model.graph.initializer)
+
+
+def _save_gated(model: Any, out: Path, baseline: list[Any]) -> None:
+    """Large models: save next to ``out`` in a temp folder, gate the saved file, then move it into place."""
+    import os
+    import shutil
+    import tempfile
+
+    from mpinfer.modelio import save_onnx
+    from mpinfer.precision.validate import gate
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        path = save_onnx(model, tmp / out.name)
+        del model
+        gate(None, baseline=baseline, stage="apply", path=path)
+        data = tmp / (out.name + ".data")
+        if data.exists():
+            os.replace(data, out.parent / data.name)
+        os.replace(path, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _read_plan(cfg: ConvertConfig, info: Any, sha: str) -> PrecisionPlan:

@@ -88,12 +88,14 @@ class GraphInfo:
 
     Args:
         model: A model whose nodes are all named (``mpinfer.modelio.name_nodes``).
+        base_dir: Folder of the model file, for tensors whose data is still external (large models).
     """
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: Any, base_dir: str | None = None) -> None:
         import onnx
 
         self.model = model
+        self.base_dir = base_dir or ""
         self.opsets = {(imp.domain or ""): imp.version for imp in model.opset_import}
         try:
             inferred = onnx.shape_inference.infer_shapes(
@@ -205,7 +207,7 @@ class GraphInfo:
         from onnx import numpy_helper
 
         if name in self.initializers:
-            return numpy_helper.to_array(self.initializers[name])
+            return numpy_helper.to_array(self.initializers[name], self.base_dir)
         addr = self.producer.get(name)
         if addr is not None:
             node = self.by_address[addr].node

@@ -302,3 +302,18 @@ def test_custom_domain_kept_and_reported(tmp_path, keep_io):
     assert by["custom"].reason == "custom-domain" and by["custom"].precision is Precision.FP32
     assert by["mm"].precision is Precision.FP16
     assert any(n.op_type == "Cast" and n.input[0] == "a" for n in out.graph.node)
+
+
+def test_external_data_model_converted_streaming(tmp_path):
+    src = tmp_path / "ext" / "m.onnx"
+    src.parent.mkdir()
+    onnx.save_model(mlp(), str(src), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location="m.onnx.data", size_threshold=0)
+    res = convert_precision(ConvertConfig(model=src, output=tmp_path / "out" / "m.fp16.onnx", calibration="none",
+                                          keep_ops=("Add",)))
+    out = onnx.load(str(res.output))
+    inits = {t.name: t.data_type for t in out.graph.initializer}
+    assert inits["w1"] == FP16 and inits["b1"] == TensorProto.FLOAT
+    x = np.random.default_rng(0).standard_normal((3, 8)).astype(np.float32)
+    np.testing.assert_allclose(run_ort(res.output, {"x": x})[0], run_ort(mlp(), {"x": x})[0], atol=2e-3)
+    assert not list((tmp_path / "out").glob(".*"))  # no temp folders left behind
