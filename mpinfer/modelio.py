@@ -17,6 +17,7 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from mpinfer.errors import InvalidInputError, ModelLoadError, format_message
 
@@ -213,8 +214,8 @@ class NodeRef:
     """
 
     address: str
-    node: object
-    graph: object
+    node: Any
+    graph: Any
     depth: int
 
 
