@@ -33,8 +33,16 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 BUDGET = "cosine>=0.9999,top1>=0.999"
-MODELS = ["digits_cnn", "mlp", "resnet_small", "transformer_small", "control_flow", "hard_overflow", "hard_bn_var",
-          "hard_shared_weight"]
+MODELS = [
+    "digits_cnn",
+    "mlp",
+    "resnet_small",
+    "transformer_small",
+    "control_flow",
+    "hard_overflow",
+    "hard_bn_var",
+    "hard_shared_weight",
+]
 TOOLS = ["mpinfer", "occ-fp16", "occ-auto", "modelopt"]
 TOOL_TIMEOUT = 900
 
@@ -56,28 +64,40 @@ def hard_model(name: str, out: Path) -> Path:
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 64])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 10])
     if name == "hard_overflow":  # a detection-head-like score that reaches ~1e5 before being normalised
-        nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"], name="feat"),
-                 helper.make_node("Mul", ["h", "big"], ["s"], name="scale"),
-                 helper.make_node("MatMul", ["s", "w2"], ["s2"], name="head"),
-                 helper.make_node("Div", ["s2", "norm"], ["y"], name="normalise")]
+        nodes = [
+            helper.make_node("MatMul", ["x", "w1"], ["h"], name="feat"),
+            helper.make_node("Mul", ["h", "big"], ["s"], name="scale"),
+            helper.make_node("MatMul", ["s", "w2"], ["s2"], name="head"),
+            helper.make_node("Div", ["s2", "norm"], ["y"], name="normalise"),
+        ]
         inits = [t("w1", w(64, 64)), t("big", 3000.0), t("w2", w(64, 10)), t("norm", 1e4)]
     elif name == "hard_bn_var":  # an unfused BatchNorm with a running variance of 1e8
         x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4, 8, 8])
         y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 10])
-        nodes = [helper.make_node("Conv", ["x", "cw"], ["c"], name="conv", pads=[1, 1, 1, 1]),
-                 helper.make_node("BatchNormalization", ["c", "g", "b", "m", "v"], ["bn"], name="bn"),
-                 helper.make_node("Relu", ["bn"], ["r"], name="relu"),
-                 helper.make_node("GlobalAveragePool", ["r"], ["p"], name="pool"),
-                 helper.make_node("Flatten", ["p"], ["f"], name="flat"),
-                 helper.make_node("Gemm", ["f", "fw"], ["y"], name="fc")]
-        inits = [t("cw", w(16, 4, 3, 3, scale=300.0)), t("g", np.ones(16)), t("b", np.zeros(16)),
-                 t("m", np.zeros(16)), t("v", np.full(16, 1e8)), t("fw", w(16, 10, scale=1.0))]
+        nodes = [
+            helper.make_node("Conv", ["x", "cw"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+            helper.make_node("BatchNormalization", ["c", "g", "b", "m", "v"], ["bn"], name="bn"),
+            helper.make_node("Relu", ["bn"], ["r"], name="relu"),
+            helper.make_node("GlobalAveragePool", ["r"], ["p"], name="pool"),
+            helper.make_node("Flatten", ["p"], ["f"], name="flat"),
+            helper.make_node("Gemm", ["f", "fw"], ["y"], name="fc"),
+        ]
+        inits = [
+            t("cw", w(16, 4, 3, 3, scale=300.0)),
+            t("g", np.ones(16)),
+            t("b", np.zeros(16)),
+            t("m", np.zeros(16)),
+            t("v", np.full(16, 1e8)),
+            t("fw", w(16, 10, scale=1.0)),
+        ]
     else:  # hard_shared_weight: one initializer read by an FP16-safe MatMul and an FP32 Softmax path
-        nodes = [helper.make_node("MatMul", ["x", "wsh"], ["a"], name="mm"),
-                 helper.make_node("Add", ["a", "wrow"], ["b"], name="add"),
-                 helper.make_node("ReduceSum", ["wsh"], ["colsum"], name="colsum", keepdims=0),
-                 helper.make_node("Softmax", ["b"], ["sm"], name="softmax", axis=-1),
-                 helper.make_node("Mul", ["sm", "colsum"], ["y"], name="weight")]
+        nodes = [
+            helper.make_node("MatMul", ["x", "wsh"], ["a"], name="mm"),
+            helper.make_node("Add", ["a", "wrow"], ["b"], name="add"),
+            helper.make_node("ReduceSum", ["wsh"], ["colsum"], name="colsum", keepdims=0),
+            helper.make_node("Softmax", ["b"], ["sm"], name="softmax", axis=-1),
+            helper.make_node("Mul", ["sm", "colsum"], ["y"], name="weight"),
+        ]
         inits = [t("wsh", w(64, 10)), t("wrow", w(10))]
         inits[0].name = "wsh"
         nodes[2].input[:] = ["wsh", "axes0"]
@@ -107,8 +127,16 @@ def export(name: str, out: Path, **build_kw) -> Path:
         dyn = {names[0]: {0: "batch", 1: "seq"}}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(model, mod.example_inputs(), str(out), dynamo=False, input_names=names,
-                          output_names=["y"], opset_version=17, dynamic_axes=dyn)
+        torch.onnx.export(
+            model,
+            mod.example_inputs(),
+            str(out),
+            dynamo=False,
+            input_names=names,
+            output_names=["y"],
+            opset_version=17,
+            dynamic_axes=dyn,
+        )
     return out
 
 
@@ -121,8 +149,11 @@ def make_data(name: str, model_path: Path, folder: Path) -> tuple[Path, dict[str
 
     if name == "digits_cnn":
         cal = ROOT / "calibration" / "digits.npz"
-        val = np.load(ROOT / "calibration" / "digits_val.npz") if (ROOT / "calibration" / "digits_val.npz").exists() \
+        val = (
+            np.load(ROOT / "calibration" / "digits_val.npz")
+            if (ROOT / "calibration" / "digits_val.npz").exists()
             else np.load(cal)
+        )
         return cal, {"x": val["x"][:128]}
     specs = specs_from_onnx(onnx.load(str(model_path)))
     cal_batch = next(iter(load_feeds("random:1", specs, batch_size=64, seed=0)))
@@ -139,8 +170,11 @@ def run_tool(tool: str, src: Path, dst: Path, cal: Path) -> dict:
     if tool == "mpinfer":
         from mpinfer.precision import ConvertConfig, convert_precision
 
-        res = convert_precision(ConvertConfig(model=src, output=dst, calibration=str(cal), budget=BUDGET,
-                                              force=True, progress=False))
+        res = convert_precision(
+            ConvertConfig(
+                model=src, output=dst, calibration=str(cal), budget=BUDGET, force=True, progress=False
+            )
+        )
         return {"search": res.plan.summary.get("search")}
     model = onnx.load(str(src))
     if tool == "occ-fp16":
@@ -155,16 +189,22 @@ def run_tool(tool: str, src: Path, dst: Path, cal: Path) -> dict:
 
         def validate(res1, res2) -> bool:
             for a, b in zip(res1, res2, strict=False):
-                a, b = np.asarray(a, np.float64).reshape(len(a), -1), np.asarray(b, np.float64).reshape(len(b), -1)
+                a, b = (
+                    np.asarray(a, np.float64).reshape(len(a), -1),
+                    np.asarray(b, np.float64).reshape(len(b), -1),
+                )
                 if not np.all(np.isfinite(b)):
                     return False
-                cos = (a * b).sum(1) / np.maximum(np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1), 1e-30)
+                cos = (a * b).sum(1) / np.maximum(
+                    np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1), 1e-30
+                )
                 if cos.mean() < 0.9999 or (a.shape[1] > 1 and np.mean(a.argmax(1) == b.argmax(1)) < 0.999):
                     return False
             return True
 
-        out = auto_mixed_precision.auto_convert_mixed_precision(model, feeds, validate_fn=validate,
-                                                                keep_io_types=True)
+        out = auto_mixed_precision.auto_convert_mixed_precision(
+            model, feeds, validate_fn=validate, keep_io_types=True
+        )
     elif tool == "modelopt":
         from modelopt.onnx.autocast import convert_to_mixed_precision
 
@@ -210,10 +250,15 @@ def metrics(ref: list[np.ndarray], got: list[np.ndarray]) -> dict:
     b = np.asarray(got[0], np.float64).reshape(len(got[0]), -1)
     bad = int(np.size(b) - np.count_nonzero(np.isfinite(b)))
     d = np.where(np.isfinite(b), b - a, np.inf)
-    cos = (a * np.nan_to_num(b)).sum(1) / np.maximum(np.linalg.norm(a, axis=1) * np.linalg.norm(np.nan_to_num(b), axis=1),
-                                                      1e-30)
-    return {"max_abs": float(np.abs(d).max()), "cosine": float(cos.mean()),
-            "top1": float(np.mean(a.argmax(1) == b.argmax(1))) if a.shape[1] > 1 else 1.0, "nonfinite": bad}
+    cos = (a * np.nan_to_num(b)).sum(1) / np.maximum(
+        np.linalg.norm(a, axis=1) * np.linalg.norm(np.nan_to_num(b), axis=1), 1e-30
+    )
+    return {
+        "max_abs": float(np.abs(d).max()),
+        "cosine": float(cos.mean()),
+        "top1": float(np.mean(a.argmax(1) == b.argmax(1))) if a.shape[1] > 1 else 1.0,
+        "nonfinite": bad,
+    }
 
 
 def evaluate(src: Path, dst: Path, feeds: dict[str, np.ndarray]) -> dict:
@@ -253,7 +298,9 @@ def evaluate(src: Path, dst: Path, feeds: dict[str, np.ndarray]) -> dict:
             low.add(ref.address)
     total = sum(flops.values()) or 1
     out["fp16_flops"] = round(sum(f for a, f in flops.items() if a in low) / total, 4)
-    out["casts"] = sum(n.op_type == "Cast" for n in conv.graph.node) - sum(n.op_type == "Cast" for n in orig.graph.node)
+    out["casts"] = sum(n.op_type == "Cast" for n in conv.graph.node) - sum(
+        n.op_type == "Cast" for n in orig.graph.node
+    )
     return out
 
 
@@ -261,16 +308,35 @@ def search_sizes(folder: Path) -> list[dict]:
     from mpinfer.precision import ConvertConfig, convert_precision
 
     rows = []
-    for name, kw in [("transformer_small", {"depth": d}) for d in (2, 4, 8)] + \
-                    [("resnet_small", {"width": w}) for w in (8, 16, 32)]:
+    for name, kw in [("transformer_small", {"depth": d}) for d in (2, 4, 8)] + [
+        ("resnet_small", {"width": w}) for w in (8, 16, 32)
+    ]:
         src = export(name, folder / f"{name}_{'_'.join(f'{k}{v}' for k, v in kw.items())}.onnx", **kw)
         cal, _ = make_data(name, src, folder)
-        res = convert_precision(ConvertConfig(model=src, output=src.with_suffix(".fp16.onnx"), calibration=str(cal),
-                                              budget=BUDGET, force=True, progress=False, max_batches=1))
+        res = convert_precision(
+            ConvertConfig(
+                model=src,
+                output=src.with_suffix(".fp16.onnx"),
+                calibration=str(cal),
+                budget=BUDGET,
+                force=True,
+                progress=False,
+                max_batches=1,
+            )
+        )
         s = res.plan.summary["search"]
-        rows.append({"model": name, **kw, "nodes": s["model_nodes"], "groups": s["groups"],
-                     "node_evaluations": s["node_evaluations"], "verifications": s["verifications"],
-                     "wall_s": s["wall_s"], "evals_per_node": round(s["node_evaluations"] / s["model_nodes"], 1)})
+        rows.append(
+            {
+                "model": name,
+                **kw,
+                "nodes": s["model_nodes"],
+                "groups": s["groups"],
+                "node_evaluations": s["node_evaluations"],
+                "verifications": s["verifications"],
+                "wall_s": s["wall_s"],
+                "evals_per_node": round(s["node_evaluations"] / s["model_nodes"], 1),
+            }
+        )
         print(json.dumps(rows[-1]), flush=True)
     return rows
 
@@ -279,8 +345,11 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", default=",".join(MODELS))
     p.add_argument("--tools", default=",".join(TOOLS))
-    p.add_argument("--modelopt-python", default=sys.executable,
-                   help="python with nvidia-modelopt[onnx] (its pins clash with the project's onnx/onnxruntime)")
+    p.add_argument(
+        "--modelopt-python",
+        default=sys.executable,
+        help="python with nvidia-modelopt[onnx] (its pins clash with the project's onnx/onnxruntime)",
+    )
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--sizes", action="store_true")
     args = p.parse_args()

@@ -47,12 +47,19 @@ def build(folder: Path, layers: int, width: int) -> Path:
                 offset += len(raw)
                 inits.append(t)
             del w, raw
-            nodes += [helper.make_node("MatMul", [prev, f"w{i}"], [f"m{i}"], name=f"mm{i}"),
-                      helper.make_node("Add", [f"m{i}", f"b{i}"], [f"a{i}"], name=f"add{i}"),
-                      helper.make_node("Relu", [f"a{i}"], [f"r{i}"], name=f"relu{i}")]
+            nodes += [
+                helper.make_node("MatMul", [prev, f"w{i}"], [f"m{i}"], name=f"mm{i}"),
+                helper.make_node("Add", [f"m{i}", f"b{i}"], [f"a{i}"], name=f"add{i}"),
+                helper.make_node("Relu", [f"a{i}"], [f"r{i}"], name=f"relu{i}"),
+            ]
             prev = f"r{i}"
-    graph = helper.make_graph(nodes, "big", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", width])],
-                              [helper.make_tensor_value_info(prev, TensorProto.FLOAT, ["N", width])], inits)
+    graph = helper.make_graph(
+        nodes,
+        "big",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", width])],
+        [helper.make_tensor_value_info(prev, TensorProto.FLOAT, ["N", width])],
+        inits,
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     path = folder / "model.onnx"
@@ -74,12 +81,27 @@ def main() -> None:
     print(f"built {src} ({size / 1e9:.2f} GB) in {time.perf_counter() - start:.0f}s", flush=True)
     out = folder / "model.fp16.onnx"
     # VmHWM (peak RSS of this address space) printed at exit; ru_maxrss would include the forking parent.
-    wrapper = ("import atexit, sys; from pathlib import Path; atexit.register(lambda: print(next(l for l in "
-               "Path('/proc/self/status').read_text().splitlines() if l.startswith('VmHWM')), file=sys.stderr)); "
-               "from mpinfer.cli import main; main()")
-    cmd = [sys.executable, "-c", wrapper, "convert", str(src), "--calibration", "none", "-o", str(out), "--force"]
+    wrapper = (
+        "import atexit, sys; from pathlib import Path; atexit.register(lambda: print(next(l for l in "
+        "Path('/proc/self/status').read_text().splitlines() if l.startswith('VmHWM')), file=sys.stderr)); "
+        "from mpinfer.cli import main; main()"
+    )
+    cmd = [
+        sys.executable,
+        "-c",
+        wrapper,
+        "convert",
+        str(src),
+        "--calibration",
+        "none",
+        "-o",
+        str(out),
+        "--force",
+    ]
     start = time.perf_counter()
-    proc = subprocess.Popen(cmd, env={**os.environ, "PYTHONPATH": str(ROOT)}, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        cmd, env={**os.environ, "PYTHONPATH": str(ROOT)}, stderr=subprocess.PIPE, text=True
+    )
     _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - start
     err = proc.stderr.read() if proc.stderr else ""
@@ -87,8 +109,14 @@ def main() -> None:
     hwm = [line for line in err.splitlines() if line.startswith("VmHWM")]
     peak = int(hwm[-1].split()[1]) * 1024 if hwm else -1
     out_size = out.stat().st_size + sum(f.stat().st_size for f in folder.glob("model.fp16.onnx.data"))
-    result = {"model_bytes": size, "output_bytes": out_size, "exit": os.waitstatus_to_exitcode(status),
-              "wall_s": round(wall, 1), "peak_rss_bytes": peak, "peak_over_model_size": round(peak / size, 3)}
+    result = {
+        "model_bytes": size,
+        "output_bytes": out_size,
+        "exit": os.waitstatus_to_exitcode(status),
+        "wall_s": round(wall, 1),
+        "peak_rss_bytes": peak,
+        "peak_over_model_size": round(peak / size, 3),
+    }
     if result["exit"]:
         result["error"] = err.strip().splitlines()[-1:] if err else []
     print(json.dumps(result, indent=1))

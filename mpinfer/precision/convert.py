@@ -144,7 +144,7 @@ def convert_precision(cfg: ConvertConfig) -> ConvertResult:
     if cfg.plan is not None:
         require_file(cfg.plan, "Plan")
     check_output_path(plan_out, [cfg.model, cfg.keep_fp32_from], force=True)
-    model = load_onnx(cfg.model, load_external_data=False)
+    model: Any = load_onnx(cfg.model, load_external_data=False)
     large = _uses_external_data(model)
     base_dir = str(Path(cfg.model).resolve().parent)
     if large and cfg.calibration != NO_CALIBRATION:

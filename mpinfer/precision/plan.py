@@ -59,7 +59,7 @@ class NodeDecision:
     precision: Precision
     reason: str
     detail: str = ""
-    stats: dict[str, float] = field(default_factory=dict)
+    stats: dict[str, float | str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON form."""

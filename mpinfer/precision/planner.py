@@ -53,7 +53,7 @@ def decisions_to_nodes(
         detail = d.detail
         if d.kind is Kind.FOLLOW:
             detail += "; inputs are " + ("low precision" if p.is_low else "FP32 (or its consumers need FP32)")
-        stats: dict[str, float] = {"flops": float(info.flops(ref))}
+        stats: dict[str, float | str] = {"flops": float(info.flops(ref))}
         wb = info.weight_bytes(ref)
         if wb:
             stats["weight_bytes"] = float(wb)
@@ -88,8 +88,8 @@ def summarize(
     """The plan summary: shares of nodes, FLOPs and weight bytes in low precision, casts, error, cost."""
     float_nodes = [n for n in nodes if n.reason != "rule:index-like" or n.precision.is_low]
     low = [n for n in nodes if n.precision.is_low]
-    total_flops = sum(n.stats.get("flops", 0.0) for n in float_nodes) or 1.0
-    low_flops = sum(n.stats.get("flops", 0.0) for n in low)
+    total_flops = sum(_num(n.stats.get("flops", 0.0)) for n in float_nodes) or 1.0
+    low_flops = sum(_num(n.stats.get("flops", 0.0)) for n in low)
     weights = {
         name: 4 * info.numel(name)
         for name, t in info.types.items()
@@ -113,3 +113,7 @@ def summarize(
     if search:
         out["search"] = dict(search)
     return out
+
+
+def _num(value: float | str) -> float:
+    return float(value)

