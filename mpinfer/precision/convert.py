@@ -143,6 +143,8 @@ def convert_precision(cfg: ConvertConfig) -> ConvertResult:
     plan_out = plan_path_for(out)
     if cfg.plan is not None:
         require_file(cfg.plan, "Plan")
+        # The plan's precision wins (the CLI's --precision default is fp16).
+        cfg = replace(cfg, precision=PrecisionPlan.load(cfg.plan).precision)
     check_output_path(plan_out, [cfg.model, cfg.keep_fp32_from], force=True)
     model: Any = load_onnx(cfg.model, load_external_data=False)
     large = _uses_external_data(model)
@@ -233,15 +235,6 @@ def _read_plan(cfg: ConvertConfig, info: Any, sha: str) -> PrecisionPlan:
     assert cfg.plan is not None
     plan = PrecisionPlan.load(cfg.plan)
     plan.check_matches([ref.address for ref in info.nodes], sha, str(cfg.plan), force=cfg.force)
-    if plan.precision is not cfg.precision and cfg.precision is not Precision.FP16:
-        raise InvalidInputError(
-            format_message(
-                f"Plan '{cfg.plan}'",
-                f"precision {plan.precision.value}",
-                f"{cfg.precision.value} (--precision)",
-                "omit --precision with --plan",
-            )
-        )
     for n in plan.nodes:
         if not n.precision.is_low:
             continue
