@@ -287,6 +287,10 @@ def _make_plan(
             ),
         )
         nodes, expected, search_cost = outcome.nodes, outcome.expected_error, outcome.cost
+    elif feeds is not None:
+        from mpinfer.precision.search import measure_plan
+
+        expected = measure_plan(model, nodes, feeds)
     plan = PrecisionPlan(
         source_path=str(cfg.model),
         source_sha256=sha,

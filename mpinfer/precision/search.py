@@ -419,3 +419,25 @@ def _clean(v: float) -> float | str:
     if isinstance(v, float) and not math.isfinite(v):
         return str(v)
     return float(v)
+
+
+def measure_plan(model: Any, nodes: Sequence[NodeDecision], feeds: Any, *, batches: int = 1) -> dict[str, Any]:
+    """Expected error of a plan without a budget: strict emulation of the plan vs the FP32 reference.
+
+    Returns an empty dict when the emulator cannot run the model (the plan is still valid).
+    """
+    from mpinfer.errors import BackendUnavailableError
+
+    try:
+        emu = _open_emulator(model, SearchConfig(budget="cosine>=0", precision=Precision.FP16, numerics="ort"))
+    except BackendUnavailableError:
+        return {}
+    if emu is None:
+        return {}
+    low = {n.name: n.precision for n in nodes if n.precision.is_low}
+    refs, outs = [], []
+    for batch in _take_batches(feeds, batches):
+        refs.append(emu.run(batch, None).outputs)
+        outs.append(emu.run(batch, low).outputs)
+    names = [n for n, v in refs[0].items() if np.asarray(v).dtype.kind == "f"]
+    return {k: _clean(v) for k, v in output_metrics(refs, outs, names).items()}
