@@ -421,7 +421,9 @@ def _clean(v: float) -> float | str:
     return float(v)
 
 
-def measure_plan(model: Any, nodes: Sequence[NodeDecision], feeds: Any, *, batches: int = 1) -> dict[str, Any]:
+def measure_plan(
+    model: Any, nodes: Sequence[NodeDecision], feeds: Any, *, batches: int = 1
+) -> dict[str, Any]:
     """Expected error of a plan without a budget: strict emulation of the plan vs the FP32 reference.
 
     Returns an empty dict when the emulator cannot run the model (the plan is still valid).
@@ -429,7 +431,9 @@ def measure_plan(model: Any, nodes: Sequence[NodeDecision], feeds: Any, *, batch
     from mpinfer.errors import BackendUnavailableError
 
     try:
-        emu = _open_emulator(model, SearchConfig(budget="cosine>=0", precision=Precision.FP16, numerics="ort"))
+        emu = _open_emulator(
+            model, SearchConfig(budget="cosine>=0", precision=Precision.FP16, numerics="ort")
+        )
     except BackendUnavailableError:
         return {}
     if emu is None:
