@@ -135,7 +135,7 @@ def convert_precision(cfg: ConvertConfig) -> ConvertResult:
     from mpinfer.precision.graphinfo import GraphInfo
     from mpinfer.precision.normalize import check_not_low, ensure_opset
     from mpinfer.precision.planner import summarize
-    from mpinfer.precision.validate import gate, run_checks, run_checks_path
+    from mpinfer.precision.validate import gate
 
     start = time.perf_counter()
     _check_config(cfg)
@@ -157,12 +157,6 @@ def convert_precision(cfg: ConvertConfig) -> ConvertResult:
     sha = sha256_file(cfg.model)
     model = check_not_low(model, str(cfg.model), force=cfg.force)
     model = ensure_opset(name_nodes(model), cfg.precision)
-    baseline = run_checks_path(cfg.model) if large else run_checks(model)
-    if baseline:
-        logger.warning(
-            "The input model already fails the %s check(s); the output is held to the others.",
-            ", ".join(f.check for f in baseline),
-        )
     info = GraphInfo(model, base_dir=base_dir if large else None)
     if cfg.plan is not None:
         plan = _read_plan(cfg, info, sha)
@@ -183,9 +177,9 @@ def convert_precision(cfg: ConvertConfig) -> ConvertResult:
         from onnx.external_data_helper import load_external_data_for_model
 
         load_external_data_for_model(result.model, base_dir)  # the FP32 weights that stayed FP32
-        _save_gated(result.model, out, baseline)
+        _save_gated(result.model, out, Path(cfg.model))
     else:
-        gate(result.model, baseline=baseline, stage="apply")
+        gate(result.model, baseline_model=info.model, stage="apply")
         save_onnx(result.model, out)
     if cfg.plan is None or Path(cfg.plan).resolve() != plan_out.resolve():
         plan.save(plan_out)
@@ -206,24 +200,36 @@ def _uses_external_data(model: Any) -> bool:
     return any(uses_external_data(t) for t in model.graph.initializer)
 
 
-def _save_gated(model: Any, out: Path, baseline: list[Any]) -> None:
+def _save_gated(model: Any, out: Path, source: Path) -> None:
     """Large models: save next to ``out`` in a temp folder, gate the saved file, then move it into place."""
     import os
     import shutil
     import tempfile
 
-    from mpinfer.modelio import save_onnx
+    import onnx
+
+    from mpinfer.modelio import EXTERNAL_DATA_SIZE_THRESHOLD, ir_version_for
     from mpinfer.precision.validate import gate
 
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
-        path = save_onnx(model, tmp / out.name)
-        del model
-        gate(None, baseline=baseline, stage="apply", path=path)
-        data = tmp / (out.name + ".data")
-        if data.exists():
-            os.replace(data, out.parent / data.name)
+        path = tmp / out.name
+        data_name = out.name + ".data"
+        model.ir_version = ir_version_for(model)
+        # Saved in place: onnx writes each tensor to the data file and drops it from memory as it goes.
+        onnx.save_model(
+            model,
+            str(path),
+            save_as_external_data=True,
+            all_tensors_to_one_file=True,
+            location=data_name,
+            size_threshold=EXTERNAL_DATA_SIZE_THRESHOLD,
+        )
+        model.Clear()
+        gate(None, baseline_path=source, stage="apply", path=path)
+        if (tmp / data_name).exists():
+            os.replace(tmp / data_name, out.parent / data_name)
         os.replace(path, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -395,17 +401,16 @@ def convert_model(
     from mpinfer.precision.graphinfo import GraphInfo
     from mpinfer.precision.normalize import ensure_opset
     from mpinfer.precision.planner import RuleOptions, rule_plan, summarize
-    from mpinfer.precision.validate import gate, run_checks
+    from mpinfer.precision.validate import gate
 
     named = ensure_opset(name_nodes(model), precision)
-    baseline = run_checks(named)
     info = GraphInfo(named)
     options = RuleOptions(keep_ops, low_ops, keep_nodes, low_nodes)
     _, nodes = rule_plan(info, precision, options, keep_io_types=keep_io_types, stats=stats)
     result = apply_plan(
         named, info, {n.name: n.precision for n in nodes}, precision, keep_io_types=keep_io_types
     )
-    gate(result.model, baseline=baseline, stage="apply")
+    gate(result.model, baseline_model=named, stage="apply")
     summary = summarize(info, nodes, cast_count=result.cast_count, converted_weights=result.converted_weights)
     return ModelConversion(result.model, nodes, summary)
 
