@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,9 +44,12 @@ def classify_nodes(
 
 
 def decisions_to_nodes(
-    info: GraphInfo, decisions: Mapping[str, Decision], precisions: Mapping[str, Precision]
+    info: GraphInfo,
+    decisions: Mapping[str, Decision],
+    precisions: Mapping[str, Precision],
+    stats: Mapping[str, Any] | None = None,
 ) -> list[NodeDecision]:
-    """Plan entries in graph order, with FLOPs and weight bytes among the numbers."""
+    """Plan entries in graph order, with FLOPs, weight bytes and output range statistics among the numbers."""
     nodes = []
     for ref in info.nodes:
         d = decisions[ref.address]
@@ -53,12 +57,13 @@ def decisions_to_nodes(
         detail = d.detail
         if d.kind is Kind.FOLLOW:
             detail += "; inputs are " + ("low precision" if p.is_low else "FP32 (or its consumers need FP32)")
-        stats: dict[str, float | str] = {"flops": float(info.flops(ref))}
+        numbers: dict[str, float | str] = {"flops": float(info.flops(ref))}
         wb = info.weight_bytes(ref)
         if wb:
-            stats["weight_bytes"] = float(wb)
-        stats.update({k: float(v) for k, v in d.stats.items()})
-        nodes.append(NodeDecision(ref.address, ref.node.op_type, p, d.reason, detail, stats))
+            numbers["weight_bytes"] = float(wb)
+        numbers.update(_output_range(info, ref, stats))
+        numbers.update({k: float(v) for k, v in d.stats.items()})
+        nodes.append(NodeDecision(ref.address, ref.node.op_type, p, d.reason, detail, numbers))
     return nodes
 
 
@@ -73,7 +78,7 @@ def rule_plan(
     """Classify, resolve follow-ops, and return verdicts and plan entries."""
     decisions = classify_nodes(info, precision, options, stats)
     precisions = resolve_precisions(info, decisions, precision, keep_io_types=keep_io_types)
-    return decisions, decisions_to_nodes(info, decisions, precisions)
+    return decisions, decisions_to_nodes(info, decisions, precisions, stats)
 
 
 def summarize(
@@ -117,3 +122,26 @@ def summarize(
 
 def _num(value: float | str) -> float:
     return float(value)
+
+
+# Calibration numbers copied into each node's plan entry (of its first float output).
+RANGE_KEYS = ("absmax", "p999", "fp16_overflow_frac", "fp16_underflow_frac", "bf16_underflow_frac")
+
+
+def _output_range(info: GraphInfo, ref: Any, stats: Mapping[str, Any] | None) -> dict[str, float | str]:
+    if not stats:
+        return {}
+    prefix = ref.address[: len(ref.address) - len(ref.node.name)]
+    for name in ref.node.output:
+        if name and info.types.get(name) == FLOAT:
+            st = stats.get(prefix + name) if prefix else None
+            st = st if st is not None else stats.get(name)
+            if st is None:
+                return {}
+            out: dict[str, float | str] = {}
+            for key in RANGE_KEYS:
+                val = st.get(key) if isinstance(st, Mapping) else getattr(st, key, None)
+                if isinstance(val, (int, float)):
+                    out[key] = float(val) if math.isfinite(val) else str(val)
+            return out
+    return {}
