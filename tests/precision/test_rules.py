@@ -125,3 +125,17 @@ def test_dynamo_name_scopes_matched():
     model = make([node], [fvi("x", [1, 2, 4, 4])], [fvi("y", [1, 2, 4, 4])], [init("w", rng_w(2, 2, 1, 1))])
     assert match_module(model, "layer1") == ["node_Conv_1"]
     assert match_module(model, "layer2") == []
+
+
+def test_follow_region_between_fp32_and_fp16_runs_low_at_same_cast_count():
+    nodes = [helper.make_node("MatMul", ["x", "w0"], ["a"], name="mm0"),
+             helper.make_node("LayerNormalization", ["a", "g", "b"], ["n"], name="ln", axis=-1),
+             helper.make_node("Mul", ["n", "half"], ["m"], name="scale"),
+             helper.make_node("Relu", ["m"], ["r"], name="relu"),
+             helper.make_node("MatMul", ["r", "w1"], ["y"], name="mm1")]
+    model = make(nodes, [fvi("x", [2, 8])], [fvi("y", [2, 8])],
+                 [init("w0", rng_w(8, 8)), init("g", np.ones(8, np.float32)), init("b", np.zeros(8, np.float32)),
+                  init("half", np.float32(0.5)), init("w1", rng_w(8, 8, seed=1))])
+    p = _plan(model)
+    assert p["ln"] == (Precision.FP32, "rule:keep-fp32")
+    assert p["scale"] == (Precision.FP16, "rule:follow") and p["relu"] == (Precision.FP16, "rule:follow")
