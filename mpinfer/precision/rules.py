@@ -417,6 +417,8 @@ def _never_low(ref: NodeRef, ctx: RuleContext) -> str | None:
         return f"{node.op_type} cannot compute in low precision"
     if any(n in ctx.info.non_tensor for n in list(node.input) + list(node.output) if n):
         return "sequence/optional values are kept FP32"
+    if any(n and n not in ctx.info.types for n in node.input):
+        return "an input's type is unknown (downstream of an op ONNX type inference does not know)"
     return None
 
 

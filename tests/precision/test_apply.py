@@ -317,3 +317,21 @@ def test_external_data_model_converted_streaming(tmp_path):
     x = np.random.default_rng(0).standard_normal((3, 8)).astype(np.float32)
     np.testing.assert_allclose(run_ort(res.output, {"x": x})[0], run_ort(mlp(), {"x": x})[0], atol=2e-3)
     assert not list((tmp_path / "out").glob(".*"))  # no temp folders left behind
+
+
+def test_custom_op_in_the_middle_keeps_unknown_types_fp32(tmp_path):
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["a"], name="mm"),
+             helper.make_node("Mystery", ["a"], ["m"], name="custom", domain="acme"),
+             helper.make_node("Add", ["m", "a"], ["s"], name="add"),
+             helper.make_node("MatMul", ["s", "w"], ["y"], name="mm2")]
+    graph = helper.make_graph(nodes, "g", [fvi("x", [2, 4])], [fvi("y", [2, 4])], [init("w", rng_w(4, 4))])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("acme", 1)])
+    model.ir_version = 8
+    out, res = _convert(tmp_path, model)
+    prec = res.plan.precisions()
+    assert prec["custom"] is Precision.FP32 and prec["add"] is Precision.FP32
+    assert prec["mm"] is Precision.FP16  # upstream of the custom op
+    # Downstream, ONNX type inference knows no types: conservatively FP32, and said so.
+    assert prec["mm2"] is Precision.FP32
+    assert "type is unknown" in next(n.detail for n in res.plan.nodes if n.name == "mm2")
+    onnx.checker.check_model(out, full_check=False)
