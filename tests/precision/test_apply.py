@@ -335,3 +335,20 @@ def test_custom_op_in_the_middle_keeps_unknown_types_fp32(tmp_path):
     assert prec["mm2"] is Precision.FP32
     assert "type is unknown" in next(n.detail for n in res.plan.nodes if n.name == "mm2")
     onnx.checker.check_model(out, full_check=False)
+
+
+def test_scan_body_converted_state_stays_fp32(tmp_path):
+    body = helper.make_graph(
+        [helper.make_node("MatMul", ["x_t", "w"], ["p"], name="mm"),
+         helper.make_node("Add", ["h_in", "p"], ["h_out"], name="acc"),
+         helper.make_node("Identity", ["h_out"], ["y_t"], name="emit")],
+        "body", [fvi("h_in", [1, 4]), fvi("x_t", [1, 4])], [fvi("h_out", [1, 4]), fvi("y_t", [1, 4])])
+    nodes = [helper.make_node("Scan", ["h0", "xs"], ["h", "ys"], name="scan", body=body, num_scan_inputs=1)]
+    model = make(nodes, [fvi("h0", [1, 4]), fvi("xs", [3, 1, 4])], [fvi("h", [1, 4]), fvi("ys", [3, 1, 4])],
+                 [init("w", rng_w(4, 4))])
+    out, res = _convert(tmp_path, model)
+    assert res.plan.precisions()["scan/body/mm"] is Precision.FP16
+    feeds = {"h0": np.zeros((1, 4), np.float32),
+             "xs": np.random.default_rng(0).standard_normal((3, 1, 4)).astype(np.float32)}
+    for got, want in zip(run_ort(out, feeds), run_ort(model, feeds), strict=True):
+        np.testing.assert_allclose(got, want, atol=1e-2)
