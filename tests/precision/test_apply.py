@@ -352,3 +352,16 @@ def test_scan_body_converted_state_stays_fp32(tmp_path):
              "xs": np.random.default_rng(0).standard_normal((3, 1, 4)).astype(np.float32)}
     for got, want in zip(run_ort(out, feeds), run_ort(model, feeds), strict=True):
         np.testing.assert_allclose(got, want, atol=1e-2)
+
+
+def test_gate_names_the_node_of_an_invalid_rewrite():
+    from mpinfer.errors import InternalError
+    from mpinfer.precision.validate import gate
+
+    nodes = [helper.make_node("Cast", ["x"], ["h"], name="half", to=FP16),
+             helper.make_node("Add", ["h", "x"], ["y"], name="bad_add")]
+    graph = helper.make_graph(nodes, "g", [fvi("x", [2])], [fvi("y", [2])])
+    broken = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    broken.ir_version = 8
+    with pytest.raises(InternalError, match="bad_add"):
+        gate(broken, stage="test")
