@@ -63,10 +63,7 @@ def assert_user_error(result, pattern: str | None = None) -> None:
     """A user mistake: exit 1, one ``Error:`` line, no traceback."""
     import re
 
-    out = result.output
-    stderr = getattr(result, "stderr", "")  # click >= 8.2 already mixes stderr into output
-    if stderr and stderr not in out:
-        out += stderr
+    out = result.output  # click >= 8.2 mixes stderr into output
     assert result.exit_code == 1, f"exit {result.exit_code}: {out}\n{result.exception!r}"
     errors = [line for line in out.splitlines() if line.startswith("Error:")]
     assert len(errors) == 1, out

@@ -187,7 +187,8 @@ def _validate_arrays(arrays: Mapping[str, np.ndarray], specs: Sequence[TensorSpe
                 format_message(f"Data '{origin}': input '{spec.name}'", f"dtype {arr.dtype}",
                                f"{spec.dtype}", f"save it as {spec.dtype} (e.g. arr.astype(np.{spec.dtype}))")
             )
-        if len(arr.shape) != len(spec.shape) or not spec.matches(arr.shape):
+        # the first axis holds samples: any count is fine, batches are cut to the model's batch size
+        if len(arr.shape) != len(spec.shape) or not spec.matches((spec.concrete_shape()[0], *arr.shape[1:])):
             raise InvalidInputError(
                 format_message(f"Data '{origin}': input '{spec.name}'", f"shape {tuple(arr.shape)}",
                                f"{tuple(spec.shape)} with samples on the first axis",

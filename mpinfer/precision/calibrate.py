@@ -2,8 +2,9 @@
 
 Statistics are streamed batch by batch: each tensor keeps running scalars (absmax, smallest non-zero
 magnitude, sum of magnitudes, counts above/below the FP16 and BF16 limits, NaN/Inf counts) and a fixed-size
-log2 histogram of magnitudes from which the 99.9th percentile is read. Memory is therefore bounded by the
-number of tensors, never by the number of batches, and one batch's intermediates are alive at a time.
+histogram of magnitudes (16 bins per octave) from which the 99.9th percentile is read. Memory is therefore
+bounded by the number of tensors, never by the number of batches; one batch's intermediates are alive at
+a time.
 
 Main-graph tensors come from ONNX Runtime (every float intermediate added as a graph output, in chunks for
 very large graphs); tensors inside If/Loop/Scan bodies come from :class:`GraphEmulator` (once per loop
@@ -12,16 +13,21 @@ iteration). The planner (``convert``) reads these numbers and stores them in the
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
+import tempfile
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sized
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from mpinfer.backends.base import check_feeds
 from mpinfer.errors import InvalidInputError, ModelLoadError, format_message
+from mpinfer.specs import specs_from_onnx
 
 logger = logging.getLogger(__name__)
 
@@ -33,15 +39,37 @@ FP16_MIN_SUBNORMAL = 2.0**-24
 FP16_MIN_NORMAL = 2.0**-14
 # Smallest BF16 normal (same exponent range as FP32, ~1.18e-38): below it BF16 loses range; GPUs often flush.
 BF16_MIN_NORMAL = 2.0**-126
-# Log2 histogram of |x|: 16 bins per octave (4.4 % relative resolution of the percentile) over
-# [2**-64, 2**64), plus one bin below and one above; fixed size, so memory does not grow with the data.
-HIST_BINS_PER_OCTAVE = 16
-HIST_LOG2_LOW, HIST_LOG2_HIGH = -64, 64
-HISTOGRAM_BINS = (HIST_LOG2_HIGH - HIST_LOG2_LOW) * HIST_BINS_PER_OCTAVE + 2
+# Histogram of |x| indexed by the top 12 bits of its float32 pattern (8 exponent bits + 4 mantissa bits):
+# 16 bins per octave over the whole float32 range (a percentile read from it is an upper bound within
+# 6.25 %), computed with one integer shift, and of fixed size, so memory never grows with the data.
+HIST_MANTISSA_BITS = 4
+HISTOGRAM_BINS = 1 << (8 + HIST_MANTISSA_BITS)
+_SHIFT = 23 - HIST_MANTISSA_BITS
+
+
+_INF_BIN = 0xFF << HIST_MANTISSA_BITS  # exponent all ones: inf (mantissa 0) and NaN
+
+
+def _bin_of(value: float) -> int:
+    """Histogram bin of a positive float32 value (bins below it hold only smaller magnitudes)."""
+    return int(np.asarray(value, np.float32).view(np.uint32)) >> _SHIFT
+
+
 # Percentile reported as "p999".
 PERCENTILE = 99.9
-# Graph outputs added to one ONNX Runtime session; larger graphs are split into several sessions.
-MAX_OUTPUTS_PER_SESSION = 1024
+# What statistics from generated data mean, for the caller to show once.
+RANDOM_DATA_WARNING = (
+    "Calibration used seeded random data drawn from the input specs' ranges, not real inputs: activation "
+    "ranges, overflow and underflow figures describe that data and real inputs may differ (wider ranges "
+    "can overflow FP16 where this plan says it is safe). Pass --calibration with a few hundred "
+    "representative samples."
+)
+# Models with more weight bytes than this are calibrated from a temporary external-data copy, so the
+# per-chunk session models are graph-only protos instead of full copies of the weights.
+IN_MEMORY_LIMIT = 256 * 2**20
+# Tensors fetched per pass of ONNX Runtime over the data: bounds the memory of one batch's intermediates
+# (a BERT-base layer stack at batch 16 x 128 tokens is ~6 MB per tensor); larger graphs take more passes.
+MAX_OUTPUTS_PER_SESSION = 256
 
 _FLOAT_TYPES = (1, 10, 11, 16)  # FLOAT, FLOAT16, DOUBLE, BFLOAT16
 
@@ -52,7 +80,7 @@ class TensorStats:
 
     Attributes:
         absmax: Largest finite |x|.
-        p999: 99.9th percentile of |x| (from the log2 histogram; an upper bound within 4.4 %).
+        p999: 99.9th percentile of |x| (from the histogram: an upper bound within 6.25 %).
         min_nonzero: Smallest non-zero finite |x| (None when every value was 0).
         mean_abs: Mean finite |x|.
         count: Number of values seen (all batches).
@@ -90,73 +118,73 @@ class TensorStats:
 
 
 class _Accumulator:
-    """Running statistics of one tensor (fixed memory)."""
+    """Running statistics of one tensor (fixed memory: a few scalars and one histogram)."""
 
-    __slots__ = (
-        "count",
-        "sum_abs",
-        "absmax",
-        "min_nonzero",
-        "over",
-        "under",
-        "subnormal",
-        "bf16_under",
-        "nan",
-        "inf",
-        "zeros",
-        "hist",
-    )
+    __slots__ = ("count", "sum_abs", "absmax", "min_nonzero", "over", "nan", "zeros", "hist")
 
     def __init__(self) -> None:
         self.count = 0
         self.sum_abs = 0.0
         self.absmax = 0.0
         self.min_nonzero = math.inf
-        self.over = self.under = self.subnormal = self.bf16_under = self.nan = self.inf = self.zeros = 0
+        self.over = self.nan = self.zeros = 0
         self.hist = np.zeros(HISTOGRAM_BINS, dtype=np.int64)
 
     def update(self, arr: np.ndarray) -> None:
         v = np.abs(np.asarray(arr).astype(np.float32, copy=False).ravel())
-        self.count += v.size
-        finite = np.isfinite(v)
-        if not finite.all():
-            bad = v[~finite]
-            nans = int(np.count_nonzero(np.isnan(bad)))
-            self.nan += nans
-            self.inf += bad.size - nans
-            self.over += bad.size - nans  # inf counts as out of FP16 range too
-            v = v[finite]
         if v.size == 0:
             return
+        self.count += v.size
+        bins = v.view(np.uint32) >> _SHIFT
+        hist = np.bincount(bins, minlength=HISTOGRAM_BINS)
+        zeros = int(np.count_nonzero(v == 0))
+        hist[0] -= zeros
+        self.zeros += zeros
+        if hist[_INF_BIN:].any():  # inf or NaN present: keep them out of the magnitude statistics
+            nans = int(np.count_nonzero(np.isnan(v)))
+            self.nan += nans
+            self.over += int(hist[_INF_BIN:].sum()) - nans  # inf counts as out of FP16 range
+            hist[_INF_BIN:] = 0
+            hist[_INF_BIN] = int(np.count_nonzero(np.isinf(v)))
+            v = v[np.isfinite(v)]
+            if v.size == 0:
+                self.hist += hist
+                return
+        self.hist += hist
         self.absmax = max(self.absmax, float(v.max()))
         self.sum_abs += float(v.sum(dtype=np.float64))
         self.over += int(np.count_nonzero(v > FP16_MAX))
-        nz = v[v > 0]
-        self.zeros += v.size - nz.size
-        if nz.size == 0:
-            return
-        self.min_nonzero = min(self.min_nonzero, float(nz.min()))
-        small = nz[nz < FP16_MIN_NORMAL]
-        if small.size:
-            self.subnormal += small.size
-            self.under += int(np.count_nonzero(small < FP16_MIN_SUBNORMAL))
-            self.bf16_under += int(np.count_nonzero(small < BF16_MIN_NORMAL))
-        bins = np.floor((np.log2(nz) - HIST_LOG2_LOW) * HIST_BINS_PER_OCTAVE).astype(np.int64) + 1
-        np.clip(bins, 0, HISTOGRAM_BINS - 1, out=bins)
-        self.hist += np.bincount(bins, minlength=HISTOGRAM_BINS)
+        nonzero_bins = np.flatnonzero(hist[:_INF_BIN])
+        if nonzero_bins.size:  # the smallest non-zero value lies in the lowest occupied bin
+            low = int(nonzero_bins[0])
+            if v.size == bins.size:
+                candidates = v[bins == low]
+            else:
+                candidates = v[(v.view(np.uint32) >> _SHIFT) == low]
+            candidates = candidates[candidates > 0]
+            if candidates.size:
+                self.min_nonzero = min(self.min_nonzero, float(candidates.min()))
+
+    def below(self, limit: float) -> int:
+        """Number of finite non-zero values with magnitude below ``limit`` (a power of two)."""
+        return int(self.hist[: _bin_of(limit)].sum())
+
+    @property
+    def inf(self) -> int:
+        return int(self.hist[_INF_BIN])
 
     def percentile(self, q: float) -> float:
-        """Upper edge of the histogram bin holding the q-th percentile of |x| (zeros included)."""
-        finite_count = self.zeros + int(self.hist.sum())
-        if finite_count == 0:
+        """Upper edge of the histogram bin holding the q-th percentile of finite |x| (zeros included)."""
+        finite_hist = self.hist[:_INF_BIN]
+        total = self.zeros + int(finite_hist.sum())
+        if total == 0:
             return 0.0
-        rank = q / 100.0 * finite_count
+        rank = q / 100.0 * total
         if rank <= self.zeros:
             return 0.0
-        cum = np.cumsum(self.hist) + self.zeros
-        b = int(np.searchsorted(cum, rank))
-        edge = 2.0 ** (HIST_LOG2_LOW + b / HIST_BINS_PER_OCTAVE)  # upper edge of bin b
-        return float(min(edge, self.absmax))
+        b = int(np.searchsorted(np.cumsum(finite_hist) + self.zeros, rank))
+        edge = float(np.asarray((b + 1) << _SHIFT, np.uint32).view(np.float32))  # next bin's lower edge
+        return min(edge, self.absmax)
 
     def result(self) -> TensorStats:
         n = max(self.count, 1)
@@ -168,9 +196,9 @@ class _Accumulator:
             mean_abs=self.sum_abs / finite_count,
             count=self.count,
             fp16_overflow_frac=self.over / n,
-            fp16_underflow_frac=self.under / n,
-            fp16_subnormal_frac=self.subnormal / n,
-            bf16_underflow_frac=self.bf16_under / n,
+            fp16_underflow_frac=self.below(FP16_MIN_SUBNORMAL) / n,
+            fp16_subnormal_frac=self.below(FP16_MIN_NORMAL) / n,
+            bf16_underflow_frac=self.below(BF16_MIN_NORMAL) / n,
             nan_count=self.nan,
             inf_count=self.inf,
             finite=self.nan == 0 and self.inf == 0,
@@ -234,6 +262,10 @@ class CalibrationStats(Mapping[str, TensorStats]):
         """True when the statistics come from generated random data (the caller should warn)."""
         return self.source.get("kind") == "random"
 
+    def warning(self) -> str | None:
+        """The warning to show when the statistics come from random data, else None."""
+        return RANDOM_DATA_WARNING if self.is_random else None
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (``schema_version`` 1)."""
         return {
@@ -294,42 +326,93 @@ def _float_tensors(model: Any) -> tuple[list[str], list[str], dict[str, int]]:
     return known, unknown, types
 
 
-def _ort_sessions(model: Any, names: list[str], types: Mapping[str, int]) -> list[tuple[Any, list[str]]]:
-    """One ONNX Runtime session per chunk of tensor names, each returning those tensors as its outputs."""
-    import onnx
-    from onnx import helper
-
-    from mpinfer.modelio import ort_session
-
+def _chunks(model: Any, names: list[str]) -> list[list[str]]:
+    """Main-graph tensor names in session-sized chunks (graph inputs are read from the feeds)."""
     inputs = {vi.name for vi in model.graph.input}
-    sessions = []
-    for start in range(0, len(names), MAX_OUTPUTS_PER_SESSION):
-        chunk = [n for n in names[start : start + MAX_OUTPUTS_PER_SESSION] if n not in inputs]
-        if not chunk:
-            continue
+    names = [n for n in names if n not in inputs]
+    return [names[i : i + MAX_OUTPUTS_PER_SESSION] for i in range(0, len(names), MAX_OUTPUTS_PER_SESSION)]
+
+
+class _Sessions:
+    """Builds ONNX Runtime sessions whose outputs are chosen tensors, without copying big weights.
+
+    A model above ``IN_MEMORY_LIMIT`` bytes is written once to a temporary folder with external data; each
+    session's model is then a graph-only proto (a few KB) pointing at that data file.
+    """
+
+    def __init__(self, model: Any, types: Mapping[str, int]) -> None:
+        self._model = model
+        self._types = types
+        self._tmp: tempfile.TemporaryDirectory[str] | None = None
+        if _weight_bytes(model) > IN_MEMORY_LIMIT:
+            import onnx
+
+            from mpinfer.modelio import save_onnx
+
+            self._tmp = tempfile.TemporaryDirectory(prefix="mpinfer-calibrate-")
+            path = save_onnx(model, Path(self._tmp.name) / "model.onnx", external_data=True)
+            self._model = onnx.load(str(path), load_external_data=False)
+
+    def session(self, names: list[str]) -> Any:
+        """A session returning ``names`` (in that order)."""
+        import onnx
+        from onnx import helper
+
+        from mpinfer.modelio import ort_session
+
         m = onnx.ModelProto()
-        m.CopyFrom(model)
+        m.CopyFrom(self._model)
         del m.graph.output[:]
-        m.graph.output.extend(helper.make_tensor_value_info(n, types[n], None) for n in chunk)
-        sessions.append((ort_session(m), chunk))
-    return sessions
+        m.graph.output.extend(helper.make_tensor_value_info(n, self._types[n], None) for n in names)
+        if self._tmp is None:
+            return ort_session(m)
+        path = Path(self._tmp.name) / "outputs.onnx"  # next to model.onnx.data, which it references
+        path.write_bytes(m.SerializeToString())
+        return ort_session(path)
+
+    def close(self) -> None:
+        """Remove the temporary copy, if any."""
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
 
 
-def _batches(feeds: Iterable[Mapping[str, np.ndarray]], progress: bool, total: int | None) -> Iterator[Any]:
+def _weight_bytes(model: Any) -> int:
+    return sum(len(t.raw_data) + 4 * len(t.float_data) for t in model.graph.initializer)
+
+
+def _progress(progress: bool) -> Any:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     columns = [TextColumn("[bold]Calibrating"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
-    with Progress(*columns, disable=not progress, transient=True) as bar:
-        task = bar.add_task("calibrate", total=total)
-        for batch in feeds:
-            yield batch
-            bar.advance(task)
+    return Progress(*columns, disable=not progress, transient=True)
+
+
+def _run_chunk(
+    sess: Any, names: list[str], batch: Mapping[str, np.ndarray], collector: StatsCollector
+) -> None:
+    try:
+        values = sess.run(names, dict(batch))
+    except Exception as err:  # onnxruntime raises its own exception types
+        raise InvalidInputError(
+            format_message(
+                "Calibration feeds",
+                f"a batch ONNX Runtime rejected ({err})",
+                "arrays matching the model's inputs",
+            )
+        ) from err
+    for name, value in zip(names, values, strict=True):
+        collector.update(name, value)
 
 
 def calibrate(
     model: Any, feeds: Iterable[Mapping[str, np.ndarray]], *, progress: bool = True
 ) -> CalibrationStats:
     """FP32 reference run over ``feeds`` collecting per-tensor statistics, one batch at a time.
+
+    Main-graph tensors come from ONNX Runtime, at most ``MAX_OUTPUTS_PER_SESSION`` of them per pass over
+    the data (one session alive at a time, so very large graphs stay within memory); tensors inside
+    If/Loop/Scan bodies, and tensors whose type cannot be inferred, come from the numpy emulator.
 
     Args:
         model: The FP32 ``onnx.ModelProto`` (not modified).
@@ -340,62 +423,84 @@ def calibrate(
         The statistics of every float tensor: graph inputs, node outputs, and tensors in subgraph bodies.
 
     Raises:
-        InvalidInputError: No batches, or feeds the model does not accept.
+        InvalidInputError: No batches, or feeds the model does not accept (names, dtypes, shapes).
     """
-    from mpinfer.modelio import name_nodes
+    from mpinfer.modelio import iter_nodes, name_nodes
 
     start = time.perf_counter()
-    model = name_nodes(model)
+    addresses = [ref.address for ref in iter_nodes(model.graph)]
+    if any(not a or a.endswith("/") for a in addresses) or len(set(addresses)) != len(addresses):
+        model = name_nodes(model)  # a copy; skipped for models already named, as big ones are
     known, unknown, types = _float_tensors(model)
-    try:
-        sessions = _ort_sessions(model, known, types) if known else []
-    except ModelLoadError as err:
-        logger.warning("ONNX Runtime cannot run the model (%s); calibrating with the numpy emulator", err)
-        sessions, unknown = [], unknown + known
-    has_bodies = any(a.type in (5, 10) for n in model.graph.node for a in n.attribute)  # GRAPH, GRAPHS
-    emulator = None
-    if has_bodies or unknown:
-        from mpinfer.precision.emulate import GraphEmulator
-
-        emulator = GraphEmulator(model)
-    collector = StatsCollector()
-    observe = _observer(collector, set(unknown))
-    input_names = {vi.name for vi in model.graph.input}
-    batches = samples = 0
-    for batch in _batches(feeds, progress, len(feeds) if isinstance(feeds, Sized) else None):
-        for name, arr in batch.items():
-            if name in input_names:
-                collector.update(name, arr)
+    chunks = _chunks(model, known)
+    first_session = None
+    sessions = _Sessions(model, types)
+    if chunks:
         try:
-            for sess, names in sessions:
-                for name, value in zip(names, sess.run(names, dict(batch)), strict=True):
-                    collector.update(name, value)
-        except Exception as err:  # onnxruntime raises its own exception types for bad feeds
-            raise InvalidInputError(
-                format_message(
-                    "Calibration feeds",
-                    f"a batch ONNX Runtime rejected ({err})",
-                    "arrays matching the model's inputs",
-                )
-            ) from err
-        if emulator is not None:
-            emulator.run(batch, observe=observe)
-        batches += 1
-        first = next(iter(batch.values()), None)
-        samples += int(first.shape[0]) if first is not None and np.ndim(first) else 1
-    if batches == 0:
+            first_session = sessions.session(chunks[0])
+        except ModelLoadError as err:
+            logger.warning("ONNX Runtime cannot run the model (%s); calibrating with the numpy emulator", err)
+            unknown, chunks = unknown + [n for c in chunks for n in c], []
+    passes = max(1, len(chunks))
+    if passes > 1 and iter(feeds) is feeds:  # a one-shot iterator cannot be read once per pass
+        feeds = list(feeds)
+    logger.info("calibrating %d tensors in %d pass(es) over the data", len(known) + len(unknown), passes)
+    first_pass = _FirstPass(model, unknown)
+    with _progress(progress) as bar, contextlib.closing(sessions):
+        task = bar.add_task("calibrate", total=len(feeds) * passes if isinstance(feeds, Sized) else None)
+        for index in range(passes):
+            sess = first_session if index == 0 else sessions.session(chunks[index])
+            for batch in feeds:
+                if index == 0:
+                    first_pass.add(batch)
+                if sess is not None:
+                    _run_chunk(sess, chunks[index], batch, first_pass.collector)
+                bar.advance(task)
+            sess = first_session = None  # one session alive at a time
+    if first_pass.batches == 0:
         raise InvalidInputError(format_message("Calibration feeds", "no batches", "at least one batch"))
     source = {
         "source": getattr(feeds, "description", "in-memory batches"),
         "kind": getattr(feeds, "kind", "arrays"),
-        "samples": samples,
-        "batches": batches,
+        "samples": first_pass.samples,
+        "batches": first_pass.batches,
     }
-    results = collector.results()
+    results = first_pass.collector.results()
     logger.info(
-        "calibrated %d tensors over %d batches in %.1fs", len(results), batches, time.perf_counter() - start
+        "calibrated %d tensors over %d batches in %.1fs",
+        len(results),
+        first_pass.batches,
+        time.perf_counter() - start,
     )
     return CalibrationStats(results, source)
+
+
+class _FirstPass:
+    """What the first pass over the data does besides ONNX Runtime: checks, inputs, bodies, counts."""
+
+    def __init__(self, model: Any, emulated: list[str]) -> None:
+        self.collector = StatsCollector()
+        self.batches = self.samples = 0
+        self._specs = specs_from_onnx(model)
+        self._inputs = {vi.name for vi in model.graph.input}
+        self._observe = _observer(self.collector, set(emulated))
+        has_bodies = any(a.type in (5, 10) for n in model.graph.node for a in n.attribute)  # GRAPH(S)
+        self._emulator = None
+        if has_bodies or emulated:
+            from mpinfer.precision.emulate import GraphEmulator
+
+            self._emulator = GraphEmulator(model)
+
+    def add(self, batch: Mapping[str, np.ndarray]) -> None:
+        check_feeds(batch, self._specs, where="calibration")  # a clear message naming the input
+        for name, arr in batch.items():
+            if name in self._inputs:
+                self.collector.update(name, arr)
+        if self._emulator is not None:
+            self._emulator.run(batch, observe=self._observe)
+        self.batches += 1
+        first = next(iter(batch.values()), None)
+        self.samples += int(first.shape[0]) if first is not None and np.ndim(first) else 1
 
 
 def _observer(collector: StatsCollector, main_names: set[str]) -> Any:

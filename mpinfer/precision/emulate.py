@@ -31,6 +31,7 @@ from mpinfer.precision.kernels import (
     reference_available,
     reference_kernel,
 )
+from mpinfer.precision.kernels.control import CONTROL_FLOW_KERNELS
 from mpinfer.specs import Precision
 
 logger = logging.getLogger(__name__)
@@ -116,7 +117,9 @@ class GraphEmulator:
     def __init__(self, model: Any, *, follow_input_dtypes: bool = False) -> None:
         from mpinfer.modelio import iter_nodes, name_nodes
 
-        if any(not ref.node.name for ref in iter_nodes(model.graph)):  # type: ignore[attr-defined]
+        addresses = [ref.address for ref in iter_nodes(model.graph)]  # type: ignore[attr-defined]
+        unnamed = any(a == "" or a.endswith("/") for a in addresses)
+        if unnamed or len(set(addresses)) != len(addresses):  # addresses must be the planner's, and unique
             model = name_nodes(model)
         self.follow_input_dtypes = follow_input_dtypes
         self._opsets = {imp.domain or "": int(imp.version) for imp in model.opset_import}
@@ -128,7 +131,7 @@ class GraphEmulator:
         self._fallback: dict[str, str] = {}
         self._rounded: dict[tuple[str, Precision], np.ndarray] = {}
         self._main = self._compile(model.graph, "", top=True)
-        self._last_use = self._last_uses(self._main)
+        self._last_use = _last_uses(self._main)
 
     # -- public API -------------------------------------------------------------------------------
     def unsupported_ops(self) -> set[str]:
@@ -184,7 +187,8 @@ class GraphEmulator:
         env: dict[str, Any] = dict(self._main.initializers)
         for name in self._main.inputs:
             if name in feeds:
-                env[name] = np.asarray(feeds[name])
+                value = feeds[name]
+                env[name] = value if isinstance(value, (list, type(None))) else np.asarray(value)
         keep_all = keep is True
         keep_set = keep if isinstance(keep, set) else set()
         with np.errstate(all="ignore"):
@@ -243,35 +247,15 @@ class GraphEmulator:
         inits = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
         inputs = [vi.name for vi in graph.input]
         steps = []
-        for index, node in enumerate(self._toposort(graph, inits)):
+        for index, node in enumerate(_toposort(graph, inits)):
             steps.append(self._compile_node(node, prefix, index))
             if top:
-                for addr in self._addresses_under(steps[-1]):
+                for addr in _addresses_under(steps[-1]):
                     self._owner[addr] = len(steps) - 1
         defined = set(inits) | {vi.name for vi in graph.input} | {o for s in steps for o in s.outputs}
         outer = {r for s in steps for r in s.reads if r and r not in defined}
         types = [vi.type.tensor_type.elem_type for vi in graph.output]
         return _Graph(prefix, steps, inputs, [vi.name for vi in graph.output], types, inits, outer)
-
-    @staticmethod
-    def _toposort(graph: Any, inits: Mapping[str, Any]) -> list[Any]:
-        """Graph nodes in an order where producers come first (ONNX requires it; some exporters forget)."""
-        produced = {o for node in graph.node for o in node.output if o}
-        ready = set(inits) | {vi.name for vi in graph.input}
-        pending, order = list(graph.node), []
-        while pending:
-            rest = []
-            for node in pending:
-                if all(i in ready or i not in produced for i in node.input if i):
-                    order.append(node)
-                    ready.update(node.output)
-                else:
-                    rest.append(node)
-            if len(rest) == len(pending):  # a cycle or a dangling name: keep the file's order
-                order.extend(rest)
-                break
-            pending = rest
-        return order
 
     def _compile_node(self, node: Any, prefix: str, index: int) -> _Step:
         from onnx import AttributeProto, helper, numpy_helper
@@ -305,27 +289,6 @@ class GraphEmulator:
         for body in bodies.values():
             reads |= body.outer_reads
         return _Step(info, list(node.input), list(node.output), kernel, bodies, reads)
-
-    @staticmethod
-    def _addresses_under(step: _Step) -> list[str]:
-        out = [step.info.address]
-        todo = list(step.bodies.values())
-        while todo:
-            g = todo.pop()
-            for s in g.steps:
-                out.append(s.info.address)
-                todo.extend(s.bodies.values())
-        return out
-
-    @staticmethod
-    def _last_uses(graph: _Graph) -> dict[str, int]:
-        last: dict[str, int] = {}
-        for idx, step in enumerate(graph.steps):
-            for name in step.reads:
-                last[name] = idx
-        for name in graph.outputs:
-            last[name] = len(graph.steps)  # never freed
-        return last
 
     def _check_low(self, low: Mapping[str, Precision] | None) -> dict[str, Precision]:
         out: dict[str, Precision] = {}
@@ -396,7 +359,11 @@ class GraphEmulator:
         num = self._numerics[prec]
         try:
             if step.kernel is None and info.op_type in CONTROL_FLOW and not info.domain:
-                outs = self._control(step, ins, scope, state)
+                try:
+                    outs = self._control(step, ins, scope, state)
+                except UnsupportedVariant:
+                    self._fallback[info.address] = info.op_type
+                    outs = reference_kernel(info, num, ins)
             elif step.kernel is None:
                 raise BackendUnavailableError(
                     format_message(
@@ -424,7 +391,8 @@ class GraphEmulator:
         for name, value in zip(step.outputs, outs, strict=False):
             if not name:
                 continue
-            value = np.asarray(value)
+            if not isinstance(value, (list, type(None))):  # sequences and empty optionals pass through
+                value = np.asarray(value)
             if is_float(value) and not explicit and (num.low or info.op_type not in CONTROL_FLOW):
                 value = num.store(value)
             local[name] = value
@@ -460,59 +428,48 @@ class GraphEmulator:
     def _control(
         self, step: _Step, ins: list[Any], scope: Mapping[str, Any], state: _State
     ) -> list[np.ndarray]:
-        op = step.info.op_type
-        if op == "If":
-            branch = "then_branch" if bool(np.asarray(ins[0]).ravel()[0]) else "else_branch"
-            return self._body(step.bodies[branch], {}, scope, state)
-        if op == "Loop":
-            return self._loop(step, ins, scope, state)
-        return self._scan(step, ins, scope, state)
+        def run_body(body: _Graph, bindings: Mapping[str, Any]) -> list[np.ndarray]:
+            return self._body(body, bindings, scope, state)
 
-    def _loop(self, step: _Step, ins: list[Any], scope: Mapping[str, Any], state: _State) -> list[np.ndarray]:
-        body = step.bodies["body"]
-        trip = int(np.asarray(ins[0]).ravel()[0]) if ins and ins[0] is not None else None
-        cond = bool(np.asarray(ins[1]).ravel()[0]) if len(ins) > 1 and ins[1] is not None else True
-        carried = list(ins[2:])
-        n_scan = len(body.outputs) - 1 - len(carried)
-        scans: list[list[np.ndarray]] = [[] for _ in range(n_scan)]
-        i = 0
-        while cond and (trip is None or i < trip):
-            names = body.inputs
-            bind = {names[0]: np.asarray(i, np.int64), names[1]: np.asarray(cond, bool)}
-            bind.update({names[2 + j]: v for j, v in enumerate(carried)})
-            res = self._body(body, {k: v for k, v in bind.items() if k}, scope, state)
-            cond = bool(np.asarray(res[0]).ravel()[0])
-            carried = res[1 : 1 + len(carried)]
-            for j, v in enumerate(res[1 + len(carried) :]):
-                scans[j].append(v)
-            i += 1
-        return carried + [np.stack(s) if s else np.zeros((0,), np.float32) for s in scans]
+        return CONTROL_FLOW_KERNELS[step.info.op_type](step.info, step.bodies, ins, run_body)
 
-    def _scan(self, step: _Step, ins: list[Any], scope: Mapping[str, Any], state: _State) -> list[np.ndarray]:
-        if step.info.opset < 9:
-            raise UnsupportedVariant("Scan-8 (batched form)")
-        body, n = step.bodies["body"], step.info
-        m = int(n.get("num_scan_inputs"))
-        states, xs = list(ins[: len(ins) - m]), ins[len(ins) - m :]
-        in_axes = list(n.get("scan_input_axes") or [0] * m)
-        in_dirs = list(n.get("scan_input_directions") or [0] * m)
-        n_out = len(body.outputs) - len(states)
-        out_axes = list(n.get("scan_output_axes") or [0] * n_out)
-        out_dirs = list(n.get("scan_output_directions") or [0] * n_out)
-        length = xs[0].shape[in_axes[0] % xs[0].ndim]
-        outs: list[list[np.ndarray]] = [[] for _ in range(n_out)]
-        for t in range(length):
-            bind = dict(zip(body.inputs, states, strict=False))
-            for j, x in enumerate(xs):
-                pos = length - 1 - t if in_dirs[j] else t
-                bind[body.inputs[len(states) + j]] = np.take(x, pos, axis=in_axes[j] % x.ndim)
-            res = self._body(body, bind, scope, state)
-            states = res[: len(states)]
-            for j, v in enumerate(res[len(states) :]):
-                outs[j].append(v)
-        stacked = []
-        for j, seq in enumerate(outs):
-            seq = seq[::-1] if out_dirs[j] else seq
-            ax = out_axes[j] % (seq[0].ndim + 1) if seq else 0
-            stacked.append(np.stack(seq, axis=ax) if seq else np.zeros((0,), np.float32))
-        return states + stacked
+
+def _toposort(graph: Any, inits: Mapping[str, Any]) -> list[Any]:
+    """Graph nodes in an order where producers come first (ONNX requires it; some exporters forget)."""
+    produced = {o for node in graph.node for o in node.output if o}
+    ready = set(inits) | {vi.name for vi in graph.input}
+    pending, order = list(graph.node), []
+    while pending:
+        rest = []
+        for node in pending:
+            if all(i in ready or i not in produced for i in node.input if i):
+                order.append(node)
+                ready.update(node.output)
+            else:
+                rest.append(node)
+        if len(rest) == len(pending):  # a cycle or a dangling name: keep the file's order
+            order.extend(rest)
+            break
+        pending = rest
+    return order
+
+
+def _addresses_under(step: _Step) -> list[str]:
+    out = [step.info.address]
+    todo = list(step.bodies.values())
+    while todo:
+        g = todo.pop()
+        for s in g.steps:
+            out.append(s.info.address)
+            todo.extend(s.bodies.values())
+    return out
+
+
+def _last_uses(graph: _Graph) -> dict[str, int]:
+    last: dict[str, int] = {}
+    for idx, step in enumerate(graph.steps):
+        for name in step.reads:
+            last[name] = idx
+    for name in graph.outputs:
+        last[name] = len(graph.steps)  # never freed
+    return last

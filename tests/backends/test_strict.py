@@ -154,3 +154,45 @@ def test_runs_bf16_models_that_ort_cpu_cannot(rng):
     bf = ml_dtypes.bfloat16
     want = (x.astype(bf).astype(np.float32) @ w.astype(bf).astype(np.float32)).astype(bf).astype(np.float32)
     np.testing.assert_array_equal(got, want)
+
+
+def test_fp16_inside_if_branches_reads_outer_scope(rng):
+    """An FP16 value from the main graph used inside both branches, each branch computing in FP16."""
+    then_g = helper.make_graph(
+        [helper.make_node("Mul", ["h", "h"], ["t"], name="sq")],
+        "then",
+        [],
+        [helper.make_tensor_value_info("t", H, [16])],
+    )
+    else_g = helper.make_graph(
+        [helper.make_node("Add", ["h", "h"], ["e"], name="dbl")],
+        "else",
+        [],
+        [helper.make_tensor_value_info("e", H, [16])],
+    )
+    nodes = [
+        helper.make_node("Cast", ["x"], ["h"], name="x__cast_to_fp16", to=H),
+        helper.make_node("If", ["c"], ["b"], name="branch", then_branch=then_g, else_branch=else_g),
+        helper.make_node("Cast", ["b"], ["y"], name="y__cast_to_fp32", to=F),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [
+            helper.make_tensor_value_info("x", F, [16]),
+            helper.make_tensor_value_info("c", TensorProto.BOOL, []),
+        ],
+        [helper.make_tensor_value_info("y", F, [16])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model, full_check=True)
+    x = (rng.standard_normal(16) * 300).astype(np.float32)
+    with StrictRunner(model) as strict:
+        squared = strict.infer({"x": x, "c": np.array(True)})["y"]
+        doubled = strict.infer({"x": x, "c": np.array(False)})["y"]
+    h = x.astype(np.float16)
+    with np.errstate(over="ignore"):
+        np.testing.assert_array_equal(squared, (h * h).astype(np.float32))  # overflows like FP16 does
+        np.testing.assert_array_equal(doubled, (h + h).astype(np.float32))
+    assert np.isinf(squared).any() and np.all(np.isfinite(doubled))

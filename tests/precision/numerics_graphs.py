@@ -38,6 +38,28 @@ def export_module(name: str, batch: int = 2):
     return proto, {n: a.numpy() for n, a in zip(names, args, strict=False)}
 
 
+def export_dynamo(name: str, batch: int = 2):
+    """Export models/<name>.py with the dynamo exporter (torch.export); returns (named ModelProto, feeds)."""
+    import logging
+
+    import torch
+
+    from mpinfer.modelio import name_nodes
+
+    mod = importlib.import_module(f"models.{name}")
+    args = mod.example_inputs(batch)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        previous = logging.root.manager.disable
+        logging.disable(logging.WARNING)
+        try:
+            program = torch.onnx.export(mod.build(), args, dynamo=True, verbose=False)
+        finally:
+            logging.disable(previous)
+    proto = name_nodes(program.model_proto)
+    return proto, {vi.name: a.numpy() for vi, a in zip(proto.graph.input, args, strict=True)}
+
+
 def make_model(nodes, inputs, outputs, initializers=(), opset: int = 17, elem=TensorProto.FLOAT):
     """A checked single-graph model; inputs/outputs are (name, shape|None) or (name, shape, elem) tuples."""
 

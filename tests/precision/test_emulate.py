@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -11,7 +13,7 @@ from mpinfer.errors import BackendUnavailableError, InvalidInputError
 from mpinfer.modelio import iter_nodes
 from mpinfer.precision.emulate import GraphEmulator
 from mpinfer.specs import Precision
-from tests.precision.numerics_graphs import MODEL_NAMES, make_model, ort_run
+from tests.precision.numerics_graphs import MODEL_NAMES, export_dynamo, make_model, ort_run
 
 F, I64 = TensorProto.FLOAT, TensorProto.INT64
 
@@ -31,6 +33,17 @@ def test_fp32_matches_onnxruntime_on_example_models(exported, name):
     for k in want:
         assert got[k].dtype == want[k].dtype
         np.testing.assert_allclose(got[k], want[k], atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["transformer_small", "control_flow"])
+def test_fp32_matches_onnxruntime_on_dynamo_exports(name):
+    model, feeds = export_dynamo(name)
+    emu = GraphEmulator(model)
+    want = ort_run(model, feeds)
+    got = emu.run(feeds).outputs
+    for k in want:
+        np.testing.assert_allclose(got[k], want[k], atol=1e-4, rtol=1e-4)
+    assert emu.fallback_ops() == {}
 
 
 def _single(op, inputs, outputs, attrs=None, inits=(), opset=17):
@@ -78,6 +91,16 @@ OP_CASES = [
         [("y", None)],
         {"group": 4, "auto_pad": "SAME_UPPER", "strides": [2, 2]},
         [("w", R.standard_normal((4, 1, 4, 4)).astype(np.float32))],
+        {"x": X4},
+        17,
+    ),
+    (
+        "conv-depthwise-multiplier",
+        "Conv",
+        [("x", [2, 4, 9, 9])],
+        [("y", None)],
+        {"group": 4, "pads": [1, 2, 1, 0], "dilations": [1, 2]},
+        [("w", R.standard_normal((8, 1, 3, 2)).astype(np.float32)), ("b", np.ones(8, np.float32))],
         {"x": X4},
         17,
     ),
@@ -412,6 +435,61 @@ OP_CASES = [
         18,
     ),
     (
+        "rmsnorm",
+        "RMSNormalization",
+        [("x", [2, 4, 9])],
+        [("y", None)],
+        {"epsilon": 1e-3, "axis": 1},
+        [("s", R.standard_normal((4, 9)).astype(np.float32))],
+        {"x": R.standard_normal((2, 4, 9)).astype(np.float32)},
+        23,
+    ),
+    (
+        "lstm-bidirectional-peepholes",
+        "LSTM",
+        [("x", [5, 2, 3])],
+        [("y", None), ("yh", None), ("yc", None)],
+        {"hidden_size": 4, "direction": "bidirectional"},
+        [
+            ("w", R.standard_normal((2, 16, 3)).astype(np.float32) * 0.5),
+            ("r", R.standard_normal((2, 16, 4)).astype(np.float32) * 0.5),
+            ("b", R.standard_normal((2, 32)).astype(np.float32) * 0.1),
+            ("lens", np.array([5, 5], np.int32)),
+            ("h0", R.standard_normal((2, 2, 4)).astype(np.float32)),
+            ("c0", R.standard_normal((2, 2, 4)).astype(np.float32)),
+            ("p", R.standard_normal((2, 12)).astype(np.float32) * 0.3),
+        ],
+        {"x": R.standard_normal((5, 2, 3)).astype(np.float32)},
+        17,
+    ),
+    (
+        "gru-reverse-linear-before-reset",
+        "GRU",
+        [("x", [6, 3, 5])],
+        [("y", None), ("yh", None)],
+        {"hidden_size": 4, "direction": "reverse", "linear_before_reset": 1},
+        [
+            ("w", R.standard_normal((1, 12, 5)).astype(np.float32) * 0.5),
+            ("r", R.standard_normal((1, 12, 4)).astype(np.float32) * 0.5),
+            ("b", R.standard_normal((1, 24)).astype(np.float32) * 0.1),
+        ],
+        {"x": R.standard_normal((6, 3, 5)).astype(np.float32)},
+        17,
+    ),
+    (
+        "gru-default",
+        "GRU",
+        [("x", [6, 3, 5])],
+        [("y", None), ("yh", None)],
+        {"hidden_size": 4},
+        [
+            ("w", R.standard_normal((1, 12, 5)).astype(np.float32) * 0.5),
+            ("r", R.standard_normal((1, 12, 4)).astype(np.float32) * 0.5),
+        ],
+        {"x": R.standard_normal((6, 3, 5)).astype(np.float32)},
+        17,
+    ),
+    (
         "trilu-fallback",
         "Trilu",
         [("x", [4, 4])],
@@ -682,6 +760,10 @@ def test_loop_and_scan_match_onnxruntime_and_body_nodes_can_be_low(rng):
         body_mul = next(a for a in emu.node_addresses() if a.endswith("/body/mul"))
         low = emu.run(feeds, {body_mul: Precision.FP16}).outputs
         assert any(not np.array_equal(low[k], got[k]) for k in got)
+        inc = emu.run_from(emu.run(feeds, keep=True), {body_mul: Precision.FP16})
+        assert inc.recomputed == 1  # the Loop/Scan node is the unit of recomputation
+        for k in got:
+            np.testing.assert_array_equal(inc.outputs[k], low[k])
 
 
 def test_unsupported_custom_op_is_reported_and_refused():
@@ -708,3 +790,152 @@ def test_unnamed_nodes_get_name_nodes_addresses():
     assert list(emu.node_addresses()) == ["Relu_0", "Neg_1"]
     out = emu.run({"x": np.array([1.0, -2.0, 3.0], np.float32)}, {"Neg_1": Precision.FP16}).outputs["y"]
     np.testing.assert_array_equal(out, [-1.0, 0.0, -3.0])
+
+
+def _conformance_cases():
+    from onnx.backend.test.case.node import collect_testcases
+
+    skip = (
+        "bernoulli",  # random
+        "training_dropout",  # random
+        "FLOAT8",  # 8- and 4-bit types: saturation rules, not this emulator's business
+        "FLOAT4",
+        "INT4",
+        "UINT4",
+        "e4m3",
+        "e5m2",
+        "float8",
+        "int4",
+        "test_if_opt",  # an optional wrapping a sequence as a graph output
+        # ONNX's reference uses the unrounded length * scale here; we follow ONNX Runtime (integer size)
+        "test_resize_downsample_scales_linear_align_corners",
+    )
+    with warnings.catch_warnings():  # the case generators overflow on purpose
+        warnings.simplefilter("ignore")
+        cases = collect_testcases()
+    return [c for c in cases if c.kind == "node" and not any(k in c.name for k in skip)]
+
+
+def _assert_conforms(g, w, case):
+    same_kind = g.dtype == w.dtype or g.dtype.kind in "OU" and w.dtype.kind in "OU"  # strings
+    assert g.shape == w.shape and same_kind, (g.shape, w.shape, g.dtype, w.dtype)
+    if w.dtype.kind == "f" or w.dtype.name == "bfloat16":
+        # strict BF16/FP16 rounds every step, the reference only some: one low-precision ulp
+        tol = {"bfloat16": 1.6e-2, "float16": 2e-3}.get(w.dtype.name, max(case.rtol, 1e-4))
+        atol = max(case.atol, 1e-5 if tol < 1e-3 else tol)
+        np.testing.assert_allclose(g.astype(np.float64), w.astype(np.float64), rtol=tol, atol=atol)
+    else:
+        np.testing.assert_array_equal(g, w)
+
+
+def test_onnx_node_conformance_suite():
+    """Every ONNX operator test case (FP32 and typed FP16/BF16 models) runs and matches, or is reported."""
+    from onnx import TensorProto
+
+    counts = {"ok": 0, "unsupported": 0}
+    failures = []
+    for case in _conformance_cases():
+        emu = GraphEmulator(case.model, follow_input_dtypes=True)
+        if emu.unsupported_ops():
+            counts["unsupported"] += 1
+            continue
+        inputs, outputs = case.data_sets[0]
+        conv = [numpy_helper.to_array(v) if isinstance(v, TensorProto) else v for v in inputs]
+        want = [numpy_helper.to_array(v) if isinstance(v, TensorProto) else v for v in outputs]
+        try:
+            got = emu.run(dict(zip([i.name for i in case.model.graph.input], conv, strict=False))).outputs
+            for vi, w in zip(case.model.graph.output, want, strict=False):
+                g = got[vi.name]
+                if isinstance(w, list) or w is None:  # sequences and empty optionals
+                    assert isinstance(g, list) == isinstance(w, list) and (w is None) == (g is None)
+                    for a, b in zip(g or [], w or [], strict=True):
+                        _assert_conforms(np.asarray(a), np.asarray(b), case)
+                else:
+                    _assert_conforms(np.asarray(g), np.asarray(w), case)
+            counts["ok"] += 1
+        except Exception as err:  # collect all failures for one readable message
+            failures.append(f"{case.name}: {type(err).__name__}: {str(err)[:120]}")
+    print(f"ONNX node conformance through the emulator: {counts}")
+    assert not failures, "\n".join(failures)
+    assert counts["ok"] > 1500
+    assert counts["unsupported"] < 40  # ai.onnx.ml, preview training ops, FlexAttention
+
+
+def test_duplicate_node_names_get_unique_addresses():
+    nodes = [
+        helper.make_node("Relu", ["x"], ["r"], name="n"),
+        helper.make_node("Neg", ["r"], ["y"], name="n"),
+    ]
+    model = make_model(nodes, [("x", [3])], [("y", None)])
+    emu = GraphEmulator(model)
+    assert list(emu.node_addresses()) == ["n", "n_1"]
+    out = emu.run({"x": np.array([1.0, -2.0, 3.0], np.float32)}, {"n_1": Precision.FP16}).outputs["y"]
+    np.testing.assert_array_equal(out, [-1.0, 0.0, -3.0])
+
+
+def _f16_oracle_softmax(x):
+    h = x.astype(np.float16)
+    d = h - h.max(axis=-1, keepdims=True)
+    e = np.exp(d.astype(np.float32)).astype(np.float16)
+    s = e.astype(np.float32).sum(axis=-1, keepdims=True).astype(np.float16)  # FP32 accumulator, stored FP16
+    return e / s
+
+
+def _f16_oracle_layernorm(x, eps=1e-5):
+    h = x.astype(np.float16)
+    mean = h.astype(np.float32).mean(axis=-1, keepdims=True).astype(np.float16)
+    d = h - mean
+    var = (d * d).astype(np.float32).mean(axis=-1, keepdims=True).astype(np.float16)
+    std = np.sqrt((var + np.float16(eps)).astype(np.float32)).astype(np.float16)
+    return d / std
+
+
+@pytest.mark.parametrize("op", ["Softmax", "LayerNormalization"])
+def test_fp16_softmax_and_layernorm_round_every_step(op, rng):
+    """Bit-exact against numpy float16 arithmetic done one step at a time (each op rounds to FP16)."""
+    x = (rng.standard_normal((6, 32)) * 4).astype(np.float32)
+    if op == "Softmax":
+        node = helper.make_node(op, ["x"], ["y"], name="op", axis=-1)
+        model = make_model([node], [("x", [6, 32])], [("y", None)])
+        want = _f16_oracle_softmax(x)
+    else:
+        node = helper.make_node(op, ["x", "s"], ["y"], name="op", axis=-1)
+        model = make_model([node], [("x", [6, 32])], [("y", None)], [_init("s", np.ones(32, np.float32))])
+        want = _f16_oracle_layernorm(x)
+    run = GraphEmulator(model).run({"x": x}, {"op": Precision.FP16}, keep=True)
+    np.testing.assert_array_equal(run.tensors["y"], want)
+    fp32 = GraphEmulator(model).run({"x": x}).outputs["y"]
+    assert not np.array_equal(want.astype(np.float32), fp32)
+
+
+def test_lstm_in_fp16_keeps_its_state_in_fp16(rng):
+    case = next(c for c in OP_CASES if c[0] == "lstm-bidirectional-peepholes")
+    _id, op, ins, outs, attrs, inits, feeds, opset = case
+    emu = GraphEmulator(_single(op, ins, outs, attrs, inits, opset))
+    exact = emu.run(feeds).outputs
+    run = emu.run(feeds, {"LSTM_0": Precision.FP16}, keep=True)
+    assert run.tensors["y"].dtype == np.float16
+    err = np.abs(run.outputs["y"] - exact["y"]).max()
+    assert 1e-5 < err < 1e-2
+    h = emu.run(feeds, {"LSTM_0": Precision.BF16}).outputs["y"]
+    assert np.abs(h - exact["y"]).max() > err  # BF16 keeps 8 bits, FP16 11
+
+
+def test_fast_fp16_rounding_is_bit_exact():
+    from mpinfer.precision.kernels.numerics import fp16_to_float32, round_to_fp16
+
+    every = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16)
+    np.testing.assert_array_equal(fp16_to_float32(every), every.astype(np.float32))  # NaNs compare equal
+    assert fp16_to_float32(np.float16(3.5)[()].reshape(())).shape == ()
+    # every exponent and top mantissa pattern, with the low bits that decide rounding (ties, just above/below)
+    top = np.arange(0, 1 << 19, 3, dtype=np.uint32) << np.uint32(13)
+    with np.errstate(over="ignore", invalid="ignore"):
+        for low in (0, 0x0001, 0x0FFE, 0x0FFF, 0x1000, 0x1001, 0x1FFF):
+            for sign in (0, 0x80000000):
+                v = (top | np.uint32(low | sign)).view(np.float32)
+                np.testing.assert_array_equal(round_to_fp16(v), v.astype(np.float16).astype(np.float32))
+        v = np.array(
+            [65504, 65519.99, 65520, -65520, 2.0**-25, 3 * 2.0**-26, 2.0**-24 * 1.5, np.inf, np.nan],
+            np.float32,
+        )
+        np.testing.assert_array_equal(round_to_fp16(v), v.astype(np.float16).astype(np.float32))

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-from mpinfer.precision.kernels import elementwise, linalg, norm, pool, tensor
+from mpinfer.precision.kernels import elementwise, linalg, norm, pool, recurrent, tensor
 from mpinfer.precision.kernels.fallback import reference_available, reference_kernel
-from mpinfer.precision.kernels.numerics import NodeInfo, Numerics, is_float, is_low_float
-from mpinfer.precision.kernels.pool import UnsupportedVariant
+from mpinfer.precision.kernels.numerics import NodeInfo, Numerics, UnsupportedVariant, is_float, is_low_float
 
 
 def kernel_table() -> dict[str, object]:
     """A fresh op type -> kernel mapping (ai.onnx domain)."""
     table: dict[str, object] = {}
-    for mod in (elementwise, linalg, norm, pool, tensor):
+    for mod in (elementwise, linalg, norm, pool, recurrent, tensor):
         table.update(mod.KERNELS)
     return table
 

@@ -51,7 +51,7 @@ def _pow(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
 
 
 def _mod(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
-    if n.get("fmod", 0) or x[0].dtype.kind == "f":
+    if n.get("fmod", 0):
         return [np.fmod(x[0], x[1])]
     return [np.mod(x[0], x[1])]
 
@@ -136,6 +136,12 @@ def _gelu(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
     else:
         one_plus = r(np.float32(1.0) + r(erf(r(v * np.float32(SQRT_HALF)))))
     return [(r(v * np.float32(0.5)) * one_plus).astype(v.dtype)]
+
+
+def _swish(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
+    v = x[0]
+    gate = num.r(_sigmoid(num.r(v * np.float32(n.get("alpha", 1.0)))))
+    return [(v * gate).astype(v.dtype)]
 
 
 def _softplus(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
@@ -231,6 +237,7 @@ KERNELS: dict[str, Kernel] = {
     "HardSwish": _hard_swish,
     "Gelu": _gelu,
     "Softplus": _softplus,
+    "Swish": _swish,
     "Softsign": _softsign,
     "Mish": _mish,
     "ThresholdedRelu": _thresholded_relu,

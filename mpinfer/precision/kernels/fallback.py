@@ -7,6 +7,7 @@ rearrangement); for multi-step arithmetic ops it understates low-precision error
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -14,6 +15,7 @@ import numpy as np
 from mpinfer.precision.kernels.numerics import NodeInfo, Numerics
 
 
+@functools.lru_cache(maxsize=1024)
 def reference_available(domain: str, op_type: str, opset: int) -> bool:
     """True when onnx.reference has an implementation of the op."""
     from onnx.reference.ops import load_op
@@ -25,7 +27,7 @@ def reference_available(domain: str, op_type: str, opset: int) -> bool:
     return True
 
 
-def reference_kernel(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
+def reference_kernel(n: NodeInfo, num: Numerics, x: list[Any]) -> list[Any]:
     """Run one node through onnx.reference on the (already rounded, float32) inputs."""
     ev = n.cache.get("reference")
     if ev is None:
@@ -35,4 +37,4 @@ def reference_kernel(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarra
         n.cache["reference"] = ev
     feeds = {name: v for name, v in zip(n.node.input, x, strict=False) if name}
     outs = ev.run(None, feeds)
-    return [np.asarray(o) for o in outs]
+    return [o if isinstance(o, (list, type(None))) else np.asarray(o) for o in outs]

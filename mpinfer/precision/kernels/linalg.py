@@ -20,6 +20,8 @@ from mpinfer.precision.kernels.numerics import NodeInfo, Numerics
 def matmul(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
     """ONNX MatMul (numpy matmul broadcasting rules are ONNX's)."""
     a, b = x
+    if a.ndim > 2 and b.ndim == 2:  # activations @ weights: one big GEMM instead of one per batch row
+        return [(a.reshape(-1, a.shape[-1]) @ b).reshape(a.shape[:-1] + (b.shape[1],))]
     return [np.matmul(a, b)]
 
 
@@ -95,6 +97,37 @@ def conv_windows(
     return win[slc]
 
 
+def _conv_channels_last(
+    x: np.ndarray,
+    w: np.ndarray,
+    kernel: tuple[int, ...],
+    strides: list[int],
+    dil: list[int],
+    begin: list[int],
+    end: list[int],
+) -> np.ndarray:
+    """Ungrouped conv as one GEMM over channels-last im2col rows: (N*P, K*C) @ (K*C, M) -> (N, M, P)."""
+    sp = len(kernel)
+    batch, chans, m = x.shape[0], x.shape[1], w.shape[0]
+    if any(begin) or any(end):
+        x = np.pad(x, [(0, 0), (0, 0)] + list(zip(begin, end, strict=True)))
+    xh = np.ascontiguousarray(np.moveaxis(x, 1, -1))  # N, S.., C
+    eff = tuple((k - 1) * d + 1 for k, d in zip(kernel, dil, strict=True))
+    win = sliding_window_view(xh, eff, axis=tuple(range(1, 1 + sp)))  # N, O.., C, E..
+    win = win[
+        (slice(None),)
+        + tuple(slice(None, None, s) for s in strides)
+        + (slice(None),)
+        + tuple(slice(None, None, d) for d in dil)
+    ]
+    p = int(np.prod(win.shape[1 : 1 + sp]))
+    kf = int(np.prod(kernel))
+    perm = (0,) + tuple(range(1, 1 + sp)) + tuple(range(2 + sp, 2 + 2 * sp)) + (1 + sp,)
+    cols = np.ascontiguousarray(win.transpose(perm)).reshape(batch * p, kf * chans)
+    wk = w.transpose(tuple(range(2, 2 + sp)) + (1, 0)).reshape(kf * chans, m)
+    return (cols @ wk).reshape(batch, p, m).transpose(0, 2, 1)  # FP32 accumulation
+
+
 def conv(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
     """ONNX Conv (1-D/2-D/3-D, groups, pads, strides, dilations, auto_pad) via im2col + GEMM."""
     xin, w = x[0], x[1]
@@ -103,22 +136,36 @@ def conv(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
     kernel = tuple(w.shape[2:])
     sp = len(kernel)
     strides, dil, begin, end = _conv_geometry(n, xin.shape[2:], kernel)
-    win = conv_windows(xin, kernel, strides, dil, begin, end)
     batch, chans = xin.shape[:2]
-    out_sp = win.shape[2 : 2 + sp]
-    p = int(np.prod(out_sp))
-    kf = int(np.prod(kernel))
+    out_sp = tuple(
+        (xin.shape[2 + i] + begin[i] + end[i] - (kernel[i] - 1) * dil[i] - 1) // strides[i] + 1
+        for i in range(sp)
+    )
     m = w.shape[0]
     if group == 1:
-        # (C, K.., N, O..): the copy reads rows of the output grid, and one GEMM does the whole batch.
-        perm = (1,) + tuple(range(2 + sp, 2 + 2 * sp)) + (0,) + tuple(range(2, 2 + sp))
-        cols = np.ascontiguousarray(win.transpose(perm)).reshape(chans * kf, batch * p)
-        y = (w.reshape(m, chans * kf) @ cols).reshape(m, batch, p).transpose(1, 0, 2)  # FP32 accumulation
-    else:
+        y = _conv_channels_last(xin, w, kernel, strides, dil, begin, end)
+    elif chans == group:  # depthwise (times a channel multiplier): one multiply-add per kernel tap
+        win = conv_windows(xin, kernel, strides, dil, begin, end)  # N, C, O.., K.. (a view)
+        mult = m // group
+        y = np.zeros((batch, m) + out_sp, dtype=np.result_type(xin, w))
+        tmp = np.empty_like(y)
+        for tap in itertools.product(*[range(k) for k in kernel]):
+            xk = win[(Ellipsis,) + tap]
+            if mult > 1:
+                xk = np.repeat(xk, mult, axis=1)
+            np.multiply(xk, w[(slice(None), 0) + tap].reshape((1, m) + (1,) * sp), out=tmp)
+            y += tmp  # FP32 accumulation
+    else:  # grouped: one GEMM per group
         cg, mg = chans // group, m // group
-        cols = np.ascontiguousarray(win).reshape(batch, group, cg, p, kf)
-        wg = w.reshape(group, mg, cg, kf)
-        y = np.einsum("ngcpk,gmck->ngmp", cols, wg, optimize=True).reshape(batch, m, p)
+        y = np.concatenate(
+            [
+                _conv_channels_last(
+                    xin[:, g * cg : (g + 1) * cg], w[g * mg : (g + 1) * mg], kernel, strides, dil, begin, end
+                )
+                for g in range(group)
+            ],
+            axis=1,
+        )
     y = y.reshape((batch, m) + tuple(out_sp))
     if bias is not None:
         y = y + bias.reshape((1, m) + (1,) * sp)
@@ -167,6 +214,10 @@ def conv_transpose(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]
             for i in range(sp)
         )
         y[slc] += t[:, :, ki]
+    if min(begin + end) < 0:  # output_shape larger than the full result: zero rows at the edges
+        y = np.pad(y, [(0, 0), (0, 0)] + [(max(-b, 0), max(-e, 0)) for b, e in zip(begin, end, strict=True)])
+        full = list(y.shape[2:])
+        begin, end = [max(b, 0) for b in begin], [max(e, 0) for e in end]
     crop = (slice(None), slice(None)) + tuple(slice(begin[i], full[i] - end[i]) for i in range(sp))
     y = y[crop]
     if bias is not None:

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from mpinfer.precision.kernels.numerics import NodeInfo, Numerics
+from mpinfer.precision.kernels.numerics import NodeInfo, Numerics, UnsupportedVariant
 
 
 def _axes(n: NodeInfo, x: list[Any], ndim: int) -> tuple[int, ...] | None:
@@ -38,6 +38,8 @@ def _reduce(
         axes = _axes(n, x, v.ndim)
         if axes is None:
             return [v]
+        if v.size == 0:
+            raise UnsupportedVariant("reduction over an empty tensor")
         keep = bool(n.get("keepdims", 1))
         out = step(v, axes, num)
         if not keep:
@@ -144,8 +146,20 @@ def layer_norm(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
     return [y.astype(v.dtype), mean, inv]
 
 
+def rms_norm(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
+    """RMSNormalization (opset 23): x / sqrt(mean(x^2) + eps) * scale, each step rounded."""
+    v = x[0]
+    axis = int(n.get("axis", -1)) % v.ndim
+    r = num.r
+    ms = r(np.mean(r(v * v), axis=tuple(range(axis, v.ndim)), keepdims=True, dtype=np.float32))
+    rms = r(np.sqrt(r(ms + np.float32(n.get("epsilon", 1e-5)))))
+    return [(r(v / rms) * x[1]).astype(v.dtype)]
+
+
 def batch_norm(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
     """BatchNormalization (inference): folded to y = x * a + b, a and b computed in FP32, then rounded."""
+    if n.get("training_mode", 0) or len(n.node.output) > 1:
+        raise UnsupportedVariant("BatchNormalization in training mode")
     v, scale, bias, mean, var = x[:5]
     f = np.float32
     a = scale.astype(f) / np.sqrt(var.astype(f) + f(n.get("epsilon", 1e-5)))
@@ -176,6 +190,14 @@ def group_norm(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
         bias = np.repeat(bias, chans // groups)
     shape = (1, -1) + (1,) * (v.ndim - 2)
     return [(num.r(y * scale.reshape(shape)) + bias.reshape(shape)).astype(v.dtype)]
+
+
+def mean_variance_norm(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
+    """MeanVarianceNormalization: (x - mean) / sqrt(var + 1e-9) over ``axes`` (default N, H, W)."""
+    v = x[0]
+    axes = tuple(a % v.ndim for a in (n.get("axes") or (0, 2, 3)))
+    y, _, _ = _normalize(v, axes, 1e-9, num)
+    return [y.astype(v.dtype)]
 
 
 def cumsum(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
@@ -212,8 +234,10 @@ KERNELS = {
     "Softmax": softmax,
     "LogSoftmax": log_softmax,
     "LayerNormalization": layer_norm,
+    "RMSNormalization": rms_norm,
     "BatchNormalization": batch_norm,
     "InstanceNormalization": instance_norm,
     "GroupNormalization": group_norm,
     "CumSum": cumsum,
+    "MeanVarianceNormalization": mean_variance_norm,
 }

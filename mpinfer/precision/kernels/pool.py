@@ -12,11 +12,7 @@ from typing import Any
 import numpy as np
 
 from mpinfer.precision.kernels.linalg import _conv_geometry, conv_windows
-from mpinfer.precision.kernels.numerics import NodeInfo, Numerics
-
-
-class UnsupportedVariant(Exception):
-    """Raised by a kernel for an attribute combination it does not implement (the caller falls back)."""
+from mpinfer.precision.kernels.numerics import NodeInfo, Numerics, UnsupportedVariant
 
 
 def _pool_geometry(
@@ -87,6 +83,7 @@ def global_max_pool(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray
 
 
 def _source_coords(mode: str, out: int, length: int, scale: float) -> np.ndarray:
+    """Input coordinate of each output index, as ONNX Runtime computes it (align_corners: integer sizes)."""
     j = np.arange(out, dtype=np.float64)
     if mode == "half_pixel":
         return (j + 0.5) / scale - 0.5
@@ -137,7 +134,8 @@ def resize(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
         scales = x[2] if len(x) > 2 and x[2] is not None and x[2].size else None
         sizes = x[3] if len(x) > 3 and x[3] is not None and x[3].size else None
         coord = _text(n.get("coordinate_transformation_mode"), "half_pixel")
-    nearest_mode = _text(n.get("nearest_mode"), "round_prefer_floor")
+    legacy = n.op_type == "Upsample" or n.opset < 11  # Upsample/Resize-10 nearest is asymmetric + floor
+    nearest_mode = "floor" if legacy else _text(n.get("nearest_mode"), "round_prefer_floor")
     out = v
     for ax in range(v.ndim):
         length = v.shape[ax]

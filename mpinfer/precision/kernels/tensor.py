@@ -6,8 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from mpinfer.precision.kernels.numerics import NodeInfo, Numerics
-from mpinfer.precision.kernels.pool import UnsupportedVariant
+from mpinfer.precision.kernels.numerics import NodeInfo, Numerics, UnsupportedVariant
 
 
 def _ints(v: Any) -> list[int]:
@@ -37,7 +36,8 @@ def reshape(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
 def flatten(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
     """Flatten to 2-D at ``axis``."""
     v = x[0]
-    axis = int(n.get("axis", 1)) % (v.ndim + 1) if v.ndim else 0
+    axis = int(n.get("axis", 1))
+    axis = axis + v.ndim if axis < 0 else axis
     return [v.reshape(int(np.prod(v.shape[:axis])), -1)]
 
 
@@ -203,15 +203,26 @@ def range_(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
 
 def cast(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
     """Cast to the ``to`` type (float -> int truncates toward zero)."""
-    to = np_dtype(int(n.get("to")))
-    if to.kind in "OSU" or x[0].dtype.kind in "OSU":
-        raise UnsupportedVariant("string Cast")
-    return [x[0].astype(to)]
+    return [_cast_to(x[0], np_dtype(int(n.get("to"))))]
+
+
+def _cast_to(v: np.ndarray, to: np.dtype) -> np.ndarray:
+    # strings, and float8/int4 types (saturation rules), go to onnx.reference
+    if (
+        to.kind in "OSUV"
+        or v.dtype.kind in "OSUV"
+        or to.itemsize < 2
+        and to.kind == "f"
+        or to.name.startswith(("float8", "float4", "int4", "uint4"))
+        or v.dtype.name.startswith(("float8", "float4", "int4", "uint4"))
+    ):
+        raise UnsupportedVariant(f"Cast to {to}")
+    return v.astype(to)
 
 
 def cast_like(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
     """CastLike (the target dtype of the second input)."""
-    return [x[0].astype(x[1].dtype)]
+    return [_cast_to(x[0], x[1].dtype)]
 
 
 def identity(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
@@ -322,5 +333,6 @@ KERNELS = {
     "ArgMin": _arg(np.argmin),
     "ScatterND": scatter_nd,
     "ScatterElements": scatter_elements,
+    "Scatter": scatter_elements,  # deprecated alias (opset 9-10) of ScatterElements
     "NonZero": nonzero,
 }

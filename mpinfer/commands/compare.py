@@ -1,0 +1,146 @@
+"""``mpinfer compare``: accuracy diff (and latency) of candidates against an FP32 baseline."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from mpinfer.compare.metrics import METRIC_DOCS
+
+
+def _ints(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[int, ...]:
+    if not value:
+        return ()
+    try:
+        return tuple(int(v) for v in value.split(","))
+    except ValueError as err:
+        raise click.BadParameter(f"{value!r}: write comma-separated integers, e.g. 1,8,32") from err
+
+
+@click.command(epilog="Metrics for --check: " + ", ".join(METRIC_DOCS) + ". Operators: >= <= > < ==.")
+@click.argument("baseline")
+@click.argument("candidates", nargs=-1, required=True)
+@click.option("--data", help="Data: .npz file, folder of .npz/.npy/images, or random[:N] (default random).")
+@click.option(
+    "--check",
+    "checks",
+    help='Thresholds, e.g. "cosine>=0.9999,top1>=0.999" (default '
+    '"cosine>=0.999,nonfinite<=0"). Exit 1 when one fails.',
+)
+@click.option("--latency", is_flag=True, help="Measure latency of the baseline and every candidate.")
+@click.option("--batch-sizes", callback=_ints, help="Latency batch sizes, e.g. 1,8,32 (default: the data's).")
+@click.option(
+    "--iterations", type=int, default=50, show_default=True, help="Timed runs per runner and batch size."
+)
+@click.option("--warmup", type=int, default=5, show_default=True, help="Untimed runs first.")
+@click.option(
+    "--time-budget", type=float, help="Seconds of timed runs per runner and batch size (caps --iterations)."
+)
+@click.option(
+    "--report",
+    "report_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Write index.html, report.md and report.json into this folder.",
+)
+@click.option("--force", is_flag=True, help="Overwrite existing report files.")
+@click.option(
+    "--numerics",
+    type=click.Choice(["ort", "strict"]),
+    default="ort",
+    show_default=True,
+    help="Run ONNX candidates with onnxruntime's kernels or the strict FP16/BF16 emulation.",
+)
+@click.option("--device", type=click.Choice(["cpu", "cuda", "auto"]), default="cpu", show_default=True)
+@click.option("--batch-size", type=int, help="Samples per batch (default 16, or the model's fixed batch).")
+@click.option("--num-batches", type=int, help="Compare at most this many batches.")
+@click.option("--dim", "dims", multiple=True, help="Size of a symbolic dim for random data, e.g. seq=32.")
+@click.option(
+    "--divergence/--no-divergence",
+    default=True,
+    show_default=True,
+    help="Locate the node where the error jumps (ONNX baseline and candidates).",
+)
+@click.option(
+    "--divergence-batches",
+    type=int,
+    default=2,
+    show_default=True,
+    help="Batches the per-layer divergence compares (both models run once per batch per 64 tensors).",
+)
+@click.option("--quiet", is_flag=True, help="No progress bars or tables; only the verdict.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report JSON to stdout (for scripts).")
+@click.pass_context
+def compare(
+    ctx: click.Context,
+    baseline: str,
+    candidates: tuple[str, ...],
+    data: str | None,
+    checks: str | None,
+    latency: bool,
+    batch_sizes: tuple[int, ...],
+    iterations: int,
+    warmup: int,
+    time_budget: float | None,
+    report_dir: Path | None,
+    force: bool,
+    numerics: str,
+    device: str,
+    batch_size: int | None,
+    num_batches: int | None,
+    dims: tuple[str, ...],
+    divergence: bool,
+    divergence_batches: int,
+    quiet: bool,
+    as_json: bool,
+) -> None:
+    """Compare CANDIDATES (FP16 ONNX, engines) against the FP32 BASELINE on the same data.
+
+    \b
+    mpinfer compare out/model.onnx out/model.fp16.onnx --data calibration/digits.npz \\
+        --check "cosine>=0.9999,top1>=0.999" --latency --report out/report
+    """  # noqa: D301 (click needs the \b)
+    from mpinfer.compare import CompareConfig, compare_models
+    from mpinfer.report import FILE_NAMES, write_report
+
+    quiet = quiet or bool(ctx.obj and ctx.obj.get("quiet"))
+    if report_dir is not None:  # refuse existing files before the (long) comparison
+        from mpinfer.fileio import check_output_path
+
+        for name in FILE_NAMES.values():
+            check_output_path(report_dir / name, force=force)
+    config = CompareConfig(
+        baseline=baseline,
+        candidates=candidates,
+        data=data,
+        checks=checks,
+        latency=latency,
+        batch_sizes=batch_sizes,
+        iterations=iterations,
+        warmup=warmup,
+        time_budget_s=time_budget,
+        numerics=numerics,
+        device=device,
+        batch_size=batch_size,
+        num_batches=num_batches,
+        dims=dims,
+        divergence=divergence,
+        divergence_batches=divergence_batches,
+        show_progress=not (quiet or as_json),
+    )
+    result = compare_models(config)
+    paths = write_report(result, report_dir, force=force) if report_dir is not None else {}
+    if as_json:
+        click.echo(json.dumps(result.to_dict(), indent=2))
+    elif not quiet:
+        from mpinfer.report.console import render_console
+
+        render_console(result)
+        for fmt, path in paths.items():
+            click.echo(f"wrote {fmt}: {path}")
+    if not result:
+        click.echo(result.summary(), err=True)
+        ctx.exit(1)
+    if quiet and not as_json:
+        click.echo(result.summary())

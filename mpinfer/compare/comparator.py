@@ -1,0 +1,462 @@
+"""compare_models: the same feeds through baseline and candidates; metrics, checks, divergence, latency."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import logging
+import platform
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from mpinfer.backends import Runner, open_runner
+from mpinfer.compare.checks import Check, parse_checks
+from mpinfer.compare.metrics import OutputAccumulator
+from mpinfer.compare.result import CandidateResult, ComparisonResult, LatencyResult, OutputMetrics
+from mpinfer.errors import InvalidInputError, ModelLoadError, MpinferError, format_message
+from mpinfer.specs import TensorSpec
+
+logger = logging.getLogger(__name__)
+
+# Batches kept for the per-layer divergence: enough for a stable relative error, few enough that both models
+# run only (tensors / CHUNK_SIZE) x 2 times per batch.
+DIVERGENCE_BATCHES = 2
+
+
+@dataclass(frozen=True)
+class CompareConfig:
+    """What to compare and how.
+
+    Attributes:
+        baseline: FP32 reference: ``.onnx``, engine or ``file.py:factory[@weights]``.
+        candidates: One or more models to compare against it.
+        data: Data source (``.npz``, folder, ``random[:N]``; None = random).
+        checks: Thresholds, e.g. ``"cosine>=0.9999,top1>=0.999"`` (None = DEFAULT_CHECKS).
+        latency: Measure latency too.
+        batch_sizes: Latency batch sizes (default: the data's batch size).
+        iterations: Timed latency runs per runner and batch size (the cap when time_budget_s is set).
+        warmup: Untimed runs first.
+        time_budget_s: Stop timing a runner after this many seconds.
+        numerics: ``ort`` or ``strict`` (strict FP16/BF16 emulation for ONNX candidates).
+        device: ``cpu``, ``cuda`` or ``auto``.
+        batch_size: Samples per batch of the data.
+        num_batches: Cap on the batches compared.
+        dims: Sizes for symbolic dims of random data, ``("seq=32",)``.
+        divergence: Locate the node where the error jumps (ONNX baseline and candidate).
+        divergence_batches: Batches used for it.
+        seed: Seed for random data.
+        show_progress: Show rich progress bars.
+    """
+
+    baseline: str
+    candidates: tuple[str, ...]
+    data: str | None = None
+    checks: str | None = None
+    latency: bool = False
+    batch_sizes: tuple[int, ...] = ()
+    iterations: int = 50
+    warmup: int = 5
+    time_budget_s: float | None = None
+    numerics: str = "ort"
+    device: str = "cpu"
+    batch_size: int | None = None
+    num_batches: int | None = None
+    dims: tuple[str, ...] = ()
+    divergence: bool = True
+    divergence_batches: int = DIVERGENCE_BATCHES
+    seed: int = 0
+    show_progress: bool = True
+
+
+def _validate_config(cfg: CompareConfig) -> tuple[Check, ...]:
+    checks = parse_checks(cfg.checks)
+    if not cfg.candidates:
+        raise InvalidInputError(format_message("Candidates", "none", "at least one model to compare"))
+    for what, value in (("--iterations", cfg.iterations), ("--divergence-batches", cfg.divergence_batches)):
+        if value < 1:
+            raise InvalidInputError(format_message(what, value, "a positive integer"))
+    if cfg.warmup < 0 or any(b < 1 for b in cfg.batch_sizes):
+        raise InvalidInputError(
+            format_message(
+                "--warmup/--batch-sizes",
+                f"{cfg.warmup}/{cfg.batch_sizes}",
+                "warmup >= 0 and batch sizes >= 1",
+            )
+        )
+    return checks
+
+
+def _activate(stack: contextlib.ExitStack, spec: str, role: str, cfg: CompareConfig) -> Runner:
+    """Open and activate one runner, naming the model in any load error."""
+    try:
+        runner = open_runner(
+            spec, device=cfg.device, numerics=cfg.numerics if role == "Candidate" else "ort", name=spec
+        )
+        stack.enter_context(runner)
+    except MpinferError as err:
+        raise ModelLoadError(f"{role} '{spec}' could not be loaded: {err}") from err
+    except (OSError, ValueError, RuntimeError) as err:
+        raise ModelLoadError(f"{role} '{spec}' could not be loaded: {type(err).__name__}: {err}") from err
+    return runner
+
+
+def _check_specs(base: Sequence[TensorSpec], cand: Sequence[TensorSpec], bname: str, cname: str) -> None:
+    bmap, cmap = {s.name: s for s in base}, {s.name: s for s in cand}
+    if set(bmap) != set(cmap):
+        raise InvalidInputError(
+            format_message(
+                f"Candidate '{cname}': input names",
+                sorted(cmap),
+                f"the baseline's {sorted(bmap)}",
+                "compare models exported from the same network (convert keeps input names)",
+            )
+        )
+    for name, b in bmap.items():
+        c = cmap[name]
+        if b.dtype != c.dtype:
+            raise InvalidInputError(
+                format_message(
+                    f"Candidate '{cname}': input '{name}'",
+                    f"dtype {c.dtype}",
+                    f"{b.dtype} as in baseline '{bname}'",
+                    "convert with --keep-io-types so the candidate takes the same inputs",
+                )
+            )
+        fixed_mismatch = any(
+            isinstance(x, int) and isinstance(y, int) and x != y
+            for x, y in zip(b.shape, c.shape, strict=False)
+        )
+        if len(b.shape) != len(c.shape) or fixed_mismatch:
+            raise InvalidInputError(
+                format_message(
+                    f"Candidate '{cname}': input '{name}'",
+                    f"shape {tuple(c.shape)}",
+                    f"{tuple(b.shape)} as in baseline '{bname}'",
+                    "both models must take the same input shapes",
+                )
+            )
+
+
+def _check_outputs(bnames: Sequence[str], cnames: Sequence[str], cname: str) -> None:
+    if set(bnames) != set(cnames):
+        missing = [n for n in bnames if n not in cnames]
+        extra = [n for n in cnames if n not in bnames]
+        raise InvalidInputError(
+            format_message(
+                f"Candidate '{cname}': output names",
+                sorted(cnames),
+                f"the baseline's {sorted(bnames)}",
+                f"missing {missing}, unexpected {extra}; compare models of the same network",
+            )
+        )
+
+
+def _check_batch_outputs(bout: Mapping[str, np.ndarray], cout: Mapping[str, np.ndarray], cname: str) -> None:
+    for name, b in bout.items():
+        c = cout[name]
+        if b.shape != c.shape:
+            raise InvalidInputError(
+                format_message(
+                    f"Candidate '{cname}': output '{name}'",
+                    f"shape {c.shape}",
+                    f"{b.shape} as the baseline's",
+                    "both models must agree",
+                )
+            )
+        if (b.dtype.kind == "f") != (c.dtype.kind == "f"):
+            raise InvalidInputError(
+                format_message(
+                    f"Candidate '{cname}': output '{name}'",
+                    f"dtype {c.dtype}",
+                    f"a dtype of the same kind as the baseline's {b.dtype}",
+                )
+            )
+
+
+def _specs_of(baseline: Runner, candidates: Mapping[str, Runner], cfg: CompareConfig) -> list[TensorSpec]:
+    specs = baseline.input_specs()
+    for name, runner in candidates.items():
+        cspecs = runner.input_specs()
+        if not specs:
+            specs = cspecs
+        _check_specs(specs, cspecs, cfg.baseline, name)
+    return specs
+
+
+def _output_names(baseline: Runner, candidates: Mapping[str, Runner]) -> list[str]:
+    from mpinfer.backends.torch_runner import TorchRunner
+
+    first = next(iter(candidates.values()))
+    if isinstance(baseline, TorchRunner) and not baseline.output_names():
+        baseline.set_output_names(first.output_names())
+    names = baseline.output_names()
+    for cname, runner in candidates.items():
+        _check_outputs(names, runner.output_names(), cname)
+    return names
+
+
+def _iter_progress(feeds: Any, show: bool) -> Iterator[dict[str, np.ndarray]]:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(
+        TextColumn("[bold]compare[/]"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        disable=not show,
+        transient=True,
+    ) as progress:
+        task = progress.add_task("batches", total=len(feeds))
+        for batch in feeds:
+            yield batch
+            progress.advance(task)
+
+
+def _infer(runner: Runner, batch: Mapping[str, np.ndarray], who: str, index: int) -> dict[str, np.ndarray]:
+    """One inference; a model that loads but fails to run (onnxruntime, torch) is named in the error."""
+    try:
+        return runner.infer(batch)
+    except MpinferError as err:
+        raise type(err)(f"{who}: {err}") from err
+    except Exception as err:
+        if type(err).__module__.split(".")[0] not in ("onnxruntime", "torch"):
+            raise  # anything else is a bug in mpinfer: keep the traceback
+        raise ModelLoadError(
+            f"{who} failed to run on batch {index}: {type(err).__name__}: {str(err).strip()[:500]}"
+        ) from err
+
+
+def _run_batches(
+    cfg: CompareConfig,
+    baseline: Runner,
+    candidates: Mapping[str, Runner],
+    feeds: Any,
+    out_names: Sequence[str],
+) -> tuple[dict[str, dict[str, OutputAccumulator]], list[dict[str, Any]]]:
+    accs = {c: {o: OutputAccumulator(o) for o in out_names} for c in candidates}
+    kept: list[dict[str, np.ndarray]] = []
+    offset = 0
+    labels = feeds.labels
+    for index, batch in enumerate(_iter_progress(feeds, cfg.show_progress)):
+        n = next(iter(batch.values())).shape[0] if batch else 0
+        lab = labels[offset : offset + n] if labels is not None and offset + n <= len(labels) else None
+        offset += n
+        bout = _infer(baseline, batch, f"Baseline '{cfg.baseline}'", index)
+        for cname, runner in candidates.items():
+            cout = _infer(runner, batch, f"Candidate '{cname}'", index)
+            _check_batch_outputs(bout, cout, cname)
+            for o in out_names:
+                accs[cname][o].update(bout[o], cout[o], lab)
+        if len(kept) < max(cfg.divergence_batches, 1):
+            kept.append(batch)
+    if not kept:
+        raise InvalidInputError(
+            format_message(
+                f"Data '{cfg.data or 'random'}'",
+                "no batches",
+                "at least one batch of samples",
+                "check the batch size against the number of samples",
+            )
+        )
+    return accs, kept
+
+
+def compare_models(config: CompareConfig) -> ComparisonResult:
+    """Compare one baseline with one or more candidates on the same data.
+
+    Args:
+        config: What to compare and how.
+
+    Returns:
+        The ComparisonResult; ``bool(result)`` is True when every check passed.
+
+    Raises:
+        InvalidInputError: Mismatched models or data, bad data, unknown checks.
+        ModelLoadError: A model that cannot be loaded (named in the message).
+    """
+    from mpinfer.data import load_feeds, parse_dims
+
+    checks = _validate_config(config)
+    t0 = time.perf_counter()
+    with contextlib.ExitStack() as stack:
+        baseline = _activate(stack, config.baseline, "Baseline", config)
+        cands = {c: _activate(stack, c, "Candidate", config) for c in config.candidates}
+        specs = _specs_of(baseline, cands, config)
+        out_names = _output_names(baseline, cands)
+        feeds = load_feeds(
+            config.data,
+            specs,
+            batch_size=config.batch_size,
+            num_batches=config.num_batches,
+            seed=config.seed,
+            dims=parse_dims(config.dims),
+        )
+        accs, kept = _run_batches(config, baseline, cands, feeds, out_names)
+        results = [_candidate_result(config, c, cands[c], accs[c], out_names, checks, kept) for c in cands]
+        latency = _latency(config, baseline, cands, kept[0]) if config.latency else None
+        base_info = {
+            "name": config.baseline,
+            "path": config.baseline,
+            "runner": baseline.describe(),
+            "size_bytes": model_size(config.baseline),
+        }
+    notes = _notes(feeds.is_random, result_runners=[c.runner for c in results], latency=latency is not None)
+    logger.info("compare finished in %.1f s", time.perf_counter() - t0)
+    return ComparisonResult(
+        baseline=base_info,
+        candidates=results,
+        checks=[str(c) for c in checks],
+        data={
+            "source": config.data or "random",
+            "kind": feeds.kind,
+            "description": feeds.description,
+            "batches": len(feeds),
+            "samples": feeds.num_samples,
+            "labels": feeds.labels is not None,
+        },
+        environment=_environment(config),
+        latency=latency,
+        notes=notes,
+        created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    )
+
+
+def _candidate_result(
+    cfg: CompareConfig,
+    name: str,
+    runner: Runner,
+    accs: Mapping[str, OutputAccumulator],
+    out_names: Sequence[str],
+    checks: tuple[Check, ...],
+    kept: list[dict[str, Any]],
+) -> CandidateResult:
+    outputs = []
+    for o in out_names:
+        a = accs[o]
+        outputs.append(
+            OutputMetrics(
+                name=o,
+                shape=list(a.shape or ()),
+                baseline_dtype=a.baseline_dtype,
+                candidate_dtype=a.candidate_dtype,
+                classifier=bool(a.classifier),
+                values=a.finalize(),
+                hist_abs=a.hist_abs.to_dict(),
+                hist_rel=a.hist_rel.to_dict(),
+            )
+        )
+    result = CandidateResult(
+        name=name, path=name, runner=runner.describe(), outputs=outputs, size_bytes=model_size(name)
+    )
+    result.evaluate(checks)
+    if name.lower().endswith(".onnx"):
+        _onnx_extras(cfg, result, kept)
+    return result
+
+
+def _onnx_extras(cfg: CompareConfig, result: CandidateResult, kept: list[dict[str, Any]]) -> None:
+    from mpinfer.compare.divergence import find_divergence
+    from mpinfer.compare.hints import precision_summary, speed_hints
+    from mpinfer.modelio import load_onnx
+
+    model = load_onnx(result.path)
+    result.precision = precision_summary(model, result.path)
+    result.hints = speed_hints(model)
+    if cfg.divergence and cfg.baseline.lower().endswith(".onnx"):
+        result.divergence = find_divergence(
+            cfg.baseline,
+            result.path,
+            kept[: cfg.divergence_batches],
+            device=cfg.device,
+            numerics=cfg.numerics,
+            show_progress=cfg.show_progress,
+        )
+
+
+def _latency(
+    cfg: CompareConfig, baseline: Runner, cands: Mapping[str, Runner], sample: Mapping[str, np.ndarray]
+) -> LatencyResult:
+    from mpinfer.compare.latency import measure_latency
+
+    runners = {cfg.baseline: baseline, **cands}
+    sizes = cfg.batch_sizes or (next(iter(sample.values())).shape[0],)
+    fixed = {s.shape[0] for s in baseline.input_specs() if s.shape and isinstance(s.shape[0], int)}
+    if fixed and any(b not in fixed for b in sizes):
+        raise InvalidInputError(
+            format_message(
+                "--batch-sizes", list(sizes), f"{sorted(fixed)} only", "the model has a fixed batch dimension"
+            )
+        )
+    stats = measure_latency(
+        runners,
+        sample,
+        sizes,
+        warmup=cfg.warmup,
+        iterations=cfg.iterations,
+        time_budget_s=cfg.time_budget_s,
+        show_progress=cfg.show_progress,
+    )
+    return LatencyResult(
+        device=cfg.device,
+        warmup=cfg.warmup,
+        iterations=cfg.iterations,
+        time_budget_s=cfg.time_budget_s,
+        runners={n: r.describe() for n, r in runners.items()},
+        stats=stats,
+    )
+
+
+def model_size(path_or_spec: str) -> int | None:
+    """Bytes on disk of a model file plus its external data files (None for a torch spec)."""
+    from pathlib import Path
+
+    p = Path(path_or_spec)
+    if not p.is_file():
+        return None
+    size = p.stat().st_size
+    data = p.with_name(p.name + ".data")
+    return size + (data.stat().st_size if data.is_file() else 0)
+
+
+def _notes(is_random: bool, result_runners: Sequence[Mapping[str, Any]], latency: bool) -> list[str]:
+    notes = []
+    if is_random:
+        notes.append("Random input data: the errors say little about real inputs; pass --data.")
+    if latency and any(r.get("backend") == "mpinfer-strict" for r in result_runners):
+        notes.append(
+            "Strict-numerics candidates are timed in the numpy emulator: their latency says nothing about "
+            "FP16 speed; time them with --numerics ort or as an engine."
+        )
+    if latency and any(str(r.get("numerics")) == "ort-cpu" for r in result_runners):
+        notes.append(
+            "Latency on onnxruntime's CPU provider: it has few FP16 kernels and runs FP16 models through "
+            "inserted Casts, so FP16 is rarely faster here; measure on a GPU (--device cuda) or an engine."
+        )
+    return notes
+
+
+def _environment(cfg: CompareConfig) -> dict[str, Any]:
+    import sys
+
+    import onnxruntime
+
+    import mpinfer
+
+    env = {
+        "mpinfer": mpinfer.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "processor": platform.processor() or platform.machine(),
+        "numpy": np.__version__,
+        "onnxruntime": onnxruntime.__version__,
+        "device": cfg.device,
+        "numerics": cfg.numerics,
+    }
+    if "torch" in sys.modules:
+        env["torch"] = sys.modules["torch"].__version__
+    return env

@@ -1,0 +1,209 @@
+"""Speed hints and the precision summary of an ONNX candidate.
+
+Hints:
+
+* ``alignment``: an FP16/BF16 MatMul/Gemm/Conv whose channel or inner dimensions are not multiples of
+  :data:`ALIGNMENT`; Tensor Cores want aligned shapes, so such a layer gains little from FP16.
+* ``cast-split``: a Cast between a producer and a consumer a GPU engine would fuse (Conv→Relu,
+  MatMul→Add, ...), so the pair runs as two kernels plus a cast.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from mpinfer.compare.result import SpeedHint
+
+logger = logging.getLogger(__name__)
+
+# Tensor Cores process FP16/BF16 tiles of 8 elements along channels / inner dims.
+ALIGNMENT = 8
+# Ops whose speed depends on Tensor Core alignment.
+_MATH_OPS = {"MatMul", "Gemm", "Conv", "ConvTranspose"}
+# Producer -> consumers a GPU engine (TensorRT, ORT CUDA) fuses into one kernel.
+_FUSIBLE = {
+    "Conv": {"Relu", "Clip", "Add", "Sigmoid", "LeakyRelu", "BatchNormalization", "Mul", "HardSigmoid"},
+    "ConvTranspose": {"Relu", "Clip", "Add", "BatchNormalization"},
+    "MatMul": {"Add", "Relu", "Gelu", "Mul", "Div", "Softmax"},
+    "Gemm": {"Relu", "Gelu", "Add", "Clip"},
+    "BatchNormalization": {"Relu", "Clip"},
+    "Add": {"Relu", "LayerNormalization"},
+}
+# Hints listed per candidate at most (the rest are counted in the log).
+MAX_HINTS = 20
+
+
+def _infer(model: Any) -> tuple[dict[str, int], dict[str, list[int | str]]]:
+    """Element types and shapes of every tensor (shape inference plus initializers)."""
+    import onnx
+
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except Exception as err:  # shape inference fails on some custom ops; hints are best effort
+        logger.info("shape inference failed (%s); hints use initializer shapes only", err)
+        inferred = model
+    types: dict[str, int] = {}
+    shapes: dict[str, list[int | str]] = {}
+    for vi in list(inferred.graph.value_info) + list(inferred.graph.input) + list(inferred.graph.output):
+        tt = vi.type.tensor_type
+        types[vi.name] = tt.elem_type
+        shapes[vi.name] = [
+            d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in tt.shape.dim
+        ]
+    for init in inferred.graph.initializer:
+        types[init.name] = init.data_type
+        shapes[init.name] = list(init.dims)
+    return types, shapes
+
+
+def _misaligned_dims(node: Any, shapes: dict[str, list[int | str]]) -> list[tuple[str, int]]:
+    def dims(name: str) -> list[int | str]:
+        return shapes.get(name, [])
+
+    out: list[tuple[str, int | str]] = []
+    if node.op_type in ("Conv", "ConvTranspose") and len(node.input) > 1:
+        w = dims(node.input[1])
+        group = next((a.i for a in node.attribute if a.name == "group"), 1)
+        if len(w) >= 2 and group == 1:
+            cout, cin = (w[0], w[1]) if node.op_type == "Conv" else (w[1], w[0])
+            out += [("output channels", cout), ("input channels", cin)]
+    elif node.op_type in ("MatMul", "Gemm") and len(node.input) > 1:
+        a, b = dims(node.input[0]), dims(node.input[1])
+        trans_b = (
+            next((a_.i for a_ in node.attribute if a_.name == "transB"), 0) if node.op_type == "Gemm" else 0
+        )
+        if len(b) >= 2:
+            k, n = (b[-1], b[-2]) if trans_b else (b[-2], b[-1])
+            out += [("inner dim K", k), ("output dim N", n)]
+        elif len(a) >= 1:
+            out += [("inner dim K", a[-1])]
+    return [(what, int(v)) for what, v in out if isinstance(v, int) and v > 0 and v % ALIGNMENT]
+
+
+def speed_hints(model: Any) -> list[SpeedHint]:
+    """Speed hints for a (mixed-precision) ONNX model."""
+    from onnx import TensorProto
+
+    low = {TensorProto.FLOAT16, TensorProto.BFLOAT16}
+    types, shapes = _infer(model)
+    hints: list[SpeedHint] = []
+    nodes = list(model.graph.node)
+    for node in nodes:
+        if node.op_type in _MATH_OPS and node.input and types.get(node.input[0]) in low:
+            bad = _misaligned_dims(node, shapes)
+            if bad:
+                what = ", ".join(f"{w} {v}" for w, v in bad)
+                hints.append(
+                    SpeedHint(
+                        "alignment",
+                        node.name,
+                        node.op_type,
+                        f"FP16 {node.op_type} '{node.name}' has {what}, not a multiple of {ALIGNMENT}: "
+                        "Tensor Cores "
+                        "need aligned shapes, so it gains little from FP16.",
+                        f"pad the layer to a multiple of {ALIGNMENT} in the model, or keep it FP32 "
+                        f"(`mpinfer convert --keep-node '{node.name}'`) and save the casts.",
+                    )
+                )
+    hints += _cast_splits(nodes)
+    if len(hints) > MAX_HINTS:
+        logger.info("%d speed hints; the report lists the first %d", len(hints), MAX_HINTS)
+    return hints[:MAX_HINTS]
+
+
+def _cast_splits(nodes: list[Any]) -> list[SpeedHint]:
+    producer = {o: n for n in nodes for o in n.output}
+    consumers: dict[str, list[Any]] = {}
+    for n in nodes:
+        for i in n.input:
+            consumers.setdefault(i, []).append(n)
+    hints = []
+    for cast in (n for n in nodes if n.op_type == "Cast" and n.input):
+        prod = producer.get(cast.input[0])
+        if prod is None or prod.op_type not in _FUSIBLE:
+            continue
+        for cons in consumers.get(cast.output[0], []):
+            if cons.op_type in _FUSIBLE[prod.op_type]:
+                hints.append(
+                    SpeedHint(
+                        "cast-split",
+                        cons.name,
+                        cons.op_type,
+                        f"Cast '{cast.name}' sits between {prod.op_type} '{prod.name}' and {cons.op_type} "
+                        f"'{cons.name}', which a GPU engine would fuse; the pair runs as separate kernels "
+                        "plus a cast.",
+                        f"run both in the same precision: `mpinfer convert --low-node '{cons.name}'` or "
+                        f"`--keep-node '{prod.name}'`.",
+                    )
+                )
+    return hints
+
+
+def precision_summary(model: Any, candidate_path: str | Path) -> dict[str, Any]:
+    """FP16/BF16 share and cast count, from the plan file when present, else counted from the model."""
+    from onnx import TensorProto
+
+    from mpinfer.modelio import iter_nodes
+
+    plan_path = Path(str(candidate_path)[: -len(".onnx")] + ".plan.json")
+    from_plan = _summary_from_plan(plan_path) if plan_path.is_file() else None
+    if from_plan is not None:
+        return from_plan
+    types, _ = _infer(model)
+    names: dict[int | None, str] = {
+        int(TensorProto.FLOAT16): "fp16",
+        int(TensorProto.BFLOAT16): "bf16",
+        int(TensorProto.FLOAT): "fp32",
+    }
+    counts: Counter[str] = Counter()
+    casts = 0
+    for ref in iter_nodes(model.graph):
+        node = ref.node
+        if node.op_type == "Cast":  # type: ignore[attr-defined]
+            casts += 1
+            continue
+        outs = [types.get(o) for o in node.output]  # type: ignore[attr-defined]
+        prec = next((names[t] for t in outs if t in names), None)
+        if prec:
+            counts[prec] += 1
+    total = sum(counts.values())
+    low = counts["fp16"] + counts["bf16"]
+    return {
+        "source": "model",
+        "precision": "fp16" if counts["fp16"] >= counts["bf16"] else "bf16",
+        "nodes_total": total,
+        "nodes_low": low,
+        "low_share": low / total if total else 0.0,
+        "low_share_flops": None,
+        "cast_count": casts,
+        "counts": dict(counts),
+        "reasons": {},
+    }
+
+
+def _summary_from_plan(plan_path: Path) -> dict[str, Any] | None:
+    """The precision summary of a plan file, or None when it is unreadable."""
+    try:
+        plan = json.loads(plan_path.read_text())
+        plan_counts = Counter(str(n.get("precision", "fp32")) for n in plan.get("nodes", []))
+        summ = plan.get("summary", {})
+        total = int(summ.get("nodes_total", sum(plan_counts.values())))
+        low = int(summ.get("nodes_low", sum(v for k, v in plan_counts.items() if k in ("fp16", "bf16"))))
+        return {
+            "source": str(plan_path),
+            "precision": plan.get("precision"),
+            "nodes_total": total,
+            "nodes_low": low,
+            "low_share": low / total if total else 0.0,
+            "low_share_flops": summ.get("low_share_flops"),
+            "cast_count": summ.get("cast_count"),
+            "counts": dict(plan_counts),
+            "reasons": dict(Counter(str(n.get("reason")) for n in plan["nodes"])),
+        }
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        logger.warning("plan file '%s' is unreadable (%s); counting from the model", plan_path, err)
+    return None

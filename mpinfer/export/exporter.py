@@ -1,0 +1,353 @@
+"""``export_onnx``: torch model → checked ONNX model with a parity record.
+
+Order of work (nothing is written until every check passed): load the model, resolve input specs, export
+(dynamo first, TorchScript fallback under ``auto``), name every node, full ``onnx.checker``, parity torch vs
+ONNX Runtime on seeded inputs of several shapes, then write ``<name>.onnx`` and ``<name>.export.json``
+atomically.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import logging
+import os
+import re
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mpinfer import __version__
+from mpinfer.errors import AccuracyMismatchError, ExportError, InvalidInputError, format_message
+from mpinfer.export.loader import LoadedModel, load_model, split_source
+from mpinfer.export.parity import ParityReport, check_parity
+from mpinfer.fileio import check_output_path, write_json_atomic
+from mpinfer.specs import TensorSpec, parse_tensor_spec
+
+logger = logging.getLogger(__name__)
+
+EXPORTERS = ("auto", "dynamo", "torchscript")
+# Opset for the TorchScript exporter when none is asked for: the newest it supports well (torch 2.x).
+DEFAULT_TORCHSCRIPT_OPSET = 17
+_OP_RE = re.compile(r"\b((?:aten|prim|[a-z_][a-z0-9_]*)::[A-Za-z0-9_]+|aten\.[A-Za-z0-9_]+(?:\.[a-z]+)?)")
+
+
+@dataclass(frozen=True)
+class ExportConfig:
+    """What to export and how.
+
+    Attributes:
+        source: ``file.py[:factory]``, TorchScript file, ``.pt2`` program or Hugging Face folder.
+        output: Destination ``.onnx`` path.
+        weights: state_dict / trainer checkpoint for a factory source.
+        inputs: Input specs (``name:dims:dtype[:lo..hi]``); default: the source's ``INPUT_SPECS``.
+        dynamic: Symbols that stay dynamic (default: every symbol in the specs).
+        exporter: ``auto`` (dynamo, then TorchScript), ``dynamo`` or ``torchscript``.
+        opset: ONNX opset (default: the exporter's).
+        force: Overwrite an existing output.
+        atol: Parity absolute tolerance.
+        rtol: Parity relative tolerance.
+        parity_runs: Number of seeded parity inputs (shapes vary across the dynamic range).
+        trust_weights: Load weights with ``weights_only=False``.
+        output_names: Names for the model outputs (default: the source's ``OUTPUT_NAMES`` or output_<i>).
+    """
+
+    source: str
+    output: Path
+    weights: Path | None = None
+    inputs: tuple[str, ...] = ()
+    dynamic: tuple[str, ...] | None = None
+    exporter: str = "auto"
+    opset: int | None = None
+    force: bool = False
+    atol: float = 1e-4
+    rtol: float = 1e-3
+    parity_runs: int = 3
+    trust_weights: bool = False
+    output_names: tuple[str, ...] = ()
+
+
+@dataclass
+class ExportResult:
+    """What export wrote and measured."""
+
+    path: Path
+    sidecar: Path
+    exporter: str
+    opset: int
+    parity: ParityReport
+    fallback_reason: str | None = None
+    input_specs: list[TensorSpec] = field(default_factory=list)
+
+
+def sidecar_path(output: Path) -> Path:
+    """``out/model.onnx`` → ``out/model.export.json``."""
+    return output.with_name((output.name[:-5] if output.name.endswith(".onnx") else output.name) + ".export.json")
+
+
+def resolve_specs(loaded: LoadedModel, inputs: Sequence[str], dynamic: Sequence[str] | None) -> list[TensorSpec]:
+    """Input specs from the CLI, else the source's INPUT_SPECS, else its example inputs (all fixed).
+
+    Raises:
+        InvalidInputError: If no spec can be found, or ``dynamic`` names an unknown symbol.
+    """
+    specs = [parse_tensor_spec(s) for s in (inputs or loaded.input_specs)]
+    if not specs and loaded.example_inputs is not None:
+        names = loaded.input_names or [f"input_{i}" for i in range(len(loaded.example_inputs))]
+        for name, t in zip(names, loaded.example_inputs):
+            dtype = str(t.dtype).replace("torch.", "")
+            specs.append(parse_tensor_spec(f"{name}:{'x'.join(map(str, t.shape)) or 'scalar'}:{dtype}"))
+    if not specs:
+        raise InvalidInputError(format_message(f"Model '{loaded.description}'", "no input specs",
+                                               "--input name:dims:dtype for each input",
+                                               "or define INPUT_SPECS / example_inputs() in the model file"))
+    symbols = {s for spec in specs for s in spec.symbols}
+    if dynamic is None:
+        return specs
+    unknown = [d for d in dynamic if d not in symbols]
+    if unknown:
+        raise InvalidInputError(format_message(f"--dynamic {', '.join(unknown)}", "symbols not in the input specs",
+                                               f"one of {sorted(symbols) or 'none (specs are all fixed)'}",
+                                               "write the dim symbolically in --input, e.g. x:batchx3x64x64:float32"))
+    fixed = []
+    for spec in specs:
+        shape = tuple(d if isinstance(d, int) or d in dynamic else spec.concrete_shape()[i]
+                      for i, d in enumerate(spec.shape))
+        fixed.append(TensorSpec(spec.name, shape, spec.dtype, spec.value_range, spec.dim_sizes))
+    return fixed
+
+
+def _to_torch(batch: dict[str, np.ndarray], specs: Sequence[TensorSpec]) -> tuple[Any, ...]:
+    import torch
+
+    return tuple(torch.from_numpy(np.ascontiguousarray(batch[s.name])) for s in specs)
+
+
+def flatten_outputs(out: Any) -> list[Any]:
+    """Flatten a model's (nested) outputs into a list of tensors."""
+    import torch
+    from torch.utils._pytree import tree_flatten
+
+    leaves, _ = tree_flatten(out)
+    return [x for x in leaves if isinstance(x, torch.Tensor)]
+
+
+@contextlib.contextmanager
+def _quiet_torch_onnx() -> Iterator[None]:
+    """Silence the exporters' chatter, Python and C++ alike; it goes to the log at debug level."""
+    loggers = [logging.getLogger(n) for n in ("torch.onnx", "torch.export", "torch._dynamo", "onnxscript")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    with tempfile.TemporaryFile(mode="w+b") as sink, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        saved = []
+        try:
+            for fd in (1, 2):
+                try:
+                    saved.append((fd, os.dup(fd)))
+                    os.dup2(sink.fileno(), fd)
+                except OSError:  # no real fd (e.g. under a test runner's capture): nothing to redirect
+                    pass
+            with contextlib.redirect_stdout(io.StringIO()):
+                yield
+        finally:
+            for fd, copy in saved:
+                os.dup2(copy, fd)
+                os.close(copy)
+            for lg, lv in zip(loggers, levels):
+                lg.setLevel(lv)
+            sink.seek(0)
+            chatter = sink.read().decode("utf-8", "replace")
+            if chatter.strip():
+                logger.debug("exporter output:\n%s", chatter)
+
+
+def _export_dynamo(module: Any, args: tuple[Any, ...], specs: Sequence[TensorSpec], out_names: Sequence[str],
+                   opset: int | None, tmp: Path) -> Path:
+    import torch
+
+    is_program = isinstance(module, torch.export.ExportedProgram)
+    dyn = None if is_program else tuple({i: d for i, d in enumerate(s.shape) if isinstance(d, str)} for s in specs)
+    if dyn is not None and not any(dyn):
+        dyn = None
+    with _quiet_torch_onnx():
+        prog = torch.onnx.export(module, args, dynamo=True, input_names=[s.name for s in specs],
+                                 output_names=list(out_names), dynamic_shapes=dyn, opset_version=opset,
+                                 optimize=True, verbose=False, report=False)
+    path = tmp / "dynamo.onnx"
+    with _quiet_torch_onnx():
+        prog.save(str(path), external_data=True)  # type: ignore[union-attr]
+    return path
+
+
+def _export_torchscript(module: Any, args: tuple[Any, ...], specs: Sequence[TensorSpec],
+                        out_names: Sequence[str], opset: int | None, tmp: Path) -> Path:
+    import torch
+
+    if isinstance(module, torch.export.ExportedProgram):
+        raise ExportError("The TorchScript exporter cannot take a torch.export program. Hint: use --exporter dynamo.")
+    axes = {s.name: {i: d for i, d in enumerate(s.shape) if isinstance(d, str)} for s in specs}
+    axes = {k: v for k, v in axes.items() if v}
+    path = tmp / "torchscript.onnx"
+    with _quiet_torch_onnx():
+        torch.onnx.export(module, args, str(path), dynamo=False, input_names=[s.name for s in specs],
+                          output_names=list(out_names), dynamic_axes=axes or None,
+                          opset_version=opset or DEFAULT_TORCHSCRIPT_OPSET, do_constant_folding=True)
+    return path
+
+
+_ANSI_RE = re.compile(r"\x1b\[[0-9;]*m")
+_OP_PATTERNS = (
+    re.compile(r"op='([^']+)'"),  # dynamo: No ONNX function found for <OpOverload(op='ns.name', ...)>
+    re.compile(r"torch\.ops\.([A-Za-z0-9_]+\.[A-Za-z0-9_]+)"),
+    _OP_RE,
+)
+_REASON_MARKERS = ("No ONNX function", "unrecognized namespace", "Unsupported", "not supported", "is not implemented")
+
+
+def _explain(err: BaseException, exporter: str) -> str:
+    """One line naming the failing op (when one can be found) and the exporter's reason."""
+    chain, e = [], err
+    while e is not None and len(chain) < 5:
+        chain.append(_ANSI_RE.sub("", f"{type(e).__name__}: {e}"))
+        e = e.__cause__ or e.__context__
+    text = "\n".join(chain)
+    op = next((m.group(1) for pat in _OP_PATTERNS for m in [pat.search(text)] if m), None)
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    reason = next((ln for ln in lines if any(k in ln for k in _REASON_MARKERS)), lines[0] if lines else "")
+    reason = re.sub(r"^.*?'>: ", "", reason)[:300].rstrip(". ")
+    op_part = f" on op {op}" if op else ""
+    return f"the {exporter} exporter failed{op_part}: {reason}"
+
+
+def _run_exporters(cfg: ExportConfig, loaded: LoadedModel, args: tuple[Any, ...], specs: Sequence[TensorSpec],
+                   out_names: Sequence[str], tmp: Path) -> tuple[Path, str, str | None]:
+    order = ["dynamo", "torchscript"] if cfg.exporter == "auto" else [cfg.exporter]
+    import torch
+
+    if loaded.kind == "torchscript" or isinstance(loaded.module, torch.jit.ScriptModule):
+        order = ["torchscript"]  # a ScriptModule can only go through the TorchScript exporter
+    failures: list[str] = []
+    for name in order:
+        fn = _export_dynamo if name == "dynamo" else _export_torchscript
+        start = time.perf_counter()
+        logger.info("exporting with the %s exporter", name)
+        try:
+            path = fn(loaded.module, args, specs, out_names, cfg.opset, tmp)
+        except ExportError:
+            raise
+        except Exception as err:  # exporters raise a zoo of types
+            failures.append(_explain(err, name))
+            logger.info("%s", failures[-1])
+            logger.debug("exporter traceback", exc_info=True)
+            continue
+        logger.info("%s export took %.1f s", name, time.perf_counter() - start)
+        return path, name, ("; ".join(failures) or None)
+    other = {"dynamo": "torchscript", "torchscript": "dynamo"}
+    hint = (f"try --exporter {other[order[0]]}" if len(order) == 1 and loaded.kind != "torchscript"
+            else "rewrite the op with supported torch ops, or register an ONNX translation for it")
+    raise ExportError(f"Export of '{cfg.source}' failed: " + "; ".join(failures) + f". Hint: {hint}.")
+
+
+def _post_process(path: Path, specs: Sequence[TensorSpec], loaded: LoadedModel, exporter: str) -> Any:
+    import onnx
+
+    from mpinfer.modelio import load_onnx, name_nodes
+
+    model = name_nodes(load_onnx(path))
+    ranges = {s.name: list(s.value_range) for s in specs if s.value_range is not None}
+    keep = [p for p in model.metadata_props if not p.key.startswith("mpinfer.")]
+    del model.metadata_props[:]
+    model.metadata_props.extend(keep)
+    for key, value in (("mpinfer.input_ranges", json.dumps(ranges)), ("mpinfer.exporter", exporter),
+                       ("mpinfer.source", loaded.description)):
+        model.metadata_props.append(onnx.StringStringEntryProto(key=key, value=value))
+    return model
+
+
+def export_onnx(cfg: ExportConfig) -> ExportResult:
+    """Export a torch model to a checked, parity-verified ONNX model.
+
+    Args:
+        cfg: The export settings.
+
+    Returns:
+        Paths written, exporter used and parity numbers.
+
+    Raises:
+        InvalidInputError: Bad specs, output path equal to an input or existing without force.
+        ModelLoadError: The model or weights cannot be loaded.
+        ExportError: Every exporter tried failed.
+        AccuracyMismatchError: Parity torch vs ONNX Runtime above tolerance.
+    """
+    import onnx
+    import torch
+
+    if cfg.exporter not in EXPORTERS:
+        raise InvalidInputError(format_message("--exporter", repr(cfg.exporter), " | ".join(EXPORTERS)))
+    src_path, _ = split_source(cfg.source)
+    out = check_output_path(cfg.output, [src_path, cfg.weights], force=cfg.force)
+    if out.suffix != ".onnx":
+        raise InvalidInputError(format_message(f"Output '{cfg.output}'", f"suffix '{out.suffix}'", "'.onnx'"))
+    sidecar = sidecar_path(out)
+    loaded = load_model(cfg.source, cfg.weights, trust_weights=cfg.trust_weights)
+    specs = resolve_specs(loaded, cfg.inputs, cfg.dynamic)
+    from mpinfer.data.feeds import random_batch
+
+    args = _to_torch(random_batch(specs, np.random.default_rng(0)), specs)
+    with torch.no_grad():
+        try:
+            ref = flatten_outputs(loaded.module.module()(*args) if hasattr(loaded.module, "module")
+                                  and isinstance(loaded.module, torch.export.ExportedProgram)
+                                  else loaded.module(*args))
+        except Exception as err:
+            raise ExportError(format_message(f"Model '{cfg.source}' on inputs {[str(s) for s in specs]}",
+                                             f"{type(err).__name__}: {err}", "a forward pass that runs",
+                                             "check --input shapes and dtypes")) from err
+    out_names = list(cfg.output_names or loaded.output_names) or (
+        ["output"] if len(ref) == 1 else [f"output_{i}" for i in range(len(ref))])
+    if len(out_names) != len(ref):
+        raise InvalidInputError(format_message("Output names", f"{len(out_names)} names", f"{len(ref)} outputs"))
+    with tempfile.TemporaryDirectory(prefix=".mpinfer-export-", dir=out.parent if out.parent.exists() else None) as td:
+        tmp = Path(td)
+        path, exporter, why = _run_exporters(cfg, loaded, args, specs, out_names, tmp)
+        model = _post_process(path, specs, loaded, exporter)
+        from mpinfer.modelio import save_onnx
+
+        checked = save_onnx(model, tmp / "checked.onnx")
+        try:
+            onnx.checker.check_model(str(checked), full_check=True)
+        except Exception as err:  # checker raises ValidationError / InferenceError
+            raise ExportError(f"The {exporter} exporter produced a model onnx.checker rejects: {err}. "
+                              "Hint: try the other --exporter or another --opset.") from err
+        parity = check_parity(loaded.module, checked, specs, out_names, runs=cfg.parity_runs,
+                              atol=cfg.atol, rtol=cfg.rtol)
+        if not parity.passed:
+            raise AccuracyMismatchError(
+                f"Parity torch vs ONNX Runtime failed for '{cfg.source}' ({exporter} exporter): "
+                f"{parity.worst_summary()} exceeds atol={cfg.atol}, rtol={cfg.rtol}. "
+                "Hint: try the other --exporter; nothing was written.")
+        opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+        save_onnx(model, out)
+    info = {
+        "schema_version": 1, "mpinfer_version": __version__, "source": loaded.description,
+        "exporter": exporter, "fallback_reason": why, "opset": opset,
+        "ir_version": int(onnx.load(str(out), load_external_data=False).ir_version),
+        "torch_version": torch.__version__, "onnx_version": onnx.__version__,
+        "inputs": [str(s) for s in specs], "outputs": out_names,
+        "tolerance": {"atol": cfg.atol, "rtol": cfg.rtol}, "parity": parity.to_dict(),
+    }
+    write_json_atomic(sidecar, info)
+    logger.info("exported %s with %s (opset %d); parity max abs %.3g", out, exporter, opset, parity.max_abs)
+    return ExportResult(out, sidecar, exporter, opset, parity, why, list(specs))

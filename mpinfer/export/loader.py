@@ -1,0 +1,288 @@
+"""Load a torch model from what a user has on disk.
+
+Sources:
+
+* ``file.py:factory`` (factory defaults to ``build``), with optional ``--weights``: a state_dict or a
+  trainer checkpoint (``{"model": state_dict, ...}``), loaded with ``weights_only=True``;
+* a TorchScript file (``torch.jit.save``), recognised by its archive layout;
+* a ``torch.export`` program (``.pt2``);
+* a local Hugging Face model folder (``config.json`` inside; extra ``hf``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import sys
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mpinfer.errors import InvalidInputError, ModelLoadError, format_message
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class LoadedModel:
+    """A torch model ready to export.
+
+    Attributes:
+        module: An ``nn.Module``, ``ScriptModule`` or ``ExportedProgram``.
+        kind: ``factory``, ``torchscript``, ``exported-program`` or ``huggingface``.
+        example_inputs: Example tensors (from the factory file's ``example_inputs()``), if any.
+        input_specs: Spec strings the source declares (``INPUT_SPECS``), if any.
+        input_names: Input names the source declares, if any.
+        output_names: Output names the source declares (``OUTPUT_NAMES``), if any.
+        description: Where it came from, for the sidecar.
+    """
+
+    module: Any
+    kind: str
+    example_inputs: tuple[Any, ...] | None = None
+    input_specs: list[str] = field(default_factory=list)
+    input_names: list[str] = field(default_factory=list)
+    output_names: list[str] = field(default_factory=list)
+    description: str = ""
+
+
+def split_source(source: str) -> tuple[Path, str | None]:
+    """Split ``path[:factory]`` (a Windows drive letter is not a factory)."""
+    head, sep, tail = source.rpartition(":")
+    if sep and head and tail and "/" not in tail and "\\" not in tail and len(head) > 1:
+        return Path(head), tail
+    return Path(source), None
+
+
+def _import_file(path: Path) -> Any:
+    name = f"mpinfer_user_{path.stem}_{abs(hash(str(path.resolve()))) % 10**8}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ModelLoadError(format_message(f"Model file '{path}'", "a file Python cannot import",
+                                            "a .py file defining a factory function"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # torch.compile/export look modules up by name
+    root = str(path.resolve().parent)
+    sys.path.insert(0, root)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as err:  # user code: any failure is the user's to fix
+        sys.modules.pop(name, None)
+        raise ModelLoadError(f"Model file '{path}' failed to import: {type(err).__name__}: {err}") from err
+    finally:
+        if sys.path and sys.path[0] == root:
+            sys.path.pop(0)
+    return module
+
+
+def load_state_dict(weights: Path, *, trusted: bool = False) -> dict[str, Any]:
+    """Load a state_dict, or the ``model`` entry of a trainer checkpoint, with ``weights_only=True``.
+
+    Raises:
+        ModelLoadError: Unreadable file, or no state_dict inside.
+    """
+    import torch
+
+    if not weights.is_file():
+        raise ModelLoadError(format_message(f"Weights file '{weights}'", "no such file", "an existing .pt file"))
+    try:
+        obj = torch.load(weights, map_location="cpu", weights_only=not trusted)
+    except Exception as err:  # torch raises UnpicklingError, RuntimeError, EOFError, ...
+        hint = ("it may hold arbitrary Python objects; re-save it as a plain state_dict, or pass "
+                "--trust-weights if you trust its author" if not trusted else None)
+        raise ModelLoadError(format_message(f"Weights file '{weights}'", f"a file torch.load refused ({err})",
+                                            "a state_dict or a checkpoint with a 'model' entry", hint)) from err
+    for key in ("model", "state_dict", "model_state_dict"):
+        if isinstance(obj, dict) and isinstance(obj.get(key), dict):
+            obj = obj[key]
+            break
+    if not isinstance(obj, dict) or not all(isinstance(k, str) for k in obj):
+        raise ModelLoadError(format_message(f"Weights file '{weights}'", f"a {type(obj).__name__}",
+                                            "a state_dict (str -> tensor) or a checkpoint with a 'model' entry"))
+    # DDP checkpoints prefix every key with 'module.'
+    if obj and all(k.startswith("module.") for k in obj):
+        obj = {k[len("module."):]: v for k, v in obj.items()}
+    return obj
+
+
+def apply_weights(module: Any, state: dict[str, Any], weights: Path) -> None:
+    """Load ``state`` into ``module`` strictly, with a message listing what does not match.
+
+    Raises:
+        ModelLoadError: Missing/unexpected keys or shape mismatches.
+    """
+    own = module.state_dict()
+    missing = [k for k in own if k not in state]
+    unexpected = [k for k in state if k not in own]
+    shapes = [f"{k}: {tuple(state[k].shape)} vs model {tuple(own[k].shape)}"
+              for k in own if k in state and hasattr(state[k], "shape") and tuple(state[k].shape) != tuple(own[k].shape)]
+    if missing or unexpected or shapes:
+        parts = []
+        if missing:
+            parts.append(f"missing {len(missing)} keys (e.g. {', '.join(missing[:3])})")
+        if unexpected:
+            parts.append(f"{len(unexpected)} unexpected keys (e.g. {', '.join(unexpected[:3])})")
+        if shapes:
+            parts.append(f"{len(shapes)} shape mismatches (e.g. {shapes[0]})")
+        raise ModelLoadError(format_message(f"Weights '{weights}' do not match the model", "; ".join(parts),
+                                            "the state_dict of this architecture",
+                                            "check the factory arguments (width, classes) used in training"))
+    module.load_state_dict(state, strict=True)
+
+
+def _is_torchscript(path: Path) -> bool:
+    if not zipfile.is_zipfile(path):
+        return False
+    with zipfile.ZipFile(path) as z:
+        names = z.namelist()
+    return any(n.endswith("constants.pkl") for n in names) and any("/code/" in n for n in names)
+
+
+def _is_exported_program(path: Path) -> bool:
+    if path.suffix == ".pt2":
+        return True
+    if not zipfile.is_zipfile(path):
+        return False
+    with zipfile.ZipFile(path) as z:
+        return any("serialized_exported_program" in n or n.endswith("models/model.json") for n in z.namelist())
+
+
+def load_model(source: str, weights: Path | None = None, *, trust_weights: bool = False) -> LoadedModel:
+    """Load a torch model from ``source`` (see module docstring).
+
+    Args:
+        source: ``file.py[:factory]``, a TorchScript file, a ``.pt2`` file or a Hugging Face folder.
+        weights: Optional state_dict/checkpoint for a factory model.
+        trust_weights: Load weights with ``weights_only=False`` (only for files you trust).
+
+    Returns:
+        The loaded model, in eval mode.
+
+    Raises:
+        ModelLoadError: If anything about the source or weights is wrong.
+    """
+    import torch
+
+    path, factory = split_source(source)
+    if not path.exists():
+        raise ModelLoadError(format_message(f"Model '{source}'", "no such file or folder",
+                                            "file.py:factory, a TorchScript file, a .pt2 file or a Hugging Face folder"))
+    if path.is_dir():
+        return _load_hf(path, weights)
+    if path.suffix == ".py":
+        return _load_factory(path, factory or "build", weights, trust_weights)
+    if weights is not None:
+        raise InvalidInputError(format_message("--weights", f"'{weights}' with a serialized model '{source}'",
+                                               "weights only for file.py:factory sources",
+                                               "a TorchScript/.pt2 file already holds its weights"))
+    try:
+        if _is_torchscript(path):
+            mod = torch.jit.load(str(path), map_location="cpu").eval()
+            return LoadedModel(mod, "torchscript", description=f"TorchScript {path}")
+        if _is_exported_program(path):
+            ep = torch.export.load(str(path))
+            args = tuple(getattr(ep, "example_inputs", None) or ((),))[0]
+            return LoadedModel(ep, "exported-program", example_inputs=tuple(args) if args else None,
+                               description=f"torch.export program {path}")
+    except Exception as err:  # torch raises many types for corrupt archives
+        raise ModelLoadError(f"Model '{source}' could not be loaded: {type(err).__name__}: {err}") from err
+    raise ModelLoadError(format_message(f"Model '{source}'", f"a '{path.suffix or 'suffix-less'}' file of unknown kind",
+                                        "file.py:factory, a TorchScript archive, a .pt2 program or a Hugging Face folder",
+                                        "plain state_dict files go in --weights next to file.py:factory"))
+
+
+def _load_factory(path: Path, factory: str, weights: Path | None, trust: bool) -> LoadedModel:
+    import torch
+
+    mod = _import_file(path)
+    fn = getattr(mod, factory, None)
+    if not callable(fn):
+        found = sorted(n for n in dir(mod) if callable(getattr(mod, n)) and not n.startswith("_")
+                       and getattr(getattr(mod, n), "__module__", None) == mod.__name__)
+        raise ModelLoadError(format_message(f"Model file '{path}'", f"no callable '{factory}'",
+                                            f"a factory function '{factory}()'",
+                                            f"functions defined there: {', '.join(found) or 'none'}"))
+    try:
+        model = fn()
+    except Exception as err:
+        raise ModelLoadError(f"Factory '{path}:{factory}' raised {type(err).__name__}: {err}") from err
+    if not isinstance(model, torch.nn.Module):
+        raise ModelLoadError(format_message(f"Factory '{path}:{factory}'", f"a {type(model).__name__}",
+                                            "a torch.nn.Module"))
+    if weights is not None:
+        apply_weights(model, load_state_dict(weights, trusted=trust), weights)
+    model.eval()
+    examples = None
+    if callable(getattr(mod, "example_inputs", None)):
+        ex = mod.example_inputs()
+        examples = tuple(ex) if isinstance(ex, (tuple, list)) else (ex,)
+    return LoadedModel(
+        model, "factory", example_inputs=examples,
+        input_specs=list(getattr(mod, "INPUT_SPECS", []) or []),
+        input_names=list(getattr(mod, "INPUT_NAMES", []) or []),
+        output_names=list(getattr(mod, "OUTPUT_NAMES", []) or []),
+        description=f"{path}:{factory}" + (f" + weights {weights}" if weights else ""),
+    )
+
+
+def _load_hf(path: Path, weights: Path | None) -> LoadedModel:
+    if not (path / "config.json").is_file():
+        raise ModelLoadError(format_message(f"Model folder '{path}'", "a folder without config.json",
+                                            "a local Hugging Face model folder (save_pretrained)"))
+    try:
+        import transformers
+    except ImportError as err:
+        raise ModelLoadError("Loading a Hugging Face folder needs transformers. "
+                             "Hint: pip install 'mpinfer[hf]'") from err
+    try:
+        model = transformers.AutoModel.from_pretrained(str(path), local_files_only=True)
+    except Exception as err:
+        raise ModelLoadError(f"Hugging Face model '{path}' could not be loaded: {err}") from err
+    model.eval()
+    vocab = int(getattr(model.config, "vocab_size", 1000) or 1000)
+    specs = [f"input_ids:batchxseq=16:int64:0..{vocab}", "attention_mask:batchxseq=16:int64:1..2"]
+    if getattr(model.config, "model_type", "") in ("vit", "deit", "beit", "convnext", "resnet"):
+        size = int(getattr(model.config, "image_size", 224))
+        ch = int(getattr(model.config, "num_channels", 3))
+        specs = [f"pixel_values:batchx{ch}x{size}x{size}:float32"]
+    if weights is not None:
+        raise InvalidInputError("--weights is not used with a Hugging Face folder: its weights are inside it.")
+    names = [s.split(":", 1)[0] for s in specs]
+    return LoadedModel(_KeywordCall(model, names), "huggingface", input_specs=specs, input_names=names,
+                       output_names=["last_hidden_state"], description=f"Hugging Face {path}")
+
+
+def _keyword_call_class() -> Any:
+    import torch
+
+    class KeywordCall(torch.nn.Module):
+        """Calls a Hugging Face model with keyword inputs and returns its first output tensor.
+
+        Positional order differs between architectures (GPT-2's second argument is the KV cache), and
+        exporters pass positional tensors, so the wrapper maps them to names and turns the cache off.
+        """
+
+        def __init__(self, model: Any, names: list[str]) -> None:
+            super().__init__()
+            self.model = model
+            self.names = names
+
+        def forward(self, x0: Any, x1: Any = None, x2: Any = None) -> Any:
+            # fixed positional parameters: torch.export treats *args as a single tuple input
+            kwargs = {n: t for n, t in zip(self.names, (x0, x1, x2)) if t is not None}
+            out = self.model(**kwargs, use_cache=False, return_dict=True) if _accepts_cache(self.model) \
+                else self.model(**kwargs, return_dict=True)
+            return out[0]
+
+    return KeywordCall
+
+
+def _accepts_cache(model: Any) -> bool:
+    import inspect
+
+    return "use_cache" in inspect.signature(model.forward).parameters
+
+
+def _KeywordCall(model: Any, names: list[str]) -> Any:  # noqa: N802 - builds the nn.Module lazily
+    return _keyword_call_class()(model, names).eval()

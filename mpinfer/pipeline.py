@@ -1,0 +1,329 @@
+"""``mpinfer run pipeline.toml``: one config file drives every stage, resumably.
+
+Stages (train → export → convert → build_engine → compare → report) come from a registry of
+:class:`Stage` objects; each TOML table configures one stage. A stage first *plans*: it turns its table and
+the artefacts of earlier stages into JSON settings and a list of input files. The stage key is the sha256
+of the stage name, the mpinfer version, the settings and the sha256 of every input file, so it changes
+exactly when something the stage depends on changes. Outputs go to ``<work_dir>/artefacts/<stage>-<key>``
+(content-addressed); the state file ``<work_dir>/pipeline-state.json`` records each key with the sha256 of
+its outputs. A re-run skips a stage whose key is recorded and whose outputs are intact, and says so; a
+failed run resumes after the last finished stage; ``force`` re-runs everything.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import shutil
+import sys
+import time
+from collections.abc import Callable, Mapping, MutableMapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mpinfer import __version__
+from mpinfer.errors import InvalidInputError, MpinferError, format_message
+from mpinfer.fileio import sha256_file, write_json_atomic
+
+logger = logging.getLogger(__name__)
+
+STATE_FILE = "pipeline-state.json"
+STATE_SCHEMA_VERSION = 1
+# Folder (under work_dir) that holds one sub-folder per stage key.
+ARTEFACT_DIR = "artefacts"
+# Characters of the key used in folder names: 48 bits, no collisions among a pipeline's few hundred runs.
+KEY_PREFIX_CHARS = 12
+
+
+@dataclass(frozen=True)
+class StageContext:
+    """What a stage sees when it plans.
+
+    Attributes:
+        root: Base folder for relative paths in the TOML (the TOML's folder, or ``[pipeline] root``).
+        work_dir: The pipeline's work folder.
+        section: The stage's TOML table.
+        artefacts: Artefacts produced by earlier stages, by kind (``onnx``, ``onnx_low``, ``engine``, ...).
+    """
+
+    root: Path
+    work_dir: Path
+    section: Mapping[str, Any]
+    artefacts: Mapping[str, Path]
+
+    def path(self, value: str | Path) -> Path:
+        """``value`` resolved against :attr:`root`."""
+        p = Path(value).expanduser()
+        return p if p.is_absolute() else (self.root / p).resolve()
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    """A stage's resolved settings and the files its output depends on.
+
+    Attributes:
+        settings: JSON-serialisable settings (paths as absolute strings); hashed into the key.
+        inputs: Files (or folders) whose content is hashed into the key.
+        output_dir: A fixed output folder instead of the content-addressed one (the final report).
+    """
+
+    settings: dict[str, Any]
+    inputs: tuple[Path, ...] = ()
+    output_dir: Path | None = None
+
+
+@dataclass(frozen=True)
+class StageOutput:
+    """What a stage produced.
+
+    Attributes:
+        artefacts: Files or folders by kind; later stages find them under these names.
+        summary: Small JSON facts for the console and the report (e.g. ``{"passed": true}``).
+    """
+
+    artefacts: dict[str, Path]
+    summary: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One pipeline stage.
+
+    Attributes:
+        name: Stage name, also its TOML table name.
+        plan: Context -> settings and inputs (no side effects).
+        run: (plan, output folder) -> artefacts; calls the stage's public API function.
+    """
+
+    name: str
+    plan: Callable[[StageContext], StagePlan]
+    run: Callable[[StagePlan, Path], StageOutput]
+
+
+@dataclass(frozen=True)
+class StageRun:
+    """How one stage went in this run.
+
+    Attributes:
+        name: Stage name.
+        status: ``ran`` or ``skipped``.
+        key: The stage key (sha256 hex).
+        artefacts: Its artefacts by kind.
+        seconds: Run time (0 when skipped).
+        summary: The stage's summary facts.
+    """
+
+    name: str
+    status: str
+    key: str
+    artefacts: dict[str, Path]
+    seconds: float = 0.0
+    summary: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PipelineResult:
+    """The outcome of :func:`run_pipeline`.
+
+    Attributes:
+        stages: One entry per stage, in order.
+        work_dir: The work folder.
+        state_path: The state file.
+    """
+
+    stages: tuple[StageRun, ...]
+    work_dir: Path
+    state_path: Path
+
+    @property
+    def artefacts(self) -> dict[str, Path]:
+        """All artefacts by kind (later stages win)."""
+        out: dict[str, Path] = {}
+        for s in self.stages:
+            out.update(s.artefacts)
+        return out
+
+    @property
+    def passed(self) -> bool:
+        """False when a stage reported ``passed: false`` (the comparison)."""
+        return all(s.summary.get("passed", True) for s in self.stages)
+
+
+def load_toml(path: Path) -> dict[str, Any]:
+    """Read a TOML file with tomllib (Python 3.11+) or tomli.
+
+    Raises:
+        InvalidInputError: Missing file or invalid TOML (with the parser's line and column).
+    """
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - exercised on Python 3.10 only
+        try:
+            import tomli as tomllib
+        except ImportError as err:
+            raise MpinferError("Reading pipeline.toml on Python 3.10 needs tomli: pip install tomli") from err
+    if not path.is_file():
+        raise InvalidInputError(format_message(f"Pipeline file '{path}'", "no such file", "a .toml file"))
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
+        raise InvalidInputError(
+            format_message(
+                f"Pipeline file '{path}'",
+                f"invalid TOML ({err})",
+                "valid TOML",
+                "check quotes and brackets on the line named",
+            )
+        ) from err
+
+
+def hash_path(path: Path) -> str:
+    """sha256 of a file, or of a folder's files (relative names and contents, sorted)."""
+    if path.is_file():
+        return sha256_file(path)
+    if path.is_dir():
+        h = hashlib.sha256()
+        for f in sorted(p for p in path.rglob("*") if p.is_file()):
+            h.update(str(f.relative_to(path)).encode())
+            h.update(sha256_file(f).encode())
+        return h.hexdigest()
+    raise InvalidInputError(
+        format_message(f"Pipeline input '{path}'", "no such file or folder", "an existing path")
+    )
+
+
+def stage_key(name: str, plan: StagePlan) -> str:
+    """The content address of a stage run: sha256 over name, mpinfer version, settings and input hashes."""
+    payload = {
+        "stage": name,
+        "mpinfer_version": __version__,
+        "settings": plan.settings,
+        "inputs": {str(p): hash_path(p) for p in sorted(set(plan.inputs), key=str)},
+    }
+    blob = json.dumps(payload, sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()
+
+
+def _load_state(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {"schema_version": STATE_SCHEMA_VERSION, "stages": {}}
+    try:
+        state = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(state, dict) or not isinstance(state.get("stages"), dict):
+            raise ValueError("no 'stages' table")
+    except ValueError as err:
+        logger.warning("Ignoring unreadable pipeline state %s (%s): every stage will run", path, err)
+        return {"schema_version": STATE_SCHEMA_VERSION, "stages": {}}
+    return state
+
+
+def _intact(record: Mapping[str, Any]) -> bool:
+    for entry in record.get("artefacts", {}).values():
+        p = Path(entry["path"])
+        if not p.exists() or hash_path(p) != entry["sha256"]:
+            return False
+    return True
+
+
+def _run_stage(stage: Stage, plan: StagePlan, key: str, work_dir: Path) -> tuple[StageOutput, float]:
+    out_dir = plan.output_dir or work_dir / ARTEFACT_DIR / f"{stage.name}-{key[:KEY_PREFIX_CHARS]}"
+    if out_dir.exists():  # leftovers of a failed run, or a fixed folder from an older run
+        shutil.rmtree(out_dir)
+    out_dir.mkdir(parents=True)
+    start = time.perf_counter()
+    logger.info("Stage %s: running", stage.name)
+    try:
+        output = stage.run(plan, out_dir)
+    except BaseException:
+        shutil.rmtree(out_dir, ignore_errors=True)
+        raise
+    seconds = time.perf_counter() - start
+    logger.info("Stage %s: done in %.1f s", stage.name, seconds)
+    return output, seconds
+
+
+def _settle(
+    stage: Stage, ctx: StageContext, state: dict[str, Any], state_path: Path, *, force: bool
+) -> StageRun:
+    """Skip ``stage`` when its key is recorded with intact outputs; else run it and record it."""
+    plan = stage.plan(ctx)
+    key = stage_key(stage.name, plan)
+    records: MutableMapping[str, Any] = state["stages"]
+    record = records.get(stage.name, {}).get(key)
+    if not force and record is not None and _intact(record):
+        artefacts = {k: Path(v["path"]) for k, v in record["artefacts"].items()}
+        return StageRun(stage.name, "skipped", key, artefacts, 0.0, dict(record.get("summary", {})))
+    output, seconds = _run_stage(stage, plan, key, ctx.work_dir)
+    records.setdefault(stage.name, {})[key] = {
+        "artefacts": {k: {"path": str(p), "sha256": hash_path(p)} for k, p in output.artefacts.items()},
+        "summary": output.summary,
+        "settings": plan.settings,
+        "seconds": round(seconds, 3),
+        "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    state["latest"] = {**state.get("latest", {}), stage.name: key}
+    write_json_atomic(state_path, state)  # after every stage: a later failure resumes from here
+    return StageRun(stage.name, "ran", key, dict(output.artefacts), seconds, dict(output.summary))
+
+
+def run_pipeline(
+    path: str | Path,
+    *,
+    force: bool = False,
+    registry: Mapping[str, Stage] | None = None,
+    on_stage: Callable[[StageRun], None] | None = None,
+) -> PipelineResult:
+    """Run every configured stage of a pipeline TOML, skipping those whose key and outputs are unchanged.
+
+    Args:
+        path: The pipeline TOML. ``[pipeline]`` holds ``work_dir`` (default ``out/pipeline``) and ``root``
+            (base of relative paths, default the TOML's folder); every other table configures the stage of
+            that name.
+        force: Re-run every stage.
+        registry: Stages by name, in run order (default: :func:`mpinfer.pipeline_stages.default_stages`).
+        on_stage: Called after each stage (the CLI prints progress with it).
+
+    Returns:
+        What ran, what was skipped, and every artefact.
+
+    Raises:
+        InvalidInputError: Bad TOML, unknown table, or bad stage settings.
+        MpinferError: A stage failed (earlier stages stay recorded, so a re-run resumes there).
+    """
+    path = Path(path)
+    doc = load_toml(path)
+    if registry is None:
+        from mpinfer.pipeline_stages import default_stages
+
+        registry = default_stages()
+    unknown = sorted(set(doc) - set(registry) - {"pipeline"})
+    if unknown:
+        raise InvalidInputError(
+            format_message(
+                f"Pipeline file '{path}'", f"table(s) {unknown}", f"tables among {['pipeline', *registry]}"
+            )
+        )
+    if not set(doc) & set(registry):
+        raise InvalidInputError(
+            format_message(f"Pipeline file '{path}'", "no stage tables", f"at least one of {list(registry)}")
+        )
+    meta = doc.get("pipeline", {})
+    root = (path.parent / str(meta.get("root", "."))).resolve()
+    work_dir = (root / str(meta.get("work_dir", "out/pipeline"))).resolve()
+    work_dir.mkdir(parents=True, exist_ok=True)
+    state_path = work_dir / STATE_FILE
+    state = _load_state(state_path)
+    artefacts: dict[str, Path] = {}
+    runs: list[StageRun] = []
+    for name, stage in registry.items():
+        if name not in doc:
+            continue
+        ctx = StageContext(root=root, work_dir=work_dir, section=dict(doc[name]), artefacts=dict(artefacts))
+        run = _settle(stage, ctx, state, state_path, force=force)
+        artefacts.update(run.artefacts)
+        runs.append(run)
+        if on_stage is not None:
+            on_stage(run)
+    return PipelineResult(tuple(runs), work_dir, state_path)

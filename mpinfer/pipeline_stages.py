@@ -1,0 +1,361 @@
+"""The default stages of ``mpinfer run``: each calls one public API function with one config object.
+
+``train`` (mpinfer.train.train_model) → ``export`` (mpinfer.export.export_onnx) → ``convert``
+(mpinfer.precision.convert_precision) → ``build_engine`` (mpinfer.engine.build_engine) → ``compare``
+(mpinfer.compare.compare_models) → ``report`` (mpinfer.report.write_report).
+
+A stage's TOML table holds the fields of its config dataclass; the stage fills in what earlier stages
+produced (the checkpoint feeds export's ``weights``, the ONNX model feeds convert's ``model``, ...) unless
+the table sets it. A stage whose API is missing from this installation fails with a message saying so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from mpinfer.errors import InvalidInputError, MpinferError, format_message
+from mpinfer.fileio import write_json_atomic, write_text_atomic
+from mpinfer.pipeline import Stage, StageContext, StageOutput, StagePlan
+from mpinfer.specs import Precision
+
+# Fields of AmpConfig that may name the training output folder (the first one present is used).
+TRAIN_OUTPUT_FIELDS = ("output", "out_dir", "output_dir", "run_dir", "workdir")
+DEFAULT_REPORT_FORMATS = ("html", "md", "json")
+
+
+def import_api(stage: str, module: str, *names: str) -> list[Any]:
+    """Import ``names`` from ``module``, or say that this installation lacks the stage.
+
+    Raises:
+        MpinferError: The module or a name is missing.
+    """
+    try:
+        mod = importlib.import_module(module)
+        return [getattr(mod, n) for n in names]
+    except (ModuleNotFoundError, AttributeError) as err:
+        missing = getattr(err, "name", None) or str(err)
+        if isinstance(err, ModuleNotFoundError) and missing and not module.startswith(missing.split(".")[0]):
+            raise  # a third-party dependency of the stage is missing: keep the real error
+        raise MpinferError(
+            format_message(
+                f"Pipeline stage [{stage}]",
+                f"no {module}.{'/'.join(names)} in this mpinfer installation",
+                "the stage's API",
+                f"remove the [{stage}] table, or install an mpinfer that has it",
+            )
+        ) from err
+
+
+def _coerce(value: Any, annotation: str) -> Any:
+    if value is None:
+        return None
+    if "Precision" in annotation and isinstance(value, str):
+        return Precision.parse(value)
+    if "Path" in annotation and isinstance(value, str):
+        return Path(value)
+    if "tuple" in annotation and isinstance(value, list):
+        return tuple(value)
+    return value
+
+
+def make_config(cls: type, values: Mapping[str, Any], where: str) -> Any:
+    """Build a config dataclass from TOML values: unknown keys are refused, strings become Paths/Precisions.
+
+    Raises:
+        InvalidInputError: Unknown or missing keys, or a value the dataclass refuses.
+    """
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - set(fields))
+    if unknown:
+        raise InvalidInputError(
+            format_message(
+                f"Pipeline table [{where}]",
+                f"unknown key(s) {unknown}",
+                f"fields of {cls.__name__}: {sorted(fields)}",
+            )
+        )
+    kwargs = {k: _coerce(v, str(fields[k].type)) for k, v in values.items()}
+    try:
+        return cls(**kwargs)
+    except TypeError as err:
+        raise InvalidInputError(
+            format_message(f"Pipeline table [{where}]", str(err), f"the fields of {cls.__name__}")
+        ) from err
+
+
+def _resolve_value(ctx: StageContext, value: Any, inputs: list[Path]) -> Any:
+    if isinstance(value, list):
+        return [_resolve_value(ctx, v, inputs) for v in value]
+    if not isinstance(value, str) or not value or "\n" in value:
+        return value
+    head, sep, tail = value.partition(":") if ".py:" in value else (value, "", "")
+    path = ctx.path(head)
+    if path.exists() and ("/" in head or "." in Path(head).name):
+        inputs.append(path)
+        return str(path) + sep + tail
+    return value
+
+
+def resolve_section(
+    ctx: StageContext, section: Mapping[str, Any], *, exclude: Iterable[str] = ()
+) -> tuple[dict[str, Any], list[Path]]:
+    """Resolve path-like values of a table against the pipeline root and collect them as inputs.
+
+    A string (or list of strings) naming an existing file or folder becomes an absolute path and its
+    content goes into the stage key; ``file.py:factory`` sources are resolved on the file part.
+    Keys in ``exclude`` are resolved but not hashed (a timing cache changes every build).
+    """
+    settings: dict[str, Any] = {}
+    inputs: list[Path] = []
+    for key, value in section.items():
+        sink: list[Path] = [] if key in exclude else inputs
+        settings[key] = _resolve_value(ctx, value, sink)
+    return settings, inputs
+
+
+def _require(ctx: StageContext, stage: str, key: str, kinds: Iterable[str]) -> str:
+    if key in ctx.section:
+        return str(ctx.section[key])
+    for kind in kinds:
+        if kind in ctx.artefacts:
+            return str(ctx.artefacts[kind])
+    raise InvalidInputError(
+        format_message(
+            f"Pipeline table [{stage}]",
+            f"no '{key}' and no earlier stage producing it",
+            f'{key} = "path" in [{stage}]',
+        )
+    )
+
+
+# -- train --
+def _plan_train(ctx: StageContext) -> StagePlan:
+    settings, inputs = resolve_section(ctx, ctx.section)
+    return StagePlan(settings, tuple(inputs))
+
+
+def _run_train(plan: StagePlan, out: Path) -> StageOutput:
+    amp_config, train_model = import_api("train", "mpinfer.train", "AmpConfig", "train_model")
+    names = {f.name for f in dataclasses.fields(amp_config)}
+    values = dict(plan.settings)
+    out_field = next((f for f in TRAIN_OUTPUT_FIELDS if f in names), None)
+    if out_field is not None and out_field not in values:
+        values[out_field] = str(out)
+    result = train_model(make_config(amp_config, values, "train"))
+    artefacts = {
+        "checkpoint": Path(result.best),
+        "train_last": Path(result.last),
+        "train_metrics": Path(result.metrics),
+    }
+    if getattr(result, "overflow", None):
+        artefacts["overflow"] = Path(result.overflow)
+    summary = {k: v for k, v in dict(result.summary or {}).items() if isinstance(v, (int, float, str, bool))}
+    return StageOutput(artefacts, summary)
+
+
+# -- export --
+def _plan_export(ctx: StageContext) -> StagePlan:
+    if "source" not in ctx.section:
+        raise InvalidInputError(
+            format_message("Pipeline table [export]", "no 'source'", 'source = "models/file.py:factory"')
+        )
+    settings, inputs = resolve_section(ctx, ctx.section)
+    if "weights" not in settings and "checkpoint" in ctx.artefacts:
+        settings["weights"] = str(ctx.artefacts["checkpoint"])
+        inputs.append(ctx.artefacts["checkpoint"])
+    return StagePlan(settings, tuple(inputs))
+
+
+def _run_export(plan: StagePlan, out: Path) -> StageOutput:
+    export_config, export_onnx = import_api("export", "mpinfer.export", "ExportConfig", "export_onnx")
+    values = {**plan.settings, "output": str(out / "model.onnx"), "force": True}
+    result = export_onnx(make_config(export_config, values, "export"))
+    artefacts = {"onnx": Path(result.path)}
+    if getattr(result, "sidecar", None):
+        artefacts["export_sidecar"] = Path(result.sidecar)
+    return StageOutput(artefacts, {"exporter": str(result.exporter), "opset": result.opset})
+
+
+# -- convert --
+def _plan_convert(ctx: StageContext) -> StagePlan:
+    settings, inputs = resolve_section(ctx, ctx.section)
+    if "model" not in settings:
+        settings["model"] = _require(ctx, "convert", "model", ["onnx"])
+        inputs.append(Path(settings["model"]))
+    settings.setdefault("precision", "fp16")
+    return StagePlan(settings, tuple(inputs))
+
+
+def _run_convert(plan: StagePlan, out: Path) -> StageOutput:
+    convert_config, convert_precision = import_api(
+        "convert", "mpinfer.precision", "ConvertConfig", "convert_precision"
+    )
+    precision = Precision.parse(plan.settings["precision"])
+    values = {**plan.settings, "output": str(out / f"model.{precision.value}.onnx"), "force": True}
+    result = convert_precision(make_config(convert_config, values, "convert"))
+    summary: dict[str, Any] = {"precision": precision.value}
+    plan_path = Path(result.plan_path)
+    if plan_path.is_file():
+        stats = json.loads(plan_path.read_text(encoding="utf-8")).get("summary") or {}
+        summary.update({k: v for k, v in stats.items() if isinstance(v, (int, float))})
+    return StageOutput({"onnx_low": Path(result.output), "plan": plan_path}, summary)
+
+
+# -- build_engine --
+def _machine_facts(backend: str) -> dict[str, Any]:
+    import onnxruntime as ort
+
+    from mpinfer.backends.ort import cuda_usable
+    from mpinfer.engine.machine import gpu_info
+
+    gpu = gpu_info(0) if cuda_usable() or backend == "tensorrt" else None
+    facts: dict[str, Any] = {
+        "onnxruntime": ort.__version__,
+        "gpu": gpu.name if gpu else None,
+        "compute_capability": gpu.capability_text if gpu else None,
+    }
+    if backend == "tensorrt":
+        from mpinfer.engine.build import probe_tensorrt
+
+        facts["tensorrt"] = probe_tensorrt().version
+    return facts
+
+
+def _plan_build_engine(ctx: StageContext) -> StagePlan:
+    from mpinfer.engine.build import probe_tensorrt, select_backend
+    from mpinfer.engine.config import Backend
+    from mpinfer.engine.machine import cuda_device_count
+
+    settings, inputs = resolve_section(ctx, ctx.section, exclude=("timing_cache",))
+    if "model" not in settings:
+        settings["model"] = _require(ctx, "build_engine", "model", ["onnx_low", "onnx"])
+        inputs.append(Path(settings["model"]))
+    if "plan" not in settings and "plan" in ctx.artefacts:
+        settings["plan"] = str(ctx.artefacts["plan"])
+        inputs.append(ctx.artefacts["plan"])
+    requested = Backend.parse(settings.get("backend", "auto"))
+    backend, reason = select_backend(
+        requested,
+        str(settings.get("device", "auto")),
+        tensorrt=probe_tensorrt(),
+        gpu_count=cuda_device_count(),
+    )
+    settings["backend"] = backend.value
+    # An engine belongs to one machine: its facts are part of the key, so another machine rebuilds.
+    settings["_machine"] = _machine_facts(backend.value)
+    settings["_reason"] = reason
+    return StagePlan(settings, tuple(inputs))
+
+
+def _run_build_engine(plan: StagePlan, out: Path) -> StageOutput:
+    from mpinfer.engine import BuildConfig, build_engine
+
+    values = {k: v for k, v in plan.settings.items() if not k.startswith("_")}
+    suffix = ".engine" if values["backend"] == "tensorrt" else ".ort"
+    values.update(output=str(out / f"model{suffix}"), force=True)
+    result = build_engine(BuildConfig.from_mapping(values))
+    return StageOutput(
+        {"engine": result.path, "engine_sidecar": result.sidecar},
+        {"backend": result.backend.value, "reason": result.reason},
+    )
+
+
+# -- compare --
+def _plan_compare(ctx: StageContext) -> StagePlan:
+    settings, inputs = resolve_section(ctx, ctx.section)
+    # An engine runs on the device it was built for (a CUDA engine on a GPU machine): let compare follow it.
+    settings.setdefault("device", "auto")
+    if "baseline" not in settings and "onnx" in ctx.artefacts:
+        settings["baseline"] = str(ctx.artefacts["onnx"])
+        inputs.append(ctx.artefacts["onnx"])
+    if "candidates" not in settings:
+        found = [ctx.artefacts[k] for k in ("onnx_low", "engine") if k in ctx.artefacts]
+        settings["candidates"] = [str(p) for p in found]
+        inputs.extend(found)
+        if "engine_sidecar" in ctx.artefacts:
+            inputs.append(ctx.artefacts["engine_sidecar"])
+    return StagePlan(settings, tuple(inputs))
+
+
+def _run_compare(plan: StagePlan, out: Path) -> StageOutput:
+    compare_config, compare_models = import_api(
+        "compare", "mpinfer.compare", "CompareConfig", "compare_models"
+    )
+    result = compare_models(make_config(compare_config, dict(plan.settings), "compare"))
+    path = write_json_atomic(out / "comparison.json", result.to_dict())
+    return StageOutput({"comparison": path}, {"passed": bool(result)})
+
+
+# -- report --
+def _plan_report(ctx: StageContext) -> StagePlan:
+    unknown = sorted(set(ctx.section) - {"formats", "dir"})
+    if unknown:
+        raise InvalidInputError(
+            format_message(
+                "Pipeline table [report]",
+                f"unknown key(s) {unknown}",
+                'formats = ["html", "md", "json"] and dir = "report"',
+            )
+        )
+    out_dir = (ctx.work_dir / str(ctx.section.get("dir", "report"))).resolve()
+    if out_dir == ctx.work_dir or ctx.work_dir not in out_dir.parents:
+        raise InvalidInputError(
+            format_message(
+                "Pipeline table [report]",
+                f"dir = {ctx.section.get('dir')!r}",
+                "a sub-folder of the work dir (it is replaced on every run)",
+            )
+        )
+    settings = {
+        "formats": list(ctx.section.get("formats", DEFAULT_REPORT_FORMATS)),
+        "artefacts": {k: str(p) for k, p in ctx.artefacts.items()},
+        "dir": str(out_dir),
+    }
+    inputs = [p for p in ctx.artefacts.values() if p.exists()]
+    return StagePlan(settings, tuple(inputs), output_dir=out_dir)
+
+
+def write_artefact_index(out: Path, artefacts: Mapping[str, str]) -> list[Path]:
+    """Write ``artefacts.md`` and ``artefacts.json`` linking every artefact relative to ``out``."""
+    rel = {k: os.path.relpath(v, out) for k, v in artefacts.items()}
+    lines = ["# Pipeline artefacts", "", "| kind | path |", "|---|---|"]
+    lines += [f"| {k} | [{v}]({v}) |" for k, v in rel.items()]
+    return [
+        write_text_atomic(out / "artefacts.md", "\n".join(lines) + "\n"),
+        write_json_atomic(out / "artefacts.json", {"artefacts": rel}),
+    ]
+
+
+def _run_report(plan: StagePlan, out: Path) -> StageOutput:
+    artefacts: dict[str, str] = plan.settings["artefacts"]
+    comparison = artefacts.get("comparison")
+    if comparison is None:
+        raise InvalidInputError(
+            format_message(
+                "Pipeline table [report]", "no comparison to report", "a [compare] stage before [report]"
+            )
+        )
+    (write_report,) = import_api("report", "mpinfer.report", "write_report")
+    data = json.loads(Path(comparison).read_text(encoding="utf-8"))
+    written = write_report(data, out, formats=tuple(plan.settings["formats"]))
+    write_artefact_index(out, artefacts)
+    summary = {"files": sorted(os.path.relpath(p, out) for p in dict(written).values())}
+    return StageOutput({"report": out}, summary)
+
+
+def default_stages() -> dict[str, Stage]:
+    """The built-in stages, in run order."""
+    return {
+        "train": Stage("train", _plan_train, _run_train),
+        "export": Stage("export", _plan_export, _run_export),
+        "convert": Stage("convert", _plan_convert, _run_convert),
+        "build_engine": Stage("build_engine", _plan_build_engine, _run_build_engine),
+        "compare": Stage("compare", _plan_compare, _run_compare),
+        "report": Stage("report", _plan_report, _run_report),
+    }

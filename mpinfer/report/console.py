@@ -1,0 +1,77 @@
+"""Console report: rich tables."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mpinfer.compare.result import ComparisonResult
+from mpinfer.report import tables
+
+
+def _table(title: str, headers: list[str], rows: list[list[str]]) -> Any:
+    from rich.table import Table
+
+    t = Table(title=title, title_justify="left", show_lines=False)
+    for i, h in enumerate(headers):
+        t.add_column(h, justify="left" if i == 0 else "right", overflow="fold")
+    for row in rows:
+        t.add_row(*[_style(c) for c in row])
+    return t
+
+
+def _style(cell: str) -> str:
+    from rich.markup import escape
+
+    if cell == "PASS":
+        return "[green]PASS[/]"
+    if cell == "FAIL":
+        return "[bold red]FAIL[/]"
+    return escape(cell)
+
+
+def render_console(result: ComparisonResult, console: Any = None) -> None:
+    """Print the report to a rich console (stdout by default)."""
+    from rich.console import Console
+    from rich.markup import escape
+
+    console = console or Console()
+    color = "green" if result else "bold red"
+    console.print(
+        f"[bold]mpinfer compare[/] baseline [cyan]{escape(result.baseline['name'])}[/] "
+        f"({escape(tables.runner_line(result.baseline['runner']))}) on "
+        f"{escape(str(result.data.get('description')))}: [{color}]{tables.verdict(result)}[/]"
+    )
+    for note in result.notes:
+        console.print(f"[yellow]note:[/] {escape(note)}")
+    for cand in result.candidates:
+        console.print()
+        console.print(
+            f"[bold]Candidate[/] [cyan]{escape(cand.name)}[/] ({escape(tables.runner_line(cand.runner))})"
+        )
+        if cand.size_bytes is not None:
+            console.print("Size: " + escape(tables.size_line(result, cand)))
+        console.print(_table("Accuracy vs baseline", tables.accuracy_headers(), tables.accuracy_rows(cand)))
+        labels = tables.label_rows(cand)
+        if labels:
+            console.print(_table("Accuracy vs labels", ["output", "baseline", "candidate", "drop"], labels))
+        console.print(_table("Checks", ["check", "output", "value", "result"], tables.check_rows(cand)))
+        for line in tables.divergence_lines(cand):
+            console.print(escape(line))
+        rows = tables.node_rows(cand)
+        if rows:
+            console.print(_table("Nodes adding the most error", tables.NODE_HEADERS, rows))
+        if cand.precision:
+            console.print("Precision: " + escape(tables.precision_line(cand)))
+        for hint in cand.hints:
+            console.print(
+                f"[yellow]speed hint[/] ({hint.kind}) {escape(hint.message)} Fix: {escape(hint.fix)}"
+            )
+    if result.latency is not None:
+        console.print()
+        console.print(
+            _table(
+                f"Latency (device {result.latency.device}, warm-up {result.latency.warmup})",
+                tables.LATENCY_HEADERS,
+                tables.latency_rows(result),
+            )
+        )

@@ -1,0 +1,221 @@
+"""Rows shared by the console, Markdown and HTML renderers (one place decides what a report shows)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from mpinfer.compare.result import CandidateResult, ComparisonResult, format_value
+
+# Columns of the accuracy table: (header, metric key).
+ACCURACY_COLUMNS = [
+    ("max abs", "max_abs"),
+    ("mean abs", "mean_abs"),
+    ("p99 abs", "p99_abs"),
+    ("max rel", "max_rel"),
+    ("p99 rel", "p99_rel"),
+    ("cosine", "cosine"),
+    ("SNR dB", "snr_db"),
+    ("top-1", "top1"),
+    ("top-5", "top5"),
+    ("NaN", "nan"),
+    ("Inf", "inf"),
+]
+# Divergence nodes listed in the tables.
+TOP_NODES = 5
+
+
+def fmt(v: Any) -> str:
+    """Format a metric value for tables."""
+    if isinstance(v, bool):
+        return str(v)
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float) and v.is_integer() and abs(v) < 1e9:
+        return str(int(v))
+    return format_value(v)
+
+
+def accuracy_rows(cand: CandidateResult) -> list[list[str]]:
+    """One row per output: name, then ACCURACY_COLUMNS."""
+    return [[o.name] + [fmt(o.values.get(k)) for _h, k in ACCURACY_COLUMNS] for o in cand.outputs]
+
+
+def accuracy_headers() -> list[str]:
+    """Headers of :func:`accuracy_rows`."""
+    return ["output"] + [h for h, _k in ACCURACY_COLUMNS]
+
+
+def label_rows(cand: CandidateResult) -> list[list[str]]:
+    """Accuracy against labels, where the data had ``_labels``."""
+    return [
+        [
+            o.name,
+            fmt(o.values["baseline_accuracy"]),
+            fmt(o.values["accuracy"]),
+            fmt(o.values["accuracy_drop"]),
+        ]
+        for o in cand.outputs
+        if o.values.get("accuracy") is not None
+    ]
+
+
+def check_rows(cand: CandidateResult) -> list[list[str]]:
+    """One row per applicable check: check, output, value, PASS/FAIL."""
+    rows = []
+    for c in cand.checks:
+        if c.passed is None:
+            continue
+        rows.append([c.check, c.output, fmt(c.value), "PASS" if c.passed else "FAIL"])
+    return rows
+
+
+def divergence_lines(cand: CandidateResult) -> list[str]:
+    """Plain-language summary of where the candidate went wrong."""
+    d = cand.divergence
+    if d is None:
+        return []
+    lines = [f"Intermediate tensors compared: {d.tensors_compared} on {d.batches} batch(es) ({d.numerics})."]
+    if d.first_jump is not None:
+        j = d.first_jump
+        text = (
+            f"Error jumps at {j.op_type} '{j.address}' ({j.precision}): relative error {fmt(j.error)} "
+            f"from {fmt(j.input_error)} in its inputs"
+        )
+        if j.nonfinite:
+            text += f", {j.nonfinite} NaN/Inf values"
+        lines.append(text + ".")
+        if j.reason:
+            lines.append(
+                f"Plan reason for '{j.address}': {j.reason}" + (f": {j.detail}" if j.detail else ".")
+            )
+        if cand.passed and d.numerics.startswith("ort"):
+            lines.append(
+                "The end-to-end outputs pass although an intermediate tensor does not: fetching "
+                "intermediates keeps Casts that onnxruntime otherwise folds away (computing in FP32). "
+                "A GPU keeps them too; check with --numerics strict."
+            )
+    else:
+        lines.append("No node makes the error jump (no node reaches 1 % relative error at 10x its inputs').")
+    skipped = {k: v for k, v in d.skipped.items() if v}
+    if skipped:
+        lines.append(
+            "Not compared: "
+            + ", ".join(f"{v} {k.replace('_only_', '-only ').replace('_', ' ')}" for k, v in skipped.items())
+            + "."
+        )
+    return lines
+
+
+def node_rows(cand: CandidateResult) -> list[list[str]]:
+    """The nodes adding the most error: address, op, precision, error, input error, added, reason."""
+    d = cand.divergence
+    if d is None:
+        return []
+    by_addr = {n.address: n for n in d.nodes}
+    rows = []
+    for addr in d.ranking[:TOP_NODES]:
+        n = by_addr[addr]
+        rows.append(
+            [
+                n.address,
+                n.op_type,
+                n.precision,
+                fmt(n.error),
+                fmt(n.input_error),
+                fmt(n.added),
+                n.reason or "",
+            ]
+        )
+    return rows
+
+
+NODE_HEADERS = ["node", "op", "precision", "rel error", "input error", "added", "plan reason"]
+
+
+def short_names(names: list[str]) -> dict[str, str]:
+    """File names instead of paths where those are unique (tables stay narrow)."""
+    import os
+
+    base = {n: os.path.basename(n) or n for n in names}
+    unique = len(set(base.values())) == len(base)
+    return base if unique else {n: n for n in names}
+
+
+def latency_rows(result: ComparisonResult) -> list[list[str]]:
+    """One row per runner and batch size."""
+    if result.latency is None:
+        return []
+    short = short_names(list(dict.fromkeys(s.runner for s in result.latency.stats)))
+    return [
+        [
+            short[s.runner],
+            str(s.batch_size),
+            str(s.iterations),
+            f"{s.p50_ms:.3f}",
+            f"{s.p90_ms:.3f}",
+            f"{s.p99_ms:.3f}",
+            f"{s.mean_ms:.3f}",
+            f"{s.throughput:.1f}",
+            f"{s.speedup:.2f}x" if s.speedup is not None and math.isfinite(s.speedup) else "n/a",
+        ]
+        for s in result.latency.stats
+    ]
+
+
+LATENCY_HEADERS = [
+    "runner",
+    "batch",
+    "runs",
+    "p50 ms",
+    "p90 ms",
+    "p99 ms",
+    "mean ms",
+    "samples/s",
+    "speedup vs baseline",
+]
+
+
+def precision_line(cand: CandidateResult) -> str:
+    """FP16 share and cast count, with where they come from."""
+    p = cand.precision
+    if not p:
+        return ""
+    share = f"{100 * float(p.get('low_share') or 0):.0f} %"
+    flops = p.get("low_share_flops")
+    text = (
+        f"{p.get('nodes_low')}/{p.get('nodes_total')} nodes in {p.get('precision') or 'low precision'} "
+        f"({share}"
+    )
+    if flops is not None:
+        text += f", {100 * float(flops):.0f} % of FLOPs"
+    src = "plan" if p.get("source") != "model" else "counted from the model"
+    return text + f"), {p.get('cast_count')} Casts ({src})."
+
+
+def size_line(result: ComparisonResult, cand: CandidateResult) -> str:
+    """Model size on disk, and its ratio to the baseline's."""
+    if cand.size_bytes is None:
+        return ""
+    text = f"{cand.size_bytes / 1e6:.2f} MB on disk"
+    base = result.baseline.get("size_bytes")
+    if base:
+        text += f" ({cand.size_bytes / base:.2f}x the baseline's {base / 1e6:.2f} MB)"
+    return text + "."
+
+
+def runner_line(info: dict[str, Any]) -> str:
+    """Backend, providers/device and numerics of a runner."""
+    parts = [str(info.get("backend", info.get("runner", "?")))]
+    if info.get("providers"):
+        parts.append("/".join(info["providers"]))
+    if info.get("device"):
+        parts.append(str(info["device"]))
+    parts.append(f"numerics {info.get('numerics', '?')}")
+    return ", ".join(parts)
+
+
+def verdict(result: ComparisonResult) -> str:
+    """PASS or FAIL with the failed checks counted."""
+    failed = result.failed_checks()
+    return "PASS" if not failed else f"FAIL ({len(failed)} failed check{'s' if len(failed) > 1 else ''})"

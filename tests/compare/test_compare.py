@@ -1,0 +1,231 @@
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from mpinfer.compare import CompareConfig, ComparisonResult, compare_models
+from mpinfer.compare.hints import precision_summary, speed_hints
+from mpinfer.errors import InvalidInputError, ModelLoadError
+
+
+def _cfg(base, *cands, **kw):
+    kw.setdefault("show_progress", False)
+    return CompareConfig(str(base), tuple(str(c) for c in cands), **kw)
+
+
+def test_fp16_candidate_passes_and_roundtrips(mlp_files):
+    result = compare_models(
+        _cfg(
+            mlp_files["base"],
+            mlp_files["fp16"],
+            data=str(mlp_files["small"]),
+            checks="cosine>=0.9999,top1>=0.9,max_abs<=0.01",
+        )
+    )
+    assert result and bool(result) is True
+    cand = result.candidates[0]
+    v = cand.outputs[0].values
+    assert 0 < v["max_abs"] < 1e-2 and v["cosine"] > 0.9999 and v["top1"] >= 0.9
+    assert v["accuracy"] is not None  # the data has _labels
+    assert cand.runner["numerics"] == "ort-cpu"
+    assert cand.precision["low_share"] == 1.0 and cand.precision["source"] == "model"
+    assert cand.divergence is not None and cand.divergence.first_jump is None
+    assert cand.divergence.tensors_compared > 10
+    again = ComparisonResult.from_dict(result.to_dict())
+    assert again.to_dict() == result.to_dict()
+    strict = result.with_checks("max_abs<=1e-9")
+    assert not strict and strict.failed_checks()[0][1].check == "max_abs<=1e-09"
+    assert result  # the original is unchanged
+
+
+def test_broken_layernorm_is_caught_and_named(mlp_files):
+    result = compare_models(
+        _cfg(
+            mlp_files["base"],
+            mlp_files["fp16"],
+            mlp_files["broken"],
+            data=str(mlp_files["big"]),
+            checks="cosine>=0.9999",
+        )
+    )
+    assert not result
+    broken = result.candidates[1]
+    assert not broken.passed
+    assert any(o.check == "cosine>=0.9999" for _c, o in result.failed_checks())
+    jump = broken.divergence.first_jump
+    assert jump is not None and jump.address == str(mlp_files["ln"])
+    assert jump.op_type == "LayerNormalization" and jump.precision == "fp16"
+    assert jump.reason == "user:low-node" and "low-node" in jump.detail
+    assert math.isinf(jump.error) and jump.input_error == 0.0
+    assert broken.divergence.ranking[0] == jump.address
+    assert "FAIL" in result.summary() and str(mlp_files["broken"]) in result.summary()
+
+
+def test_torch_baseline_against_onnx(mlp_files):
+    result = compare_models(
+        _cfg(
+            "models/mlp.py:build",
+            mlp_files["base"],
+            data=str(mlp_files["small"]),
+            checks="max_abs<=1e-4,cosine>=0.999999",
+        )
+    )
+    assert result, result.summary()
+    assert result.baseline["runner"]["backend"] == "torch"
+    assert result.candidates[0].divergence is None  # needs an ONNX baseline
+
+
+def test_latency_same_run(mlp_files):
+    result = compare_models(
+        _cfg(
+            mlp_files["base"],
+            mlp_files["fp16"],
+            data=str(mlp_files["small"]),
+            latency=True,
+            batch_sizes=(1, 4),
+            iterations=5,
+            warmup=1,
+            divergence=False,
+        )
+    )
+    stats = result.latency.stats
+    assert [(s.runner, s.batch_size) for s in stats] == [
+        (str(mlp_files["base"]), 1),
+        (str(mlp_files["fp16"]), 1),
+        (str(mlp_files["base"]), 4),
+        (str(mlp_files["fp16"]), 4),
+    ]
+    for s in stats:
+        assert s.iterations == 5 and 0 < s.min_ms <= s.p50_ms <= s.p90_ms <= s.p99_ms
+        assert s.throughput > 0 and s.speedup > 0
+    assert stats[0].speedup == 1.0
+    assert result.latency.runners[str(mlp_files["base"])]["providers"] == ["CPUExecutionProvider"]
+
+
+def test_time_budget_stops_early(mlp_files):
+    result = compare_models(
+        _cfg(
+            mlp_files["base"],
+            mlp_files["fp16"],
+            num_batches=1,
+            latency=True,
+            iterations=100000,
+            warmup=0,
+            time_budget_s=0.05,
+            divergence=False,
+        )
+    )
+    assert all(1 <= s.iterations < 100000 for s in result.latency.stats)
+
+
+def test_mismatched_models_are_named(mlp_files, tmp_path):
+    m = onnx.load(str(mlp_files["fp16"]))
+    m.graph.output[0].name = "probs"
+    m.graph.node[-1].output[0] = "probs"
+    bad = tmp_path / "renamed.onnx"
+    onnx.save(m, str(bad))
+    with pytest.raises(InvalidInputError, match=r"Candidate '.*renamed.onnx': output names.*probs"):
+        compare_models(_cfg(mlp_files["base"], bad))
+    garbage = tmp_path / "garbage.onnx"
+    garbage.write_bytes(b"not a model")
+    with pytest.raises(ModelLoadError, match=r"Candidate '.*garbage.onnx' could not be loaded"):
+        compare_models(_cfg(mlp_files["base"], garbage))
+
+
+def _fp16_conv_graph(cin: int, cout: int) -> onnx.ModelProto:
+    w = numpy_helper.from_array(np.ones((cout, cin, 3, 3), np.float16), "w")
+    nodes = [
+        helper.make_node("Cast", ["x"], ["x16"], name="x__cast_to_fp16", to=TensorProto.FLOAT16),
+        helper.make_node("Conv", ["x16", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+        helper.make_node("Cast", ["c"], ["c32"], name="c__cast_to_fp32", to=TensorProto.FLOAT),
+        helper.make_node("Relu", ["c32"], ["y"], name="relu"),
+    ]
+    g = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, cin, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, cout, 8, 8])],
+        [w],
+    )
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_speed_hints():
+    hints = speed_hints(_fp16_conv_graph(3, 12))
+    kinds = {(h.kind, h.node) for h in hints}
+    assert ("alignment", "conv") in kinds and ("cast-split", "relu") in kinds
+    align = next(h for h in hints if h.kind == "alignment")
+    assert "input channels 3" in align.message and "output channels 12" in align.message
+    assert "--keep-node 'conv'" in align.fix
+    split = next(h for h in hints if h.kind == "cast-split")
+    assert "Conv 'conv'" in split.message and "--low-node 'relu'" in split.fix
+    assert [h.kind for h in speed_hints(_fp16_conv_graph(8, 16))] == ["cast-split"]
+
+
+def test_precision_summary_from_model_and_plan(mlp_files):
+    model = _fp16_conv_graph(8, 16)
+    summary = precision_summary(model, "nowhere/model.onnx")
+    assert summary["counts"] == {"fp16": 1, "fp32": 1} and summary["cast_count"] == 2
+    plan = precision_summary(onnx.load(str(mlp_files["broken"])), mlp_files["broken"])
+    assert plan["source"].endswith("mlp.lnfp16.plan.json") and plan["nodes_low"] == 1
+
+
+def test_strict_numerics_sees_what_ort_hides(mlp_files):
+    """ORT's CPU provider folds Cast pairs and computes in FP32; the strict emulator overflows like a GPU."""
+    pytest.importorskip("mpinfer.backends.strict", reason="strict numerics not in this build")
+    kw = {"data": str(mlp_files["big"]), "checks": "cosine>=0.9999"}
+    assert compare_models(_cfg(mlp_files["base"], mlp_files["fp16"], **kw))
+    strict = compare_models(_cfg(mlp_files["base"], mlp_files["fp16"], numerics="strict", **kw))
+    assert not strict
+    cand = strict.candidates[0]
+    assert cand.runner["numerics"] == "strict-fp16" and cand.divergence.numerics == "strict"
+    assert cand.divergence.first_jump is not None and cand.divergence.first_jump.op_type == "Gemm"
+
+
+def test_real_converter_plan_reason_in_report(mlp_files, tmp_path):
+    precision = pytest.importorskip("mpinfer.precision", reason="convert stage not in this build")
+    ln = str(mlp_files["ln"])
+    res = precision.convert_precision(
+        precision.ConvertConfig(
+            model=mlp_files["base"],
+            output=tmp_path / "mlp.forced.onnx",
+            calibration="random:1",
+            low_nodes=(ln,),
+            keep_ops=("Gemm",),  # the Gemms stay FP32: the overflow first happens at the LayerNorm
+            progress=False,
+        )
+    )
+    result = compare_models(
+        _cfg(mlp_files["base"], res.output, data=str(mlp_files["big"]), numerics="strict")
+    )
+    assert not result
+    cand = result.candidates[0]
+    assert cand.precision["source"] == str(res.plan_path)
+    jump = cand.divergence.first_jump
+    assert jump.address == ln and jump.reason == "user:low-node" and ln in jump.detail
+
+
+def test_ort_engine_candidate(mlp_files, tmp_path):
+    engine = pytest.importorskip("mpinfer.engine", reason="engine stage not in this build")
+    built = engine.build_engine(
+        engine.BuildConfig(
+            model=mlp_files["fp16"],
+            output=tmp_path / "mlp.ort",
+            backend=engine.Backend.ONNXRUNTIME,
+            device="cpu",
+        )
+    )
+    result = compare_models(
+        _cfg(
+            mlp_files["base"], built.path, data=str(mlp_files["small"]), latency=True, iterations=3, warmup=1
+        )
+    )
+    assert result, result.summary()
+    cand = result.candidates[0]
+    assert cand.runner["backend"] == "onnxruntime-engine"
+    assert cand.divergence is None and cand.outputs[0].values["cosine"] > 0.9999
+    assert [s.runner for s in result.latency.stats] == [str(mlp_files["base"]), str(built.path)]

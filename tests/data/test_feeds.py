@@ -1,0 +1,104 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from mpinfer.data import ImagePreprocess, load_feeds, parse_dims
+from mpinfer.errors import InvalidInputError
+from mpinfer.specs import parse_tensor_spec
+
+X = parse_tensor_spec("x:batchx1x8x8:float32")
+IDS = parse_tensor_spec("ids:batchxseq=5:int64:3..7")
+
+
+def test_random_respects_dtype_range_and_dims():
+    src = load_feeds("random:3", [X, IDS], batch_size=4, seed=1)
+    batches = list(src)
+    assert len(batches) == len(src) == 3 and src.is_random
+    for b in batches:
+        assert b["x"].shape == (4, 1, 8, 8) and b["x"].dtype == np.float32
+        assert b["ids"].shape == (4, 5) and b["ids"].dtype == np.int64
+        assert b["ids"].min() >= 3 and b["ids"].max() < 7
+    again = list(load_feeds("random:3", [X, IDS], batch_size=4, seed=1))
+    np.testing.assert_array_equal(batches[2]["x"], again[2]["x"])
+    other = load_feeds(None, [X], batch_size=2, seed=2, dims={"batch": 3}).first()
+    assert other["x"].shape == (3, 1, 8, 8)
+
+
+def test_npz_file_is_split_in_batches_and_labels_are_side_data(tmp_path):
+    x = np.random.default_rng(0).random((10, 1, 8, 8), dtype=np.float32)
+    np.savez(tmp_path / "d.npz", x=x, _labels=np.arange(10))
+    src = load_feeds(tmp_path / "d.npz", [X], batch_size=4)
+    sizes = [b["x"].shape[0] for b in src]
+    assert sizes == [4, 4, 2] and len(src) == 3 and src.num_samples == 10
+    np.testing.assert_array_equal(np.concatenate([b["x"] for b in src]), x)
+    np.testing.assert_array_equal(src.labels, np.arange(10))
+    assert [b["x"].shape[0] for b in load_feeds(tmp_path / "d.npz", [X], batch_size=4, num_batches=2)] == [4, 4]
+
+
+def test_fixed_batch_dim_drops_short_tail(tmp_path):
+    fixed = parse_tensor_spec("x:4x1x8x8:float32")
+    np.savez(tmp_path / "d.npz", x=np.zeros((10, 1, 8, 8), np.float32))
+    assert [b["x"].shape[0] for b in load_feeds(tmp_path / "d.npz", [fixed])] == [4, 4]
+
+
+def test_folder_of_npz_and_npy(tmp_path):
+    (tmp_path / "a").mkdir()
+    for i in range(3):
+        np.savez(tmp_path / "a" / f"{i}.npz", x=np.full((2, 1, 8, 8), i, np.float32))
+    src = load_feeds(tmp_path / "a", [X], batch_size=8)
+    assert [int(b["x"][0, 0, 0, 0]) for b in src] == [0, 1, 2]
+    (tmp_path / "b").mkdir()
+    np.save(tmp_path / "b" / "x.npy", np.ones((5, 1, 8, 8), np.float32))
+    assert sum(b["x"].shape[0] for b in load_feeds(tmp_path / "b", [X], batch_size=2)) == 5
+
+
+def test_image_folder_with_preprocessing(tmp_path):
+    for i in range(3):
+        Image.fromarray(np.full((20, 30, 3), 60 * i, np.uint8)).save(tmp_path / f"{i}.png")
+    spec = parse_tensor_spec("img:batchx3x16x16:float32")
+    pre = ImagePreprocess.parse("size=16x16,mean=0.5/0.5/0.5,std=0.5/0.5/0.5")
+    (batch,) = list(load_feeds(tmp_path, [spec], batch_size=8, image_preprocess=pre))
+    assert batch["img"].shape == (3, 3, 16, 16)
+    np.testing.assert_allclose(batch["img"][1, :, 0, 0], (60 / 255 - 0.5) / 0.5, rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("arrays", "pattern"),
+    [
+        ({"y": np.zeros((2, 1, 8, 8), np.float32)}, "missing: x.*not model inputs: y"),
+        ({"x": np.zeros((2, 1, 8, 8), np.float64)}, "dtype float64.*expected float32"),
+        ({"x": np.zeros((2, 8, 8), np.float32)}, r"shape \(2, 8, 8\)"),
+        ({"x": np.zeros((0, 1, 8, 8), np.float32)}, "empty"),
+        ({"x": np.full((2, 1, 8, 8), np.nan, np.float32)}, "NaN/Inf"),
+    ],
+)
+def test_bad_data_names_the_problem(tmp_path, arrays, pattern):
+    np.savez(tmp_path / "d.npz", **arrays)
+    with pytest.raises(InvalidInputError, match=pattern):
+        load_feeds(tmp_path / "d.npz", [X])
+
+
+def test_missing_and_wrong_sources(tmp_path):
+    with pytest.raises(InvalidInputError, match="no such file"):
+        load_feeds(tmp_path / "nope.npz", [X])
+    (tmp_path / "d.csv").write_text("1,2")
+    with pytest.raises(InvalidInputError, match="'.csv'"):
+        load_feeds(tmp_path / "d.csv", [X])
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(InvalidInputError, match="no .npz"):
+        load_feeds(tmp_path / "empty", [X])
+    with pytest.raises(InvalidInputError, match="name=N"):
+        parse_dims(["seq"])
+    with pytest.raises(InvalidInputError, match="Image preprocessing"):
+        ImagePreprocess.parse("size=big")
+
+
+def test_shipped_calibration_data_loads():
+    from tests.conftest import ROOT
+
+    src = load_feeds(ROOT / "calibration" / "digits.npz", [X], batch_size=64)
+    assert src.num_samples == 256 and src.labels is not None and set(np.unique(src.labels)) == set(range(10))
+    first = src.first()["x"]
+    assert 0.0 <= first.min() and first.max() <= 1.0

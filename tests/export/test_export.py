@@ -1,0 +1,245 @@
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+from mpinfer.errors import ExportError, InvalidInputError, ModelLoadError
+from mpinfer.export import ExportConfig, export_onnx
+from mpinfer.export.names import nodes_for_module
+from mpinfer.modelio import ort_session
+from tests.conftest import ROOT, assert_user_error
+
+MODELS = ROOT / "models"
+
+
+def _export(tmp_path: Path, source: str, exporter: str = "auto", **kw) -> tuple[object, dict]:
+    out = tmp_path / f"{Path(source.split(':')[0]).stem}.{exporter}.onnx"
+    res = export_onnx(ExportConfig(source=source, output=out, exporter=exporter, **kw))
+    sidecar = json.loads(res.sidecar.read_text())
+    return res, sidecar
+
+
+@pytest.mark.parametrize(
+    ("source", "exporter"),
+    [
+        ("resnet_small.py:build", "dynamo"),
+        ("resnet_small.py:build", "torchscript"),
+        ("digits_cnn.py:build", "dynamo"),
+        ("digits_cnn.py:build", "torchscript"),
+        ("mlp.py:build", "dynamo"),
+        ("mlp.py:build", "torchscript"),
+        ("transformer_small.py:build", "dynamo"),
+        ("transformer_small.py:build", "torchscript"),
+        ("control_flow.py:build", "dynamo"),
+        ("control_flow.py:build_scriptable", "torchscript"),
+    ],
+)
+def test_every_example_model_exports_with_parity(tmp_path, source, exporter):
+    res, sidecar = _export(tmp_path, str(MODELS / source), exporter)
+    assert res.exporter == exporter
+    assert sidecar["parity"]["passed"] is True
+    assert len(sidecar["parity"]["runs"]) == 3
+    assert sidecar["parity"]["max_abs"] < 1e-4
+    model = onnx.load(str(res.path))
+    onnx.checker.check_model(model, full_check=True)
+    assert all(n.name for n in model.graph.node), "every node is named"
+    if "control_flow" in source:
+        assert any(n.op_type == "If" for n in model.graph.node)
+
+
+def test_dynamic_batch_runs_at_other_sizes_and_parity_covers_them(tmp_path):
+    res, sidecar = _export(tmp_path, str(MODELS / "resnet_small.py:build"), "dynamo",
+                           inputs=("x:batchx3x32x32:float32",))
+    batches = sorted({run["shapes"]["x"][0] for run in sidecar["parity"]["runs"]})
+    assert batches == [1, 2, 3]
+    sess = ort_session(res.path)
+    for b in (1, 7):
+        (y,) = sess.run(None, {"x": np.zeros((b, 3, 32, 32), np.float32)})
+        assert y.shape == (b, 10)
+
+
+def test_dynamic_restricts_symbols_and_integer_ranges_are_recorded(tmp_path):
+    res, sidecar = _export(tmp_path, str(MODELS / "transformer_small.py:build"), "dynamo",
+                           inputs=("input_ids:batchxseq=12:int64:0..1000",), dynamic=("batch",))
+    model = onnx.load(str(res.path))
+    dims = model.graph.input[0].type.tensor_type.shape.dim
+    assert dims[0].dim_param and dims[1].dim_value == 12
+    meta = {p.key: p.value for p in model.metadata_props}
+    assert json.loads(meta["mpinfer.input_ranges"]) == {"input_ids": [0.0, 1000.0]}
+    assert sidecar["inputs"] == ["input_ids:batchx12:int64:0..1000"]
+
+
+def test_weights_state_dict_and_trainer_checkpoint(tmp_path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("mlp_mod", MODELS / "mlp.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    net = mod.build()
+    with torch.no_grad():
+        for p in net.parameters():
+            p.add_(0.5)
+    torch.save(net.state_dict(), tmp_path / "sd.pt")
+    torch.save({"model": net.state_dict(), "epoch": 3}, tmp_path / "ckpt.pt")
+    x = mod.example_inputs()[0]
+    ref = net(x).detach().numpy()
+    for w in ("sd.pt", "ckpt.pt"):
+        res = export_onnx(ExportConfig(str(MODELS / "mlp.py:build"), tmp_path / f"{w}.onnx",
+                                       weights=tmp_path / w, exporter="torchscript"))
+        (y,) = ort_session(res.path).run(None, {"x": x.numpy()})
+        np.testing.assert_allclose(y, ref, atol=1e-5)
+
+
+def test_torchscript_and_exported_program_sources(tmp_path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("digits_mod", MODELS / "digits_cnn.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    net = mod.build()
+    x = mod.example_inputs()[0]
+    torch.jit.save(torch.jit.trace(net, x), tmp_path / "net.ts")
+    res = export_onnx(ExportConfig(str(tmp_path / "net.ts"), tmp_path / "ts.onnx",
+                                   inputs=("x:4x1x8x8:float32",)))
+    assert res.exporter == "torchscript" and res.parity.passed
+    ep = torch.export.export(net, (x,))
+    torch.export.save(ep, tmp_path / "net.pt2")
+    res = export_onnx(ExportConfig(str(tmp_path / "net.pt2"), tmp_path / "ep.onnx", inputs=("x:4x1x8x8:float32",)))
+    assert res.exporter == "dynamo" and res.parity.passed
+
+
+def test_nodes_for_module_maps_both_exporters(tmp_path):
+    for exporter in ("dynamo", "torchscript"):
+        res, _ = _export(tmp_path, str(MODELS / "digits_cnn.py:build"), exporter)
+        model = onnx.load(str(res.path))
+        op_of = {n.name: n.op_type for n in model.graph.node}
+        features = nodes_for_module(model, "features")
+        assert [op_of[h] for h in features].count("Conv") == 3, (exporter, features)
+        assert [op_of[h] for h in nodes_for_module(model, "features.2")] == ["Relu"]
+        head = nodes_for_module(model, "head")
+        assert {op_of[h] for h in head} & {"Gemm", "MatMul"}
+        assert not set(head) & set(features)
+        assert nodes_for_module(model, "feat") == []  # a prefix of a name is not a parent module
+
+
+# --- bad input through the CLI: exit 1, one Error: line, no traceback, nothing written -----------------
+
+def _no_outputs(tmp_path: Path) -> None:
+    assert not list(tmp_path.glob("*.onnx")) and not list(tmp_path.glob("*.json"))
+
+
+def test_cli_missing_model_file(invoke, tmp_path):
+    r = invoke("export", tmp_path / "nope.py:build", "-o", tmp_path / "m.onnx")
+    assert_user_error(r, "no such file")
+    _no_outputs(tmp_path)
+
+
+def test_cli_missing_factory_lists_functions(invoke, tmp_path):
+    r = invoke("export", f"{MODELS}/mlp.py:make_it", "-o", tmp_path / "m.onnx")
+    assert_user_error(r, "no callable 'make_it'.*build")
+    _no_outputs(tmp_path)
+
+
+def test_cli_weights_that_do_not_match(invoke, tmp_path):
+    torch.save({"model": {"foo.weight": torch.zeros(3)}}, tmp_path / "bad.pt")
+    r = invoke("export", f"{MODELS}/mlp.py:build", "--weights", tmp_path / "bad.pt", "-o", tmp_path / "m.onnx")
+    assert_user_error(r, "do not match the model.*missing")
+    _no_outputs(tmp_path)
+
+
+def test_cli_weights_with_pickled_objects_are_refused_by_default(invoke, tmp_path):
+    import argparse
+
+    torch.save({"model": argparse.Namespace(payload="arbitrary object")}, tmp_path / "evil.pt")
+    r = invoke("export", f"{MODELS}/mlp.py:build", "--weights", tmp_path / "evil.pt", "-o", tmp_path / "m.onnx")
+    assert_user_error(r, "torch.load refused")
+
+
+@pytest.mark.parametrize("spec", ["x:batchx64", "x:batchx-3:float32", "x:4x4:complex", "x:4x4:float32:5..1"])
+def test_cli_malformed_input_spec(invoke, tmp_path, spec):
+    r = invoke("export", f"{MODELS}/mlp.py:build", "--input", spec, "-o", tmp_path / "m.onnx")
+    assert_user_error(r, "Input spec|Dtype|value range")
+    _no_outputs(tmp_path)
+
+
+def test_cli_unknown_dynamic_symbol(invoke, tmp_path):
+    r = invoke("export", f"{MODELS}/mlp.py:build", "--dynamic", "seq", "-o", tmp_path / "m.onnx")
+    assert_user_error(r, "--dynamic seq")
+
+
+def test_cli_op_the_exporters_cannot_handle(invoke, tmp_path):
+    src = tmp_path / "weird.py"
+    src.write_text(textwrap.dedent("""
+        import torch
+
+        @torch.library.custom_op("mpinfer_test::wobble", mutates_args=())
+        def wobble(x: torch.Tensor) -> torch.Tensor:
+            return x * 2
+
+        @wobble.register_fake
+        def _(x):
+            return torch.empty_like(x)
+
+        INPUT_SPECS = ["x:2x4:float32"]
+
+        class M(torch.nn.Module):
+            def forward(self, x):
+                return wobble(x) + 1
+
+        def build():
+            return M()
+    """))
+    r = invoke("export", f"{src}:build", "--exporter", "dynamo", "-o", tmp_path / "m.onnx")
+    assert_user_error(r, "mpinfer_test.*wobble.*try --exporter torchscript")
+    assert not (tmp_path / "m.onnx").exists()
+
+
+def test_cli_output_equal_to_input_and_existing_output(invoke, tmp_path):
+    r = invoke("export", f"{MODELS}/mlp.py:build", "--weights", tmp_path / "w.onnx", "-o", tmp_path / "w.onnx")
+    assert_user_error(r, "same path as an input")
+    (tmp_path / "exists.onnx").write_bytes(b"keep me")
+    r = invoke("export", f"{MODELS}/mlp.py:build", "-o", tmp_path / "exists.onnx")
+    assert_user_error(r, "--force")
+    assert (tmp_path / "exists.onnx").read_bytes() == b"keep me"
+
+
+def test_cli_success_prints_summary(invoke, tmp_path):
+    r = invoke("export", f"{MODELS}/mlp.py:build", "--exporter", "torchscript", "-o", tmp_path / "m.onnx")
+    assert r.exit_code == 0, r.output
+    assert "Exported" in r.output and "Parity" in r.output
+    assert (tmp_path / "m.export.json").is_file()
+
+
+def test_api_errors_are_typed(tmp_path):
+    with pytest.raises(ModelLoadError):
+        export_onnx(ExportConfig(str(tmp_path / "x.py"), tmp_path / "o.onnx"))
+    with pytest.raises(InvalidInputError):
+        export_onnx(ExportConfig(str(MODELS / "mlp.py"), tmp_path / "o.txt"))
+    with pytest.raises(ExportError):
+        export_onnx(ExportConfig(str(MODELS / "mlp.py"), tmp_path / "o.onnx", inputs=("x:2x7:float32",)))
+
+
+@pytest.mark.parametrize("arch", ["bert", "gpt2", "vit"])
+def test_hugging_face_folder_built_from_config(tmp_path, arch):
+    transformers = pytest.importorskip("transformers", reason="the hf extra (transformers) is not installed")
+    torch.manual_seed(0)
+    cfg = {
+        "bert": lambda: transformers.BertConfig(vocab_size=200, hidden_size=32, num_hidden_layers=2,
+                                                num_attention_heads=2, intermediate_size=64,
+                                                max_position_embeddings=64),
+        "gpt2": lambda: transformers.GPT2Config(vocab_size=200, n_embd=32, n_layer=2, n_head=2, n_positions=64),
+        "vit": lambda: transformers.ViTConfig(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2,
+                                              num_attention_heads=2, intermediate_size=64),
+    }[arch]()
+    transformers.AutoModel.from_config(cfg).save_pretrained(tmp_path / arch)
+    exporter = "torchscript" if arch != "vit" else "dynamo"
+    res, sidecar = _export(tmp_path, str(tmp_path / arch), exporter)
+    assert sidecar["parity"]["passed"] and sidecar["parity"]["max_abs"] < 1e-4
+    names = [i.name for i in onnx.load(str(res.path)).graph.input]
+    assert names == (["pixel_values"] if arch == "vit" else ["input_ids", "attention_mask"])

@@ -1,0 +1,104 @@
+from __future__ import annotations
+
+import base64
+import io
+import json
+import re
+
+import pytest
+from PIL import Image
+
+from mpinfer.errors import InvalidInputError
+from mpinfer.report import load_report, render, write_report
+from tests.conftest import assert_user_error
+
+
+def test_write_report_formats(report_result, tmp_path):
+    paths = report_result["paths"]
+    assert sorted(paths) == ["html", "json", "md"]
+    data = json.loads(paths["json"].read_text())
+    assert data["schema_version"] == 1
+    json.loads(paths["json"].read_text(), parse_constant=lambda c: pytest.fail(f"non-strict JSON {c}"))
+    md = paths["md"].read_text()
+    assert "| output | max abs |" in md and "LayerNormalization" in md and "user:low-node" in md
+    assert "## Latency" in md and "speedup vs baseline" in md
+
+
+def test_refuses_existing_without_force(report_result, tmp_path):
+    out = tmp_path / "r"
+    write_report(report_result["result"], out, formats=("json",))
+    before = (out / "report.json").read_bytes()
+    with pytest.raises(InvalidInputError, match="pass --force"):
+        write_report(report_result["result"], out, formats=("md", "json"))
+    assert not (out / "report.md").exists() and (out / "report.json").read_bytes() == before
+    write_report(report_result["result"], out, formats=("json",), force=True)
+    with pytest.raises(InvalidInputError, match="Report formats"):
+        write_report(report_result["result"], out, formats=("pdf",))
+
+
+def test_dict_roundtrip_renders_identically(report_result):
+    result = report_result["result"]
+    again = load_report(report_result["paths"]["json"])
+    assert render(again, "md") == render(result, "md")
+    assert render(result.to_dict(), "json") == render(result, "json")
+
+
+def test_html_is_self_contained_with_plots(report_result):
+    html = report_result["paths"]["html"].read_text()
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:|//)""", html)
+    assert "<script" not in html and "<link" not in html
+    srcs = re.findall(r'<img class="plot" id="([^"]+)" alt="[^"]*" src="data:image/png;base64,([^"]+)"', html)
+    ids = {i for i, _ in srcs}
+    assert {"dist-0", "along-graph", "precision", "latency"} <= ids
+    for _id, data in srcs:
+        img = Image.open(io.BytesIO(base64.b64decode(data)))
+        assert img.format == "PNG" and img.size[0] > 300
+    assert "Error jumps at LayerNormalization" in html and "user:low-node" in html
+
+
+def test_cli_report_formats(invoke, report_result, tmp_path):
+    src = report_result["paths"]["json"]
+    r = invoke("report", src, "--format", "md", "-o", tmp_path / "r.md")
+    assert r.exit_code == 1  # the saved comparison failed its checks: the exit code says so again
+    assert (tmp_path / "r.md").read_text().startswith("# mpinfer compare report")
+    r = invoke("report", src, "--format", "console")
+    assert "Accuracy vs baseline" in r.output and "FAIL" in r.output and r.exit_code == 1
+    r = invoke("report", src, "--format", "json")
+    assert json.loads(r.stdout)["schema_version"] == 1
+    r = invoke("report", src, "-o", tmp_path / "c.txt")
+    assert r.exit_code == 2 and "pick one with --format" in r.output and not (tmp_path / "c.txt").exists()
+
+
+def test_cli_report_rethreshold(invoke, report_result, tmp_path):
+    # Re-thresholding only the healthy candidate's output: tighten until it fails.
+    good = report_result["result"].with_checks("cosine>=0.9")
+    write_report(good.to_dict() | {"candidates": good.to_dict()["candidates"][:1]}, tmp_path / "g", ("json",))
+    path = tmp_path / "g" / "report.json"
+    assert invoke("report", path, "--format", "json", "--check", "cosine>=0.9").exit_code == 0
+    r = invoke("report", path, "--format", "html", "--check", "max_abs<=1e-12", "-o", tmp_path / "t.html")
+    assert r.exit_code == 1 and "Error:" not in r.output
+    assert "FAIL: 1 check(s) failed" in r.output and "max_abs<=1e-12" in r.output
+    assert "max_abs&lt;=1e-12" in (tmp_path / "t.html").read_text()
+
+
+def test_cli_report_bad_input(invoke, report_result, tmp_path):
+    newer = json.loads(report_result["paths"]["json"].read_text())
+    newer["schema_version"] = 2
+    p = tmp_path / "newer.json"
+    p.write_text(json.dumps(newer))
+    out = tmp_path / "x.html"
+    r = invoke("report", p, "--format", "html", "-o", out)
+    assert_user_error(
+        r, r"Report '.*newer.json': received schema_version 2, expected 1 or older.*upgrade mpinfer"
+    )
+    assert not out.exists()
+    (tmp_path / "junk.json").write_text("{not json")
+    assert_user_error(invoke("report", tmp_path / "junk.json"), r"received a file that is not JSON")
+    assert_user_error(
+        invoke("report", tmp_path / "missing.json"), r"Report '.*missing.json': received no such file"
+    )
+    assert_user_error(
+        invoke("report", report_result["paths"]["json"], "--check", "snr_dbx>3"), r"unknown metric 'snr_dbx'"
+    )
+    src = report_result["paths"]["json"]
+    assert_user_error(invoke("report", src, "--format", "json", "-o", src), r"same path as an input")

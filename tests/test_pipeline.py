@@ -1,0 +1,199 @@
+"""`mpinfer run`: hashing, skipping, resuming and forcing, with small real stages and the engine stage."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mpinfer.errors import InvalidInputError, MpinferError
+from mpinfer.pipeline import Stage, StageContext, StageOutput, StagePlan, run_pipeline
+from mpinfer.pipeline_stages import default_stages, resolve_section
+from tests.conftest import assert_user_error
+from tests.engine.conftest import make_mixed_model
+
+
+def _plan_scale(ctx: StageContext) -> StagePlan:
+    settings, inputs = resolve_section(ctx, ctx.section)
+    return StagePlan(settings, tuple(inputs))
+
+
+def _run_scale(plan: StagePlan, out: Path) -> StageOutput:
+    data = np.load(plan.settings["data"])
+    path = out / "scaled.npy"
+    np.save(path, data * plan.settings.get("factor", 2))
+    return StageOutput({"scaled": path}, {"n": int(data.size)})
+
+
+def _plan_total(ctx: StageContext) -> StagePlan:
+    src = ctx.artefacts["scaled"]
+    return StagePlan({"source": str(src), "offset": ctx.section.get("offset", 0)}, (src,))
+
+
+def _run_total(plan: StagePlan, out: Path) -> StageOutput:
+    if plan.settings["offset"] == "boom":
+        raise MpinferError("stage total failed on purpose")
+    total = float(np.load(plan.settings["source"]).sum()) + plan.settings["offset"]
+    path = out / "total.json"
+    path.write_text(json.dumps({"total": total}))
+    return StageOutput({"total": path}, {"total": total, "passed": total < 1000})
+
+
+REGISTRY = {
+    "scale": Stage("scale", _plan_scale, _run_scale),
+    "total": Stage("total", _plan_total, _run_total),
+}
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    np.save(tmp_path / "data.npy", np.arange(4, dtype=np.float32))
+    (tmp_path / "p.toml").write_text(
+        '[pipeline]\nwork_dir = "work"\n\n[scale]\ndata = "data.npy"\nfactor = 3\n\n[total]\noffset = 1\n'
+    )
+    return tmp_path / "p.toml"
+
+
+def _statuses(result):
+    return [(s.name, s.status) for s in result.stages]
+
+
+def _total(result) -> float:
+    return json.loads(result.artefacts["total"].read_text())["total"]
+
+
+def test_first_run_runs_then_rerun_skips(project):
+    first = run_pipeline(project, registry=REGISTRY)
+    assert _statuses(first) == [("scale", "ran"), ("total", "ran")] and _total(first) == 19.0
+    again = run_pipeline(project, registry=REGISTRY)
+    assert _statuses(again) == [("scale", "skipped"), ("total", "skipped")]
+    assert again.artefacts == first.artefacts and again.stages[1].summary["total"] == 19.0
+    state = json.loads(first.state_path.read_text())
+    assert set(state["stages"]) == {"scale", "total"}
+
+
+def test_artefacts_are_content_addressed(project):
+    result = run_pipeline(project, registry=REGISTRY)
+    folder = result.artefacts["scaled"].parent
+    assert folder.parent.name == "artefacts" and folder.name == f"scale-{result.stages[0].key[:12]}"
+
+
+def test_changed_input_file_reruns_downstream(project):
+    run_pipeline(project, registry=REGISTRY)
+    np.save(project.parent / "data.npy", np.arange(5, dtype=np.float32))
+    result = run_pipeline(project, registry=REGISTRY)
+    assert _statuses(result) == [("scale", "ran"), ("total", "ran")] and _total(result) == 31.0
+
+
+def test_changed_setting_reruns_only_that_stage(project):
+    first = run_pipeline(project, registry=REGISTRY)
+    project.write_text(project.read_text().replace("offset = 1", "offset = 2"))
+    result = run_pipeline(project, registry=REGISTRY)
+    assert _statuses(result) == [("scale", "skipped"), ("total", "ran")] and _total(result) == 20.0
+    project.write_text(project.read_text().replace("offset = 2", "offset = 1"))  # back: the old key is reused
+    back = run_pipeline(project, registry=REGISTRY)
+    assert _statuses(back) == [("scale", "skipped"), ("total", "skipped")]
+    assert back.artefacts["total"] == first.artefacts["total"]
+
+
+def test_damaged_artefact_is_rebuilt(project):
+    first = run_pipeline(project, registry=REGISTRY)
+    first.artefacts["scaled"].write_bytes(b"damaged")
+    result = run_pipeline(project, registry=REGISTRY)
+    assert _statuses(result) == [("scale", "ran"), ("total", "skipped")]
+    assert np.load(result.artefacts["scaled"]).tolist() == [0, 3, 6, 9]
+
+
+def test_force_reruns_everything(project):
+    run_pipeline(project, registry=REGISTRY)
+    assert _statuses(run_pipeline(project, registry=REGISTRY, force=True)) == [
+        ("scale", "ran"),
+        ("total", "ran"),
+    ]
+
+
+def test_failed_stage_resumes_after_the_last_finished_one(project):
+    project.write_text(project.read_text().replace("offset = 1", 'offset = "boom"'))
+    with pytest.raises(MpinferError, match="on purpose"):
+        run_pipeline(project, registry=REGISTRY)
+    leftovers = list((project.parent / "work" / "artefacts").glob("total-*"))
+    assert leftovers == []  # no half-written output folder
+    project.write_text(project.read_text().replace('offset = "boom"', "offset = 1"))
+    assert _statuses(run_pipeline(project, registry=REGISTRY)) == [("scale", "skipped"), ("total", "ran")]
+
+
+def test_passed_flag_comes_from_stage_summaries(project):
+    assert run_pipeline(project, registry=REGISTRY).passed
+    project.write_text(project.read_text().replace("offset = 1", "offset = 5000"))
+    assert not run_pipeline(project, registry=REGISTRY).passed
+
+
+def test_bad_pipeline_files(tmp_path):
+    with pytest.raises(InvalidInputError, match="no such file"):
+        run_pipeline(tmp_path / "missing.toml", registry=REGISTRY)
+    (tmp_path / "bad.toml").write_text("[scale\n")
+    with pytest.raises(InvalidInputError, match="invalid TOML"):
+        run_pipeline(tmp_path / "bad.toml", registry=REGISTRY)
+    (tmp_path / "typo.toml").write_text("[scael]\n")
+    with pytest.raises(InvalidInputError, match=r"table\(s\) \['scael'\]"):
+        run_pipeline(tmp_path / "typo.toml", registry=REGISTRY)
+    (tmp_path / "empty.toml").write_text('[pipeline]\nwork_dir = "w"\n')
+    with pytest.raises(InvalidInputError, match="no stage tables"):
+        run_pipeline(tmp_path / "empty.toml", registry=REGISTRY)
+
+
+def test_real_engine_stage_builds_once(tmp_path):
+    make_mixed_model(tmp_path / "m.fp16.onnx")
+    toml = tmp_path / "p.toml"
+    toml.write_text(
+        '[pipeline]\nwork_dir = "out"\n\n[build_engine]\nmodel = "m.fp16.onnx"\nbackend = "onnxruntime"\n'
+        'device = "cpu"\nshapes = "x:1x8,4x8,16x8"\n'
+    )
+    first = run_pipeline(toml)
+    engine = first.artefacts["engine"]
+    assert engine.suffix == ".ort" and json.loads(first.artefacts["engine_sidecar"].read_text())[
+        "backend"
+    ] == ("onnxruntime")
+    assert _statuses(run_pipeline(toml)) == [("build_engine", "skipped")]
+    make_mixed_model(tmp_path / "m.fp16.onnx", low="fp32")  # new model content: rebuilt
+    assert _statuses(run_pipeline(toml)) == [("build_engine", "ran")]
+
+
+def test_stage_settings_are_checked(tmp_path):
+    make_mixed_model(tmp_path / "m.onnx")
+    toml = tmp_path / "p.toml"
+    toml.write_text('[build_engine]\nmodel = "m.onnx"\nbackend = "onnxruntime"\nwarp_speed = 9\n')
+    with pytest.raises(InvalidInputError, match="unknown key.*warp_speed"):
+        run_pipeline(toml)
+
+
+def test_report_dir_must_stay_inside_the_work_dir(tmp_path):
+    toml = tmp_path / "p.toml"
+    toml.write_text('[pipeline]\nwork_dir = "w"\n[report]\ndir = ".."\n')
+    with pytest.raises(InvalidInputError, match="sub-folder of the work dir"):
+        run_pipeline(toml)
+
+
+def test_default_registry_order():
+    assert list(default_stages()) == ["train", "export", "convert", "build_engine", "compare", "report"]
+
+
+def test_run_command(invoke, tmp_path):
+    make_mixed_model(tmp_path / "m.fp16.onnx")
+    toml = tmp_path / "p.toml"
+    toml.write_text('[build_engine]\nmodel = "m.fp16.onnx"\nbackend = "onnxruntime"\ndevice = "cpu"\n')
+    first = invoke("run", toml)
+    assert first.exit_code == 0, first.output
+    assert "build_engine  ran in" in first.output and "engine" in first.output
+    second = invoke("run", toml)
+    assert "build_engine  skipped (unchanged)" in second.output
+    assert "ran in" in invoke("run", toml, "--force").output
+
+
+def test_run_command_bad_toml(invoke, tmp_path):
+    toml = tmp_path / "p.toml"
+    toml.write_text("[build_engine\n")
+    assert_user_error(invoke("run", toml), "invalid TOML")
+    assert not (tmp_path / "out").exists()
