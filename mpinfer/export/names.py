@@ -52,9 +52,23 @@ def nodes_for_module(model: Any, module_path: str) -> list[str]:
     from mpinfer.modelio import iter_nodes
 
     target = module_path.strip(".")
-    hits = []
-    for ref in iter_nodes(model.graph):
-        paths = node_module_paths(ref.node)
-        if any(p == target or p.startswith(target + ".") for p in paths):
-            hits.append(ref.address)
-    return hits
+    refs = list(iter_nodes(model.graph))
+
+    def inside(node: Any, path: str) -> bool:
+        return any(p == path or p.startswith(path + ".") for p in node_module_paths(node))
+
+    hits = [r.address for r in refs if inside(r.node, target)]
+    if hits:
+        return hits
+    # The dynamo exporter folds an eval-mode BatchNorm into the Conv before it and credits the fused Conv to
+    # the BatchNorm module (``features.4`` for ``features.3``'s Conv). Follow that one fusion: the next
+    # sibling's Conv/ConvTranspose/Gemm node is this module's computation.
+    parent, _, index = target.rpartition(".")
+    if index.isdigit():
+        sibling = f"{parent}.{int(index) + 1}" if parent else str(int(index) + 1)
+        return [r.address for r in refs if inside(r.node, sibling) and r.node.op_type in _FUSION_TARGETS]
+    return []
+
+
+# Ops a following BatchNorm is folded into by the dynamo exporter's optimizer.
+_FUSION_TARGETS = ("Conv", "ConvTranspose", "Gemm", "MatMul")

@@ -126,6 +126,9 @@ def test_nodes_for_module_maps_both_exporters(tmp_path):
         assert {op_of[h] for h in head} & {"Gemm", "MatMul"}
         assert not set(head) & set(features)
         assert nodes_for_module(model, "feat") == []  # a prefix of a name is not a parent module
+        # a Conv whose BatchNorm was folded into it still maps to exactly one Conv node
+        conv = nodes_for_module(model, "features.3")
+        assert [op_of[h] for h in conv] == ["Conv"], (exporter, conv)
 
 
 # --- bad input through the CLI: exit 1, one Error: line, no traceback, nothing written -----------------

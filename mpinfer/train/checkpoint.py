@@ -1,0 +1,202 @@
+"""Checkpoints: atomic writes, ``weights_only`` loads, RNG state capture for bit-exact resume.
+
+A checkpoint holds only tensors and primitive containers, so ``torch.load(weights_only=True)`` reads it:
+``{"model", "optimizer", "amp_scaler", "scheduler", "epoch", "global_step", "rng", "config", "metrics",
+"mpinfer_version"}``. ``mpinfer export --weights`` reads ``ckpt["model"]``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import random
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mpinfer.errors import InvalidInputError, format_message
+from mpinfer.fileio import atomic_path
+
+logger = logging.getLogger(__name__)
+
+BEST = "best.pt"
+LAST = "last.pt"
+METRICS = "metrics.jsonl"
+SUMMARY = "summary.json"
+OVERFLOW = "overflow.json"
+ARTEFACTS = (BEST, LAST, METRICS, SUMMARY, OVERFLOW)
+REQUIRED_KEYS = ("model", "optimizer", "amp_scaler", "scheduler", "epoch", "rng", "config", "metrics")
+
+
+def capture_rng() -> dict[str, Any]:
+    """Torch, CUDA, numpy and Python RNG states as tensors and lists."""
+    import torch
+
+    np_state: Any = np.random.get_state()
+    keys, pos, has_gauss, cached = np_state[1:]
+    version, pystate, gauss = random.getstate()
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": list(torch.cuda.get_rng_state_all()) if torch.cuda.is_available() else [],
+        "numpy": {
+            "keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached),
+        },
+        "python": {"version": int(version), "state": list(pystate), "gauss": gauss},
+    }
+
+
+def restore_rng(state: dict[str, Any]) -> None:
+    """Inverse of :func:`capture_rng`."""
+    import torch
+
+    torch.set_rng_state(state["torch"])
+    if state.get("cuda") and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    npst = state["numpy"]
+    np.random.set_state(
+        (
+            "MT19937",
+            npst["keys"].numpy().astype(np.uint32),
+            npst["pos"],
+            npst["has_gauss"],
+            npst["cached_gaussian"],
+        )
+    )
+    py = state["python"]
+    random.setstate((py["version"], tuple(py["state"]), py["gauss"]))
+
+
+@contextlib.contextmanager
+def preserved_global_rng() -> Iterator[None]:
+    """Save the global RNG states and restore them on exit (the trainer seeds them)."""
+    saved = capture_rng()
+    try:
+        yield
+    finally:
+        restore_rng(saved)
+
+
+def seed_everything(seed: int) -> None:
+    """Seed torch (all devices), numpy and Python's ``random``."""
+    import torch
+
+    torch.manual_seed(seed)
+    np.random.seed(seed % 2**32)
+    random.seed(seed)
+
+
+def save_checkpoint(path: Path, payload: dict[str, Any]) -> Path:
+    """Write ``payload`` with ``torch.save`` atomically (temp file + rename)."""
+    import torch
+
+    with atomic_path(path) as tmp:
+        torch.save(payload, tmp)
+    return path
+
+
+def carry_best(resume: Path | None, dest: Path, fallback: dict[str, Any]) -> Path:
+    """Give a resumed run in a new folder its ``best.pt``: the resumed run's own, else the current state.
+
+    The best epoch may predate the resume; its weights then exist only next to the checkpoint resumed from.
+    """
+    import shutil
+
+    src = resume.parent / BEST if resume is not None else None
+    if src is not None and src.is_file():
+        with atomic_path(dest) as tmp:
+            shutil.copyfile(src, tmp)
+        return dest
+    logger.warning("No best.pt next to %s; %s holds the latest epoch instead of the best one.", resume, dest)
+    return save_checkpoint(dest, fallback)
+
+
+def load_checkpoint(path: Path) -> dict[str, Any]:
+    """Load a trainer checkpoint with ``weights_only=True`` on CPU.
+
+    Raises:
+        InvalidInputError: For a missing, unreadable or non-trainer checkpoint.
+    """
+    import torch
+
+    if not path.is_file():
+        raise InvalidInputError(
+            format_message(
+                f"Checkpoint '{path}'", "no such file", "a last.pt or best.pt written by mpinfer train"
+            )
+        )
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # torch raises many types for a corrupt or unsafe pickle
+        raise InvalidInputError(
+            format_message(
+                f"Checkpoint '{path}'",
+                f"an unreadable file ({type(err).__name__})",
+                "a checkpoint written by mpinfer train",
+                "it may be truncated or not a torch checkpoint",
+            )
+        ) from err
+    missing = [k for k in REQUIRED_KEYS if not isinstance(ckpt, dict) or k not in ckpt]
+    if missing:
+        raise InvalidInputError(
+            format_message(
+                f"Checkpoint '{path}'",
+                f"a file without {', '.join(missing)}",
+                "a checkpoint written by mpinfer train",
+                "a bare state_dict cannot be resumed; start a new run",
+            )
+        )
+    return ckpt  # type: ignore[no-any-return]
+
+
+def check_same_model(model_state: dict[str, Any], ckpt_state: dict[str, Any], path: Path) -> None:
+    """Refuse a checkpoint whose parameters do not match the model's names and shapes.
+
+    Raises:
+        InvalidInputError: Naming the first differences.
+    """
+    ours = {k: tuple(v.shape) for k, v in model_state.items()}
+    theirs = {k: tuple(v.shape) for k, v in ckpt_state.items()}
+    problems = [f"missing {k}" for k in ours if k not in theirs][:3]
+    problems += [f"unexpected {k}" for k in theirs if k not in ours][:3]
+    problems += [f"{k}: {theirs[k]} vs {s}" for k, s in ours.items() if k in theirs and theirs[k] != s][:3]
+    if problems:
+        raise InvalidInputError(
+            format_message(
+                f"Checkpoint '{path}'",
+                f"weights of another model ({'; '.join(problems)})",
+                "the parameters of the model being trained",
+                "resume with the same model source it was trained with, or start a new run with --force",
+            )
+        )
+
+
+def check_run_dir(output: Path, *, force: bool, resume: Path | None) -> list[Path]:
+    """Check the run folder; return the artefacts of an earlier run that ``force`` allows replacing.
+
+    Raises:
+        InvalidInputError: If ``output`` is a file, or holds checkpoints and neither force nor resume is set.
+    """
+    if output.exists() and not output.is_dir():
+        raise InvalidInputError(
+            format_message(
+                f"Output folder '{output}'", "an existing file", "a folder", "choose another -o/--output"
+            )
+        )
+    found = [output / name for name in ARTEFACTS if (output / name).exists()]
+    has_ckpt = any(p.name in (BEST, LAST) for p in found)
+    if has_ckpt and not force and resume is None:
+        names = ", ".join(p.name for p in found)
+        raise InvalidInputError(
+            format_message(
+                f"Output folder '{output}'",
+                f"the artefacts of an earlier run ({names})",
+                "a new or empty folder",
+                f"pass --force to overwrite them, or --resume {output / LAST} to continue that run",
+            )
+        )
+    return found if force and resume is None else []

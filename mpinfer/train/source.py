@@ -1,0 +1,111 @@
+"""Build the torch model to train from ``"file.py:factory"`` or a callable."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from mpinfer.errors import ModelLoadError, format_message
+
+# Factory name used when a model source names only the file.
+DEFAULT_FACTORY = "build"
+_SOURCE_HINT = "write path/to/model.py:factory, e.g. models/digits_cnn.py:build"
+
+
+def split_source(source: str) -> tuple[Path, str]:
+    """Split ``"file.py:factory"`` into the file and the factory name.
+
+    Raises:
+        ModelLoadError: If the text does not name a ``.py`` file.
+    """
+    path_text, sep, factory = source.rpartition(":")
+    if not sep or not path_text.endswith(".py"):
+        path_text, factory = source, DEFAULT_FACTORY
+    if not path_text.endswith(".py") or not factory.isidentifier():
+        raise ModelLoadError(
+            format_message("Model source", repr(source), "a Python file and a factory", _SOURCE_HINT)
+        )
+    return Path(path_text), factory
+
+
+def load_factory(source: str) -> Callable[[], Any]:
+    """Import the file of ``source`` and return its factory.
+
+    Args:
+        source: ``"file.py:factory"``.
+
+    Returns:
+        The factory callable.
+
+    Raises:
+        ModelLoadError: For a missing file, an import error or a missing factory.
+    """
+    path, factory = split_source(source)
+    if not path.is_file():
+        raise ModelLoadError(
+            format_message(f"Model file '{path}'", "no such file", "an existing .py file", _SOURCE_HINT)
+        )
+    mod_name = f"mpinfer_user_model_{abs(hash(str(path.resolve())))}"
+    spec = importlib.util.spec_from_file_location(mod_name, path)
+    if spec is None or spec.loader is None:
+        raise ModelLoadError(
+            format_message(f"Model file '{path}'", "a file Python cannot import", "a .py module")
+        )
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[mod_name] = module  # dataclasses and pickling look the module up by name
+    try:
+        spec.loader.exec_module(module)
+    except Exception as err:  # user code: any import-time failure is the user's to fix
+        sys.modules.pop(mod_name, None)
+        raise ModelLoadError(
+            format_message(
+                f"Model file '{path}'",
+                f"an import error ({type(err).__name__}: {err})",
+                "a module that imports cleanly",
+            )
+        ) from err
+    fn = getattr(module, factory, None)
+    if not callable(fn):
+        names = sorted(
+            n
+            for n, v in vars(module).items()
+            if callable(v) and not n.startswith("_") and getattr(v, "__module__", None) == mod_name
+        )
+        raise ModelLoadError(
+            format_message(
+                f"Model factory '{factory}' in '{path}'",
+                "no such callable",
+                "a function returning an nn.Module",
+                f"callables defined there: {', '.join(names) or 'none'}",
+            )
+        )
+    return fn  # type: ignore[no-any-return]
+
+
+def build_model(model: str | Callable[[], Any]) -> Any:
+    """Build the ``nn.Module`` from a source string or a zero-argument callable.
+
+    Raises:
+        ModelLoadError: If loading fails or the factory does not return an ``nn.Module``.
+    """
+    from torch import nn
+
+    factory = load_factory(model) if isinstance(model, str) else model
+    try:
+        module = factory()
+    except Exception as err:  # user code
+        raise ModelLoadError(
+            format_message(
+                f"Model factory {model!r}",
+                f"an error ({type(err).__name__}: {err})",
+                "a call that returns an nn.Module",
+            )
+        ) from err
+    if not isinstance(module, nn.Module):
+        raise ModelLoadError(
+            format_message(f"Model factory {model!r}", f"a {type(module).__name__}", "an nn.Module")
+        )
+    return module

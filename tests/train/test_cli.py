@@ -1,0 +1,140 @@
+"""`mpinfer train` through click: the happy path, and each user mistake (exit 1, one Error: line)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from tests.conftest import assert_user_error
+
+
+@pytest.fixture
+def trained_run(invoke, tmp_path):
+    out = tmp_path / "runs" / "digits"
+    result = invoke(
+        "train",
+        "models/digits_cnn.py:build",
+        "--data",
+        "digits",
+        "--precision",
+        "fp32",
+        "--epochs",
+        "1",
+        "--batch-size",
+        "32",
+        "--overflow-report",
+        "-o",
+        out,
+    )
+    assert result.exit_code == 0, result.output
+    return out, result
+
+
+def test_train_cli_writes_run_and_summary_line(trained_run):
+    out, result = trained_run
+    assert sorted(p.name for p in out.iterdir()) == [
+        "best.pt",
+        "last.pt",
+        "metrics.jsonl",
+        "overflow.json",
+        "summary.json",
+    ]
+    lines = [line for line in result.output.splitlines() if line.startswith("Trained")]
+    assert len(lines) == 1 and "accuracy" in lines[0] and "samples/s" in lines[0], result.output
+    assert "Overflow report:" in result.output
+    assert json.loads((out / "summary.json").read_text())["epochs_done"] == 1
+    assert torch.load(out / "best.pt", weights_only=True)["config"]["batch_size"] == 32
+
+
+def test_resume_continues_and_force_overwrites(invoke, trained_run):
+    out, _ = trained_run
+    result = invoke(
+        "train",
+        "models/digits_cnn.py:build",
+        "--precision",
+        "fp32",
+        "--epochs",
+        "2",
+        "--batch-size",
+        "32",
+        "--quiet",
+        "--resume",
+        out / "last.pt",
+        "-o",
+        out,
+    )
+    assert result.exit_code == 0, result.output
+    assert [json.loads(x)["epoch"] for x in (out / "metrics.jsonl").read_text().splitlines()] == [1, 2]
+    result = invoke("train", "models/digits_cnn.py:build", "--epochs", "1", "--quiet", "--force", "-o", out)
+    assert result.exit_code == 0, result.output
+    assert not (out / "overflow.json").exists()  # stale artefact of the replaced run is gone
+    assert torch.load(out / "last.pt", weights_only=True)["config"]["precision"] == "bf16"
+
+
+def test_missing_model_file(invoke, tmp_path):
+    result = invoke("train", "models/nope.py:build", "-o", tmp_path / "out")
+    assert_user_error(result, r"Model file 'models/nope.py'.*no such file")
+    assert not (tmp_path / "out").exists()
+
+
+def test_missing_factory(invoke, tmp_path):
+    result = invoke("train", "models/digits_cnn.py:make_model", "-o", tmp_path / "out")
+    assert_user_error(result, r"factory 'make_model'.*callables defined there: .*build")
+    assert not (tmp_path / "out").exists()
+
+
+def test_unknown_data(invoke, tmp_path):
+    result = invoke("train", "models/digits_cnn.py:build", "--data", "cifar10", "-o", tmp_path / "out")
+    assert_user_error(result, r"Data 'cifar10'.*unknown data set.*Hint")
+    assert not (tmp_path / "out").exists()
+
+
+def test_existing_run_without_force_or_resume(invoke, trained_run):
+    out, _ = trained_run
+    before = (out / "last.pt").stat().st_mtime_ns
+    result = invoke("train", "models/digits_cnn.py:build", "--epochs", "1", "-o", out)
+    assert_user_error(result, r"earlier run \(best.pt, last.pt.*--force.*--resume")
+    assert (out / "last.pt").stat().st_mtime_ns == before
+
+
+def test_resume_from_another_models_checkpoint(invoke, trained_run, tmp_path):
+    out, _ = trained_run
+    result = invoke(
+        "train", "models/resnet_small.py:build", "--resume", out / "last.pt", "-o", tmp_path / "new"
+    )
+    assert_user_error(result, r"weights of another model \(missing stem.0.weight")
+    assert not (tmp_path / "new").exists()
+
+
+def test_resume_from_a_non_checkpoint(invoke, tmp_path):
+    bogus = tmp_path / "weights.pt"
+    torch.save({"w": torch.zeros(2)}, bogus)
+    result = invoke("train", "models/digits_cnn.py:build", "--resume", bogus, "-o", tmp_path / "new")
+    assert_user_error(result, r"a file without model, optimizer")
+
+
+def test_resume_of_a_finished_run(invoke, trained_run):
+    out, _ = trained_run
+    result = invoke(
+        "train",
+        "models/digits_cnn.py:build",
+        "--precision",
+        "fp32",
+        "--epochs",
+        "1",
+        "--resume",
+        out / "last.pt",
+        "-o",
+        out,
+    )
+    assert_user_error(result, r"finished 1 epochs.*larger --epochs")
+
+
+def test_cuda_requested_without_gpu(invoke, tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    result = invoke("train", "models/digits_cnn.py:build", "--device", "cuda", "-o", tmp_path / "out")
+    assert_user_error(result, r"Device 'cuda'.*--device cpu")
+    assert not (tmp_path / "out").exists()
