@@ -92,23 +92,18 @@ class GraphInfo:
     """
 
     def __init__(self, model: Any, base_dir: str | None = None) -> None:
-        import onnx
 
         self.model = model
         self.base_dir = base_dir or ""
         self.opsets = {(imp.domain or ""): imp.version for imp in model.opset_import}
-        try:
-            inferred = onnx.shape_inference.infer_shapes(
-                model, check_type=False, strict_mode=False, data_prop=True
-            )
-        except Exception as err:  # noqa: BLE001 - inference is best effort here; the gate is strict
-            logger.debug("shape inference failed on the input model: %s", err)
-            inferred = model
+        inferred = _infer_types(model)
         self.types: dict[str, int] = {}
         self.shapes: dict[str, tuple[int | None, ...] | None] = {}
         self.initializers: dict[str, Any] = {}
         self.non_tensor: set[str] = set()  # sequence / optional / map values
         self._collect(inferred.graph)
+        # Values come from the model itself (the inferred copy may hold detached or copied tensors).
+        self.initializers = {t.name: t for g in _graphs(model.graph) for t in g.initializer}
         self.nodes: list[NodeRef] = list(iter_nodes(model.graph))
         self.by_address = {ref.address: ref for ref in self.nodes}
         self.producer: dict[str, str] = {}
@@ -268,6 +263,56 @@ class GraphInfo:
     def walk(self) -> Iterator[NodeRef]:
         """Every node, subgraphs included, in graph order."""
         return iter(self.nodes)
+
+
+def _graphs(graph: Any) -> Iterator[Any]:
+    """``graph`` and every If/Loop/Scan body inside it."""
+    import onnx
+
+    yield graph
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                yield from _graphs(attr.g)
+            elif attr.type == onnx.AttributeProto.GRAPHS:
+                for g in attr.graphs:
+                    yield from _graphs(g)
+
+
+# Initializers bigger than this are detached while type inference runs: inference never reads their values,
+# and a proto with them attached may exceed protobuf's 2 GB limit.
+DETACH_BYTES = 1 << 20
+
+
+def _infer_types(model: Any) -> Any:
+    """Best-effort type/shape inference (with data propagation, then without) on ``model``.
+
+    Large initializer payloads are detached for the call and put back afterwards.
+    """
+    import onnx
+    from onnx import TensorProto
+
+    stash = []
+    for t in model.graph.initializer:
+        if len(t.raw_data) > DETACH_BYTES:
+            stash.append((t, t.raw_data))
+            t.ClearField("raw_data")
+            t.data_location = TensorProto.EXTERNAL
+            t.external_data.add(key="location", value="__detached__")
+    try:
+        for data_prop in (True, False):
+            try:
+                return onnx.shape_inference.infer_shapes(
+                    model, check_type=False, strict_mode=False, data_prop=data_prop
+                )
+            except Exception as err:  # noqa: BLE001 - best effort; the validity gate is strict
+                logger.debug("shape inference (data_prop=%s) failed: %s", data_prop, err)
+        return model
+    finally:
+        for t, raw in stash:
+            del t.external_data[:]
+            t.data_location = TensorProto.DEFAULT
+            t.raw_data = raw
 
 
 def _formal(params: Any, count: int) -> list[str]:

@@ -139,3 +139,12 @@ def test_follow_region_between_fp32_and_fp16_runs_low_at_same_cast_count():
     p = _plan(model)
     assert p["ln"] == (Precision.FP32, "rule:keep-fp32")
     assert p["scale"] == (Precision.FP16, "rule:follow") and p["relu"] == (Precision.FP16, "rule:follow")
+
+
+def test_big_weights_checked_and_model_untouched_by_inference():
+    big = np.full((600, 600), 1e6, np.float32)  # > 1 MB: detached while types are inferred
+    model = make([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], [fvi("x", [2, 600])],
+                 [fvi("y", [2, 600])], [init("w", big)])
+    before = model.SerializeToString()
+    assert _plan(model)["mm"] == (Precision.FP32, "weights:out-of-range")
+    assert model.SerializeToString() == before
