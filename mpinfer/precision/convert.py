@@ -129,13 +129,10 @@ def convert_precision(cfg: ConvertConfig) -> ConvertResult:
         MpinferError: For bad input (model, data, budget, plan); nothing is written then.
         InternalError: If the rewritten model fails the validity gate (a bug); nothing is written.
     """
-    from mpinfer.fileio import check_output_path, sha256_file
-    from mpinfer.modelio import load_onnx, name_nodes, require_file, save_onnx
+    from mpinfer.fileio import check_output_path
+    from mpinfer.modelio import require_file
     from mpinfer.precision.apply import apply_plan
-    from mpinfer.precision.graphinfo import GraphInfo
-    from mpinfer.precision.normalize import check_not_low, ensure_opset
     from mpinfer.precision.planner import summarize
-    from mpinfer.precision.validate import gate
 
     start = time.perf_counter()
     _check_config(cfg)
@@ -146,24 +143,12 @@ def convert_precision(cfg: ConvertConfig) -> ConvertResult:
         # The plan's precision wins (the CLI's --precision default is fp16).
         cfg = replace(cfg, precision=PrecisionPlan.load(cfg.plan).precision)
     check_output_path(plan_out, [cfg.model, cfg.keep_fp32_from], force=True)
-    model: Any = load_onnx(cfg.model, load_external_data=False)
-    large = _uses_external_data(model)
-    base_dir = str(Path(cfg.model).resolve().parent)
-    if large and cfg.calibration != NO_CALIBRATION:
-        from onnx.external_data_helper import load_external_data_for_model
-
-        load_external_data_for_model(model, base_dir)  # the reference run needs the weights in memory
-        large = False
-    sha = sha256_file(cfg.model)
-    model = check_not_low(model, str(cfg.model), force=cfg.force)
-    model = ensure_opset(name_nodes(model), cfg.precision)
-    info = GraphInfo(model, base_dir=base_dir if large else None)
+    info, sha, large = _load(cfg)
     if cfg.plan is not None:
         plan = _read_plan(cfg, info, sha)
         expected, search_cost = plan.summary.get("expected_error", {}), plan.summary.get("search")
     else:
-        plan, expected, search_cost = _make_plan(cfg, model, info, sha)
-    del model  # large models: only the graph and the converted weights stay in memory from here on
+        plan, expected, search_cost = _make_plan(cfg, info.model, info, sha)
     result = apply_plan(info.model, info, plan.precisions(), cfg.precision, keep_io_types=plan.keep_io_types)
     plan.summary = summarize(
         info,
@@ -173,14 +158,7 @@ def convert_precision(cfg: ConvertConfig) -> ConvertResult:
         expected_error=expected,
         search=search_cost,
     )
-    if large:
-        from onnx.external_data_helper import load_external_data_for_model
-
-        load_external_data_for_model(result.model, base_dir)  # the FP32 weights that stayed FP32
-        _save_gated(result.model, out, Path(cfg.model))
-    else:
-        gate(result.model, baseline_model=info.model, stage="apply")
-        save_onnx(result.model, out)
+    _write_model(result.model, out, info, source=Path(cfg.model), large=large)
     if cfg.plan is None or Path(cfg.plan).resolve() != plan_out.resolve():
         plan.save(plan_out)
     logger.info(
@@ -192,6 +170,42 @@ def convert_precision(cfg: ConvertConfig) -> ConvertResult:
         time.perf_counter() - start,
     )
     return ConvertResult(out, plan_out, plan)
+
+
+def _load(cfg: ConvertConfig) -> tuple[Any, str, bool]:
+    """Load, check and name the model; returns its GraphInfo, sha256 and whether weights stay external."""
+    from mpinfer.fileio import sha256_file
+    from mpinfer.modelio import load_onnx, name_nodes
+    from mpinfer.precision.graphinfo import GraphInfo
+    from mpinfer.precision.normalize import check_not_low, ensure_opset
+
+    model: Any = load_onnx(cfg.model, load_external_data=False)
+    large = _uses_external_data(model)
+    base_dir = str(Path(cfg.model).resolve().parent)
+    if large and cfg.calibration != NO_CALIBRATION:
+        from onnx.external_data_helper import load_external_data_for_model
+
+        load_external_data_for_model(model, base_dir)  # the reference run needs the weights in memory
+        large = False
+    sha = sha256_file(cfg.model)
+    model = check_not_low(model, str(cfg.model), force=cfg.force)
+    model = ensure_opset(name_nodes(model), cfg.precision)
+    return GraphInfo(model, base_dir=base_dir if large else None), sha, large
+
+
+def _write_model(model: Any, out: Path, info: Any, *, source: Path, large: bool) -> None:
+    """Gate and write the converted model (large models: weights streamed to external data)."""
+    from mpinfer.modelio import save_onnx
+    from mpinfer.precision.validate import gate
+
+    if large:
+        from onnx.external_data_helper import load_external_data_for_model
+
+        load_external_data_for_model(model, info.base_dir)  # the FP32 weights that stayed FP32
+        _save_gated(model, out, source)
+    else:
+        gate(model, baseline_model=info.model, stage="apply")
+        save_onnx(model, out)
 
 
 def _uses_external_data(model: Any) -> bool:

@@ -291,6 +291,49 @@ def search_plan(
     from rich.progress import Progress
 
     start = time.perf_counter()
+    ver = _reference(model, info, feeds, cfg)
+    groups = build_groups(info, nodes, decisions)
+    members = {a for g in groups for a in g.members}
+    forced = {n.name: n.precision for n in nodes if n.precision.is_low and n.name not in members}
+    with Progress(transient=True, disable=not cfg.progress) as bar:
+        task = bar.add_task("sensitivity", total=len(groups))
+        for g in groups:
+            if ver.emu is not None:
+                g.error, evals = _local_error(model, info, g, ver.refs, cfg.precision)
+                ver.evaluations += evals
+            bar.advance(task)
+        order = sorted(
+            (g for g in groups if math.isfinite(g.error)), key=lambda g: -g.flops / max(g.error, ERROR_FLOOR)
+        )
+        accepted, metrics = _bisect(order, forced, ver, bar, cfg)
+    chosen = {a for g in accepted for a in g.members}
+    cost = {
+        "node_evaluations": int(ver.evaluations),
+        "verifications": int(ver.verifications),
+        "groups": len(groups),
+        "groups_low": len(accepted),
+        "batches": len(ver.batches),
+        "wall_s": round(time.perf_counter() - start, 3),
+        "numerics": cfg.numerics,
+        "model_nodes": len(info.nodes),
+    }
+    logger.info(
+        "search: %d/%d groups low, %d verifications, %d node evaluations, %.1fs",
+        len(accepted),
+        len(groups),
+        ver.verifications,
+        ver.evaluations,
+        cost["wall_s"],
+    )
+    return SearchOutcome(_finalize(nodes, groups, chosen), {k: _clean(v) for k, v in metrics.items()}, cost)
+
+
+def _reference(model: Any, info: GraphInfo, feeds: Any, cfg: SearchConfig) -> _Verifier:
+    """FP32 reference runs (kept for run_from), and the check that the FP32 model meets the budget.
+
+    Raises:
+        AccuracyMismatchError: The budget fails even with every node in FP32.
+    """
     budget = parse_budget(cfg.budget)
     batches = _take_batches(feeds, max(cfg.batches, 1))
     labels = _labels_for(feeds, batches, budget)
@@ -309,45 +352,7 @@ def search_plan(
                 "loosen the budget (agreement metrics such as cosine/top1 compare with the FP32 model)",
             )
         )
-    groups = build_groups(info, nodes, decisions)
-    forced = {
-        n.name: n.precision
-        for n in nodes
-        if n.precision.is_low and not any(n.name in g.members for g in groups)
-    }
-    with Progress(transient=True, disable=not cfg.progress) as bar:
-        task = bar.add_task("sensitivity", total=len(groups))
-        for g in groups:
-            if emu is not None:
-                g.error, evals = _local_error(model, info, g, refs, cfg.precision)
-                ver.evaluations += evals
-            bar.advance(task)
-        order = sorted(
-            (g for g in groups if math.isfinite(g.error)), key=lambda g: -g.flops / max(g.error, ERROR_FLOOR)
-        )
-        accepted, final = _bisect(order, forced, ver, bar, cfg)
-    metrics = final
-    chosen = {a for g in accepted for a in g.members}
-    out_nodes = _finalize(nodes, groups, chosen)
-    cost = {
-        "node_evaluations": int(ver.evaluations),
-        "verifications": int(ver.verifications),
-        "groups": len(groups),
-        "groups_low": len(accepted),
-        "batches": len(batches),
-        "wall_s": round(time.perf_counter() - start, 3),
-        "numerics": cfg.numerics,
-        "model_nodes": len(info.nodes),
-    }
-    logger.info(
-        "search: %d/%d groups low, %d verifications, %d node evaluations, %.1fs",
-        len(accepted),
-        len(groups),
-        ver.verifications,
-        ver.evaluations,
-        cost["wall_s"],
-    )
-    return SearchOutcome(out_nodes, {k: _clean(v) for k, v in metrics.items()}, cost)
+    return ver
 
 
 def _bisect(
