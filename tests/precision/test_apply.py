@@ -307,10 +307,19 @@ def test_custom_domain_kept_and_reported(tmp_path, keep_io):
 def test_external_data_model_converted_streaming(tmp_path):
     src = tmp_path / "ext" / "m.onnx"
     src.parent.mkdir()
-    onnx.save_model(mlp(), str(src), save_as_external_data=True, all_tensors_to_one_file=True,
-                    location="m.onnx.data", size_threshold=0)
-    res = convert_precision(ConvertConfig(model=src, output=tmp_path / "out" / "m.fp16.onnx", calibration="none",
-                                          keep_ops=("Add",)))
+    onnx.save_model(
+        mlp(),
+        str(src),
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location="m.onnx.data",
+        size_threshold=0,
+    )
+    res = convert_precision(
+        ConvertConfig(
+            model=src, output=tmp_path / "out" / "m.fp16.onnx", calibration="none", keep_ops=("Add",)
+        )
+    )
     out = onnx.load(str(res.output))
     inits = {t.name: t.data_type for t in out.graph.initializer}
     assert inits["w1"] == FP16 and inits["b1"] == TensorProto.FLOAT
@@ -320,12 +329,16 @@ def test_external_data_model_converted_streaming(tmp_path):
 
 
 def test_custom_op_in_the_middle_keeps_unknown_types_fp32(tmp_path):
-    nodes = [helper.make_node("MatMul", ["x", "w"], ["a"], name="mm"),
-             helper.make_node("Mystery", ["a"], ["m"], name="custom", domain="acme"),
-             helper.make_node("Add", ["m", "a"], ["s"], name="add"),
-             helper.make_node("MatMul", ["s", "w"], ["y"], name="mm2")]
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["a"], name="mm"),
+        helper.make_node("Mystery", ["a"], ["m"], name="custom", domain="acme"),
+        helper.make_node("Add", ["m", "a"], ["s"], name="add"),
+        helper.make_node("MatMul", ["s", "w"], ["y"], name="mm2"),
+    ]
     graph = helper.make_graph(nodes, "g", [fvi("x", [2, 4])], [fvi("y", [2, 4])], [init("w", rng_w(4, 4))])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("acme", 1)])
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("acme", 1)]
+    )
     model.ir_version = 8
     out, res = _convert(tmp_path, model)
     prec = res.plan.precisions()
@@ -339,17 +352,28 @@ def test_custom_op_in_the_middle_keeps_unknown_types_fp32(tmp_path):
 
 def test_scan_body_converted_state_stays_fp32(tmp_path):
     body = helper.make_graph(
-        [helper.make_node("MatMul", ["x_t", "w"], ["p"], name="mm"),
-         helper.make_node("Add", ["h_in", "p"], ["h_out"], name="acc"),
-         helper.make_node("Identity", ["h_out"], ["y_t"], name="emit")],
-        "body", [fvi("h_in", [1, 4]), fvi("x_t", [1, 4])], [fvi("h_out", [1, 4]), fvi("y_t", [1, 4])])
+        [
+            helper.make_node("MatMul", ["x_t", "w"], ["p"], name="mm"),
+            helper.make_node("Add", ["h_in", "p"], ["h_out"], name="acc"),
+            helper.make_node("Identity", ["h_out"], ["y_t"], name="emit"),
+        ],
+        "body",
+        [fvi("h_in", [1, 4]), fvi("x_t", [1, 4])],
+        [fvi("h_out", [1, 4]), fvi("y_t", [1, 4])],
+    )
     nodes = [helper.make_node("Scan", ["h0", "xs"], ["h", "ys"], name="scan", body=body, num_scan_inputs=1)]
-    model = make(nodes, [fvi("h0", [1, 4]), fvi("xs", [3, 1, 4])], [fvi("h", [1, 4]), fvi("ys", [3, 1, 4])],
-                 [init("w", rng_w(4, 4))])
+    model = make(
+        nodes,
+        [fvi("h0", [1, 4]), fvi("xs", [3, 1, 4])],
+        [fvi("h", [1, 4]), fvi("ys", [3, 1, 4])],
+        [init("w", rng_w(4, 4))],
+    )
     out, res = _convert(tmp_path, model)
     assert res.plan.precisions()["scan/body/mm"] is Precision.FP16
-    feeds = {"h0": np.zeros((1, 4), np.float32),
-             "xs": np.random.default_rng(0).standard_normal((3, 1, 4)).astype(np.float32)}
+    feeds = {
+        "h0": np.zeros((1, 4), np.float32),
+        "xs": np.random.default_rng(0).standard_normal((3, 1, 4)).astype(np.float32),
+    }
     for got, want in zip(run_ort(out, feeds), run_ort(model, feeds), strict=True):
         np.testing.assert_allclose(got, want, atol=1e-2)
 
@@ -358,8 +382,10 @@ def test_gate_names_the_node_of_an_invalid_rewrite():
     from mpinfer.errors import InternalError
     from mpinfer.precision.validate import gate
 
-    nodes = [helper.make_node("Cast", ["x"], ["h"], name="half", to=FP16),
-             helper.make_node("Add", ["h", "x"], ["y"], name="bad_add")]
+    nodes = [
+        helper.make_node("Cast", ["x"], ["h"], name="half", to=FP16),
+        helper.make_node("Add", ["h", "x"], ["y"], name="bad_add"),
+    ]
     graph = helper.make_graph(nodes, "g", [fvi("x", [2])], [fvi("y", [2])])
     broken = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     broken.ir_version = 8

@@ -90,8 +90,9 @@ def test_plan_with_impossible_precision_refused(converted, tmp_path):
 
 def test_bf16_plan_reapplied_with_its_own_precision(tmp_path):
     src = save(mlp(), tmp_path / "m.onnx")
-    first = convert_precision(ConvertConfig(model=src, output=tmp_path / "a.onnx", calibration="none",
-                                            precision=Precision.BF16))
+    first = convert_precision(
+        ConvertConfig(model=src, output=tmp_path / "a.onnx", calibration="none", precision=Precision.BF16)
+    )
     again = convert_precision(ConvertConfig(model=src, output=tmp_path / "b.onnx", plan=first.plan_path))
     assert again.plan.precision is Precision.BF16
     assert first.output.read_bytes() == again.output.read_bytes()

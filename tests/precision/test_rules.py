@@ -128,14 +128,25 @@ def test_dynamo_name_scopes_matched():
 
 
 def test_follow_region_between_fp32_and_fp16_runs_low_at_same_cast_count():
-    nodes = [helper.make_node("MatMul", ["x", "w0"], ["a"], name="mm0"),
-             helper.make_node("LayerNormalization", ["a", "g", "b"], ["n"], name="ln", axis=-1),
-             helper.make_node("Mul", ["n", "half"], ["m"], name="scale"),
-             helper.make_node("Relu", ["m"], ["r"], name="relu"),
-             helper.make_node("MatMul", ["r", "w1"], ["y"], name="mm1")]
-    model = make(nodes, [fvi("x", [2, 8])], [fvi("y", [2, 8])],
-                 [init("w0", rng_w(8, 8)), init("g", np.ones(8, np.float32)), init("b", np.zeros(8, np.float32)),
-                  init("half", np.float32(0.5)), init("w1", rng_w(8, 8, seed=1))])
+    nodes = [
+        helper.make_node("MatMul", ["x", "w0"], ["a"], name="mm0"),
+        helper.make_node("LayerNormalization", ["a", "g", "b"], ["n"], name="ln", axis=-1),
+        helper.make_node("Mul", ["n", "half"], ["m"], name="scale"),
+        helper.make_node("Relu", ["m"], ["r"], name="relu"),
+        helper.make_node("MatMul", ["r", "w1"], ["y"], name="mm1"),
+    ]
+    model = make(
+        nodes,
+        [fvi("x", [2, 8])],
+        [fvi("y", [2, 8])],
+        [
+            init("w0", rng_w(8, 8)),
+            init("g", np.ones(8, np.float32)),
+            init("b", np.zeros(8, np.float32)),
+            init("half", np.float32(0.5)),
+            init("w1", rng_w(8, 8, seed=1)),
+        ],
+    )
     p = _plan(model)
     assert p["ln"] == (Precision.FP32, "rule:keep-fp32")
     assert p["scale"] == (Precision.FP16, "rule:follow") and p["relu"] == (Precision.FP16, "rule:follow")
@@ -143,8 +154,12 @@ def test_follow_region_between_fp32_and_fp16_runs_low_at_same_cast_count():
 
 def test_big_weights_checked_and_model_untouched_by_inference():
     big = np.full((600, 600), 1e6, np.float32)  # > 1 MB: detached while types are inferred
-    model = make([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], [fvi("x", [2, 600])],
-                 [fvi("y", [2, 600])], [init("w", big)])
+    model = make(
+        [helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")],
+        [fvi("x", [2, 600])],
+        [fvi("y", [2, 600])],
+        [init("w", big)],
+    )
     before = model.SerializeToString()
     assert _plan(model)["mm"] == (Precision.FP32, "weights:out-of-range")
     assert model.SerializeToString() == before
