@@ -184,3 +184,70 @@ if __name__ == "__main__":  # pragma: no cover - manual run: python -m tests.pre
         for o in c.outcomes:
             if o.status in ("crash", "invalid") or (o.status == "converted-mismatch" and "-v" in sys.argv):
                 print("  ", o.status, o.name, o.detail[:200])
+
+
+def zoo_paths() -> list[str]:
+    """Whole models shipped with onnx's backend test data: light (real architectures with light weights),
+    pytorch-converted, pytorch-operator and simple."""
+    import glob
+    import os
+
+    import onnx.backend.test
+
+    root = os.path.join(os.path.dirname(onnx.backend.test.__file__), "data")
+    out = sorted(glob.glob(os.path.join(root, "light", "*.onnx")))
+    for kind in ("pytorch-converted", "pytorch-operator", "simple"):
+        out += sorted(glob.glob(os.path.join(root, kind, "*", "model.onnx")))
+    return out
+
+
+def _random_feeds(sess: Any) -> dict[str, Any]:
+    kinds = {
+        "tensor(float)": np.float32,
+        "tensor(double)": np.float64,
+        "tensor(int64)": np.int64,
+        "tensor(int32)": np.int32,
+        "tensor(bool)": np.bool_,
+    }
+    feeds = {}
+    rng = np.random.default_rng(0)
+    for i in sess.get_inputs():
+        shape = [d if isinstance(d, int) and d > 0 else 1 for d in i.shape]
+        dt = kinds.get(i.type, np.float32)
+        feeds[i.name] = (
+            rng.standard_normal(shape).astype(dt) if dt in (np.float32, np.float64) else np.zeros(shape, dt)
+        )
+    return feeds
+
+
+def check_zoo_model(path: str) -> Outcome:
+    """Convert one whole model (rules only); outputs on random inputs within FP16 tolerance of ORT FP32."""
+    import onnx
+    import onnxruntime as ort
+
+    from mpinfer.errors import InternalError
+    from mpinfer.precision.convert import convert_model
+
+    ort.set_default_logger_severity(4)
+    model = onnx.load(path)
+    try:
+        conv = convert_model(model)
+    except InternalError as err:
+        return Outcome(path, "invalid", detail=str(err)[:300])
+    except Exception as err:  # noqa: BLE001 - a crash is what this counts
+        return Outcome(path, "crash", detail=f"{type(err).__name__}: {err}"[:300])
+    low = sum(n.precision.is_low for n in conv.nodes)
+    try:
+        sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        feeds = _random_feeds(sess)
+        with np.errstate(all="ignore"):
+            ref = sess.run(None, feeds)
+    except Exception:  # noqa: BLE001 - string ops without a locale, shapes random data cannot satisfy
+        return Outcome(path, "ort-cannot-run-original", low)
+    try:
+        with np.errstate(all="ignore"):
+            got = _run_converted(conv.model, feeds)
+    except Exception as err:  # noqa: BLE001
+        return Outcome(path, "invalid", low, f"converted model does not run: {err}"[:300])
+    ok = all(_close(g, r) for g, r in zip(got, ref, strict=False))
+    return Outcome(path, ("converted-match" if low else "kept-fp32") if ok else "converted-mismatch", low)

@@ -54,3 +54,21 @@ def test_conformance_forced_low_all(cases):
     counts = run_conformance(cases, force_low=True)
     _, bad = _report("forced-low (all)", counts)
     assert not bad, [(o.name, o.status, o.detail) for o in bad[:5]]
+
+
+def test_whole_models_from_onnx_backend_data():
+    from tests.precision.conformance import check_zoo_model, zoo_paths
+
+    paths = zoo_paths()
+    outcomes = [check_zoo_model(p) for p in paths]
+    counts = {}
+    for o in outcomes:
+        counts[o.status] = counts.get(o.status, 0) + 1
+    print(f"\nwhole models (light/pytorch-converted/pytorch-operator/simple): {len(paths)}: {counts}")
+    bad = [
+        (o.name, o.status, o.detail)
+        for o in outcomes
+        if o.status in ("crash", "invalid", "converted-mismatch")
+    ]
+    assert not bad, bad[:5]
+    assert len(paths) > 100 and counts.get("converted-match", 0) >= 30
