@@ -149,7 +149,14 @@ def convert_precision(cfg: ConvertConfig) -> ConvertResult:
         expected, search_cost = plan.summary.get("expected_error", {}), plan.summary.get("search")
     else:
         plan, expected, search_cost = _make_plan(cfg, info.model, info, sha)
-    result = apply_plan(info.model, info, plan.precisions(), cfg.precision, keep_io_types=plan.keep_io_types)
+    if large:
+        result = apply_plan(
+            info.model, info, plan.precisions(), cfg.precision, keep_io_types=plan.keep_io_types
+        )
+    else:
+        result, plan.nodes = apply_validated(
+            info, plan.nodes, cfg.precision, keep_io_types=plan.keep_io_types
+        )
     plan.summary = summarize(
         info,
         plan.nodes,
@@ -196,7 +203,6 @@ def _load(cfg: ConvertConfig) -> tuple[Any, str, bool]:
 def _write_model(model: Any, out: Path, info: Any, *, source: Path, large: bool) -> None:
     """Gate and write the converted model (large models: weights streamed to external data)."""
     from mpinfer.modelio import save_onnx
-    from mpinfer.precision.validate import gate
 
     if large:
         from onnx.external_data_helper import load_external_data_for_model
@@ -204,8 +210,7 @@ def _write_model(model: Any, out: Path, info: Any, *, source: Path, large: bool)
         load_external_data_for_model(model, info.base_dir)  # the FP32 weights that stayed FP32
         _save_gated(model, out, source)
     else:
-        gate(model, baseline_model=info.model, stage="apply")
-        save_onnx(model, out)
+        save_onnx(model, out)  # already through the validity gate (apply_validated)
 
 
 def _uses_external_data(model: Any) -> bool:
@@ -411,25 +416,71 @@ def convert_model(
         InternalError: The rewritten model fails the validity gate.
     """
     from mpinfer.modelio import name_nodes
-    from mpinfer.precision.apply import apply_plan
     from mpinfer.precision.graphinfo import GraphInfo
     from mpinfer.precision.normalize import ensure_opset
     from mpinfer.precision.planner import RuleOptions, rule_plan, summarize
-    from mpinfer.precision.validate import gate
 
     named = ensure_opset(name_nodes(model), precision)
     info = GraphInfo(named)
     options = RuleOptions(keep_ops, low_ops, keep_nodes, low_nodes)
     _, nodes = rule_plan(info, precision, options, keep_io_types=keep_io_types, stats=stats)
-    result = apply_plan(
-        named, info, {n.name: n.precision for n in nodes}, precision, keep_io_types=keep_io_types
-    )
-    gate(result.model, baseline_model=named, stage="apply")
+    result, nodes = apply_validated(info, nodes, precision, keep_io_types=keep_io_types)
     summary = summarize(info, nodes, cast_count=result.cast_count, converted_weights=result.converted_weights)
     return ModelConversion(result.model, nodes, summary)
 
 
+# Rounds of "ONNX Runtime refuses these low nodes: keep them FP32 and re-apply" before giving up.
+MAX_RUNTIME_REPAIRS = 4
+
+
+def apply_validated(
+    info: Any, nodes: list[NodeDecision], precision: Precision, *, keep_io_types: bool = True
+) -> tuple[Any, list[NodeDecision]]:
+    """Apply the plan and pass the validity gate; nodes ONNX Runtime refuses in low precision go FP32.
+
+    Only a failure of the ONNX Runtime load alone (the ONNX checker and strict type inference pass, so the
+    model is valid ONNX) is repaired: ONNX Runtime's kernels or function bodies lack the dtype (BF16
+    mostly). The nodes it points at are kept FP32 with the reason recorded, and the plan is applied again.
+
+    Returns:
+        The ApplyResult and the (possibly updated) plan entries.
+
+    Raises:
+        InternalError: Any other validity failure, or one that repairs do not fix.
+    """
+    from mpinfer.precision.apply import apply_plan
+    from mpinfer.precision.validate import raise_invalid, runtime_suspects, validity_failures
+
+    for _ in range(MAX_RUNTIME_REPAIRS + 1):
+        precisions = {n.name: n.precision for n in nodes}
+        result = apply_plan(info.model, info, precisions, precision, keep_io_types=keep_io_types)
+        failures = validity_failures(result.model, baseline_model=info.model)
+        if not failures:
+            return result, nodes
+        runtime_only = all(f.check == "onnxruntime" for f in failures)
+        low = {n.name for n in nodes if n.precision.is_low}
+        suspects = runtime_suspects(failures[0], info, low) if runtime_only else set()
+        if not suspects:
+            break
+        logger.warning(
+            "ONNX Runtime refuses %d node(s) in %s; keeping them FP32: %s",
+            len(suspects),
+            precision.value,
+            ", ".join(sorted(suspects)[:5]),
+        )
+        detail = f"ONNX Runtime refuses it in {precision.value}: " + failures[0].message.strip()[:160]
+        nodes = [
+            NodeDecision(n.name, n.op_type, Precision.FP32, "rule:keep-fp32", detail, n.stats)
+            if n.name in suspects
+            else n
+            for n in nodes
+        ]
+    raise_invalid(failures, "apply")
+    raise AssertionError("unreachable: raise_invalid raises for a non-empty list")
+
+
 __all__ = [
+    "apply_validated",
     "ConvertConfig",
     "ConvertResult",
     "ModelConversion",

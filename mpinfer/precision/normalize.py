@@ -111,6 +111,16 @@ def ensure_opset(model: Any, precision: Precision) -> Any:
         InvalidInputError: The converter cannot upgrade the model.
     """
     opset = next((imp.version for imp in model.opset_import if imp.domain in ("", "ai.onnx")), 0)
+    if not opset:
+        # No ai.onnx op in the model (only ai.onnx.ml / training ops): import the default domain so that
+        # the Casts the rewrite may insert are defined.
+        import onnx
+        from onnx import helper
+
+        out = onnx.ModelProto()
+        out.CopyFrom(model)
+        out.opset_import.append(helper.make_opsetid("", BF16_MIN_OPSET))
+        return out
     if precision is not Precision.BF16 or opset >= BF16_MIN_OPSET:
         return model
     from onnx import version_converter

@@ -114,15 +114,10 @@ def _ort_load(model: Any, path: Path | None) -> None:
     ort.InferenceSession(src, so, providers=["CPUExecutionProvider"])
 
 
-def gate(
-    model: Any,
-    *,
-    baseline_model: Any = None,
-    baseline_path: Path | None = None,
-    stage: str = "rewrite",
-    path: Path | None = None,
-) -> None:
-    """Raise InternalError if ``model`` fails a check that the input model passes.
+def validity_failures(
+    model: Any, *, baseline_model: Any = None, baseline_path: Path | None = None, path: Path | None = None
+) -> list[GateFailure]:
+    """The checks ``model`` fails that the input model passes.
 
     The input is checked lazily: only for the checks the output fails (e.g. ONNX Runtime cannot load the
     input either because it lacks a kernel), so a valid output costs one round of checks.
@@ -131,11 +126,7 @@ def gate(
         model: The rewritten model (or None with ``path``).
         baseline_model: The input model in memory, or
         baseline_path: the input model's file (for models over 2 GB).
-        stage: What produced the model, for the message.
         path: Check this saved file instead of ``model``.
-
-    Raises:
-        InternalError: Naming the check, the node and the message.
     """
     failures = run_checks_path(path) if path is not None else run_checks(model)
     if failures and (baseline_model is not None or baseline_path is not None):
@@ -152,6 +143,11 @@ def gate(
                 ", ".join(sorted(already)),
             )
         failures = [f for f in failures if f.check not in already]
+    return failures
+
+
+def raise_invalid(failures: list[GateFailure], stage: str) -> None:
+    """Raise InternalError for the first failure (no-op when there is none)."""
     if failures:
         f = failures[0]
         where = f"node '{f.node}'" if f.node else "the model"
@@ -160,3 +156,57 @@ def gate(
             f"{f.message.strip()[:2000]}. This is a bug in mpinfer; the output was not written. "
             "Work around it with --keep-node for that node and report it."
         )
+
+
+def gate(
+    model: Any,
+    *,
+    baseline_model: Any = None,
+    baseline_path: Path | None = None,
+    stage: str = "rewrite",
+    path: Path | None = None,
+) -> None:
+    """Raise InternalError if ``model`` fails a check that the input model passes.
+
+    Args:
+        model: The rewritten model (or None with ``path``).
+        baseline_model: The input model in memory, or
+        baseline_path: the input model's file (for models over 2 GB).
+        stage: What produced the model, for the message.
+        path: Check this saved file instead of ``model``.
+
+    Raises:
+        InternalError: Naming the check, the node and the message.
+    """
+    raise_invalid(
+        validity_failures(model, baseline_model=baseline_model, baseline_path=baseline_path, path=path), stage
+    )
+
+
+def runtime_suspects(failure: GateFailure, info: Any, low: set[str]) -> set[str]:
+    """Low nodes an ONNX-valid model's ONNX Runtime refusal points at (its kernels lack the dtype).
+
+    Names in the message are matched as node addresses, tensors (their low producer and readers) and op
+    types (``(Where)``, ``_inlfunc_SoftmaxCrossEntropyLoss_...``); when none matches, low nodes of function
+    ops (which ONNX Runtime inlines when it has no kernel) are the suspects.
+    """
+    tokens = set(re.findall(r"\(([^()\s]+)\)", failure.message)) | set(
+        re.findall(r"_inlfunc_([A-Za-z]+)_", failure.message)
+    )
+    hits: set[str] = set()
+    for tok in tokens:
+        base = tok.split("__cast_to_")[0]
+        if base in low:
+            hits.add(base)
+        hits.update(a for a, _ in info.consumers.get(base, []) if a in low)
+        if info.producer.get(base) in low:
+            hits.add(info.producer[base])
+        hits.update(a for a in low if info.by_address[a].node.op_type == tok)
+    if hits:
+        return hits
+    out = set()
+    for a in low:
+        schema = info.schema(info.by_address[a].node)
+        if schema is not None and (schema.has_function or schema.has_context_dependent_function):
+            out.add(a)
+    return out

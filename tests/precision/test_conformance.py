@@ -72,3 +72,23 @@ def test_whole_models_from_onnx_backend_data():
     ]
     assert not bad, bad[:5]
     assert len(paths) > 100 and counts.get("converted-match", 0) >= 30
+
+
+def test_conformance_bf16_valid_subset(cases):
+    """BF16 (default plan and every op forced low) on a fifth of the cases: valid everywhere."""
+    from mpinfer.errors import InternalError
+    from mpinfer.precision.convert import convert_model
+    from mpinfer.specs import Precision
+
+    bad = []
+    for case in cases[::5]:
+        ops = tuple(sorted({n.op_type for n in case.model.graph.node if n.domain in ("", "ai.onnx")}))
+        for low_ops in ((), ops):
+            try:
+                convert_model(case.model, Precision.BF16, low_ops=low_ops)
+            except (InternalError, Exception) as err:  # noqa: BLE001 - crashes and invalid models both count
+                bad.append((case.name, bool(low_ops), f"{type(err).__name__}: {err}"[:200]))
+    print(
+        f"\nconformance bf16 (1/5, default + forced): {2 * len(cases[::5])} conversions, {len(bad)} failures"
+    )
+    assert not bad, bad[:5]
