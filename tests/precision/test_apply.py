@@ -391,3 +391,22 @@ def test_gate_names_the_node_of_an_invalid_rewrite():
     broken.ir_version = 8
     with pytest.raises(InternalError, match="bad_add"):
         gate(broken, stage="test")
+
+
+def test_node_onnxruntime_refuses_in_bf16_kept_fp32_with_reason():
+    import warnings
+
+    from onnx.backend.test.case.node import collect_testcases
+
+    from mpinfer.precision.convert import convert_model
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        case = next(
+            c for c in collect_testcases("Attention") if c.name == "test_attention_4d_attn_mask_3d_causal"
+        )
+    res = convert_model(case.model, Precision.BF16)
+    attn = next(n for n in res.nodes if n.op_type == "Attention")
+    assert attn.precision is Precision.FP32 and attn.reason == "rule:keep-fp32"
+    assert "ONNX Runtime refuses it in bf16" in attn.detail
+    assert not run_checks(res.model)
