@@ -394,17 +394,11 @@ def test_gate_names_the_node_of_an_invalid_rewrite():
 
 
 def test_node_onnxruntime_refuses_in_bf16_kept_fp32_with_reason():
-    import warnings
-
-    from onnx.backend.test.case.node import collect_testcases
-
     from mpinfer.precision.convert import convert_model
+    from tests.precision.conformance import float_cases
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        case = next(
-            c for c in collect_testcases("Attention") if c.name == "test_attention_4d_attn_mask_3d_causal"
-        )
+    # collect_testcases caches its first answer process-wide: always ask for all cases (op_type None).
+    case = next(c for c in float_cases() if c.name == "test_attention_4d_attn_mask_3d_causal")
     res = convert_model(case.model, Precision.BF16)
     attn = next(n for n in res.nodes if n.op_type == "Attention")
     assert attn.precision is Precision.FP32 and attn.reason == "rule:keep-fp32"
