@@ -291,7 +291,9 @@ def _make_plan(
     options = RuleOptions(cfg.keep_ops, cfg.low_ops, cfg.keep_nodes, cfg.low_nodes, overflow)
     stats, feeds, calib_info = _calibrate(cfg, model)
     decisions, nodes = rule_plan(info, cfg.precision, options, keep_io_types=cfg.keep_io_types, stats=stats)
-    foreign = sorted({f"{n.op_type} ({n.reason})" for n in nodes if n.reason in ("unknown-op", "custom-domain")})
+    foreign = sorted(
+        {f"{n.op_type} ({n.reason})" for n in nodes if n.reason in ("unknown-op", "custom-domain")}
+    )
     if foreign:
         logger.warning("Kept FP32 (mpinfer cannot know what they compute): %s", ", ".join(foreign))
     expected: dict[str, Any] = {}
