@@ -9,42 +9,95 @@ import click
 
 @click.command("convert")
 @click.argument("model", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), required=True,
-              help="Converted model; the plan is written next to it as <name>.plan.json.")
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False, path_type=Path),
+    required=True,
+    help="Converted model; the plan is written next to it as <name>.plan.json.",
+)
 @click.option("--precision", type=click.Choice(["fp16", "bf16"]), default="fp16", show_default=True)
-@click.option("--calibration", help="Data for the reference run: .npz, folder, random[:N], or none (rules only). "
-              "Default: seeded random data from the input specs.")
+@click.option(
+    "--calibration",
+    help="Data for the reference run: .npz, folder, random[:N], or none (rules only). "
+    "Default: seeded random data from the input specs.",
+)
 @click.option("--budget", help='Accuracy budget, e.g. "cosine>=0.9999,top1>=0.999,max_abs<=1e-2".')
-@click.option("--plan", "plan", type=click.Path(dir_okay=False, path_type=Path),
-              help="Re-apply an (edited) plan instead of planning.")
+@click.option(
+    "--plan",
+    "plan",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Re-apply an (edited) plan instead of planning.",
+)
 @click.option("--keep-op", "keep_ops", multiple=True, help="Op type kept FP32 (repeatable).")
 @click.option("--keep-node", "keep_nodes", multiple=True, help="Node-address regex kept FP32 (repeatable).")
 @click.option("--low-op", "low_ops", multiple=True, help="Op type forced to low precision (repeatable).")
 @click.option("--low-node", "low_nodes", multiple=True, help="Node-address regex forced low (repeatable).")
-@click.option("--keep-fp32-from", type=click.Path(dir_okay=False, path_type=Path),
-              help="overflow.json from `mpinfer train`: its modules stay FP32.")
-@click.option("--numerics", type=click.Choice(["strict", "ort"]), default="strict", show_default=True,
-              help="Numerics that verify search candidates: strict FP16/BF16 emulation or ONNX Runtime.")
-@click.option("--keep-io-types/--no-keep-io-types", default=True, show_default=True,
-              help="Keep graph inputs and outputs FP32.")
+@click.option(
+    "--keep-fp32-from",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="overflow.json from `mpinfer train`: its modules stay FP32.",
+)
+@click.option(
+    "--numerics",
+    type=click.Choice(["strict", "ort"]),
+    default="strict",
+    show_default=True,
+    help="Numerics that verify search candidates: strict FP16/BF16 emulation or ONNX Runtime.",
+)
+@click.option(
+    "--keep-io-types/--no-keep-io-types",
+    default=True,
+    show_default=True,
+    help="Keep graph inputs and outputs FP32.",
+)
 @click.option("--force", is_flag=True, help="Overwrite the output; re-plan an already-FP16 model.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed for random calibration data.")
 @click.option("--max-batches", type=click.IntRange(min=1), help="Cap on calibration batches.")
 @click.pass_context
-def convert(ctx: click.Context, model: Path, output: Path, precision: str, calibration: str | None,
-            budget: str | None, plan: Path | None, keep_ops: tuple[str, ...], keep_nodes: tuple[str, ...],
-            low_ops: tuple[str, ...], low_nodes: tuple[str, ...], keep_fp32_from: Path | None, numerics: str,
-            keep_io_types: bool, force: bool, seed: int, max_batches: int | None) -> None:
+def convert(
+    ctx: click.Context,
+    model: Path,
+    output: Path,
+    precision: str,
+    calibration: str | None,
+    budget: str | None,
+    plan: Path | None,
+    keep_ops: tuple[str, ...],
+    keep_nodes: tuple[str, ...],
+    low_ops: tuple[str, ...],
+    low_nodes: tuple[str, ...],
+    keep_fp32_from: Path | None,
+    numerics: str,
+    keep_io_types: bool,
+    force: bool,
+    seed: int,
+    max_batches: int | None,
+) -> None:
     """Convert an FP32 ONNX model to mixed FP16/BF16, keeping FP32 exactly where it is needed."""
     from mpinfer.precision import ConvertConfig, convert_precision
     from mpinfer.specs import Precision
 
     quiet = bool((ctx.obj or {}).get("quiet"))
-    cfg = ConvertConfig(model=model, output=output, precision=Precision.parse(precision), calibration=calibration,
-                        budget=budget, plan=plan, keep_ops=keep_ops, keep_nodes=keep_nodes, low_ops=low_ops,
-                        low_nodes=low_nodes, keep_fp32_from=keep_fp32_from, numerics=numerics,
-                        keep_io_types=keep_io_types, force=force, seed=seed, max_batches=max_batches,
-                        progress=not quiet)
+    cfg = ConvertConfig(
+        model=model,
+        output=output,
+        precision=Precision.parse(precision),
+        calibration=calibration,
+        budget=budget,
+        plan=plan,
+        keep_ops=keep_ops,
+        keep_nodes=keep_nodes,
+        low_ops=low_ops,
+        low_nodes=low_nodes,
+        keep_fp32_from=keep_fp32_from,
+        numerics=numerics,
+        keep_io_types=keep_io_types,
+        force=force,
+        seed=seed,
+        max_batches=max_batches,
+        progress=not quiet,
+    )
     result = convert_precision(cfg)
     if not quiet:
         _print_summary(result)
@@ -64,12 +117,18 @@ def _print_summary(result: object) -> None:
     kept = {k: v for k, v in s.get("reasons", {}).items()}
     table.add_row("reasons", ", ".join(f"{k}: {v}" for k, v in kept.items()))
     if s.get("expected_error"):
-        table.add_row("expected error", ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
-                                                  for k, v in s["expected_error"].items()))
+        table.add_row(
+            "expected error",
+            ", ".join(
+                f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in s["expected_error"].items()
+            ),
+        )
     if s.get("search"):
         c = s["search"]
-        table.add_row("search cost", f"{c['node_evaluations']} node evaluations, {c['verifications']} "
-                                     f"verifications, {c['wall_s']}s")
+        table.add_row(
+            "search cost",
+            f"{c['node_evaluations']} node evaluations, {c['verifications']} verifications, {c['wall_s']}s",
+        )
     console = Console()
     console.print(table)
     console.print(f"wrote {result.output} and {result.plan_path}")  # type: ignore[attr-defined]

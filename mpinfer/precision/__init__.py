@@ -14,6 +14,8 @@ _LAZY = {
     "convert_precision": "mpinfer.precision.convert",
     "ConvertConfig": "mpinfer.precision.convert",
     "ConvertResult": "mpinfer.precision.convert",
+    "convert_model": "mpinfer.precision.convert",
+    "ModelConversion": "mpinfer.precision.convert",
     "PrecisionPlan": "mpinfer.precision.plan",
     "NodeDecision": "mpinfer.precision.plan",
 }

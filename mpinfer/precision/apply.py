@@ -1,5 +1,6 @@
-"""Rewrite a graph from a plan: each node computes in its planned precision, with Casts only where a
-tensor's dtype and its consumer's disagree.
+"""Rewrite a graph from a plan: each node computes in its planned precision.
+
+Casts go only where a tensor's dtype and its consumer's disagree.
 
 * Casts are shared per (tensor, dtype) and named ``<tensor>__cast_to_fp16`` (node and output); a cast
   that narrows a tensor which is itself a widening cast of a low tensor reuses the low tensor instead
@@ -29,8 +30,14 @@ logger = logging.getLogger(__name__)
 
 CAST_TAG = {FLOAT: "fp32", FLOAT16: "fp16", 16: "bf16"}
 # Ops whose output dtype is set by a ``dtype`` attribute (absent = FLOAT for the first two).
-DTYPE_ATTR_OPS = {"RandomNormal": True, "RandomUniform": True, "RandomNormalLike": False,
-                  "RandomUniformLike": False, "EyeLike": False, "Bernoulli": False}
+DTYPE_ATTR_OPS = {
+    "RandomNormal": True,
+    "RandomUniform": True,
+    "RandomNormalLike": False,
+    "RandomUniformLike": False,
+    "EyeLike": False,
+    "Bernoulli": False,
+}
 
 
 def low_array(arr: np.ndarray, low: Precision) -> np.ndarray:
@@ -38,11 +45,11 @@ def low_array(arr: np.ndarray, low: Precision) -> np.ndarray:
     return arr.astype(low.numpy_dtype)
 
 
-def to_low_tensor(tensor: Any, low: Precision) -> Any:
-    """A TensorProto with the same name and shape in the low dtype."""
+def to_low_tensor(tensor: Any, low: Precision, base_dir: str = "") -> Any:
+    """A TensorProto with the same name and shape in the low dtype (external data read from ``base_dir``)."""
     from onnx import numpy_helper
 
-    arr = numpy_helper.to_array(tensor)
+    arr = numpy_helper.to_array(tensor, base_dir)
     out = numpy_helper.from_array(low_array(arr, low), tensor.name)
     return out
 
@@ -57,8 +64,14 @@ class GraphRewriter:
         keep_io_types: Main-graph inputs and outputs keep their FP32 type.
     """
 
-    def __init__(self, info: GraphInfo, precisions: Mapping[str, Precision], low: Precision,
-                 *, keep_io_types: bool = True) -> None:
+    def __init__(
+        self,
+        info: GraphInfo,
+        precisions: Mapping[str, Precision],
+        low: Precision,
+        *,
+        keep_io_types: bool = True,
+    ) -> None:
         self.info = info
         self.precisions = precisions
         self.low = low
@@ -88,8 +101,9 @@ class GraphRewriter:
         return m
 
     # -- graphs ---------------------------------------------------------------------------------------
-    def _rewrite_graph(self, graph: Any, prefix: str, caches: list[dict[tuple[str, int], str]],
-                       *, main: bool) -> None:
+    def _rewrite_graph(
+        self, graph: Any, prefix: str, caches: list[dict[tuple[str, int], str]], *, main: bool
+    ) -> None:
         import onnx
 
         cache: dict[tuple[str, int], str] = {}
@@ -151,11 +165,11 @@ class GraphRewriter:
                 continue
             wants = self._wanted(init.name)
             if wants == {self.low_type}:
-                init.CopyFrom(to_low_tensor(init, self.low))
+                init.CopyFrom(to_low_tensor(init, self.low, self.info.base_dir))
                 self.types[init.name] = self.low_type
             elif self.low_type in wants:
                 copy_name = self._unique(f"{init.name}__{CAST_TAG[self.low_type]}")
-                t = to_low_tensor(init, self.low)
+                t = to_low_tensor(init, self.low, self.info.base_dir)
                 t.name = copy_name
                 extra.append(t)
                 self.copies[init.name] = copy_name
@@ -163,8 +177,14 @@ class GraphRewriter:
         graph.initializer.extend(extra)
 
     # -- casts ----------------------------------------------------------------------------------------
-    def _fetch(self, name: str, want: int | None, chain: list[dict[tuple[str, int], str]],
-               new_nodes: list[Any], producers: Mapping[str, Any]) -> str:
+    def _fetch(
+        self,
+        name: str,
+        want: int | None,
+        chain: list[dict[tuple[str, int], str]],
+        new_nodes: list[Any],
+        producers: Mapping[str, Any],
+    ) -> str:
         """The name under which ``name`` is available in dtype ``want`` (inserting a Cast if needed)."""
         have = self.types.get(name)
         floats = (FLOAT, self.low_type)
@@ -176,8 +196,14 @@ class GraphRewriter:
             if (name, want) in cache:
                 return cache[(name, want)]
         src = producers.get(name)
-        if src is not None and src.op_type == "Cast" and src.input and self.types.get(src.input[0]) == want \
-                and want == self.low_type and have == FLOAT:
+        if (
+            src is not None
+            and src.op_type == "Cast"
+            and src.input
+            and self.types.get(src.input[0]) == want
+            and want == self.low_type
+            and have == FLOAT
+        ):
             chain[-1][(name, want)] = src.input[0]  # low -> fp32 -> low is the identity: fold the pair
             return src.input[0]
         out = self._unique(f"{name}__cast_to_{CAST_TAG[want]}")
@@ -247,8 +273,11 @@ class GraphRewriter:
         elif op in ("Constant", "ConstantOfShape"):
             from mpinfer.precision.graphinfo import constant_tensor
 
-            t = constant_tensor(node) if op == "Constant" else next(
-                (a.t for a in node.attribute if a.name == "value"), None)
+            t = (
+                constant_tensor(node)
+                if op == "Constant"
+                else next((a.t for a in node.attribute if a.name == "value"), None)
+            )
             if t is None:
                 t = helper.make_tensor("value", FLOAT, [1], [0.0])
             if t.data_type != FLOAT:
@@ -287,8 +316,11 @@ def _rename_tensor(nodes: list[Any], old: str, new: str) -> None:
             if n == old:
                 node.output[i] = new
         for attr in node.attribute:
-            graphs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else (
-                list(attr.graphs) if attr.type == onnx.AttributeProto.GRAPHS else [])
+            graphs = (
+                [attr.g]
+                if attr.type == onnx.AttributeProto.GRAPH
+                else (list(attr.graphs) if attr.type == onnx.AttributeProto.GRAPHS else [])
+            )
             for g in graphs:
                 _rename_tensor(list(g.node), old, new)
                 for vi in g.output:
@@ -305,8 +337,14 @@ class ApplyResult:
     converted_weights: tuple[str, ...]
 
 
-def apply_plan(model: Any, info: GraphInfo, precisions: Mapping[str, Precision], low: Precision,
-               *, keep_io_types: bool = True) -> ApplyResult:
+def apply_plan(
+    model: Any,
+    info: GraphInfo,
+    precisions: Mapping[str, Precision],
+    low: Precision,
+    *,
+    keep_io_types: bool = True,
+) -> ApplyResult:
     """Rewrite ``model`` (not modified) so each node computes in its planned precision.
 
     Args:
@@ -321,6 +359,11 @@ def apply_plan(model: Any, info: GraphInfo, precisions: Mapping[str, Precision],
     """
     rw = GraphRewriter(info, precisions, low, keep_io_types=keep_io_types)
     out = rw.rewrite(model)
-    converted = tuple(sorted(n for n, t in info.types.items() if t == FLOAT and info.is_const(n)
-                             and (rw.types.get(n) == rw.low_type or n in rw.copies)))
+    converted = tuple(
+        sorted(
+            n
+            for n, t in info.types.items()
+            if t == FLOAT and info.is_const(n) and (rw.types.get(n) == rw.low_type or n in rw.copies)
+        )
+    )
     return ApplyResult(out, rw.cast_count, converted)

@@ -24,8 +24,14 @@ import numpy as np
 
 from mpinfer.errors import InvalidInputError, format_message
 
-HIGHER_IS_BETTER = {"cosine": True, "max_abs": False, "mean_abs": False, "rel": False, "snr": True,
-                    "accuracy": True}
+HIGHER_IS_BETTER = {
+    "cosine": True,
+    "max_abs": False,
+    "mean_abs": False,
+    "rel": False,
+    "snr": True,
+    "accuracy": True,
+}
 _TOPK = re.compile(r"^top(\d+)$")
 _TERM = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(>=|<=)\s*([-+0-9.eE]+|inf)\s*$")
 _EXAMPLE = "cosine>=0.9999,top1>=0.999,max_abs<=1e-2,rel<=1e-2,snr>=40,accuracy>=0.95"
@@ -63,8 +69,11 @@ class Budget:
 
     def failures(self, metrics: Mapping[str, float]) -> list[str]:
         """The terms ``metrics`` break, as readable strings."""
-        return [f"{t} (got {metrics.get(t.metric, float('nan')):.6g})" for t in self.terms
-                if not t.holds(metrics.get(t.metric, float("nan")))]
+        return [
+            f"{t} (got {metrics.get(t.metric, float('nan')):.6g})"
+            for t in self.terms
+            if not t.holds(metrics.get(t.metric, float("nan")))
+        ]
 
     def met(self, metrics: Mapping[str, float]) -> bool:
         """True when every term holds."""
@@ -98,32 +107,47 @@ def parse_budget(text: str) -> Budget:
     for raw in [p for p in (text or "").split(",") if p.strip()]:
         m = _TERM.match(raw)
         if not m:
-            raise InvalidInputError(format_message(f"Budget term '{raw.strip()}'", None,
-                                                   "metric>=value or metric<=value", f"e.g. {_EXAMPLE}"))
+            raise InvalidInputError(
+                format_message(
+                    f"Budget term '{raw.strip()}'", None, "metric>=value or metric<=value", f"e.g. {_EXAMPLE}"
+                )
+            )
         metric, op, value = m.group(1).lower(), m.group(2), m.group(3)
         if not _is_metric(metric):
-            raise InvalidInputError(format_message(f"Budget metric '{metric}'", None, f"one of {known}",
-                                                   f"e.g. {_EXAMPLE}"))
+            raise InvalidInputError(
+                format_message(f"Budget metric '{metric}'", None, f"one of {known}", f"e.g. {_EXAMPLE}")
+            )
         higher = HIGHER_IS_BETTER.get(metric, True)
         if (op == ">=") != higher:
             want = ">=" if higher else "<="
-            raise InvalidInputError(format_message(
-                f"Budget term '{raw.strip()}'", f"'{op}'", f"'{want}' ({metric} is {'higher' if higher else 'lower'}"
-                " is better)", f"write {metric}{want}{value}"))
+            raise InvalidInputError(
+                format_message(
+                    f"Budget term '{raw.strip()}'",
+                    f"'{op}'",
+                    f"'{want}' ({metric} is {'higher' if higher else 'lower'} is better)",
+                    f"write {metric}{want}{value}",
+                )
+            )
         try:
             threshold = float(value)
         except ValueError as err:
-            raise InvalidInputError(format_message(f"Budget term '{raw.strip()}'", f"value '{value}'",
-                                                   "a number")) from err
+            raise InvalidInputError(
+                format_message(f"Budget term '{raw.strip()}'", f"value '{value}'", "a number")
+            ) from err
         terms.append(BudgetTerm(metric, op, threshold))
     if not terms:
         raise InvalidInputError(format_message("Budget", repr(text), "at least one term", f"e.g. {_EXAMPLE}"))
     return Budget(tuple(terms), text)
 
 
-def output_metrics(reference: Sequence[Mapping[str, np.ndarray]], candidate: Sequence[Mapping[str, np.ndarray]],
-                   names: Sequence[str], *, labels: np.ndarray | None = None,
-                   topk: Sequence[int] = (1,)) -> dict[str, float]:
+def output_metrics(
+    reference: Sequence[Mapping[str, np.ndarray]],
+    candidate: Sequence[Mapping[str, np.ndarray]],
+    names: Sequence[str],
+    *,
+    labels: np.ndarray | None = None,
+    topk: Sequence[int] = (1,),
+) -> dict[str, float]:
     """Worst-output metrics of ``candidate`` against ``reference`` over batches.
 
     Args:
@@ -140,8 +164,12 @@ def output_metrics(reference: Sequence[Mapping[str, np.ndarray]], candidate: Seq
     for k in topk:
         out[f"top{k}"] = 1.0
     for name in names:
-        ref = np.concatenate([np.asarray(b[name], np.float64).reshape(ref_rows(b[name]), -1) for b in reference])
-        cand = np.concatenate([np.asarray(b[name], np.float64).reshape(ref_rows(b[name]), -1) for b in candidate])
+        ref = np.concatenate(
+            [np.asarray(b[name], np.float64).reshape(ref_rows(b[name]), -1) for b in reference]
+        )
+        cand = np.concatenate(
+            [np.asarray(b[name], np.float64).reshape(ref_rows(b[name]), -1) for b in candidate]
+        )
         _merge(out, _metrics_one(ref, cand, topk))
     if labels is not None and names:
         cand = np.concatenate([np.asarray(b[names[0]], np.float64) for b in candidate])
@@ -168,7 +196,7 @@ def _metrics_one(ref: np.ndarray, cand: np.ndarray, topk: Sequence[int]) -> dict
     num = (r * np.where(ok, cand, 0.0)).sum(axis=1)
     den = np.linalg.norm(r, axis=1) * np.linalg.norm(np.where(ok, cand, 0.0), axis=1)
     cos = np.where(den > 0, num / np.maximum(den, 1e-300), np.where(np.abs(diff).sum(axis=1) == 0, 1.0, 0.0))
-    sig, noise = float((r ** 2).sum()), float((diff ** 2).sum())
+    sig, noise = float((r**2).sum()), float((diff**2).sum())
     res = {
         "cosine": float(cos.mean()) if cos.size else 1.0,
         "max_abs": float(np.abs(diff).max()) if diff.size else 0.0,

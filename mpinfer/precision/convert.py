@@ -90,14 +90,26 @@ def _check_config(cfg: ConvertConfig) -> None:
     if cfg.numerics not in NUMERICS:
         raise InvalidInputError(format_message("--numerics", repr(cfg.numerics), "strict or ort"))
     if cfg.precision is Precision.BF16 and cfg.numerics == "ort" and cfg.budget:
-        raise InvalidInputError(format_message(
-            "--numerics ort with --precision bf16", "a request to verify BF16 with ONNX Runtime",
-            "--numerics strict", "ONNX Runtime's CPU provider has no BF16 MatMul/Conv; BF16 is checked only "
-            "through strict emulation"))
-    if cfg.plan is not None and (cfg.budget or cfg.keep_ops or cfg.low_ops or cfg.keep_nodes or cfg.low_nodes):
-        raise InvalidInputError(format_message(
-            "--plan", "together with planning options (--budget/--keep-*/--low-*)", "--plan alone",
-            "edit the plan's \"precision\" fields instead, or re-plan without --plan"))
+        raise InvalidInputError(
+            format_message(
+                "--numerics ort with --precision bf16",
+                "a request to verify BF16 with ONNX Runtime",
+                "--numerics strict",
+                "ONNX Runtime's CPU provider has no BF16 MatMul/Conv; BF16 is checked only "
+                "through strict emulation",
+            )
+        )
+    if cfg.plan is not None and (
+        cfg.budget or cfg.keep_ops or cfg.low_ops or cfg.keep_nodes or cfg.low_nodes
+    ):
+        raise InvalidInputError(
+            format_message(
+                "--plan",
+                "together with planning options (--budget/--keep-*/--low-*)",
+                "--plan alone",
+                'edit the plan\'s "precision" fields instead, or re-plan without --plan',
+            )
+        )
     if cfg.budget:
         from mpinfer.precision.budget import parse_budget
 
@@ -117,13 +129,10 @@ def convert_precision(cfg: ConvertConfig) -> ConvertResult:
         MpinferError: For bad input (model, data, budget, plan); nothing is written then.
         InternalError: If the rewritten model fails the validity gate (a bug); nothing is written.
     """
-    from mpinfer.fileio import check_output_path, sha256_file
-    from mpinfer.modelio import load_onnx, name_nodes, require_file, save_onnx
+    from mpinfer.fileio import check_output_path
+    from mpinfer.modelio import require_file
     from mpinfer.precision.apply import apply_plan
-    from mpinfer.precision.graphinfo import GraphInfo
-    from mpinfer.precision.normalize import check_not_low, ensure_opset
     from mpinfer.precision.planner import summarize
-    from mpinfer.precision.validate import gate, run_checks
 
     start = time.perf_counter()
     _check_config(cfg)
@@ -131,32 +140,118 @@ def convert_precision(cfg: ConvertConfig) -> ConvertResult:
     plan_out = plan_path_for(out)
     if cfg.plan is not None:
         require_file(cfg.plan, "Plan")
+        # The plan's precision wins (the CLI's --precision default is fp16).
+        cfg = replace(cfg, precision=PrecisionPlan.load(cfg.plan).precision)
     check_output_path(plan_out, [cfg.model, cfg.keep_fp32_from], force=True)
-    model = load_onnx(cfg.model)
-    sha = sha256_file(cfg.model)
-    model = check_not_low(model, str(cfg.model), force=cfg.force)
-    model = ensure_opset(name_nodes(model), cfg.precision)
-    baseline = run_checks(model)
-    if baseline:
-        logger.warning("The input model already fails the %s check(s); the output is held to the others.",
-                       ", ".join(f.check for f in baseline))
-    info = GraphInfo(model)
+    info, sha, large = _load(cfg)
     if cfg.plan is not None:
         plan = _read_plan(cfg, info, sha)
         expected, search_cost = plan.summary.get("expected_error", {}), plan.summary.get("search")
     else:
-        plan, expected, search_cost = _make_plan(cfg, model, info, sha)
-    result = apply_plan(model, info, plan.precisions(), cfg.precision, keep_io_types=plan.keep_io_types)
-    gate(result.model, baseline=baseline, stage="apply")
-    plan.summary = summarize(info, plan.nodes, cast_count=result.cast_count,
-                             converted_weights=result.converted_weights, expected_error=expected,
-                             search=search_cost)
-    save_onnx(result.model, out)
+        plan, expected, search_cost = _make_plan(cfg, info.model, info, sha)
+    if large:
+        result = apply_plan(
+            info.model, info, plan.precisions(), cfg.precision, keep_io_types=plan.keep_io_types
+        )
+    else:
+        result, plan.nodes = apply_validated(
+            info, plan.nodes, cfg.precision, keep_io_types=plan.keep_io_types
+        )
+    plan.summary = summarize(
+        info,
+        plan.nodes,
+        cast_count=result.cast_count,
+        converted_weights=result.converted_weights,
+        expected_error=expected,
+        search=search_cost,
+    )
+    _write_model(result.model, out, info, source=Path(cfg.model), large=large)
     if cfg.plan is None or Path(cfg.plan).resolve() != plan_out.resolve():
         plan.save(plan_out)
-    logger.info("convert: %d/%d nodes in %s, %d casts, %.1fs", plan.summary["nodes_low"],
-                plan.summary["nodes_total"], cfg.precision.value, result.cast_count, time.perf_counter() - start)
+    logger.info(
+        "convert: %d/%d nodes in %s, %d casts, %.1fs",
+        plan.summary["nodes_low"],
+        plan.summary["nodes_total"],
+        cfg.precision.value,
+        result.cast_count,
+        time.perf_counter() - start,
+    )
     return ConvertResult(out, plan_out, plan)
+
+
+def _load(cfg: ConvertConfig) -> tuple[Any, str, bool]:
+    """Load, check and name the model; returns its GraphInfo, sha256 and whether weights stay external."""
+    from mpinfer.fileio import sha256_file
+    from mpinfer.modelio import load_onnx, name_nodes
+    from mpinfer.precision.graphinfo import GraphInfo
+    from mpinfer.precision.normalize import check_not_low, ensure_opset
+
+    model: Any = load_onnx(cfg.model, load_external_data=False)
+    large = _uses_external_data(model)
+    base_dir = str(Path(cfg.model).resolve().parent)
+    if large and cfg.calibration != NO_CALIBRATION:
+        from onnx.external_data_helper import load_external_data_for_model
+
+        load_external_data_for_model(model, base_dir)  # the reference run needs the weights in memory
+        large = False
+    sha = sha256_file(cfg.model)
+    model = check_not_low(model, str(cfg.model), force=cfg.force)
+    model = ensure_opset(name_nodes(model), cfg.precision)
+    return GraphInfo(model, base_dir=base_dir if large else None), sha, large
+
+
+def _write_model(model: Any, out: Path, info: Any, *, source: Path, large: bool) -> None:
+    """Gate and write the converted model (large models: weights streamed to external data)."""
+    from mpinfer.modelio import save_onnx
+
+    if large:
+        from onnx.external_data_helper import load_external_data_for_model
+
+        load_external_data_for_model(model, info.base_dir)  # the FP32 weights that stayed FP32
+        _save_gated(model, out, source)
+    else:
+        save_onnx(model, out)  # already through the validity gate (apply_validated)
+
+
+def _uses_external_data(model: Any) -> bool:
+    from onnx.external_data_helper import uses_external_data
+
+    return any(uses_external_data(t) for t in model.graph.initializer)
+
+
+def _save_gated(model: Any, out: Path, source: Path) -> None:
+    """Large models: save next to ``out`` in a temp folder, gate the saved file, then move it into place."""
+    import os
+    import shutil
+    import tempfile
+
+    import onnx
+
+    from mpinfer.modelio import EXTERNAL_DATA_SIZE_THRESHOLD, ir_version_for
+    from mpinfer.precision.validate import gate
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        path = tmp / out.name
+        data_name = out.name + ".data"
+        model.ir_version = ir_version_for(model)
+        # Saved in place: onnx writes each tensor to the data file and drops it from memory as it goes.
+        onnx.save_model(
+            model,
+            str(path),
+            save_as_external_data=True,
+            all_tensors_to_one_file=True,
+            location=data_name,
+            size_threshold=EXTERNAL_DATA_SIZE_THRESHOLD,
+        )
+        model.Clear()
+        gate(None, baseline_path=source, stage="apply", path=path)
+        if (tmp / data_name).exists():
+            os.replace(tmp / data_name, out.parent / data_name)
+        os.replace(path, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _read_plan(cfg: ConvertConfig, info: Any, sha: str) -> PrecisionPlan:
@@ -165,23 +260,29 @@ def _read_plan(cfg: ConvertConfig, info: Any, sha: str) -> PrecisionPlan:
     assert cfg.plan is not None
     plan = PrecisionPlan.load(cfg.plan)
     plan.check_matches([ref.address for ref in info.nodes], sha, str(cfg.plan), force=cfg.force)
-    if plan.precision is not cfg.precision and cfg.precision is not Precision.FP16:
-        raise InvalidInputError(format_message(f"Plan '{cfg.plan}'", f"precision {plan.precision.value}",
-                                               f"{cfg.precision.value} (--precision)", "omit --precision with --plan"))
     for n in plan.nodes:
         if not n.precision.is_low:
             continue
         ref = info.by_address[n.name]
         slots = info.slots(ref.node, plan.precision.onnx_dtype)
         if slots.blocked or not slots.has_float or ref.node.op_type in CONTROL_FLOW_OPS:
-            why = slots.blocked or ("it has no float tensors" if not slots.has_float else "it is control flow")
-            raise InvalidInputError(format_message(
-                f"Plan '{cfg.plan}': node '{n.name}' ({n.op_type})", f"precision {n.precision.value}",
-                "fp32 for this node", f"{why}; set its \"precision\" to \"fp32\""))
+            why = slots.blocked or (
+                "it has no float tensors" if not slots.has_float else "it is control flow"
+            )
+            raise InvalidInputError(
+                format_message(
+                    f"Plan '{cfg.plan}': node '{n.name}' ({n.op_type})",
+                    f"precision {n.precision.value}",
+                    "fp32 for this node",
+                    f'{why}; set its "precision" to "fp32"',
+                )
+            )
     return plan
 
 
-def _make_plan(cfg: ConvertConfig, model: Any, info: Any, sha: str) -> tuple[PrecisionPlan, dict, dict | None]:
+def _make_plan(
+    cfg: ConvertConfig, model: Any, info: Any, sha: str
+) -> tuple[PrecisionPlan, dict, dict | None]:
     from mpinfer import __version__
     from mpinfer.precision.overflow import overflow_nodes
     from mpinfer.precision.planner import RuleOptions, rule_plan
@@ -190,18 +291,47 @@ def _make_plan(cfg: ConvertConfig, model: Any, info: Any, sha: str) -> tuple[Pre
     options = RuleOptions(cfg.keep_ops, cfg.low_ops, cfg.keep_nodes, cfg.low_nodes, overflow)
     stats, feeds, calib_info = _calibrate(cfg, model)
     decisions, nodes = rule_plan(info, cfg.precision, options, keep_io_types=cfg.keep_io_types, stats=stats)
+    foreign = sorted(
+        {f"{n.op_type} ({n.reason})" for n in nodes if n.reason in ("unknown-op", "custom-domain")}
+    )
+    if foreign:
+        logger.warning("Kept FP32 (mpinfer cannot know what they compute): %s", ", ".join(foreign))
     expected: dict[str, Any] = {}
     search_cost = None
     if cfg.budget and feeds is not None:
         from mpinfer.precision.search import SearchConfig, search_plan
 
-        outcome = search_plan(model, info, decisions, nodes, feeds, SearchConfig(
-            budget=cfg.budget, precision=cfg.precision, numerics=cfg.numerics, keep_io_types=cfg.keep_io_types,
-            batches=cfg.search_batches, progress=cfg.progress))
+        outcome = search_plan(
+            model,
+            info,
+            decisions,
+            nodes,
+            feeds,
+            SearchConfig(
+                budget=cfg.budget,
+                precision=cfg.precision,
+                numerics=cfg.numerics,
+                keep_io_types=cfg.keep_io_types,
+                batches=cfg.search_batches,
+                progress=cfg.progress,
+            ),
+        )
         nodes, expected, search_cost = outcome.nodes, outcome.expected_error, outcome.cost
-    plan = PrecisionPlan(source_path=str(cfg.model), source_sha256=sha, precision=cfg.precision,
-                         numerics=cfg.numerics, keep_io_types=cfg.keep_io_types, nodes=list(nodes),
-                         budget=cfg.budget, calibration=calib_info, mpinfer_version=__version__)
+    elif feeds is not None:
+        from mpinfer.precision.search import measure_plan
+
+        expected = measure_plan(model, nodes, feeds)
+    plan = PrecisionPlan(
+        source_path=str(cfg.model),
+        source_sha256=sha,
+        precision=cfg.precision,
+        numerics=cfg.numerics,
+        keep_io_types=cfg.keep_io_types,
+        nodes=list(nodes),
+        budget=cfg.budget,
+        calibration=calib_info,
+        mpinfer_version=__version__,
+    )
     return plan, expected, search_cost
 
 
@@ -212,15 +342,25 @@ def _calibrate(cfg: ConvertConfig, model: Any) -> tuple[Any, Any, dict[str, Any]
 
     if cfg.calibration == NO_CALIBRATION:
         if cfg.budget:
-            raise InvalidInputError(format_message("--budget with --calibration none", "no data",
-                                                   "calibration data (or random)", "drop --calibration none"))
+            raise InvalidInputError(
+                format_message(
+                    "--budget with --calibration none",
+                    "no data",
+                    "calibration data (or random)",
+                    "drop --calibration none",
+                )
+            )
         return None, None, None
     specs = specs_from_onnx(model)
-    feeds = load_feeds(cfg.calibration, specs, batch_size=cfg.batch_size, num_batches=cfg.max_batches,
-                       seed=cfg.seed)
+    feeds = load_feeds(
+        cfg.calibration, specs, batch_size=cfg.batch_size, num_batches=cfg.max_batches, seed=cfg.seed
+    )
     if feeds.is_random:
-        logger.warning("No calibration data: using %s from the input specs. Range rules and the budget search "
-                       "then reflect random inputs, not your data; pass --calibration data.npz.", feeds.description)
+        logger.warning(
+            "No calibration data: using %s from the input specs. Range rules and the budget search "
+            "then reflect random inputs, not your data; pass --calibration data.npz.",
+            feeds.description,
+        )
     info = {"source": feeds.description, "kind": feeds.kind, "samples": int(feeds.num_samples)}
     try:
         from mpinfer.precision.calibrate import calibrate
@@ -242,4 +382,115 @@ def replace_config(cfg: ConvertConfig, **changes: Any) -> ConvertConfig:
     return replace(cfg, **changes)
 
 
-__all__ = ["ConvertConfig", "ConvertResult", "NodeDecision", "PrecisionPlan", "convert_precision"]
+@dataclass(frozen=True)
+class ModelConversion:
+    """An in-memory conversion: the new model, its plan entries and summary."""
+
+    model: Any
+    nodes: list[NodeDecision]
+    summary: dict[str, Any]
+
+
+def convert_model(
+    model: Any,
+    precision: Precision = Precision.FP16,
+    *,
+    keep_ops: tuple[str, ...] = (),
+    low_ops: tuple[str, ...] = (),
+    keep_nodes: tuple[str, ...] = (),
+    low_nodes: tuple[str, ...] = (),
+    keep_io_types: bool = True,
+    stats: Any = None,
+) -> ModelConversion:
+    """Rules-only conversion of an in-memory FP32 model (no data, no search), behind the validity gate.
+
+    Args:
+        model: The ``onnx.ModelProto`` (not modified).
+        precision: FP16 or BF16.
+        keep_ops: Op types kept FP32.
+        low_ops: Op types forced low.
+        keep_nodes: Node-address regexes kept FP32.
+        low_nodes: Node-address regexes forced low.
+        keep_io_types: Keep graph inputs/outputs FP32.
+        stats: Optional calibration statistics for the range rules.
+
+    Returns:
+        The converted model, the plan entries and the summary.
+
+    Raises:
+        InternalError: The rewritten model fails the validity gate.
+    """
+    from mpinfer.modelio import name_nodes
+    from mpinfer.precision.graphinfo import GraphInfo
+    from mpinfer.precision.normalize import ensure_opset
+    from mpinfer.precision.planner import RuleOptions, rule_plan, summarize
+
+    named = ensure_opset(name_nodes(model), precision)
+    info = GraphInfo(named)
+    options = RuleOptions(keep_ops, low_ops, keep_nodes, low_nodes)
+    _, nodes = rule_plan(info, precision, options, keep_io_types=keep_io_types, stats=stats)
+    result, nodes = apply_validated(info, nodes, precision, keep_io_types=keep_io_types)
+    summary = summarize(info, nodes, cast_count=result.cast_count, converted_weights=result.converted_weights)
+    return ModelConversion(result.model, nodes, summary)
+
+
+# Rounds of "ONNX Runtime refuses these low nodes: keep them FP32 and re-apply" before giving up.
+MAX_RUNTIME_REPAIRS = 4
+
+
+def apply_validated(
+    info: Any, nodes: list[NodeDecision], precision: Precision, *, keep_io_types: bool = True
+) -> tuple[Any, list[NodeDecision]]:
+    """Apply the plan and pass the validity gate; nodes ONNX Runtime refuses in low precision go FP32.
+
+    Only a failure of the ONNX Runtime load alone (the ONNX checker and strict type inference pass, so the
+    model is valid ONNX) is repaired: ONNX Runtime's kernels or function bodies lack the dtype (BF16
+    mostly). The nodes it points at are kept FP32 with the reason recorded, and the plan is applied again.
+
+    Returns:
+        The ApplyResult and the (possibly updated) plan entries.
+
+    Raises:
+        InternalError: Any other validity failure, or one that repairs do not fix.
+    """
+    from mpinfer.precision.apply import apply_plan
+    from mpinfer.precision.validate import raise_invalid, runtime_suspects, validity_failures
+
+    for _ in range(MAX_RUNTIME_REPAIRS + 1):
+        precisions = {n.name: n.precision for n in nodes}
+        result = apply_plan(info.model, info, precisions, precision, keep_io_types=keep_io_types)
+        failures = validity_failures(result.model, baseline_model=info.model)
+        if not failures:
+            return result, nodes
+        runtime_only = all(f.check == "onnxruntime" for f in failures)
+        low = {n.name for n in nodes if n.precision.is_low}
+        suspects = runtime_suspects(failures[0], info, low) if runtime_only else set()
+        if not suspects:
+            break
+        logger.warning(
+            "ONNX Runtime refuses %d node(s) in %s; keeping them FP32: %s",
+            len(suspects),
+            precision.value,
+            ", ".join(sorted(suspects)[:5]),
+        )
+        detail = f"ONNX Runtime refuses it in {precision.value}: " + failures[0].message.strip()[:160]
+        nodes = [
+            NodeDecision(n.name, n.op_type, Precision.FP32, "rule:keep-fp32", detail, n.stats)
+            if n.name in suspects
+            else n
+            for n in nodes
+        ]
+    raise_invalid(failures, "apply")
+    raise AssertionError("unreachable: raise_invalid raises for a non-empty list")
+
+
+__all__ = [
+    "apply_validated",
+    "ConvertConfig",
+    "ConvertResult",
+    "ModelConversion",
+    "NodeDecision",
+    "PrecisionPlan",
+    "convert_model",
+    "convert_precision",
+]

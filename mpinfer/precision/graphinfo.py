@@ -1,5 +1,7 @@
-"""What the planner and the rewriter need to know about a graph: tensor types and shapes, producers and
-consumers (across If/Loop/Scan bodies), op schemas, which inputs of a node may be lowered, and FLOPs.
+"""What the planner and the rewriter need to know about a graph.
+
+Tensor types and shapes, producers and consumers (across If/Loop/Scan bodies), op schemas, which
+inputs of a node may be lowered, and FLOPs.
 """
 
 from __future__ import annotations
@@ -21,17 +23,46 @@ BFLOAT16 = 16  # onnx.TensorProto.BFLOAT16
 DEFAULT_DOMAINS = ("", "ai.onnx")
 # Inputs that stay FP32 even when their node runs in low precision: coordinates and scale factors, where
 # FP16 rounding moves pixels (onnxconverter-common writes FP16 Resize scales, which ORT then refuses).
-PINNED_INPUTS: dict[str, tuple[int, ...]] = {"Resize": (1, 2), "RoiAlign": (1,)}
+PINNED_INPUTS: dict[str, tuple[int, ...]] = {"Resize": (1, 2)}
 # Inputs that carry shapes, axes, sizes or counts: whatever computes them is index-like, never converted.
 SHAPE_INPUTS: dict[str, tuple[int, ...]] = {
-    "Reshape": (1,), "Expand": (1,), "Slice": (1, 2, 3, 4), "Tile": (1,), "ConstantOfShape": (0,),
-    "Range": (0, 1, 2), "Resize": (1, 2, 3), "Upsample": (1,), "Pad": (1, 3), "TopK": (1,),
-    "Unsqueeze": (1,), "Squeeze": (1,), "Split": (1,), "OneHot": (1,), "CumSum": (1,),
-    "NonMaxSuppression": (2, 3, 4), "ReduceSum": (1,), "ReduceMean": (1,), "ReduceMax": (1,),
-    "ReduceMin": (1,), "ReduceProd": (1,), "ReduceL1": (1,), "ReduceL2": (1,), "ReduceLogSum": (1,),
-    "ReduceLogSumExp": (1,), "ReduceSumSquare": (1,), "RoiAlign": (2,), "GatherElements": (1,),
-    "Gather": (1,), "GatherND": (1,), "ScatterElements": (1,), "ScatterND": (1,), "Trilu": (1,),
-    "CenterCropPad": (1,), "Col2Im": (1, 2), "DFT": (1, 2), "STFT": (1, 2, 3),
+    "Reshape": (1,),
+    "Expand": (1,),
+    "Slice": (1, 2, 3, 4),
+    "Tile": (1,),
+    "ConstantOfShape": (0,),
+    "Range": (0, 1, 2),
+    "Resize": (1, 2, 3),
+    "Upsample": (1,),
+    "Pad": (1, 3),
+    "TopK": (1,),
+    "Unsqueeze": (1,),
+    "Squeeze": (1,),
+    "Split": (1,),
+    "OneHot": (1,),
+    "CumSum": (1,),
+    "NonMaxSuppression": (2, 3, 4),
+    "ReduceSum": (1,),
+    "ReduceMean": (1,),
+    "ReduceMax": (1,),
+    "ReduceMin": (1,),
+    "ReduceProd": (1,),
+    "ReduceL1": (1,),
+    "ReduceL2": (1,),
+    "ReduceLogSum": (1,),
+    "ReduceLogSumExp": (1,),
+    "ReduceSumSquare": (1,),
+    "RoiAlign": (2,),
+    "GatherElements": (1,),
+    "Gather": (1,),
+    "GatherND": (1,),
+    "ScatterElements": (1,),
+    "ScatterND": (1,),
+    "Trilu": (1,),
+    "CenterCropPad": (1,),
+    "Col2Im": (1, 2),
+    "DFT": (1, 2),
+    "STFT": (1, 2, 3),
 }
 
 
@@ -57,23 +88,22 @@ class GraphInfo:
 
     Args:
         model: A model whose nodes are all named (``mpinfer.modelio.name_nodes``).
+        base_dir: Folder of the model file, for tensors whose data is still external (large models).
     """
 
-    def __init__(self, model: Any) -> None:
-        import onnx
+    def __init__(self, model: Any, base_dir: str | None = None) -> None:
 
         self.model = model
+        self.base_dir = base_dir or ""
         self.opsets = {(imp.domain or ""): imp.version for imp in model.opset_import}
-        try:
-            inferred = onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False,
-                                                         data_prop=True)
-        except Exception as err:  # noqa: BLE001 - inference is best effort here; the gate is strict
-            logger.debug("shape inference failed on the input model: %s", err)
-            inferred = model
+        inferred = _infer_types(model)
         self.types: dict[str, int] = {}
         self.shapes: dict[str, tuple[int | None, ...] | None] = {}
         self.initializers: dict[str, Any] = {}
+        self.non_tensor: set[str] = set()  # sequence / optional / map values
         self._collect(inferred.graph)
+        # Values come from the model itself (the inferred copy may hold detached or copied tensors).
+        self.initializers = {t.name: t for g in _graphs(model.graph) for t in g.initializer}
         self.nodes: list[NodeRef] = list(iter_nodes(model.graph))
         self.by_address = {ref.address: ref for ref in self.nodes}
         self.producer: dict[str, str] = {}
@@ -93,13 +123,16 @@ class GraphInfo:
         import onnx
 
         for vi in list(graph.input) + list(graph.output) + list(graph.value_info):
+            if vi.type.WhichOneof("value") not in (None, "tensor_type"):
+                self.non_tensor.add(vi.name)
             if vi.type.HasField("tensor_type"):
                 tt = vi.type.tensor_type
                 if tt.elem_type:
                     self.types[vi.name] = tt.elem_type
                 if tt.HasField("shape"):
-                    self.shapes[vi.name] = tuple(d.dim_value if d.HasField("dim_value") else None
-                                                 for d in tt.shape.dim)
+                    self.shapes[vi.name] = tuple(
+                        d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim
+                    )
         for init in graph.initializer:
             self.types[init.name] = init.data_type
             self.shapes[init.name] = tuple(init.dims)
@@ -152,8 +185,10 @@ class GraphInfo:
         float_vars = {in_params[i] for i in float_in if i not in pinned} | {out_params[i] for i in float_out}
         lowered = {v for v in float_vars if v in allowed and low_str in allowed[v]}
         if float_vars and not lowered:
-            out.blocked = (f"{node.op_type} (opset {self.opset_of(node)}) has no "
-                           f"{low_str[7:-1]} type for its float tensors")
+            out.blocked = (
+                f"{node.op_type} (opset {self.opset_of(node)}) has no "
+                f"{low_str[7:-1]} type for its float tensors"
+            )
             return out
         out.inputs = [i for i in float_in if in_params[i] in lowered and i not in pinned]
         out.outputs = [i for i in float_out if out_params[i] in lowered]
@@ -167,7 +202,7 @@ class GraphInfo:
         from onnx import numpy_helper
 
         if name in self.initializers:
-            return numpy_helper.to_array(self.initializers[name])
+            return numpy_helper.to_array(self.initializers[name], self.base_dir)
         addr = self.producer.get(name)
         if addr is not None:
             node = self.by_address[addr].node
@@ -228,6 +263,56 @@ class GraphInfo:
     def walk(self) -> Iterator[NodeRef]:
         """Every node, subgraphs included, in graph order."""
         return iter(self.nodes)
+
+
+def _graphs(graph: Any) -> Iterator[Any]:
+    """``graph`` and every If/Loop/Scan body inside it."""
+    import onnx
+
+    yield graph
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                yield from _graphs(attr.g)
+            elif attr.type == onnx.AttributeProto.GRAPHS:
+                for g in attr.graphs:
+                    yield from _graphs(g)
+
+
+# Initializers bigger than this are detached while type inference runs: inference never reads their values,
+# and a proto with them attached may exceed protobuf's 2 GB limit.
+DETACH_BYTES = 1 << 20
+
+
+def _infer_types(model: Any) -> Any:
+    """Best-effort type/shape inference (with data propagation, then without) on ``model``.
+
+    Large initializer payloads are detached for the call and put back afterwards.
+    """
+    import onnx
+    from onnx import TensorProto
+
+    stash = []
+    for t in model.graph.initializer:
+        if len(t.raw_data) > DETACH_BYTES:
+            stash.append((t, t.raw_data))
+            t.ClearField("raw_data")
+            t.data_location = TensorProto.EXTERNAL
+            t.external_data.add(key="location", value="__detached__")
+    try:
+        for data_prop in (True, False):
+            try:
+                return onnx.shape_inference.infer_shapes(
+                    model, check_type=False, strict_mode=False, data_prop=data_prop
+                )
+            except Exception as err:  # noqa: BLE001 - best effort; the validity gate is strict
+                logger.debug("shape inference (data_prop=%s) failed: %s", data_prop, err)
+        return model
+    finally:
+        for t, raw in stash:
+            del t.external_data[:]
+            t.data_location = TensorProto.DEFAULT
+            t.raw_data = raw
 
 
 def _formal(params: Any, count: int) -> list[str]:

@@ -1,5 +1,7 @@
-"""Prepare an input model for planning: refuse (or, with --force, undo) an earlier low-precision
-conversion, and raise the opset where BF16 needs it."""
+"""Prepare an input model for planning.
+
+Refuse (or, with --force, undo) an earlier low-precision conversion, and raise the opset where BF16 needs it.
+"""
 
 from __future__ import annotations
 
@@ -61,11 +63,19 @@ def check_not_low(model: Any, path: str, *, force: bool) -> Any:
         return model
     what = "already FP16/BF16" if not high else "already mixed precision"
     if not force:
-        raise InvalidInputError(format_message(
-            f"ONNX model '{path}'", f"a model that is {what} ({low} low-precision tensors or casts)",
-            "an FP32 model", "nothing was converted; pass --force to bring it back to FP32 and re-plan it"))
-    logger.warning("Model '%s' is %s: --force brings it back to FP32 (inputs and outputs included) "
-                   "and re-plans it.", path, what)
+        raise InvalidInputError(
+            format_message(
+                f"ONNX model '{path}'",
+                f"a model that is {what} ({low} low-precision tensors or casts)",
+                "an FP32 model",
+                "nothing was converted; pass --force to bring it back to FP32 and re-plan it",
+            )
+        )
+    logger.warning(
+        "Model '%s' is %s: --force brings it back to FP32 (inputs and outputs included) and re-plans it.",
+        path,
+        what,
+    )
     return upcast_to_fp32(model)
 
 
@@ -88,7 +98,9 @@ def upcast_to_fp32(model: Any) -> Any:
                 if a.name in ("to", "dtype") and a.type == onnx.AttributeProto.INT and a.i in LOW_TYPES:
                     a.i = FLOAT
                 elif a.type == onnx.AttributeProto.TENSOR and a.t.data_type in LOW_TYPES:
-                    a.t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(a.t).astype(np.float32), a.t.name))
+                    a.t.CopyFrom(
+                        numpy_helper.from_array(numpy_helper.to_array(a.t).astype(np.float32), a.t.name)
+                    )
     return m
 
 
@@ -99,6 +111,16 @@ def ensure_opset(model: Any, precision: Precision) -> Any:
         InvalidInputError: The converter cannot upgrade the model.
     """
     opset = next((imp.version for imp in model.opset_import if imp.domain in ("", "ai.onnx")), 0)
+    if not opset:
+        # No ai.onnx op in the model (only ai.onnx.ml / training ops): import the default domain so that
+        # the Casts the rewrite may insert are defined.
+        import onnx
+        from onnx import helper
+
+        out = onnx.ModelProto()
+        out.CopyFrom(model)
+        out.opset_import.append(helper.make_opsetid("", BF16_MIN_OPSET))
+        return out
     if precision is not Precision.BF16 or opset >= BF16_MIN_OPSET:
         return model
     from onnx import version_converter
@@ -106,9 +128,13 @@ def ensure_opset(model: Any, precision: Precision) -> Any:
     try:
         out = version_converter.convert_version(model, BF16_MIN_OPSET)
     except Exception as err:  # noqa: BLE001 - the converter raises several private types
-        raise InvalidInputError(format_message(
-            "BF16 conversion", f"a model at opset {opset} that the ONNX version converter cannot upgrade ({err})",
-            f"opset {BF16_MIN_OPSET} or later (Cast to bfloat16 needs it)",
-            "re-export the model with --opset 17, or convert to fp16")) from err
+        raise InvalidInputError(
+            format_message(
+                "BF16 conversion",
+                f"a model at opset {opset} that the ONNX version converter cannot upgrade ({err})",
+                f"opset {BF16_MIN_OPSET} or later (Cast to bfloat16 needs it)",
+                "re-export the model with --opset 17, or convert to fp16",
+            )
+        ) from err
     logger.warning("BF16 needs opset %d: the model was upgraded from opset %d.", BF16_MIN_OPSET, opset)
     return out

@@ -20,11 +20,25 @@ from mpinfer.specs import Precision
 logger = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 1
-REASON_CODES = frozenset({
-    "rule:fp16-safe", "rule:keep-fp32", "rule:follow", "rule:index-like", "range:overflow",
-    "range:underflow", "weights:out-of-range", "sensitivity", "user:keep-op", "user:keep-node",
-    "user:low-op", "user:low-node", "overflow-json", "unknown-op", "custom-domain",
-})
+REASON_CODES = frozenset(
+    {
+        "rule:fp16-safe",
+        "rule:keep-fp32",
+        "rule:follow",
+        "rule:index-like",
+        "range:overflow",
+        "range:underflow",
+        "weights:out-of-range",
+        "sensitivity",
+        "user:keep-op",
+        "user:keep-node",
+        "user:low-op",
+        "user:low-node",
+        "overflow-json",
+        "unknown-op",
+        "custom-domain",
+    }
+)
 
 
 @dataclass
@@ -45,12 +59,18 @@ class NodeDecision:
     precision: Precision
     reason: str
     detail: str = ""
-    stats: dict[str, float] = field(default_factory=dict)
+    stats: dict[str, float | str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON form."""
-        return {"name": self.name, "op_type": self.op_type, "precision": self.precision.value,
-                "reason": self.reason, "detail": self.detail, "stats": dict(self.stats)}
+        return {
+            "name": self.name,
+            "op_type": self.op_type,
+            "precision": self.precision.value,
+            "reason": self.reason,
+            "detail": self.detail,
+            "stats": dict(self.stats),
+        }
 
 
 @dataclass
@@ -118,22 +138,38 @@ class PrecisionPlan:
             InvalidInputError: For a malformed plan, naming the field.
         """
         if not isinstance(data, Mapping) or data.get("schema_version") != SCHEMA_VERSION:
-            raise InvalidInputError(format_message(
-                f"Plan '{origin}'", f"schema_version {data.get('schema_version') if isinstance(data, Mapping) else None}",
-                f"{SCHEMA_VERSION}", "write plans with `mpinfer convert`"))
+            raise InvalidInputError(
+                format_message(
+                    f"Plan '{origin}'",
+                    f"schema_version {data.get('schema_version') if isinstance(data, Mapping) else None}",
+                    f"{SCHEMA_VERSION}",
+                    "write plans with `mpinfer convert`",
+                )
+            )
         try:
             precision = Precision.parse(data["precision"])
             nodes = [_node_from_dict(n, precision, origin) for n in data["nodes"]]
             src = data.get("source") or {}
-            return cls(source_path=str(src.get("path", "")), source_sha256=str(src.get("sha256", "")),
-                       precision=precision, numerics=str(data.get("numerics", "strict")),
-                       keep_io_types=bool(data.get("keep_io_types", True)), nodes=nodes,
-                       budget=data.get("budget"), calibration=data.get("calibration"),
-                       summary=dict(data.get("summary") or {}),
-                       mpinfer_version=str(data.get("mpinfer_version", "")))
+            return cls(
+                source_path=str(src.get("path", "")),
+                source_sha256=str(src.get("sha256", "")),
+                precision=precision,
+                numerics=str(data.get("numerics", "strict")),
+                keep_io_types=bool(data.get("keep_io_types", True)),
+                nodes=nodes,
+                budget=data.get("budget"),
+                calibration=data.get("calibration"),
+                summary=dict(data.get("summary") or {}),
+                mpinfer_version=str(data.get("mpinfer_version", "")),
+            )
         except (KeyError, TypeError) as err:
-            raise InvalidInputError(format_message(f"Plan '{origin}'", f"a missing or malformed field ({err})",
-                                                   "the layout written by `mpinfer convert`")) from err
+            raise InvalidInputError(
+                format_message(
+                    f"Plan '{origin}'",
+                    f"a missing or malformed field ({err})",
+                    "the layout written by `mpinfer convert`",
+                )
+            ) from err
 
     @classmethod
     def load(cls, path: str | Path) -> PrecisionPlan:
@@ -146,11 +182,18 @@ class PrecisionPlan:
         try:
             data = json.loads(p.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, ValueError) as err:
-            raise InvalidInputError(format_message(f"Plan '{path}'", f"an unreadable or non-JSON file ({err})",
-                                                   "a .plan.json written by `mpinfer convert`")) from err
+            raise InvalidInputError(
+                format_message(
+                    f"Plan '{path}'",
+                    f"an unreadable or non-JSON file ({err})",
+                    "a .plan.json written by `mpinfer convert`",
+                )
+            ) from err
         return cls.from_dict(data, str(path))
 
-    def check_matches(self, addresses: Sequence[str], sha256: str, origin: str, *, force: bool = False) -> None:
+    def check_matches(
+        self, addresses: Sequence[str], sha256: str, origin: str, *, force: bool = False
+    ) -> None:
         """Refuse a plan made for another model.
 
         Args:
@@ -171,25 +214,44 @@ class PrecisionPlan:
                 detail.append(f"{len(unknown)} nodes the model does not have (e.g. {unknown[:3]})")
             if missing:
                 detail.append(f"{len(missing)} model nodes it does not list (e.g. {missing[:3]})")
-            raise InvalidInputError(format_message(
-                f"Plan '{origin}'", "a plan for another model: " + "; ".join(detail),
-                "a plan made for this model", "re-plan without --plan, or pass the model the plan was made for"))
+            raise InvalidInputError(
+                format_message(
+                    f"Plan '{origin}'",
+                    "a plan for another model: " + "; ".join(detail),
+                    "a plan made for this model",
+                    "re-plan without --plan, or pass the model the plan was made for",
+                )
+            )
         if self.source_sha256 and self.source_sha256 != sha256 and not force:
-            raise InvalidInputError(format_message(
-                f"Plan '{origin}'", f"a plan for a model with sha256 {self.source_sha256[:12]}...",
-                f"this model's sha256 {sha256[:12]}...",
-                "its node names match: pass --force to apply it anyway, or re-plan without --plan"))
+            raise InvalidInputError(
+                format_message(
+                    f"Plan '{origin}'",
+                    f"a plan for a model with sha256 {self.source_sha256[:12]}...",
+                    f"this model's sha256 {sha256[:12]}...",
+                    "its node names match: pass --force to apply it anyway, or re-plan without --plan",
+                )
+            )
 
 
 def _node_from_dict(d: Mapping[str, Any], precision: Precision, origin: str) -> NodeDecision:
     p = Precision.parse(d["precision"])
     if p.is_low and p is not precision:
-        raise InvalidInputError(format_message(
-            f"Plan '{origin}': node '{d['name']}'", f"precision {p.value}",
-            f"{precision.value} or fp32 (the plan's precision)", "edit the node's \"precision\" field"))
-    return NodeDecision(name=str(d["name"]), op_type=str(d["op_type"]), precision=p,
-                        reason=str(d.get("reason", "")), detail=str(d.get("detail", "")),
-                        stats=dict(d.get("stats") or {}))
+        raise InvalidInputError(
+            format_message(
+                f"Plan '{origin}': node '{d['name']}'",
+                f"precision {p.value}",
+                f"{precision.value} or fp32 (the plan's precision)",
+                'edit the node\'s "precision" field',
+            )
+        )
+    return NodeDecision(
+        name=str(d["name"]),
+        op_type=str(d["op_type"]),
+        precision=p,
+        reason=str(d.get("reason", "")),
+        detail=str(d.get("detail", "")),
+        stats=dict(d.get("stats") or {}),
+    )
 
 
 def _default(obj: Any) -> Any:

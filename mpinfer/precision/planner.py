@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,18 +28,28 @@ class RuleOptions:
     overflow_nodes: Mapping[str, str] = field(default_factory=dict)
 
 
-def classify_nodes(info: GraphInfo, precision: Precision, options: RuleOptions,
-                   stats: Mapping[str, Any] | None = None) -> dict[str, Decision]:
+def classify_nodes(
+    info: GraphInfo, precision: Precision, options: RuleOptions, stats: Mapping[str, Any] | None = None
+) -> dict[str, Decision]:
     """Rule verdict per node address."""
-    rules = default_rules(keep_ops=options.keep_ops, low_ops=options.low_ops, keep_nodes=options.keep_nodes,
-                          low_nodes=options.low_nodes, overflow_nodes=options.overflow_nodes)
+    rules = default_rules(
+        keep_ops=options.keep_ops,
+        low_ops=options.low_ops,
+        keep_nodes=options.keep_nodes,
+        low_nodes=options.low_nodes,
+        overflow_nodes=options.overflow_nodes,
+    )
     ctx = RuleContext(info=info, precision=precision, index_like=shape_subgraph(info), stats=stats)
     return NodeClassifier(rules).classify(ctx)
 
 
-def decisions_to_nodes(info: GraphInfo, decisions: Mapping[str, Decision],
-                       precisions: Mapping[str, Precision]) -> list[NodeDecision]:
-    """Plan entries in graph order, with FLOPs and weight bytes among the numbers."""
+def decisions_to_nodes(
+    info: GraphInfo,
+    decisions: Mapping[str, Decision],
+    precisions: Mapping[str, Precision],
+    stats: Mapping[str, Any] | None = None,
+) -> list[NodeDecision]:
+    """Plan entries in graph order, with FLOPs, weight bytes and output range statistics among the numbers."""
     nodes = []
     for ref in info.nodes:
         d = decisions[ref.address]
@@ -46,33 +57,49 @@ def decisions_to_nodes(info: GraphInfo, decisions: Mapping[str, Decision],
         detail = d.detail
         if d.kind is Kind.FOLLOW:
             detail += "; inputs are " + ("low precision" if p.is_low else "FP32 (or its consumers need FP32)")
-        stats: dict[str, float] = {"flops": float(info.flops(ref))}
+        numbers: dict[str, float | str] = {"flops": float(info.flops(ref))}
         wb = info.weight_bytes(ref)
         if wb:
-            stats["weight_bytes"] = float(wb)
-        stats.update({k: float(v) for k, v in d.stats.items()})
-        nodes.append(NodeDecision(ref.address, ref.node.op_type, p, d.reason, detail, stats))
+            numbers["weight_bytes"] = float(wb)
+        numbers.update(_output_range(info, ref, stats))
+        numbers.update({k: float(v) for k, v in d.stats.items()})
+        nodes.append(NodeDecision(ref.address, ref.node.op_type, p, d.reason, detail, numbers))
     return nodes
 
 
-def rule_plan(info: GraphInfo, precision: Precision, options: RuleOptions, *, keep_io_types: bool = True,
-              stats: Mapping[str, Any] | None = None) -> tuple[dict[str, Decision], list[NodeDecision]]:
+def rule_plan(
+    info: GraphInfo,
+    precision: Precision,
+    options: RuleOptions,
+    *,
+    keep_io_types: bool = True,
+    stats: Mapping[str, Any] | None = None,
+) -> tuple[dict[str, Decision], list[NodeDecision]]:
     """Classify, resolve follow-ops, and return verdicts and plan entries."""
     decisions = classify_nodes(info, precision, options, stats)
     precisions = resolve_precisions(info, decisions, precision, keep_io_types=keep_io_types)
-    return decisions, decisions_to_nodes(info, decisions, precisions)
+    return decisions, decisions_to_nodes(info, decisions, precisions, stats)
 
 
-def summarize(info: GraphInfo, nodes: Sequence[NodeDecision], *, cast_count: int,
-              converted_weights: Sequence[str], expected_error: Mapping[str, Any] | None = None,
-              search: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def summarize(
+    info: GraphInfo,
+    nodes: Sequence[NodeDecision],
+    *,
+    cast_count: int,
+    converted_weights: Sequence[str],
+    expected_error: Mapping[str, Any] | None = None,
+    search: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
     """The plan summary: shares of nodes, FLOPs and weight bytes in low precision, casts, error, cost."""
     float_nodes = [n for n in nodes if n.reason != "rule:index-like" or n.precision.is_low]
     low = [n for n in nodes if n.precision.is_low]
-    total_flops = sum(n.stats.get("flops", 0.0) for n in float_nodes) or 1.0
-    low_flops = sum(n.stats.get("flops", 0.0) for n in low)
-    weights = {name: 4 * info.numel(name) for name, t in info.types.items()
-               if t == FLOAT and info.is_const(name) and name in info.consumers}
+    total_flops = sum(_num(n.stats.get("flops", 0.0)) for n in float_nodes) or 1.0
+    low_flops = sum(_num(n.stats.get("flops", 0.0)) for n in low)
+    weights = {
+        name: 4 * info.numel(name)
+        for name, t in info.types.items()
+        if t == FLOAT and info.is_const(name) and name in info.consumers
+    }
     total_w = sum(weights.values())
     low_w = sum(weights.get(name, 0) for name in set(converted_weights))
     reasons: dict[str, int] = {}
@@ -91,3 +118,30 @@ def summarize(info: GraphInfo, nodes: Sequence[NodeDecision], *, cast_count: int
     if search:
         out["search"] = dict(search)
     return out
+
+
+def _num(value: float | str) -> float:
+    return float(value)
+
+
+# Calibration numbers copied into each node's plan entry (of its first float output).
+RANGE_KEYS = ("absmax", "p999", "fp16_overflow_frac", "fp16_underflow_frac", "bf16_underflow_frac")
+
+
+def _output_range(info: GraphInfo, ref: Any, stats: Mapping[str, Any] | None) -> dict[str, float | str]:
+    if not stats:
+        return {}
+    prefix = ref.address[: len(ref.address) - len(ref.node.name)]
+    for name in ref.node.output:
+        if name and info.types.get(name) == FLOAT:
+            st = stats.get(prefix + name) if prefix else None
+            st = st if st is not None else stats.get(name)
+            if st is None:
+                return {}
+            out: dict[str, float | str] = {}
+            for key in RANGE_KEYS:
+                val = st.get(key) if isinstance(st, Mapping) else getattr(st, key, None)
+                if isinstance(val, (int, float)):
+                    out[key] = float(val) if math.isfinite(val) else str(val)
+            return out
+    return {}

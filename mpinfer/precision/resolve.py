@@ -1,5 +1,8 @@
-"""Turn rule verdicts into one precision per node: follow-ops take their inputs' precision (forward),
-and where the inputs say nothing (constants only) their consumers' (backward)."""
+"""Turn rule verdicts into one precision per node.
+
+Follow-ops take their inputs' precision (forward),
+and where the inputs say nothing (constants only) their consumers' (backward).
+"""
 
 from __future__ import annotations
 
@@ -10,8 +13,9 @@ from mpinfer.precision.rules import Decision, Kind
 from mpinfer.specs import Precision
 
 
-def resolve_precisions(info: GraphInfo, decisions: Mapping[str, Decision], low: Precision,
-                       *, keep_io_types: bool = True) -> dict[str, Precision]:
+def resolve_precisions(
+    info: GraphInfo, decisions: Mapping[str, Decision], low: Precision, *, keep_io_types: bool = True
+) -> dict[str, Precision]:
     """Return address → precision for every node.
 
     Args:
@@ -49,7 +53,7 @@ def resolve_precisions(info: GraphInfo, decisions: Mapping[str, Decision], low: 
         if prec[ref.address] is not None:
             continue
         wants = []
-        for i, name in enumerate(ref.node.output):
+        for name in ref.node.output:
             if not name or info.types.get(name) != FLOAT:
                 continue
             if name in info.graph_outputs:
@@ -61,7 +65,9 @@ def resolve_precisions(info: GraphInfo, decisions: Mapping[str, Decision], low: 
         slots = info.slots(ref.node, low_type)
         ok = bool(wants) and all(wants) and not slots.blocked and bool(slots.outputs or slots.inputs)
         prec[ref.address] = low if ok else Precision.FP32
-    return {k: (v or Precision.FP32) for k, v in prec.items()}
+    final = {k: (v or Precision.FP32) for k, v in prec.items()}
+    _move_casts_upstream(info, decisions, final, low, keep_io_types=keep_io_types)
+    return final
 
 
 def _state(state: dict[str, bool | None], info: GraphInfo, name: str) -> bool | None:
@@ -69,3 +75,82 @@ def _state(state: dict[str, bool | None], info: GraphInfo, name: str) -> bool | 
         return state[name]
     # Names produced by no node and no graph input: body inputs of Loop/Scan (FP32 interface).
     return False
+
+
+def _wants_low(info: GraphInfo, prec: Mapping[str, Precision], addr: str, pos: int, low_type: int) -> bool:
+    return prec[addr].is_low and pos in info.slots(info.by_address[addr].node, low_type).inputs
+
+
+def _move_casts_upstream(
+    info: GraphInfo,
+    decisions: Mapping[str, Decision],
+    prec: dict[str, Precision],
+    low: Precision,
+    *,
+    keep_io_types: bool,
+) -> None:
+    """Run FP32 follow-op regions low when every consumer wants low and it costs no extra Cast.
+
+    A GELU between an FP32 LayerNorm and an FP16 MatMul follows the LayerNorm and stays FP32 with one Cast
+    at its end; casting its input instead (one Cast, shared by all its readers) runs the whole region low at
+    the same Cast count, as the FP16 kernels downstream expect.
+    """
+    low_type = low.onnx_dtype
+    cand = [
+        ref
+        for ref in info.nodes
+        if not prec[ref.address].is_low
+        and decisions[ref.address].kind is Kind.FOLLOW
+        and not info.slots(ref.node, low_type).blocked
+        and info.slots(ref.node, low_type).outputs
+    ]
+    parent = {ref.address: ref.address for ref in cand}
+
+    def root(a: str) -> str:
+        while parent[a] != a:
+            parent[a] = parent[parent[a]]
+            a = parent[a]
+        return a
+
+    for ref in cand:
+        for name in ref.node.input:
+            src = info.producer.get(name)
+            if src in parent and info.by_address[src].graph is ref.graph:
+                parent[root(ref.address)] = root(src)
+    regions: dict[str, list[str]] = {}
+    for ref in cand:
+        regions.setdefault(root(ref.address), []).append(ref.address)
+    for members in regions.values():
+        if _region_pays_off(info, prec, set(members), low_type, keep_io_types):
+            for a in members:
+                prec[a] = low
+
+
+def _region_pays_off(
+    info: GraphInfo, prec: Mapping[str, Precision], members: set[str], low_type: int, keep_io_types: bool
+) -> bool:
+    removed, added = 0, set()
+    for addr in members:
+        node = info.by_address[addr].node
+        for name in node.output:
+            if not name or info.types.get(name) != FLOAT:
+                continue
+            if name in info.graph_outputs and keep_io_types:
+                return False
+            outside = [(a, p) for a, p in info.consumers.get(name, []) if a not in members]
+            if any(not _wants_low(info, prec, a, p, low_type) for a, p in outside):
+                return False
+            removed += bool(outside)
+        for i in info.slots(node, low_type).inputs:
+            name = node.input[i]
+            src = info.producer.get(name)
+            if src in members or info.is_const(name) or info.types.get(name) != FLOAT:
+                continue
+            produced_low = src is not None and prec[src].is_low
+            shared = any(
+                a not in members and _wants_low(info, prec, a, p, low_type)
+                for a, p in info.consumers.get(name, [])
+            )
+            if not produced_low and not shared:
+                added.add(name)
+    return len(added) <= removed and removed > 0

@@ -25,26 +25,90 @@ from mpinfer.specs import Precision
 logger = logging.getLogger(__name__)
 
 # torch.amp CUDA "lower_precision_fp" list, as ONNX ops: matrix engines, FP32 accumulate on tensor cores.
-FP16_SAFE_OPS = frozenset({
-    "Conv", "ConvTranspose", "MatMul", "Gemm", "Einsum", "PRelu", "LSTM", "GRU", "RNN", "Attention",
-    "DeformConv", "ConvInteger",
-})
+FP16_SAFE_OPS = frozenset(
+    {
+        "Conv",
+        "ConvTranspose",
+        "MatMul",
+        "Gemm",
+        "Einsum",
+        "PRelu",
+        "LSTM",
+        "GRU",
+        "RNN",
+        "Attention",
+        "DeformConv",
+        "ConvInteger",
+    }
+)
 # torch.amp CUDA "fp32" list, as ONNX ops: transcendental functions whose range overflows FP16,
 # reductions and normalisations (long accumulations), softmax, losses, cumulative ops.
-KEEP_FP32_OPS = frozenset({
-    "Exp", "Log", "Pow", "Reciprocal", "Acos", "Asin", "Acosh", "Asinh", "Atanh", "Cosh", "Sinh", "Tan",
-    "Softplus", "Softmax", "LogSoftmax", "CumSum", "ReduceSum", "ReduceMean", "ReduceProd",
-    "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare", "ReduceL1", "ReduceL2", "LpNormalization",
-    "LayerNormalization", "GroupNormalization", "InstanceNormalization", "MeanVarianceNormalization",
-    "RMSNormalization", "SkipLayerNormalization", "SoftmaxCrossEntropyLoss", "NegativeLogLikelihoodLoss",
-    "LpPool", "GlobalLpPool", "Det", "DFT", "STFT", "MelWeightMatrix", "BlackmanWindow",
-    "HammingWindow", "HannWindow",
-})
+KEEP_FP32_OPS = frozenset(
+    {
+        "Exp",
+        "Log",
+        "Pow",
+        "Reciprocal",
+        "Acos",
+        "Asin",
+        "Acosh",
+        "Asinh",
+        "Atanh",
+        "Cosh",
+        "Sinh",
+        "Tan",
+        "Softplus",
+        "Softmax",
+        "LogSoftmax",
+        "CumSum",
+        "ReduceSum",
+        "ReduceMean",
+        "ReduceProd",
+        "ReduceLogSum",
+        "ReduceLogSumExp",
+        "ReduceSumSquare",
+        "ReduceL1",
+        "ReduceL2",
+        "LpNormalization",
+        "LayerNormalization",
+        "GroupNormalization",
+        "InstanceNormalization",
+        "MeanVarianceNormalization",
+        "RMSNormalization",
+        "SkipLayerNormalization",
+        "SoftmaxCrossEntropyLoss",
+        "NegativeLogLikelihoodLoss",
+        "LpPool",
+        "GlobalLpPool",
+        "Det",
+        "DFT",
+        "STFT",
+        "MelWeightMatrix",
+        "BlackmanWindow",
+        "HammingWindow",
+        "HannWindow",
+    }
+)
 # Ops that compute indices, positions or shapes: rounding their float inputs moves boxes and pixels.
-INDEX_LIKE_OPS = frozenset({
-    "Range", "TopK", "NonMaxSuppression", "ArgMax", "ArgMin", "NonZero", "Unique",
-    "RoiAlign", "GridSample", "AffineGrid", "Multinomial", "Bernoulli",
-})
+INDEX_LIKE_OPS = frozenset(
+    {
+        "Range",
+        "TopK",
+        "NonMaxSuppression",
+        "ArgMax",
+        "ArgMin",
+        "NonZero",
+        "Unique",
+        "RoiAlign",
+        "GridSample",
+        "AffineGrid",
+        "Multinomial",
+        "Bernoulli",
+    }
+)
+# Ops that cannot run low at all: bit reinterpretation (BitCast needs equal widths) and function ops whose
+# ONNX Runtime expansion has FP32-only constants (MeanVarianceNormalization).
+NEVER_LOW_OPS = frozenset({"BitCast", "MeanVarianceNormalization"})
 # Control flow: the container keeps an FP32 interface; the nodes of its bodies are planned one by one.
 CONTROL_FLOW_OPS = frozenset({"If", "Loop", "Scan"})
 FP16_MAX = 65504.0
@@ -56,6 +120,8 @@ RANGE_MARGIN = 2.0
 UNDERFLOW_LIMIT = 0.10
 # Weights: a share of non-zero values below the FP16 subnormal range above this is "out of range".
 WEIGHT_UNDERFLOW_LIMIT = 0.10
+# Gathers from constant tables at least this big are embeddings (small gathers are shape arithmetic).
+EMBEDDING_MIN_ELEMENTS = 256
 FP16_TINY = 5.96e-8  # smallest positive FP16 subnormal
 
 
@@ -104,6 +170,7 @@ class UserNodeRule(NodeRule):
         self.low = [(p, _compile(p)) for p in low]
 
     def decide(self, ref: NodeRef, ctx: RuleContext) -> Decision | None:
+        """The verdict for ``ref``, or None when the rule does not apply."""
         for pattern, rx in self.keep:
             if rx.search(ref.address):
                 return Decision(Kind.KEEP, "user:keep-node", f"--keep-node '{pattern}' matches this node")
@@ -120,6 +187,7 @@ class NodeSetRule(NodeRule):
         self.nodes = dict(nodes)
 
     def decide(self, ref: NodeRef, ctx: RuleContext) -> Decision | None:
+        """The verdict for ``ref``, or None when the rule does not apply."""
         if ref.address in self.nodes:
             return Decision(Kind.KEEP, "overflow-json", self.nodes[ref.address])
         return None
@@ -132,6 +200,7 @@ class UserOpRule(NodeRule):
         self.keep, self.low = set(keep), set(low)
 
     def decide(self, ref: NodeRef, ctx: RuleContext) -> Decision | None:
+        """The verdict for ``ref``, or None when the rule does not apply."""
         if ref.node.op_type in self.keep:
             return Decision(Kind.KEEP, "user:keep-op", f"--keep-op {ref.node.op_type}")
         if ref.node.op_type in self.low:
@@ -143,12 +212,14 @@ class DomainRule(NodeRule):
     """Custom-domain and unknown ops stay FP32: mpinfer cannot know what they compute."""
 
     def decide(self, ref: NodeRef, ctx: RuleContext) -> Decision | None:
+        """The verdict for ``ref``, or None when the rule does not apply."""
         node = ref.node
         if node.domain not in DEFAULT_DOMAINS and node.domain != "ai.onnx.ml":
             return Decision(Kind.KEEP, "custom-domain", f"op {node.op_type} of custom domain '{node.domain}'")
         if ctx.info.schema(node) is None:
-            return Decision(Kind.KEEP, "unknown-op",
-                            f"op {node.op_type} is not in ONNX opset {ctx.info.opset_of(node)}")
+            return Decision(
+                Kind.KEEP, "unknown-op", f"op {node.op_type} is not in ONNX opset {ctx.info.opset_of(node)}"
+            )
         return None
 
 
@@ -156,28 +227,34 @@ class NoFloatRule(NodeRule):
     """Nodes without FP32 tensors have nothing to convert (shape and index arithmetic on integers)."""
 
     def decide(self, ref: NodeRef, ctx: RuleContext) -> Decision | None:
+        """The verdict for ``ref``, or None when the rule does not apply."""
         if ref.node.op_type in CONTROL_FLOW_OPS:
-            return Decision(Kind.KEEP, "rule:keep-fp32",
-                            "control flow: interface kept FP32, body nodes planned one by one")
+            return Decision(
+                Kind.KEEP,
+                "rule:keep-fp32",
+                "control flow: interface kept FP32, body nodes planned one by one",
+            )
         if not ctx.info.slots(ref.node, ctx.precision.onnx_dtype).has_float:
             return Decision(Kind.KEEP, "rule:index-like", "no floating-point tensors")
         return None
 
 
 class SchemaRule(NodeRule):
-    """The op must accept the low dtype at the model's opset."""
+    """The op must accept the low dtype at the model's opset (and work on tensors, not sequences)."""
 
     def decide(self, ref: NodeRef, ctx: RuleContext) -> Decision | None:
-        blocked = ctx.info.slots(ref.node, ctx.precision.onnx_dtype).blocked
+        """The verdict for ``ref``, or None when the rule does not apply."""
+        blocked = ctx.info.slots(ref.node, ctx.precision.onnx_dtype).blocked or _never_low(ref, ctx)
         if blocked:
             return Decision(Kind.KEEP, "rule:keep-fp32", blocked)
         return None
 
 
 class WeightRangeRule(NodeRule):
-    """Weights (initializers and Constant values) beyond FP16 range keep their consumer FP32; never clamped."""
+    """Weights (initializers, Constant values) beyond FP16 range keep their consumer FP32; never clamped."""
 
     def decide(self, ref: NodeRef, ctx: RuleContext) -> Decision | None:
+        """The verdict for ``ref``, or None when the rule does not apply."""
         if ctx.precision is Precision.BF16:
             return None
         for name in ref.node.input:
@@ -187,41 +264,61 @@ class WeightRangeRule(NodeRule):
             if st is None:
                 st = ctx.weight_stats[name] = _weight_stats(ctx.info.const_array(name))
             if st["absmax"] > FP16_MAX:
-                return Decision(Kind.KEEP, "weights:out-of-range",
-                                f"weight '{name}' reaches |{st['absmax']:.4g}| > FP16 max {FP16_MAX:g}", st)
+                return Decision(
+                    Kind.KEEP,
+                    "weights:out-of-range",
+                    f"weight '{name}' reaches |{st['absmax']:.4g}| > FP16 max {FP16_MAX:g}",
+                    st,
+                )
             if st["underflow_frac"] > WEIGHT_UNDERFLOW_LIMIT:
-                return Decision(Kind.KEEP, "weights:out-of-range",
-                                f"{st['underflow_frac']:.1%} of weight '{name}' would flush to zero in FP16", st)
+                return Decision(
+                    Kind.KEEP,
+                    "weights:out-of-range",
+                    f"{st['underflow_frac']:.1%} of weight '{name}' would flush to zero in FP16",
+                    st,
+                )
         return None
 
 
 class ActivationRangeRule(NodeRule):
-    """Calibration statistics: a tensor that overflows (or mostly underflows) keeps its producer and
-    consumers FP32. Integer tensors (token ids, indices) are never counted."""
+    """Calibration statistics: tensors that overflow (or mostly underflow) keep their nodes FP32.
+
+    The producer and the consumers of such a tensor stay FP32. Integer tensors (token ids, indices) are
+    never counted.
+    """
 
     def decide(self, ref: NodeRef, ctx: RuleContext) -> Decision | None:
+        """The verdict for ``ref``, or None when the rule does not apply."""
         if not ctx.stats:
             return None
         node = ref.node
         for name in list(node.output) + list(node.input):
             if not name or ctx.info.types.get(name) != FLOAT or ctx.info.is_const(name):
                 continue
-            st = ctx.stats.get(name)
+            prefix = ref.address[: len(ref.address) - len(node.name)]
+            st = ctx.stats.get(name) if not prefix else (ctx.stats.get(prefix + name) or ctx.stats.get(name))
             if st is None:
                 continue
             peak = max(_get(st, "absmax"), 0.0)
-            if ctx.precision is Precision.FP16 and (peak * RANGE_MARGIN > FP16_MAX
-                                                    or _get(st, "fp16_overflow_frac") > 0):
-                return Decision(Kind.KEEP, "range:overflow",
-                                f"tensor '{name}' reaches |{peak:.4g}| (x{RANGE_MARGIN:g} margin > {FP16_MAX:g})",
-                                {"absmax": peak, "p999": _get(st, "p999")})
+            if ctx.precision is Precision.FP16 and (
+                peak * RANGE_MARGIN > FP16_MAX or _get(st, "fp16_overflow_frac") > 0
+            ):
+                return Decision(
+                    Kind.KEEP,
+                    "range:overflow",
+                    f"tensor '{name}' reaches |{peak:.4g}| (x{RANGE_MARGIN:g} margin > {FP16_MAX:g})",
+                    {"absmax": peak, "p999": _get(st, "p999")},
+                )
             if name in node.output:
                 key = "fp16_underflow_frac" if ctx.precision is Precision.FP16 else "bf16_underflow_frac"
                 frac = _get(st, key)
                 if frac > UNDERFLOW_LIMIT:
-                    return Decision(Kind.KEEP, "range:underflow",
-                                    f"{frac:.1%} of tensor '{name}' flushes to zero in {ctx.precision.value}",
-                                    {key: frac, "min_nonzero": _get(st, "min_nonzero")})
+                    return Decision(
+                        Kind.KEEP,
+                        "range:underflow",
+                        f"{frac:.1%} of tensor '{name}' flushes to zero in {ctx.precision.value}",
+                        {key: frac, "min_nonzero": _get(st, "min_nonzero")},
+                    )
         return None
 
 
@@ -229,6 +326,7 @@ class IndexLikeRule(NodeRule):
     """Index-like ops and the shape arithmetic that feeds Reshape/Expand/Slice/Resize/... stay FP32."""
 
     def decide(self, ref: NodeRef, ctx: RuleContext) -> Decision | None:
+        """The verdict for ``ref``, or None when the rule does not apply."""
         if ref.node.op_type in INDEX_LIKE_OPS:
             return Decision(Kind.KEEP, "rule:index-like", f"{ref.node.op_type} computes indices or positions")
         if ref.address in ctx.index_like:
@@ -236,15 +334,43 @@ class IndexLikeRule(NodeRule):
         return None
 
 
+class EmbeddingRule(NodeRule):
+    """A Gather from a weight table (an embedding) runs low.
+
+    The table is stored once in the low dtype and the rows it returns are exact copies; the integer ids
+    never count against range rules.
+    """
+
+    def decide(self, ref: NodeRef, ctx: RuleContext) -> Decision | None:
+        """The verdict for ``ref``, or None when the rule does not apply."""
+        node = ref.node
+        if node.op_type != "Gather" or len(node.input) < 2:
+            return None
+        table, ids = node.input[0], node.input[1]
+        if (
+            ctx.info.types.get(table) == FLOAT
+            and ctx.info.is_const(table)
+            and ctx.info.types.get(ids) in (6, 7)
+            and ctx.info.numel(table) >= EMBEDDING_MIN_ELEMENTS
+        ):
+            return Decision(
+                Kind.LOW, "rule:fp16-safe", "embedding lookup: the table is stored in low precision"
+            )
+        return None
+
+
 class OpPolicyRule(NodeRule):
     """The torch.amp-seeded op-type policy; anything else follows its inputs."""
 
     def decide(self, ref: NodeRef, ctx: RuleContext) -> Decision | None:
+        """The verdict for ``ref``, or None when the rule does not apply."""
         op = ref.node.op_type
         if op in FP16_SAFE_OPS:
             return Decision(Kind.LOW, "rule:fp16-safe", f"{op} runs on matrix engines with FP32 accumulation")
         if op in KEEP_FP32_OPS:
-            return Decision(Kind.KEEP, "rule:keep-fp32", f"{op} overflows or accumulates error in low precision")
+            return Decision(
+                Kind.KEEP, "rule:keep-fp32", f"{op} overflows or accumulates error in low precision"
+            )
         return Decision(Kind.FOLLOW, "rule:follow", f"{op} follows the precision of its inputs")
 
 
@@ -277,13 +403,33 @@ def _respect_schema(verdict: Decision, ref: NodeRef, ctx: RuleContext) -> Decisi
     slots = ctx.info.slots(ref.node, ctx.precision.onnx_dtype)
     if not slots.has_float:
         return Decision(Kind.KEEP, "rule:index-like", "no floating-point tensors")
-    if slots.blocked or ref.node.op_type in CONTROL_FLOW_OPS:
-        return Decision(Kind.KEEP, "rule:keep-fp32", (slots.blocked or "control flow") + f" ({verdict.detail})")
+    blocked = slots.blocked or _never_low(ref, ctx)
+    if blocked:
+        return Decision(Kind.KEEP, "rule:keep-fp32", f"{blocked} ({verdict.detail})")
     return verdict
 
 
-def default_rules(*, keep_ops: Iterable[str] = (), low_ops: Iterable[str] = (), keep_nodes: Sequence[str] = (),
-                  low_nodes: Sequence[str] = (), overflow_nodes: Mapping[str, str] | None = None) -> list[NodeRule]:
+def _never_low(ref: NodeRef, ctx: RuleContext) -> str | None:
+    node = ref.node
+    if node.op_type in CONTROL_FLOW_OPS:
+        return "control flow: interface kept FP32"
+    if node.op_type in NEVER_LOW_OPS:
+        return f"{node.op_type} cannot compute in low precision"
+    if any(n in ctx.info.non_tensor for n in list(node.input) + list(node.output) if n):
+        return "sequence/optional values are kept FP32"
+    if any(n and n not in ctx.info.types for n in node.input):
+        return "an input's type is unknown (downstream of an op ONNX type inference does not know)"
+    return None
+
+
+def default_rules(
+    *,
+    keep_ops: Iterable[str] = (),
+    low_ops: Iterable[str] = (),
+    keep_nodes: Sequence[str] = (),
+    low_nodes: Sequence[str] = (),
+    overflow_nodes: Mapping[str, str] | None = None,
+) -> list[NodeRule]:
     """The standard rule list, user overrides first."""
     return [
         DomainRule(),
@@ -295,6 +441,7 @@ def default_rules(*, keep_ops: Iterable[str] = (), low_ops: Iterable[str] = (), 
         WeightRangeRule(),
         ActivationRangeRule(),
         IndexLikeRule(),
+        EmbeddingRule(),
         OpPolicyRule(),
     ]
 
@@ -340,5 +487,10 @@ def _compile(pattern: str) -> re.Pattern[str]:
     try:
         return re.compile(pattern)
     except re.error as err:
-        raise InvalidInputError(format_message(f"Node pattern '{pattern}'", f"an invalid regex ({err})",
-                                               "a Python regular expression, e.g. 'head/.*'")) from err
+        raise InvalidInputError(
+            format_message(
+                f"Node pattern '{pattern}'",
+                f"an invalid regex ({err})",
+                "a Python regular expression, e.g. 'head/.*'",
+            )
+        ) from err

@@ -71,8 +71,17 @@ class _Group:
 class _Verifier:
     """Measures a candidate low-node set against the FP32 reference with the chosen numerics."""
 
-    def __init__(self, model: Any, info: GraphInfo, emu: Any, refs: list[Any], batches: list[dict],
-                 budget: Budget, cfg: SearchConfig, labels: np.ndarray | None) -> None:
+    def __init__(
+        self,
+        model: Any,
+        info: GraphInfo,
+        emu: Any,
+        refs: list[Any],
+        batches: list[dict],
+        budget: Budget,
+        cfg: SearchConfig,
+        labels: np.ndarray | None,
+    ) -> None:
         self.model, self.info, self.emu, self.refs, self.batches = model, info, emu, refs, batches
         self.budget, self.cfg, self.labels = budget, cfg, labels
         self.topk = sorted({int(t.metric[3:]) for t in budget.terms if t.metric.startswith("top")} or {1})
@@ -94,8 +103,9 @@ class _Verifier:
             from mpinfer.precision.apply import apply_plan
 
             precisions = {a: low.get(a, Precision.FP32) for a in self.info.by_address}
-            converted = apply_plan(self.model, self.info, precisions, self.cfg.precision,
-                                   keep_io_types=self.cfg.keep_io_types).model
+            converted = apply_plan(
+                self.model, self.info, precisions, self.cfg.precision, keep_io_types=self.cfg.keep_io_types
+            ).model
             outs = [self._ort_run(converted, b) for b in self.batches]
             self.evaluations += len(self.info.nodes) * len(self.batches)
         else:
@@ -113,17 +123,26 @@ class _Verifier:
     def _ort_run(model: Any, batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         from mpinfer.modelio import ort_session
 
-        sess = ort_session(model)
+        sess: Any = ort_session(model)
         names = [o.name for o in sess.get_outputs()]
-        return {n: np.asarray(v, np.float32) if np.asarray(v).dtype.kind == "f" else v
-                for n, v in zip(names, sess.run(names, dict(batch)), strict=False)}
+        return {
+            n: np.asarray(v, np.float32) if np.asarray(v).dtype.kind == "f" else v
+            for n, v in zip(names, sess.run(names, dict(batch)), strict=False)
+        }
 
 
-def build_groups(info: GraphInfo, nodes: Sequence[NodeDecision], decisions: Mapping[str, Decision]) -> list[_Group]:
+def build_groups(
+    info: GraphInfo, nodes: Sequence[NodeDecision], decisions: Mapping[str, Decision]
+) -> list[_Group]:
     """Fused chains of searchable low nodes (main graph, not forced by the user)."""
     prec = {n.name: n.precision for n in nodes}
-    searchable = [ref for ref in info.nodes if ref.depth == 0 and prec[ref.address].is_low
-                  and not decisions[ref.address].reason.startswith("user:")]
+    searchable = [
+        ref
+        for ref in info.nodes
+        if ref.depth == 0
+        and prec[ref.address].is_low
+        and not decisions[ref.address].reason.startswith("user:")
+    ]
     parent: dict[str, str] = {ref.address: ref.address for ref in searchable}
 
     def root(a: str) -> str:
@@ -149,7 +168,9 @@ def build_groups(info: GraphInfo, nodes: Sequence[NodeDecision], decisions: Mapp
     return list(groups.values())
 
 
-def _local_error(model: Any, info: GraphInfo, group: _Group, refs: list[Any], low: Precision) -> tuple[float, int]:
+def _local_error(
+    model: Any, info: GraphInfo, group: _Group, refs: list[Any], low: Precision
+) -> tuple[float, int]:
     """Relative L2 error at the group's outputs when only the group runs low, fed FP32 reference tensors."""
     from onnx import helper
 
@@ -161,8 +182,11 @@ def _local_error(model: Any, info: GraphInfo, group: _Group, refs: list[Any], lo
     ext = list(dict.fromkeys(i for n in nodes for i in n.input if i and i not in produced))
     inits = [info.initializers[i] for i in ext if i in info.initializers]
     feeds_names = [i for i in ext if i not in info.initializers]
-    outs = [o for o in dict.fromkeys(o for n in nodes for o in n.output if o)
-            if o in info.graph_outputs or any(c[0] not in members for c in info.consumers.get(o, []))]
+    outs = [
+        o
+        for o in dict.fromkeys(o for n in nodes for o in n.output if o)
+        if o in info.graph_outputs or any(c[0] not in members for c in info.consumers.get(o, []))
+    ]
     if not outs:
         return 0.0, 0
     sample = refs[0].tensors
@@ -171,8 +195,9 @@ def _local_error(model: Any, info: GraphInfo, group: _Group, refs: list[Any], lo
         arr = np.asarray(sample[name])
         return helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(arr.dtype), None)
 
-    graph = helper.make_graph(nodes, f"group_{group.anchor}", [vi(n) for n in feeds_names], [vi(o) for o in outs],
-                              initializer=inits)
+    graph = helper.make_graph(
+        nodes, f"group_{group.anchor}", [vi(n) for n in feeds_names], [vi(o) for o in outs], initializer=inits
+    )
     sub = helper.make_model(graph, opset_imports=list(info.model.opset_import))
     sub.ir_version = info.model.ir_version
     emu = GraphEmulator(sub)
@@ -209,9 +234,14 @@ def _labels_for(feeds: Any, batches: list[dict[str, np.ndarray]], budget: Budget
         return None
     labels = getattr(feeds, "labels", None)
     if labels is None:
-        raise InvalidInputError(format_message(
-            "Budget term 'accuracy'", "calibration data without labels", "an .npz with a '_labels' array",
-            "add _labels to the .npz, or use agreement metrics such as top1>=0.999"))
+        raise InvalidInputError(
+            format_message(
+                "Budget term 'accuracy'",
+                "calibration data without labels",
+                "an .npz with a '_labels' array",
+                "add _labels to the .npz, or use agreement metrics such as top1>=0.999",
+            )
+        )
     n = sum(len(next(iter(b.values()))) for b in batches)
     return np.asarray(labels)[:n]
 
@@ -222,14 +252,25 @@ def _open_emulator(model: Any, cfg: SearchConfig) -> Any:
     emu = GraphEmulator(model)
     missing = emu.unsupported_ops()
     if missing and cfg.numerics == "strict":
-        raise InvalidInputError(format_message(
-            "Strict numerics", f"a model with ops the emulator cannot run ({', '.join(sorted(missing))})",
-            "ops with strict kernels", "use --numerics ort (not for bf16), or convert without --budget"))
+        raise InvalidInputError(
+            format_message(
+                "Strict numerics",
+                f"a model with ops the emulator cannot run ({', '.join(sorted(missing))})",
+                "ops with strict kernels",
+                "use --numerics ort (not for bf16), or convert without --budget",
+            )
+        )
     return None if missing else emu
 
 
-def search_plan(model: Any, info: GraphInfo, decisions: Mapping[str, Decision], nodes: Sequence[NodeDecision],
-                feeds: Any, cfg: SearchConfig) -> SearchOutcome:
+def search_plan(
+    model: Any,
+    info: GraphInfo,
+    decisions: Mapping[str, Decision],
+    nodes: Sequence[NodeDecision],
+    feeds: Any,
+    cfg: SearchConfig,
+) -> SearchOutcome:
     """Search the low-precision node set that meets ``cfg.budget`` with the most FLOPs in low precision.
 
     Args:
@@ -250,6 +291,49 @@ def search_plan(model: Any, info: GraphInfo, decisions: Mapping[str, Decision], 
     from rich.progress import Progress
 
     start = time.perf_counter()
+    ver = _reference(model, info, feeds, cfg)
+    groups = build_groups(info, nodes, decisions)
+    members = {a for g in groups for a in g.members}
+    forced = {n.name: n.precision for n in nodes if n.precision.is_low and n.name not in members}
+    with Progress(transient=True, disable=not cfg.progress) as bar:
+        task = bar.add_task("sensitivity", total=len(groups))
+        for g in groups:
+            if ver.emu is not None:
+                g.error, evals = _local_error(model, info, g, ver.refs, cfg.precision)
+                ver.evaluations += evals
+            bar.advance(task)
+        order = sorted(
+            (g for g in groups if math.isfinite(g.error)), key=lambda g: -g.flops / max(g.error, ERROR_FLOOR)
+        )
+        accepted, metrics = _bisect(order, forced, ver, bar, cfg)
+    chosen = {a for g in accepted for a in g.members}
+    cost = {
+        "node_evaluations": int(ver.evaluations),
+        "verifications": int(ver.verifications),
+        "groups": len(groups),
+        "groups_low": len(accepted),
+        "batches": len(ver.batches),
+        "wall_s": round(time.perf_counter() - start, 3),
+        "numerics": cfg.numerics,
+        "model_nodes": len(info.nodes),
+    }
+    logger.info(
+        "search: %d/%d groups low, %d verifications, %d node evaluations, %.1fs",
+        len(accepted),
+        len(groups),
+        ver.verifications,
+        ver.evaluations,
+        cost["wall_s"],
+    )
+    return SearchOutcome(_finalize(nodes, groups, chosen), {k: _clean(v) for k, v in metrics.items()}, cost)
+
+
+def _reference(model: Any, info: GraphInfo, feeds: Any, cfg: SearchConfig) -> _Verifier:
+    """FP32 reference runs (kept for run_from), and the check that the FP32 model meets the budget.
+
+    Raises:
+        AccuracyMismatchError: The budget fails even with every node in FP32.
+    """
     budget = parse_budget(cfg.budget)
     batches = _take_batches(feeds, max(cfg.batches, 1))
     labels = _labels_for(feeds, batches, budget)
@@ -259,37 +343,21 @@ def search_plan(model: Any, info: GraphInfo, decisions: Mapping[str, Decision], 
     ver.evaluations += len(info.nodes) * len(refs)
     base_metrics = ver.metrics({})
     if not budget.met(base_metrics):
-        raise AccuracyMismatchError(format_message(
-            f"Budget '{cfg.budget}'", "a budget the model misses even with every node in FP32: "
-            + "; ".join(budget.failures(base_metrics)), "a budget the FP32 model meets",
-            "loosen the budget (agreement metrics such as cosine/top1 compare with the FP32 model itself)"))
-    groups = build_groups(info, nodes, decisions)
-    forced = {n.name: n.precision for n in nodes if n.precision.is_low
-              and not any(n.name in g.members for g in groups)}
-    with Progress(transient=True, disable=not cfg.progress) as bar:
-        task = bar.add_task("sensitivity", total=len(groups))
-        for g in groups:
-            if emu is not None:
-                g.error, evals = _local_error(model, info, g, refs, cfg.precision)
-                ver.evaluations += evals
-            bar.advance(task)
-        order = sorted((g for g in groups if math.isfinite(g.error)),
-                       key=lambda g: -g.flops / max(g.error, ERROR_FLOOR))
-        accepted, final = _bisect(order, forced, ver, bar, cfg)
-    metrics = final
-    chosen = {a for g in accepted for a in g.members}
-    out_nodes = _finalize(nodes, groups, chosen)
-    cost = {"node_evaluations": int(ver.evaluations), "verifications": int(ver.verifications),
-            "groups": len(groups), "groups_low": len(accepted), "batches": len(batches),
-            "wall_s": round(time.perf_counter() - start, 3), "numerics": cfg.numerics,
-            "model_nodes": len(info.nodes)}
-    logger.info("search: %d/%d groups low, %d verifications, %d node evaluations, %.1fs", len(accepted),
-                len(groups), ver.verifications, ver.evaluations, cost["wall_s"])
-    return SearchOutcome(out_nodes, {k: _clean(v) for k, v in metrics.items()}, cost)
+        raise AccuracyMismatchError(
+            format_message(
+                f"Budget '{cfg.budget}'",
+                "a budget the model misses even with every node in FP32: "
+                + "; ".join(budget.failures(base_metrics)),
+                "a budget the FP32 model meets",
+                "loosen the budget (agreement metrics such as cosine/top1 compare with the FP32 model)",
+            )
+        )
+    return ver
 
 
-def _bisect(order: list[_Group], forced: Mapping[str, Precision], ver: _Verifier, bar: Any,
-            cfg: SearchConfig) -> tuple[list[_Group], dict[str, float]]:
+def _bisect(
+    order: list[_Group], forced: Mapping[str, Precision], ver: _Verifier, bar: Any, cfg: SearchConfig
+) -> tuple[list[_Group], dict[str, float]]:
     def low_of(groups: Sequence[_Group]) -> dict[str, Precision]:
         low = dict(forced)
         low.update({a: cfg.precision for g in groups for a in g.members})
@@ -302,10 +370,15 @@ def _bisect(order: list[_Group], forced: Mapping[str, Precision], ver: _Verifier
         return order, full
     base = ver.metrics(low_of([]))
     if not ver.budget.met(base):
-        raise AccuracyMismatchError(format_message(
-            f"Budget '{cfg.budget}'", "a budget the nodes forced low by --low-op/--low-node already break: "
-            + "; ".join(ver.budget.failures(base)), "a budget those nodes meet",
-            "drop some --low-op/--low-node overrides or loosen the budget"))
+        raise AccuracyMismatchError(
+            format_message(
+                f"Budget '{cfg.budget}'",
+                "a budget the nodes forced low by --low-op/--low-node already break: "
+                + "; ".join(ver.budget.failures(base)),
+                "a budget those nodes meet",
+                "drop some --low-op/--low-node overrides or loosen the budget",
+            )
+        )
     lo, hi, best = 0, len(order), base
     while hi - lo > 1:
         mid = (lo + hi) // 2
@@ -316,7 +389,7 @@ def _bisect(order: list[_Group], forced: Mapping[str, Precision], ver: _Verifier
         else:
             hi = mid
     accepted = list(order[:lo])
-    for g in order[hi:hi + MAX_REFINE]:
+    for g in order[hi : hi + MAX_REFINE]:
         m = ver.metrics(low_of([*accepted, g]))
         bar.advance(task)
         if ver.budget.met(m):
@@ -325,7 +398,9 @@ def _bisect(order: list[_Group], forced: Mapping[str, Precision], ver: _Verifier
     return accepted, best
 
 
-def _finalize(nodes: Sequence[NodeDecision], groups: Sequence[_Group], chosen: set[str]) -> list[NodeDecision]:
+def _finalize(
+    nodes: Sequence[NodeDecision], groups: Sequence[_Group], chosen: set[str]
+) -> list[NodeDecision]:
     error = {a: g.error for g in groups for a in g.members}
     out = []
     for n in nodes:
@@ -336,8 +411,10 @@ def _finalize(nodes: Sequence[NodeDecision], groups: Sequence[_Group], chosen: s
         if n.name in chosen:
             out.append(NodeDecision(n.name, n.op_type, n.precision, n.reason, n.detail, stats))
         else:
-            detail = (f"kept FP32 by the budget search: its group's local error {error[n.name]:.3g} did not fit "
-                      "the budget")
+            detail = (
+                f"kept FP32 by the budget search: its group's local error {error[n.name]:.3g} did not fit "
+                "the budget"
+            )
             out.append(NodeDecision(n.name, n.op_type, Precision.FP32, "sensitivity", detail, stats))
     return out
 
@@ -347,3 +424,29 @@ def _clean(v: float) -> float | str:
     if isinstance(v, float) and not math.isfinite(v):
         return str(v)
     return float(v)
+
+
+def measure_plan(
+    model: Any, nodes: Sequence[NodeDecision], feeds: Any, *, batches: int = 1
+) -> dict[str, Any]:
+    """Expected error of a plan without a budget: strict emulation of the plan vs the FP32 reference.
+
+    Returns an empty dict when the emulator cannot run the model (the plan is still valid).
+    """
+    from mpinfer.errors import BackendUnavailableError
+
+    try:
+        emu = _open_emulator(
+            model, SearchConfig(budget="cosine>=0", precision=Precision.FP16, numerics="ort")
+        )
+    except BackendUnavailableError:
+        return {}
+    if emu is None:
+        return {}
+    low = {n.name: n.precision for n in nodes if n.precision.is_low}
+    refs, outs = [], []
+    for batch in _take_batches(feeds, batches):
+        refs.append(emu.run(batch, None).outputs)
+        outs.append(emu.run(batch, low).outputs)
+    names = [n for n, v in refs[0].items() if np.asarray(v).dtype.kind == "f"]
+    return {k: _clean(v) for k, v in output_metrics(refs, outs, names).items()}

@@ -1,7 +1,9 @@
-"""The validity gate run after every rewrite: full ``onnx.checker``, strict type/shape inference and an
-ONNX Runtime session load. A failure is a bug in mpinfer (:class:`InternalError` naming the node), never
+"""The validity gate run after every rewrite.
+
+Full ``onnx.checker``, strict type/shape inference and an ONNX Runtime session load. A failure is a
+bug in mpinfer (:class:`InternalError` naming the node), never
 an invalid file on disk. Checks the *input* model already fails (e.g. ONNX Runtime has no kernel for one of
-its ops) are not held against the output; :func:`baseline_failures` records them.
+its ops) are not held against the output.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from mpinfer.errors import InternalError
 logger = logging.getLogger(__name__)
 
 CHECKS = ("checker", "inference", "onnxruntime")
-_MISSING_KERNEL = "Could not find an implementation for"
+_MISSING_KERNEL = ("Could not find an implementation for", "Failed to find kernel for")
 _NODE_RE = re.compile(r"node name:\s*([^)\s]+)|Node\s*\(([^)]+)\)|node '([^']+)'|name:\s*'?([^'\s,)]+)", re.I)
 
 
@@ -82,15 +84,16 @@ def _run(model: Any, path: Path | None, checks: tuple[str, ...]) -> list[GateFai
                 onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True)
             else:
                 with tempfile.TemporaryDirectory() as td:
-                    onnx.shape_inference.infer_shapes_path(str(path), str(Path(td) / "inferred.onnx"),
-                                                           check_type=True, strict_mode=True)
+                    onnx.shape_inference.infer_shapes_path(
+                        str(path), str(Path(td) / "inferred.onnx"), check_type=True, strict_mode=True
+                    )
         except Exception as err:  # noqa: BLE001 - InferenceError and friends
             failures.append(GateFailure("inference", _node_from(str(err)), str(err)))
     if "onnxruntime" in checks:
         try:
             _ort_load(model, path)
         except Exception as err:  # noqa: BLE001 - onnxruntime raises its own types
-            if _MISSING_KERNEL in str(err):
+            if any(m in str(err) for m in _MISSING_KERNEL):
                 # The CPU provider lacks a kernel for a dtype (BF16 MatMul/Conv, some FP16 ops): the model is
                 # valid, GPU providers and TensorRT run it; not a validity failure.
                 logger.info("ONNX Runtime CPU has no kernel for a node of this model: %s", str(err)[:300])
@@ -106,28 +109,45 @@ def _ort_load(model: Any, path: Path | None) -> None:
     so = ort.SessionOptions()
     so.log_severity_level = 3
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    so.add_session_config_entry("session.disable_prepacking", "1")  # a load check needs no packed copies
     src = str(path) if path is not None else model.SerializeToString()
     ort.InferenceSession(src, so, providers=["CPUExecutionProvider"])
 
 
-def gate(model: Any, *, baseline: list[GateFailure] | None = None, stage: str = "rewrite",
-         path: Path | None = None) -> None:
-    """Raise InternalError if ``model`` fails a check the input model passed.
+def validity_failures(
+    model: Any, *, baseline_model: Any = None, baseline_path: Path | None = None, path: Path | None = None
+) -> list[GateFailure]:
+    """The checks ``model`` fails that the input model passes.
+
+    The input is checked lazily: only for the checks the output fails (e.g. ONNX Runtime cannot load the
+    input either because it lacks a kernel), so a valid output costs one round of checks.
 
     Args:
         model: The rewritten model (or None with ``path``).
-        baseline: Failures of the input model (checks it already fails are skipped).
-        stage: What produced the model, for the message.
+        baseline_model: The input model in memory, or
+        baseline_path: the input model's file (for models over 2 GB).
         path: Check this saved file instead of ``model``.
-
-    Raises:
-        InternalError: Naming the check, the node and the message.
     """
-    skip = {f.check for f in (baseline or [])}
-    checks = tuple(c for c in CHECKS if c not in skip)
-    if not checks:
-        return
-    failures = run_checks_path(path, checks) if path is not None else run_checks(model, checks)
+    failures = run_checks_path(path) if path is not None else run_checks(model)
+    if failures and (baseline_model is not None or baseline_path is not None):
+        checks = tuple(sorted({f.check for f in failures}))
+        base = (
+            run_checks_path(baseline_path, checks)
+            if baseline_path is not None
+            else run_checks(baseline_model, checks)
+        )
+        already = {f.check for f in base}
+        if already:
+            logger.warning(
+                "The input model already fails the %s check(s); not held against the output.",
+                ", ".join(sorted(already)),
+            )
+        failures = [f for f in failures if f.check not in already]
+    return failures
+
+
+def raise_invalid(failures: list[GateFailure], stage: str) -> None:
+    """Raise InternalError for the first failure (no-op when there is none)."""
     if failures:
         f = failures[0]
         where = f"node '{f.node}'" if f.node else "the model"
@@ -136,3 +156,57 @@ def gate(model: Any, *, baseline: list[GateFailure] | None = None, stage: str = 
             f"{f.message.strip()[:2000]}. This is a bug in mpinfer; the output was not written. "
             "Work around it with --keep-node for that node and report it."
         )
+
+
+def gate(
+    model: Any,
+    *,
+    baseline_model: Any = None,
+    baseline_path: Path | None = None,
+    stage: str = "rewrite",
+    path: Path | None = None,
+) -> None:
+    """Raise InternalError if ``model`` fails a check that the input model passes.
+
+    Args:
+        model: The rewritten model (or None with ``path``).
+        baseline_model: The input model in memory, or
+        baseline_path: the input model's file (for models over 2 GB).
+        stage: What produced the model, for the message.
+        path: Check this saved file instead of ``model``.
+
+    Raises:
+        InternalError: Naming the check, the node and the message.
+    """
+    raise_invalid(
+        validity_failures(model, baseline_model=baseline_model, baseline_path=baseline_path, path=path), stage
+    )
+
+
+def runtime_suspects(failure: GateFailure, info: Any, low: set[str]) -> set[str]:
+    """Low nodes an ONNX-valid model's ONNX Runtime refusal points at (its kernels lack the dtype).
+
+    Names in the message are matched as node addresses, tensors (their low producer and readers) and op
+    types (``(Where)``, ``_inlfunc_SoftmaxCrossEntropyLoss_...``); when none matches, low nodes of function
+    ops (which ONNX Runtime inlines when it has no kernel) are the suspects.
+    """
+    tokens = set(re.findall(r"\(([^()\s]+)\)", failure.message)) | set(
+        re.findall(r"_inlfunc_([A-Za-z]+)_", failure.message)
+    )
+    hits: set[str] = set()
+    for tok in tokens:
+        base = tok.split("__cast_to_")[0]
+        if base in low:
+            hits.add(base)
+        hits.update(a for a, _ in info.consumers.get(base, []) if a in low)
+        if info.producer.get(base) in low:
+            hits.add(info.producer[base])
+        hits.update(a for a in low if info.by_address[a].node.op_type == tok)
+    if hits:
+        return hits
+    out = set()
+    for a in low:
+        schema = info.schema(info.by_address[a].node)
+        if schema is not None and (schema.has_function or schema.has_context_dependent_function):
+            out.add(a)
+    return out

@@ -26,23 +26,48 @@ def _npz(path, **arrays):
 def test_convert_writes_model_and_plan(invoke, model_path, tmp_path):
     out = tmp_path / "out" / "m.fp16.onnx"
     data = _npz(tmp_path / "cal.npz", x=np.random.default_rng(0).standard_normal((32, 8)).astype(np.float32))
-    r = invoke("convert", model_path, "--precision", "fp16", "--calibration", data,
-               "--budget", "cosine>=0.999,top1>=0.9", "-o", out)
+    r = invoke(
+        "convert",
+        model_path,
+        "--precision",
+        "fp16",
+        "--calibration",
+        data,
+        "--budget",
+        "cosine>=0.999,top1>=0.9",
+        "-o",
+        out,
+    )
     assert r.exit_code == 0, r.output
     assert out.exists() and (tmp_path / "out" / "m.fp16.plan.json").exists()
     assert "nodes low" in r.output
     plan = json.loads((tmp_path / "out" / "m.fp16.plan.json").read_text())
     assert plan["budget"] == "cosine>=0.999,top1>=0.9" and plan["summary"]["search"]["node_evaluations"] > 0
-    again = invoke("convert", model_path, "--plan", tmp_path / "out" / "m.fp16.plan.json", "-o",
-                   tmp_path / "re.onnx")
+    again = invoke(
+        "convert", model_path, "--plan", tmp_path / "out" / "m.fp16.plan.json", "-o", tmp_path / "re.onnx"
+    )
     assert again.exit_code == 0, again.output
     assert (tmp_path / "re.onnx").read_bytes() == out.read_bytes()
 
 
 def test_overrides(invoke, model_path, tmp_path):
     out = tmp_path / "m.bf16.onnx"
-    r = invoke("convert", model_path, "--precision", "bf16", "--keep-op", "Relu", "--keep-node", "fc2",
-               "--low-op", "Softmax", "--calibration", "none", "-o", out)
+    r = invoke(
+        "convert",
+        model_path,
+        "--precision",
+        "bf16",
+        "--keep-op",
+        "Relu",
+        "--keep-node",
+        "fc2",
+        "--low-op",
+        "Softmax",
+        "--calibration",
+        "none",
+        "-o",
+        out,
+    )
     assert r.exit_code == 0, r.output
     nodes = {n["name"]: n for n in json.loads((tmp_path / "m.bf16.plan.json").read_text())["nodes"]}
     assert nodes["relu"]["reason"] == "user:keep-op" and nodes["relu"]["precision"] == "fp32"
@@ -72,8 +97,13 @@ def _external(tmp_path, location):
     w.ClearField("raw_data")
     w.data_location = TensorProto.EXTERNAL
     w.external_data.add(key="location", value=location)
-    g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], "g", [fvi("x", [2, 8])],
-                          [fvi("y", [2, 4])], [w])
+    g = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")],
+        "g",
+        [fvi("x", [2, 8])],
+        [fvi("y", [2, 4])],
+        [w],
+    )
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
     p = tmp_path / "ext.onnx"
     p.write_bytes(m.SerializeToString())
@@ -102,12 +132,15 @@ def test_already_fp16(invoke, model_path, tmp_path):
     assert forced.exit_code == 0, forced.output
 
 
-@pytest.mark.parametrize("arrays, match", [
-    ({"inp": np.zeros((4, 8), np.float32)}, "missing: x"),
-    ({"x": np.zeros((4, 8), np.float64)}, "dtype float64"),
-    ({"x": np.zeros((4, 7), np.float32)}, "shape"),
-    ({"x": np.full((4, 8), np.nan, np.float32)}, "NaN"),
-])
+@pytest.mark.parametrize(
+    "arrays, match",
+    [
+        ({"inp": np.zeros((4, 8), np.float32)}, "missing: x"),
+        ({"x": np.zeros((4, 8), np.float64)}, "dtype float64"),
+        ({"x": np.zeros((4, 7), np.float32)}, "shape"),
+        ({"x": np.full((4, 8), np.nan, np.float32)}, "NaN"),
+    ],
+)
 def test_bad_calibration_data(invoke, model_path, tmp_path, arrays, match):
     data = _npz(tmp_path / "cal.npz", **arrays)
     r = invoke("convert", model_path, "--calibration", data, "-o", tmp_path / "o.onnx")
@@ -117,9 +150,14 @@ def test_bad_calibration_data(invoke, model_path, tmp_path, arrays, match):
 
 def test_unmeetable_budget(invoke, model_path, tmp_path):
     rng = np.random.default_rng(0)
-    data = _npz(tmp_path / "cal.npz", x=rng.standard_normal((64, 8)).astype(np.float32),
-                _labels=rng.integers(0, 4, 64))
-    r = invoke("convert", model_path, "--calibration", data, "--budget", "accuracy>=0.99", "-o", tmp_path / "o.onnx")
+    data = _npz(
+        tmp_path / "cal.npz",
+        x=rng.standard_normal((64, 8)).astype(np.float32),
+        _labels=rng.integers(0, 4, 64),
+    )
+    r = invoke(
+        "convert", model_path, "--calibration", data, "--budget", "accuracy>=0.99", "-o", tmp_path / "o.onnx"
+    )
     assert_user_error(r, "even with every node in FP32")
     assert not (tmp_path / "o.onnx").exists()
 
@@ -139,14 +177,26 @@ def test_output_exists_needs_force(invoke, model_path, tmp_path):
 
 
 def test_bf16_with_ort_numerics_refused(invoke, model_path, tmp_path):
-    r = invoke("convert", model_path, "--precision", "bf16", "--numerics", "ort", "--budget", "cosine>=0.99",
-               "-o", tmp_path / "o.onnx")
+    r = invoke(
+        "convert",
+        model_path,
+        "--precision",
+        "bf16",
+        "--numerics",
+        "ort",
+        "--budget",
+        "cosine>=0.99",
+        "-o",
+        tmp_path / "o.onnx",
+    )
     assert_user_error(r, "strict")
 
 
 def test_unknown_ops_kept_and_reported(invoke, tmp_path):
-    nodes = [helper.make_node("MatMul", ["x", "w"], ["a"], name="mm"),
-             helper.make_node("Frobnicate", ["a"], ["y"], name="frob", domain="acme")]
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["a"], name="mm"),
+        helper.make_node("Frobnicate", ["a"], ["y"], name="frob", domain="acme"),
+    ]
     g = helper.make_graph(nodes, "g", [fvi("x", [2, 4])], [fvi("y", [2, 4])], [init("w", rng_w(4, 4))])
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("acme", 1)])
     src = save(m, tmp_path / "c.onnx")

@@ -11,8 +11,12 @@ from onnx import TensorProto, helper, numpy_helper
 OPSET = 17
 
 
-def make(nodes, inputs, outputs, inits=(), *, opset: int = OPSET, value_info=(), doc: str = "") -> onnx.ModelProto:
-    graph = helper.make_graph(nodes, "g", inputs, outputs, initializer=list(inits), value_info=list(value_info))
+def make(
+    nodes, inputs, outputs, inits=(), *, opset: int = OPSET, value_info=(), doc: str = ""
+) -> onnx.ModelProto:
+    graph = helper.make_graph(
+        nodes, "g", inputs, outputs, initializer=list(inits), value_info=list(value_info)
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
     model.ir_version = 8
     model.doc_string = doc
@@ -42,8 +46,12 @@ def mlp(hidden: int = 16) -> onnx.ModelProto:
         helper.make_node("Add", ["o", "b2"], ["logits"], name="add2"),
         helper.make_node("Softmax", ["logits"], ["y"], name="softmax", axis=-1),
     ]
-    inits = [init("w1", rng_w(8, hidden)), init("b1", rng_w(hidden, seed=1)), init("w2", rng_w(hidden, 4, seed=2)),
-             init("b2", rng_w(4, seed=3))]
+    inits = [
+        init("w1", rng_w(8, hidden)),
+        init("b1", rng_w(hidden, seed=1)),
+        init("w2", rng_w(hidden, 4, seed=2)),
+        init("b2", rng_w(4, seed=3)),
+    ]
     return make(nodes, [fvi("x", ["N", 8])], [fvi("y", ["N", 4])], inits)
 
 
@@ -55,6 +63,10 @@ def save(model: onnx.ModelProto, path: Path) -> Path:
 def run_ort(model_or_path, feeds):
     import onnxruntime as ort
 
-    src = model_or_path.SerializeToString() if isinstance(model_or_path, onnx.ModelProto) else str(model_or_path)
+    src = (
+        model_or_path.SerializeToString()
+        if isinstance(model_or_path, onnx.ModelProto)
+        else str(model_or_path)
+    )
     sess = ort.InferenceSession(src, providers=["CPUExecutionProvider"])
     return sess.run(None, feeds)

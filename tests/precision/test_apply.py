@@ -51,10 +51,16 @@ def test_mlp_casts_only_at_boundaries(tmp_path):
 
 
 def test_shared_initializer_duplicated_only_when_consumers_disagree(tmp_path):
-    nodes = [helper.make_node("MatMul", ["x", "w"], ["a"], name="mm"),
-             helper.make_node("Add", ["x2", "w"], ["b"], name="add_fp32")]
-    model = make(nodes, [fvi("x", [2, 4]), fvi("x2", [4, 4])], [fvi("a", [2, 4]), fvi("b", [4, 4])],
-                 [init("w", rng_w(4, 4))])
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["a"], name="mm"),
+        helper.make_node("Add", ["x2", "w"], ["b"], name="add_fp32"),
+    ]
+    model = make(
+        nodes,
+        [fvi("x", [2, 4]), fvi("x2", [4, 4])],
+        [fvi("a", [2, 4]), fvi("b", [4, 4])],
+        [init("w", rng_w(4, 4))],
+    )
     out, _ = _convert(tmp_path, model)
     inits = {t.name: t.data_type for t in out.graph.initializer}
     assert inits == {"w": TensorProto.FLOAT, "w__fp16": FP16}
@@ -64,13 +70,24 @@ def test_shared_initializer_duplicated_only_when_consumers_disagree(tmp_path):
 
 def test_weights_out_of_fp16_range_kept_fp32_not_clamped(tmp_path):
     big = np.full((4, 4), 1e8, np.float32)
-    nodes = [helper.make_node("MatMul", ["x", "w"], ["y"], name="mm"),
-             helper.make_node("Constant", [], ["c"], name="const",
-                              value=helper.make_tensor("v", TensorProto.FLOAT, [4], [1e9, 1, 2, 3])),
-             helper.make_node("MatMul", ["x", "w2"], ["z0"], name="mm2"),
-             helper.make_node("Mul", ["z0", "c"], ["z"], name="mul")]
-    model = make(nodes, [fvi("x", [2, 4])], [fvi("y", [2, 4]), fvi("z", [2, 4])],
-                 [init("w", big), init("w2", rng_w(4, 4))])
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["y"], name="mm"),
+        helper.make_node(
+            "Constant",
+            [],
+            ["c"],
+            name="const",
+            value=helper.make_tensor("v", TensorProto.FLOAT, [4], [1e9, 1, 2, 3]),
+        ),
+        helper.make_node("MatMul", ["x", "w2"], ["z0"], name="mm2"),
+        helper.make_node("Mul", ["z0", "c"], ["z"], name="mul"),
+    ]
+    model = make(
+        nodes,
+        [fvi("x", [2, 4])],
+        [fvi("y", [2, 4]), fvi("z", [2, 4])],
+        [init("w", big), init("w2", rng_w(4, 4))],
+    )
     out, res = _convert(tmp_path, model)
     reasons = {n.name: n.reason for n in res.plan.nodes}
     assert reasons["mm"] == "weights:out-of-range" and reasons["mul"] == "weights:out-of-range"
@@ -83,10 +100,16 @@ def test_weights_out_of_fp16_range_kept_fp32_not_clamped(tmp_path):
 
 def test_embedding_table_converted_integer_ids_ignored(tmp_path):
     table = rng_w(100, 8)
-    nodes = [helper.make_node("Gather", ["table", "ids"], ["e"], name="embed"),
-             helper.make_node("MatMul", ["e", "w"], ["y"], name="mm")]
-    model = make(nodes, [fvi("ids", [2, 5], TensorProto.INT64)], [fvi("y", [2, 5, 4])],
-                 [init("table", table), init("w", rng_w(8, 4))])
+    nodes = [
+        helper.make_node("Gather", ["table", "ids"], ["e"], name="embed"),
+        helper.make_node("MatMul", ["e", "w"], ["y"], name="mm"),
+    ]
+    model = make(
+        nodes,
+        [fvi("ids", [2, 5], TensorProto.INT64)],
+        [fvi("y", [2, 5, 4])],
+        [init("table", table), init("w", rng_w(8, 4))],
+    )
     out, res = _convert(tmp_path, model)
     assert {t.name: t.data_type for t in out.graph.initializer}["table"] == FP16
     assert res.plan.precisions()["embed"] is Precision.FP16
@@ -97,9 +120,16 @@ def test_existing_casts_and_dtype_attributes_patched(tmp_path):
         helper.make_node("MatMul", ["x", "w"], ["a"], name="mm"),
         helper.make_node("Cast", ["a"], ["a32"], name="cast_f", to=TensorProto.FLOAT),
         helper.make_node("Shape", ["a32"], ["shp"], name="shape"),
-        helper.make_node("ConstantOfShape", ["shp"], ["ones"], name="cos",
-                         value=helper.make_tensor("v", TensorProto.FLOAT, [1], [1.0])),
-        helper.make_node("RandomNormalLike", ["a32"], ["noise"], name="rnd", dtype=TensorProto.FLOAT, scale=1e-4),
+        helper.make_node(
+            "ConstantOfShape",
+            ["shp"],
+            ["ones"],
+            name="cos",
+            value=helper.make_tensor("v", TensorProto.FLOAT, [1], [1.0]),
+        ),
+        helper.make_node(
+            "RandomNormalLike", ["a32"], ["noise"], name="rnd", dtype=TensorProto.FLOAT, scale=1e-4
+        ),
         helper.make_node("EyeLike", ["sq"], ["eye"], name="eye", dtype=TensorProto.FLOAT),
         helper.make_node("Add", ["a32", "ones"], ["b"], name="add"),
         helper.make_node("Add", ["b", "noise"], ["c"], name="add2"),
@@ -114,17 +144,27 @@ def test_existing_casts_and_dtype_attributes_patched(tmp_path):
     assert {a.name: a.i for a in by["eye"].attribute}["dtype"] == FP16
     x = np.random.default_rng(0).standard_normal((2, 4)).astype(np.float32)
     sq = np.zeros((4, 4), np.float32)
-    np.testing.assert_allclose(run_ort(out, {"x": x, "sq": sq})[0], run_ort(model, {"x": x, "sq": sq})[0],
-                               atol=1e-2)
+    np.testing.assert_allclose(
+        run_ort(out, {"x": x, "sq": sq})[0], run_ort(model, {"x": x, "sq": sq})[0], atol=1e-2
+    )
 
 
 def test_resize_scales_stay_fp32(tmp_path):
-    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv"),
-             helper.make_node("Resize", ["c", "", "scales"], ["r"], name="resize", mode="nearest"),
-             helper.make_node("Conv", ["r", "w2"], ["y"], name="conv2")]
-    model = make(nodes, [fvi("x", [1, 2, 4, 4])], [fvi("y", [1, 2, 8, 8])],
-                 [init("w", rng_w(2, 2, 1, 1)), init("scales", np.array([1, 1, 2, 2], np.float32)),
-                  init("w2", rng_w(2, 2, 1, 1))])
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], name="conv"),
+        helper.make_node("Resize", ["c", "", "scales"], ["r"], name="resize", mode="nearest"),
+        helper.make_node("Conv", ["r", "w2"], ["y"], name="conv2"),
+    ]
+    model = make(
+        nodes,
+        [fvi("x", [1, 2, 4, 4])],
+        [fvi("y", [1, 2, 8, 8])],
+        [
+            init("w", rng_w(2, 2, 1, 1)),
+            init("scales", np.array([1, 1, 2, 2], np.float32)),
+            init("w2", rng_w(2, 2, 1, 1)),
+        ],
+    )
     out, res = _convert(tmp_path, model)
     assert res.plan.precisions()["resize"] is Precision.FP16
     assert {t.name: t.data_type for t in out.graph.initializer}["scales"] == TensorProto.FLOAT
@@ -132,14 +172,20 @@ def test_resize_scales_stay_fp32(tmp_path):
 
 
 def test_shape_arithmetic_feeding_reshape_is_index_like(tmp_path):
-    nodes = [helper.make_node("MatMul", ["x", "w"], ["a"], name="mm"),
-             helper.make_node("Shape", ["a"], ["s"], name="shape"),
-             helper.make_node("Cast", ["s"], ["sf"], name="to_float", to=TensorProto.FLOAT),
-             helper.make_node("Mul", ["sf", "half"], ["sh"], name="scale_shape"),
-             helper.make_node("Cast", ["sh"], ["si"], name="to_int", to=TensorProto.INT64),
-             helper.make_node("Reshape", ["a", "si"], ["y"], name="reshape")]
-    model = make(nodes, [fvi("x", [2, 4])], [fvi("y", [4, 2])],
-                 [init("w", rng_w(4, 4)), init("half", np.array([2.0, 0.5], np.float32))])
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["a"], name="mm"),
+        helper.make_node("Shape", ["a"], ["s"], name="shape"),
+        helper.make_node("Cast", ["s"], ["sf"], name="to_float", to=TensorProto.FLOAT),
+        helper.make_node("Mul", ["sf", "half"], ["sh"], name="scale_shape"),
+        helper.make_node("Cast", ["sh"], ["si"], name="to_int", to=TensorProto.INT64),
+        helper.make_node("Reshape", ["a", "si"], ["y"], name="reshape"),
+    ]
+    model = make(
+        nodes,
+        [fvi("x", [2, 4])],
+        [fvi("y", [4, 2])],
+        [init("w", rng_w(4, 4)), init("half", np.array([2.0, 0.5], np.float32))],
+    )
     out, res = _convert(tmp_path, model)
     p = {n.name: (n.precision, n.reason) for n in res.plan.nodes}
     assert p["scale_shape"] == (Precision.FP32, "rule:index-like")
@@ -147,15 +193,23 @@ def test_shape_arithmetic_feeding_reshape_is_index_like(tmp_path):
 
 
 def test_if_subgraph_converted_outer_values_cast_inside(tmp_path):
-    then_g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["t"], name="then_mm")], "then", [],
-                               [fvi("t", [2, 4])])
-    else_g = helper.make_graph([helper.make_node("Tanh", ["x"], ["e"], name="else_tanh")], "else", [],
-                               [fvi("e", [2, 4])])
-    nodes = [helper.make_node("ReduceMax", ["x"], ["m"], name="rmax", keepdims=0),
-             helper.make_node("Greater", ["m", "zero"], ["cond"], name="gt"),
-             helper.make_node("If", ["cond"], ["y"], name="if", then_branch=then_g, else_branch=else_g)]
-    model = make(nodes, [fvi("x", [2, 4])], [fvi("y", [2, 4])],
-                 [init("w", rng_w(4, 4)), init("zero", np.array(0.0, np.float32))])
+    then_g = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["t"], name="then_mm")], "then", [], [fvi("t", [2, 4])]
+    )
+    else_g = helper.make_graph(
+        [helper.make_node("Tanh", ["x"], ["e"], name="else_tanh")], "else", [], [fvi("e", [2, 4])]
+    )
+    nodes = [
+        helper.make_node("ReduceMax", ["x"], ["m"], name="rmax", keepdims=0),
+        helper.make_node("Greater", ["m", "zero"], ["cond"], name="gt"),
+        helper.make_node("If", ["cond"], ["y"], name="if", then_branch=then_g, else_branch=else_g),
+    ]
+    model = make(
+        nodes,
+        [fvi("x", [2, 4])],
+        [fvi("y", [2, 4])],
+        [init("w", rng_w(4, 4)), init("zero", np.array(0.0, np.float32))],
+    )
     out, res = _convert(tmp_path, model)
     prec = res.plan.precisions()
     assert prec["if/then_branch/then_mm"] is Precision.FP16
@@ -168,14 +222,22 @@ def test_if_subgraph_converted_outer_values_cast_inside(tmp_path):
 
 def test_loop_body_converted(tmp_path):
     body = helper.make_graph(
-        [helper.make_node("MatMul", ["h_in", "w"], ["h1"], name="mm"),
-         helper.make_node("Tanh", ["h1"], ["h_out"], name="tanh"),
-         helper.make_node("Identity", ["cond_in"], ["cond_out"], name="id")],
-        "body", [fvi("i", [], TensorProto.INT64), fvi("cond_in", [], TensorProto.BOOL), fvi("h_in", [2, 4])],
-        [fvi("cond_out", [], TensorProto.BOOL), fvi("h_out", [2, 4])])
+        [
+            helper.make_node("MatMul", ["h_in", "w"], ["h1"], name="mm"),
+            helper.make_node("Tanh", ["h1"], ["h_out"], name="tanh"),
+            helper.make_node("Identity", ["cond_in"], ["cond_out"], name="id"),
+        ],
+        "body",
+        [fvi("i", [], TensorProto.INT64), fvi("cond_in", [], TensorProto.BOOL), fvi("h_in", [2, 4])],
+        [fvi("cond_out", [], TensorProto.BOOL), fvi("h_out", [2, 4])],
+    )
     nodes = [helper.make_node("Loop", ["trip", "", "x"], ["y"], name="loop", body=body)]
-    model = make(nodes, [fvi("x", [2, 4])], [fvi("y", [2, 4])],
-                 [init("w", rng_w(4, 4)), init("trip", np.array(3, np.int64))])
+    model = make(
+        nodes,
+        [fvi("x", [2, 4])],
+        [fvi("y", [2, 4])],
+        [init("w", rng_w(4, 4)), init("trip", np.array(3, np.int64))],
+    )
     out, res = _convert(tmp_path, model)
     assert res.plan.precisions()["loop/body/mm"] is Precision.FP16
     x = np.random.default_rng(0).standard_normal((2, 4)).astype(np.float32)
@@ -226,13 +288,119 @@ def test_apply_does_not_mutate_given_model():
 
 @pytest.mark.parametrize("keep_io", [True, False])
 def test_custom_domain_kept_and_reported(tmp_path, keep_io):
-    nodes = [helper.make_node("MatMul", ["x", "w"], ["a"], name="mm"),
-             helper.make_node("MyOp", ["a"], ["y"], name="custom", domain="my.domain")]
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["a"], name="mm"),
+        helper.make_node("MyOp", ["a"], ["y"], name="custom", domain="my.domain"),
+    ]
     graph = helper.make_graph(nodes, "g", [fvi("x", [2, 4])], [fvi("y", [2, 4])], [init("w", rng_w(4, 4))])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("my.domain", 1)])
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("my.domain", 1)]
+    )
     model.ir_version = 8
     out, res = _convert(tmp_path, model, keep_io_types=keep_io)
     by = {n.name: n for n in res.plan.nodes}
     assert by["custom"].reason == "custom-domain" and by["custom"].precision is Precision.FP32
     assert by["mm"].precision is Precision.FP16
     assert any(n.op_type == "Cast" and n.input[0] == "a" for n in out.graph.node)
+
+
+def test_external_data_model_converted_streaming(tmp_path):
+    src = tmp_path / "ext" / "m.onnx"
+    src.parent.mkdir()
+    onnx.save_model(
+        mlp(),
+        str(src),
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location="m.onnx.data",
+        size_threshold=0,
+    )
+    res = convert_precision(
+        ConvertConfig(
+            model=src, output=tmp_path / "out" / "m.fp16.onnx", calibration="none", keep_ops=("Add",)
+        )
+    )
+    out = onnx.load(str(res.output))
+    inits = {t.name: t.data_type for t in out.graph.initializer}
+    assert inits["w1"] == FP16 and inits["b1"] == TensorProto.FLOAT
+    x = np.random.default_rng(0).standard_normal((3, 8)).astype(np.float32)
+    np.testing.assert_allclose(run_ort(res.output, {"x": x})[0], run_ort(mlp(), {"x": x})[0], atol=2e-3)
+    assert not list((tmp_path / "out").glob(".*"))  # no temp folders left behind
+
+
+def test_custom_op_in_the_middle_keeps_unknown_types_fp32(tmp_path):
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["a"], name="mm"),
+        helper.make_node("Mystery", ["a"], ["m"], name="custom", domain="acme"),
+        helper.make_node("Add", ["m", "a"], ["s"], name="add"),
+        helper.make_node("MatMul", ["s", "w"], ["y"], name="mm2"),
+    ]
+    graph = helper.make_graph(nodes, "g", [fvi("x", [2, 4])], [fvi("y", [2, 4])], [init("w", rng_w(4, 4))])
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("acme", 1)]
+    )
+    model.ir_version = 8
+    out, res = _convert(tmp_path, model)
+    prec = res.plan.precisions()
+    assert prec["custom"] is Precision.FP32 and prec["add"] is Precision.FP32
+    assert prec["mm"] is Precision.FP16  # upstream of the custom op
+    # Downstream, ONNX type inference knows no types: conservatively FP32, and said so.
+    assert prec["mm2"] is Precision.FP32
+    assert "type is unknown" in next(n.detail for n in res.plan.nodes if n.name == "mm2")
+    onnx.checker.check_model(out, full_check=False)
+
+
+def test_scan_body_converted_state_stays_fp32(tmp_path):
+    body = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x_t", "w"], ["p"], name="mm"),
+            helper.make_node("Add", ["h_in", "p"], ["h_out"], name="acc"),
+            helper.make_node("Identity", ["h_out"], ["y_t"], name="emit"),
+        ],
+        "body",
+        [fvi("h_in", [1, 4]), fvi("x_t", [1, 4])],
+        [fvi("h_out", [1, 4]), fvi("y_t", [1, 4])],
+    )
+    nodes = [helper.make_node("Scan", ["h0", "xs"], ["h", "ys"], name="scan", body=body, num_scan_inputs=1)]
+    model = make(
+        nodes,
+        [fvi("h0", [1, 4]), fvi("xs", [3, 1, 4])],
+        [fvi("h", [1, 4]), fvi("ys", [3, 1, 4])],
+        [init("w", rng_w(4, 4))],
+    )
+    out, res = _convert(tmp_path, model)
+    assert res.plan.precisions()["scan/body/mm"] is Precision.FP16
+    feeds = {
+        "h0": np.zeros((1, 4), np.float32),
+        "xs": np.random.default_rng(0).standard_normal((3, 1, 4)).astype(np.float32),
+    }
+    for got, want in zip(run_ort(out, feeds), run_ort(model, feeds), strict=True):
+        np.testing.assert_allclose(got, want, atol=1e-2)
+
+
+def test_gate_names_the_node_of_an_invalid_rewrite():
+    from mpinfer.errors import InternalError
+    from mpinfer.precision.validate import gate
+
+    nodes = [
+        helper.make_node("Cast", ["x"], ["h"], name="half", to=FP16),
+        helper.make_node("Add", ["h", "x"], ["y"], name="bad_add"),
+    ]
+    graph = helper.make_graph(nodes, "g", [fvi("x", [2])], [fvi("y", [2])])
+    broken = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    broken.ir_version = 8
+    with pytest.raises(InternalError, match="bad_add"):
+        gate(broken, stage="test")
+
+
+def test_node_onnxruntime_refuses_in_bf16_kept_fp32_with_reason():
+    from mpinfer.precision.convert import convert_model
+    from tests.precision.conformance import float_cases
+
+    # collect_testcases caches its first answer process-wide: always ask for all cases (op_type None).
+    case = next(c for c in float_cases() if c.name == "test_attention_4d_attn_mask_3d_causal")
+    res = convert_model(case.model, Precision.BF16)
+    attn = next(n for n in res.nodes if n.op_type == "Attention")
+    assert attn.precision is Precision.FP32 and attn.reason == "rule:keep-fp32"
+    assert "ONNX Runtime refuses it in bf16" in attn.detail
+    assert not run_checks(res.model)

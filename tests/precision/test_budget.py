@@ -13,17 +13,26 @@ from mpinfer.precision.budget import output_metrics, parse_budget
 
 def test_parse_budget_terms():
     b = parse_budget("cosine>=0.9999, top1>=0.999,max_abs<=1e-2,rel<=0.01,snr>=40,top5>=1")
-    assert [str(t) for t in b.terms] == ["cosine>=0.9999", "top1>=0.999", "max_abs<=0.01", "rel<=0.01",
-                                         "snr>=40", "top5>=1"]
+    assert [str(t) for t in b.terms] == [
+        "cosine>=0.9999",
+        "top1>=0.999",
+        "max_abs<=0.01",
+        "rel<=0.01",
+        "snr>=40",
+        "top5>=1",
+    ]
 
 
-@pytest.mark.parametrize("text, match", [
-    ("cosin>=0.9", "Budget metric 'cosin'.*one of cosine"),
-    ("cosine<=0.9", "'>='"),
-    ("max_abs>=1", "'<='"),
-    ("cosine=0.9", "metric>=value"),
-    ("", "at least one term"),
-])
+@pytest.mark.parametrize(
+    "text, match",
+    [
+        ("cosin>=0.9", "Budget metric 'cosin'.*one of cosine"),
+        ("cosine<=0.9", "'>='"),
+        ("max_abs>=1", "'<='"),
+        ("cosine=0.9", "metric>=value"),
+        ("", "at least one term"),
+    ],
+)
 def test_parse_budget_errors(text, match):
     with pytest.raises(InvalidInputError, match=match):
         parse_budget(text)

@@ -17,8 +17,9 @@ from tests.precision.graphs import mlp, save
 @pytest.fixture
 def converted(tmp_path):
     src = save(mlp(), tmp_path / "m.onnx")
-    return src, convert_precision(ConvertConfig(model=src, output=tmp_path / "out" / "m.fp16.onnx",
-                                                calibration="none"))
+    return src, convert_precision(
+        ConvertConfig(model=src, output=tmp_path / "out" / "m.fp16.onnx", calibration="none")
+    )
 
 
 def test_plan_file_layout(converted):
@@ -30,8 +31,15 @@ def test_plan_file_layout(converted):
     assert [n["name"] for n in data["nodes"]] == ["fc1", "add1", "relu", "fc2", "add2", "softmax"]
     assert {n["reason"] for n in data["nodes"]} <= REASON_CODES
     s = data["summary"]
-    for key in ("nodes_total", "nodes_low", "low_share_nodes", "low_share_flops", "low_share_weight_bytes",
-                "cast_count", "expected_error"):
+    for key in (
+        "nodes_total",
+        "nodes_low",
+        "low_share_nodes",
+        "low_share_flops",
+        "low_share_weight_bytes",
+        "cast_count",
+        "expected_error",
+    ):
         assert key in s
     assert s["nodes_low"] == 5 and 0.9 < s["low_share_flops"] < 1.0
     assert PrecisionPlan.load(res.plan_path).to_json() == res.plan_path.read_text()
@@ -78,3 +86,13 @@ def test_plan_with_impossible_precision_refused(converted, tmp_path):
     bad.write_text("{not json")
     with pytest.raises(MpinferError, match="non-JSON"):
         convert_precision(ConvertConfig(model=src, output=tmp_path / "x.onnx", plan=bad))
+
+
+def test_bf16_plan_reapplied_with_its_own_precision(tmp_path):
+    src = save(mlp(), tmp_path / "m.onnx")
+    first = convert_precision(
+        ConvertConfig(model=src, output=tmp_path / "a.onnx", calibration="none", precision=Precision.BF16)
+    )
+    again = convert_precision(ConvertConfig(model=src, output=tmp_path / "b.onnx", plan=first.plan_path))
+    assert again.plan.precision is Precision.BF16
+    assert first.output.read_bytes() == again.output.read_bytes()

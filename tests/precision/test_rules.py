@@ -1,0 +1,165 @@
+"""Rule classes: op policy, index-like/shape ops, ranges from calibration, weights, user overrides."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+
+from mpinfer.errors import InvalidInputError
+from mpinfer.modelio import name_nodes
+from mpinfer.precision.graphinfo import GraphInfo
+from mpinfer.precision.overflow import match_module, overflow_nodes
+from mpinfer.precision.planner import RuleOptions, rule_plan
+from mpinfer.specs import Precision
+from tests.precision.graphs import fvi, init, make, mlp, rng_w
+
+
+def _plan(model, precision=Precision.FP16, stats=None, **opts):
+    info = GraphInfo(name_nodes(model))
+    _, nodes = rule_plan(info, precision, RuleOptions(**opts), stats=stats)
+    return {n.name: (n.precision, n.reason) for n in nodes}
+
+
+def test_op_policy_follow_and_keep():
+    p = _plan(mlp())
+    assert p["fc1"] == (Precision.FP16, "rule:fp16-safe")
+    assert p["relu"] == (Precision.FP16, "rule:follow")
+    assert p["softmax"] == (Precision.FP32, "rule:keep-fp32")
+
+
+def test_index_like_ops_never_converted():
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["s"], name="mm"),
+        helper.make_node("TopK", ["s", "k"], ["v", "i"], name="topk", axis=-1),
+        helper.make_node("ArgMax", ["s"], ["am"], name="argmax", axis=-1),
+    ]
+    model = make(
+        nodes,
+        [fvi("x", [2, 4])],
+        [fvi("v", [2, 2]), fvi("i", [2, 2], TensorProto.INT64), fvi("am", [2, 1], TensorProto.INT64)],
+        [init("w", rng_w(4, 4)), init("k", np.array([2], np.int64))],
+    )
+    p = _plan(model)
+    assert p["topk"] == (Precision.FP32, "rule:index-like")
+    assert p["argmax"] == (Precision.FP32, "rule:index-like")
+
+
+def test_user_overrides_both_ways_and_regex_errors():
+    p = _plan(mlp(), keep_ops=("MatMul",), low_nodes=("soft.*",), keep_nodes=("^relu$",))
+    assert p["fc1"] == (Precision.FP32, "user:keep-op")
+    assert p["relu"] == (Precision.FP32, "user:keep-node")
+    assert p["softmax"] == (Precision.FP16, "user:low-node")
+    p = _plan(mlp(), low_ops=("Softmax",))
+    assert p["softmax"] == (Precision.FP16, "user:low-op")
+    with pytest.raises(InvalidInputError, match="invalid regex"):
+        _plan(mlp(), keep_nodes=("(",))
+
+
+def test_range_rules_from_calibration_stats():
+    stats = {
+        "h": {"absmax": 1e5, "p999": 5e4, "fp16_overflow_frac": 0.01},
+        "r": {"absmax": 1.0, "fp16_underflow_frac": 0.5, "bf16_underflow_frac": 0.0},
+    }
+    p = _plan(mlp(), stats=stats)
+    assert p["fc1"] == (Precision.FP32, "range:overflow")  # producer of h
+    assert p["add1"] == (Precision.FP32, "range:overflow")  # consumer of h
+    assert p["relu"] == (Precision.FP32, "range:underflow")  # producer of r
+    # BF16 has FP32's range: no overflow rule, and its own underflow fraction.
+    pb = _plan(mlp(), Precision.BF16, stats=stats)
+    assert pb["fc1"] == (Precision.BF16, "rule:fp16-safe")
+
+
+def test_integer_inputs_never_count_against_ranges():
+    nodes = [
+        helper.make_node("Gather", ["table", "ids"], ["e"], name="embed"),
+        helper.make_node("MatMul", ["e", "w"], ["y"], name="mm"),
+    ]
+    model = make(
+        nodes,
+        [fvi("ids", [2, 5], TensorProto.INT64)],
+        [fvi("y", [2, 5, 4])],
+        [init("table", rng_w(100, 8)), init("w", rng_w(8, 4))],
+    )
+    p = _plan(model, stats={"ids": {"absmax": 1e9, "fp16_overflow_frac": 1.0}})
+    assert p["embed"] == (Precision.FP16, "rule:fp16-safe")
+    assert p["mm"] == (Precision.FP16, "rule:fp16-safe")
+
+
+def test_overflow_json_maps_modules_to_nodes(tmp_path):
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], name="/features/features.3/Conv"),
+        helper.make_node("Relu", ["c"], ["r"], name="/features/features.4/Relu"),
+        helper.make_node("Conv", ["r", "w"], ["y"], name="/head/conv/Conv"),
+    ]
+    model = make(nodes, [fvi("x", [1, 2, 4, 4])], [fvi("y", [1, 2, 4, 4])], [init("w", rng_w(2, 2, 1, 1))])
+    assert match_module(model, "features.3") == ["/features/features.3/Conv"]
+    assert match_module(model, "head") == ["/head/conv/Conv"]
+    path = tmp_path / "overflow.json"
+    path.write_text(
+        json.dumps(
+            {
+                "schema_version": 1,
+                "precision": "fp16",
+                "modules": [
+                    {"module": "features.3", "type": "Conv2d", "kind": "activation", "overflow_frac": 0.02}
+                ],
+            }
+        )
+    )
+    mapped = overflow_nodes(model, path)
+    p = _plan(model, overflow_nodes=mapped)
+    assert p["/features/features.3/Conv"] == (Precision.FP32, "overflow-json")
+    assert p["/head/conv/Conv"] == (Precision.FP16, "rule:fp16-safe")
+    path.write_text("[]")
+    with pytest.raises(InvalidInputError, match="Overflow file"):
+        overflow_nodes(model, path)
+
+
+def test_dynamo_name_scopes_matched():
+    node = helper.make_node("Conv", ["x", "w"], ["y"], name="node_Conv_1")
+    entry = node.metadata_props.add()
+    entry.key, entry.value = "pkg.torch.onnx.name_scopes", "['', 'layer1', 'layer1.conv1', 'conv2d']"
+    model = make([node], [fvi("x", [1, 2, 4, 4])], [fvi("y", [1, 2, 4, 4])], [init("w", rng_w(2, 2, 1, 1))])
+    assert match_module(model, "layer1") == ["node_Conv_1"]
+    assert match_module(model, "layer2") == []
+
+
+def test_follow_region_between_fp32_and_fp16_runs_low_at_same_cast_count():
+    nodes = [
+        helper.make_node("MatMul", ["x", "w0"], ["a"], name="mm0"),
+        helper.make_node("LayerNormalization", ["a", "g", "b"], ["n"], name="ln", axis=-1),
+        helper.make_node("Mul", ["n", "half"], ["m"], name="scale"),
+        helper.make_node("Relu", ["m"], ["r"], name="relu"),
+        helper.make_node("MatMul", ["r", "w1"], ["y"], name="mm1"),
+    ]
+    model = make(
+        nodes,
+        [fvi("x", [2, 8])],
+        [fvi("y", [2, 8])],
+        [
+            init("w0", rng_w(8, 8)),
+            init("g", np.ones(8, np.float32)),
+            init("b", np.zeros(8, np.float32)),
+            init("half", np.float32(0.5)),
+            init("w1", rng_w(8, 8, seed=1)),
+        ],
+    )
+    p = _plan(model)
+    assert p["ln"] == (Precision.FP32, "rule:keep-fp32")
+    assert p["scale"] == (Precision.FP16, "rule:follow") and p["relu"] == (Precision.FP16, "rule:follow")
+
+
+def test_big_weights_checked_and_model_untouched_by_inference():
+    big = np.full((600, 600), 1e6, np.float32)  # > 1 MB: detached while types are inferred
+    model = make(
+        [helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")],
+        [fvi("x", [2, 600])],
+        [fvi("y", [2, 600])],
+        [init("w", big)],
+    )
+    before = model.SerializeToString()
+    assert _plan(model)["mm"] == (Precision.FP32, "weights:out-of-range")
+    assert model.SerializeToString() == before

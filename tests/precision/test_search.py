@@ -1,0 +1,165 @@
+"""Budget search: meets the budget, falls back to FP32 where needed, costs O(n log n) evaluations."""
+
+from __future__ import annotations
+
+import json
+import math
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+from onnx import helper
+
+from mpinfer.errors import AccuracyMismatchError
+from mpinfer.precision import ConvertConfig, convert_precision
+from mpinfer.precision.budget import parse_budget
+from mpinfer.specs import Precision
+from tests.precision.graphs import fvi, init, make, rng_w, save
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def digits_onnx(tmp_path_factory):
+    import torch
+
+    from models import digits_cnn
+
+    path = tmp_path_factory.mktemp("digits") / "digits.onnx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            digits_cnn.build(width=8),
+            digits_cnn.example_inputs(),
+            str(path),
+            dynamo=False,
+            input_names=["x"],
+            output_names=["y"],
+            opset_version=17,
+            dynamic_axes={"x": {0: "batch"}},
+        )
+    return path
+
+
+def chain(n: int, width: int = 16) -> object:
+    nodes, inits, prev = [], [], "x"
+    for i in range(n):
+        nodes += [
+            helper.make_node("MatMul", [prev, f"w{i}"], [f"m{i}"], name=f"mm{i}"),
+            helper.make_node("Tanh", [f"m{i}"], [f"t{i}"], name=f"tanh{i}"),
+        ]
+        inits.append(init(f"w{i}", rng_w(width, width, seed=i, scale=1.0 / math.sqrt(width) * 1.5)))
+        prev = f"t{i}"
+    nodes.append(helper.make_node("Identity", [prev], ["y"], name="out"))
+    return make(nodes, [fvi("x", ["N", width])], [fvi("y", ["N", width])], inits)
+
+
+def _npz(path, n=32, width=16):
+    np.savez(path, x=np.random.default_rng(0).standard_normal((n, width)).astype(np.float32))
+    return path
+
+
+def test_search_meets_budget_on_digits(digits_onnx, tmp_path):
+    res = convert_precision(
+        ConvertConfig(
+            model=digits_onnx,
+            output=tmp_path / "d.fp16.onnx",
+            calibration=str(ROOT / "calibration" / "digits.npz"),
+            budget="cosine>=0.9999,top1>=0.99",
+            progress=False,
+        )
+    )
+    s = res.plan.summary
+    assert parse_budget("cosine>=0.9999,top1>=0.99").met(s["expected_error"])
+    assert s["low_share_flops"] > 0.9
+    assert s["search"]["node_evaluations"] > 0 and s["search"]["numerics"] == "strict"
+    assert res.plan.calibration["kind"] == "npz"
+    stats = [n.stats for n in res.plan.nodes if n.op_type == "Conv"]
+    assert all("sensitivity" in st for st in stats)
+
+
+def test_tight_budget_keeps_sensitive_groups_fp32(tmp_path):
+    src = save(chain(8), tmp_path / "chain.onnx")
+    data = _npz(tmp_path / "cal.npz")
+    res = convert_precision(
+        ConvertConfig(
+            model=src,
+            output=tmp_path / "c.onnx",
+            calibration=str(data),
+            budget="max_abs<=1e-3",
+            progress=False,
+        )
+    )
+    reasons = res.plan.reasons()
+    assert reasons.get("sensitivity", 0) > 0 and res.plan.summary["nodes_low"] > 0
+    assert res.plan.summary["expected_error"]["max_abs"] <= 1e-3
+    plan = json.loads(res.plan_path.read_text())
+    assert any(n["reason"] == "sensitivity" and n["precision"] == "fp32" for n in plan["nodes"])
+
+
+def test_ort_numerics_verifies_with_onnxruntime(tmp_path):
+    src = save(chain(4), tmp_path / "chain.onnx")
+    res = convert_precision(
+        ConvertConfig(
+            model=src,
+            output=tmp_path / "c.onnx",
+            calibration=str(_npz(tmp_path / "c.npz")),
+            budget="cosine>=0.999",
+            numerics="ort",
+            progress=False,
+        )
+    )
+    assert res.plan.numerics == "ort" and res.plan.summary["search"]["numerics"] == "ort"
+    assert res.plan.summary["expected_error"]["cosine"] >= 0.999
+
+
+def test_search_cost_grows_gently(tmp_path):
+    evals = {}
+    for n in (8, 32):
+        src = save(chain(n), tmp_path / f"chain{n}.onnx")
+        res = convert_precision(
+            ConvertConfig(
+                model=src,
+                output=tmp_path / f"c{n}.onnx",
+                calibration=str(_npz(tmp_path / f"cal{n}.npz")),
+                budget="max_abs<=2e-3",
+                progress=False,
+            )
+        )
+        evals[n] = res.plan.summary["search"]["node_evaluations"]
+    # 4x the nodes: a per-group full re-run would cost ~16x; the local sensitivity + bisection stays near 4x.
+    assert evals[32] / evals[8] < 8, evals
+
+
+def test_budget_unmeetable_even_in_fp32(tmp_path):
+    src = save(chain(2), tmp_path / "chain.onnx")
+    data = tmp_path / "cal.npz"
+    rng = np.random.default_rng(0)
+    np.savez(data, x=rng.standard_normal((32, 16)).astype(np.float32), _labels=rng.integers(0, 16, 32))
+    with pytest.raises(AccuracyMismatchError, match="even with every node in FP32"):
+        convert_precision(
+            ConvertConfig(
+                model=src,
+                output=tmp_path / "c.onnx",
+                calibration=str(data),
+                budget="accuracy>=0.99",
+                progress=False,
+            )
+        )
+    assert not (tmp_path / "c.onnx").exists()
+
+
+def test_bf16_search_strict(tmp_path):
+    src = save(chain(4), tmp_path / "chain.onnx")
+    res = convert_precision(
+        ConvertConfig(
+            model=src,
+            output=tmp_path / "c.onnx",
+            precision=Precision.BF16,
+            calibration=str(_npz(tmp_path / "c.npz")),
+            budget="cosine>=0.99",
+            progress=False,
+        )
+    )
+    assert res.plan.precision is Precision.BF16 and res.plan.summary["nodes_low"] > 0
