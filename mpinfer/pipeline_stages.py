@@ -289,7 +289,7 @@ def _run_compare(plan: StagePlan, out: Path) -> StageOutput:
     )
     result = compare_models(make_config(compare_config, dict(plan.settings), "compare"))
     path = write_json_atomic(out / "comparison.json", result.to_dict())
-    return StageOutput({"comparison": path}, {"passed": bool(result)})
+    return StageOutput({"comparison": path}, {"passed": bool(result), "verdict": result.summary()})
 
 
 # -- report --

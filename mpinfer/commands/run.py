@@ -35,6 +35,13 @@ def run(ctx: click.Context, pipeline: Path, force: bool) -> None:
         for kind, path in result.artefacts.items():
             click.echo(f"  {kind:<16} {path}")
     click.echo(f"State: {result.state_path}")
+    verdicts = [str(s.summary["verdict"]) for s in result.stages if s.summary.get("verdict")]
+    for verdict in verdicts:
+        click.echo(verdict)
+    report = result.artefacts.get("report")
+    if report is not None:
+        index = Path(report) / "index.html"
+        click.echo(f"Report: {index if index.is_file() else report}")
     if not result.passed:
         failed = [s.name for s in result.stages if not s.summary.get("passed", True)]
         raise AccuracyMismatchError(
