@@ -23,6 +23,12 @@ figure{margin:8px 0}img{max-width:100%}code{background:#f4f4f4;padding:1px 4px}
 """
 
 
+def _code_spans(text: str) -> str:
+    """Escape ``text`` and render its `backticked` parts as <code> (hints quote commands that way)."""
+    parts = str(text).split("`")
+    return "".join(f"<code>{_e(p)}</code>" if i % 2 else _e(p) for i, p in enumerate(parts))
+
+
 def _e(x: object) -> str:
     return html.escape(str(x))
 
@@ -125,7 +131,7 @@ def _candidate_section(result: ComparisonResult, cand: object) -> str:
             "<h3>Speed hints</h3>"
             + "".join(
                 f'<div class="hint"><b>{_e(h.kind)}</b> <code>{_e(h.node)}</code>: {_e(h.message)} '
-                f"<i>Fix:</i> {_e(h.fix)}</div>"
+                f"<i>Fix:</i> {_code_spans(h.fix)}</div>"
                 for h in cand.hints
             )
         )
