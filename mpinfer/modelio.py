@@ -67,24 +67,34 @@ def _check_external_data(model: onnx.ModelProto, base_dir: Path, path: Path) -> 
             )
 
 
+def subgraphs(node: onnx.NodeProto) -> Iterator[onnx.GraphProto]:
+    """The If/Loop/Scan bodies held directly by ``node`` (GRAPH and GRAPHS attributes)."""
+    import onnx
+
+    for attr in node.attribute:
+        if attr.type == onnx.AttributeProto.GRAPH:
+            yield attr.g
+        elif attr.type == onnx.AttributeProto.GRAPHS:
+            yield from attr.graphs
+
+
+def iter_graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
+    """``graph`` and every body nested inside it, depth first."""
+    yield graph
+    for node in graph.node:
+        for body in subgraphs(node):
+            yield from iter_graphs(body)
+
+
 def _all_tensors(model: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
     import onnx
 
-    assert isinstance(model, onnx.ModelProto)
-
-    def walk(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
+    for graph in iter_graphs(model.graph):
         yield from graph.initializer
         for node in graph.node:
             for attr in node.attribute:
                 if attr.type == onnx.AttributeProto.TENSOR:
                     yield attr.t
-                elif attr.type == onnx.AttributeProto.GRAPH:
-                    yield from walk(attr.g)
-                elif attr.type == onnx.AttributeProto.GRAPHS:
-                    for g in attr.graphs:
-                        yield from walk(g)
-
-    yield from walk(model.graph)
 
 
 def load_onnx(path: str | os.PathLike[str], *, load_external_data: bool = True) -> onnx.ModelProto:
@@ -233,7 +243,7 @@ def iter_nodes(graph: onnx.GraphProto, prefix: str = "", depth: int = 0) -> Iter
         for attr in node.attribute:
             if attr.type == onnx.AttributeProto.GRAPH:
                 yield from iter_nodes(attr.g, f"{addr}/{attr.name}/", depth + 1)
-            elif attr.type == onnx.AttributeProto.GRAPHS:
+            elif attr.type == onnx.AttributeProto.GRAPHS:  # addresses carry the attribute name and index
                 for i, g in enumerate(attr.graphs):
                     yield from iter_nodes(g, f"{addr}/{attr.name}_{i}/", depth + 1)
 
@@ -260,12 +270,8 @@ def name_nodes(model: onnx.ModelProto) -> onnx.ModelProto:
                 n += 1
             seen.add(name)
             node.name = name
-            for attr in node.attribute:
-                if attr.type == onnx.AttributeProto.GRAPH:
-                    fix(attr.g)
-                elif attr.type == onnx.AttributeProto.GRAPHS:
-                    for g in attr.graphs:
-                        fix(g)
+            for body in subgraphs(node):
+                fix(body)
 
     fix(m.graph)
     return m

@@ -7,9 +7,7 @@ already loaded ``nn.Module``. Inputs are passed positionally in the order of :me
 
 from __future__ import annotations
 
-import importlib.util
 import logging
-import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -58,54 +56,15 @@ def load_torch_module(spec: str) -> tuple[Any, list[TensorSpec]]:
         ModelLoadError: When the file, factory or weights cannot be loaded.
     """
     try:
-        import torch
+        import torch  # noqa: F401 - fail early with an install hint
     except ImportError as err:
         raise BackendUnavailableError("The torch runner needs torch. Hint: pip install torch") from err
+    from mpinfer.export.loader import load_model
+
     file, factory, weights = parse_torch_spec(spec)
-    mod_name = f"_mpinfer_user_{file.stem}_{abs(hash(str(file.resolve())))}"
-    mspec = importlib.util.spec_from_file_location(mod_name, file)
-    if mspec is None or mspec.loader is None:
-        raise ModelLoadError(
-            format_message(f"Torch model file '{file}'", "a file Python cannot import", "a module")
-        )
-    module = importlib.util.module_from_spec(mspec)
-    sys.path.insert(0, str(file.resolve().parent))
-    try:
-        mspec.loader.exec_module(module)
-    except Exception as err:  # user code can raise anything
-        raise ModelLoadError(
-            f"Torch model file '{file}' failed to import: {type(err).__name__}: {err}"
-        ) from err
-    finally:
-        sys.path.pop(0)
-    fn = getattr(module, factory, None)
-    if not callable(fn):
-        raise ModelLoadError(
-            format_message(
-                f"Torch model file '{file}'",
-                f"no callable '{factory}'",
-                "a factory function returning an nn.Module",
-                _SPEC_HINT,
-            )
-        )
-    model = fn()
-    if not isinstance(model, torch.nn.Module):
-        raise ModelLoadError(format_message(f"Factory '{spec}'", f"a {type(model).__name__}", "an nn.Module"))
-    if weights is not None:
-        try:
-            state = torch.load(weights, map_location="cpu", weights_only=True)
-        except Exception as err:  # pickle/unpickling errors have many types
-            raise ModelLoadError(
-                f"Weights '{weights}' could not be loaded with weights_only=True: {err}"
-            ) from err
-        if isinstance(state, Mapping) and "model" in state and isinstance(state["model"], Mapping):
-            state = state["model"]
-        try:
-            model.load_state_dict(state)
-        except (RuntimeError, TypeError) as err:
-            raise ModelLoadError(f"Weights '{weights}' do not fit '{spec}': {err}") from err
-    specs = [parse_tensor_spec(s) for s in getattr(module, "INPUT_SPECS", [])]
-    return model.eval(), specs
+    loaded = load_model(f"{file}:{factory}", weights)
+    specs = [parse_tensor_spec(s) for s in loaded.input_specs]
+    return loaded.module.eval(), specs
 
 
 class TorchRunner(Runner):

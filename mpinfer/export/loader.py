@@ -57,14 +57,23 @@ def split_source(source: str) -> tuple[Path, str | None]:
     return Path(source), None
 
 
-def _import_file(path: Path) -> Any:
+def import_user_file(path: Path) -> Any:
+    """Import a user's model file as a module registered under a stable private name.
+
+    Raises:
+        ModelLoadError: Missing file, or any error raised while importing it.
+    """
+    if not path.is_file():
+        raise ModelLoadError(format_message(f"Model file '{path}'", "no such file", "an existing .py file"))
     name = f"mpinfer_user_{path.stem}_{abs(hash(str(path.resolve()))) % 10**8}"
+    if name in sys.modules:
+        return sys.modules[name]
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
         raise ModelLoadError(format_message(f"Model file '{path}'", "a file Python cannot import",
                                             "a .py file defining a factory function"))
     module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # torch.compile/export look modules up by name
+    sys.modules[name] = module  # torch.compile/export and pickling look modules up by name
     root = str(path.resolve().parent)
     sys.path.insert(0, root)
     try:
@@ -76,6 +85,29 @@ def _import_file(path: Path) -> Any:
         if sys.path and sys.path[0] == root:
             sys.path.pop(0)
     return module
+
+
+def import_factory(path: Path, factory: str) -> tuple[Any, Any]:
+    """Import ``path`` and return ``(module, factory callable)``.
+
+    Raises:
+        ModelLoadError: Missing file, import error, or no callable of that name (the message lists the
+            callables the file defines).
+    """
+    mod = import_user_file(path)
+    fn = getattr(mod, factory, None)
+    if not callable(fn):
+        found = sorted(n for n in dir(mod) if callable(getattr(mod, n)) and not n.startswith("_")
+                       and getattr(getattr(mod, n), "__module__", None) == mod.__name__)
+        raise ModelLoadError(format_message(f"Model file '{path}'", f"no callable factory '{factory}'",
+                                            "a function returning an nn.Module",
+                                            f"callables defined there: {', '.join(found) or 'none'}"))
+    return mod, fn
+
+
+def _first_line(err: BaseException) -> str:
+    lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
+    return lines[0].rstrip(".") if lines else type(err).__name__
 
 
 def load_state_dict(weights: Path, *, trusted: bool = False) -> dict[str, Any]:
@@ -93,7 +125,9 @@ def load_state_dict(weights: Path, *, trusted: bool = False) -> dict[str, Any]:
     except Exception as err:  # torch raises UnpicklingError, RuntimeError, EOFError, ...
         hint = ("it may hold arbitrary Python objects; re-save it as a plain state_dict, or pass "
                 "--trust-weights if you trust its author" if not trusted else None)
-        raise ModelLoadError(format_message(f"Weights file '{weights}'", f"a file torch.load refused ({err})",
+        raise ModelLoadError(format_message(f"Weights file '{weights}'",
+                                            f"a file torch.load(weights_only={not trusted}) refused "
+                                            f"({_first_line(err)})",
                                             "a state_dict or a checkpoint with a 'model' entry", hint)) from err
     for key in ("model", "state_dict", "model_state_dict"):
         if isinstance(obj, dict) and isinstance(obj.get(key), dict):
@@ -195,14 +229,7 @@ def load_model(source: str, weights: Path | None = None, *, trust_weights: bool 
 def _load_factory(path: Path, factory: str, weights: Path | None, trust: bool) -> LoadedModel:
     import torch
 
-    mod = _import_file(path)
-    fn = getattr(mod, factory, None)
-    if not callable(fn):
-        found = sorted(n for n in dir(mod) if callable(getattr(mod, n)) and not n.startswith("_")
-                       and getattr(getattr(mod, n), "__module__", None) == mod.__name__)
-        raise ModelLoadError(format_message(f"Model file '{path}'", f"no callable '{factory}'",
-                                            f"a factory function '{factory}()'",
-                                            f"functions defined there: {', '.join(found) or 'none'}"))
+    mod, fn = import_factory(path, factory)
     try:
         model = fn()
     except Exception as err:

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from mpinfer.modelio import NodeRef, iter_nodes
+from mpinfer.modelio import NodeRef, iter_graphs, iter_nodes
 
 logger = logging.getLogger(__name__)
 
@@ -103,7 +103,7 @@ class GraphInfo:
         self.non_tensor: set[str] = set()  # sequence / optional / map values
         self._collect(inferred.graph)
         # Values come from the model itself (the inferred copy may hold detached or copied tensors).
-        self.initializers = {t.name: t for g in _graphs(model.graph) for t in g.initializer}
+        self.initializers = {t.name: t for g in iter_graphs(model.graph) for t in g.initializer}
         self.nodes: list[NodeRef] = list(iter_nodes(model.graph))
         self.by_address = {ref.address: ref for ref in self.nodes}
         self.producer: dict[str, str] = {}
@@ -265,18 +265,6 @@ class GraphInfo:
         return iter(self.nodes)
 
 
-def _graphs(graph: Any) -> Iterator[Any]:
-    """``graph`` and every If/Loop/Scan body inside it."""
-    import onnx
-
-    yield graph
-    for node in graph.node:
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.GRAPH:
-                yield from _graphs(attr.g)
-            elif attr.type == onnx.AttributeProto.GRAPHS:
-                for g in attr.graphs:
-                    yield from _graphs(g)
 
 
 # Initializers bigger than this are detached while type inference runs: inference never reads their values,

@@ -6,12 +6,12 @@ Refuse (or, with --force, undo) an earlier low-precision conversion, and raise t
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
 from mpinfer.errors import InvalidInputError, format_message
+from mpinfer.modelio import iter_graphs
 from mpinfer.precision.graphinfo import BFLOAT16, FLOAT, FLOAT16
 from mpinfer.specs import Precision
 
@@ -22,23 +22,12 @@ LOW_TYPES = (FLOAT16, BFLOAT16)
 BF16_MIN_OPSET = 13
 
 
-def _graphs(graph: Any) -> Iterator[Any]:
-    import onnx
-
-    yield graph
-    for node in graph.node:
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.GRAPH:
-                yield from _graphs(attr.g)
-            elif attr.type == onnx.AttributeProto.GRAPHS:
-                for g in attr.graphs:
-                    yield from _graphs(g)
 
 
 def low_tensor_count(model: Any) -> tuple[int, int]:
     """(low-precision, FP32) counts over initializers, graph inputs/outputs and Cast targets."""
     low = high = 0
-    for g in _graphs(model.graph):
+    for g in iter_graphs(model.graph):
         for t in g.initializer:
             low += t.data_type in LOW_TYPES
             high += t.data_type == FLOAT
@@ -86,7 +75,7 @@ def upcast_to_fp32(model: Any) -> Any:
 
     m = onnx.ModelProto()
     m.CopyFrom(model)
-    for g in _graphs(m.graph):
+    for g in iter_graphs(m.graph):
         for t in g.initializer:
             if t.data_type in LOW_TYPES:
                 t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(t).astype(np.float32), t.name))

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -43,45 +41,14 @@ def load_factory(source: str) -> Callable[[], Any]:
     Raises:
         ModelLoadError: For a missing file, an import error or a missing factory.
     """
+    from mpinfer.export.loader import import_factory
+
     path, factory = split_source(source)
     if not path.is_file():
         raise ModelLoadError(
             format_message(f"Model file '{path}'", "no such file", "an existing .py file", _SOURCE_HINT)
         )
-    mod_name = f"mpinfer_user_model_{abs(hash(str(path.resolve())))}"
-    spec = importlib.util.spec_from_file_location(mod_name, path)
-    if spec is None or spec.loader is None:
-        raise ModelLoadError(
-            format_message(f"Model file '{path}'", "a file Python cannot import", "a .py module")
-        )
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[mod_name] = module  # dataclasses and pickling look the module up by name
-    try:
-        spec.loader.exec_module(module)
-    except Exception as err:  # user code: any import-time failure is the user's to fix
-        sys.modules.pop(mod_name, None)
-        raise ModelLoadError(
-            format_message(
-                f"Model file '{path}'",
-                f"an import error ({type(err).__name__}: {err})",
-                "a module that imports cleanly",
-            )
-        ) from err
-    fn = getattr(module, factory, None)
-    if not callable(fn):
-        names = sorted(
-            n
-            for n, v in vars(module).items()
-            if callable(v) and not n.startswith("_") and getattr(v, "__module__", None) == mod_name
-        )
-        raise ModelLoadError(
-            format_message(
-                f"Model factory '{factory}' in '{path}'",
-                "no such callable",
-                "a function returning an nn.Module",
-                f"callables defined there: {', '.join(names) or 'none'}",
-            )
-        )
+    _module, fn = import_factory(path, factory)
     return fn  # type: ignore[no-any-return]
 
 

@@ -68,7 +68,7 @@ def test_module_without_specs_refused():
 def test_bad_specs(tmp_path):
     with pytest.raises(InvalidInputError, match="file.py:factory"):
         TorchRunner("models/mlp.py").activate()
-    with pytest.raises(ModelLoadError, match="no callable 'nope'"):
+    with pytest.raises(ModelLoadError, match="no callable factory 'nope'"):
         TorchRunner("models/mlp.py:nope").activate()
     with pytest.raises(ModelLoadError, match="no such file"):
         TorchRunner("models/absent.py:build").activate()
@@ -76,7 +76,7 @@ def test_bad_specs(tmp_path):
     with pytest.raises(ModelLoadError, match="weights_only=True"):
         TorchRunner(f"models/mlp.py:build@{tmp_path / 'bad.pt'}").activate()
     torch.save({"nope": torch.zeros(1)}, tmp_path / "wrong.pt")
-    with pytest.raises(ModelLoadError, match="do not fit"):
+    with pytest.raises(ModelLoadError, match="do not match the model"):
         TorchRunner(f"models/mlp.py:build@{tmp_path / 'wrong.pt'}").activate()
 
 
