@@ -15,7 +15,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from mpinfer.errors import InvalidInputError, format_message
+from mpinfer.errors import InvalidInputError, MpinferError, format_message
 
 
 def check_output_path(
@@ -120,6 +120,43 @@ def _json_default(obj: Any) -> Any:
     if isinstance(obj, Path):
         return str(obj)
     raise TypeError(f"Object of type {type(obj).__name__} is not JSON serializable")
+
+
+def read_json(
+    path: str | os.PathLike[str],
+    what: str,
+    expected: str,
+    *,
+    error: type[MpinferError] = InvalidInputError,
+    hint: str | None = None,
+) -> dict[str, Any]:
+    """Read a JSON object written by mpinfer, with one clear error for every way it can be wrong.
+
+    Args:
+        path: The file.
+        what: What it is, for the message (``"Plan"``, ``"Report"``).
+        expected: What a good file is (``"a .plan.json written by mpinfer convert"``).
+        error: The MpinferError subclass to raise.
+        hint: How to fix it.
+
+    Returns:
+        The parsed object.
+
+    Raises:
+        MpinferError: (of type ``error``) missing, unreadable, not JSON, or not a JSON object.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise error(format_message(f"{what} '{path}'", "no such file", expected, hint))
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        raise error(format_message(f"{what} '{path}'", f"an unreadable or non-JSON file ({err})", expected,
+                                   hint)) from err
+    if not isinstance(data, dict):
+        raise error(format_message(f"{what} '{path}'", f"a JSON {type(data).__name__}", f"a JSON object: {expected}",
+                                   hint))
+    return data
 
 
 def sha256_file(path: str | os.PathLike[str]) -> str:

@@ -178,17 +178,9 @@ class PrecisionPlan:
         Raises:
             InvalidInputError: Unreadable, not JSON, or malformed.
         """
-        p = Path(path)
-        try:
-            data = json.loads(p.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, ValueError) as err:
-            raise InvalidInputError(
-                format_message(
-                    f"Plan '{path}'",
-                    f"an unreadable or non-JSON file ({err})",
-                    "a .plan.json written by `mpinfer convert`",
-                )
-            ) from err
+        from mpinfer.fileio import read_json
+
+        data = read_json(path, "Plan", "a .plan.json written by `mpinfer convert`")
         return cls.from_dict(data, str(path))
 
     def check_matches(

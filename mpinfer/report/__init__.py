@@ -95,23 +95,9 @@ def load_report(path: str | os.PathLike[str]) -> ComparisonResult:
     Raises:
         InvalidInputError: Missing or malformed file, or a newer schema version.
     """
-    p = Path(path)
-    if not p.is_file():
-        raise InvalidInputError(format_message(f"Report '{path}'", "no such file", "a report.json"))
-    try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as err:
-        raise InvalidInputError(
-            format_message(
-                f"Report '{path}'",
-                f"a file that is not JSON ({err})",
-                "a report.json written by mpinfer compare",
-            )
-        ) from err
-    if not isinstance(data, dict):
-        raise InvalidInputError(
-            format_message(f"Report '{path}'", f"a JSON {type(data).__name__}", "a JSON object")
-        )
+    from mpinfer.fileio import read_json
+
+    data = read_json(path, "Report", "a report.json written by mpinfer compare")
     return ComparisonResult.from_dict(data, origin=str(path))
 
 

@@ -93,7 +93,7 @@ def test_cli_report_bad_input(invoke, report_result, tmp_path):
     )
     assert not out.exists()
     (tmp_path / "junk.json").write_text("{not json")
-    assert_user_error(invoke("report", tmp_path / "junk.json"), r"received a file that is not JSON")
+    assert_user_error(invoke("report", tmp_path / "junk.json"), r"received an unreadable or non-JSON file")
     assert_user_error(
         invoke("report", tmp_path / "missing.json"), r"Report '.*missing.json': received no such file"
     )
