@@ -142,8 +142,19 @@ def export(name: str, out: Path, **build_kw) -> Path:
     return out
 
 
-def make_data(name: str, model_path: Path, folder: Path) -> tuple[Path, dict[str, np.ndarray]]:
-    """Calibration .npz (digits: the shipped set) and held-out evaluation feeds."""
+def make_data(
+    name: str,
+    model_path: Path,
+    folder: Path,
+    *,
+    cal_samples: int = 64,
+    dims: dict[str, int] | None = None,
+) -> tuple[Path, dict[str, np.ndarray]]:
+    """Calibration .npz (digits: the shipped set) and 64 held-out evaluation samples (another seed).
+
+    ``cal_samples`` seeded random calibration samples for the other models; ``dims`` sizes symbolic
+    dims other than the batch (``{"seq": 16}``).
+    """
     import onnx
 
     from mpinfer.data import load_feeds
@@ -158,10 +169,10 @@ def make_data(name: str, model_path: Path, folder: Path) -> tuple[Path, dict[str
         )
         return cal, {"x": val["x"][:128]}
     specs = specs_from_onnx(onnx.load(str(model_path)))
-    cal_batch = next(iter(load_feeds("random:1", specs, batch_size=64, seed=0)))
-    cal = folder / f"{name}.cal.npz"
+    cal_batch = next(iter(load_feeds("random:1", specs, batch_size=cal_samples, seed=0, dims=dims)))
+    cal = folder / f"{model_path.stem}.cal.npz"
     np.savez(cal, **cal_batch)
-    evals = next(iter(load_feeds("random:1", specs, batch_size=64, seed=123)))
+    evals = next(iter(load_feeds("random:1", specs, batch_size=64, seed=123, dims=dims)))
     return cal, evals
 
 
@@ -219,14 +230,33 @@ def run_tool(tool: str, src: Path, dst: Path, cal: Path) -> dict:
     return {}
 
 
-def launch(tool: str, src: Path, dst: Path, cal: Path, python: str) -> dict:
-    """Run one tool in a subprocess; wall time and peak RSS (wait4) of that process."""
+def launch(
+    tool: str,
+    src: Path,
+    dst: Path,
+    cal: Path,
+    python: str,
+    *,
+    script: Path | None = None,
+    extra: tuple[str, ...] = (),
+    timeout: float = TOOL_TIMEOUT,
+) -> dict:
+    """Run one tool in a subprocess; wall time and peak RSS (wait4) of that process.
+
+    The worker is ``script --worker TOOL SRC DST CAL INFO *extra`` (default: this file); it writes INFO (json).
+    """
     info = dst.with_suffix(".info.json")
-    cmd = [python, str(Path(__file__).resolve()), "--worker", tool, str(src), str(dst), str(cal), str(info)]
+    info.unlink(missing_ok=True)
+    dst.unlink(missing_ok=True)
+    worker_script = str((script or Path(__file__)).resolve())
+    cmd = [python, worker_script, "--worker", tool, str(src), str(dst), str(cal), str(info), *extra]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     start = time.perf_counter()
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    deadline = start + TOOL_TIMEOUT
+    # stderr to a file, not a pipe: a tool that logs a lot would block on a full pipe while we poll wait4.
+    err_path = dst.with_suffix(".stderr.txt")
+    with err_path.open("w") as err_file:
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=err_file, text=True)
+    deadline = start + timeout
     while True:
         pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
         if pid:
@@ -234,14 +264,14 @@ def launch(tool: str, src: Path, dst: Path, cal: Path, python: str) -> dict:
         if time.perf_counter() > deadline:
             proc.kill()
             pid, status, usage = os.wait4(proc.pid, 0)
-            return {"ok": False, "error": f"timeout after {TOOL_TIMEOUT}s", "wall_s": TOOL_TIMEOUT}
+            return {"ok": False, "error": f"did not finish in {timeout:g} s (killed)", "wall_s": timeout}
         time.sleep(0.05)
     wall = time.perf_counter() - start
-    err = proc.stderr.read() if proc.stderr else ""
+    err = err_path.read_text(errors="replace")
     out = {"wall_s": round(wall, 2), "ok": os.waitstatus_to_exitcode(status) == 0 and dst.exists()}
     if not out["ok"]:
         out["error"] = (err.strip().splitlines() or ["no output"])[-1][:200]
-    elif info.exists():
+    if info.exists():  # a worker may record how far it got before failing
         out.update(json.loads(info.read_text()))
     return out
 
