@@ -46,3 +46,12 @@ def test_quick_tour_runs(tmp_path, monkeypatch, cli_runner):
 @pytest.mark.parametrize("target", ["demo", "test"])
 def test_makefile_has_the_two_setup_targets(target):
     assert re.search(rf"^{target}:", (ROOT / "Makefile").read_text(), re.M)
+
+
+def test_readme_python_api_snippet_runs(tmp_path, monkeypatch):
+    text = (ROOT / "README.md").read_text()
+    snippet = text.split("Python API", 1)[1].split("```python", 1)[1].split("```", 1)[0]
+    (tmp_path / "models").symlink_to(ROOT / "models")
+    monkeypatch.chdir(tmp_path)
+    exec(compile(snippet, "README.md", "exec"), {})  # the snippet asserts bool(result) itself
+    assert (tmp_path / "out" / "resnet-report" / "index.html").is_file()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import logging
+import os
 import platform
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -70,6 +71,14 @@ class CompareConfig:
     divergence_batches: int = DIVERGENCE_BATCHES
     seed: int = 0
     show_progress: bool = True
+
+    def __post_init__(self) -> None:
+        # The API takes paths as str or os.PathLike (a single candidate too); runners and reports use str.
+        cands = (self.candidates,) if isinstance(self.candidates, (str, os.PathLike)) else self.candidates
+        object.__setattr__(self, "baseline", os.fspath(self.baseline))
+        object.__setattr__(self, "candidates", tuple(os.fspath(c) for c in cands))
+        if self.data is not None:
+            object.__setattr__(self, "data", os.fspath(self.data))
 
 
 def _validate_config(cfg: CompareConfig) -> tuple[Check, ...]:
@@ -200,15 +209,16 @@ def _output_names(baseline: Runner, candidates: Mapping[str, Runner]) -> list[st
 
 
 def _iter_progress(feeds: Any, show: bool) -> Iterator[dict[str, np.ndarray]]:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 
-    with Progress(
+    from mpinfer.progress import progress_bar
+
+    with progress_bar(
         TextColumn("[bold]compare[/]"),
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
-        disable=not show,
-        transient=True,
+        enabled=show,
     ) as progress:
         task = progress.add_task("batches", total=len(feeds))
         for batch in feeds:

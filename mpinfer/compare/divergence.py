@@ -138,14 +138,13 @@ def measure_tensors(
     The baseline always runs in onnxruntime (FP32); the candidate in onnxruntime or, with ``strict``, in the
     strict FP16/BF16 emulator (which keeps only the chunk's tensors).
     """
-    from rich.progress import Progress
-
     from mpinfer.modelio import ort_session
+    from mpinfer.progress import progress_bar
 
     accs = {n: _TensorAcc() for n in names}
     size = STRICT_CHUNK_SIZE if strict else CHUNK_SIZE
     chunks = [list(names[i : i + size]) for i in range(0, len(names), size)]
-    with Progress(disable=not show_progress, transient=True) as progress:
+    with progress_bar(enabled=show_progress) as progress:
         task = progress.add_task("divergence: intermediate tensors", total=len(chunks) * len(batches))
         for chunk in chunks:
             sb: Any = ort_session(_with_outputs(base, chunk), providers)

@@ -101,17 +101,18 @@ def measure_latency(
     Returns:
         One LatencyStats per runner and batch size; ``speedup`` = baseline p50 / runner p50.
     """
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+
+    from mpinfer.progress import progress_bar
 
     stats: list[LatencyStats] = []
     t0 = time.perf_counter()
-    with Progress(
+    with progress_bar(
         TextColumn("[bold]latency[/] {task.description}"),
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
-        disable=not show_progress,
-        transient=True,
+        enabled=show_progress,
     ) as progress:
         for bs in batch_sizes:
             feeds = batch_of_size(sample, bs)

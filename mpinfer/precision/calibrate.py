@@ -219,10 +219,12 @@ def _weight_bytes(model: Any) -> int:
 
 
 def _progress(progress: bool) -> Any:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+
+    from mpinfer.progress import progress_bar
 
     columns = [TextColumn("[bold]Calibrating"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
-    return Progress(*columns, disable=not progress, transient=True)
+    return progress_bar(*columns, enabled=progress)
 
 
 def _run_chunk(

@@ -288,14 +288,14 @@ def search_plan(
         AccuracyMismatchError: The budget fails even with the whole model in FP32.
         InvalidInputError: Labels missing for ``accuracy``, or ops strict numerics cannot run.
     """
-    from rich.progress import Progress
+    from mpinfer.progress import progress_bar
 
     start = time.perf_counter()
     ver = _reference(model, info, feeds, cfg)
     groups = build_groups(info, nodes, decisions)
     members = {a for g in groups for a in g.members}
     forced = {n.name: n.precision for n in nodes if n.precision.is_low and n.name not in members}
-    with Progress(transient=True, disable=not cfg.progress) as bar:
+    with progress_bar(enabled=cfg.progress) as bar:
         task = bar.add_task("sensitivity", total=len(groups))
         for g in groups:
             if ver.emu is not None:
