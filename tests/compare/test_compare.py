@@ -229,3 +229,24 @@ def test_ort_engine_candidate(mlp_files, tmp_path):
     assert cand.runner["backend"] == "onnxruntime-engine"
     assert cand.divergence is None and cand.outputs[0].values["cosine"] > 0.9999
     assert [s.runner for s in result.latency.stats] == [str(mlp_files["base"]), str(built.path)]
+
+
+def test_cast_split_fix_names_the_fp32_side_when_the_cast_goes_to_fp16():
+    """Conv kept FP32 feeding an FP16 Relu: the fix lowers the Conv or keeps the Relu, not the reverse."""
+    w = numpy_helper.from_array(np.ones((8, 8, 3, 3), np.float32), "w")
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+        helper.make_node("Cast", ["c"], ["c16"], name="c__cast_to_fp16", to=TensorProto.FLOAT16),
+        helper.make_node("Relu", ["c16"], ["r"], name="relu"),
+        helper.make_node("Cast", ["r"], ["y"], name="r__cast_to_fp32", to=TensorProto.FLOAT),
+    ]
+    g = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 8, 8])],
+        [w],
+    )
+    hints = speed_hints(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
+    split = next(h for h in hints if h.kind == "cast-split")
+    assert "--low-node 'conv'" in split.fix and "--keep-node 'relu'" in split.fix
