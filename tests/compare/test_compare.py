@@ -250,3 +250,28 @@ def test_cast_split_fix_names_the_fp32_side_when_the_cast_goes_to_fp16():
     hints = speed_hints(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
     split = next(h for h in hints if h.kind == "cast-split")
     assert "--low-node 'conv'" in split.fix and "--keep-node 'relu'" in split.fix
+
+
+def test_latency_with_a_scalar_input(tmp_path):
+    """A rank-0 input (a loop count, a temperature) has no batch axis: latency must not index its shape."""
+    nodes = [
+        helper.make_node("Mul", ["x", "s"], ["m"], name="mul"),
+        helper.make_node("Relu", ["m"], ["y"], name="relu"),
+    ]
+    g = helper.make_graph(
+        nodes,
+        "g",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4]),
+            helper.make_tensor_value_info("s", TensorProto.FLOAT, []),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])],
+    )
+    path = tmp_path / "scalar.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(path))
+    result = compare_models(
+        CompareConfig(
+            str(path), (str(path),), latency=True, iterations=2, warmup=1, batch_sizes=(1, 4), show_progress=False
+        )
+    )
+    assert {s.batch_size for s in result.latency.stats} == {1, 4}
