@@ -71,6 +71,13 @@ class CompareConfig:
     seed: int = 0
     show_progress: bool = True
 
+    def __post_init__(self) -> None:
+        """Accept ``pathlib.Path`` models and data (as the README's API example passes them)."""
+        object.__setattr__(self, "baseline", str(self.baseline))
+        object.__setattr__(self, "candidates", tuple(str(c) for c in self.candidates))
+        if self.data is not None:
+            object.__setattr__(self, "data", str(self.data))
+
 
 def _validate_config(cfg: CompareConfig) -> tuple[Check, ...]:
     checks = parse_checks(cfg.checks)

@@ -275,3 +275,9 @@ def test_latency_with_a_scalar_input(tmp_path):
         )
     )
     assert {s.batch_size for s in result.latency.stats} == {1, 4}
+
+
+def test_config_takes_paths_as_in_the_readme(mlp_files):
+    """README: ``CompareConfig(Path("out/resnet.onnx"), (Path("out/resnet.fp16.onnx"),))``."""
+    result = compare_models(CompareConfig(mlp_files["base"], (mlp_files["fp16"],), show_progress=False))
+    assert result.candidates[0].name == str(mlp_files["fp16"])
