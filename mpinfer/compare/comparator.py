@@ -73,6 +73,7 @@ class CompareConfig:
     show_progress: bool = True
 
     def __post_init__(self) -> None:
+        """Accept ``pathlib.Path`` models and data (as the README's API example passes them)."""
         # The API takes paths as str or os.PathLike (a single candidate too); runners and reports use str.
         cands = (self.candidates,) if isinstance(self.candidates, (str, os.PathLike)) else self.candidates
         object.__setattr__(self, "baseline", os.fspath(self.baseline))

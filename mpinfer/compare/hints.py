@@ -33,6 +33,8 @@ _FUSIBLE = {
     "BatchNormalization": {"Relu", "Clip"},
     "Add": {"Relu", "LayerNormalization"},
 }
+# onnx.TensorProto.FLOAT, the ``to`` of a Cast back to FP32 (onnx is imported where used).
+_FLOAT = 1
 # Hints listed per candidate at most (the rest are counted in the log).
 MAX_HINTS = 20
 
@@ -126,8 +128,11 @@ def _cast_splits(nodes: list[Any]) -> list[SpeedHint]:
         prod = producer.get(cast.input[0])
         if prod is None or prod.op_type not in _FUSIBLE:
             continue
+        to = next((a.i for a in cast.attribute if a.name == "to"), 0)
         for cons in consumers.get(cast.output[0], []):
             if cons.op_type in _FUSIBLE[prod.op_type]:
+                # A Cast to FP32 follows a low producer; a Cast to FP16/BF16 follows an FP32 one.
+                low, keep = (cons.name, prod.name) if to == _FLOAT else (prod.name, cons.name)
                 hints.append(
                     SpeedHint(
                         "cast-split",
@@ -136,8 +141,8 @@ def _cast_splits(nodes: list[Any]) -> list[SpeedHint]:
                         f"Cast '{cast.name}' sits between {prod.op_type} '{prod.name}' and {cons.op_type} "
                         f"'{cons.name}', which a GPU engine would fuse; the pair runs as separate kernels "
                         "plus a cast.",
-                        f"run both in the same precision: `mpinfer convert --low-node '{cons.name}'` or "
-                        f"`--keep-node '{prod.name}'`.",
+                        f"run both in the same precision: `mpinfer convert --low-node '{low}'` or "
+                        f"`--keep-node '{keep}'`.",
                     )
                 )
     return hints

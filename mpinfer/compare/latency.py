@@ -24,6 +24,9 @@ def batch_of_size(sample: Mapping[str, np.ndarray], batch_size: int) -> dict[str
     """Tile or slice a data batch along axis 0 to ``batch_size`` samples."""
     out = {}
     for name, arr in sample.items():
+        if arr.ndim == 0:  # a scalar input has no batch axis
+            out[name] = arr
+            continue
         reps = -(-batch_size // max(arr.shape[0], 1))
         out[name] = (
             np.ascontiguousarray(np.concatenate([arr] * reps, axis=0)[:batch_size])

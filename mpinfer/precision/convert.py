@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -165,6 +166,7 @@ def convert_precision(cfg: ConvertConfig) -> ConvertResult:
         expected_error=expected,
         search=search_cost,
     )
+    _warn_opset_blocked(plan.nodes, info, cfg.precision)
     _write_model(result.model, out, info, source=Path(cfg.model), large=large)
     if cfg.plan is None or Path(cfg.plan).resolve() != plan_out.resolve():
         plan.save(plan_out)
@@ -432,6 +434,43 @@ def convert_model(
     result, nodes = apply_validated(info, nodes, precision, keep_io_types=keep_io_types)
     summary = summarize(info, nodes, cast_count=result.cast_count, converted_weights=result.converted_weights)
     return ModelConversion(result.model, nodes, summary)
+
+
+def _warn_opset_blocked(nodes: list[NodeDecision], info: Any, precision: Precision) -> None:
+    """Warn once when ops stay FP32 only because the model's opset lacks the low dtype for them.
+
+    BF16 Conv, pooling and most activations arrive with opset 22: a CNN exported at an older opset
+    otherwise converts to BF16 with almost nothing in BF16 and no word why.
+    """
+    from onnx import defs
+
+    name = "float16" if precision is Precision.FP16 else "bfloat16"
+    opset = info.opsets.get("", 0)
+    blocked: Counter[str] = Counter()
+    needed = 0
+    for n in nodes:
+        if n.reason != "rule:keep-fp32" or f"has no {name} type" not in n.detail:
+            continue
+        for version in range(opset + 1, defs.onnx_opset_version() + 1):
+            try:
+                schema = defs.get_schema(n.op_type, version, "")
+            except defs.SchemaError:
+                break
+            if any(f"tensor({name})" in c.allowed_type_strs for c in schema.type_constraints):
+                blocked[n.op_type] += 1
+                needed = max(needed, version)
+                break
+    if blocked:
+        logger.warning(
+            "%d node(s) stay FP32 because opset %d has no %s for them (%s). Hint: opset %d has it: re-export "
+            "with `mpinfer export --opset %d`, or upgrade with onnx.version_converter.convert_version.",
+            sum(blocked.values()),
+            opset,
+            name,
+            ", ".join(f"{op} x{k}" for op, k in blocked.most_common()),
+            needed,
+            needed,
+        )
 
 
 # Rounds of "ONNX Runtime refuses these low nodes: keep them FP32 and re-apply" before giving up.

@@ -210,3 +210,21 @@ def test_unknown_ops_kept_and_reported(invoke, tmp_path):
 
 def test_make_helper_checks():
     assert make([helper.make_node("Relu", ["x"], ["y"], name="r")], [fvi("x", [1])], [fvi("y", [1])])
+
+
+def test_nodes_low_share_matches_the_count_it_is_printed_next_to(invoke, tmp_path):
+    """Index-like nodes are out of the share's denominator; the printed count must say so (was '2/4 (100%)')."""
+    nodes = [
+        helper.make_node("Shape", ["x"], ["s"], name="shape"),
+        helper.make_node("Reshape", ["x", "s"], ["r"], name="reshape"),
+        helper.make_node("MatMul", ["r", "w"], ["m"], name="mm"),
+        helper.make_node("Relu", ["m"], ["y"], name="relu"),
+    ]
+    model = make(nodes, [fvi("x", [2, 8])], [fvi("y", [2, 8])], [init("w", rng_w(8, 8))])
+    src = save(model, tmp_path / "m.onnx")
+    r = invoke("convert", src, "--calibration", "none", "-o", tmp_path / "m.fp16.onnx")
+    assert r.exit_code == 0, r.output
+    plan = json.loads((tmp_path / "m.fp16.plan.json").read_text())["summary"]
+    low, share = plan["nodes_low"], plan["low_share_nodes"]
+    line = next(ln for ln in r.output.splitlines() if "nodes low" in ln)
+    assert f"{low}/{round(low / share)} " in line and f"({share:.1%})" in line, line

@@ -229,3 +229,55 @@ def test_ort_engine_candidate(mlp_files, tmp_path):
     assert cand.runner["backend"] == "onnxruntime-engine"
     assert cand.divergence is None and cand.outputs[0].values["cosine"] > 0.9999
     assert [s.runner for s in result.latency.stats] == [str(mlp_files["base"]), str(built.path)]
+
+
+def test_cast_split_fix_names_the_fp32_side_when_the_cast_goes_to_fp16():
+    """Conv kept FP32 feeding an FP16 Relu: the fix lowers the Conv or keeps the Relu, not the reverse."""
+    w = numpy_helper.from_array(np.ones((8, 8, 3, 3), np.float32), "w")
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+        helper.make_node("Cast", ["c"], ["c16"], name="c__cast_to_fp16", to=TensorProto.FLOAT16),
+        helper.make_node("Relu", ["c16"], ["r"], name="relu"),
+        helper.make_node("Cast", ["r"], ["y"], name="r__cast_to_fp32", to=TensorProto.FLOAT),
+    ]
+    g = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 8, 8])],
+        [w],
+    )
+    hints = speed_hints(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
+    split = next(h for h in hints if h.kind == "cast-split")
+    assert "--low-node 'conv'" in split.fix and "--keep-node 'relu'" in split.fix
+
+
+def test_latency_with_a_scalar_input(tmp_path):
+    """A rank-0 input (a loop count, a temperature) has no batch axis: latency must not index its shape."""
+    nodes = [
+        helper.make_node("Mul", ["x", "s"], ["m"], name="mul"),
+        helper.make_node("Relu", ["m"], ["y"], name="relu"),
+    ]
+    g = helper.make_graph(
+        nodes,
+        "g",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4]),
+            helper.make_tensor_value_info("s", TensorProto.FLOAT, []),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])],
+    )
+    path = tmp_path / "scalar.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(path))
+    result = compare_models(
+        CompareConfig(
+            str(path), (str(path),), latency=True, iterations=2, warmup=1, batch_sizes=(1, 4), show_progress=False
+        )
+    )
+    assert {s.batch_size for s in result.latency.stats} == {1, 4}
+
+
+def test_config_takes_paths_as_in_the_readme(mlp_files):
+    """README: ``CompareConfig(Path("out/resnet.onnx"), (Path("out/resnet.fp16.onnx"),))``."""
+    result = compare_models(CompareConfig(mlp_files["base"], (mlp_files["fp16"],), show_progress=False))
+    assert result.candidates[0].name == str(mlp_files["fp16"])

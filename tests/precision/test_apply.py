@@ -404,3 +404,21 @@ def test_node_onnxruntime_refuses_in_bf16_kept_fp32_with_reason():
     assert attn.precision is Precision.FP32 and attn.reason == "rule:keep-fp32"
     assert "ONNX Runtime refuses it in bf16" in attn.detail
     assert not run_checks(res.model)
+
+
+def test_bf16_conv_blocked_by_old_opset_is_warned_with_the_opset_that_has_it(tmp_path, caplog):
+    """Conv has no bfloat16 before opset 22: a BF16 CNN at opset 17 stays FP32, and the user is told why."""
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c"], ["y"], name="relu"),
+    ]
+    g = helper.make_graph(
+        nodes, "g", [fvi("x", [1, 8, 8, 8])], [fvi("y", [1, 8, 8, 8])], [init("w", rng_w(8, 8, 3, 3))]
+    )
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    with caplog.at_level("WARNING"):
+        _, res = _convert(tmp_path, model, precision=Precision.BF16)
+    conv = next(n for n in res.plan.nodes if n.name == "conv")
+    assert conv.precision is Precision.FP32
+    warned = [r.getMessage() for r in caplog.records if "bfloat16" in r.getMessage()]
+    assert len(warned) == 1 and "Conv" in warned[0] and "opset 22" in warned[0], warned
