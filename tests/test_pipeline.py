@@ -197,3 +197,43 @@ def test_run_command_bad_toml(invoke, tmp_path):
     toml.write_text("[build_engine\n")
     assert_user_error(invoke("run", toml), "invalid TOML")
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [
+        ('pipeline = 3\n[scale]\ndata = "data.npy"\n', r"pipeline = 3.*a \[pipeline\] table"),
+        ('scale = "data.npy"\n', r"scale = 'data.npy'.*a \[scale\] table"),
+        ('[pipeline]\nwork-dir = "w"\n[scale]\ndata = "data.npy"\n', r"unknown key\(s\) \['work-dir'\]"),
+        ('[pipeline]\nwork_dir = ["w"]\n[scale]\ndata = "data.npy"\n', r"work_dir = \['w'\].*a string"),
+    ],
+)
+def test_malformed_tables_are_user_errors(tmp_path, text, match):
+    np.save(tmp_path / "data.npy", np.arange(4, dtype=np.float32))
+    (tmp_path / "p.toml").write_text(text)
+    with pytest.raises(InvalidInputError, match=match):
+        run_pipeline(tmp_path / "p.toml", registry=REGISTRY)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data.npy", "p.toml"]  # no work dir made
+
+
+@pytest.mark.parametrize(
+    ("table", "match"),
+    [
+        ('[export]\nsource = 3\n', r"\[export\] source = 3: received an integer, expected a string"),
+        ('[export]\nsource = "m.py"\nopset = "17"\n', r"\[export\] opset = '17'.*expected an integer"),
+        ('[compare]\ncandidates = "m.onnx"\n', r"\[compare\] candidates = 'm.onnx'.*expected a list"),
+        ('[build_engine]\nmodel = "m.onnx"\ndevice = 3\n', r"\[build_engine\] device = 3.*a string"),
+        ('[report]\nformats = "md"\n', r"\[report\] formats = 'md'.*expected a list"),
+    ],
+)
+def test_wrong_value_types_are_refused_before_any_stage_runs(tmp_path, table, match):
+    """A typo in a late table fails at once, not after training and export have run."""
+    (tmp_path / "p.toml").write_text(f'[pipeline]\nwork_dir = "w"\n[train]\nmodel = "nope.py"\n{table}')
+    with pytest.raises(InvalidInputError, match=match):
+        run_pipeline(tmp_path / "p.toml")
+
+
+def test_unknown_key_in_a_late_table_is_refused_before_any_stage_runs(tmp_path):
+    (tmp_path / "p.toml").write_text('[train]\nmodel = "nope.py"\n[compare]\nchecks = "cosine>=0.9"\nbogus = 1\n')
+    with pytest.raises(InvalidInputError, match=r"\[compare\].*unknown key\(s\) \['bogus'\]"):
+        run_pipeline(tmp_path / "p.toml")
