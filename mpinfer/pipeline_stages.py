@@ -272,6 +272,7 @@ def _run_convert(plan: StagePlan, out: Path) -> StageOutput:
     )
     precision = Precision.parse(plan.settings["precision"])
     values = {**plan.settings, "output": str(out / f"model.{precision.value}.onnx"), "force": True}
+    values.setdefault("progress", False)  # the pipeline prints one line per stage; bars would break them up
     result = convert_precision(make_config(convert_config, values, "convert"))
     summary: dict[str, Any] = {"precision": precision.value}
     plan_path = Path(result.plan_path)
@@ -345,9 +346,9 @@ def _plan_compare(ctx: StageContext) -> StagePlan:
     settings, inputs = resolve_section(ctx, ctx.section)
     # An engine runs on the device it was built for (a CUDA engine on a GPU machine): let compare follow it.
     settings.setdefault("device", "auto")
-    if "baseline" not in settings and "onnx" in ctx.artefacts:
-        settings["baseline"] = str(ctx.artefacts["onnx"])
-        inputs.append(ctx.artefacts["onnx"])
+    if "baseline" not in settings:
+        settings["baseline"] = _require(ctx, "compare", "baseline", ["onnx"])
+        inputs.append(Path(settings["baseline"]))
     if "candidates" not in settings:
         found = [ctx.artefacts[k] for k in ("onnx_low", "engine") if k in ctx.artefacts]
         settings["candidates"] = [str(p) for p in found]
@@ -361,7 +362,8 @@ def _run_compare(plan: StagePlan, out: Path) -> StageOutput:
     compare_config, compare_models = import_api(
         "compare", "mpinfer.compare", "CompareConfig", "compare_models"
     )
-    result = compare_models(make_config(compare_config, dict(plan.settings), "compare"))
+    values = {"show_progress": False, **plan.settings}  # one line per stage, as for convert
+    result = compare_models(make_config(compare_config, values, "compare"))
     path = write_json_atomic(out / "comparison.json", result.to_dict())
     return StageOutput({"comparison": path}, {"passed": bool(result), "verdict": result.summary()})
 

@@ -237,3 +237,23 @@ def test_unknown_key_in_a_late_table_is_refused_before_any_stage_runs(tmp_path):
     (tmp_path / "p.toml").write_text('[train]\nmodel = "nope.py"\n[compare]\nchecks = "cosine>=0.9"\nbogus = 1\n')
     with pytest.raises(InvalidInputError, match=r"\[compare\].*unknown key\(s\) \['bogus'\]"):
         run_pipeline(tmp_path / "p.toml")
+
+
+def test_run_output_has_no_stray_progress_lines(invoke, tmp_path):
+    """Stage progress bars (convert, compare) must not leave blank lines among the stage lines."""
+    make_mixed_model(tmp_path / "m.onnx", low="fp32")
+    toml = tmp_path / "p.toml"
+    toml.write_text(
+        '[convert]\nmodel = "m.onnx"\ncalibration = "random:2"\n[compare]\nbaseline = "m.onnx"\ndata = "random:2"\n'
+    )
+    result = invoke("-q", "run", toml)
+    assert result.exit_code == 0, result.output
+    assert "" not in result.stdout.splitlines(), result.stdout
+
+
+def test_compare_without_a_baseline_names_the_missing_key(tmp_path):
+    make_mixed_model(tmp_path / "m.fp16.onnx")
+    toml = tmp_path / "p.toml"
+    toml.write_text('[compare]\ncandidates = ["m.fp16.onnx"]\n')
+    with pytest.raises(InvalidInputError, match=r"\[compare\]: received no 'baseline' and no earlier stage"):
+        run_pipeline(toml)
