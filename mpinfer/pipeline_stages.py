@@ -24,7 +24,7 @@ from typing import Any
 
 from mpinfer.errors import InvalidInputError, MpinferError, format_message
 from mpinfer.fileio import write_json_atomic, write_text_atomic
-from mpinfer.pipeline import Stage, StageContext, StageOutput, StagePlan
+from mpinfer.pipeline import ARTEFACT_DIR, STATE_FILE, Stage, StageContext, StageOutput, StagePlan
 from mpinfer.specs import Precision
 
 # Fields of AmpConfig that may name the training output folder (the first one present is used).
@@ -380,12 +380,17 @@ def _plan_report(ctx: StageContext) -> StagePlan:
             )
         )
     out_dir = (ctx.work_dir / str(ctx.section.get("dir", "report"))).resolve()
-    if out_dir == ctx.work_dir or ctx.work_dir not in out_dir.parents:
+    reserved = [ctx.work_dir / ARTEFACT_DIR, ctx.work_dir / STATE_FILE]
+    if (
+        out_dir == ctx.work_dir
+        or ctx.work_dir not in out_dir.parents
+        or any(p == out_dir or p in out_dir.parents for p in reserved)
+    ):
         raise InvalidInputError(
             format_message(
                 "Pipeline table [report]",
                 f"dir = {ctx.section.get('dir')!r}",
-                "a sub-folder of the work dir (it is replaced on every run)",
+                f"a sub-folder of the work dir (it is replaced on every run) outside {ARTEFACT_DIR}/",
             )
         )
     settings = {

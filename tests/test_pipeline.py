@@ -176,6 +176,15 @@ def test_report_dir_must_stay_inside_the_work_dir(tmp_path):
         run_pipeline(toml)
 
 
+@pytest.mark.parametrize("folder", ["artefacts", "artefacts/report", "pipeline-state.json"])
+def test_report_dir_must_not_replace_the_artefacts(tmp_path, folder):
+    """The report folder is deleted before each run: it must not be the stages' artefact store."""
+    toml = tmp_path / "p.toml"
+    toml.write_text(f'[pipeline]\nwork_dir = "w"\n[report]\ndir = "{folder}"\n')
+    with pytest.raises(InvalidInputError, match="sub-folder of the work dir"):
+        run_pipeline(toml)
+
+
 def test_default_registry_order():
     assert list(default_stages()) == ["train", "export", "convert", "build_engine", "compare", "report"]
 
