@@ -101,8 +101,6 @@ def build_engine(
     )
     result = build(cfg)
     quiet = bool(ctx.obj and ctx.obj.get("quiet"))
-    if not quiet:
+    if not quiet:  # result.notes were logged as warnings by build_engine (-q hides them)
         click.echo(f"Backend: {result.backend.value} ({result.reason})")
-        for note in result.notes:
-            click.echo(f"Note: {note}")
     click.echo(f"Wrote {result.path} and {result.sidecar}")
