@@ -162,6 +162,8 @@ def _check_inputs(cfg: BuildConfig) -> _Checked:
     )
     backend, reason = select_backend(cfg.backend, cfg.device, tensorrt=probe, gpu_count=cuda_device_count())
     logger.info("Backend: %s (%s)", backend.value, reason)
+    if backend is Backend.TENSORRT and probe.version is None:  # before asking for --shapes TensorRT can't use
+        raise BackendUnavailableError(probe.reason or TENSORRT_INSTALL_HINT)
     external = any(uses_external_data(t) for t in model.graph.initializer)
     output = Path(cfg.output) if cfg.output is not None else default_output(model_path, backend, external_data=external)
     plan = cfg.plan if cfg.plan is not None else plan_path_for(model_path)
