@@ -35,6 +35,8 @@ STATE_SCHEMA_VERSION = 1
 ARTEFACT_DIR = "artefacts"
 # Characters of the key used in folder names: 48 bits, no collisions among a pipeline's few hundred runs.
 KEY_PREFIX_CHARS = 12
+# Keys of the [pipeline] table, both folder paths: a typo must not silently send the outputs elsewhere.
+PIPELINE_KEYS = ("root", "work_dir")
 
 
 @dataclass(frozen=True)
@@ -95,11 +97,14 @@ class Stage:
         name: Stage name, also its TOML table name.
         plan: Context -> settings and inputs (no side effects).
         run: (plan, output folder) -> artefacts; calls the stage's public API function.
+        check: Validates the stage's raw TOML table (keys, value types) before any stage runs, so a
+            mistake in a late table fails at once instead of after the earlier stages; None: no check.
     """
 
     name: str
     plan: Callable[[StageContext], StagePlan]
     run: Callable[[StagePlan, Path], StageOutput]
+    check: Callable[[Mapping[str, Any]], None] | None = None
 
 
 @dataclass(frozen=True)
@@ -268,6 +273,38 @@ def _settle(
     return StageRun(stage.name, "ran", key, dict(output.artefacts), seconds, dict(output.summary))
 
 
+def _check_tables(path: Path, doc: Mapping[str, Any], registry: Mapping[str, Stage]) -> None:
+    """Refuse non-table entries, bad [pipeline] keys and (through each stage's check) bad stage tables."""
+    for name, value in doc.items():
+        if not isinstance(value, dict):
+            raise InvalidInputError(
+                format_message(
+                    f"Pipeline file '{path}'",
+                    f"{name} = {value!r}",
+                    f"a [{name}] table",
+                    f"write [{name}] on a line of its own, followed by its key = value lines",
+                )
+            )
+    meta = doc.get("pipeline", {})
+    unknown = sorted(set(meta) - set(PIPELINE_KEYS))
+    if unknown:
+        raise InvalidInputError(
+            format_message(
+                "Pipeline table [pipeline]", f"unknown key(s) {unknown}", f"keys among {list(PIPELINE_KEYS)}"
+            )
+        )
+    for key, value in meta.items():
+        if not isinstance(value, str):
+            raise InvalidInputError(
+                format_message(
+                    f"Pipeline table [pipeline] {key} = {value!r}", f"a {type(value).__name__}", "a string (a folder)"
+                )
+            )
+    for name, stage in registry.items():
+        if name in doc and stage.check is not None:
+            stage.check(doc[name])
+
+
 def run_pipeline(
     path: str | Path,
     *,
@@ -309,6 +346,7 @@ def run_pipeline(
         raise InvalidInputError(
             format_message(f"Pipeline file '{path}'", "no stage tables", f"at least one of {list(registry)}")
         )
+    _check_tables(path, doc, registry)
     meta = doc.get("pipeline", {})
     root = (path.parent / str(meta.get("root", "."))).resolve()
     work_dir = (root / str(meta.get("work_dir", "out/pipeline"))).resolve()

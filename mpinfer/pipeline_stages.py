@@ -12,16 +12,19 @@ the table sets it. A stage whose API is missing from this installation fails wit
 from __future__ import annotations
 
 import dataclasses
+import enum
 import importlib
 import json
 import os
-from collections.abc import Iterable, Mapping
+import types
+import typing
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from mpinfer.errors import InvalidInputError, MpinferError, format_message
 from mpinfer.fileio import write_json_atomic, write_text_atomic
-from mpinfer.pipeline import Stage, StageContext, StageOutput, StagePlan
+from mpinfer.pipeline import ARTEFACT_DIR, STATE_FILE, Stage, StageContext, StageOutput, StagePlan
 from mpinfer.specs import Precision
 
 # Fields of AmpConfig that may name the training output folder (the first one present is used).
@@ -64,11 +67,65 @@ def _coerce(value: Any, annotation: str) -> Any:
     return value
 
 
-def make_config(cls: type, values: Mapping[str, Any], where: str) -> Any:
-    """Build a config dataclass from TOML values: unknown keys are refused, strings become Paths/Precisions.
+def _type_ok(value: Any, hint: Any) -> bool:
+    """Whether a TOML value can stand for a field annotated ``hint`` (unknown types are left to the config)."""
+    origin = typing.get_origin(hint)
+    if hint is Any:
+        return True
+    if origin in (typing.Union, types.UnionType):
+        return any(_type_ok(value, arm) for arm in typing.get_args(hint))
+    if hint is type(None):
+        return value is None
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint in (str, Path) or (isinstance(hint, type) and issubclass(hint, enum.Enum)):
+        return isinstance(value, str)
+    if origin in (tuple, list, Sequence):
+        items = [a for a in typing.get_args(hint) if a is not Ellipsis]
+        return isinstance(value, list) and all(_type_ok(v, items[0]) for v in value if items)
+    if origin is Callable:
+        return False
+    return True
+
+
+def _describe(hint: Any) -> str:
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        arms = [_describe(a) for a in typing.get_args(hint) if a is not type(None) and _describe(a)]
+        return " or ".join(dict.fromkeys(arms))
+    if origin in (tuple, list, Sequence):
+        items = [a for a in typing.get_args(hint) if a is not Ellipsis]
+        return f"a list of {_describe(items[0]).removeprefix('a ').removeprefix('an ')}s" if items else "a list"
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        return "one of " + ", ".join(repr(m.value) for m in hint)
+    names = {bool: "true or false", int: "an integer", float: "a number", str: "a string", Path: "a path string"}
+    return names.get(hint, "") if isinstance(hint, type) else ""
+
+
+def _toml_type(value: Any) -> str:
+    if isinstance(value, list) and value:
+        return "a list holding " + " and ".join(sorted({_toml_type(v) for v in value}))
+    names = {bool: "a boolean", int: "an integer", float: "a float", str: "a string", list: "a list", dict: "a table"}
+    return names.get(type(value), f"a {type(value).__name__}")
+
+
+def check_table(
+    cls: type, values: Mapping[str, Any], where: str, *, loose: Mapping[str, Any] | None = None
+) -> None:
+    """Refuse keys that are not fields of the config dataclass ``cls`` and values of the wrong TOML type.
+
+    Args:
+        cls: The stage's config dataclass.
+        values: The TOML table.
+        where: The table's name, for messages.
+        loose: Annotations replacing the dataclass's for fields the stage parses from strings.
 
     Raises:
-        InvalidInputError: Unknown or missing keys, or a value the dataclass refuses.
+        InvalidInputError: Naming the table, the key, the value, its type and the type expected.
     """
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(values) - set(fields))
@@ -80,6 +137,23 @@ def make_config(cls: type, values: Mapping[str, Any], where: str) -> Any:
                 f"fields of {cls.__name__}: {sorted(fields)}",
             )
         )
+    hints = typing.get_type_hints(cls)
+    for key, value in values.items():
+        hint = (loose or {}).get(key, hints[key])
+        if not _type_ok(value, hint):
+            raise InvalidInputError(
+                format_message(f"Pipeline table [{where}] {key} = {value!r}", _toml_type(value), _describe(hint))
+            )
+
+
+def make_config(cls: type, values: Mapping[str, Any], where: str) -> Any:
+    """Build a config dataclass from TOML values: unknown keys are refused, strings become Paths/Precisions.
+
+    Raises:
+        InvalidInputError: Unknown or missing keys, a value of the wrong type, or one the dataclass refuses.
+    """
+    check_table(cls, values, where)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
     kwargs = {k: _coerce(v, str(fields[k].type)) for k, v in values.items()}
     try:
         return cls(**kwargs)
@@ -198,6 +272,7 @@ def _run_convert(plan: StagePlan, out: Path) -> StageOutput:
     )
     precision = Precision.parse(plan.settings["precision"])
     values = {**plan.settings, "output": str(out / f"model.{precision.value}.onnx"), "force": True}
+    values.setdefault("progress", False)  # the pipeline prints one line per stage; bars would break them up
     result = convert_precision(make_config(convert_config, values, "convert"))
     summary: dict[str, Any] = {"precision": precision.value}
     plan_path = Path(result.plan_path)
@@ -271,9 +346,9 @@ def _plan_compare(ctx: StageContext) -> StagePlan:
     settings, inputs = resolve_section(ctx, ctx.section)
     # An engine runs on the device it was built for (a CUDA engine on a GPU machine): let compare follow it.
     settings.setdefault("device", "auto")
-    if "baseline" not in settings and "onnx" in ctx.artefacts:
-        settings["baseline"] = str(ctx.artefacts["onnx"])
-        inputs.append(ctx.artefacts["onnx"])
+    if "baseline" not in settings:
+        settings["baseline"] = _require(ctx, "compare", "baseline", ["onnx"])
+        inputs.append(Path(settings["baseline"]))
     if "candidates" not in settings:
         found = [ctx.artefacts[k] for k in ("onnx_low", "engine") if k in ctx.artefacts]
         settings["candidates"] = [str(p) for p in found]
@@ -287,7 +362,8 @@ def _run_compare(plan: StagePlan, out: Path) -> StageOutput:
     compare_config, compare_models = import_api(
         "compare", "mpinfer.compare", "CompareConfig", "compare_models"
     )
-    result = compare_models(make_config(compare_config, dict(plan.settings), "compare"))
+    values = {"show_progress": False, **plan.settings}  # one line per stage, as for convert
+    result = compare_models(make_config(compare_config, values, "compare"))
     path = write_json_atomic(out / "comparison.json", result.to_dict())
     return StageOutput({"comparison": path}, {"passed": bool(result), "verdict": result.summary()})
 
@@ -304,12 +380,17 @@ def _plan_report(ctx: StageContext) -> StagePlan:
             )
         )
     out_dir = (ctx.work_dir / str(ctx.section.get("dir", "report"))).resolve()
-    if out_dir == ctx.work_dir or ctx.work_dir not in out_dir.parents:
+    reserved = [ctx.work_dir / ARTEFACT_DIR, ctx.work_dir / STATE_FILE]
+    if (
+        out_dir == ctx.work_dir
+        or ctx.work_dir not in out_dir.parents
+        or any(p == out_dir or p in out_dir.parents for p in reserved)
+    ):
         raise InvalidInputError(
             format_message(
                 "Pipeline table [report]",
                 f"dir = {ctx.section.get('dir')!r}",
-                "a sub-folder of the work dir (it is replaced on every run)",
+                f"a sub-folder of the work dir (it is replaced on every run) outside {ARTEFACT_DIR}/",
             )
         )
     settings = {
@@ -349,13 +430,51 @@ def _run_report(plan: StagePlan, out: Path) -> StageOutput:
     return StageOutput({"report": out}, summary)
 
 
+@dataclasses.dataclass(frozen=True)
+class ReportSettings:
+    """The ``[report]`` table.
+
+    Attributes:
+        formats: Report formats to write.
+        dir: Folder under the work dir (replaced on every run).
+    """
+
+    formats: tuple[str, ...] = DEFAULT_REPORT_FORMATS
+    dir: str = "report"
+
+
+# BuildConfig fields that BuildConfig.from_mapping parses from strings (a TOML table writes them so).
+BUILD_LOOSE_TYPES: dict[str, Any] = {
+    "shapes": str | list[str],
+    "workspace": str | int,
+    "weak_precisions": str | list[str],
+}
+
+
+def _checker(stage: str, module: str, name: str, loose: Mapping[str, Any] | None = None) -> Any:
+    def check(section: Mapping[str, Any]) -> None:
+        (cls,) = import_api(stage, module, name)
+        check_table(cls, section, stage, loose=loose)
+
+    return check
+
+
 def default_stages() -> dict[str, Stage]:
     """The built-in stages, in run order."""
     return {
-        "train": Stage("train", _plan_train, _run_train),
-        "export": Stage("export", _plan_export, _run_export),
-        "convert": Stage("convert", _plan_convert, _run_convert),
-        "build_engine": Stage("build_engine", _plan_build_engine, _run_build_engine),
-        "compare": Stage("compare", _plan_compare, _run_compare),
-        "report": Stage("report", _plan_report, _run_report),
+        "train": Stage("train", _plan_train, _run_train, _checker("train", "mpinfer.train", "AmpConfig")),
+        "export": Stage("export", _plan_export, _run_export, _checker("export", "mpinfer.export", "ExportConfig")),
+        "convert": Stage(
+            "convert", _plan_convert, _run_convert, _checker("convert", "mpinfer.precision", "ConvertConfig")
+        ),
+        "build_engine": Stage(
+            "build_engine",
+            _plan_build_engine,
+            _run_build_engine,
+            _checker("build_engine", "mpinfer.engine", "BuildConfig", BUILD_LOOSE_TYPES),
+        ),
+        "compare": Stage(
+            "compare", _plan_compare, _run_compare, _checker("compare", "mpinfer.compare", "CompareConfig")
+        ),
+        "report": Stage("report", _plan_report, _run_report, _checker("report", __name__, "ReportSettings")),
     }

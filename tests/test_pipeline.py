@@ -176,6 +176,15 @@ def test_report_dir_must_stay_inside_the_work_dir(tmp_path):
         run_pipeline(toml)
 
 
+@pytest.mark.parametrize("folder", ["artefacts", "artefacts/report", "pipeline-state.json"])
+def test_report_dir_must_not_replace_the_artefacts(tmp_path, folder):
+    """The report folder is deleted before each run: it must not be the stages' artefact store."""
+    toml = tmp_path / "p.toml"
+    toml.write_text(f'[pipeline]\nwork_dir = "w"\n[report]\ndir = "{folder}"\n')
+    with pytest.raises(InvalidInputError, match="sub-folder of the work dir"):
+        run_pipeline(toml)
+
+
 def test_default_registry_order():
     assert list(default_stages()) == ["train", "export", "convert", "build_engine", "compare", "report"]
 
@@ -197,3 +206,63 @@ def test_run_command_bad_toml(invoke, tmp_path):
     toml.write_text("[build_engine\n")
     assert_user_error(invoke("run", toml), "invalid TOML")
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [
+        ('pipeline = 3\n[scale]\ndata = "data.npy"\n', r"pipeline = 3.*a \[pipeline\] table"),
+        ('scale = "data.npy"\n', r"scale = 'data.npy'.*a \[scale\] table"),
+        ('[pipeline]\nwork-dir = "w"\n[scale]\ndata = "data.npy"\n', r"unknown key\(s\) \['work-dir'\]"),
+        ('[pipeline]\nwork_dir = ["w"]\n[scale]\ndata = "data.npy"\n', r"work_dir = \['w'\].*a string"),
+    ],
+)
+def test_malformed_tables_are_user_errors(tmp_path, text, match):
+    np.save(tmp_path / "data.npy", np.arange(4, dtype=np.float32))
+    (tmp_path / "p.toml").write_text(text)
+    with pytest.raises(InvalidInputError, match=match):
+        run_pipeline(tmp_path / "p.toml", registry=REGISTRY)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data.npy", "p.toml"]  # no work dir made
+
+
+@pytest.mark.parametrize(
+    ("table", "match"),
+    [
+        ('[export]\nsource = 3\n', r"\[export\] source = 3: received an integer, expected a string"),
+        ('[export]\nsource = "m.py"\nopset = "17"\n', r"\[export\] opset = '17'.*expected an integer"),
+        ('[compare]\ncandidates = "m.onnx"\n', r"\[compare\] candidates = 'm.onnx'.*expected a list"),
+        ('[build_engine]\nmodel = "m.onnx"\ndevice = 3\n', r"\[build_engine\] device = 3.*a string"),
+        ('[report]\nformats = "md"\n', r"\[report\] formats = 'md'.*expected a list"),
+    ],
+)
+def test_wrong_value_types_are_refused_before_any_stage_runs(tmp_path, table, match):
+    """A typo in a late table fails at once, not after training and export have run."""
+    (tmp_path / "p.toml").write_text(f'[pipeline]\nwork_dir = "w"\n[train]\nmodel = "nope.py"\n{table}')
+    with pytest.raises(InvalidInputError, match=match):
+        run_pipeline(tmp_path / "p.toml")
+
+
+def test_unknown_key_in_a_late_table_is_refused_before_any_stage_runs(tmp_path):
+    (tmp_path / "p.toml").write_text('[train]\nmodel = "nope.py"\n[compare]\nchecks = "cosine>=0.9"\nbogus = 1\n')
+    with pytest.raises(InvalidInputError, match=r"\[compare\].*unknown key\(s\) \['bogus'\]"):
+        run_pipeline(tmp_path / "p.toml")
+
+
+def test_run_output_has_no_stray_progress_lines(invoke, tmp_path):
+    """Stage progress bars (convert, compare) must not leave blank lines among the stage lines."""
+    make_mixed_model(tmp_path / "m.onnx", low="fp32")
+    toml = tmp_path / "p.toml"
+    toml.write_text(
+        '[convert]\nmodel = "m.onnx"\ncalibration = "random:2"\n[compare]\nbaseline = "m.onnx"\ndata = "random:2"\n'
+    )
+    result = invoke("-q", "run", toml)
+    assert result.exit_code == 0, result.output
+    assert "" not in result.stdout.splitlines(), result.stdout
+
+
+def test_compare_without_a_baseline_names_the_missing_key(tmp_path):
+    make_mixed_model(tmp_path / "m.fp16.onnx")
+    toml = tmp_path / "p.toml"
+    toml.write_text('[compare]\ncandidates = ["m.fp16.onnx"]\n')
+    with pytest.raises(InvalidInputError, match=r"\[compare\]: received no 'baseline' and no earlier stage"):
+        run_pipeline(toml)

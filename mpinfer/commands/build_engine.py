@@ -55,7 +55,8 @@ from mpinfer.engine.config import DEFAULT_OPT_LEVEL, MAX_OPT_LEVEL
     "-o",
     "--output",
     type=click.Path(dir_okay=False, path_type=Path),
-    help="Engine path (default: MODEL with .engine for TensorRT, .ort for ONNX Runtime).",
+    help="Engine path (default: MODEL with .engine for TensorRT, .ort for ONNX Runtime, .ort.onnx for a model "
+    "with external data).",
 )
 @click.option("--force", is_flag=True, help="Overwrite an existing engine.")
 @click.pass_context
@@ -100,8 +101,6 @@ def build_engine(
     )
     result = build(cfg)
     quiet = bool(ctx.obj and ctx.obj.get("quiet"))
-    if not quiet:
+    if not quiet:  # result.notes were logged as warnings by build_engine (-q hides them)
         click.echo(f"Backend: {result.backend.value} ({result.reason})")
-        for note in result.notes:
-            click.echo(f"Note: {note}")
     click.echo(f"Wrote {result.path} and {result.sidecar}")

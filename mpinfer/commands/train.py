@@ -91,13 +91,13 @@ def train(
     quiet: bool,
     **options: object,
 ) -> None:
-    r"""Train MODEL ('file.py:factory') with mixed precision; write best.pt, last.pt and metrics.
+    """Train MODEL ('file.py:factory') with mixed precision; write best.pt, last.pt and metrics.
 
     \b
     Examples:
       mpinfer train models/digits_cnn.py:build --data digits --precision bf16 --epochs 5 -o runs/digits
       torchrun --nproc_per_node 2 -m mpinfer train models/digits_cnn.py:build -o runs/ddp
-    """
+    """  # noqa: D301
     from mpinfer.train import AmpConfig, train_model
 
     quiet = quiet or bool((ctx.obj or {}).get("quiet"))

@@ -91,10 +91,15 @@ def select_backend(
     return Backend.TENSORRT, f"TensorRT {tensorrt.version} and a CUDA GPU are available"
 
 
-def default_output(model: Path, backend: Backend) -> Path:
-    """``m.fp16.onnx`` -> ``m.fp16.engine`` (TensorRT) or ``m.fp16.ort`` (ONNX Runtime)."""
+def default_output(model: Path, backend: Backend, *, external_data: bool = False) -> Path:
+    """``m.fp16.onnx`` -> ``m.fp16.engine`` (TensorRT) or ``m.fp16.ort`` (ONNX Runtime).
+
+    A model with external data, which the ORT format cannot hold, gets ``m.fp16.ort.onnx`` (optimised ONNX).
+    """
     stem = model.name[: -len(".onnx")] if model.name.endswith(".onnx") else model.stem
-    return model.with_name(stem + (".engine" if backend is Backend.TENSORRT else ".ort"))
+    if backend is Backend.TENSORRT:
+        return model.with_name(stem + ".engine")
+    return model.with_name(stem + (".ort.onnx" if external_data else ".ort"))
 
 
 def _resolve_ort_device(device: str) -> str:
@@ -142,6 +147,8 @@ class _Checked:
 
 
 def _check_inputs(cfg: BuildConfig) -> _Checked:
+    from onnx.external_data_helper import uses_external_data
+
     from mpinfer.modelio import load_onnx, require_file
 
     cfg.validate()
@@ -155,7 +162,10 @@ def _check_inputs(cfg: BuildConfig) -> _Checked:
     )
     backend, reason = select_backend(cfg.backend, cfg.device, tensorrt=probe, gpu_count=cuda_device_count())
     logger.info("Backend: %s (%s)", backend.value, reason)
-    output = Path(cfg.output) if cfg.output is not None else default_output(model_path, backend)
+    if backend is Backend.TENSORRT and probe.version is None:  # before asking for --shapes TensorRT can't use
+        raise BackendUnavailableError(probe.reason or TENSORRT_INSTALL_HINT)
+    external = any(uses_external_data(t) for t in model.graph.initializer)
+    output = Path(cfg.output) if cfg.output is not None else default_output(model_path, backend, external_data=external)
     plan = cfg.plan if cfg.plan is not None else plan_path_for(model_path)
     inputs = [model_path, cfg.timing_cache, plan, Path(str(model_path) + ".data")]
     check_output_path(output, inputs, force=cfg.force)

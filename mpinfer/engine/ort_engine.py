@@ -141,7 +141,7 @@ def build_ort_engine(
                 f"ONNX Runtime engine path '{output}'",
                 "an .ort output for a model with external data",
                 "an .onnx output",
-                f"use -o {output.with_suffix('.onnx')} (the ORT format holds at most 2 GB)",
+                f"use -o {output.with_name(output.name + '.onnx')} (the ORT format holds at most 2 GB)",
             )
         )
     providers, options = provider_entries(device)

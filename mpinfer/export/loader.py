@@ -11,6 +11,7 @@ Sources:
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import logging
 import sys
@@ -65,7 +66,9 @@ def import_user_file(path: Path) -> Any:
     """
     if not path.is_file():
         raise ModelLoadError(format_message(f"Model file '{path}'", "no such file", "an existing .py file"))
-    name = f"mpinfer_user_{path.stem}_{abs(hash(str(path.resolve()))) % 10**8}"
+    # hashlib, not hash(): str hashes change per process, and the name lands in the exported ONNX metadata
+    digest = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:8]
+    name = f"mpinfer_user_{path.stem}_{digest}"
     if name in sys.modules:
         return sys.modules[name]
     spec = importlib.util.spec_from_file_location(name, path)

@@ -108,3 +108,22 @@ def test_help_lists_the_options(invoke):
         "--force",
     ):
         assert flag in result.output
+
+
+def test_each_note_is_shown_once(invoke, tmp_path, caplog):
+    """The library logs each note as a warning; the CLI echoed it again on stdout as 'Note:'."""
+    from tests.engine.conftest import make_mixed_model
+
+    model = make_mixed_model(tmp_path / "m.onnx", low="fp32")
+    with caplog.at_level("WARNING", logger="mpinfer"):
+        result = invoke("build-engine", model, "--backend", "onnxruntime", "-o", tmp_path / "m.ort")
+    assert result.exit_code == 0, result.output
+    shown = result.stdout.count("no fp16/bf16 tensors") + caplog.text.count("no fp16/bf16 tensors")
+    assert shown == 1, (result.stdout, caplog.text)
+
+
+def test_tensorrt_missing_is_said_before_asking_for_shapes(invoke, fp16_model):
+    """Without TensorRT, asking for --shapes first sent the user on a detour to a second refusal."""
+    if tensorrt_installed():
+        pytest.skip("TensorRT is installed here")
+    assert_user_error(invoke("build-engine", fp16_model, "--backend", "tensorrt"), r"no `tensorrt` Python package")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
@@ -152,7 +153,7 @@ def test_model_with_external_data_builds_an_optimised_onnx(tmp_path):
     feeds = {"x": np.random.default_rng(2).standard_normal((3, 1024)).astype(np.float32)}
     ext = save_onnx(load_onnx(src), tmp_path / "ext" / "model.onnx", external_data=True)
     assert (tmp_path / "ext" / "model.onnx.data").is_file()
-    with pytest.raises(InvalidInputError, match="external data.*-o .*model.onnx"):
+    with pytest.raises(InvalidInputError, match=r"external data.*-o .*model\.ort\.onnx"):
         _build(ext, output=tmp_path / "ext" / "model.ort")
     out = tmp_path / "engine" / "model.opt.onnx"
     result = _build(ext, output=out)
@@ -162,3 +163,18 @@ def test_model_with_external_data_builds_an_optimised_onnx(tmp_path):
     assert (out.parent / "model.opt.onnx.data").stat().st_size >= 1024 * 4 * 2
     with load_engine_runner(result.path) as runner, OrtRunner(src) as ref:
         np.testing.assert_allclose(runner.infer(feeds)["y"], ref.infer(feeds)["y"], rtol=0, atol=1e-6)
+
+
+def test_model_with_external_data_gets_an_onnx_engine_by_default(tmp_path):
+    """Without -o, the default .ort was refused, and the hint's path was the input model itself."""
+    from mpinfer.modelio import load_onnx, save_onnx
+
+    src = make_mixed_model(tmp_path / "inline.onnx", width=1024)
+    ext = save_onnx(load_onnx(src), tmp_path / "ext" / "model.fp16.onnx", external_data=True)
+    with pytest.raises(InvalidInputError, match="external data") as err:
+        _build(ext, output=tmp_path / "ext" / "model.fp16.ort")
+    hinted = Path(str(err.value).split("-o ")[1].split(" ")[0])
+    assert hinted != ext and hinted.suffix == ".onnx"
+    result = _build(ext)
+    assert result.path == tmp_path / "ext" / "model.fp16.ort.onnx" and result.path.is_file()
+    assert ext.is_file() and (tmp_path / "ext" / "model.fp16.onnx.data").is_file()

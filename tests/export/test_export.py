@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import os
 import textwrap
 from pathlib import Path
 
@@ -246,3 +247,27 @@ def test_hugging_face_folder_built_from_config(tmp_path, arch):
     assert sidecar["parity"]["passed"] and sidecar["parity"]["max_abs"] < 1e-4
     names = [i.name for i in onnx.load(str(res.path)).graph.input]
     assert names == (["pixel_values"] if arch == "vit" else ["input_ids", "attention_mask"])
+
+
+def test_user_module_name_is_stable_across_processes(tmp_path):
+    """The module name ends up in the ONNX metadata: a per-process hash made every export's bytes differ."""
+    import subprocess
+    import sys
+
+    user = tmp_path / "tiny_model.py"
+    user.write_text("X = 1\n")
+    code = (
+        "import sys; from pathlib import Path; from mpinfer.export.loader import import_user_file; "
+        "print(import_user_file(Path(sys.argv[1])).__name__)"
+    )
+    names = {
+        subprocess.run(
+            [sys.executable, "-c", code, str(user)],
+            env={**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": str(ROOT)},
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        for seed in ("1", "2")
+    }
+    assert len(names) == 1, names
