@@ -24,7 +24,7 @@ if importlib.util.find_spec("tensorrt"):
     except Exception as err:  # the registry stub fails on import
         print("tensorrt import failed:", err)
 else:
-    print("tensorrt not installed (pip install tensorrt with NVIDIA's package index as an extra index (see NVIDIA's TensorRT install guide))")
+    print("tensorrt not installed: pip install tensorrt, with NVIDIA's package index added as an extra index (NVIDIA's TensorRT install guide gives it)")
 PYEOF
 
 echo "== tests: pytest -m 'gpu or tensorrt'"

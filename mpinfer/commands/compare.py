@@ -52,7 +52,8 @@ def _ints(ctx: click.Context, param: click.Parameter, value: str | None) -> tupl
     show_default=True,
     help="Run ONNX candidates with onnxruntime's kernels or the strict FP16/BF16 emulation.",
 )
-@click.option("--device", type=click.Choice(["cpu", "cuda", "auto"]), default="cpu", show_default=True)
+@click.option("--device", type=click.Choice(["cpu", "cuda", "auto"]), default="auto", show_default=True,
+              help="auto: the CUDA provider where a GPU is usable, else CPU (as build-engine and train).")
 @click.option("--batch-size", type=int, help="Samples per batch (default 16, or the model's fixed batch).")
 @click.option("--num-batches", type=int, help="Compare at most this many batches.")
 @click.option("--dim", "dims", multiple=True, help="Size of a symbolic dim for random data, e.g. seq=32.")

@@ -74,7 +74,15 @@ def convert(
     seed: int,
     max_batches: int | None,
 ) -> None:
-    """Convert an FP32 ONNX model to mixed FP16/BF16, keeping FP32 exactly where it is needed."""
+    """Convert an FP32 ONNX model to mixed FP16/BF16, keeping FP32 exactly where it is needed.
+
+    \b
+    Examples:
+      mpinfer convert out/model.onnx --calibration calibration/digits.npz \\
+          --budget "cosine>=0.9999,top1>=0.999" -o out/model.fp16.onnx
+      mpinfer convert out/model.onnx --plan out/model.fp16.plan.json -o out/model.fp16.onnx
+      mpinfer convert out/model.onnx --precision bf16 --keep-op Softmax --keep-node 'head/.*' -o out/m.bf16.onnx
+    """  # noqa: D301
     from mpinfer.precision import ConvertConfig, convert_precision
     from mpinfer.specs import Precision
 

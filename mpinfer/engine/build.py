@@ -81,7 +81,8 @@ def select_backend(
     if tensorrt.version is None:
         return Backend.ONNXRUNTIME, (
             "TensorRT is not installed here, so an ONNX Runtime engine; for TensorRT: "
-            "pip install tensorrt with NVIDIA's package index as an extra index (see NVIDIA's TensorRT install guide)"
+            "`pip install tensorrt`, NVIDIA's package index added as an extra index (NVIDIA's TensorRT "
+            "install guide gives it)"
         )
     if gpu_count == 0:
         return Backend.ONNXRUNTIME, (

@@ -17,10 +17,9 @@ from mpinfer.specs import Precision
 logger = logging.getLogger(__name__)
 
 TENSORRT_INSTALL_HINT = (
-    "install it from NVIDIA's package index: "
-    "`pip install tensorrt with NVIDIA's package index as an extra index (see NVIDIA's TensorRT install guide)` "
-    "(on a Linux or Windows machine with an NVIDIA GPU and driver), or build an ONNX Runtime engine with "
-    "--backend onnxruntime"
+    "install it with `pip install tensorrt`, NVIDIA's package index added as an extra index (NVIDIA's "
+    "TensorRT install guide gives it), on a Linux or Windows machine with an NVIDIA GPU and driver; or build an "
+    "ONNX Runtime engine with --backend onnxruntime"
 )
 # Oldest TensorRT major with strongly typed networks (NetworkDefinitionCreationFlag.STRONGLY_TYPED) and the
 # name-based I/O tensor API (set_input_shape / set_tensor_address / execute_async_v3) used here.

@@ -359,8 +359,9 @@ def _calibrate(cfg: ConvertConfig, model: Any) -> tuple[Any, Any, dict[str, Any]
     )
     if feeds.is_random:
         logger.warning(
-            "No calibration data: using %s from the input specs. Range rules and the budget search "
-            "then reflect random inputs, not your data; pass --calibration data.npz.",
+            "%s: using %s from the input specs. Range rules and the budget search then reflect random "
+            "inputs, not your data; pass real data (an .npz of inputs) as calibration.",
+            "No calibration data" if cfg.calibration is None else "Random calibration data",
             feeds.description,
         )
     info = {"source": feeds.description, "kind": feeds.kind, "samples": int(feeds.num_samples)}
