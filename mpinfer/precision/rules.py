@@ -120,6 +120,10 @@ RANGE_MARGIN = 2.0
 UNDERFLOW_LIMIT = 0.10
 # Weights: a share of non-zero values below the FP16 subnormal range above this is "out of range".
 WEIGHT_UNDERFLOW_LIMIT = 0.10
+# ...and only when the flushed values carry more of the tensor's energy (sum of squares) than FP16's own
+# rounding noise does (unit roundoff 2**-11, squared): flushing less than that is below FP16's noise floor.
+# Pruned "dead" channels at 1e-15 next to live weights at 1e-2 carry ~1e-26 of the energy and go FP16.
+UNDERFLOW_ENERGY_LIMIT = 2.0**-22
 # Gathers from constant tables at least this big are embeddings (small gathers are shape arithmetic).
 EMBEDDING_MIN_ELEMENTS = 256
 FP16_TINY = 5.96e-8  # smallest positive FP16 subnormal
@@ -270,11 +274,12 @@ class WeightRangeRule(NodeRule):
                     f"weight '{name}' reaches |{st['absmax']:.4g}| > FP16 max {FP16_MAX:g}",
                     st,
                 )
-            if st["underflow_frac"] > WEIGHT_UNDERFLOW_LIMIT:
+            if st["underflow_frac"] > WEIGHT_UNDERFLOW_LIMIT and st["underflow_energy"] > UNDERFLOW_ENERGY_LIMIT:
                 return Decision(
                     Kind.KEEP,
                     "weights:out-of-range",
-                    f"{st['underflow_frac']:.1%} of weight '{name}' would flush to zero in FP16",
+                    f"{st['underflow_frac']:.1%} of weight '{name}' would flush to zero in FP16, "
+                    f"{st['underflow_energy']:.2g} of its energy",
                     st,
                 )
         return None
@@ -312,11 +317,13 @@ class ActivationRangeRule(NodeRule):
             if name in node.output:
                 key = "fp16_underflow_frac" if ctx.precision is Precision.FP16 else "bf16_underflow_frac"
                 frac = _get(st, key)
-                if frac > UNDERFLOW_LIMIT:
+                energy = _underflow_energy(st) if ctx.precision is Precision.FP16 else 1.0
+                if frac > UNDERFLOW_LIMIT and energy > UNDERFLOW_ENERGY_LIMIT:
                     return Decision(
                         Kind.KEEP,
                         "range:underflow",
-                        f"{frac:.1%} of tensor '{name}' flushes to zero in {ctx.precision.value}",
+                        f"{frac:.1%} of tensor '{name}' flushes to zero in {ctx.precision.value}"
+                        + (f", {energy:.2g} of its energy" if ctx.precision is Precision.FP16 else ""),
                         {key: frac, "min_nonzero": _get(st, "min_nonzero")},
                     )
         return None
@@ -468,12 +475,22 @@ def _is_shape_use(info: GraphInfo, use: tuple[str, int]) -> bool:
 
 def _weight_stats(arr: np.ndarray | None) -> dict[str, float]:
     if arr is None or arr.size == 0:
-        return {"absmax": 0.0, "underflow_frac": 0.0}
+        return {"absmax": 0.0, "underflow_frac": 0.0, "underflow_energy": 0.0}
     a = np.abs(arr.astype(np.float32, copy=False))
     finite = a[np.isfinite(a)]
     nz = finite[finite > 0]
-    under = float(np.count_nonzero(nz < FP16_TINY / 2) / nz.size) if nz.size else 0.0
-    return {"absmax": float(finite.max()) if finite.size else 0.0, "underflow_frac": under}
+    flushed = nz[nz < FP16_TINY / 2]
+    under = float(flushed.size / nz.size) if nz.size else 0.0
+    total = float(np.dot(nz.astype(np.float64), nz.astype(np.float64)))
+    energy = float(np.dot(flushed.astype(np.float64), flushed.astype(np.float64)) / total) if total > 0 else 0.0
+    return {"absmax": float(finite.max()) if finite.size else 0.0, "underflow_frac": under,
+            "underflow_energy": energy}
+
+
+def _underflow_energy(st: Any) -> float:
+    """The flushed share of a tensor's energy; statistics without it count as all of it (the old rule)."""
+    val = st.get("fp16_underflow_energy") if isinstance(st, Mapping) else getattr(st, "fp16_underflow_energy", None)
+    return 1.0 if val is None else float(val)
 
 
 def _get(st: Any, key: str) -> float:

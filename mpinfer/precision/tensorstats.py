@@ -38,6 +38,12 @@ def _bin_of(value: float) -> int:
     return int(np.asarray(value, np.float32).view(np.uint32)) >> _SHIFT
 
 
+def _bin_upper_edges() -> np.ndarray:
+    """Upper magnitude edge of every finite histogram bin (float64)."""
+    starts = (np.arange(1, _INF_BIN + 1, dtype=np.uint64) << _SHIFT).astype(np.uint32)
+    return starts.view(np.float32).astype(np.float64)
+
+
 # Percentile reported as "p999".
 PERCENTILE = 99.9
 
@@ -56,6 +62,10 @@ class TensorStats:
         fp16_underflow_frac: Fraction of non-zero values with |x| < 2**-24 (flushed to 0 in FP16).
         fp16_subnormal_frac: Fraction of non-zero values with |x| < 2**-14 (below FP16's normal range).
         bf16_underflow_frac: Fraction of non-zero values with |x| < 2**-126 (below BF16's normal range).
+        fp16_underflow_energy: Share of the tensor's sum of squares carried by the values that flush to 0 in
+            FP16 (an upper bound from the histogram). Flushing them changes the tensor by about the square root
+            of this, relative: dead channels at 1e-15 flush harmlessly; a tensor living at 1e-9 does not.
+            None when unknown (statistics from an older mpinfer).
         nan_count: NaN values seen.
         inf_count: Inf values seen.
         finite: True when no NaN or Inf was seen.
@@ -70,6 +80,7 @@ class TensorStats:
     fp16_underflow_frac: float
     fp16_subnormal_frac: float
     bf16_underflow_frac: float
+    fp16_underflow_energy: float | None = None
     nan_count: int = 0
     inf_count: int = 0
     finite: bool = True
@@ -88,11 +99,12 @@ class TensorStats:
 class _Accumulator:
     """Running statistics of one tensor (fixed memory: a few scalars and one histogram)."""
 
-    __slots__ = ("count", "sum_abs", "absmax", "min_nonzero", "over", "nan", "zeros", "hist")
+    __slots__ = ("count", "sum_abs", "sum_sq", "absmax", "min_nonzero", "over", "nan", "zeros", "hist")
 
     def __init__(self) -> None:
         self.count = 0
         self.sum_abs = 0.0
+        self.sum_sq = 0.0
         self.absmax = 0.0
         self.min_nonzero = math.inf
         self.over = self.nan = self.zeros = 0
@@ -121,6 +133,7 @@ class _Accumulator:
         self.hist += hist
         self.absmax = max(self.absmax, float(v.max()))
         self.sum_abs += float(v.sum(dtype=np.float64))
+        self.sum_sq += float(np.dot(v.astype(np.float64), v.astype(np.float64)))
         self.over += int(np.count_nonzero(v > FP16_MAX))
         nonzero_bins = np.flatnonzero(hist[:_INF_BIN])
         if nonzero_bins.size:  # the smallest non-zero value lies in the lowest occupied bin
@@ -136,6 +149,14 @@ class _Accumulator:
     def below(self, limit: float) -> int:
         """Number of finite non-zero values with magnitude below ``limit`` (a power of two)."""
         return int(self.hist[: _bin_of(limit)].sum())
+
+    def energy_below(self, limit: float) -> float:
+        """Share of the sum of squares held by finite values below ``limit`` (upper bound: bin top edges)."""
+        if self.sum_sq <= 0.0:
+            return 0.0
+        top = _bin_of(limit)
+        below = float(np.dot(self.hist[:top].astype(np.float64), _bin_upper_edges()[:top] ** 2))
+        return min(1.0, below / self.sum_sq)
 
     @property
     def inf(self) -> int:
@@ -167,6 +188,7 @@ class _Accumulator:
             fp16_underflow_frac=self.below(FP16_MIN_SUBNORMAL) / n,
             fp16_subnormal_frac=self.below(FP16_MIN_NORMAL) / n,
             bf16_underflow_frac=self.below(BF16_MIN_NORMAL) / n,
+            fp16_underflow_energy=self.energy_below(FP16_MIN_SUBNORMAL),
             nan_count=self.nan,
             inf_count=self.inf,
             finite=self.nan == 0 and self.inf == 0,

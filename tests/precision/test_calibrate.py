@@ -196,3 +196,17 @@ def test_loop_body_tensors_are_counted_once_per_iteration():
     assert body["loop/body/acc_out"].count == 2 * 5 * 3
     k = np.array([1.5, -2.25, 3.1], np.float32)
     assert body["loop/body/acc_out"].absmax == pytest.approx(float(np.abs(x * k**5).max()), rel=1e-6)
+
+
+def test_underflow_energy_separates_dead_values_from_tiny_tensors():
+    from mpinfer.precision.tensorstats import StatsCollector
+
+    col = StatsCollector()
+    col.update("dead", np.array([1.0, -0.5, 1e-15, -1e-15] * 8, np.float32))
+    col.update("tiny", np.full(32, 1e-9, np.float32))
+    col.update("fine", np.linspace(-1, 1, 33, dtype=np.float32))
+    res = col.results()
+    assert res["dead"].fp16_underflow_frac == 0.5
+    assert res["dead"].fp16_underflow_energy < 1e-25
+    assert res["tiny"].fp16_underflow_frac == 1.0 and res["tiny"].fp16_underflow_energy == 1.0
+    assert res["fine"].fp16_underflow_energy == 0.0

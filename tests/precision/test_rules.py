@@ -163,3 +163,25 @@ def test_big_weights_checked_and_model_untouched_by_inference():
     before = model.SerializeToString()
     assert _plan(model)["mm"] == (Precision.FP32, "weights:out-of-range")
     assert model.SerializeToString() == before
+
+
+def test_underflow_counts_only_when_the_flushed_values_carry_energy():
+    # half the activation is dead (1e-15 next to values near 1): flushing it is below FP16's own noise
+    stats = {"r": {"absmax": 1.0, "fp16_underflow_frac": 0.5, "fp16_underflow_energy": 1e-28}}
+    assert _plan(mlp(), stats=stats)["relu"] == (Precision.FP16, "rule:follow")
+    stats["r"]["fp16_underflow_energy"] = 0.3  # the flushed values are a real part of the signal
+    assert _plan(mlp(), stats=stats)["relu"] == (Precision.FP32, "range:underflow")
+
+
+def test_pruned_weights_go_fp16_tiny_weights_stay_fp32():
+    dead = rng_w(8, 16)
+    dead[:, ::2] = 1e-15  # pruned channels: half the values flush to zero, ~1e-26 of the energy
+    model = mlp()
+    for t in model.graph.initializer:
+        if t.name == "w1":
+            t.CopyFrom(init("w1", dead))
+    assert _plan(model)["fc1"] == (Precision.FP16, "rule:fp16-safe")
+    for t in model.graph.initializer:
+        if t.name == "w1":
+            t.CopyFrom(init("w1", np.full((8, 16), 1e-9, np.float32)))  # the whole weight lives below FP16
+    assert _plan(model)["fc1"] == (Precision.FP32, "weights:out-of-range")
