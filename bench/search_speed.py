@@ -46,6 +46,7 @@ from bench.precision import evaluate, launch, make_data, vm_hwm_mb  # noqa: E402
 MODELS = {
     "transformer_small:2": ("transformer_small", {"depth": 2}, {"seq": 16}, (1e-4, 2e-4)),
     "transformer_small:4": ("transformer_small", {"depth": 4}, {"seq": 16}, (1e-4, 2.5e-4)),
+    "transformer_small:8": ("transformer_small", {"depth": 8}, {"seq": 16}, (1e-4, 3e-4)),
     "mlp": ("mlp", {}, None, (4e-5, 7e-5)),
     "resnet_small": ("resnet_small", {}, None, (2e-5,)),
 }
