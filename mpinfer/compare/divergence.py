@@ -18,11 +18,14 @@ import math
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from mpinfer.compare.result import Divergence, NodeError
+
+if TYPE_CHECKING:
+    from mpinfer.compare.bodies import BodyCoverage
 
 logger = logging.getLogger(__name__)
 
@@ -37,10 +40,12 @@ JUMP_FACTOR = 10.0
 # Nodes listed in the ranking (largest added error first).
 RANK_TOP = 10
 # Ops whose outputs carry no numeric error worth ranking (shape plumbing, constants).
-_SKIP_OPS = {"Constant", "Shape", "Size", "ConstantOfShape", "NonZero"}
+SKIP_OPS = {"Constant", "Shape", "Size", "ConstantOfShape", "NonZero"}
 
 
-class _TensorAcc:
+class TensorAcc:
+    """Running sums of one tensor's error over batches (and Loop iterations)."""
+
     __slots__ = ("sum_d2", "sum_b2", "max_abs", "nonfinite", "dtype")
 
     def __init__(self) -> None:
@@ -49,6 +54,7 @@ class _TensorAcc:
         self.dtype = ""
 
     def update(self, b: np.ndarray, c: np.ndarray) -> None:
+        """Add one baseline/candidate pair of the tensor."""
         self.dtype = str(c.dtype)
         b64, c64 = np.asarray(b, np.float64), np.asarray(c, np.float64)
         if b64.shape != c64.shape:
@@ -63,8 +69,14 @@ class _TensorAcc:
         if d.size:
             self.max_abs = max(self.max_abs, float(np.abs(d).max()))
 
+    def mismatch(self, dtype: str) -> None:
+        """Count a value present on one side only (another If branch or Loop trip count) as wrong."""
+        self.dtype = self.dtype or dtype
+        self.nonfinite += 1
+
     @property
     def error(self) -> float:
+        """Relative L2 error over everything added; inf once a value was non-finite or mismatched."""
         if self.nonfinite:
             return math.inf
         if self.sum_d2 == 0:
@@ -82,7 +94,7 @@ def _shared_tensors(base: Any, cand: Any) -> tuple[list[str], dict[str, int]]:
     from mpinfer.modelio import iter_nodes
 
     cand_main = {o for n in cand.graph.node for o in n.output if o}
-    base_main = [o for n in base.graph.node if n.op_type not in _SKIP_OPS for o in n.output if o]
+    base_main = [o for n in base.graph.node if n.op_type not in SKIP_OPS for o in n.output if o]
     inputs = {i.name for i in base.graph.input}
     shared = [t for t in base_main if t in cand_main and t not in inputs]
     base_all = {o for n in base.graph.node for o in n.output}
@@ -132,7 +144,7 @@ def measure_tensors(
     *,
     strict: bool = False,
     show_progress: bool = False,
-) -> dict[str, _TensorAcc]:
+) -> dict[str, TensorAcc]:
     """Run both models with ``names`` as extra outputs, chunk by chunk, and accumulate per-tensor error.
 
     The baseline always runs in onnxruntime (FP32); the candidate in onnxruntime or, with ``strict``, in the
@@ -141,7 +153,7 @@ def measure_tensors(
     from mpinfer.modelio import ort_session
     from mpinfer.progress import progress_bar
 
-    accs = {n: _TensorAcc() for n in names}
+    accs = {n: TensorAcc() for n in names}
     size = STRICT_CHUNK_SIZE if strict else CHUNK_SIZE
     chunks = [list(names[i : i + size]) for i in range(0, len(names), size)]
     with progress_bar(enabled=show_progress) as progress:
@@ -163,38 +175,99 @@ def measure_tensors(
 
 
 def rank_nodes(
-    base: Any, accs: Mapping[str, _TensorAcc], plan_nodes: Mapping[str, Mapping[str, Any]]
+    base: Any,
+    accs: Mapping[str, TensorAcc],
+    plan_nodes: Mapping[str, Mapping[str, Any]],
+    body_accs: Mapping[str, TensorAcc] | None = None,
 ) -> list[NodeError]:
-    """Per-node output error, input error and added error, in the baseline's graph order."""
-    eff: dict[str, float] = {}  # effective error of every tensor (measured, or inherited from producers)
+    """Per-node output error, input error and added error, in the baseline's graph order.
+
+    With ``body_accs`` (qualified body tensor name -> error), the nodes of If/Loop/Scan bodies come right
+    before the node that owns the body, addressed ``If_3/then_branch/Add_1``; that node's input error then
+    includes its bodies' outputs, so it adds only what it does itself.
+    """
     nodes: list[NodeError] = []
-    for node in base.graph.node:
-        in_err = max((eff.get(t, 0.0) for t in node.input if t), default=0.0)
-        measured = [(accs[o].error, o) for o in node.output if o in accs]
-        for o in node.output:
-            eff[o] = accs[o].error if o in accs else in_err
-        if not measured or node.op_type in _SKIP_OPS:
-            continue
-        err, out = max(measured, key=lambda x: x[0])
-        acc = accs[out]
-        plan = plan_nodes.get(node.name, {})
-        added = err - in_err if math.isfinite(err) or math.isfinite(in_err) else 0.0
-        nodes.append(
-            NodeError(
-                address=node.name,
-                op_type=node.op_type,
-                precision=str(plan.get("precision") or _precision_of(acc.dtype)),
-                output=out,
-                error=err,
-                input_error=in_err,
-                added=added if not math.isnan(added) else 0.0,
-                max_abs=acc.max_abs if not acc.nonfinite else math.inf,
-                nonfinite=acc.nonfinite,
-                reason=plan.get("reason"),
-                detail=plan.get("detail"),
-            )
-        )
+    _rank_graph(base.graph, _Scope("", accs, set(), None), plan_nodes, body_accs, {}, nodes)
     return nodes
+
+
+class _Scope:
+    """Name resolution in one graph: a name defined in a body is ``prefix + name``, else the outer graph's."""
+
+    def __init__(self, prefix: str, accs: Mapping[str, TensorAcc], defined: set[str], outer: _Scope | None):
+        self.prefix, self.accs, self.defined, self.outer = prefix, accs, defined, outer
+
+    def key(self, name: str) -> tuple[str, str]:
+        scope: _Scope | None = self
+        while scope is not None and scope.outer is not None and name not in scope.defined:
+            scope = scope.outer
+        return (scope.prefix if scope is not None else "", name)
+
+    def acc(self, name: str) -> TensorAcc | None:
+        return self.accs.get(self.prefix + name if self.prefix else name)
+
+
+def _rank_graph(
+    graph: Any,
+    scope: _Scope,
+    plan_nodes: Mapping[str, Mapping[str, Any]],
+    body_accs: Mapping[str, TensorAcc] | None,
+    eff: dict[tuple[str, str], float],
+    nodes: list[NodeError],
+) -> None:
+    """Rank ``graph``'s nodes (and, with ``body_accs``, its bodies' nodes) into ``nodes``; fills ``eff``."""
+    import onnx
+
+    for node in graph.node:
+        in_err = max((eff.get(scope.key(t), 0.0) for t in node.input if t), default=0.0)
+        if body_accs is not None:
+            for attr in node.attribute:
+                if attr.type != onnx.AttributeProto.GRAPH:
+                    continue
+                g = attr.g
+                defined = {i.name for i in g.input} | {t.name for t in g.initializer}
+                defined |= {o for n in g.node for o in n.output if o}
+                inner = _Scope(f"{scope.prefix}{node.name}/{attr.name}/", body_accs, defined, scope)
+                for i in g.input:  # Loop/Scan state and slices: measured, else as wrong as the node's inputs
+                    acc = inner.acc(i.name)
+                    eff[inner.key(i.name)] = acc.error if acc is not None else in_err
+                _rank_graph(g, inner, plan_nodes, body_accs, eff, nodes)
+                in_err = max([in_err] + [eff.get(inner.key(o.name), 0.0) for o in g.output])
+        measured = [(a.error, o, a) for o in node.output if o and (a := scope.acc(o)) is not None]
+        for o in node.output:
+            a = scope.acc(o)
+            eff[scope.key(o)] = a.error if a is not None else in_err
+        if measured and node.op_type not in SKIP_OPS:
+            err, out, acc = max(measured, key=lambda x: x[0])
+            error = _node_error(scope.prefix + node.name, node.op_type, out, err, in_err, acc, plan_nodes)
+            error.numerics = "strict" if scope.prefix else ""
+            nodes.append(error)
+
+
+def _node_error(
+    address: str,
+    op_type: str,
+    out: str,
+    err: float,
+    in_err: float,
+    acc: TensorAcc,
+    plan_nodes: Mapping[str, Mapping[str, Any]],
+) -> NodeError:
+    plan = plan_nodes.get(address, {})
+    added = err - in_err if math.isfinite(err) or math.isfinite(in_err) else 0.0
+    return NodeError(
+        address=address,
+        op_type=op_type,
+        precision=str(plan.get("precision") or _precision_of(acc.dtype)),
+        output=out,
+        error=err,
+        input_error=in_err,
+        added=added if not math.isnan(added) else 0.0,
+        max_abs=acc.max_abs if not acc.nonfinite else math.inf,
+        nonfinite=acc.nonfinite,
+        reason=plan.get("reason"),
+        detail=plan.get("detail"),
+    )
 
 
 def first_jump(nodes: Sequence[NodeError]) -> NodeError | None:
@@ -253,7 +326,8 @@ def find_divergence(
     providers = resolve_providers(device)
     strict = numerics == "strict"
     accs = measure_tensors(base, cand, shared, batches, providers, strict=strict, show_progress=show_progress)
-    nodes = rank_nodes(base, accs, load_plan_nodes(candidate))
+    bodies = _cover_bodies(base, cand, batches, skipped)
+    nodes = rank_nodes(base, accs, load_plan_nodes(candidate), bodies.accs if bodies else None)
     ranking = [
         n.address
         for n in sorted(nodes, key=lambda n: -n.added if not math.isnan(n.added) else 0)
@@ -267,7 +341,7 @@ def find_divergence(
     )
     logger.info(
         "divergence: %d tensors on %d batches in %.1f s; %s",
-        len(accs),
+        len(accs) + (len(bodies.accs) if bodies else 0),
         len(batches),
         time.perf_counter() - t0,
         note,
@@ -276,10 +350,33 @@ def find_divergence(
     return Divergence(
         numerics=label,
         batches=len(batches),
-        tensors_compared=len(accs),
+        tensors_compared=len(accs) + (len(bodies.accs) if bodies else 0),
         nodes=nodes,
         first_jump=jump,
         ranking=ranking,
         skipped=skipped,
         note=note,
+        notes=bodies.notes if bodies else [],
     )
+
+
+def _cover_bodies(
+    base: Any, cand: Any, batches: Sequence[Mapping[str, np.ndarray]], skipped: dict[str, int]
+) -> BodyCoverage | None:
+    """Body tensors through the strict emulator (None without bodies); updates the ``skipped`` counts."""
+    from mpinfer.compare.bodies import body_graphs, measure_body_tensors
+
+    if not skipped.get("subgraph_nodes"):
+        return None
+    cov = measure_body_tensors(base, cand, batches)
+    for key, count in cov.skipped.items():
+        skipped[key] = skipped.get(key, 0) + count
+    if cov.accs:  # body nodes none of whose float outputs was compared (a branch not taken, say)
+        skipped["subgraph_nodes"] = sum(
+            1
+            for prefix, g in body_graphs(base.graph)
+            for n in g.node
+            if n.op_type not in SKIP_OPS
+            and not any(prefix + o in cov.accs or prefix + o in cov.not_float for o in n.output if o)
+        )
+    return cov

@@ -73,6 +73,7 @@ class NodeError:
     nonfinite: int
     reason: str | None = None
     detail: str | None = None
+    numerics: str = ""  # "strict" for If/Loop/Scan body nodes (the emulator); "" = the Divergence's numerics
 
 
 @dataclass
@@ -87,6 +88,7 @@ class Divergence:
     ranking: list[str]
     skipped: dict[str, int] = field(default_factory=dict)
     note: str = ""
+    notes: list[str] = field(default_factory=list)
 
 
 @dataclass

@@ -89,7 +89,13 @@ def divergence_lines(cand: CandidateResult) -> list[str]:
             lines.append(
                 f"Plan reason for '{j.address}': {j.reason}" + (f": {j.detail}" if j.detail else ".")
             )
-        if cand.passed and d.numerics.startswith("ort"):
+        if cand.passed and d.numerics.startswith("ort") and j.numerics == "strict":
+            lines.append(
+                "The end-to-end outputs pass in onnxruntime, whose CPU provider computes most FP16 ops in FP32; "
+                "this node is inside an If/Loop/Scan body, compared in the strict emulator (FP16 arithmetic, as "
+                "on a GPU). Check the outputs with --numerics strict."
+            )
+        elif cand.passed and d.numerics.startswith("ort"):
             lines.append(
                 "The end-to-end outputs pass although an intermediate tensor does not: fetching "
                 "intermediates keeps Casts that onnxruntime otherwise folds away (computing in FP32). "
@@ -104,7 +110,7 @@ def divergence_lines(cand: CandidateResult) -> list[str]:
             + ", ".join(f"{v} {k.replace('_only_', '-only ').replace('_', ' ')}" for k, v in skipped.items())
             + "."
         )
-    return lines
+    return lines + list(d.notes)
 
 
 def node_rows(cand: CandidateResult) -> list[list[str]]:
