@@ -277,8 +277,12 @@ def name_nodes(model: onnx.ModelProto) -> onnx.ModelProto:
     return m
 
 
-def ort_session(model: onnx.ModelProto | str | os.PathLike[str], providers: list[str] | None = None) -> Any:
+def ort_session(
+    model: onnx.ModelProto | str | os.PathLike[str], providers: list[str] | None = None, options: Any = None
+) -> Any:
     """Create an onnxruntime InferenceSession from a ModelProto or path (CPU unless told otherwise).
+
+    ``options`` is an ``onnxruntime.SessionOptions`` (default: warnings and errors only).
 
     Raises:
         ModelLoadError: If onnxruntime refuses the model.
@@ -286,8 +290,10 @@ def ort_session(model: onnx.ModelProto | str | os.PathLike[str], providers: list
     import onnx
     import onnxruntime as ort
 
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
+    so = options
+    if so is None:
+        so = ort.SessionOptions()
+        so.log_severity_level = 3
     providers = providers or ["CPUExecutionProvider"]
     try:
         if isinstance(model, onnx.ModelProto):

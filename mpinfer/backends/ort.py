@@ -15,6 +15,13 @@ from mpinfer.specs import TensorSpec, specs_from_onnx
 
 logger = logging.getLogger(__name__)
 
+# onnxruntime's input type strings → numpy dtypes.
+_ORT_TYPES = {
+    "tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(double)": np.float64,
+    "tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(int8)": np.int8,
+    "tensor(uint8)": np.uint8, "tensor(bool)": np.bool_,
+}
+
 
 def available_providers() -> list[str]:
     """The onnxruntime execution providers of this installation."""
@@ -86,38 +93,18 @@ class OrtRunner(Runner):
         self._specs: list[TensorSpec] = []
 
     def _activate(self) -> None:
-        import onnxruntime as ort
-
-        from mpinfer.errors import ModelLoadError
         from mpinfer.modelio import load_onnx, ort_session
 
         providers = resolve_providers(self.device)
-        if self._session_options is not None:
-            try:
-                src = self._model if isinstance(self._model, (str, os.PathLike)) else self._model.SerializeToString()
-                self._session = ort.InferenceSession(
-                    str(src) if isinstance(src, os.PathLike) else src, self._session_options, providers=providers
-                )
-            except Exception as err:
-                raise ModelLoadError(f"ONNX Runtime could not load '{self.name}': {err}") from err
-        else:
-            if isinstance(self._model, (str, os.PathLike)):
-                load_onnx(self._model, load_external_data=False)  # path checks with clear errors
-            self._session = ort_session(self._model, providers)
+        if isinstance(self._model, (str, os.PathLike)):
+            load_onnx(self._model, load_external_data=False)  # path checks with clear errors
+        self._session = ort_session(self._model, providers, self._session_options)
         self._specs = self._session_specs()
 
     def _session_specs(self) -> list[TensorSpec]:
-        from onnx import helper
-
         specs = []
-        type_map = {
-            "tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(double)": np.float64,
-            "tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(int8)": np.int8,
-            "tensor(uint8)": np.uint8, "tensor(bool)": np.bool_,
-        }
-        del helper
         for i in self._session.get_inputs():
-            dtype = np.dtype(type_map.get(i.type, np.float32))
+            dtype = np.dtype(_ORT_TYPES.get(i.type, np.float32))
             shape = tuple(d if isinstance(d, int) and d > 0 else (d if isinstance(d, str) else f"dim{k}")
                           for k, d in enumerate(i.shape))
             specs.append(TensorSpec(i.name, shape, dtype))
