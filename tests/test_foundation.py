@@ -168,3 +168,12 @@ def test_unknown_command_is_a_usage_error(invoke):
 def test_mpinfer_error_becomes_one_error_line(invoke, tmp_path):
     r = invoke("export", "nope.py", "-o", tmp_path / "x.onnx")
     assert_user_error(r, "no such file")
+
+
+def test_every_public_name_resolves():
+    import mpinfer
+
+    for name in mpinfer._LAZY:
+        assert getattr(mpinfer, name) is not None, name
+    with pytest.raises(AttributeError):
+        mpinfer.no_such_name  # noqa: B018
