@@ -31,7 +31,8 @@ logger = logging.getLogger(__name__)
 
 # Intermediate tensors fetched per onnxruntime session: bounds the memory of one batch's extra outputs.
 CHUNK_SIZE = 64
-# The strict emulator recomputes the whole graph per chunk, so it takes bigger chunks (one batch's tensors).
+# The strict emulator recomputes the whole graph per chunk, so it takes bigger chunks (one batch's tensors);
+# only the baseline's values are held (the candidate's are compared as the emulator computes them).
 STRICT_CHUNK_SIZE = 512
 # A node's output relative error must reach 1 % to count as a jump (FP16 rounding alone gives ~1e-3).
 JUMP_MIN_ERROR = 1e-2
@@ -116,23 +117,23 @@ def _with_outputs(model: Any, names: Sequence[str]) -> Any:
     return m
 
 
-def _candidate_fetcher(cand: Any, chunk: list[str], providers: list[str], strict: bool) -> Any:
-    """A function feeds -> candidate arrays of ``chunk`` (onnxruntime, or the strict emulator)."""
-    from mpinfer.modelio import ort_session
+def _accumulate(accs: Mapping[str, TensorAcc], name: str, b: Any, c: Any) -> None:
+    if c is not None and np.asarray(b).dtype.kind == "f" and np.asarray(c).dtype.kind == "f":
+        accs[name].update(b, c)
 
-    if strict:
-        from mpinfer.precision.emulate import GraphEmulator
 
-        emu = GraphEmulator(cand, follow_input_dtypes=True)
-        keep = set(chunk)
+def _strict_pass(
+    emu: Any, chunk: list[str], rb: list[Any], feeds: Mapping[str, np.ndarray], accs: Mapping[str, TensorAcc]
+) -> None:
+    """One emulator run of the candidate; each chunk tensor is compared as it is computed, then dropped."""
+    pending = dict(zip(chunk, rb, strict=True))
+    rb.clear()
 
-        def run_strict(feeds: Mapping[str, np.ndarray]) -> list[Any]:
-            tensors = emu.run(feeds, keep=keep).tensors
-            return [tensors.get(n) for n in chunk]
+    def observe(prefix: str, name: str, value: np.ndarray) -> None:
+        if not prefix and name in pending:
+            _accumulate(accs, name, pending.pop(name), value)
 
-        return run_strict
-    session: Any = ort_session(_with_outputs(cand, chunk), providers)
-    return lambda feeds: session.run(chunk, dict(feeds))
+    emu.run(feeds, observe=observe)
 
 
 def measure_tensors(
@@ -148,7 +149,8 @@ def measure_tensors(
     """Run both models with ``names`` as extra outputs, chunk by chunk, and accumulate per-tensor error.
 
     The baseline always runs in onnxruntime (FP32); the candidate in onnxruntime or, with ``strict``, in the
-    strict FP16/BF16 emulator (which keeps only the chunk's tensors).
+    strict FP16/BF16 emulator (which compares each chunk tensor as it computes it and keeps none). The extra
+    outputs decide what onnxruntime fuses, so the chunking is part of the result: keep it stable.
     """
     from mpinfer.modelio import ort_session
     from mpinfer.progress import progress_bar
@@ -156,21 +158,26 @@ def measure_tensors(
     accs = {n: TensorAcc() for n in names}
     size = STRICT_CHUNK_SIZE if strict else CHUNK_SIZE
     chunks = [list(names[i : i + size]) for i in range(0, len(names), size)]
+    emu = None
+    if strict:
+        from mpinfer.precision.emulate import GraphEmulator
+
+        emu = GraphEmulator(cand, follow_input_dtypes=True)
     with progress_bar(enabled=show_progress) as progress:
         task = progress.add_task("divergence: intermediate tensors", total=len(chunks) * len(batches))
         for chunk in chunks:
             sb: Any = ort_session(_with_outputs(base, chunk), providers)
-            fetch = _candidate_fetcher(cand, chunk, providers, strict)
+            sc: Any = None if strict else ort_session(_with_outputs(cand, chunk), providers)
             for feeds in batches:
-                rb = sb.run(chunk, dict(feeds))
-                rc = fetch(feeds)
-                for n, b, c in zip(chunk, rb, rc, strict=True):
-                    if c is None:
-                        continue
-                    if np.asarray(b).dtype.kind == "f" and np.asarray(c).dtype.kind == "f":
-                        accs[n].update(b, c)
+                if emu is not None:
+                    _strict_pass(emu, chunk, sb.run(chunk, dict(feeds)), feeds, accs)
+                else:
+                    rb, rc = sb.run(chunk, dict(feeds)), sc.run(chunk, dict(feeds))
+                    for n, b, c in zip(chunk, rb, rc, strict=True):
+                        _accumulate(accs, n, b, c)
+                    del rb, rc  # freed before the next batch's run, not after it
                 progress.advance(task)
-            del sb, fetch
+            del sb, sc
     return {n: a for n, a in accs.items() if a.dtype}
 
 

@@ -202,15 +202,21 @@ class GraphEmulator:
         tensors = env if keep_all else {k: env[k] for k in keep_set if k in env}
         return EmulatorRun(outputs, tensors, dict(state.low), keep_all, len(self._main.steps))
 
-    def run_from(self, reference: EmulatorRun, low: Mapping[str, Precision] | None = None) -> EmulatorRun:
+    def run_from(
+        self, reference: EmulatorRun, low: Mapping[str, Precision] | None = None, *, keep: bool = True
+    ) -> EmulatorRun:
         """Recompute only the nodes downstream of the nodes whose precision differs from ``reference``.
 
         Args:
             reference: A run made with ``keep=True`` (any precision map).
             low: The new node address -> precision map.
+            keep: True keeps every tensor (the run can seed another ``run_from``); False frees each
+                recomputed tensor after its last reader, so only about one live set is held on top of
+                the reference, and the run has outputs only.
 
         Returns:
-            A run equal to ``run(feeds, low)``; its ``tensors`` share the reference's unchanged arrays.
+            A run equal to ``run(feeds, low)``; with ``keep`` its ``tensors`` share the reference's
+            unchanged arrays.
 
         Raises:
             InvalidInputError: ``reference`` was not kept, or ``low`` names unknown nodes.
@@ -238,6 +244,12 @@ class GraphEmulator:
                     self._exec_step(step, env, env, state)
                     dirty.update(step.outputs)
                     count += 1
+                if not keep:  # drop tensors no later step reads (the reference keeps its own)
+                    for name in step.reads:
+                        if self._last_use.get(name) == idx:
+                            env.pop(name, None)
+        if not keep:
+            return EmulatorRun(self._collect_outputs(env), {}, dict(new_low), False, count)
         return EmulatorRun(self._collect_outputs(env), env, dict(new_low), True, count)
 
     # -- compilation ------------------------------------------------------------------------------

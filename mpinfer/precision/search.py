@@ -111,7 +111,7 @@ class _Verifier:
         else:
             outs = []
             for ref in self.refs:
-                run = self.emu.run_from(ref, dict(low))
+                run = self.emu.run_from(ref, dict(low), keep=False)
                 self.evaluations += run.recomputed
                 outs.append(run.outputs)
         ref_outs = self.reference_outputs()

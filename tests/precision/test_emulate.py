@@ -672,8 +672,11 @@ def test_run_from_equals_full_run_and_recomputes_less(exported, name):
         low = {addrs[i]: Precision.FP16 for i in pick}
         full = emu.run(feeds, low).outputs
         inc = emu.run_from(ref, low)
+        lean = emu.run_from(ref, low, keep=False)  # frees dead tensors: same outputs, no tensors
+        assert not lean.complete and not lean.tensors and lean.recomputed == inc.recomputed
         for k in full:
             np.testing.assert_array_equal(inc.outputs[k], full[k])
+            np.testing.assert_array_equal(lean.outputs[k], full[k])
     last = {addrs[-1]: Precision.FP16}
     inc = emu.run_from(ref, last)
     assert inc.recomputed == 1 < ref.recomputed
