@@ -307,9 +307,13 @@ def _unjson(x: Any) -> Any:
 def _fmt(v: float | None) -> str:
     if v is None:
         return "n/a"
-    if isinstance(v, float) and (not math.isfinite(v) or abs(v) >= 1e4 or 0 < abs(v) < 1e-3):
+    if not isinstance(v, float):
+        return str(v)
+    if not math.isfinite(v) or abs(v) >= 1e4 or 0 < abs(v) < 1e-3:
         return f"{v:.3g}"
-    return f"{v:.6g}" if isinstance(v, float) else str(v)
+    if 0.999 <= abs(v) < 1:  # cosine / top-k near 1: the digits that checks like cosine>=0.9999 read
+        return f"{v:.7g}"
+    return f"{v:.4g}"
 
 
 format_value = _fmt
