@@ -19,6 +19,19 @@ def _table(title: str, headers: list[str], rows: list[list[str]]) -> Any:
     return t
 
 
+# Up to this many outputs, the console shows metrics as rows and outputs as columns: 12 metric columns do not
+# fit an 80-column terminal, a handful of outputs does.
+TRANSPOSE_MAX_OUTPUTS = 4
+
+
+def _accuracy_table(headers: list[str], rows: list[list[str]]) -> Any:
+    """Accuracy per output; transposed (a column per output) when there are few outputs."""
+    if not rows or len(rows) > TRANSPOSE_MAX_OUTPUTS:
+        return _table("Accuracy vs baseline", headers, rows)
+    transposed = [[metric] + [row[i] for row in rows] for i, metric in enumerate(headers) if i > 0]
+    return _table("Accuracy vs baseline", ["metric"] + [row[0] for row in rows], transposed)
+
+
 def _style(cell: str) -> str:
     from rich.markup import escape
 
@@ -50,7 +63,7 @@ def render_console(result: ComparisonResult, console: Any = None) -> None:
         )
         if cand.size_bytes is not None:
             console.print("Size: " + escape(tables.size_line(result, cand)))
-        console.print(_table("Accuracy vs baseline", tables.accuracy_headers(), tables.accuracy_rows(cand)))
+        console.print(_accuracy_table(tables.accuracy_headers(), tables.accuracy_rows(cand)))
         labels = tables.label_rows(cand)
         if labels:
             console.print(_table("Accuracy vs labels", ["output", "baseline", "candidate", "drop"], labels))
