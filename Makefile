@@ -33,10 +33,25 @@ lint: $(STAMP)
 	$(PY) -m ruff check mpinfer tests models bench
 	$(PY) -m mypy
 
-bench: $(STAMP)
+# ModelOpt AutoCast for the side-by-side benchmark, in its own venv layered over .venv (its pins would
+# downgrade onnx/onnxruntime here), installed without its pinned dependencies.
+MODELOPT_VENV := .venv-modelopt
+MODELOPT_PKGS := nvidia-modelopt==0.47.0 onnx-graphsurgeon==0.6.1 onnxslim==0.1.98 polygraphy==0.53.6 lief==1.0.0 \
+	cppimport mako pybind11 omegaconf pulp nvidia-ml-py cuda-pathfinder
+
+$(MODELOPT_VENV)/.installed: $(STAMP)
+	$(PYTHON) -m venv $(MODELOPT_VENV)
+	$(MODELOPT_VENV)/bin/python -m pip install -q --no-deps $(MODELOPT_PKGS)
+	$(PY) -c "import site; print(site.getsitepackages()[0])" > \
+		"$$($(MODELOPT_VENV)/bin/python -c 'import site; print(site.getsitepackages()[0])')/mpinfer-base.pth"
+	touch $@
+
+bench: $(STAMP) $(MODELOPT_VENV)/.installed
 	$(PY) -m pip install -q -e ".[bench]"
-	$(PY) bench/precision.py
-	$(PY) bench/amp.py
+	PYTHONPATH=$(CURDIR) $(PY) bench/precision.py --sizes --modelopt-python $(MODELOPT_VENV)/bin/python
+	PYTHONPATH=$(CURDIR) $(PY) bench/search_speed.py
+	PYTHONPATH=$(CURDIR) $(PY) bench/amp.py
+	PYTHONPATH=$(CURDIR) $(PY) bench/emulator_speed.py
 
 clean:
-	rm -rf out runs .pytest_cache .mypy_cache .ruff_cache
+	rm -rf out runs .pytest_cache .mypy_cache .ruff_cache $(MODELOPT_VENV)
