@@ -12,6 +12,7 @@ import enum
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import numpy as np
 
@@ -43,6 +44,26 @@ _DTYPES = {
 }
 
 
+E = TypeVar("E", bound=enum.Enum)
+
+
+def parse_enum(cls: type[E], value: str | E, what: str, aliases: Mapping[str, str] | None = None) -> E:
+    """Return the member of the str-valued enum ``cls`` named by ``value`` (case-insensitive, with aliases).
+
+    Raises:
+        InvalidInputError: For an unknown name, listing the valid ones.
+    """
+    if isinstance(value, cls):
+        return value
+    key = str(value).strip().lower()
+    key = (aliases or {}).get(key, key)
+    try:
+        return cls(key)
+    except ValueError as err:
+        choices = ", ".join(str(m.value) for m in cls)
+        raise InvalidInputError(format_message(what, repr(value), f"one of {choices}")) from err
+
+
 class Precision(str, enum.Enum):
     """Numeric precision of a node, a tensor or a whole model."""
 
@@ -57,17 +78,8 @@ class Precision(str, enum.Enum):
         Raises:
             InvalidInputError: For an unknown precision name.
         """
-        if isinstance(value, Precision):
-            return value
-        key = str(value).strip().lower()
         aliases = {"float32": "fp32", "float": "fp32", "float16": "fp16", "half": "fp16", "bfloat16": "bf16"}
-        key = aliases.get(key, key)
-        try:
-            return cls(key)
-        except ValueError as err:
-            raise InvalidInputError(
-                format_message("Precision", repr(value), "one of fp32, fp16, bf16")
-            ) from err
+        return parse_enum(cls, value, "Precision", aliases)
 
     @property
     def onnx_dtype(self) -> int:

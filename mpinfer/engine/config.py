@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from mpinfer.errors import InvalidInputError, format_message
-from mpinfer.specs import Precision, TensorSpec
+from mpinfer.specs import Precision, TensorSpec, parse_enum
 
 # TensorRT's own default builder optimization level (IBuilderConfig.builder_optimization_level): a good
 # trade between build time and engine speed; 4-5 search longer, 0-2 build faster.
@@ -57,16 +57,7 @@ class Backend(str, enum.Enum):
         Raises:
             InvalidInputError: For an unknown name.
         """
-        if isinstance(value, Backend):
-            return value
-        key = str(value).strip().lower()
-        key = {"trt": "tensorrt", "ort": "onnxruntime"}.get(key, key)
-        try:
-            return cls(key)
-        except ValueError as err:
-            raise InvalidInputError(
-                format_message("Backend", repr(value), "one of auto, tensorrt, onnxruntime")
-            ) from err
+        return parse_enum(cls, value, "Backend", {"trt": "tensorrt", "ort": "onnxruntime"})
 
 
 @dataclass(frozen=True)

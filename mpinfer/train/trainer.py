@@ -167,28 +167,10 @@ class AmpTrainer:
         ck.seed_everything(cfg.seed)  # factories often seed themselves; reseed for shuffling and dropout
         data = load_train_data(cfg.data, cfg.eval_data)
         self._data_desc = data.description
-        self.train_loader = make_loader(
-            data.train,
-            batch_size=cfg.batch_size,
-            shuffle=True,
-            seed=cfg.seed,
-            rank=dist.rank,
-            world=dist.world,
-            num_workers=cfg.num_workers,
-        )
-        self.eval_loader = (
-            None
-            if data.eval is None
-            else make_loader(
-                data.eval,
-                batch_size=cfg.batch_size,
-                shuffle=False,
-                seed=cfg.seed,
-                rank=dist.rank,
-                world=dist.world,
-                num_workers=cfg.num_workers,
-            )
-        )
+        loader_args = {"batch_size": cfg.batch_size, "seed": cfg.seed, "rank": dist.rank, "world": dist.world,
+                       "num_workers": cfg.num_workers}
+        self.train_loader = make_loader(data.train, shuffle=True, **loader_args)
+        self.eval_loader = None if data.eval is None else make_loader(data.eval, shuffle=False, **loader_args)
         steps_per_epoch = math.ceil(len(self.train_loader) / cfg.grad_accum)
         total = steps_per_epoch * cfg.epochs
         warmup = cfg.warmup_steps if cfg.warmup_steps is not None else round(DEFAULT_WARMUP_FRACTION * total)
