@@ -75,20 +75,35 @@ class _Verifier:
         self,
         model: Any,
         info: GraphInfo,
-        emu: Any,
-        refs: list[Any],
         batches: list[dict],
         budget: Budget,
         cfg: SearchConfig,
         labels: np.ndarray | None,
     ) -> None:
-        self.model, self.info, self.emu, self.refs, self.batches = model, info, emu, refs, batches
+        self.model, self.info, self.batches = model, info, batches
         self.budget, self.cfg, self.labels = budget, cfg, labels
+        self.emu: Any = None
+        self.refs: list[Any] = []
+        self._emulator_opened = False
         self.topk = sorted({int(t.metric[3:]) for t in budget.terms if t.metric.startswith("top")} or {1})
         self.evaluations = 0
         self.verifications = 0
         self.ort_ref: list[dict[str, np.ndarray]] | None = None
         self.names: list[str] = []
+
+    def open_emulator(self) -> None:
+        """The strict emulator and its FP32 reference runs (kept for ``run_from`` and the sensitivity pass).
+
+        ``emu`` stays None when the model has ops the emulator cannot run (ORT numerics only: strict
+        numerics refuses such models in :func:`_open_emulator`).
+        """
+        if self._emulator_opened:
+            return
+        self._emulator_opened = True
+        self.emu = _open_emulator(self.model, self.cfg)
+        if self.emu is not None:
+            self.refs = [self.emu.run(b, None, keep=True) for b in self.batches]
+            self.evaluations += len(self.info.nodes) * len(self.refs)
 
     def reference_outputs(self) -> list[dict[str, np.ndarray]]:
         if self.cfg.numerics == "ort":
@@ -114,6 +129,10 @@ class _Verifier:
                 run = self.emu.run_from(ref, dict(low), keep=False)
                 self.evaluations += run.recomputed
                 outs.append(run.outputs)
+        return self.compare(outs)
+
+    def compare(self, outs: list[dict[str, np.ndarray]]) -> dict[str, float]:
+        """Budget metrics of candidate outputs (one dict per batch) against the FP32 reference."""
         ref_outs = self.reference_outputs()
         names = self.names or [n for n, v in ref_outs[0].items() if np.asarray(v).dtype.kind == "f"]
         self.names = names
@@ -131,17 +150,13 @@ class _Verifier:
         }
 
 
-def build_groups(
-    info: GraphInfo, nodes: Sequence[NodeDecision], decisions: Mapping[str, Decision]
-) -> list[_Group]:
+def build_groups(info: GraphInfo, nodes: Sequence[NodeDecision], decisions: Mapping[str, Decision]) -> list[_Group]:
     """Fused chains of searchable low nodes (main graph, not forced by the user)."""
     prec = {n.name: n.precision for n in nodes}
     searchable = [
         ref
         for ref in info.nodes
-        if ref.depth == 0
-        and prec[ref.address].is_low
-        and not decisions[ref.address].reason.startswith("user:")
+        if ref.depth == 0 and prec[ref.address].is_low and not decisions[ref.address].reason.startswith("user:")
     ]
     parent: dict[str, str] = {ref.address: ref.address for ref in searchable}
 
@@ -168,9 +183,7 @@ def build_groups(
     return list(groups.values())
 
 
-def _local_error(
-    model: Any, info: GraphInfo, group: _Group, refs: list[Any], low: Precision
-) -> tuple[float, int]:
+def _local_error(model: Any, info: GraphInfo, group: _Group, refs: list[Any], low: Precision) -> tuple[float, int]:
     """Relative L2 error at the group's outputs when only the group runs low, fed FP32 reference tensors."""
     from onnx import helper
 
@@ -295,17 +308,33 @@ def search_plan(
     groups = build_groups(info, nodes, decisions)
     members = {a for g in groups for a in g.members}
     forced = {n.name: n.precision for n in nodes if n.precision.is_low and n.name not in members}
+    measured = False
     with progress_bar(enabled=cfg.progress) as bar:
-        task = bar.add_task("sensitivity", total=len(groups))
-        for g in groups:
-            if ver.emu is not None:
-                g.error, evals = _local_error(model, info, g, ver.refs, cfg.precision)
-                ver.evaluations += evals
+        task = bar.add_task("verify", total=None)
+        # The whole candidate first: when it meets the budget there is nothing to search, and the
+        # sensitivity pass (and, with ORT numerics, the emulator's FP32 reference run) is skipped.
+        metrics = ver.metrics(_low_of(groups, forced, cfg.precision))
+        bar.advance(task)
+        accepted = list(groups)
+        if not ver.budget.met(metrics):
+            measured = True
+            ver.open_emulator()
+            sens = bar.add_task("sensitivity", total=len(groups))
+            for g in groups:
+                if ver.emu is not None:
+                    g.error, evals = _local_error(model, info, g, ver.refs, cfg.precision)
+                    ver.evaluations += evals
+                bar.advance(sens)
+            order = sorted(
+                (g for g in groups if math.isfinite(g.error)), key=lambda g: -g.flops / max(g.error, ERROR_FLOOR)
+            )
+            # Groups whose local error is not finite (overflow) left the order: the rest may pass whole.
+            rest = ver.metrics(_low_of(order, forced, cfg.precision)) if len(order) < len(groups) else metrics
             bar.advance(task)
-        order = sorted(
-            (g for g in groups if math.isfinite(g.error)), key=lambda g: -g.flops / max(g.error, ERROR_FLOOR)
-        )
-        accepted, metrics = _bisect(order, forced, ver, bar, cfg)
+            if ver.budget.met(rest):
+                accepted, metrics = order, rest
+            else:
+                accepted, metrics = _bisect(order, forced, ver, bar, task, cfg)
     chosen = {a for g in accepted for a in g.members}
     cost = {
         "node_evaluations": int(ver.evaluations),
@@ -316,6 +345,8 @@ def search_plan(
         "wall_s": round(time.perf_counter() - start, 3),
         "numerics": cfg.numerics,
         "model_nodes": len(info.nodes),
+        # False: the whole rule candidate met the budget, so no group was measured or bisected.
+        "searched": measured,
     }
     logger.info(
         "search: %d/%d groups low, %d verifications, %d node evaluations, %.1fs",
@@ -325,29 +356,34 @@ def search_plan(
         ver.evaluations,
         cost["wall_s"],
     )
-    return SearchOutcome(_finalize(nodes, groups, chosen), {k: _clean(v) for k, v in metrics.items()}, cost)
+    return SearchOutcome(
+        _finalize(nodes, groups if measured else [], chosen), {k: _clean(v) for k, v in metrics.items()}, cost
+    )
 
 
 def _reference(model: Any, info: GraphInfo, feeds: Any, cfg: SearchConfig) -> _Verifier:
-    """FP32 reference runs (kept for run_from), and the check that the FP32 model meets the budget.
+    """The FP32 reference outputs, and the check that the FP32 model meets the budget.
+
+    With strict numerics the emulator's FP32 runs are kept (``run_from`` starts from them); with ORT
+    numerics the emulator opens only if the search needs sensitivities. The FP32 model's outputs are the
+    reference itself, so the check costs no run: only label terms (``accuracy``) can fail it.
 
     Raises:
         AccuracyMismatchError: The budget fails even with every node in FP32.
+        InvalidInputError: Strict numerics on a model with ops the emulator cannot run.
     """
     budget = parse_budget(cfg.budget)
     batches = _take_batches(feeds, max(cfg.batches, 1))
     labels = _labels_for(feeds, batches, budget)
-    emu = _open_emulator(model, cfg)
-    refs = [emu.run(b, None, keep=True) for b in batches] if emu is not None else []
-    ver = _Verifier(model, info, emu, refs, batches, budget, cfg, labels)
-    ver.evaluations += len(info.nodes) * len(refs)
-    base_metrics = ver.metrics({})
+    ver = _Verifier(model, info, batches, budget, cfg, labels)
+    if cfg.numerics != "ort":
+        ver.open_emulator()
+    base_metrics = ver.compare(ver.reference_outputs())
     if not budget.met(base_metrics):
         raise AccuracyMismatchError(
             format_message(
                 f"Budget '{cfg.budget}'",
-                "a budget the model misses even with every node in FP32: "
-                + "; ".join(budget.failures(base_metrics)),
+                "a budget the model misses even with every node in FP32: " + "; ".join(budget.failures(base_metrics)),
                 "a budget the FP32 model meets",
                 "loosen the budget (agreement metrics such as cosine/top1 compare with the FP32 model)",
             )
@@ -355,20 +391,31 @@ def _reference(model: Any, info: GraphInfo, feeds: Any, cfg: SearchConfig) -> _V
     return ver
 
 
-def _bisect(
-    order: list[_Group], forced: Mapping[str, Precision], ver: _Verifier, bar: Any, cfg: SearchConfig
-) -> tuple[list[_Group], dict[str, float]]:
-    def low_of(groups: Sequence[_Group]) -> dict[str, Precision]:
-        low = dict(forced)
-        low.update({a: cfg.precision for g in groups for a in g.members})
-        return low
+def _low_of(groups: Sequence[_Group], forced: Mapping[str, Precision], precision: Precision) -> dict[str, Precision]:
+    """The low node set of a candidate: the forced nodes and every member of ``groups``."""
+    low = dict(forced)
+    low.update({a: precision for g in groups for a in g.members})
+    return low
 
-    task = bar.add_task("verify", total=None)
-    full = ver.metrics(low_of(order))
-    bar.advance(task)
-    if ver.budget.met(full):
-        return order, full
-    base = ver.metrics(low_of([]))
+
+def _bisect(
+    order: list[_Group],
+    forced: Mapping[str, Precision],
+    ver: _Verifier,
+    bar: Any,
+    task: Any,
+    cfg: SearchConfig,
+) -> tuple[list[_Group], dict[str, float]]:
+    """The largest prefix of ``order`` that meets the budget, then a few skipped groups one by one.
+
+    The whole ``order`` is known to fail. The empty prefix (only the forced nodes low) is the FP32
+    reference when nothing is forced, so it is verified only when something is.
+    """
+
+    def low_of(groups: Sequence[_Group]) -> dict[str, Precision]:
+        return _low_of(groups, forced, cfg.precision)
+
+    base = ver.metrics(low_of([])) if forced else ver.compare(ver.reference_outputs())
     if not ver.budget.met(base):
         raise AccuracyMismatchError(
             format_message(
@@ -398,9 +445,7 @@ def _bisect(
     return accepted, best
 
 
-def _finalize(
-    nodes: Sequence[NodeDecision], groups: Sequence[_Group], chosen: set[str]
-) -> list[NodeDecision]:
+def _finalize(nodes: Sequence[NodeDecision], groups: Sequence[_Group], chosen: set[str]) -> list[NodeDecision]:
     error = {a: g.error for g in groups for a in g.members}
     out = []
     for n in nodes:
@@ -412,8 +457,7 @@ def _finalize(
             out.append(NodeDecision(n.name, n.op_type, n.precision, n.reason, n.detail, stats))
         else:
             detail = (
-                f"kept FP32 by the budget search: its group's local error {error[n.name]:.3g} did not fit "
-                "the budget"
+                f"kept FP32 by the budget search: its group's local error {error[n.name]:.3g} did not fit the budget"
             )
             out.append(NodeDecision(n.name, n.op_type, Precision.FP32, "sensitivity", detail, stats))
     return out
@@ -426,9 +470,7 @@ def _clean(v: float) -> float | str:
     return float(v)
 
 
-def measure_plan(
-    model: Any, nodes: Sequence[NodeDecision], feeds: Any, *, batches: int = 1
-) -> dict[str, Any]:
+def measure_plan(model: Any, nodes: Sequence[NodeDecision], feeds: Any, *, batches: int = 1) -> dict[str, Any]:
     """Expected error of a plan without a budget: strict emulation of the plan vs the FP32 reference.
 
     Returns an empty dict when the emulator cannot run the model (the plan is still valid).
@@ -436,9 +478,7 @@ def measure_plan(
     from mpinfer.errors import BackendUnavailableError
 
     try:
-        emu = _open_emulator(
-            model, SearchConfig(budget="cosine>=0", precision=Precision.FP16, numerics="ort")
-        )
+        emu = _open_emulator(model, SearchConfig(budget="cosine>=0", precision=Precision.FP16, numerics="ort"))
     except BackendUnavailableError:
         return {}
     if emu is None:

@@ -38,11 +38,19 @@ def _bin_of(value: float) -> int:
     return int(np.asarray(value, np.float32).view(np.uint32)) >> _SHIFT
 
 
+def _bin_lower_edge(b: int) -> float:
+    """Smallest magnitude in histogram bin ``b``."""
+    return float(np.asarray(b << _SHIFT, np.uint32).view(np.float32))
+
+
 def _bin_upper_edges() -> np.ndarray:
     """Upper magnitude edge of every finite histogram bin (float64)."""
     starts = (np.arange(1, _INF_BIN + 1, dtype=np.uint64) << _SHIFT).astype(np.uint32)
     return starts.view(np.float32).astype(np.float64)
 
+
+# The bin holding FP16_MAX: every bin above it (below _INF_BIN) holds only values that overflow FP16.
+_FP16_MAX_BIN = _bin_of(FP16_MAX)
 
 # Percentile reported as "p999".
 PERCENTILE = 99.9
@@ -111,13 +119,16 @@ class _Accumulator:
         self.hist = np.zeros(HISTOGRAM_BINS, dtype=np.int64)
 
     def update(self, arr: np.ndarray) -> None:
+        # Each pass over the values counts (calibration reads every tensor of every batch): counts that
+        # the histogram already holds (zeros, values above FP16's range) are read from it, and only
+        # its boundary bins are resolved exactly.
         v = np.abs(np.asarray(arr).astype(np.float32, copy=False).ravel())
         if v.size == 0:
             return
         self.count += v.size
         bins = v.view(np.uint32) >> _SHIFT
         hist = np.bincount(bins, minlength=HISTOGRAM_BINS)
-        zeros = int(np.count_nonzero(v == 0))
+        zeros = int(np.count_nonzero(v == 0)) if hist[0] else 0  # bin 0 holds 0 and the tiniest subnormals
         hist[0] -= zeros
         self.zeros += zeros
         if hist[_INF_BIN:].any():  # inf or NaN present: keep them out of the magnitude statistics
@@ -130,21 +141,26 @@ class _Accumulator:
             if v.size == 0:
                 self.hist += hist
                 return
+            bins = v.view(np.uint32) >> _SHIFT
         self.hist += hist
         self.absmax = max(self.absmax, float(v.max()))
         self.sum_abs += float(v.sum(dtype=np.float64))
-        self.sum_sq += float(np.dot(v.astype(np.float64), v.astype(np.float64)))
-        self.over += int(np.count_nonzero(v > FP16_MAX))
+        with np.errstate(over="ignore"):
+            sq = float(np.dot(v, v))  # float32 BLAS; float64 only when the squares overflow float32
+        if not math.isfinite(sq):
+            sq = float(np.dot(v.astype(np.float64), v.astype(np.float64)))
+        self.sum_sq += sq
+        self.over += int(hist[_FP16_MAX_BIN + 1 : _INF_BIN].sum())
+        if hist[_FP16_MAX_BIN]:  # the bin holding 65504 straddles the limit
+            self.over += int(np.count_nonzero(v[bins == _FP16_MAX_BIN] > FP16_MAX))
         nonzero_bins = np.flatnonzero(hist[:_INF_BIN])
         if nonzero_bins.size:  # the smallest non-zero value lies in the lowest occupied bin
             low = int(nonzero_bins[0])
-            if v.size == bins.size:
+            if _bin_lower_edge(low) < self.min_nonzero:  # else it cannot lower the running minimum
                 candidates = v[bins == low]
-            else:
-                candidates = v[(v.view(np.uint32) >> _SHIFT) == low]
-            candidates = candidates[candidates > 0]
-            if candidates.size:
-                self.min_nonzero = min(self.min_nonzero, float(candidates.min()))
+                candidates = candidates[candidates > 0]
+                if candidates.size:
+                    self.min_nonzero = min(self.min_nonzero, float(candidates.min()))
 
     def below(self, limit: float) -> int:
         """Number of finite non-zero values with magnitude below ``limit`` (a power of two)."""

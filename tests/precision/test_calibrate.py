@@ -210,3 +210,30 @@ def test_underflow_energy_separates_dead_values_from_tiny_tensors():
     assert res["dead"].fp16_underflow_energy < 1e-25
     assert res["tiny"].fp16_underflow_frac == 1.0 and res["tiny"].fp16_underflow_energy == 1.0
     assert res["fine"].fp16_underflow_energy == 0.0
+
+
+def test_streamed_stats_match_exact_numbers_on_hostile_values():
+    """Counts read from the histogram (overflow, zeros, minimum) equal the exact ones, batch by batch."""
+    from mpinfer.precision.tensorstats import FP16_MAX, StatsCollector
+
+    rng = np.random.default_rng(0)
+    special = np.array([0, -0.0, 65504, 65505, 65519, 65520, -65536, 1e-45, np.inf, -np.inf, np.nan, 3e38], np.float32)
+    for _ in range(60):
+        n = int(rng.integers(1, 3000))
+        batches = []
+        for _ in range(int(rng.integers(1, 4))):
+            x = (rng.standard_normal(n) * 10.0 ** rng.uniform(-30, 30, n)).astype(np.float32)
+            idx = rng.integers(0, n, size=int(rng.integers(0, 18)))
+            x[idx] = rng.choice(special, size=idx.size)
+            batches.append(x)
+        collector = StatsCollector()
+        for x in batches:
+            collector.update("t", x)
+        got = collector.results()["t"]
+        mags = np.abs(np.concatenate(batches)).astype(np.float64)
+        finite = mags[np.isfinite(mags)]
+        nonzero = finite[finite > 0]
+        assert got.absmax == (finite.max() if finite.size else 0.0)
+        assert round(got.fp16_overflow_frac * mags.size) == np.count_nonzero(finite > FP16_MAX) + np.isinf(mags).sum()
+        assert got.min_nonzero == (nonzero.min() if nonzero.size else None)
+        assert got.nan_count == np.isnan(mags).sum() and got.inf_count == np.isinf(mags).sum()
