@@ -17,7 +17,7 @@ import contextlib
 import logging
 import tempfile
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sized
+from collections.abc import Container, Iterable, Iterator, Mapping, Sized
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -80,10 +80,15 @@ class CalibrationStats(Mapping[str, TensorStats]):
     Attributes:
         tensors: The statistics.
         source: ``{"source": description, "kind": npz|random|..., "samples": N, "batches": B}``.
+        reference_outputs: The float graph outputs of the first ``capture_batches`` batches (FP32, one dict
+            per batch) when :func:`calibrate` was asked for them and ONNX Runtime computed all of them,
+            else None: the budget search compares its candidates with these instead of running the FP32
+            model again.
     """
 
     tensors: dict[str, TensorStats]
     source: dict[str, Any] = field(default_factory=dict)
+    reference_outputs: list[dict[str, np.ndarray]] | None = field(default=None, repr=False, compare=False)
 
     def __getitem__(self, name: str) -> TensorStats:
         return self.tensors[name]
@@ -141,13 +146,9 @@ def _float_tensors(model: Any) -> tuple[list[str], list[str], dict[str, int]]:
         logger.debug("shape inference failed (%s); using declared types only", err)
         inferred = model
     g = inferred.graph
-    types = {
-        vi.name: vi.type.tensor_type.elem_type for vi in list(g.value_info) + list(g.output) + list(g.input)
-    }
+    types = {vi.name: vi.type.tensor_type.elem_type for vi in list(g.value_info) + list(g.output) + list(g.input)}
     inits = {t.name for t in model.graph.initializer}
-    known = [
-        vi.name for vi in model.graph.input if vi.name not in inits and types.get(vi.name) in _FLOAT_TYPES
-    ]
+    known = [vi.name for vi in model.graph.input if vi.name not in inits and types.get(vi.name) in _FLOAT_TYPES]
     unknown: list[str] = []
     seen = set(known)
     for node in model.graph.node:
@@ -228,7 +229,12 @@ def _progress(progress: bool) -> Any:
 
 
 def _run_chunk(
-    sess: Any, names: list[str], batch: Mapping[str, np.ndarray], collector: StatsCollector
+    sess: Any,
+    names: list[str],
+    batch: Mapping[str, np.ndarray],
+    collector: StatsCollector,
+    capture: dict[str, np.ndarray] | None = None,
+    wanted: Container[str] = (),
 ) -> None:
     try:
         values = sess.run(names, dict(batch))
@@ -242,10 +248,12 @@ def _run_chunk(
         ) from err
     for name, value in zip(names, values, strict=True):
         collector.update(name, value)
+        if capture is not None and name in wanted:
+            capture[name] = np.asarray(value, np.float32)
 
 
 def calibrate(
-    model: Any, feeds: Iterable[Mapping[str, np.ndarray]], *, progress: bool = True
+    model: Any, feeds: Iterable[Mapping[str, np.ndarray]], *, progress: bool = True, capture_batches: int = 0
 ) -> CalibrationStats:
     """FP32 reference run over ``feeds`` collecting per-tensor statistics, one batch at a time.
 
@@ -257,6 +265,8 @@ def calibrate(
         model: The FP32 ``onnx.ModelProto`` (not modified).
         feeds: A :class:`mpinfer.data.FeedSource` (or any iterable of ``{input: array}`` batches).
         progress: Show a progress bar.
+        capture_batches: Keep the float graph outputs of this many first batches
+            (``CalibrationStats.reference_outputs``).
 
     Returns:
         The statistics of every float tensor: graph inputs, node outputs, and tensors in subgraph bodies.
@@ -285,15 +295,20 @@ def calibrate(
         feeds = list(feeds)
     logger.info("calibrating %d tensors in %d pass(es) over the data", len(known) + len(unknown), passes)
     first_pass = _FirstPass(model, unknown)
+    outputs = {vi.name for vi in model.graph.output if vi.name in set(known)}
+    captured: list[dict[str, np.ndarray]] = []
     with _progress(progress) as bar, contextlib.closing(sessions):
         task = bar.add_task("calibrate", total=len(feeds) * passes if isinstance(feeds, Sized) else None)
         for index in range(passes):
             sess = first_session if index == 0 else sessions.session(chunks[index])
-            for batch in feeds:
+            for b, batch in enumerate(feeds):
                 if index == 0:
                     first_pass.add(batch)
+                if b < capture_batches and index == 0:
+                    captured.append({})
                 if sess is not None:
-                    _run_chunk(sess, chunks[index], batch, first_pass.collector)
+                    keep = captured[b] if b < capture_batches else None
+                    _run_chunk(sess, chunks[index], batch, first_pass.collector, keep, outputs)
                 bar.advance(task)
             sess = first_session = None  # one session alive at a time
     if first_pass.batches == 0:
@@ -305,13 +320,17 @@ def calibrate(
         "batches": first_pass.batches,
     }
     results = first_pass.collector.results()
+    floats = [vi.name for vi in model.graph.output if types.get(vi.name) in _FLOAT_TYPES]
+    reference = None
+    if captured and floats and set(floats) <= outputs:  # every float output came from ONNX Runtime
+        reference = [{n: c[n] for n in floats} for c in captured]
     logger.info(
         "calibrated %d tensors over %d batches in %.1fs",
         len(results),
         first_pass.batches,
         time.perf_counter() - start,
     )
-    return CalibrationStats(results, source)
+    return CalibrationStats(results, source, reference)
 
 
 class _FirstPass:

@@ -96,13 +96,10 @@ def _check_config(cfg: ConvertConfig) -> None:
                 "--numerics ort with --precision bf16",
                 "a request to verify BF16 with ONNX Runtime",
                 "--numerics strict",
-                "ONNX Runtime's CPU provider has no BF16 MatMul/Conv; BF16 is checked only "
-                "through strict emulation",
+                "ONNX Runtime's CPU provider has no BF16 MatMul/Conv; BF16 is checked only through strict emulation",
             )
         )
-    if cfg.plan is not None and (
-        cfg.budget or cfg.keep_ops or cfg.low_ops or cfg.keep_nodes or cfg.low_nodes
-    ):
+    if cfg.plan is not None and (cfg.budget or cfg.keep_ops or cfg.low_ops or cfg.keep_nodes or cfg.low_nodes):
         raise InvalidInputError(
             format_message(
                 "--plan",
@@ -151,13 +148,9 @@ def convert_precision(cfg: ConvertConfig) -> ConvertResult:
     else:
         plan, expected, search_cost = _make_plan(cfg, info.model, info, sha)
     if large:
-        result = apply_plan(
-            info.model, info, plan.precisions(), cfg.precision, keep_io_types=plan.keep_io_types
-        )
+        result = apply_plan(info.model, info, plan.precisions(), cfg.precision, keep_io_types=plan.keep_io_types)
     else:
-        result, plan.nodes = apply_validated(
-            info, plan.nodes, cfg.precision, keep_io_types=plan.keep_io_types
-        )
+        result, plan.nodes = apply_validated(info, plan.nodes, cfg.precision, keep_io_types=plan.keep_io_types)
     plan.summary = summarize(
         info,
         plan.nodes,
@@ -268,9 +261,7 @@ def _read_plan(cfg: ConvertConfig, info: Any, sha: str) -> PrecisionPlan:
         ref = info.by_address[n.name]
         slots = info.slots(ref.node, plan.precision.onnx_dtype)
         if slots.blocked or not slots.has_float or ref.node.op_type in CONTROL_FLOW_OPS:
-            why = slots.blocked or (
-                "it has no float tensors" if not slots.has_float else "it is control flow"
-            )
+            why = slots.blocked or ("it has no float tensors" if not slots.has_float else "it is control flow")
             raise InvalidInputError(
                 format_message(
                     f"Plan '{cfg.plan}': node '{n.name}' ({n.op_type})",
@@ -282,9 +273,7 @@ def _read_plan(cfg: ConvertConfig, info: Any, sha: str) -> PrecisionPlan:
     return plan
 
 
-def _make_plan(
-    cfg: ConvertConfig, model: Any, info: Any, sha: str
-) -> tuple[PrecisionPlan, dict, dict | None]:
+def _make_plan(cfg: ConvertConfig, model: Any, info: Any, sha: str) -> tuple[PrecisionPlan, dict, dict | None]:
     from mpinfer import __version__
     from mpinfer.precision.overflow import overflow_nodes
     from mpinfer.precision.planner import RuleOptions, rule_plan
@@ -293,9 +282,7 @@ def _make_plan(
     options = RuleOptions(cfg.keep_ops, cfg.low_ops, cfg.keep_nodes, cfg.low_nodes, overflow)
     stats, feeds, calib_info = _calibrate(cfg, model)
     decisions, nodes = rule_plan(info, cfg.precision, options, keep_io_types=cfg.keep_io_types, stats=stats)
-    foreign = sorted(
-        {f"{n.op_type} ({n.reason})" for n in nodes if n.reason in ("unknown-op", "custom-domain")}
-    )
+    foreign = sorted({f"{n.op_type} ({n.reason})" for n in nodes if n.reason in ("unknown-op", "custom-domain")})
     if foreign:
         logger.warning("Kept FP32 (mpinfer cannot know what they compute): %s", ", ".join(foreign))
     expected: dict[str, Any] = {}
@@ -309,7 +296,8 @@ def _make_plan(
             decisions,
             nodes,
             feeds,
-            SearchConfig(
+            reference_outputs=getattr(stats, "reference_outputs", None),
+            cfg=SearchConfig(
                 budget=cfg.budget,
                 precision=cfg.precision,
                 numerics=cfg.numerics,
@@ -354,9 +342,7 @@ def _calibrate(cfg: ConvertConfig, model: Any) -> tuple[Any, Any, dict[str, Any]
             )
         return None, None, None
     specs = specs_from_onnx(model)
-    feeds = load_feeds(
-        cfg.calibration, specs, batch_size=cfg.batch_size, num_batches=cfg.max_batches, seed=cfg.seed
-    )
+    feeds = load_feeds(cfg.calibration, specs, batch_size=cfg.batch_size, num_batches=cfg.max_batches, seed=cfg.seed)
     if feeds.is_random:
         logger.warning(
             "%s: using %s from the input specs. Range rules and the budget search then reflect random "
@@ -373,7 +359,9 @@ def _calibrate(cfg: ConvertConfig, model: Any) -> tuple[Any, Any, dict[str, Any]
     from mpinfer.errors import BackendUnavailableError
 
     try:
-        stats = calibrate(model, feeds, progress=cfg.progress)
+        # With ORT numerics the search's FP32 reference is the calibration run's first batches' outputs.
+        capture = cfg.search_batches if cfg.budget and cfg.numerics == "ort" else 0
+        stats = calibrate(model, feeds, progress=cfg.progress, capture_batches=capture)
     except BackendUnavailableError as err:
         logger.warning("Calibration skipped (range rules off): %s", err)
         return None, feeds, info

@@ -283,6 +283,8 @@ def search_plan(
     nodes: Sequence[NodeDecision],
     feeds: Any,
     cfg: SearchConfig,
+    *,
+    reference_outputs: list[dict[str, np.ndarray]] | None = None,
 ) -> SearchOutcome:
     """Search the low-precision node set that meets ``cfg.budget`` with the most FLOPs in low precision.
 
@@ -293,6 +295,8 @@ def search_plan(
         nodes: The rule plan (its low nodes are the candidates).
         feeds: Calibration batches (the first ``cfg.batches`` are used).
         cfg: Budget, precision and numerics.
+        reference_outputs: ORT numerics: the FP32 model's float outputs on the first ``cfg.batches``
+            batches, when the caller has them (calibration keeps them); else the search runs the model.
 
     Returns:
         The plan entries after the search, the final error and the search cost.
@@ -304,7 +308,7 @@ def search_plan(
     from mpinfer.progress import progress_bar
 
     start = time.perf_counter()
-    ver = _reference(model, info, feeds, cfg)
+    ver = _reference(model, info, feeds, cfg, reference_outputs)
     groups = build_groups(info, nodes, decisions)
     members = {a for g in groups for a in g.members}
     forced = {n.name: n.precision for n in nodes if n.precision.is_low and n.name not in members}
@@ -361,7 +365,13 @@ def search_plan(
     )
 
 
-def _reference(model: Any, info: GraphInfo, feeds: Any, cfg: SearchConfig) -> _Verifier:
+def _reference(
+    model: Any,
+    info: GraphInfo,
+    feeds: Any,
+    cfg: SearchConfig,
+    reference_outputs: list[dict[str, np.ndarray]] | None = None,
+) -> _Verifier:
     """The FP32 reference outputs, and the check that the FP32 model meets the budget.
 
     With strict numerics the emulator's FP32 runs are kept (``run_from`` starts from them); with ORT
@@ -378,6 +388,8 @@ def _reference(model: Any, info: GraphInfo, feeds: Any, cfg: SearchConfig) -> _V
     ver = _Verifier(model, info, batches, budget, cfg, labels)
     if cfg.numerics != "ort":
         ver.open_emulator()
+    elif reference_outputs is not None and len(reference_outputs) == len(batches):
+        ver.ort_ref = reference_outputs
     base_metrics = ver.compare(ver.reference_outputs())
     if not budget.met(base_metrics):
         raise AccuracyMismatchError(

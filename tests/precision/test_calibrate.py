@@ -136,6 +136,23 @@ def test_real_model_and_data_match_a_direct_run(exported, tmp_path):
     assert stats[out].count == 40 * 10
 
 
+def test_captured_reference_outputs_equal_a_plain_run(exported, monkeypatch):
+    """The search's FP32 reference can come from the calibration run, also when it takes several passes."""
+    import mpinfer.precision.calibrate as cal
+
+    model, feeds = exported("transformer_small")
+    batches = [feeds, {k: (v + 7) % 1000 for k, v in feeds.items()}, feeds]
+    out = model.graph.output[0].name
+    for limit in (cal.MAX_OUTPUTS_PER_SESSION, 5):
+        monkeypatch.setattr(cal, "MAX_OUTPUTS_PER_SESSION", limit)
+        stats = calibrate(model, batches, progress=False, capture_batches=2)
+        assert stats.reference_outputs is not None and len(stats.reference_outputs) == 2
+        for got, batch in zip(stats.reference_outputs, batches, strict=False):
+            assert set(got) == {out}
+            np.testing.assert_allclose(got[out], ort_run(model, batch)[out], rtol=1e-5, atol=1e-6)
+    assert calibrate(model, batches, progress=False).reference_outputs is None
+
+
 def test_subgraph_tensors_come_from_the_emulator(exported):
     model, feeds = exported("control_flow")
     stats = calibrate(model, [feeds, {k: -v for k, v in feeds.items()}], progress=False)

@@ -116,6 +116,32 @@ def test_ort_numerics_verifies_with_onnxruntime(tmp_path):
     )
     assert res.plan.numerics == "ort" and res.plan.summary["search"]["numerics"] == "ort"
     assert res.plan.summary["expected_error"]["cosine"] >= 0.999
+    # The FP32 reference came from the calibration run: one ORT run in all, the whole candidate's.
+    assert res.plan.summary["search"]["verifications"] == 1 and not res.plan.summary["search"]["searched"]
+
+
+def test_ort_numerics_search_bisects_and_meets_the_budget(tmp_path):
+    src = save(chain(8), tmp_path / "chain.onnx")
+    res = convert_precision(
+        ConvertConfig(
+            model=src,
+            output=tmp_path / "c.onnx",
+            calibration=str(_npz(tmp_path / "c.npz")),
+            budget="max_abs<=1e-3",
+            numerics="ort",
+            progress=False,
+        )
+    )
+    s = res.plan.summary
+    assert s["search"]["searched"] and s["search"]["verifications"] > 2
+    assert 0 < s["nodes_low"] and s["expected_error"]["max_abs"] <= 1e-3
+    from tests.precision.numerics_graphs import ort_run
+
+    x = np.load(tmp_path / "c.npz")["x"]
+    import onnx
+
+    ref, got = ort_run(onnx.load(str(src)), {"x": x})["y"], ort_run(onnx.load(str(res.output)), {"x": x})["y"]
+    assert np.abs(ref - got).max() <= 1e-3
 
 
 def test_search_cost_grows_gently(tmp_path):
