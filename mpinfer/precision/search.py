@@ -6,8 +6,9 @@
    inputs (a small sub-model in the strict emulator) and its local relative error measured.
 3. Greedy by FLOPs per unit of error: groups sorted by ``flops / error``; the whole candidate is verified
    with one incremental emulator run (``GraphEmulator.run_from``); when it fails, bisection over the
-   sorted prefix finds the largest prefix that meets the budget (log2(groups) verifications), then a few
-   skipped groups are tried one by one.
+   sorted prefix finds the largest prefix that meets the budget (log2(groups) verifications); the group
+   that broke it stays FP32 and the rest is tried whole (one sensitive group: done), else a few skipped
+   groups are tried one by one.
 
 The cost (emulator node evaluations, verifications, wall time) goes into the plan summary.
 """
@@ -32,8 +33,8 @@ from mpinfer.specs import Precision
 
 logger = logging.getLogger(__name__)
 
-# Skipped groups tried one by one after the bisection: enough to recover groups a single bad neighbour
-# pushed out of the prefix, few enough that the cost stays O(log groups) full runs.
+# Skipped groups tried one by one after the bisection (when the rest does not fit whole): enough to recover
+# groups a single bad neighbour pushed out of the prefix, few enough that the cost stays O(log groups) runs.
 MAX_REFINE = 8
 # Floor of the error used in the FLOPs-per-error score (a group with zero local error is not infinitely good).
 ERROR_FLOOR = 1e-7
@@ -418,7 +419,7 @@ def _bisect(
     task: Any,
     cfg: SearchConfig,
 ) -> tuple[list[_Group], dict[str, float]]:
-    """The largest prefix of ``order`` that meets the budget, then a few skipped groups one by one.
+    """The largest prefix of ``order`` that meets the budget, then the rest whole or a few groups one by one.
 
     The whole ``order`` is known to fail. The empty prefix (only the forced nodes low) is the FP32
     reference when nothing is forced, so it is verified only when something is.
@@ -447,8 +448,13 @@ def _bisect(
             lo, best = mid, m
         else:
             hi = mid
-    accepted = list(order[:lo])
-    for g in order[hi : hi + MAX_REFINE]:
+    accepted, rest = list(order[:lo]), order[hi:]
+    if len(rest) > 1:  # order[lo] broke the prefix; with one culprit, everything after it fits at once
+        m = ver.metrics(low_of([*accepted, *rest]))
+        bar.advance(task)
+        if ver.budget.met(m):
+            return [*accepted, *rest], m
+    for g in rest[:MAX_REFINE]:
         m = ver.metrics(low_of([*accepted, g]))
         bar.advance(task)
         if ver.budget.met(m):
