@@ -210,17 +210,9 @@ def _output_names(baseline: Runner, candidates: Mapping[str, Runner]) -> list[st
 
 
 def _iter_progress(feeds: Any, show: bool) -> Iterator[dict[str, np.ndarray]]:
-    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
-
     from mpinfer.progress import progress_bar
 
-    with progress_bar(
-        TextColumn("[bold]compare[/]"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        enabled=show,
-    ) as progress:
+    with progress_bar("compare", enabled=show) as progress:
         task = progress.add_task("batches", total=len(feeds))
         for batch in feeds:
             yield batch

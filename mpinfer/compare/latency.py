@@ -104,19 +104,11 @@ def measure_latency(
     Returns:
         One LatencyStats per runner and batch size; ``speedup`` = baseline p50 / runner p50.
     """
-    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
-
     from mpinfer.progress import progress_bar
 
     stats: list[LatencyStats] = []
     t0 = time.perf_counter()
-    with progress_bar(
-        TextColumn("[bold]latency[/] {task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        enabled=show_progress,
-    ) as progress:
+    with progress_bar("latency", enabled=show_progress) as progress:
         for bs in batch_sizes:
             feeds = batch_of_size(sample, bs)
             base_p50 = None

@@ -220,12 +220,9 @@ def _weight_bytes(model: Any) -> int:
 
 
 def _progress(progress: bool) -> Any:
-    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
-
     from mpinfer.progress import progress_bar
 
-    columns = [TextColumn("[bold]Calibrating"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
-    return progress_bar(*columns, enabled=progress)
+    return progress_bar("Calibrating", enabled=progress)
 
 
 def _run_chunk(
@@ -298,7 +295,7 @@ def calibrate(
     outputs = {vi.name for vi in model.graph.output if vi.name in set(known)}
     captured: list[dict[str, np.ndarray]] = []
     with _progress(progress) as bar, contextlib.closing(sessions):
-        task = bar.add_task("calibrate", total=len(feeds) * passes if isinstance(feeds, Sized) else None)
+        task = bar.add_task("", total=len(feeds) * passes if isinstance(feeds, Sized) else None)
         for index in range(passes):
             sess = first_session if index == 0 else sessions.session(chunks[index])
             for b, batch in enumerate(feeds):
