@@ -476,15 +476,21 @@ def _is_shape_use(info: GraphInfo, use: tuple[str, int]) -> bool:
 def _weight_stats(arr: np.ndarray | None) -> dict[str, float]:
     if arr is None or arr.size == 0:
         return {"absmax": 0.0, "underflow_frac": 0.0, "underflow_energy": 0.0}
-    a = np.abs(arr.astype(np.float32, copy=False))
-    finite = a[np.isfinite(a)]
-    nz = finite[finite > 0]
-    flushed = nz[nz < FP16_TINY / 2]
-    under = float(flushed.size / nz.size) if nz.size else 0.0
-    total = float(np.dot(nz.astype(np.float64), nz.astype(np.float64)))
+    a = np.abs(arr.astype(np.float32, copy=False)).ravel()
+    if not np.isfinite(a).all():
+        a = a[np.isfinite(a)]
+    if a.size == 0:
+        return {"absmax": 0.0, "underflow_frac": 0.0, "underflow_energy": 0.0}
+    # Few weights are tiny: the passes over all of them are a max, a count and a dot product.
+    tiny = a < FP16_TINY / 2
+    flushed = a[tiny & (a > 0)] if tiny.any() else a[:0]
+    under = float(flushed.size / (a.size - int(np.count_nonzero(a == 0)))) if flushed.size else 0.0
+    with np.errstate(over="ignore"):
+        total = float(np.dot(a, a))
+    if not np.isfinite(total):
+        total = float(np.dot(a.astype(np.float64), a.astype(np.float64)))
     energy = float(np.dot(flushed.astype(np.float64), flushed.astype(np.float64)) / total) if total > 0 else 0.0
-    return {"absmax": float(finite.max()) if finite.size else 0.0, "underflow_frac": under,
-            "underflow_energy": energy}
+    return {"absmax": float(a.max()), "underflow_frac": under, "underflow_energy": energy}
 
 
 def _underflow_energy(st: Any) -> float:
