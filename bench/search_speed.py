@@ -12,9 +12,10 @@ so both must search:
   same samples; ``validate_fn`` is the same criterion on its ONNX Runtime (CPU) outputs.
 
 Each tool runs in its own subprocess with a timeout (wall time includes the imports; "in-process s" is the
-conversion call alone). The results are re-measured on 64 held-out samples (another seed) in ONNX Runtime
-CPU and in mpinfer's strict FP16 emulator; FP16 share of FLOPs counts Conv/MatMul/Gemm FLOPs from shapes
-(bench/precision.py's ``evaluate``).
+conversion call alone: numpy, onnx and onnxruntime are imported before either tool's timer starts). The
+results are re-measured on 64 held-out samples (another seed) in ONNX Runtime CPU and in mpinfer's strict
+FP16 emulator; FP16 share of FLOPs counts Conv/MatMul/Gemm FLOPs from shapes (bench/precision.py's
+``evaluate``).
 
     PYTHONPATH=$PWD .venv/bin/python bench/search_speed.py [--models transformer_small:2,transformer_small:4,mlp]
         [--tools mpinfer-ort,mpinfer-strict,occ-auto] [--timeout 600] [--samples 32] [--out DIR]
@@ -341,6 +342,11 @@ def main() -> None:
 
 def worker(argv: list[str]) -> None:
     tool, src, dst, cal, info, max_abs = argv
+    # Imported here, before either tool's timer starts, so that neither tool's in-process time pays for them
+    # (occ imports onnxruntime at module level, mpinfer lazily inside the conversion); wall time has them.
+    import onnx  # noqa: F401
+    import onnxruntime  # noqa: F401
+
     extra = run_tool(tool, Path(src), Path(dst), Path(cal), Path(info), float(max_abs))
     extra["peak_rss_mb"] = vm_hwm_mb()
     Path(info).write_text(json.dumps(extra))
