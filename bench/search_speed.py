@@ -398,8 +398,7 @@ def run_tool(tool: str, src: Path, dst: Path, cal: Path, info: Path, max_abs: fl
             "verifications": s.get("verifications"),
             "node_evaluations": s.get("node_evaluations"),
             "groups": f"{s.get('groups_low')}/{s.get('groups')}",
-            # one verification for the FP32 baseline, one for the full candidate: more means it bisected
-            "searched": (s.get("verifications") or 0) > 2,
+            "searched": bool(s.get("searched")),  # False: the whole rule plan met T at its first verification
             "claimed": res.plan.summary.get("expected_error", {}).get("max_abs"),
         }
     if tool != "occ-auto":
