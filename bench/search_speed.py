@@ -541,7 +541,7 @@ def table(rows: list[dict]) -> str:
     head = (
         "| model | T | T from | full FP16 err (cal) | occ all-blocked err (cal) | tool | searched | wall s "
         "| in-process s | occ/mpinfer (wall) | occ/mpinfer (in-process) | verifications | node evals | FP16 FLOPs "
-        "| max abs cal | max abs held-out | meets T held-out | strict max abs held-out |"
+        "| max abs cal | max abs held-out | meets T held-out | strict max abs held-out (output 0) |"
     )
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
