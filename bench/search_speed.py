@@ -458,7 +458,7 @@ def criteria_for(key: str, full: float, blocked: float, scale: float, args: argp
         return auto_criteria(full, blocked, scale)
     if isinstance(chosen, str):
         chosen = tuple(float(t) for t in chosen.split(","))
-    return [(t, "fixed", "fixed T") for t in chosen]
+    return [(t, "fixed", "the model's own T" if args.criteria == "model" else "from --criteria") for t in chosen]
 
 
 def bench_model(key: str, folder: Path, args: argparse.Namespace) -> list[dict]:
