@@ -398,8 +398,9 @@ def run_tool(tool: str, src: Path, dst: Path, cal: Path, info: Path, max_abs: fl
             "verifications": s.get("verifications"),
             "node_evaluations": s.get("node_evaluations"),
             "groups": f"{s.get('groups_low')}/{s.get('groups')}",
-            # one verification for the FP32 baseline, one for the full candidate: more means it bisected
-            "searched": (s.get("verifications") or 0) > 2,
+            # the search reports it when it has the field; before that, one verification for the FP32 baseline and
+            # one for the full candidate: more means it bisected
+            "searched": s["searched"] if "searched" in s else (s.get("verifications") or 0) > 2,
             "claimed": res.plan.summary.get("expected_error", {}).get("max_abs"),
         }
     if tool != "occ-auto":
