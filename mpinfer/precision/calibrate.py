@@ -292,7 +292,7 @@ def calibrate(
         feeds = list(feeds)
     logger.info("calibrating %d tensors in %d pass(es) over the data", len(known) + len(unknown), passes)
     first_pass = _FirstPass(model, unknown)
-    outputs = {vi.name for vi in model.graph.output if vi.name in set(known)}
+    outputs = {vi.name for vi in model.graph.output} & set(known)
     captured: list[dict[str, np.ndarray]] = []
     with _progress(progress) as bar, contextlib.closing(sessions):
         task = bar.add_task("", total=len(feeds) * passes if isinstance(feeds, Sized) else None)

@@ -7,7 +7,7 @@ inputs of a node may be lowered, and FLOPs.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -328,3 +328,26 @@ def constant_tensor(node: Any) -> Any:
         if attr.name == "value_ints":
             return helper.make_tensor("value", 7, [len(attr.ints)], list(attr.ints))
     return None
+
+
+def components(addresses: Sequence[str], links: Iterable[tuple[str, str]]) -> dict[str, list[str]]:
+    """Connected components of ``addresses`` joined by ``links`` (union-find with path halving).
+
+    A link ``(a, b)`` moves ``a``'s component under ``b``'s root. Returns root -> members, both in the
+    order of ``addresses``; links naming an address outside ``addresses`` are ignored.
+    """
+    parent = {a: a for a in addresses}
+
+    def root(a: str) -> str:
+        while parent[a] != a:
+            parent[a] = parent[parent[a]]
+            a = parent[a]
+        return a
+
+    for a, b in links:
+        if a in parent and b in parent:
+            parent[root(a)] = root(b)
+    out: dict[str, list[str]] = {}
+    for a in addresses:
+        out.setdefault(root(a), []).append(a)
+    return out

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from mpinfer.precision.graphinfo import FLOAT, GraphInfo
+from mpinfer.precision.graphinfo import FLOAT, GraphInfo, components
 from mpinfer.precision.rules import Decision, Kind
 from mpinfer.specs import Precision
 
@@ -104,22 +104,13 @@ def _move_casts_upstream(
         and not info.slots(ref.node, low_type).blocked
         and info.slots(ref.node, low_type).outputs
     ]
-    parent = {ref.address: ref.address for ref in cand}
-
-    def root(a: str) -> str:
-        while parent[a] != a:
-            parent[a] = parent[parent[a]]
-            a = parent[a]
-        return a
-
-    for ref in cand:
-        for name in ref.node.input:
-            src = info.producer.get(name)
-            if src in parent and info.by_address[src].graph is ref.graph:
-                parent[root(ref.address)] = root(src)
-    regions: dict[str, list[str]] = {}
-    for ref in cand:
-        regions.setdefault(root(ref.address), []).append(ref.address)
+    links = (
+        (ref.address, src)
+        for ref in cand
+        for src in (info.producer.get(name) for name in ref.node.input)
+        if src is not None and info.by_address[src].graph is ref.graph
+    )
+    regions = components([ref.address for ref in cand], links)
     for members in regions.values():
         if _region_pays_off(info, prec, set(members), low_type, keep_io_types):
             for a in members:

@@ -26,7 +26,7 @@ import numpy as np
 
 from mpinfer.errors import AccuracyMismatchError, InvalidInputError, format_message
 from mpinfer.precision.budget import Budget, output_metrics, parse_budget
-from mpinfer.precision.graphinfo import GraphInfo
+from mpinfer.precision.graphinfo import GraphInfo, components
 from mpinfer.precision.plan import NodeDecision
 from mpinfer.precision.rules import Decision, Kind
 from mpinfer.specs import Precision
@@ -91,6 +91,8 @@ class _Verifier:
         self.verifications = 0
         self.ort_ref: list[dict[str, np.ndarray]] | None = None
         self.names: list[str] = []
+        # Metrics of the FP32 model itself (its outputs are the reference): set by _reference.
+        self.fp32_metrics: dict[str, float] = {}
 
     def open_emulator(self) -> None:
         """The strict emulator and its FP32 reference runs (kept for ``run_from`` and the sensitivity pass).
@@ -159,28 +161,25 @@ def build_groups(info: GraphInfo, nodes: Sequence[NodeDecision], decisions: Mapp
         for ref in info.nodes
         if ref.depth == 0 and prec[ref.address].is_low and not decisions[ref.address].reason.startswith("user:")
     ]
-    parent: dict[str, str] = {ref.address: ref.address for ref in searchable}
 
-    def root(a: str) -> str:
-        while parent[a] != a:
-            parent[a] = parent[parent[a]]
-            a = parent[a]
-        return a
-
-    for ref in searchable:
-        if decisions[ref.address].kind is not Kind.FOLLOW:
-            continue
+    def first_source(ref: Any) -> str | None:
+        """The producer a follow-op joins: the first of its inputs made by another searchable node."""
         for name in ref.node.input:
             src = info.producer.get(name)
-            if src in parent and src != ref.address:
-                parent[root(ref.address)] = root(src)
-                break
+            if src in addresses and src != ref.address:
+                return src
+        return None
+
+    addresses = {ref.address for ref in searchable}
+    links = (
+        (ref.address, src)
+        for ref in searchable
+        if decisions[ref.address].kind is Kind.FOLLOW and (src := first_source(ref)) is not None
+    )
     groups: dict[str, _Group] = {}
-    for ref in searchable:
-        r = root(ref.address)
-        g = groups.setdefault(r, _Group(r, [], 0.0))
-        g.members.append(ref.address)
-        g.flops += float(info.flops(ref))
+    for anchor, members in components([ref.address for ref in searchable], links).items():
+        flops = sum(float(info.flops(info.by_address[a])) for a in members)
+        groups[anchor] = _Group(anchor, members, flops)
     return list(groups.values())
 
 
@@ -391,7 +390,7 @@ def _reference(
         ver.open_emulator()
     elif reference_outputs is not None and len(reference_outputs) == len(batches):
         ver.ort_ref = reference_outputs
-    base_metrics = ver.compare(ver.reference_outputs())
+    ver.fp32_metrics = base_metrics = ver.compare(ver.reference_outputs())
     if not budget.met(base_metrics):
         raise AccuracyMismatchError(
             format_message(
@@ -428,7 +427,7 @@ def _bisect(
     def low_of(groups: Sequence[_Group]) -> dict[str, Precision]:
         return _low_of(groups, forced, cfg.precision)
 
-    base = ver.metrics(low_of([])) if forced else ver.compare(ver.reference_outputs())
+    base = ver.metrics(low_of([])) if forced else ver.fp32_metrics
     if not ver.budget.met(base):
         raise AccuracyMismatchError(
             format_message(
