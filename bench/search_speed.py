@@ -566,21 +566,8 @@ def table(rows: list[dict]) -> str:
                 f"no model: {why}",
                 *[""] * 4,
             ]
-        elif "eval_error" in r:
-            cells = [
-                *first,
-                "yes" if r.get("searched") else "no",
-                f"{r['wall_s']:g}",
-                f"{r.get('in_process_s', '')}",
-                r.get("occ_over_mpinfer", ""),
-                r.get("occ_over_mpinfer_in_process", ""),
-                str(r.get("verifications", "")),
-                str(r.get("node_evaluations", "")),
-                f"model does not run: {r['eval_error']}",
-                *[""] * 4,
-            ]
         else:
-            cells = [
+            run = [  # a model came back: the search columns
                 *first,
                 "yes" if r.get("searched") else "no",
                 f"{r['wall_s']:g}",
@@ -589,6 +576,9 @@ def table(rows: list[dict]) -> str:
                 r.get("occ_over_mpinfer_in_process", ""),
                 str(r.get("verifications", "")),
                 str(r.get("node_evaluations", "")),
+            ]
+            cells = [*run, f"model does not run: {r['eval_error']}", *[""] * 4] if "eval_error" in r else [
+                *run,
                 f"{100 * r['fp16_flops']:.1f}%",
                 f"{r['cal_max_abs']:.2e}",
                 f"{r['heldout_max_abs']:.2e}",
