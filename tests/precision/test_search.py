@@ -60,6 +60,18 @@ def _npz(path, n=32, width=16):
     return path
 
 
+def _convert_chain(tmp_path, n, budget, tag="", **cfg):
+    """Save ``chain(n)`` and 32 samples under ``tmp_path``, convert with ``budget``; returns (source, result)."""
+    src = save(chain(n), tmp_path / f"chain{tag}.onnx")
+    data = _npz(tmp_path / f"cal{tag}.npz")
+    res = convert_precision(
+        ConvertConfig(
+            model=src, output=tmp_path / f"c{tag}.onnx", calibration=str(data), budget=budget, progress=False, **cfg
+        )
+    )
+    return src, res
+
+
 def test_search_meets_budget_on_digits(digits_onnx, tmp_path):
     res = convert_precision(
         ConvertConfig(
@@ -81,17 +93,7 @@ def test_search_meets_budget_on_digits(digits_onnx, tmp_path):
 
 
 def test_tight_budget_keeps_sensitive_groups_fp32(tmp_path):
-    src = save(chain(8), tmp_path / "chain.onnx")
-    data = _npz(tmp_path / "cal.npz")
-    res = convert_precision(
-        ConvertConfig(
-            model=src,
-            output=tmp_path / "c.onnx",
-            calibration=str(data),
-            budget="max_abs<=1e-3",
-            progress=False,
-        )
-    )
+    _, res = _convert_chain(tmp_path, 8, "max_abs<=1e-3")
     reasons = res.plan.reasons()
     assert reasons.get("sensitivity", 0) > 0 and res.plan.summary["nodes_low"] > 0
     assert res.plan.summary["search"]["searched"] is True
@@ -103,17 +105,7 @@ def test_tight_budget_keeps_sensitive_groups_fp32(tmp_path):
 
 
 def test_ort_numerics_verifies_with_onnxruntime(tmp_path):
-    src = save(chain(4), tmp_path / "chain.onnx")
-    res = convert_precision(
-        ConvertConfig(
-            model=src,
-            output=tmp_path / "c.onnx",
-            calibration=str(_npz(tmp_path / "c.npz")),
-            budget="cosine>=0.999",
-            numerics="ort",
-            progress=False,
-        )
-    )
+    _, res = _convert_chain(tmp_path, 4, "cosine>=0.999", numerics="ort")
     assert res.plan.numerics == "ort" and res.plan.summary["search"]["numerics"] == "ort"
     assert res.plan.summary["expected_error"]["cosine"] >= 0.999
     # The FP32 reference came from the calibration run: one ORT run in all, the whole candidate's.
@@ -121,23 +113,13 @@ def test_ort_numerics_verifies_with_onnxruntime(tmp_path):
 
 
 def test_ort_numerics_search_bisects_and_meets_the_budget(tmp_path):
-    src = save(chain(8), tmp_path / "chain.onnx")
-    res = convert_precision(
-        ConvertConfig(
-            model=src,
-            output=tmp_path / "c.onnx",
-            calibration=str(_npz(tmp_path / "c.npz")),
-            budget="max_abs<=1e-3",
-            numerics="ort",
-            progress=False,
-        )
-    )
+    src, res = _convert_chain(tmp_path, 8, "max_abs<=1e-3", numerics="ort")
     s = res.plan.summary
     assert s["search"]["searched"] and s["search"]["verifications"] > 2
     assert 0 < s["nodes_low"] and s["expected_error"]["max_abs"] <= 1e-3
     from tests.precision.numerics_graphs import ort_run
 
-    x = np.load(tmp_path / "c.npz")["x"]
+    x = np.load(tmp_path / "cal.npz")["x"]
     import onnx
 
     ref, got = ort_run(onnx.load(str(src)), {"x": x})["y"], ort_run(onnx.load(str(res.output)), {"x": x})["y"]
@@ -147,16 +129,7 @@ def test_ort_numerics_search_bisects_and_meets_the_budget(tmp_path):
 def test_search_cost_grows_gently(tmp_path):
     evals = {}
     for n in (8, 32):
-        src = save(chain(n), tmp_path / f"chain{n}.onnx")
-        res = convert_precision(
-            ConvertConfig(
-                model=src,
-                output=tmp_path / f"c{n}.onnx",
-                calibration=str(_npz(tmp_path / f"cal{n}.npz")),
-                budget="max_abs<=2e-3",
-                progress=False,
-            )
-        )
+        _, res = _convert_chain(tmp_path, n, "max_abs<=2e-3", tag=str(n))
         evals[n] = res.plan.summary["search"]["node_evaluations"]
     # 4x the nodes: a per-group full re-run would cost ~16x; the local sensitivity + bisection stays near 4x.
     assert evals[32] / evals[8] < 8, evals
@@ -181,15 +154,5 @@ def test_budget_unmeetable_even_in_fp32(tmp_path):
 
 
 def test_bf16_search_strict(tmp_path):
-    src = save(chain(4), tmp_path / "chain.onnx")
-    res = convert_precision(
-        ConvertConfig(
-            model=src,
-            output=tmp_path / "c.onnx",
-            precision=Precision.BF16,
-            calibration=str(_npz(tmp_path / "c.npz")),
-            budget="cosine>=0.99",
-            progress=False,
-        )
-    )
+    _, res = _convert_chain(tmp_path, 4, "cosine>=0.99", precision=Precision.BF16)
     assert res.plan.precision is Precision.BF16 and res.plan.summary["nodes_low"] > 0
