@@ -153,6 +153,21 @@ def test_captured_reference_outputs_equal_a_plain_run(exported, monkeypatch):
     assert calibrate(model, batches, progress=False).reference_outputs is None
 
 
+def test_no_captured_reference_when_onnxruntime_cannot_run_the_model(exported, monkeypatch):
+    """ORT refusing the model: statistics come from the emulator and the search runs its own reference."""
+    import mpinfer.precision.calibrate as cal
+    from mpinfer.errors import ModelLoadError
+
+    def refuse(self, names):
+        raise ModelLoadError("ONNX Runtime could not load the model: refused for this test")
+
+    model, feeds = exported("mlp")
+    monkeypatch.setattr(cal._Sessions, "session", refuse)
+    stats = calibrate(model, [feeds], progress=False, capture_batches=1)
+    assert stats.reference_outputs is None
+    assert model.graph.output[0].name in stats
+
+
 def test_subgraph_tensors_come_from_the_emulator(exported):
     model, feeds = exported("control_flow")
     stats = calibrate(model, [feeds, {k: -v for k, v in feeds.items()}], progress=False)
