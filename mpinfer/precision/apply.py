@@ -79,6 +79,7 @@ class GraphRewriter:
         self.keep_io_types = keep_io_types
         self.types: dict[str, int] = dict(info.types)
         self.used: set[str] = set(info.types) | set(info.producer) | set(info.consumers)
+        self.used |= {ref.node.name for ref in info.nodes}  # Cast nodes are named after their outputs
         self.copies: dict[str, str] = {}
         self.cast_count = 0
         self._slots: dict[str, Slots] = {}
@@ -235,7 +236,8 @@ class GraphRewriter:
             renamed = self._unique(f"{name}__{CAST_TAG[have]}")
             _rename_tensor(new_nodes, name, renamed)
             self.types[renamed] = have
-            new_nodes.append(_cast_node(renamed, name, want, node_name=f"{name}__cast_to_{CAST_TAG[want]}"))
+            node_name = self._unique(f"{name}__cast_to_{CAST_TAG[want]}")  # a consumer's cast may hold the name
+            new_nodes.append(_cast_node(renamed, name, want, node_name=node_name))
             self.cast_count += 1
             self.types[name] = want
             vi.type.tensor_type.elem_type = want

@@ -422,3 +422,24 @@ def test_bf16_conv_blocked_by_old_opset_is_warned_with_the_opset_that_has_it(tmp
     assert conv.precision is Precision.FP32
     warned = [r.getMessage() for r in caplog.records if "bfloat16" in r.getMessage()]
     assert len(warned) == 1 and "Conv" in warned[0] and "opset 22" in warned[0], warned
+
+
+def test_low_graph_output_also_read_by_an_fp32_node_gets_uniquely_named_casts():
+    """y1 is a graph output (kept FP32) and the input of an FP32 MatMul: both need a Cast from FP16; the two
+    Cast nodes must not share a name (ONNX Runtime refuses duplicate node names)."""
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["m1"], name="mm1"),
+        helper.make_node("Tanh", ["m1"], ["y1"], name="tanh1"),
+        helper.make_node("MatMul", ["y1", "w2"], ["y2"], name="mm2"),
+    ]
+    inits = [init("w1", rng_w(8, 8, seed=1)), init("w2", rng_w(8, 4, seed=2))]
+    model = make(nodes, [fvi("x", ["N", 8])], [fvi("y1", ["N", 8]), fvi("y2", ["N", 4])], inits)
+    info = GraphInfo(model)
+    low = {"mm1": Precision.FP16, "tanh1": Precision.FP16, "mm2": Precision.FP32}
+    out = apply_plan(model, info, low, Precision.FP16).model
+    names = [n.name for n in out.graph.node]
+    assert len(names) == len(set(names)), names
+    assert run_checks(out) == []
+    x = np.random.default_rng(0).standard_normal((4, 8)).astype(np.float32)
+    for got, want in zip(run_ort(out, {"x": x}), run_ort(model, {"x": x}), strict=True):  # y1, y2
+        np.testing.assert_allclose(got, want, atol=5e-3)
