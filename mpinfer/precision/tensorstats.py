@@ -31,6 +31,11 @@ _SHIFT = 23 - HIST_MANTISSA_BITS
 
 
 _INF_BIN = 0xFF << HIST_MANTISSA_BITS  # exponent all ones: inf (mantissa 0) and NaN
+# Values per chunk in :meth:`_Accumulator.update` (1 MiB of float32: the working set stays in cache).
+CHUNK = 1 << 18
+_MAGNITUDE = np.uint32(0x7FFFFFFF)
+_ONE = np.uint32(1)
+_NO_NONZERO = 0xFFFFFFFF  # "no non-zero value seen" in the wrapped (bits - 1) minimum
 
 
 def _bin_of(value: float) -> int:
@@ -51,6 +56,7 @@ def _bin_upper_edges() -> np.ndarray:
 
 # The bin holding FP16_MAX: every bin above it (below _INF_BIN) holds only values that overflow FP16.
 _FP16_MAX_BIN = _bin_of(FP16_MAX)
+_FP16_MAX_BITS = np.asarray(FP16_MAX, np.float32).view(np.uint32)
 
 # Percentile reported as "p999".
 PERCENTILE = 99.9
@@ -119,10 +125,55 @@ class _Accumulator:
         self.hist = np.zeros(HISTOGRAM_BINS, dtype=np.int64)
 
     def update(self, arr: np.ndarray) -> None:
-        # Each pass over the values counts (calibration reads every tensor of every batch): counts that
-        # the histogram already holds (zeros, values above FP16's range) are read from it, and only
-        # its boundary bins are resolved exactly.
-        v = np.abs(np.asarray(arr).astype(np.float32, copy=False).ravel())
+        # Each pass over the values counts (calibration reads every tensor of every batch). Magnitudes are
+        # float32 bit patterns with the sign bit cleared: for non-negative floats the integer order is the
+        # value order, so the histogram bin is one shift, the largest magnitude an integer max and the
+        # smallest non-zero one an integer min (zeros wrap to the top when 1 is subtracted). The values are
+        # read in chunks that stay in cache, with reused buffers (no fresh pages per tensor).
+        flat = np.asarray(arr).astype(np.float32, copy=False).reshape(-1)
+        if flat.size == 0:
+            return
+        bits = flat.view(np.uint32)
+        size = min(CHUNK, bits.size)
+        mag_buf, bin_buf = np.empty(size, np.uint32), np.empty(size, np.intp)
+        hist = np.zeros(HISTOGRAM_BINS, np.int64)
+        top, smallest, sum_abs, sum_sq = 0, _NO_NONZERO, 0.0, 0.0
+        for start in range(0, bits.size, CHUNK):
+            n = min(CHUNK, bits.size - start)
+            mag = np.bitwise_and(bits[start : start + n], _MAGNITUDE, out=mag_buf[:n])
+            bins = np.right_shift(mag, _SHIFT, out=bin_buf[:n], casting="unsafe")
+            hist += np.bincount(bins, minlength=HISTOGRAM_BINS)
+            v = mag.view(np.float32)
+            top = max(top, int(mag.max()))
+            sum_abs += float(v.sum(dtype=np.float64))
+            with np.errstate(over="ignore"):
+                sq = float(np.dot(v, v))  # float32 BLAS; float64 only when the squares overflow float32
+            sum_sq += sq if math.isfinite(sq) else float(np.dot(v.astype(np.float64), v.astype(np.float64)))
+            smallest = min(smallest, int(np.subtract(mag, _ONE, out=mag).min()))
+        if hist[_INF_BIN:].any():  # inf or NaN present: the sums and the maximum need the finite values only
+            self._update_nonfinite(flat)
+            return
+        self.count += flat.size
+        smallest = 0 if smallest == _NO_NONZERO else smallest + 1  # smallest non-zero magnitude bits (0: none)
+        zeros = int(hist[0])  # bin 0 holds 0 and the tiniest subnormals: resolve it only when both occur
+        if zeros and smallest < (1 << _SHIFT):
+            zeros = int(np.count_nonzero((bits & _MAGNITUDE) == 0))
+        hist[0] -= zeros
+        self.zeros += zeros
+        self.hist += hist
+        self.absmax = max(self.absmax, float(np.uint32(top).view(np.float32)))
+        self.sum_abs += sum_abs
+        self.sum_sq += sum_sq
+        if hist[_FP16_MAX_BIN]:  # the bin holding 65504 straddles the limit: count exactly
+            self.over += int(np.count_nonzero((bits & _MAGNITUDE) > _FP16_MAX_BITS))
+        else:
+            self.over += int(hist[_FP16_MAX_BIN + 1 : _INF_BIN].sum())
+        if smallest:
+            self.min_nonzero = min(self.min_nonzero, float(np.uint32(smallest).view(np.float32)))
+
+    def _update_nonfinite(self, flat: np.ndarray) -> None:
+        """:meth:`update` for a tensor holding inf or NaN (rare): whole-array passes over its finite values."""
+        v = np.abs(flat)
         if v.size == 0:
             return
         self.count += v.size

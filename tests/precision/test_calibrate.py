@@ -244,12 +244,22 @@ def test_underflow_energy_separates_dead_values_from_tiny_tensors():
     assert res["fine"].fp16_underflow_energy == 0.0
 
 
-def test_streamed_stats_match_exact_numbers_on_hostile_values():
-    """Counts read from the histogram (overflow, zeros, minimum) equal the exact ones, batch by batch."""
+@pytest.mark.parametrize("chunk, finite_only", [(None, False), (7, True), (7, False)])
+def test_streamed_stats_match_exact_numbers_on_hostile_values(chunk, finite_only, monkeypatch):
+    """Counts read from the histogram (overflow, zeros, minimum) equal the exact ones, batch by batch.
+
+    With a tiny chunk every tensor is read in many chunks (the path big tensors take); without inf/NaN
+    the fast path handles every batch.
+    """
+    from mpinfer.precision import tensorstats
     from mpinfer.precision.tensorstats import FP16_MAX, StatsCollector
 
+    if chunk:
+        monkeypatch.setattr(tensorstats, "CHUNK", chunk)
     rng = np.random.default_rng(0)
     special = np.array([0, -0.0, 65504, 65505, 65519, 65520, -65536, 1e-45, np.inf, -np.inf, np.nan, 3e38], np.float32)
+    if finite_only:
+        special = special[np.isfinite(special)]
     for _ in range(60):
         n = int(rng.integers(1, 3000))
         batches = []
@@ -269,3 +279,5 @@ def test_streamed_stats_match_exact_numbers_on_hostile_values():
         assert round(got.fp16_overflow_frac * mags.size) == np.count_nonzero(finite > FP16_MAX) + np.isinf(mags).sum()
         assert got.min_nonzero == (nonzero.min() if nonzero.size else None)
         assert got.nan_count == np.isnan(mags).sum() and got.inf_count == np.isinf(mags).sum()
+        assert got.mean_abs == pytest.approx(finite.mean() if finite.size else 0.0, rel=1e-9)
+        assert round(got.fp16_underflow_frac * mags.size) == np.count_nonzero(nonzero < 2.0**-24)
