@@ -3,7 +3,9 @@
 1. Group the rule plan's low nodes into fused chains: each compute node (Conv, MatMul, ...) with the
    follow-ops it feeds first, so a group switches precision as a unit and adds no Casts inside.
 2. Sensitivity, O(model size) in total: each group is run alone on the FP32 reference tensors of its
-   inputs (a small sub-model in the strict emulator) and its local relative error measured.
+   inputs and its local relative error measured: with ORT numerics all groups at once in one ONNX Runtime
+   probe model (``probe.py``: about two model runs), with strict numerics as small sub-models in the
+   emulator (also for groups the probe cannot copy).
 3. Greedy by FLOPs per unit of error: groups sorted by ``flops / error``; the whole candidate is verified
    with one incremental emulator run (``GraphEmulator.run_from``); when it fails, bisection over the
    sorted prefix finds the largest prefix that meets the budget (log2(groups) verifications); the group
@@ -231,6 +233,35 @@ def _local_error(model: Any, info: GraphInfo, group: _Group, refs: list[Any], lo
     return err, len(nodes) * len(refs)
 
 
+def _measure(
+    model: Any, info: GraphInfo, groups: Sequence[_Group], ver: _Verifier, cfg: SearchConfig, bar: Any
+) -> None:
+    """Set each group's local error.
+
+    ORT numerics: all groups in one ONNX Runtime probe run; strict numerics, and groups the probe cannot
+    copy: one small emulator sub-model per group.
+    """
+    todo = list(groups)
+    if cfg.numerics == "ort":
+        from mpinfer.precision.probe import probe_errors
+
+        probed = probe_errors(info, groups, ver.batches, cfg.precision)
+        ver.evaluations += probed.evaluations
+        for g in groups:
+            if g.anchor in probed.errors:
+                g.error = probed.errors[g.anchor]
+        todo = [g for g in groups if g.anchor not in probed.errors]
+        if not todo:
+            return
+    ver.open_emulator()
+    sens = bar.add_task("sensitivity", total=len(todo))
+    for g in todo:
+        if ver.emu is not None:
+            g.error, evals = _local_error(model, info, g, ver.refs, cfg.precision)
+            ver.evaluations += evals
+        bar.advance(sens)
+
+
 def _take_batches(feeds: Any, count: int) -> list[dict[str, np.ndarray]]:
     out = []
     for batch in feeds:
@@ -322,13 +353,7 @@ def search_plan(
         accepted = list(groups)
         if not ver.budget.met(metrics):
             measured = True
-            ver.open_emulator()
-            sens = bar.add_task("sensitivity", total=len(groups))
-            for g in groups:
-                if ver.emu is not None:
-                    g.error, evals = _local_error(model, info, g, ver.refs, cfg.precision)
-                    ver.evaluations += evals
-                bar.advance(sens)
+            _measure(model, info, groups, ver, cfg, bar)
             order = sorted(
                 (g for g in groups if math.isfinite(g.error)), key=lambda g: -g.flops / max(g.error, ERROR_FLOOR)
             )
