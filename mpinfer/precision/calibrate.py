@@ -136,17 +136,25 @@ class CalibrationStats(Mapping[str, TensorStats]):
         return cls(tensors, dict(data.get("source", {})))
 
 
-def _float_tensors(model: Any) -> tuple[list[str], list[str], dict[str, int]]:
-    """Main-graph float tensors of known type, node outputs of unknown type, and the element types."""
+def _float_tensors(
+    model: Any, known_types: Mapping[str, int] | None = None
+) -> tuple[list[str], list[str], dict[str, int]]:
+    """Main-graph float tensors of known type, node outputs of unknown type, and the element types.
+
+    ``known_types``: element types already inferred (``GraphInfo.types``), else shape inference runs here.
+    """
     import onnx
 
-    try:
-        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
-    except Exception as err:  # too large or not inferable: fall back to the declared types  # noqa: BLE001
-        logger.debug("shape inference failed (%s); using declared types only", err)
-        inferred = model
-    g = inferred.graph
-    types = {vi.name: vi.type.tensor_type.elem_type for vi in list(g.value_info) + list(g.output) + list(g.input)}
+    if known_types is not None:
+        types = dict(known_types)
+    else:
+        try:
+            inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+        except Exception as err:  # too large or not inferable: fall back to the declared types  # noqa: BLE001
+            logger.debug("shape inference failed (%s); using declared types only", err)
+            inferred = model
+        g = inferred.graph
+        types = {vi.name: vi.type.tensor_type.elem_type for vi in list(g.value_info) + list(g.output) + list(g.input)}
     inits = {t.name for t in model.graph.initializer}
     known = [vi.name for vi in model.graph.input if vi.name not in inits and types.get(vi.name) in _FLOAT_TYPES]
     unknown: list[str] = []
@@ -250,7 +258,12 @@ def _run_chunk(
 
 
 def calibrate(
-    model: Any, feeds: Iterable[Mapping[str, np.ndarray]], *, progress: bool = True, capture_batches: int = 0
+    model: Any,
+    feeds: Iterable[Mapping[str, np.ndarray]],
+    *,
+    progress: bool = True,
+    capture_batches: int = 0,
+    types: Mapping[str, int] | None = None,
 ) -> CalibrationStats:
     """FP32 reference run over ``feeds`` collecting per-tensor statistics, one batch at a time.
 
@@ -264,6 +277,8 @@ def calibrate(
         progress: Show a progress bar.
         capture_batches: Keep the float graph outputs of this many first batches
             (``CalibrationStats.reference_outputs``).
+        types: Element types of the model's tensors when the caller has inferred them (``GraphInfo.types``
+            of this same model): shape inference is then not run again.
 
     Returns:
         The statistics of every float tensor: graph inputs, node outputs, and tensors in subgraph bodies.
@@ -277,7 +292,7 @@ def calibrate(
     addresses = [ref.address for ref in iter_nodes(model.graph)]
     if any(not a or a.endswith("/") for a in addresses) or len(set(addresses)) != len(addresses):
         model = name_nodes(model)  # a copy; skipped for models already named, as big ones are
-    known, unknown, types = _float_tensors(model)
+    known, unknown, types = _float_tensors(model, types)
     chunks = _chunks(model, known)
     first_session = None
     sessions = _Sessions(model, types)

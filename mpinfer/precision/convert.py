@@ -142,15 +142,18 @@ def convert_precision(cfg: ConvertConfig) -> ConvertResult:
         cfg = replace(cfg, precision=PrecisionPlan.load(cfg.plan).precision)
     check_output_path(plan_out, [cfg.model, cfg.keep_fp32_from], force=True)
     info, sha, large = _load(cfg)
+    verified = None
     if cfg.plan is not None:
         plan = _read_plan(cfg, info, sha)
         expected, search_cost = plan.summary.get("expected_error", {}), plan.summary.get("search")
     else:
-        plan, expected, search_cost = _make_plan(cfg, info.model, info, sha)
+        plan, expected, search_cost, verified = _make_plan(cfg, info.model, info, sha)
     if large:
         result = apply_plan(info.model, info, plan.precisions(), cfg.precision, keep_io_types=plan.keep_io_types)
     else:
-        result, plan.nodes = apply_validated(info, plan.nodes, cfg.precision, keep_io_types=plan.keep_io_types)
+        result, plan.nodes = apply_validated(
+            info, plan.nodes, cfg.precision, keep_io_types=plan.keep_io_types, verified=verified
+        )
     plan.summary = summarize(
         info,
         plan.nodes,
@@ -273,20 +276,23 @@ def _read_plan(cfg: ConvertConfig, info: Any, sha: str) -> PrecisionPlan:
     return plan
 
 
-def _make_plan(cfg: ConvertConfig, model: Any, info: Any, sha: str) -> tuple[PrecisionPlan, dict, dict | None]:
+def _make_plan(
+    cfg: ConvertConfig, model: Any, info: Any, sha: str
+) -> tuple[PrecisionPlan, dict, dict | None, tuple | None]:
+    """The plan, its expected error, the search cost, and the search's last verified candidate (or None)."""
     from mpinfer import __version__
     from mpinfer.precision.overflow import overflow_nodes
     from mpinfer.precision.planner import RuleOptions, rule_plan
 
     overflow = overflow_nodes(model, cfg.keep_fp32_from) if cfg.keep_fp32_from else {}
     options = RuleOptions(cfg.keep_ops, cfg.low_ops, cfg.keep_nodes, cfg.low_nodes, overflow)
-    stats, feeds, calib_info = _calibrate(cfg, model)
+    stats, feeds, calib_info = _calibrate(cfg, model, info.types)
     decisions, nodes = rule_plan(info, cfg.precision, options, keep_io_types=cfg.keep_io_types, stats=stats)
     foreign = sorted({f"{n.op_type} ({n.reason})" for n in nodes if n.reason in ("unknown-op", "custom-domain")})
     if foreign:
         logger.warning("Kept FP32 (mpinfer cannot know what they compute): %s", ", ".join(foreign))
     expected: dict[str, Any] = {}
-    search_cost = None
+    search_cost = verified = None
     if cfg.budget and feeds is not None:
         from mpinfer.precision.search import SearchConfig, search_plan
 
@@ -306,7 +312,7 @@ def _make_plan(cfg: ConvertConfig, model: Any, info: Any, sha: str) -> tuple[Pre
                 progress=cfg.progress,
             ),
         )
-        nodes, expected, search_cost = outcome.nodes, outcome.expected_error, outcome.cost
+        nodes, expected, search_cost, verified = outcome.nodes, outcome.expected_error, outcome.cost, outcome.verified
     elif feeds is not None:
         from mpinfer.precision.search import measure_plan
 
@@ -322,10 +328,12 @@ def _make_plan(cfg: ConvertConfig, model: Any, info: Any, sha: str) -> tuple[Pre
         calibration=calib_info,
         mpinfer_version=__version__,
     )
-    return plan, expected, search_cost
+    return plan, expected, search_cost, verified
 
 
-def _calibrate(cfg: ConvertConfig, model: Any) -> tuple[Any, Any, dict[str, Any] | None]:
+def _calibrate(
+    cfg: ConvertConfig, model: Any, types: Any = None
+) -> tuple[Any, Any, dict[str, Any] | None]:
     """Calibration statistics, the feeds (for the search) and a description for the plan."""
     from mpinfer.data import load_feeds
     from mpinfer.specs import specs_from_onnx
@@ -361,7 +369,7 @@ def _calibrate(cfg: ConvertConfig, model: Any) -> tuple[Any, Any, dict[str, Any]
     try:
         # With ORT numerics the search's FP32 reference is the calibration run's first batches' outputs.
         capture = cfg.search_batches if cfg.budget and cfg.numerics == "ort" else 0
-        stats = calibrate(model, feeds, progress=cfg.progress, capture_batches=capture)
+        stats = calibrate(model, feeds, progress=cfg.progress, capture_batches=capture, types=types)
     except BackendUnavailableError as err:
         logger.warning("Calibration skipped (range rules off): %s", err)
         return None, feeds, info
@@ -467,13 +475,22 @@ MAX_RUNTIME_REPAIRS = 4
 
 
 def apply_validated(
-    info: Any, nodes: list[NodeDecision], precision: Precision, *, keep_io_types: bool = True
+    info: Any,
+    nodes: list[NodeDecision],
+    precision: Precision,
+    *,
+    keep_io_types: bool = True,
+    verified: tuple[dict[str, Precision], Any] | None = None,
 ) -> tuple[Any, list[NodeDecision]]:
     """Apply the plan and pass the validity gate; nodes ONNX Runtime refuses in low precision go FP32.
 
     Only a failure of the ONNX Runtime load alone (the ONNX checker and strict type inference pass, so the
     model is valid ONNX) is repaired: ONNX Runtime's kernels or function bodies lack the dtype (BF16
     mostly). The nodes it points at are kept FP32 with the reason recorded, and the plan is applied again.
+
+    ``verified``: (precisions, ApplyResult) of a candidate the search already applied and ONNX Runtime
+    loaded and ran (same model, same ``keep_io_types``); when the plan's precisions are those, that result is
+    taken as it is and only the checker and strict type inference run on it.
 
     Returns:
         The ApplyResult and the (possibly updated) plan entries.
@@ -482,12 +499,16 @@ def apply_validated(
         InternalError: Any other validity failure, or one that repairs do not fix.
     """
     from mpinfer.precision.apply import apply_plan
-    from mpinfer.precision.validate import raise_invalid, runtime_suspects, validity_failures
+    from mpinfer.precision.validate import OFFLINE_CHECKS, raise_invalid, runtime_suspects, validity_failures
 
     for _ in range(MAX_RUNTIME_REPAIRS + 1):
         precisions = {n.name: n.precision for n in nodes}
-        result = apply_plan(info.model, info, precisions, precision, keep_io_types=keep_io_types)
-        failures = validity_failures(result.model, baseline_model=info.model)
+        if verified is not None and verified[0] == precisions:
+            result = verified[1]
+            failures = validity_failures(result.model, baseline_model=info.model, checks=OFFLINE_CHECKS)
+        else:
+            result = apply_plan(info.model, info, precisions, precision, keep_io_types=keep_io_types)
+            failures = validity_failures(result.model, baseline_model=info.model)
         if not failures:
             return result, nodes
         runtime_only = all(f.check == "onnxruntime" for f in failures)

@@ -61,6 +61,9 @@ class SearchOutcome:
     nodes: list[NodeDecision]
     expected_error: dict[str, Any]
     cost: dict[str, Any] = field(default_factory=dict)
+    # ORT numerics: (precisions, ApplyResult) of the last candidate that met the budget, which ONNX Runtime
+    # loaded and ran; the final apply reuses it when the plan's precisions are the same.
+    verified: tuple[dict[str, Precision], Any] | None = None
 
 
 @dataclass
@@ -95,6 +98,7 @@ class _Verifier:
         self.names: list[str] = []
         # Metrics of the FP32 model itself (its outputs are the reference): set by _reference.
         self.fp32_metrics: dict[str, float] = {}
+        self.passing: tuple[dict[str, Precision], Any] | None = None  # see SearchOutcome.verified
 
     def open_emulator(self) -> None:
         """The strict emulator and its FP32 reference runs (kept for ``run_from`` and the sensitivity pass).
@@ -123,11 +127,15 @@ class _Verifier:
             from mpinfer.precision.apply import apply_plan
 
             precisions = {a: low.get(a, Precision.FP32) for a in self.info.by_address}
-            converted = apply_plan(
+            applied = apply_plan(
                 self.model, self.info, precisions, self.cfg.precision, keep_io_types=self.cfg.keep_io_types
-            ).model
-            outs = [self._ort_run(converted, b) for b in self.batches]
+            )
+            outs = [self._ort_run(applied.model, b) for b in self.batches]
             self.evaluations += len(self.info.nodes) * len(self.batches)
+            metrics = self.compare(outs)
+            if self.budget.met(metrics):
+                self.passing = (precisions, applied)
+            return metrics
         else:
             outs = []
             for ref in self.refs:
@@ -385,9 +393,9 @@ def search_plan(
         ver.evaluations,
         cost["wall_s"],
     )
-    return SearchOutcome(
-        _finalize(nodes, groups if measured else [], chosen), {k: _clean(v) for k, v in metrics.items()}, cost
-    )
+    final = _finalize(nodes, groups if measured else [], chosen)
+    verified = ver.passing if ver.passing and ver.passing[0] == {n.name: n.precision for n in final} else None
+    return SearchOutcome(final, {k: _clean(v) for k, v in metrics.items()}, cost, verified)
 
 
 def _reference(

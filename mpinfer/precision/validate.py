@@ -22,6 +22,8 @@ from mpinfer.errors import InternalError
 logger = logging.getLogger(__name__)
 
 CHECKS = ("checker", "inference", "onnxruntime")
+# The checks that need no ONNX Runtime session (for a model a session already loaded and ran).
+OFFLINE_CHECKS = ("checker", "inference")
 _MISSING_KERNEL = ("Could not find an implementation for", "Failed to find kernel for")
 _NODE_RE = re.compile(r"node name:\s*([^)\s]+)|Node\s*\(([^)]+)\)|node '([^']+)'|name:\s*'?([^'\s,)]+)", re.I)
 
@@ -115,7 +117,12 @@ def _ort_load(model: Any, path: Path | None) -> None:
 
 
 def validity_failures(
-    model: Any, *, baseline_model: Any = None, baseline_path: Path | None = None, path: Path | None = None
+    model: Any,
+    *,
+    baseline_model: Any = None,
+    baseline_path: Path | None = None,
+    path: Path | None = None,
+    checks: tuple[str, ...] = CHECKS,
 ) -> list[GateFailure]:
     """The checks ``model`` fails that the input model passes.
 
@@ -127,8 +134,9 @@ def validity_failures(
         baseline_model: The input model in memory, or
         baseline_path: the input model's file (for models over 2 GB).
         path: Check this saved file instead of ``model``.
+        checks: Which checks to run (default: all).
     """
-    failures = run_checks_path(path) if path is not None else run_checks(model)
+    failures = run_checks_path(path, checks) if path is not None else run_checks(model, checks)
     if failures and (baseline_model is not None or baseline_path is not None):
         checks = tuple(sorted({f.check for f in failures}))
         base = (

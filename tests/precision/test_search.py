@@ -156,3 +156,26 @@ def test_budget_unmeetable_even_in_fp32(tmp_path):
 def test_bf16_search_strict(tmp_path):
     _, res = _convert_chain(tmp_path, 4, "cosine>=0.99", precision=Precision.BF16)
     assert res.plan.precision is Precision.BF16 and res.plan.summary["nodes_low"] > 0
+
+
+def test_ort_search_final_model_is_its_verified_candidate_and_equals_reapplying_the_plan(tmp_path, monkeypatch):
+    """With ORT numerics the last candidate that met the budget was applied and run already: the output is
+    that model (no second apply), byte-identical to re-applying the written plan."""
+    import mpinfer.precision.apply as apply_mod
+
+    calls = []
+    real = apply_mod.apply_plan
+
+    def counting(*args, **kw):
+        calls.append(1)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(apply_mod, "apply_plan", counting)
+    src, res = _convert_chain(tmp_path, 4, "cosine>=0.999", numerics="ort")
+    s = res.plan.summary["search"]
+    assert s["verifications"] == 1 and len(calls) == 1  # the one verification; the final model reuses it
+    again = convert_precision(
+        ConvertConfig(model=src, plan=res.plan_path, output=tmp_path / "again.onnx", progress=False)
+    )
+    assert len(calls) == 2
+    assert again.output.read_bytes() == res.output.read_bytes()
