@@ -195,6 +195,6 @@ def probe_errors(info: GraphInfo, groups: Sequence[Any], batches: Sequence[dict]
             errors[anchor] = math.inf
         else:
             errors[anchor] = math.sqrt(n / s) if s > 0 else (0.0 if n == 0 else math.inf)
-    probed = {a for a in rows}
+    probed = set(rows)
     sizes = sum(len(g.members) for g in groups if g.anchor in probed)
     return ProbeResult(errors, (len(info.nodes) + sizes) * len(batches))
