@@ -59,7 +59,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.precision import evaluate, hard_model, launch, make_data, vm_hwm_mb  # noqa: E402
+from bench.precision import compile_bytecode, evaluate, hard_model, launch, make_data, vm_hwm_mb  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -663,15 +663,6 @@ def main() -> None:
     (folder / "search_speed.md").write_text(report + "\n")
     print(report)
     print(f"results in {folder / 'search_speed.json'} and {folder / 'search_speed.md'}")
-
-
-def compile_bytecode() -> None:
-    """Byte-compile mpinfer as ``pip install`` does for onnxconverter-common: run from a source tree with
-    PYTHONDONTWRITEBYTECODE set, every import would otherwise compile mpinfer's modules from source inside
-    its timers (tens of ms in-process, more in wall time), a cost installed packages never pay."""
-    import compileall
-
-    compileall.compile_dir(str(ROOT / "mpinfer"), quiet=1)
 
 
 def worker(argv: list[str]) -> None:
