@@ -37,8 +37,12 @@ class ProbeResult:
     evaluations: int
 
 
-def _group_submodel(info: GraphInfo, members: Sequence[str]) -> tuple[Any, list[str]] | None:
-    """The group's nodes as a model whose inputs are the tensors it reads, and the float outputs it hands on."""
+def group_submodel(info: GraphInfo, members: Sequence[str]) -> tuple[Any, list[str]] | None:
+    """The group's nodes as a model whose inputs are the tensors it reads, and the float outputs it hands on.
+
+    None when a member holds a subgraph, an input's type is unknown, or no float output leaves the group
+    (the planner never makes such nodes low). Used by the probe and by the emulator's per-group runs.
+    """
     from onnx import TensorProto, helper
 
     nodes = [info.by_address[a].node for a in members]
@@ -120,7 +124,7 @@ def build_probe(info: GraphInfo, groups: Sequence[Any], low: Precision) -> tuple
         return out
 
     for gi, group in enumerate(groups):
-        built = _group_submodel(info, group.members)
+        built = group_submodel(info, group.members)
         if built is None:
             continue
         sub, outs = built

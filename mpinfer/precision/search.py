@@ -195,34 +195,14 @@ def build_groups(info: GraphInfo, nodes: Sequence[NodeDecision], decisions: Mapp
 
 def _local_error(model: Any, info: GraphInfo, group: _Group, refs: list[Any], low: Precision) -> tuple[float, int]:
     """Relative L2 error at the group's outputs when only the group runs low, fed FP32 reference tensors."""
-    from onnx import helper
-
     from mpinfer.precision.emulate import GraphEmulator
+    from mpinfer.precision.probe import group_submodel
 
-    members = set(group.members)
-    nodes = [info.by_address[a].node for a in group.members]
-    produced = {o for n in nodes for o in n.output if o}
-    ext = list(dict.fromkeys(i for n in nodes for i in n.input if i and i not in produced))
-    inits = [info.initializers[i] for i in ext if i in info.initializers]
-    feeds_names = [i for i in ext if i not in info.initializers]
-    outs = [
-        o
-        for o in dict.fromkeys(o for n in nodes for o in n.output if o)
-        if o in info.graph_outputs or any(c[0] not in members for c in info.consumers.get(o, []))
-    ]
-    if not outs:
+    built = group_submodel(info, group.members)
+    if built is None:
         return 0.0, 0
-    sample = refs[0].tensors
-
-    def vi(name: str) -> Any:
-        arr = np.asarray(sample[name])
-        return helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(arr.dtype), None)
-
-    graph = helper.make_graph(
-        nodes, f"group_{group.anchor}", [vi(n) for n in feeds_names], [vi(o) for o in outs], initializer=inits
-    )
-    sub = helper.make_model(graph, opset_imports=list(info.model.opset_import))
-    sub.ir_version = info.model.ir_version
+    sub, outs = built
+    feeds_names = [vi.name for vi in sub.graph.input]
     emu = GraphEmulator(sub)
     noise = signal = 0.0
     for ref in refs:
@@ -230,15 +210,13 @@ def _local_error(model: Any, info: GraphInfo, group: _Group, refs: list[Any], lo
         for o in outs:
             want = np.asarray(ref.tensors[o], np.float64)
             got = np.asarray(run.outputs[o], np.float64)
-            if want.dtype.kind != "f":
-                continue
             if not np.all(np.isfinite(got[np.isfinite(want)])):
-                return math.inf, len(nodes) * len(refs)
+                return math.inf, len(group.members) * len(refs)
             ok = np.isfinite(want)
             noise += float(((got - want)[ok] ** 2).sum())
             signal += float((want[ok] ** 2).sum())
     err = math.sqrt(noise / signal) if signal > 0 else (0.0 if noise == 0 else math.inf)
-    return err, len(nodes) * len(refs)
+    return err, len(group.members) * len(refs)
 
 
 def _measure(
