@@ -12,7 +12,10 @@ so both must search:
   same samples; ``validate_fn`` is the same criterion on its ONNX Runtime (CPU) outputs.
 
 Each tool runs in its own subprocess with a timeout (wall time includes the imports; "in-process s" is the
-conversion call alone: numpy, onnx and onnxruntime are imported before either tool's timer starts). The
+conversion call alone: numpy, onnx, onnxruntime and each tool's own modules are imported before its timer
+starts). ``floor s`` is the least any tool that checks its answer can spend (``floor_s``: in a fresh process,
+one FP32 reference and one converted candidate, session creation + run each), so occ-auto / floor bounds every
+tool's ratio. The
 results are re-measured on 64 held-out samples (another seed) in ONNX Runtime CPU and in mpinfer's strict
 FP16 emulator; FP16 share of FLOPs counts Conv/MatMul/Gemm FLOPs from shapes (bench/precision.py's
 ``evaluate``).
@@ -317,6 +320,46 @@ def output_scale(src: Path, cal: Path) -> float:
     return max((float(np.abs(o[np.isfinite(o)]).max()) for o in outs if o.dtype.kind == "f" and o.size), default=0)
 
 
+def floor_s(src: Path, cal: Path, repeats: int = 3) -> float:
+    """The least a tool that checks its result can spend: one FP32 reference and one candidate, ORT CPU.
+
+    In a fresh process with numpy, onnx and onnxruntime imported (as the tools start): session creation +
+    one run of the FP32 model on the calibration samples, plus the same for occ's plain full FP16
+    conversion (a converted candidate, converted before the timer). The first session pays ONNX Runtime's
+    one-time set-up, as each tool's first session does. Best of ``repeats`` processes. occ-auto pays this
+    plus one conversion, session and run per further candidate, so occ-auto's time over this floor is the
+    largest speed-up any tool that runs the reference once and verifies its answer once could show,
+    whatever its search.
+    """
+    times = []
+    for _ in range(repeats):
+        out = subprocess.run(
+            [sys.executable, str(Path(__file__)), "--floor", str(src), str(cal)],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=TIMEOUT,
+        )
+        times.append(float(out.stdout.strip().splitlines()[-1]))
+    return min(times)
+
+
+def floor_worker(src: str, cal: str) -> None:
+    import onnx
+    import onnxruntime  # noqa: F401
+    from onnxconverter_common import float16
+
+    from mpinfer.modelio import ort_session
+
+    feeds = load_cal(Path(cal))
+    fp32 = onnx.load(src)
+    fp16 = float16.convert_float_to_float16(fp32, keep_io_types=True)
+    start = time.perf_counter()
+    for model in (fp32, fp16):
+        ort_session(model).run(None, feeds)
+    print(time.perf_counter() - start)
+
+
 def _round_up(x: float, digits: int = 3) -> float:
     """``x`` to ``digits`` significant digits, never below ``x`` (a T rounded down could fall under E_blk)."""
     if x <= 0 or not math.isfinite(x):
@@ -376,7 +419,19 @@ def run_tool(tool: str, src: Path, dst: Path, cal: Path, info: Path, max_abs: fl
     feeds = {k: v for k, v in np.load(cal).items() if not k.startswith("_")}
     samples = len(next(iter(feeds.values())))
     if tool.startswith("mpinfer-"):
+        import importlib
+        import pkgutil
+
+        import mpinfer.precision
         from mpinfer.precision import ConvertConfig, convert_precision
+
+        # mpinfer imports its own modules lazily, inside the conversion; occ-auto's are imported at the
+        # `from onnxconverter_common import ...` below, before its timer. Same rule for both: every module of
+        # the tool is imported before its timer (wall time still has every import).
+        for mod in pkgutil.walk_packages(mpinfer.precision.__path__, "mpinfer.precision."):
+            importlib.import_module(mod.name)
+        for name in ("mpinfer.modelio", "mpinfer.fileio", "mpinfer.progress", "mpinfer.data", "mpinfer.specs"):
+            importlib.import_module(name)
 
         cfg = ConvertConfig(
             model=src,
@@ -469,13 +524,15 @@ def bench_model(key: str, folder: Path, args: argparse.Namespace) -> list[dict]:
     feeds = {k: v[: case.heldout] for k, v in feeds.items()}
     (full, full_err), (blocked, blocked_err) = safe(full_fp16_error, src, cal), safe(occ_all_blocked_error, src, cal)
     scale = output_scale(src, cal)
+    floor, floor_err = safe(floor_s, src, cal)
     samples = len(next(iter(load_cal(cal).values())))
     prep_s = time.perf_counter() - began
     print(
         f"{key}: {samples} calibration samples, {len(next(iter(feeds.values())))} held-out; on the calibration "
         f"samples full FP16 error E_full {full:.3g}{' (' + full_err + ')' if full_err else ''}, occ all nodes "
         f"blocked E_blk {blocked:.3g}{' (' + blocked_err + ')' if blocked_err else ''}, max |FP32 output| "
-        f"{scale:.3g}; prepared in {prep_s:.1f} s",
+        f"{scale:.3g}; floor (FP32 + one FP16 candidate, session and run) {floor:.3g} s"
+        f"{' (' + floor_err + ')' if floor_err else ''}; prepared in {prep_s:.1f} s",
         flush=True,
     )
     criteria = criteria_for(key, full, blocked, scale, args)
@@ -496,6 +553,7 @@ def bench_model(key: str, folder: Path, args: argparse.Namespace) -> list[dict]:
                 "full_fp16_cal": full,
                 "occ_blocked_cal": blocked,
                 "output_scale_cal": scale,
+                "floor_s": floor,
             }
             extra = (repr(max_abs),)
             row.update(
@@ -593,7 +651,8 @@ def finished_ratios(rows: list[dict]) -> str:
     """occ-auto / mpinfer (wall and in-process) for each (model, T) where occ-auto returned a model."""
     head = (
         "| model | T | occ-auto verifications | occ-auto wall s | occ-auto in-process s | tool | mpinfer wall s "
-        "| mpinfer in-process s | occ/mpinfer (wall) | occ/mpinfer (in-process) | >= 10x (wall) |"
+        "| mpinfer in-process s | occ/mpinfer (wall) | occ/mpinfer (in-process) | >= 10x (wall) | floor s "
+        "| occ/floor (in-process) |"
     )
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     cases = list(dict.fromkeys((r["model"], r["max_abs_T"]) for r in rows))
@@ -611,6 +670,8 @@ def finished_ratios(rows: list[dict]) -> str:
                 cells.append("yes" if wall >= 10 else "no")
             else:
                 cells = [f"{r['wall_s']:g}", "", "", "", f"mpinfer failed: {r.get('error', '')}"]
+            floor = r.get("floor_s", math.nan)
+            cells += [f"{floor:.3g}", f"{occ['in_process_s'] / floor:.3g}" if floor > 0 else ""]
             lines.append(
                 "| "
                 + " | ".join(
@@ -680,5 +741,7 @@ def worker(argv: list[str]) -> None:
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
         worker(sys.argv[2:])
+    elif len(sys.argv) > 1 and sys.argv[1] == "--floor":
+        floor_worker(*sys.argv[2:])
     else:
         main()
