@@ -179,6 +179,71 @@ def output_metrics(
     return out
 
 
+def optimistic_metrics(
+    reference: Mapping[str, np.ndarray],
+    candidate: Mapping[str, np.ndarray],
+    names: Sequence[str],
+    total_rows: int,
+    signal: Mapping[str, float],
+    *,
+    labels: np.ndarray | None = None,
+    topk: Sequence[int] = (1,),
+) -> dict[str, float]:
+    """The best metrics a candidate can still reach on all ``total_rows`` samples, from a few of them.
+
+    ``reference`` / ``candidate`` hold the outputs of some of the samples (rows); the others are assumed
+    perfect: cosine, topK and accuracy 1 on them, no error. So when these bounds break the budget, the
+    metrics of all samples (:func:`output_metrics`) break it too, whatever the other samples give:
+    ``max_abs`` over all samples is at least the subset's; ``mean_abs`` at least the subset's error sum over
+    all values; ``rel`` and ``snr`` use the subset's error energy against ``signal``, each output's sum of
+    squares over all samples (the reference is known for all of them).
+
+    Args:
+        reference: Output name → FP32 reference rows of the subset.
+        candidate: Output name → candidate rows of the subset.
+        names: Float outputs to compare.
+        total_rows: Samples in the whole set.
+        signal: Output name → sum of squares of its finite reference values over the whole set.
+        labels: Labels of the subset's samples (``accuracy``), or None.
+        topk: The K of the topK metrics wanted.
+    """
+    out: dict[str, float] = {"cosine": 1.0, "max_abs": 0.0, "mean_abs": 0.0, "rel": 0.0, "snr": math.inf}
+    for k in topk:
+        out[f"top{k}"] = 1.0
+
+    def share(mean_over_subset: float, rows: int) -> float:  # a mean over the subset → bound over all rows
+        return (mean_over_subset * rows + (total_rows - rows)) / total_rows
+
+    for name in names:
+        ref = np.asarray(reference[name], np.float64)
+        rows = ref_rows(ref)
+        ref = ref.reshape(rows, -1)
+        cand = np.asarray(candidate[name], np.float64).reshape(rows, -1)
+        one = _metrics_one(ref, cand, topk)
+        if math.isinf(one["max_abs"]):
+            _merge(out, one)
+            continue
+        ok = np.isfinite(ref)
+        noise = float((np.where(ok, cand - ref, 0.0) ** 2).sum())
+        sig = float(signal[name])
+        bound = {
+            "cosine": share(one["cosine"], rows),
+            "max_abs": one["max_abs"],
+            "mean_abs": one["mean_abs"] * rows / total_rows,
+            "rel": math.sqrt(noise / sig) if sig > 0 else (0.0 if noise == 0 else math.inf),
+            "snr": 10 * math.log10(sig / noise) if noise > 0 else math.inf,
+        }
+        bound.update({f"top{k}": share(one[f"top{k}"], rows) for k in topk if f"top{k}" in one})
+        _merge(out, bound)
+    if labels is not None and names:
+        cand = np.asarray(candidate[names[0]], np.float64)
+        n = min(len(labels), len(cand))
+        if cand.ndim >= 2 and n:
+            correct = float(np.mean(cand[:n].reshape(n, -1).argmax(-1) == np.asarray(labels[:n])))
+            out["accuracy"] = share(correct, n)
+    return out
+
+
 def ref_rows(arr: np.ndarray) -> int:
     """Rows (samples) of an output array (a scalar is one row)."""
     return len(arr) if np.ndim(arr) else 1

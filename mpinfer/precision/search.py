@@ -11,6 +11,10 @@
    sorted prefix finds the largest prefix that meets the budget (log2(groups) verifications); the group
    that broke it stays FP32 and the rest is tried whole (one sensitive group: done), else a few skipped
    groups are tried one by one.
+4. Screening (ORT numerics): once a full verification has shown which samples each candidate gets most
+   wrong, a candidate first runs on the hardest eighth of them; when even perfect outputs on the others
+   could not meet the budget (``budget.optimistic_metrics``), it is rejected there. Candidates that may
+   pass run on every sample, so each decision and the final error are those of full runs.
 
 The cost (emulator node evaluations, verifications, wall time) goes into the plan summary.
 """
@@ -27,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from mpinfer.errors import AccuracyMismatchError, InvalidInputError, format_message
-from mpinfer.precision.budget import Budget, output_metrics, parse_budget
+from mpinfer.precision.budget import Budget, optimistic_metrics, output_metrics, parse_budget, ref_rows
 from mpinfer.precision.graphinfo import GraphInfo, components
 from mpinfer.precision.plan import NodeDecision
 from mpinfer.precision.rules import Decision, Kind
@@ -38,6 +42,13 @@ logger = logging.getLogger(__name__)
 # Skipped groups tried one by one after the bisection (when the rest does not fit whole): enough to recover
 # groups a single bad neighbour pushed out of the prefix, few enough that the cost stays O(log groups) runs.
 MAX_REFINE = 8
+# ORT numerics screening (``_Verifier.metrics``): a candidate first runs on this share of the search samples,
+# the ones the earlier candidates got most wrong (at least SCREEN_MIN_ROWS, and only with SCREEN_MIN_TOTAL
+# samples or more); when even a perfect result on the other samples could not meet the budget, it is
+# rejected without running them. A candidate that may pass runs on every sample, as without screening.
+SCREEN_SHARE = 1 / 8
+SCREEN_MIN_ROWS = 2
+SCREEN_MIN_TOTAL = 8
 # Floor of the error used in the FLOPs-per-error score (a group with zero local error is not infinitely good).
 ERROR_FLOOR = 1e-7
 
@@ -99,6 +110,13 @@ class _Verifier:
         # Metrics of the FP32 model itself (its outputs are the reference): set by _reference.
         self.fp32_metrics: dict[str, float] = {}
         self.passing: tuple[dict[str, Precision], Any] | None = None  # see SearchOutcome.verified
+        # Screening (ORT numerics): per-sample hardness over the search samples (batches concatenated),
+        # the worst relative error each sample showed in a full verification; None until one ran, or
+        # when the samples cannot be split (see _screen_rows). ``screened``: candidates rejected early.
+        self.hardness: np.ndarray | None = None
+        self.screened = 0
+        self._splittable: bool | None = None
+        self._signal: dict[str, float] = {}
 
     def open_emulator(self) -> None:
         """The strict emulator and its FP32 reference runs (kept for ``run_from`` and the sensitivity pass).
@@ -117,22 +135,40 @@ class _Verifier:
     def reference_outputs(self) -> list[dict[str, np.ndarray]]:
         if self.cfg.numerics == "ort":
             if self.ort_ref is None:
-                self.ort_ref = [self._ort_run(self.model, b) for b in self.batches]
+                from mpinfer.modelio import ort_session
+
+                sess = ort_session(self.model)
+                self.ort_ref = [self._ort_run(sess, b) for b in self.batches]
             return self.ort_ref
         return [r.outputs for r in self.refs]
 
-    def metrics(self, low: Mapping[str, Precision]) -> dict[str, float]:
+    def metrics(self, low: Mapping[str, Precision], *, screen: bool = True) -> dict[str, float]:
+        """Budget metrics of the candidate whose low nodes are ``low``.
+
+        With ORT numerics and ``screen``, a candidate that cannot meet the budget is rejected after a run on
+        the hardest samples only; the metrics returned then are bounds (:func:`optimistic_metrics`) that
+        already break the budget. Any candidate that may meet it is measured on every sample.
+        """
         self.verifications += 1
         if self.cfg.numerics == "ort":
+            from mpinfer.modelio import ort_session
             from mpinfer.precision.apply import apply_plan
 
             precisions = {a: low.get(a, Precision.FP32) for a in self.info.by_address}
             applied = apply_plan(
                 self.model, self.info, precisions, self.cfg.precision, keep_io_types=self.cfg.keep_io_types
             )
-            outs = [self._ort_run(applied.model, b) for b in self.batches]
+            sess = ort_session(applied.model)
+            rows = self._screen_rows() if screen else None
+            if rows is not None:
+                bound = self._screen(sess, rows)
+                if bound is not None and not self.budget.met(bound):
+                    self.screened += 1
+                    return bound
+            outs = [self._ort_run(sess, b) for b in self.batches]
             self.evaluations += len(self.info.nodes) * len(self.batches)
             metrics = self.compare(outs)
+            self._update_hardness(outs)
             if self.budget.met(metrics):
                 self.passing = (precisions, applied)
             return metrics
@@ -151,11 +187,87 @@ class _Verifier:
         self.names = names
         return output_metrics(ref_outs, outs, names, labels=self.labels, topk=self.topk)
 
-    @staticmethod
-    def _ort_run(model: Any, batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        from mpinfer.modelio import ort_session
+    # -- screening (ORT numerics) ------------------------------------------------------------------
+    def _rows_of(self, batch: Mapping[str, np.ndarray]) -> int | None:
+        """Samples in a batch when every input holds them along axis 0, else None."""
+        sizes = {ref_rows(np.asarray(v)) if np.ndim(v) else -1 for v in batch.values()}
+        return sizes.pop() if len(sizes) == 1 and min(sizes) > 0 else None
 
-        sess: Any = ort_session(model)
+    def splittable(self) -> bool:
+        """True when the search samples can run in any subset: a batch axis 0 on every input and float output.
+
+        The model's inputs must not fix axis 0, every batch must hold the same trailing shapes (so rows of
+        different batches can run together), and each float reference output must have one row per sample.
+        """
+        if self._splittable is None:
+            self._splittable = self._check_splittable()
+        return self._splittable
+
+    def _check_splittable(self) -> bool:
+        for vi in self.model.graph.input:
+            dims = vi.type.tensor_type.shape.dim
+            if vi.name in self.batches[0] and (not dims or dims[0].HasField("dim_value")):
+                return False
+        refs = self.reference_outputs()
+        names = self.names or [n for n, v in refs[0].items() if np.asarray(v).dtype.kind == "f"]
+        first = self.batches[0]
+        for batch, ref in zip(self.batches, refs, strict=True):
+            n = self._rows_of(batch)
+            if n is None or set(batch) != set(first):
+                return False
+            if any(np.shape(batch[k])[1:] != np.shape(first[k])[1:] for k in batch):
+                return False
+            if any(np.ndim(ref[name]) == 0 or len(ref[name]) != n for name in names):
+                return False
+        return True
+
+    def _screen_rows(self) -> np.ndarray | None:
+        """The hardest samples to run first (indices into the concatenated batches), or None."""
+        if self.hardness is None or len(self.hardness) < SCREEN_MIN_TOTAL or not self.splittable():
+            return None
+        k = max(SCREEN_MIN_ROWS, math.ceil(len(self.hardness) * SCREEN_SHARE))
+        return np.sort(np.argsort(-self.hardness, kind="stable")[:k])
+
+    def _screen(self, sess: Any, rows: np.ndarray) -> dict[str, float] | None:
+        """Optimistic metrics from a run on ``rows`` only; None when the outputs do not come back per sample."""
+        total = sum(len(next(iter(b.values()))) for b in self.batches)
+        feed = {k: np.concatenate([b[k] for b in self.batches])[rows] for k in self.batches[0]}
+        got = self._ort_run(sess, feed)
+        self.evaluations += len(self.info.nodes)
+        refs = self.reference_outputs()
+        names = self.names
+        ref = {n: np.concatenate([r[n] for r in refs])[rows] for n in names}
+        if any(np.ndim(got[n]) == 0 or len(got[n]) != len(rows) for n in names):
+            self._splittable = False
+            return None
+        if not self._signal:
+            for n in names:
+                full = np.concatenate([np.asarray(r[n], np.float64).ravel() for r in refs])
+                self._signal[n] = float((full[np.isfinite(full)] ** 2).sum())
+        labels = None if self.labels is None else np.asarray(self.labels)[rows[rows < len(self.labels)]]
+        return optimistic_metrics(ref, got, names, total, self._signal, labels=labels, topk=self.topk)
+
+    def _update_hardness(self, outs: list[dict[str, np.ndarray]]) -> None:
+        """Per sample, the largest error relative to its output's scale seen in a full verification."""
+        if self.cfg.numerics != "ort" or not self.splittable():
+            return
+        refs = self.reference_outputs()
+        worst = None
+        for name in self.names:
+            ref = np.concatenate([np.asarray(r[name], np.float64).reshape(len(r[name]), -1) for r in refs])
+            got = np.concatenate([np.asarray(o[name], np.float64).reshape(len(o[name]), -1) for o in outs])
+            ok = np.isfinite(ref)
+            scale = float(np.abs(ref[ok]).max()) if ok.any() else 1.0
+            err = np.where(ok, np.abs(got - ref), 0.0) / max(scale, 1e-30)
+            err[~np.isfinite(err)] = np.inf  # NaN/Inf where the reference is finite: the hardest
+            row = err.max(axis=1) if err.shape[1] else np.zeros(len(err))
+            worst = row if worst is None else np.maximum(worst, row)
+        if worst is not None:
+            self.hardness = worst if self.hardness is None else np.maximum(self.hardness, worst)
+
+    @staticmethod
+    def _ort_run(sess: Any, batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Float outputs as float32 (others as they come) of one ONNX Runtime session run."""
         names = [o.name for o in sess.get_outputs()]
         return {
             n: np.asarray(v, np.float32) if np.asarray(v).dtype.kind == "f" else v
@@ -354,6 +466,8 @@ def search_plan(
     cost = {
         "node_evaluations": int(ver.evaluations),
         "verifications": int(ver.verifications),
+        # Of those, candidates rejected after a run on the hardest samples only (ORT numerics).
+        "screened": int(ver.screened),
         "groups": len(groups),
         "groups_low": len(accepted),
         "batches": len(ver.batches),
@@ -438,7 +552,7 @@ def _bisect(
     def low_of(groups: Sequence[_Group]) -> dict[str, Precision]:
         return _low_of(groups, forced, cfg.precision)
 
-    base = ver.metrics(low_of([])) if forced else ver.fp32_metrics
+    base = ver.metrics(low_of([]), screen=False) if forced else ver.fp32_metrics
     if not ver.budget.met(base):
         raise AccuracyMismatchError(
             format_message(

@@ -49,3 +49,47 @@ def test_metrics_values():
     nan = [{"y": np.array([[np.nan, 2.0, 3.0], [3.0, 1.0, 0.0]], np.float32)}]
     bad = output_metrics(ref, nan, ["y"])
     assert not parse_budget("cosine>=0.5").met(bad)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_optimistic_metrics_bound_the_metrics_of_all_samples(seed):
+    """From any subset of the samples, the bounds are never worse than the metrics of all of them (so a
+    budget they break is broken), and on all samples they are those metrics."""
+    from mpinfer.precision.budget import HIGHER_IS_BETTER, optimistic_metrics
+
+    rng = np.random.default_rng(seed)
+    n = 12
+    ref = {"a": rng.standard_normal((n, 7)), "b": rng.standard_normal((n, 3, 5))}
+    noise = 10.0 ** rng.uniform(-4, 0, size=(n, 1))  # samples differ a lot in how wrong they are
+    cand = {"a": ref["a"] + noise * rng.standard_normal((n, 7)), "b": ref["b"] + 0.1 * noise[:, :, None]}
+    if seed == 5:
+        cand["a"][3, 2] = np.inf  # a non-finite output fails everything, from any subset holding it
+    labels = rng.integers(0, 7, n)
+    names = ["a", "b"]
+    full = output_metrics([ref], [cand], names, labels=labels, topk=(1, 3))
+    signal = {k: float((v**2).sum()) for k, v in ref.items()}
+    for rows in (np.arange(n), np.array([3]), np.sort(rng.choice(n, 4, replace=False))):
+        sub = optimistic_metrics(
+            {k: v[rows] for k, v in ref.items()},
+            {k: v[rows] for k, v in cand.items()},
+            names,
+            n,
+            signal,
+            labels=labels[rows],
+            topk=(1, 3),
+        )
+        assert set(sub) == set(full)
+        for key, value in full.items():
+            higher = HIGHER_IS_BETTER.get(key, True)
+            if len(rows) == n:
+                assert sub[key] == pytest.approx(value, rel=1e-9, abs=1e-12), key
+            elif higher:
+                assert sub[key] >= value - 1e-12, (key, rows)
+            else:
+                assert sub[key] <= value + 1e-12, (key, rows)
+    if seed == 5:
+        assert math.isinf(
+            optimistic_metrics(
+                {k: v[[3]] for k, v in ref.items()}, {k: v[[3]] for k, v in cand.items()}, names, n, signal
+            )["max_abs"]
+        )

@@ -179,3 +179,54 @@ def test_ort_search_final_model_is_its_verified_candidate_and_equals_reapplying_
     )
     assert len(calls) == 2
     assert again.output.read_bytes() == res.output.read_bytes()
+
+
+def _fixed_batch_chain(n: int, rows: int, width: int = 16):
+    model = chain(n, width)
+    for vi in (*model.graph.input, *model.graph.output):
+        vi.type.tensor_type.shape.dim[0].dim_value = rows
+    return model
+
+
+def test_ort_screening_rejects_on_the_hardest_samples_and_changes_no_decision(tmp_path, monkeypatch):
+    """Candidates that fail are rejected after a run on the hardest samples; the search's decisions, its
+    final error and the written model are those of the search that runs every candidate on every sample."""
+    import mpinfer.precision.search as search_mod
+
+    runs = []
+    real = search_mod._Verifier._ort_run
+
+    def counting(sess, batch):
+        runs.append(len(next(iter(batch.values()))))
+        return real(sess, batch)
+
+    monkeypatch.setattr(search_mod._Verifier, "_ort_run", staticmethod(counting))
+    _, screened = _convert_chain(tmp_path, 8, "max_abs<=1e-3", tag="s", numerics="ort")
+    s = screened.plan.summary["search"]
+    assert s["searched"] and s["screened"] > 0, s
+    assert runs.count(4) >= s["screened"]  # 32 samples: each screening run holds the 4 hardest
+    monkeypatch.setattr(search_mod, "SCREEN_MIN_TOTAL", 10**9)  # no screening
+    _, full = _convert_chain(tmp_path, 8, "max_abs<=1e-3", tag="f", numerics="ort")
+    f = full.plan.summary["search"]
+    assert f["screened"] == 0 and f["verifications"] == s["verifications"]
+    assert [(n.name, n.precision) for n in screened.plan.nodes] == [(n.name, n.precision) for n in full.plan.nodes]
+    assert screened.plan.summary["expected_error"] == full.plan.summary["expected_error"]
+    assert screened.output.read_bytes() == full.output.read_bytes()
+
+
+def test_ort_screening_needs_samples_it_can_split(tmp_path):
+    """A model whose input fixes the batch size runs every candidate on all samples: no screening."""
+    src = save(_fixed_batch_chain(8, 32), tmp_path / "fixed.onnx")
+    res = convert_precision(
+        ConvertConfig(
+            model=src,
+            output=tmp_path / "fixed.fp16.onnx",
+            calibration=str(_npz(tmp_path / "cal.npz")),
+            budget="max_abs<=1e-3",
+            numerics="ort",
+            batch_size=32,
+            progress=False,
+        )
+    )
+    s = res.plan.summary["search"]
+    assert s["searched"] and s["screened"] == 0 and res.plan.summary["expected_error"]["max_abs"] <= 1e-3
