@@ -117,6 +117,7 @@ class _Verifier:
         self.screened = 0
         self._splittable: bool | None = None
         self._signal: dict[str, float] = {}
+        self._joined: tuple[dict[str, np.ndarray], dict[str, np.ndarray]] | None = None  # (feeds, reference)
 
     def open_emulator(self) -> None:
         """The strict emulator and its FP32 reference runs (kept for ``run_from`` and the sensitivity pass).
@@ -188,7 +189,8 @@ class _Verifier:
         return output_metrics(ref_outs, outs, names, labels=self.labels, topk=self.topk)
 
     # -- screening (ORT numerics) ------------------------------------------------------------------
-    def _rows_of(self, batch: Mapping[str, np.ndarray]) -> int | None:
+    @staticmethod
+    def _rows_of(batch: Mapping[str, np.ndarray]) -> int | None:
         """Samples in a batch when every input holds them along axis 0, else None."""
         sizes = {ref_rows(np.asarray(v)) if np.ndim(v) else -1 for v in batch.values()}
         return sizes.pop() if len(sizes) == 1 and min(sizes) > 0 else None
@@ -230,20 +232,22 @@ class _Verifier:
 
     def _screen(self, sess: Any, rows: np.ndarray) -> dict[str, float] | None:
         """Optimistic metrics from a run on ``rows`` only; None when the outputs do not come back per sample."""
-        total = sum(len(next(iter(b.values()))) for b in self.batches)
-        feed = {k: np.concatenate([b[k] for b in self.batches])[rows] for k in self.batches[0]}
-        got = self._ort_run(sess, feed)
-        self.evaluations += len(self.info.nodes)
-        refs = self.reference_outputs()
         names = self.names
-        ref = {n: np.concatenate([r[n] for r in refs])[rows] for n in names}
+        if self._joined is None:  # every search sample in one array per input / float output
+            refs = self.reference_outputs()
+            feeds = {k: np.concatenate([b[k] for b in self.batches]) for k in self.batches[0]}
+            self._joined = feeds, {n: np.concatenate([r[n] for r in refs]) for n in names}
+            for n, full in self._joined[1].items():
+                finite = np.asarray(full, np.float64)[np.isfinite(full)]
+                self._signal[n] = float((finite**2).sum())
+        feeds, joined_ref = self._joined
+        total = len(next(iter(feeds.values())))
+        got = self._ort_run(sess, {k: v[rows] for k, v in feeds.items()})
+        self.evaluations += len(self.info.nodes)
         if any(np.ndim(got[n]) == 0 or len(got[n]) != len(rows) for n in names):
             self._splittable = False
             return None
-        if not self._signal:
-            for n in names:
-                full = np.concatenate([np.asarray(r[n], np.float64).ravel() for r in refs])
-                self._signal[n] = float((full[np.isfinite(full)] ** 2).sum())
+        ref = {n: joined_ref[n][rows] for n in names}
         labels = None if self.labels is None else np.asarray(self.labels)[rows[rows < len(self.labels)]]
         return optimistic_metrics(ref, got, names, total, self._signal, labels=labels, topk=self.topk)
 
