@@ -172,11 +172,18 @@ def output_metrics(
         )
         _merge(out, _metrics_one(ref, cand, topk))
     if labels is not None and names:
-        cand = np.concatenate([np.asarray(b[names[0]], np.float64) for b in candidate])
-        n = min(len(labels), len(cand))
-        if cand.ndim >= 2 and n:
-            out["accuracy"] = float(np.mean(cand[:n].reshape(n, -1).argmax(-1) == np.asarray(labels[:n])))
+        scored = _accuracy(np.concatenate([np.asarray(b[names[0]], np.float64) for b in candidate]), labels)
+        if scored is not None:
+            out["accuracy"] = scored[0]
     return out
+
+
+def _accuracy(cand: np.ndarray, labels: np.ndarray) -> tuple[float, int] | None:
+    """Top-1 accuracy of the candidate's rows against ``labels`` and the rows scored; None when none can be."""
+    n = min(len(labels), len(cand))
+    if cand.ndim < 2 or not n:
+        return None
+    return float(np.mean(cand[:n].reshape(n, -1).argmax(-1) == np.asarray(labels[:n]))), n
 
 
 def optimistic_metrics(
@@ -236,11 +243,9 @@ def optimistic_metrics(
         bound.update({f"top{k}": share(one[f"top{k}"], rows) for k in topk if f"top{k}" in one})
         _merge(out, bound)
     if labels is not None and names:
-        cand = np.asarray(candidate[names[0]], np.float64)
-        n = min(len(labels), len(cand))
-        if cand.ndim >= 2 and n:
-            correct = float(np.mean(cand[:n].reshape(n, -1).argmax(-1) == np.asarray(labels[:n])))
-            out["accuracy"] = share(correct, n)
+        scored = _accuracy(np.asarray(candidate[names[0]], np.float64), labels)
+        if scored is not None:
+            out["accuracy"] = share(*scored)
     return out
 
 

@@ -233,14 +233,11 @@ class _Verifier:
     def _screen(self, sess: Any, rows: np.ndarray) -> dict[str, float] | None:
         """Optimistic metrics from a run on ``rows`` only; None when the outputs do not come back per sample."""
         names = self.names
-        if self._joined is None:  # every search sample in one array per input / float output
-            refs = self.reference_outputs()
-            feeds = {k: np.concatenate([b[k] for b in self.batches]) for k in self.batches[0]}
-            self._joined = feeds, {n: np.concatenate([r[n] for r in refs]) for n in names}
-            for n, full in self._joined[1].items():
+        feeds, joined_ref = self._joined_samples()
+        if not self._signal:
+            for n, full in joined_ref.items():
                 finite = np.asarray(full, np.float64)[np.isfinite(full)]
                 self._signal[n] = float((finite**2).sum())
-        feeds, joined_ref = self._joined
         total = len(next(iter(feeds.values())))
         got = self._ort_run(sess, {k: v[rows] for k, v in feeds.items()})
         self.evaluations += len(self.info.nodes)
@@ -251,14 +248,22 @@ class _Verifier:
         labels = None if self.labels is None else np.asarray(self.labels)[rows[rows < len(self.labels)]]
         return optimistic_metrics(ref, got, names, total, self._signal, labels=labels, topk=self.topk)
 
+    def _joined_samples(self) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """Every search sample in one array per input, and the FP32 reference in one array per float output."""
+        if self._joined is None:
+            refs = self.reference_outputs()
+            feeds = {k: np.concatenate([b[k] for b in self.batches]) for k in self.batches[0]}
+            self._joined = feeds, {n: np.concatenate([r[n] for r in refs]) for n in self.names}
+        return self._joined
+
     def _update_hardness(self, outs: list[dict[str, np.ndarray]]) -> None:
         """Per sample, the largest error relative to its output's scale seen in a full verification."""
         if self.cfg.numerics != "ort" or not self.splittable():
             return
-        refs = self.reference_outputs()
+        joined_ref = self._joined_samples()[1]
         worst = None
         for name in self.names:
-            ref = np.concatenate([np.asarray(r[name], np.float64).reshape(len(r[name]), -1) for r in refs])
+            ref = np.asarray(joined_ref[name], np.float64).reshape(len(joined_ref[name]), -1)
             got = np.concatenate([np.asarray(o[name], np.float64).reshape(len(o[name]), -1) for o in outs])
             ok = np.isfinite(ref)
             scale = float(np.abs(ref[ok]).max()) if ok.any() else 1.0
