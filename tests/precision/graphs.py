@@ -55,6 +55,20 @@ def mlp(hidden: int = 16) -> onnx.ModelProto:
     return make(nodes, [fvi("x", ["N", 8])], [fvi("y", ["N", 4])], inits)
 
 
+def embedding(table: np.ndarray | None = None) -> onnx.ModelProto:
+    """Gather from an FP32 ``table`` (100 x 8 by default) by INT64 token ids ``ids`` [2, 5], then MatMul to 4."""
+    nodes = [
+        helper.make_node("Gather", ["table", "ids"], ["e"], name="embed"),
+        helper.make_node("MatMul", ["e", "w"], ["y"], name="mm"),
+    ]
+    return make(
+        nodes,
+        [fvi("ids", [2, 5], TensorProto.INT64)],
+        [fvi("y", [2, 5, 4])],
+        [init("table", rng_w(100, 8) if table is None else table), init("w", rng_w(8, 4))],
+    )
+
+
 def save(model: onnx.ModelProto, path: Path) -> Path:
     path.write_bytes(model.SerializeToString())
     return path

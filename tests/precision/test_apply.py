@@ -15,7 +15,7 @@ from mpinfer.precision.apply import apply_plan
 from mpinfer.precision.graphinfo import GraphInfo
 from mpinfer.precision.validate import run_checks
 from mpinfer.specs import Precision
-from tests.precision.graphs import fvi, init, make, mlp, rng_w, run_ort, save
+from tests.precision.graphs import embedding, fvi, init, make, mlp, rng_w, run_ort, save
 
 FP16 = TensorProto.FLOAT16
 
@@ -99,17 +99,7 @@ def test_weights_out_of_fp16_range_kept_fp32_not_clamped(tmp_path):
 
 
 def test_embedding_table_converted_integer_ids_ignored(tmp_path):
-    table = rng_w(100, 8)
-    nodes = [
-        helper.make_node("Gather", ["table", "ids"], ["e"], name="embed"),
-        helper.make_node("MatMul", ["e", "w"], ["y"], name="mm"),
-    ]
-    model = make(
-        nodes,
-        [fvi("ids", [2, 5], TensorProto.INT64)],
-        [fvi("y", [2, 5, 4])],
-        [init("table", table), init("w", rng_w(8, 4))],
-    )
+    model = embedding()
     out, res = _convert(tmp_path, model)
     assert {t.name: t.data_type for t in out.graph.initializer}["table"] == FP16
     assert res.plan.precisions()["embed"] is Precision.FP16

@@ -14,7 +14,7 @@ from mpinfer.precision.graphinfo import GraphInfo
 from mpinfer.precision.overflow import match_module, overflow_nodes
 from mpinfer.precision.planner import RuleOptions, rule_plan
 from mpinfer.specs import Precision
-from tests.precision.graphs import fvi, init, make, mlp, rng_w
+from tests.precision.graphs import embedding, fvi, init, make, mlp, rng_w
 
 
 def _plan(model, precision=Precision.FP16, stats=None, **opts):
@@ -73,16 +73,7 @@ def test_range_rules_from_calibration_stats():
 
 
 def test_integer_inputs_never_count_against_ranges():
-    nodes = [
-        helper.make_node("Gather", ["table", "ids"], ["e"], name="embed"),
-        helper.make_node("MatMul", ["e", "w"], ["y"], name="mm"),
-    ]
-    model = make(
-        nodes,
-        [fvi("ids", [2, 5], TensorProto.INT64)],
-        [fvi("y", [2, 5, 4])],
-        [init("table", rng_w(100, 8)), init("w", rng_w(8, 4))],
-    )
+    model = embedding()
     p = _plan(model, stats={"ids": {"absmax": 1e9, "fp16_overflow_frac": 1.0}})
     assert p["embed"] == (Precision.FP16, "rule:fp16-safe")
     assert p["mm"] == (Precision.FP16, "rule:fp16-safe")
