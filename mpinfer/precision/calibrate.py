@@ -251,10 +251,9 @@ def _run_chunk(
                 "arrays matching the model's inputs",
             )
         ) from err
-    for name, value in zip(names, values, strict=True):
-        collector.update(name, value)
-        if capture is not None and name in wanted:
-            capture[name] = np.asarray(value, np.float32)
+    collector.update_many(zip(names, values, strict=True))
+    if capture is not None:
+        capture.update({n: np.asarray(v, np.float32) for n, v in zip(names, values, strict=True) if n in wanted})
 
 
 def calibrate(
@@ -309,7 +308,7 @@ def calibrate(
     first_pass = _FirstPass(model, unknown)
     outputs = {vi.name for vi in model.graph.output} & set(known)
     captured: list[dict[str, np.ndarray]] = []
-    with _progress(progress) as bar, contextlib.closing(sessions):
+    with _progress(progress) as bar, contextlib.closing(sessions), contextlib.closing(first_pass.collector):
         task = bar.add_task("", total=len(feeds) * passes if isinstance(feeds, Sized) else None)
         for index in range(passes):
             sess = first_session if index == 0 else sessions.session(chunks[index])

@@ -8,7 +8,9 @@ the 99.9th percentile is read, so memory never grows with the number of batches.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+import os
+from collections.abc import Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -57,6 +59,10 @@ def _bin_upper_edges() -> np.ndarray:
 # The bin holding FP16_MAX: every bin above it (below _INF_BIN) holds only values that overflow FP16.
 _FP16_MAX_BIN = _bin_of(FP16_MAX)
 _FP16_MAX_BITS = np.asarray(FP16_MAX, np.float32).view(np.uint32)
+
+# StatsCollector.update_many: at most this many threads, and one thread below this many values in all.
+MAX_WORKERS = 8
+PARALLEL_MIN_VALUES = 1 << 20
 
 # Percentile reported as "p999".
 PERCENTILE = 99.9
@@ -262,21 +268,65 @@ class _Accumulator:
         )
 
 
+def stats_workers() -> int:
+    """Threads for :meth:`StatsCollector.update_many`: the CPUs this process may use, at most 8."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cpus = os.cpu_count() or 1
+    return max(1, min(cpus, MAX_WORKERS))
+
+
 class StatsCollector:
-    """Streams arrays into per-tensor running statistics (the engine of :func:`calibrate`)."""
+    """Streams arrays into per-tensor running statistics (the engine of :func:`calibrate`).
 
-    def __init__(self) -> None:
+    Args:
+        workers: Threads for :meth:`update_many` (None: :func:`stats_workers`). The statistics are the
+            same with any number: each tensor's values are read by one thread, in order.
+    """
+
+    def __init__(self, workers: int | None = None) -> None:
         self._acc: dict[str, _Accumulator] = {}
+        self.workers = stats_workers() if workers is None else max(1, int(workers))
+        self._pool: ThreadPoolExecutor | None = None
 
-    def update(self, name: str, array: np.ndarray) -> None:
-        """Add one batch of values of tensor ``name`` (non-float arrays are ignored)."""
+    def _accumulator(self, name: str, array: np.ndarray) -> tuple[_Accumulator, np.ndarray] | None:
         arr = np.asarray(array)
         if arr.dtype.kind != "f" and arr.dtype.name != "bfloat16":
-            return
+            return None
         acc = self._acc.get(name)
         if acc is None:
             acc = self._acc[name] = _Accumulator()
-        acc.update(arr)
+        return acc, arr
+
+    def update(self, name: str, array: np.ndarray) -> None:
+        """Add one batch of values of tensor ``name`` (non-float arrays are ignored)."""
+        found = self._accumulator(name, array)
+        if found is not None:
+            found[0].update(found[1])
+
+    def update_many(self, items: Iterable[tuple[str, np.ndarray]]) -> None:
+        """:meth:`update` for many tensors, spread over ``workers`` threads when there is enough to share.
+
+        numpy's passes over the values release the GIL, so the threads run on separate cores (calibration
+        of a CNN or a transformer spends as long here as in the model run itself). A name must not repeat.
+        """
+        jobs = [found for name, array in items if (found := self._accumulator(name, array)) is not None]
+        if self.workers == 1 or sum(arr.size for _, arr in jobs) < PARALLEL_MIN_VALUES:
+            for acc, arr in jobs:
+                acc.update(arr)
+            return
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="mpinfer-stats")
+        jobs.sort(key=lambda job: -job[1].size)  # largest first: the threads finish together
+        for future in [self._pool.submit(acc.update, arr) for acc, arr in jobs]:
+            future.result()  # re-raises a worker's exception here
+
+    def close(self) -> None:
+        """Stop the worker threads (the statistics stay readable)."""
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
 
     def nbytes(self) -> int:
         """Memory held by the statistics (constant in the number of batches)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -97,6 +98,34 @@ def test_streaming_equals_all_at_once_and_memory_is_bounded():
     assert len(set(sizes)) == 1 and sizes[0] == HISTOGRAM_BINS * 8
     parts.update("t", np.ones(10**6, np.float32))
     assert parts.nbytes() == sizes[0]
+
+
+def test_threaded_statistics_equal_one_thread(monkeypatch):
+    """update_many over worker threads gives the same numbers as update on one thread, tensor by tensor."""
+    from mpinfer.precision import tensorstats
+
+    monkeypatch.setattr(tensorstats, "PARALLEL_MIN_VALUES", 1)
+    rng = np.random.default_rng(5)
+    batches = [
+        {
+            f"t{i}": (rng.standard_normal(int(rng.integers(1, 40_000))) * 10.0 ** rng.uniform(-30, 8)).astype(
+                np.float32
+            )
+            for i in range(12)
+        }
+        for _ in range(3)
+    ]
+    batches[1]["t3"][:5] = [np.inf, np.nan, 0.0, 7e4, -1e-45]  # the non-finite path inside a worker
+    batches[2]["ids"] = np.arange(9)  # integer arrays are skipped
+    serial, threaded = StatsCollector(workers=1), StatsCollector(workers=3)
+    with contextlib.closing(threaded):
+        for batch in batches:
+            for name, arr in batch.items():
+                serial.update(name, arr)
+            threaded.update_many(batch.items())
+        assert threaded._pool is not None  # the work really went to the threads
+    assert serial.results() == threaded.results()
+    assert "ids" not in threaded.results() and threaded._pool is None
 
 
 def test_overflow_detected_on_random_feeds_and_round_trip():
