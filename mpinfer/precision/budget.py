@@ -255,31 +255,48 @@ def ref_rows(arr: np.ndarray) -> int:
 
 
 def _metrics_one(ref: np.ndarray, cand: np.ndarray, topk: Sequence[int]) -> dict[str, float]:
-    bad = ~np.isfinite(cand) & np.isfinite(ref)
-    if bad.any():
+    cand_finite = np.isfinite(cand)
+    ok = np.isfinite(ref)
+    if not cand_finite.all() and (~cand_finite & ok).any():
         res = {"cosine": -1.0, "max_abs": math.inf, "mean_abs": math.inf, "rel": math.inf, "snr": -math.inf}
         res.update({f"top{k}": 0.0 for k in topk})
         return res
-    ok = np.isfinite(ref)
-    diff = np.where(ok, cand - ref, 0.0)
-    r = np.where(ok, ref, 0.0)
-    num = (r * np.where(ok, cand, 0.0)).sum(axis=1)
-    den = np.linalg.norm(r, axis=1) * np.linalg.norm(np.where(ok, cand, 0.0), axis=1)
-    cos = np.where(den > 0, num / np.maximum(den, 1e-300), np.where(np.abs(diff).sum(axis=1) == 0, 1.0, 0.0))
-    sig, noise = float((r**2).sum()), float((diff**2).sum())
+    if ok.all():  # the usual case: no masking, no copies
+        r, c = ref, cand
+    else:
+        r, c = np.where(ok, ref, 0.0), np.where(ok, cand, 0.0)
+    diff = c - r
+    num = np.einsum("ij,ij->i", r, c)
+    den = np.sqrt(np.einsum("ij,ij->i", r, r)) * np.sqrt(np.einsum("ij,ij->i", c, c))
+    absdiff = np.abs(diff)
+    cos = np.where(den > 0, num / np.maximum(den, 1e-300), np.where(absdiff.sum(axis=1) == 0, 1.0, 0.0))
+    sig, noise = float(np.einsum("ij,ij->", r, r)), float(np.einsum("ij,ij->", diff, diff))
     res = {
         "cosine": float(cos.mean()) if cos.size else 1.0,
-        "max_abs": float(np.abs(diff).max()) if diff.size else 0.0,
-        "mean_abs": float(np.abs(diff).mean()) if diff.size else 0.0,
+        "max_abs": float(absdiff.max()) if diff.size else 0.0,
+        "mean_abs": float(absdiff.mean()) if diff.size else 0.0,
         "rel": math.sqrt(noise / sig) if sig > 0 else (0.0 if noise == 0 else math.inf),
         "snr": 10 * math.log10(sig / noise) if noise > 0 else math.inf,
     }
     if ref.shape[1] > 1:
-        top_ref = ref.argmax(axis=1)
-        order = np.argsort(-cand, axis=1)
+        ranks = _rank_of_reference_top(ref, cand)
         for k in topk:
-            res[f"top{k}"] = float(np.mean([t in o[:k] for t, o in zip(top_ref, order, strict=False)]))
+            res[f"top{k}"] = float(np.mean(ranks < k))
     return res
+
+
+def _rank_of_reference_top(ref: np.ndarray, cand: np.ndarray) -> np.ndarray:
+    """Per row, the position of the reference's argmax (NaN aside) in the candidate's descending order.
+
+    The order is that of a stable sort of ``-cand`` (ties by index, NaN last), counted in one pass over
+    the row instead of sorting it. The candidate is finite wherever the reference is (the caller checks).
+    """
+    ref_nan = np.isnan(ref)
+    top = (np.where(ref_nan, -np.inf, ref) if ref_nan.any() else ref).argmax(axis=1)  # NaN is never the top
+    value = cand[np.arange(len(ref)), top][:, None]
+    before = np.arange(cand.shape[1]) < top[:, None]
+    # NaN compares false: the top is preceded by the larger values and by its equals at lower indices.
+    return (cand > value).sum(axis=1) + ((cand == value) & before).sum(axis=1)
 
 
 def _merge(acc: dict[str, float], new: Mapping[str, float]) -> None:

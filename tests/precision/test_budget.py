@@ -93,3 +93,25 @@ def test_optimistic_metrics_bound_the_metrics_of_all_samples(seed):
                 {k: v[[3]] for k, v in ref.items()}, {k: v[[3]] for k, v in cand.items()}, names, n, signal
             )["max_abs"]
         )
+
+
+def test_topk_agreement_counts_like_a_stable_sort_of_the_candidate():
+    """topK: the reference's argmax is among the candidate's first K in a stable descending sort.
+
+    Ties go by index and NaN sorts last, on rows with every kind of tie, inf and NaN (ref kept finite
+    where the candidate is not, so the rows are scored rather than failed as non-finite).
+    """
+    rng = np.random.default_rng(3)
+    for _ in range(300):
+        n, m = int(rng.integers(1, 6)), int(rng.integers(2, 9))
+        ref = rng.integers(-3, 3, (n, m)).astype(np.float64)
+        cand = rng.choice([-np.inf, -1.0, 0.0, -0.0, 1.0, 2.0, np.inf, np.nan], (n, m))
+        top = rng.integers(0, m, n)
+        cand[np.arange(n), top] = np.where(np.isfinite(cand[np.arange(n), top]), cand[np.arange(n), top], 0.5)
+        ref[~np.isfinite(cand)] = np.nan  # candidate non-finite only where the reference is
+        ref[np.arange(n), top] = 9.0  # a finite argmax per row
+        order = np.argsort(-cand, axis=1, kind="stable")
+        for k in (1, 2, 3):
+            want = np.mean([t in o[:k] for t, o in zip(top, order, strict=True)])
+            got = output_metrics([{"y": ref}], [{"y": cand}], ["y"], topk=(k,))[f"top{k}"]
+            assert got == want, (k, ref, cand)
