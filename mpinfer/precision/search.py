@@ -49,6 +49,11 @@ MAX_REFINE = 8
 SCREEN_SHARE = 1 / 8
 SCREEN_MIN_ROWS = 2
 SCREEN_MIN_TOTAL = 8
+# ORT numerics probe (``_measure``): the groups' local errors are measured on this share of the search samples
+# (at least PROBE_MIN_ROWS), the ones the whole candidate got most wrong: they only rank the groups, every
+# candidate is still verified on all samples, and the probe costs about two model runs per sample.
+PROBE_SHARE = 1 / 4
+PROBE_MIN_ROWS = 4
 # Floor of the error used in the FLOPs-per-error score (a group with zero local error is not infinitely good).
 ERROR_FLOOR = 1e-7
 
@@ -230,6 +235,21 @@ class _Verifier:
         k = max(SCREEN_MIN_ROWS, math.ceil(len(self.hardness) * SCREEN_SHARE))
         return np.sort(np.argsort(-self.hardness, kind="stable")[:k])
 
+    def probe_batches(self) -> list[dict[str, np.ndarray]]:
+        """The samples the probe measures on: the hardest ``PROBE_SHARE`` of them when they can be split.
+
+        Falls back to every search batch before the first full verification, or when the samples cannot
+        run in subsets (see :meth:`splittable`).
+        """
+        if self.hardness is None or not self.splittable():
+            return self.batches
+        k = max(PROBE_MIN_ROWS, math.ceil(len(self.hardness) * PROBE_SHARE))
+        if k >= len(self.hardness):
+            return self.batches
+        rows = np.sort(np.argsort(-self.hardness, kind="stable")[:k])
+        feeds = self._joined_samples()[0]
+        return [{name: v[rows] for name, v in feeds.items()}]
+
     def _screen(self, sess: Any, rows: np.ndarray) -> dict[str, float] | None:
         """Optimistic metrics from a run on ``rows`` only; None when the outputs do not come back per sample."""
         names = self.names
@@ -352,7 +372,7 @@ def _measure(
     if cfg.numerics == "ort":
         from mpinfer.precision.probe import probe_errors
 
-        probed = probe_errors(info, groups, ver.batches, cfg.precision)
+        probed = probe_errors(info, groups, ver.probe_batches(), cfg.precision)
         ver.evaluations += probed.evaluations
         for g in groups:
             if g.anchor in probed.errors:

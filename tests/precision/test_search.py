@@ -230,3 +230,44 @@ def test_ort_screening_needs_samples_it_can_split(tmp_path):
     )
     s = res.plan.summary["search"]
     assert s["searched"] and s["screened"] == 0 and res.plan.summary["expected_error"]["max_abs"] <= 1e-3
+
+
+def test_ort_probe_measures_on_the_samples_the_whole_candidate_got_most_wrong(tmp_path, monkeypatch):
+    """The probe ranks the groups on the hardest quarter of the samples (per-sample error of the first full
+    verification); a model whose batch is fixed is probed on every sample."""
+    import mpinfer.precision.probe as probe_mod
+    import mpinfer.precision.search as search_mod
+
+    probed, hardness = [], []
+    real_probe, real_hardness = probe_mod.probe_errors, search_mod._Verifier._update_hardness
+
+    def recording_probe(info, groups, batches, low):
+        probed.append(np.concatenate([b["x"] for b in batches]))
+        return real_probe(info, groups, batches, low)
+
+    def recording_hardness(self, outs):
+        real_hardness(self, outs)
+        hardness.append(None if self.hardness is None else self.hardness.copy())
+
+    monkeypatch.setattr(probe_mod, "probe_errors", recording_probe)
+    monkeypatch.setattr(search_mod._Verifier, "_update_hardness", recording_hardness)
+    _, res = _convert_chain(tmp_path, 8, "max_abs<=1e-3", numerics="ort")
+    assert res.plan.summary["search"]["searched"] and res.plan.summary["expected_error"]["max_abs"] <= 1e-3
+    samples = np.load(tmp_path / "cal.npz")["x"]
+    hardest = np.sort(np.argsort(-hardness[0], kind="stable")[:8])  # after the whole candidate's run
+    assert len(probed) == 1 and np.array_equal(probed[0], samples[hardest])
+
+    probed.clear()
+    src = save(_fixed_batch_chain(8, 32), tmp_path / "fixed.onnx")
+    convert_precision(
+        ConvertConfig(
+            model=src,
+            output=tmp_path / "fixed.fp16.onnx",
+            calibration=str(_npz(tmp_path / "cal32.npz")),
+            budget="max_abs<=1e-3",
+            numerics="ort",
+            batch_size=32,
+            progress=False,
+        )
+    )
+    assert len(probed) == 1 and np.array_equal(probed[0], np.load(tmp_path / "cal32.npz")["x"])
