@@ -214,20 +214,26 @@ def test_ort_screening_rejects_on_the_hardest_samples_and_changes_no_decision(tm
     assert screened.output.read_bytes() == full.output.read_bytes()
 
 
-def test_ort_screening_needs_samples_it_can_split(tmp_path):
-    """A model whose input fixes the batch size runs every candidate on all samples: no screening."""
+def _convert_fixed_batch(tmp_path, cal_name):
+    """Convert ``_fixed_batch_chain(8, 32)`` with 32 samples saved as ``cal_name`` (max_abs <= 1e-3, ORT)."""
     src = save(_fixed_batch_chain(8, 32), tmp_path / "fixed.onnx")
-    res = convert_precision(
+    return convert_precision(
         ConvertConfig(
             model=src,
             output=tmp_path / "fixed.fp16.onnx",
-            calibration=str(_npz(tmp_path / "cal.npz")),
+            calibration=str(_npz(tmp_path / cal_name)),
             budget="max_abs<=1e-3",
             numerics="ort",
             batch_size=32,
+            force=True,
             progress=False,
         )
     )
+
+
+def test_ort_screening_needs_samples_it_can_split(tmp_path):
+    """A model whose input fixes the batch size runs every candidate on all samples: no screening."""
+    res = _convert_fixed_batch(tmp_path, "cal.npz")
     s = res.plan.summary["search"]
     assert s["searched"] and s["screened"] == 0 and res.plan.summary["expected_error"]["max_abs"] <= 1e-3
 
@@ -258,16 +264,5 @@ def test_ort_probe_measures_on_the_samples_the_whole_candidate_got_most_wrong(tm
     assert len(probed) == 1 and np.array_equal(probed[0], samples[hardest])
 
     probed.clear()
-    src = save(_fixed_batch_chain(8, 32), tmp_path / "fixed.onnx")
-    convert_precision(
-        ConvertConfig(
-            model=src,
-            output=tmp_path / "fixed.fp16.onnx",
-            calibration=str(_npz(tmp_path / "cal32.npz")),
-            budget="max_abs<=1e-3",
-            numerics="ort",
-            batch_size=32,
-            progress=False,
-        )
-    )
+    _convert_fixed_batch(tmp_path, "cal32.npz")
     assert len(probed) == 1 and np.array_equal(probed[0], np.load(tmp_path / "cal32.npz")["x"])
