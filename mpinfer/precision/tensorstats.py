@@ -309,10 +309,12 @@ class StatsCollector:
         """:meth:`update` for many tensors, spread over ``workers`` threads when there is enough to share.
 
         numpy's passes over the values release the GIL, so the threads run on separate cores (calibration
-        of a CNN or a transformer spends as long here as in the model run itself). A name must not repeat.
+        of a CNN or a transformer spends as long here as in the model run itself). A name given twice is
+        read in order on one thread, like everything when there is little to share.
         """
         jobs = [found for name, array in items if (found := self._accumulator(name, array)) is not None]
-        if self.workers == 1 or sum(arr.size for _, arr in jobs) < PARALLEL_MIN_VALUES:
+        repeated = len({id(acc) for acc, _ in jobs}) < len(jobs)
+        if self.workers == 1 or repeated or sum(arr.size for _, arr in jobs) < PARALLEL_MIN_VALUES:
             for acc, arr in jobs:
                 acc.update(arr)
             return

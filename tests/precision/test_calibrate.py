@@ -126,6 +126,13 @@ def test_threaded_statistics_equal_one_thread(monkeypatch):
         assert threaded._pool is not None  # the work really went to the threads
     assert serial.results() == threaded.results()
     assert "ids" not in threaded.results() and threaded._pool is None
+    # The same name twice in one call: read in order on one thread, as update() would.
+    x = batches[0]["t0"]
+    twice, once = StatsCollector(workers=3), StatsCollector(workers=1)
+    twice.update_many([("t0", x), ("t0", 2 * x)])
+    once.update("t0", x)
+    once.update("t0", 2 * x)
+    assert twice.results() == once.results() and twice._pool is None
 
 
 def test_overflow_detected_on_random_feeds_and_round_trip():
