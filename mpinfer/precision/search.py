@@ -232,7 +232,11 @@ class _Verifier:
         """The hardest samples to run first (indices into the concatenated batches), or None."""
         if self.hardness is None or len(self.hardness) < SCREEN_MIN_TOTAL or not self.splittable():
             return None
-        k = max(SCREEN_MIN_ROWS, math.ceil(len(self.hardness) * SCREEN_SHARE))
+        return self._hardest(max(SCREEN_MIN_ROWS, math.ceil(len(self.hardness) * SCREEN_SHARE)))
+
+    def _hardest(self, k: int) -> np.ndarray:
+        """Indices (ascending) of the ``k`` samples with the largest hardness (ties: the earlier sample)."""
+        assert self.hardness is not None
         return np.sort(np.argsort(-self.hardness, kind="stable")[:k])
 
     def probe_batches(self) -> list[dict[str, np.ndarray]]:
@@ -246,7 +250,7 @@ class _Verifier:
         k = max(PROBE_MIN_ROWS, math.ceil(len(self.hardness) * PROBE_SHARE))
         if k >= len(self.hardness):
             return self.batches
-        rows = np.sort(np.argsort(-self.hardness, kind="stable")[:k])
+        rows = self._hardest(k)
         feeds = self._joined_samples()[0]
         return [{name: v[rows] for name, v in feeds.items()}]
 
