@@ -63,6 +63,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.precision import compile_bytecode, evaluate, hard_model, launch, make_data, vm_hwm_mb  # noqa: E402
+from mpinfer.report.markdown import md_table  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -595,12 +596,13 @@ def add_ratios(runs: list[dict]) -> None:
 
 def table(rows: list[dict]) -> str:
     """Markdown table of the runs."""
-    head = (
-        "| model | T | T from | full FP16 err (cal) | occ all-blocked err (cal) | tool | searched | wall s "
-        "| in-process s | occ/mpinfer (wall) | occ/mpinfer (in-process) | verifications | node evals | FP16 FLOPs "
-        "| max abs cal | max abs held-out | meets T held-out | strict max abs held-out (output 0) |"
-    )
-    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    headers = [
+        *("model", "T", "T from", "full FP16 err (cal)", "occ all-blocked err (cal)", "tool", "searched"),
+        *("wall s", "in-process s", "occ/mpinfer (wall)", "occ/mpinfer (in-process)", "verifications"),
+        *("node evals", "FP16 FLOPs", "max abs cal", "max abs held-out", "meets T held-out"),
+        "strict max abs held-out (output 0)",
+    ]
+    body = []
     for r in rows:
         first = [
             r["model"],
@@ -643,18 +645,18 @@ def table(rows: list[dict]) -> str:
                 "yes" if r["meets_heldout"] else "no",
                 f"{r['strict']['max_abs']:.2e}" if "strict" in r else r.get("strict_error", ""),
             ]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+        body.append(cells)
+    return "\n".join(md_table(headers, body)).rstrip()
 
 
 def finished_ratios(rows: list[dict]) -> str:
     """occ-auto / mpinfer (wall and in-process) for each (model, T) where occ-auto returned a model."""
-    head = (
-        "| model | T | occ-auto verifications | occ-auto wall s | occ-auto in-process s | tool | mpinfer wall s "
-        "| mpinfer in-process s | occ/mpinfer (wall) | occ/mpinfer (in-process) | >= 10x (wall) | floor s "
-        "| occ/floor (in-process) |"
-    )
-    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    headers = [
+        *("model", "T", "occ-auto verifications", "occ-auto wall s", "occ-auto in-process s", "tool"),
+        *("mpinfer wall s", "mpinfer in-process s", "occ/mpinfer (wall)", "occ/mpinfer (in-process)"),
+        *(">= 10x (wall)", "floor s", "occ/floor (in-process)"),
+    ]
+    body = []
     cases = list(dict.fromkeys((r["model"], r["max_abs_T"]) for r in rows))
     for model, t in cases:
         runs = [r for r in rows if (r["model"], r["max_abs_T"]) == (model, t)]
@@ -672,17 +674,11 @@ def finished_ratios(rows: list[dict]) -> str:
                 cells = [f"{r['wall_s']:g}", "", "", "", f"mpinfer failed: {r.get('error', '')}"]
             floor = r.get("floor_s", math.nan)
             cells += [f"{floor:.3g}", f"{occ['in_process_s'] / floor:.3g}" if floor > 0 else ""]
-            lines.append(
-                "| "
-                + " | ".join(
-                    [model, f"{t:g}", str(occ["verifications"]), f"{occ['wall_s']:g}", f"{occ['in_process_s']:g}"]
-                    + [r["tool"], *cells]
-                )
-                + " |"
-            )
-    if len(lines) == 2:
+            occ_cells = [model, f"{t:g}", str(occ["verifications"]), f"{occ['wall_s']:g}", f"{occ['in_process_s']:g}"]
+            body.append([*occ_cells, r["tool"], *cells])
+    if not body:
         return "occ-auto returned no model for any (model, T) of this run."
-    return "\n".join(lines)
+    return "\n".join(md_table(headers, body)).rstrip()
 
 
 def main() -> None:

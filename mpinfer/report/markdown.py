@@ -7,7 +7,9 @@ from mpinfer.compare.result import ComparisonResult
 from mpinfer.report import tables
 
 
-def _md_table(headers: list[str], rows: list[list[str]]) -> list[str]:
+def md_table(headers: list[str], rows: list[list[str]]) -> list[str]:
+    """A GitHub-flavoured Markdown table as lines (``|`` in a cell escaped), followed by an empty line."""
+
     def cell(x: str) -> str:
         return x.replace("|", "\\|").replace("\n", " ")
 
@@ -39,18 +41,18 @@ def render_markdown(result: ComparisonResult) -> str:
             "### Accuracy vs baseline",
             "",
         ]
-        lines += _md_table(tables.accuracy_headers(), tables.accuracy_rows(cand))
+        lines += md_table(tables.accuracy_headers(), tables.accuracy_rows(cand))
         if tables.label_rows(cand):
             lines += ["### Accuracy vs labels", ""]
-            lines += _md_table(["output", "baseline", "candidate", "drop"], tables.label_rows(cand))
-        lines += ["### Checks", ""] + _md_table(
+            lines += md_table(["output", "baseline", "candidate", "drop"], tables.label_rows(cand))
+        lines += ["### Checks", ""] + md_table(
             ["check", "output", "value", "result"], tables.check_rows(cand)
         )
         if cand.divergence is not None:
             lines += ["### Where the error comes from", ""] + [
                 f"- {x}" for x in tables.divergence_lines(cand)
             ]
-            lines += [""] + _md_table(tables.NODE_HEADERS, tables.node_rows(cand))
+            lines += [""] + md_table(tables.NODE_HEADERS, tables.node_rows(cand))
         if cand.precision:
             lines += ["### Precision", "", tables.precision_line(cand), ""]
         if cand.hints:
@@ -58,7 +60,7 @@ def render_markdown(result: ComparisonResult) -> str:
             lines += [f"- **{h.kind}** `{h.node}`: {h.message} Fix: {h.fix}" for h in cand.hints] + [""]
     if result.latency is not None:
         lines += [f"## Latency (device `{result.latency.device}`, warm-up {result.latency.warmup})", ""]
-        lines += _md_table(tables.LATENCY_HEADERS, tables.latency_rows(result))
+        lines += md_table(tables.LATENCY_HEADERS, tables.latency_rows(result))
         lines += [f"- `{n}`: {tables.runner_line(info)}" for n, info in result.latency.runners.items()] + [""]
     lines += ["## Metric definitions", ""] + [f"- `{k}`: {v}" for k, v in METRIC_DOCS.items()]
     lines += [
