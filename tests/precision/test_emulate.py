@@ -859,13 +859,13 @@ def _assert_conforms(g, w, case):
         np.testing.assert_array_equal(g, w)
 
 
-def test_onnx_node_conformance_suite():
-    """Every ONNX operator test case (FP32 and typed FP16/BF16 models) runs and matches, or is reported."""
+def _run_conformance(cases):
+    """Each case through the emulator: (counts, failures) against the case's expected outputs."""
     from onnx import TensorProto
 
     counts = {"ok": 0, "unsupported": 0}
     failures = []
-    for case in _conformance_cases():
+    for case in cases:
         emu = GraphEmulator(case.model, follow_input_dtypes=True)
         if emu.unsupported_ops():
             counts["unsupported"] += 1
@@ -886,10 +886,34 @@ def test_onnx_node_conformance_suite():
             counts["ok"] += 1
         except Exception as err:  # collect all failures for one readable message
             failures.append(f"{case.name}: {type(err).__name__}: {str(err)[:120]}")
+    return counts, failures
+
+
+def test_onnx_node_conformance_suite():
+    """Every ONNX operator test case (FP32 and typed FP16/BF16 models) runs and matches, or is reported."""
+    counts, failures = _run_conformance(_conformance_cases())
     print(f"ONNX node conformance through the emulator: {counts}")
     assert not failures, "\n".join(failures)
     assert counts["ok"] > 1500
     assert counts["unsupported"] < 40  # ai.onnx.ml, preview training ops, FlexAttention
+
+
+def test_onnx_conformance_with_onnxruntime_doing_every_cast_and_conv(monkeypatch):
+    """The ONNX Runtime paths (ortexec) on ONNX's own cases: every Conv/ConvTranspose case, every case typed
+    FP16/BF16 and every Cast case, with no array too small to take them."""
+    from mpinfer.precision.kernels import ortexec
+
+    monkeypatch.setattr(ortexec, "MIN_SIZE", 1)
+    monkeypatch.setattr(ortexec, "_ops", {})
+    typed = ("conv", "cast", "float16", "bfloat16", "FLOAT16", "BFLOAT16")
+    cases = [c for c in _conformance_cases() if any(k in c.name for k in typed)]
+    convs = [c for c in cases if c.name.startswith(("test_conv", "test_convtranspose"))]
+    assert len(convs) > 12 and len(cases) > 80, (len(convs), len(cases))
+    counts, failures = _run_conformance(cases)
+    assert not failures, "\n".join(failures)
+    assert counts["ok"] == len(cases)
+    assert ortexec._ops and all(s is not None for s in ortexec._ops.values())  # ONNX Runtime ran every conv
+    assert all(ortexec._casts.get(k) is not None for k in ("round_fp16", "to_fp16", "from_fp16"))
 
 
 def test_duplicate_node_names_get_unique_addresses():
@@ -952,9 +976,15 @@ def test_lstm_in_fp16_keeps_its_state_in_fp16(rng):
     assert np.abs(h - exact["y"]).max() > err  # BF16 keeps 8 bits, FP16 11
 
 
-def test_fast_fp16_rounding_is_bit_exact():
-    from mpinfer.precision.kernels.numerics import fp16_to_float32, round_to_fp16
+@pytest.mark.parametrize("engine", ["onnxruntime", "numpy"])
+def test_fast_fp16_rounding_is_bit_exact(engine, monkeypatch):
+    from mpinfer.precision.kernels import ortexec
+    from mpinfer.precision.kernels.numerics import Numerics, fp16_to_float32, round_to_fp16
 
+    # every array takes ONNX Runtime's Cast, or none does (numpy's integer rounding and table lookup)
+    monkeypatch.setattr(ortexec, "MIN_SIZE", 1 if engine == "onnxruntime" else 1 << 62)
+    on = ortexec.cast(np.ones(3, np.float32), "round_fp16") is not None
+    assert on == (engine == "onnxruntime")
     every = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16)
     np.testing.assert_array_equal(fp16_to_float32(every), every.astype(np.float32))  # NaNs compare equal
     assert fp16_to_float32(np.float16(3.5)[()].reshape(())).shape == ()
@@ -970,3 +1000,65 @@ def test_fast_fp16_rounding_is_bit_exact():
             np.float32,
         )
         np.testing.assert_array_equal(round_to_fp16(v), v.astype(np.float16).astype(np.float32))
+        np.testing.assert_array_equal(Numerics(Precision.FP16).store(v), v.astype(np.float16))
+        ties = (top | np.uint32(0x8000)).view(np.float32)  # BF16 ties (and their neighbours below)
+        for arr in (ties, np.nextafter(ties, np.float32(0))):
+            want = arr.astype(ml_dtypes.bfloat16).astype(np.float32)
+            np.testing.assert_array_equal(Numerics(Precision.BF16).r(arr), want)
+
+
+def test_onnxruntime_casts_are_checked_before_use(monkeypatch):
+    """A cast whose result differs from numpy's on the check values is never used: numpy rounds instead."""
+    from mpinfer.precision.kernels import ortexec
+    from mpinfer.precision.kernels.numerics import round_to_fp16
+
+    v = np.linspace(-3, 3, 4096, dtype=np.float32)
+    monkeypatch.setattr(ortexec, "_casts", {})
+    monkeypatch.setattr(ortexec, "_reference_cast", lambda name, x: np.zeros_like(x))  # "numpy says 0"
+    assert ortexec.cast(v, "round_fp16") is None
+    assert ortexec._casts == {"round_fp16": None}  # decided once
+    np.testing.assert_array_equal(round_to_fp16(v), v.astype(np.float16).astype(np.float32))
+    monkeypatch.undo()
+    assert ortexec.cast(v, "round_fp16") is not None
+    assert ortexec._same_bits(np.array([np.nan, 1], np.float32), np.array([-np.nan, 1], np.float32))
+    assert not ortexec._same_bits(np.array([0.0], np.float32), np.array([-0.0], np.float32))
+
+
+@pytest.mark.parametrize(
+    "op,x_shape,w_shape,attrs",
+    [
+        ("Conv", (2, 8, 19, 17), (16, 8, 3, 3), {"pads": [1, 1, 1, 1]}),
+        ("Conv", (2, 8, 19, 17), (16, 8, 3, 3), {"strides": [2, 2], "dilations": [2, 1], "pads": [2, 0, 1, 1]}),
+        ("Conv", (2, 8, 19, 17), (8, 1, 5, 5), {"group": 8, "strides": [2, 2], "auto_pad": "SAME_UPPER"}),
+        ("Conv", (2, 8, 19, 17), (16, 1, 3, 3), {"group": 8, "auto_pad": "SAME_LOWER", "strides": [2, 2]}),
+        ("Conv", (2, 8, 19, 17), (12, 2, 3, 1), {"group": 4, "auto_pad": "VALID"}),
+        ("Conv", (2, 6, 40), (4, 6, 5), {"pads": [2, 1], "strides": [3]}),
+        ("Conv", (1, 4, 9, 8, 7), (6, 4, 3, 3, 3), {"pads": [1, 0, 1, 1, 0, 1]}),
+        ("ConvTranspose", (2, 8, 11, 9), (8, 6, 3, 3), {"strides": [2, 2], "pads": [1, 0, 1, 1]}),
+        ("ConvTranspose", (2, 8, 11, 9), (8, 3, 4, 4), {"group": 2, "strides": [2, 2], "output_padding": [1, 0]}),
+    ],
+)
+def test_onnxruntime_convolutions_match_the_numpy_kernels(op, x_shape, w_shape, attrs, rng, monkeypatch):
+    """Conv/ConvTranspose through ONNX Runtime (large inputs) and through numpy im2col agree, FP32 and FP16."""
+    from mpinfer.precision.kernels import ortexec
+
+    bias = w_shape[0] if op == "Conv" else w_shape[1] * attrs.get("group", 1)
+    inits = [
+        ("w", rng.standard_normal(w_shape).astype(np.float32)),
+        ("b", rng.standard_normal(bias).astype(np.float32)),
+    ]
+    model = _single(op, [("x", list(x_shape))], [("y", None)], attrs, inits, 17)
+    feeds = {"x": rng.standard_normal(x_shape).astype(np.float32)}
+    runs = {}
+    for engine, size in (("onnxruntime", 1), ("numpy", 1 << 62)):
+        monkeypatch.setattr(ortexec, "MIN_SIZE", size)
+        monkeypatch.setattr(ortexec, "_ops", {})
+        emu = GraphEmulator(model)
+        runs[engine] = [emu.run(feeds, p).outputs["y"] for p in (None, {f"{op}_0": Precision.FP16})]
+        assert (len(ortexec._ops) == 1) == (engine == "onnxruntime")
+    want = ort_run(model, feeds)["y"]
+    for got in (runs["onnxruntime"][0], runs["numpy"][0]):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    a, b = runs["onnxruntime"][1], runs["numpy"][1]  # FP16 outputs: equal up to the last FP16 bit
+    np.testing.assert_allclose(a, b, rtol=2.0**-10, atol=2.0**-14)
+    assert np.abs(a - want).max() > 0  # really rounded

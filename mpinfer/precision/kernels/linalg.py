@@ -1,8 +1,9 @@
 """Matrix kernels: MatMul, Gemm, Einsum, Conv, ConvTranspose.
 
 Tensor-core behaviour: inputs arrive rounded to the low dtype, products are accumulated in float32 (numpy
-float32 BLAS) and the executor rounds the output once. Conv is im2col over ``sliding_window_view`` plus
-one matrix product per group.
+float32 BLAS) and the executor rounds the output once. Conv and ConvTranspose run in ONNX Runtime's float32
+kernels where it takes them (:func:`ortexec.float32_op`: the same model, products of rounded values are
+exact in float32), else in numpy: im2col over ``sliding_window_view`` plus one matrix product per group.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
+from mpinfer.precision.kernels import ortexec
 from mpinfer.precision.kernels.numerics import NodeInfo, Numerics
 
 
@@ -129,7 +131,10 @@ def _conv_channels_last(
 
 
 def conv(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
-    """ONNX Conv (1-D/2-D/3-D, groups, pads, strides, dilations, auto_pad) via im2col + GEMM."""
+    """ONNX Conv (1-D/2-D/3-D, groups, pads, strides, dilations, auto_pad) in float32."""
+    fast = ortexec.float32_op("Conv", n.attrs, [v for v in x if v is not None])
+    if fast is not None:
+        return [fast]
     xin, w = x[0], x[1]
     bias = x[2] if len(x) > 2 else None
     group = int(n.get("group", 1))
@@ -173,7 +178,16 @@ def conv(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
 
 
 def conv_transpose(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
-    """ONNX ConvTranspose: per-position products scattered (col2im) into the output, then cropped."""
+    """ONNX ConvTranspose: per-position products scattered (col2im) into the output, then cropped.
+
+    ONNX Runtime computes it when the output size follows from the pads alone (its auto_pad and
+    output_shape handling has differed from the spec across versions).
+    """
+    auto = n.get("auto_pad", "NOTSET")
+    if n.get("output_shape") is None and (auto.decode() if isinstance(auto, bytes) else auto) in ("NOTSET", "VALID"):
+        fast = ortexec.float32_op("ConvTranspose", n.attrs, [v for v in x if v is not None])
+        if fast is not None:
+            return [fast]
     xin, w = x[0], x[1]
     bias = x[2] if len(x) > 2 else None
     group = int(n.get("group", 1))

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from mpinfer.precision.kernels import ortexec
 from mpinfer.specs import Precision
 
 # Float dtypes the emulator treats as "float tensors" (rounded by low-precision nodes). float64 is left as
@@ -61,7 +62,8 @@ class Numerics:
         if self.precision is Precision.FP16:
             out = round_to_fp16(arr)
         else:
-            out = arr.astype(self.dtype).astype(np.float32)
+            fast = ortexec.cast(arr, "round_bf16")
+            out = fast if fast is not None else arr.astype(self.dtype).astype(np.float32)
         return out if isinstance(x, np.ndarray) else out[()]
 
     def load(self, x: np.ndarray) -> np.ndarray:
@@ -80,7 +82,12 @@ class Numerics:
     def store(self, x: np.ndarray) -> np.ndarray:
         """A float output as this node writes it (the low dtype, or float32)."""
         if self.low:
-            return x if x.dtype == self.dtype else x.astype(self.dtype)
+            if x.dtype == self.dtype:
+                return x
+            fast = ortexec.cast(x, "to_fp16") if self.precision is Precision.FP16 else None
+            return fast if fast is not None else x.astype(self.dtype)
+        if x.dtype == np.float16:
+            return fp16_to_float32(x)
         if x.dtype.name in LOW_KINDS:
             return x.astype(np.float32)
         return x
@@ -123,16 +130,28 @@ def _fp16_table() -> np.ndarray:
 
 
 def fp16_to_float32(h: np.ndarray) -> np.ndarray:
-    """FP16 -> float32 by table lookup (5x faster than numpy's conversion loop)."""
-    return np.take(_fp16_table(), h.view(np.uint16))
+    """FP16 -> float32: ONNX Runtime's Cast for large arrays, else a table lookup (5x numpy's loop)."""
+    fast = ortexec.cast(h, "from_fp16")
+    return fast if fast is not None else np.take(_fp16_table(), h.view(np.uint16))
 
 
 def round_to_fp16(x: np.ndarray) -> np.ndarray:
     """Round float32 values to the nearest FP16 value (ties to even), kept in float32.
 
     Bit-exact with ``x.astype(float16).astype(float32)`` (overflow to inf at 65520, FP16 subnormals,
-    NaN kept) and about 3x faster: the mantissa is rounded at bit 13 with integer arithmetic, and values
-    below FP16's normal range are quantised to multiples of 2**-24.
+    NaN kept): ONNX Runtime's Cast pair for large arrays (checked bit for bit on first use, see
+    :mod:`ortexec`), else :func:`round_to_fp16_numpy`.
+    """
+    x = np.asarray(x, dtype=np.float32)
+    fast = ortexec.cast(x, "round_fp16")
+    return fast if fast is not None else round_to_fp16_numpy(x)
+
+
+def round_to_fp16_numpy(x: np.ndarray) -> np.ndarray:
+    """:func:`round_to_fp16` in numpy (3x faster than ``astype``, 15x slower than ONNX Runtime's Cast).
+
+    The mantissa is rounded at bit 13 with integer arithmetic, and values below FP16's normal range are
+    quantised to multiples of 2**-24.
     """
     x = np.asarray(x, dtype=np.float32)
     u = x.view(np.uint32)
