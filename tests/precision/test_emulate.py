@@ -905,7 +905,7 @@ def test_onnx_conformance_with_onnxruntime_doing_every_cast_and_conv(monkeypatch
 
     monkeypatch.setattr(ortexec, "MIN_SIZE", 1)
     monkeypatch.setattr(ortexec, "_ops", {})
-    typed = ("conv", "cast", "float16", "bfloat16", "FLOAT16", "BFLOAT16")
+    typed = ("conv", "cast", "erf", "gelu", "float16", "bfloat16", "FLOAT16", "BFLOAT16")
     cases = [c for c in _conformance_cases() if any(k in c.name for k in typed)]
     convs = [c for c in cases if c.name.startswith(("test_conv", "test_convtranspose"))]
     assert len(convs) > 12 and len(cases) > 80, (len(convs), len(cases))
@@ -1022,6 +1022,23 @@ def test_onnxruntime_casts_are_checked_before_use(monkeypatch):
     assert ortexec.cast(v, "round_fp16") is not None
     assert ortexec._same_bits(np.array([np.nan, 1], np.float32), np.array([-np.nan, 1], np.float32))
     assert not ortexec._same_bits(np.array([0.0], np.float32), np.array([-0.0], np.float32))
+
+
+@pytest.mark.parametrize("engine", ["onnxruntime", "numpy"])
+def test_erf_is_accurate_with_either_engine(engine, monkeypatch):
+    import math
+
+    from mpinfer.precision.kernels import ortexec
+    from mpinfer.precision.kernels.numerics import erf
+
+    monkeypatch.setattr(ortexec, "MIN_SIZE", 1 if engine == "onnxruntime" else 1 << 62)
+    x = np.concatenate([np.linspace(-7, 7, 20001), [0.0, -0.0, 1e-30, np.inf, -np.inf]]).astype(np.float32)
+    got = erf(x)
+    assert got.dtype == np.float32 and got.shape == x.shape
+    want = np.array([math.erf(float(v)) for v in x])
+    assert np.abs(got - want).max() < 1.2e-7
+    assert (ortexec.float32_op("Erf", {}, [x]) is not None) == (engine == "onnxruntime")
+    assert erf(np.float32(0.5)) == pytest.approx(math.erf(0.5), abs=1.2e-7)  # scalars take numpy's path
 
 
 @pytest.mark.parametrize(

@@ -10,6 +10,7 @@
   the low dtype, accumulates the products in float32 and rounds the output once. Products of FP16 or BF16
   values are exact in float32, so ONNX Runtime's float32 kernels compute the same model, 3-25x faster than
   numpy im2col. One session per attribute set, shared by the nodes that have it.
+* Erf in float32 (:func:`numerics.erf`: a function evaluated accurately, then rounded by the node).
 
 Every helper returns None when ONNX Runtime cannot do the step (not installed, an attribute combination it
 refuses, an input that is not a float32 array, a cast that failed its check, an array too small to be
@@ -172,7 +173,8 @@ def float32_op(op_type: str, attrs: Mapping[str, Any], inputs: Sequence[Any]) ->
     """The single output of ai.onnx ``op_type`` on float32 ``inputs``, computed by ONNX Runtime, or None.
 
     Only for ops whose float32 kernels are the emulator's model of them (Conv, ConvTranspose: float32
-    accumulation). None when an input is missing or not float32, or ONNX Runtime refuses the node.
+    accumulation; Erf: an accurate float32 value). None when an input is missing or not float32, or
+    ONNX Runtime refuses the node.
     """
     if not inputs or any(not isinstance(v, np.ndarray) or v.dtype != np.float32 for v in inputs):
         return None
