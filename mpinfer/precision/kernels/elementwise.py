@@ -30,7 +30,7 @@ def _unary(fn: Callable[[np.ndarray], np.ndarray]) -> Kernel:
         v = x[0]
         out = np.asarray(fn(v))
         if out.dtype.kind == "f" and v.dtype.kind == "f" and out.dtype != v.dtype:
-            out = out.astype(v.dtype)
+            out = out.astype(v.dtype, copy=False)
         return [out]
 
     return k
@@ -46,8 +46,8 @@ def _div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 def _pow(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
     a, b = x
     if a.dtype.kind == "f":
-        return [np.power(a, b.astype(a.dtype)).astype(a.dtype)]
-    return [np.power(a.astype(np.float64), b).astype(a.dtype)]
+        return [np.power(a, b.astype(a.dtype, copy=False)).astype(a.dtype, copy=False)]
+    return [np.power(a.astype(np.float64), b).astype(a.dtype, copy=False)]
 
 
 def _mod(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
@@ -75,7 +75,7 @@ def _mean(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
 
 def _sigmoid(v: np.ndarray) -> np.ndarray:
     e = np.exp(-np.abs(v))
-    return np.where(v >= 0, 1.0 / (1.0 + e), e / (1.0 + e)).astype(v.dtype)
+    return np.where(v >= 0, 1.0 / (1.0 + e), e / (1.0 + e)).astype(v.dtype, copy=False)
 
 
 def _leaky(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
@@ -85,19 +85,19 @@ def _leaky(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
 
 def _prelu(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
     v, slope = x
-    return [np.where(v >= 0, v, v * slope).astype(v.dtype)]
+    return [np.where(v >= 0, v, v * slope).astype(v.dtype, copy=False)]
 
 
 def _elu(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
     v, alpha = x[0], n.get("alpha", 1.0)
-    return [np.where(v > 0, v, num.r(alpha * num.r(np.expm1(v)))).astype(v.dtype)]
+    return [np.where(v > 0, v, num.r(alpha * num.r(np.expm1(v)))).astype(v.dtype, copy=False)]
 
 
 def _selu(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
     v = x[0]
     alpha, gamma = n.get("alpha", 1.67326319217681884765625), n.get("gamma", 1.05070102214813232421875)
     inner = np.where(v > 0, v, num.r(alpha * num.r(np.expm1(v))))
-    return [(gamma * inner).astype(v.dtype)]
+    return [(gamma * inner).astype(v.dtype, copy=False)]
 
 
 def _clip(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
@@ -117,13 +117,13 @@ def _clip(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
 def _hard_sigmoid(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
     alpha, beta = n.get("alpha", 0.2), n.get("beta", 0.5)
     v = num.r(num.r(x[0] * np.float32(alpha)) + np.float32(beta))
-    return [np.clip(v, 0, 1).astype(x[0].dtype)]
+    return [np.clip(v, 0, 1).astype(x[0].dtype, copy=False)]
 
 
 def _hard_swish(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
     v = x[0]
     hs = np.clip(num.r(num.r(v * np.float32(1.0 / 6.0)) + np.float32(0.5)), 0, 1)
-    return [(v * hs).astype(v.dtype)]
+    return [(v * hs).astype(v.dtype, copy=False)]
 
 
 def _gelu(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
@@ -135,35 +135,35 @@ def _gelu(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
         one_plus = r(np.float32(1.0) + r(np.tanh(inner)))
     else:
         one_plus = r(np.float32(1.0) + r(erf(r(v * np.float32(SQRT_HALF)))))
-    return [(r(v * np.float32(0.5)) * one_plus).astype(v.dtype)]
+    return [(r(v * np.float32(0.5)) * one_plus).astype(v.dtype, copy=False)]
 
 
 def _swish(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
     v = x[0]
     gate = num.r(_sigmoid(num.r(v * np.float32(n.get("alpha", 1.0)))))
-    return [(v * gate).astype(v.dtype)]
+    return [(v * gate).astype(v.dtype, copy=False)]
 
 
 def _softplus(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
     v = x[0]
     # Stable form max(x, 0) + log1p(exp(-|x|)): no intermediate overflow, as a real kernel would do it.
     tail = num.r(np.log1p(num.r(np.exp(-np.abs(v)))))
-    return [(np.maximum(v, 0) + tail).astype(v.dtype)]
+    return [(np.maximum(v, 0) + tail).astype(v.dtype, copy=False)]
 
 
 def _mish(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
     sp = _softplus(n, num, x)[0]
-    return [(x[0] * num.r(np.tanh(sp))).astype(x[0].dtype)]
+    return [(x[0] * num.r(np.tanh(sp))).astype(x[0].dtype, copy=False)]
 
 
 def _softsign(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
     v = x[0]
-    return [(v / num.r(1 + np.abs(v))).astype(v.dtype)]
+    return [(v / num.r(1 + np.abs(v))).astype(v.dtype, copy=False)]
 
 
 def _thresholded_relu(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
     v = x[0]
-    return [np.where(v > n.get("alpha", 1.0), v, 0).astype(v.dtype)]
+    return [np.where(v > n.get("alpha", 1.0), v, 0).astype(v.dtype, copy=False)]
 
 
 def _where(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:

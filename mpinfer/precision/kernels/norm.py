@@ -55,7 +55,7 @@ def _sum(v: np.ndarray, axes: tuple[int, ...], num: Numerics) -> np.ndarray:
 
 def _mean(v: np.ndarray, axes: tuple[int, ...], num: Numerics) -> np.ndarray:
     return (
-        np.mean(v, axis=axes, keepdims=True).astype(v.dtype)
+        np.mean(v, axis=axes, keepdims=True).astype(v.dtype, copy=False)
         if v.dtype.kind == "f"
         else (np.sum(v, axis=axes, keepdims=True) // max(1, int(np.prod([v.shape[a] for a in axes]))))
     )
@@ -91,7 +91,7 @@ def _log_sum(v: np.ndarray, axes: tuple[int, ...], num: Numerics) -> np.ndarray:
 
 def _log_sum_exp(v: np.ndarray, axes: tuple[int, ...], num: Numerics) -> np.ndarray:
     m = np.max(v, axis=axes, keepdims=True)
-    m = np.where(np.isfinite(m), m, 0).astype(v.dtype)
+    m = np.where(np.isfinite(m), m, 0).astype(v.dtype, copy=False)
     s = num.r(np.sum(num.r(np.exp(num.r(v - m))), axis=axes, keepdims=True))
     return num.r(np.log(s)) + m
 
@@ -143,7 +143,7 @@ def layer_norm(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
         y = num.r(y * x[1])
     if len(x) > 2 and x[2] is not None:
         y = y + x[2]
-    return [y.astype(v.dtype), mean, inv]
+    return [y.astype(v.dtype, copy=False), mean, inv]
 
 
 def rms_norm(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
@@ -153,7 +153,7 @@ def rms_norm(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
     r = num.r
     ms = r(np.mean(r(v * v), axis=tuple(range(axis, v.ndim)), keepdims=True, dtype=np.float32))
     rms = r(np.sqrt(r(ms + np.float32(n.get("epsilon", 1e-5)))))
-    return [(r(v / rms) * x[1]).astype(v.dtype)]
+    return [(r(v / rms) * x[1]).astype(v.dtype, copy=False)]
 
 
 def batch_norm(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
@@ -166,7 +166,7 @@ def batch_norm(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
     b = bias.astype(f) - mean.astype(f) * a
     shape = (1, -1) + (1,) * (v.ndim - 2)
     a, b = num.r(a.reshape(shape)), num.r(b.reshape(shape))
-    return [(num.r(v * a) + b).astype(v.dtype)]
+    return [(num.r(v * a) + b).astype(v.dtype, copy=False)]
 
 
 def instance_norm(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
@@ -174,7 +174,7 @@ def instance_norm(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
     v, scale, bias = x
     shape = (1, -1) + (1,) * (v.ndim - 2)
     y, _, _ = _normalize(v, tuple(range(2, v.ndim)), n.get("epsilon", 1e-5), num)
-    return [(num.r(y * scale.reshape(shape)) + bias.reshape(shape)).astype(v.dtype)]
+    return [(num.r(y * scale.reshape(shape)) + bias.reshape(shape)).astype(v.dtype, copy=False)]
 
 
 def group_norm(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
@@ -189,7 +189,7 @@ def group_norm(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
         scale = np.repeat(scale, chans // groups)
         bias = np.repeat(bias, chans // groups)
     shape = (1, -1) + (1,) * (v.ndim - 2)
-    return [(num.r(y * scale.reshape(shape)) + bias.reshape(shape)).astype(v.dtype)]
+    return [(num.r(y * scale.reshape(shape)) + bias.reshape(shape)).astype(v.dtype, copy=False)]
 
 
 def mean_variance_norm(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
@@ -197,7 +197,7 @@ def mean_variance_norm(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndar
     v = x[0]
     axes = tuple(a % v.ndim for a in (n.get("axes") or (0, 2, 3)))
     y, _, _ = _normalize(v, axes, 1e-9, num)
-    return [y.astype(v.dtype)]
+    return [y.astype(v.dtype, copy=False)]
 
 
 def cumsum(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:

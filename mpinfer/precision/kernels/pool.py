@@ -67,13 +67,13 @@ def average_pool(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
             count = conv_windows(mask, kernel, strides, dil, [0] * sp, extra).sum(axis=axes)
         else:
             count = conv_windows(mask, kernel, strides, dil, begin, ends).sum(axis=axes)
-    return [(total / count).astype(v.dtype)]
+    return [(total / count).astype(v.dtype, copy=False)]
 
 
 def global_average_pool(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
     """GlobalAveragePool (float32 accumulation)."""
     v = x[0]
-    return [np.mean(v, axis=tuple(range(2, v.ndim)), keepdims=True, dtype=np.float32).astype(v.dtype)]
+    return [np.mean(v, axis=tuple(range(2, v.ndim)), keepdims=True, dtype=np.float32).astype(v.dtype, copy=False)]
 
 
 def global_max_pool(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
@@ -158,7 +158,7 @@ def resize(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
         shape[ax] = size
         w1 = (c - i0).astype(np.float32).reshape(shape)
         a, b = np.take(out, i0, axis=ax), np.take(out, i1, axis=ax)
-        out = num.r(a * (np.float32(1.0) - w1) + b * w1).astype(v.dtype)
+        out = num.r(a * (np.float32(1.0) - w1) + b * w1).astype(v.dtype, copy=False)
     return [np.ascontiguousarray(out)]
 
 

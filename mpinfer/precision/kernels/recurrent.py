@@ -17,7 +17,7 @@ from mpinfer.precision.kernels.numerics import NodeInfo, Numerics, UnsupportedVa
 
 def _sigmoid(v: np.ndarray) -> np.ndarray:
     e = np.exp(-np.abs(v))
-    return np.where(v >= 0, 1.0 / (1.0 + e), e / (1.0 + e)).astype(v.dtype)
+    return np.where(v >= 0, 1.0 / (1.0 + e), e / (1.0 + e)).astype(v.dtype, copy=False)
 
 
 def _check(n: NodeInfo, x: list[Any], defaults: list[str]) -> None:
