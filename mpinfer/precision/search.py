@@ -5,7 +5,8 @@
 2. Sensitivity, O(model size) in total: each group is run alone on the FP32 reference tensors of its
    inputs and its local relative error measured: with ORT numerics all groups at once in one ONNX Runtime
    probe model (``probe.py``: about two model runs), with strict numerics as small sub-models in the
-   emulator (also for groups the probe cannot copy).
+   emulator (also for groups the probe cannot copy); on the quarter of the samples the whole candidate got
+   most wrong, when the samples can be split (the errors only rank the groups).
 3. Greedy by FLOPs per unit of error: groups sorted by ``flops / error``; the whole candidate is verified
    with one incremental emulator run (``GraphEmulator.run_from``); when it fails, bisection over the
    sorted prefix finds the largest prefix that meets the budget (log2(groups) verifications); the group
@@ -49,9 +50,10 @@ MAX_REFINE = 8
 SCREEN_SHARE = 1 / 8
 SCREEN_MIN_ROWS = 2
 SCREEN_MIN_TOTAL = 8
-# ORT numerics probe (``_measure``): the groups' local errors are measured on this share of the search samples
-# (at least PROBE_MIN_ROWS), the ones the whole candidate got most wrong: they only rank the groups, every
-# candidate is still verified on all samples, and the probe costs about two model runs per sample.
+# Sensitivity (``_measure``): the groups' local errors are measured on this share of the search samples (at
+# least PROBE_MIN_ROWS), the ones the whole candidate got most wrong: they only rank the groups, every candidate
+# is still verified on all samples, and the ORT probe costs about two model runs per sample (the strict
+# emulator one FP32 run plus one run of every group).
 PROBE_SHARE = 1 / 4
 PROBE_MIN_ROWS = 4
 # Floor of the error used in the FLOPs-per-error score (a group with zero local error is not infinitely good).
@@ -184,7 +186,9 @@ class _Verifier:
                 run = self.emu.run_from(ref, dict(low), keep=False)
                 self.evaluations += run.recomputed
                 outs.append(run.outputs)
-        return self.compare(outs)
+        metrics = self.compare(outs)
+        self._update_hardness(outs)
+        return metrics
 
     def compare(self, outs: list[dict[str, np.ndarray]]) -> dict[str, float]:
         """Budget metrics of candidate outputs (one dict per batch) against the FP32 reference."""
@@ -240,7 +244,7 @@ class _Verifier:
         return np.sort(np.argsort(-self.hardness, kind="stable")[:k])
 
     def probe_batches(self) -> list[dict[str, np.ndarray]]:
-        """The samples the probe measures on: the hardest ``PROBE_SHARE`` of them when they can be split.
+        """The samples group sensitivities are measured on: the hardest ``PROBE_SHARE`` when they can be split.
 
         Falls back to every search batch before the first full verification, or when the samples cannot
         run in subsets (see :meth:`splittable`).
@@ -282,7 +286,7 @@ class _Verifier:
 
     def _update_hardness(self, outs: list[dict[str, np.ndarray]]) -> None:
         """Per sample, the largest error relative to its output's scale seen in a full verification."""
-        if self.cfg.numerics != "ort" or not self.splittable():
+        if not self.splittable():
             return
         joined_ref = self._joined_samples()[1]
         worst = None
@@ -385,10 +389,16 @@ def _measure(
         if not todo:
             return
     ver.open_emulator()
+    refs = ver.refs
+    if cfg.numerics != "ort" and ver.emu is not None:  # strict: the FP32 tensors of the hardest samples
+        subset = ver.probe_batches()
+        if subset is not ver.batches:
+            refs = [ver.emu.run(b, None, keep=True) for b in subset]
+            ver.evaluations += len(info.nodes) * len(refs)
     sens = bar.add_task("sensitivity", total=len(todo))
     for g in todo:
         if ver.emu is not None:
-            g.error, evals = _local_error(model, info, g, ver.refs, cfg.precision)
+            g.error, evals = _local_error(model, info, g, refs, cfg.precision)
             ver.evaluations += evals
         bar.advance(sens)
 

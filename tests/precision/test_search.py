@@ -266,3 +266,30 @@ def test_ort_probe_measures_on_the_samples_the_whole_candidate_got_most_wrong(tm
     probed.clear()
     _convert_fixed_batch(tmp_path, "cal32.npz")
     assert len(probed) == 1 and np.array_equal(probed[0], np.load(tmp_path / "cal32.npz")["x"])
+
+
+def test_strict_sensitivities_are_measured_on_the_hardest_quarter_of_the_samples(tmp_path, monkeypatch):
+    """Strict numerics rank the groups on the FP32 tensors of the quarter of the samples the whole candidate
+    got most wrong (per-sample error of its strict run), as the ORT probe does."""
+    import mpinfer.precision.search as search_mod
+
+    seen, hardness = [], []
+    real_local, real_hardness = search_mod._local_error, search_mod._Verifier._update_hardness
+
+    def recording_local(model, info, group, refs, low):
+        seen.append(np.concatenate([r.tensors[model.graph.input[0].name] for r in refs]))
+        return real_local(model, info, group, refs, low)
+
+    def recording_hardness(self, outs):
+        real_hardness(self, outs)
+        hardness.append(None if self.hardness is None else self.hardness.copy())
+
+    monkeypatch.setattr(search_mod, "_local_error", recording_local)
+    monkeypatch.setattr(search_mod._Verifier, "_update_hardness", recording_hardness)
+    _, res = _convert_chain(tmp_path, 8, "max_abs<=1e-3", numerics="strict")
+    s = res.plan.summary
+    assert s["search"]["searched"] and s["expected_error"]["max_abs"] <= 1e-3
+    samples = np.load(tmp_path / "cal.npz")["x"]
+    hardest = np.sort(np.argsort(-hardness[0], kind="stable")[:8])  # after the whole candidate's run
+    assert len(seen) == s["search"]["groups"] and all(np.array_equal(x, samples[hardest]) for x in seen)
+    assert not np.array_equal(samples[hardest], samples[:8])
