@@ -1012,7 +1012,7 @@ def test_onnxruntime_casts_are_checked_before_use(monkeypatch):
     from mpinfer.precision.kernels import ortexec
     from mpinfer.precision.kernels.numerics import round_to_fp16
 
-    v = np.linspace(-3, 3, 4096, dtype=np.float32)
+    v = np.linspace(-3, 3, ortexec.MIN_SIZE, dtype=np.float32)
     monkeypatch.setattr(ortexec, "_casts", {})
     monkeypatch.setattr(ortexec, "_reference_cast", lambda name, x: np.zeros_like(x))  # "numpy says 0"
     assert ortexec.cast(v, "round_fp16") is None

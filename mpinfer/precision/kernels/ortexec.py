@@ -19,6 +19,7 @@ worth a call); the caller then computes it with numpy.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from collections.abc import Mapping, Sequence
@@ -28,8 +29,9 @@ import numpy as np
 
 logger = logging.getLogger(__name__)
 
-# Arrays with fewer values go through numpy (a session call costs a few microseconds).
-MIN_SIZE = 512
+# Arrays with fewer values go through numpy: below this the gain is under ~0.1 ms a call, and a model whose
+# tensors are all this small never pays for building and checking the sessions (~50 ms once).
+MIN_SIZE = 1 << 14
 # Sessions kept for float32 ops (one per op type, attribute set and input ranks); the oldest is dropped.
 MAX_OP_SESSIONS = 256
 _OPSET = 17
@@ -82,13 +84,15 @@ def _build_cast(name: str) -> Any:
     return _session(_model(nodes, *io))
 
 
+@functools.lru_cache(maxsize=1)
 def _check_values() -> np.ndarray:
     """float32 values that exercise every rounding case: all FP16 patterns, their midpoints, random bits."""
     every = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
     finite = np.sort(every[np.isfinite(every)])
     mid = (finite[:-1].astype(np.float64) + finite[1:]) / 2  # exact ties of FP16 rounding
-    rng = np.random.default_rng(0)
-    bits = rng.integers(0, 1 << 32, size=1 << 16, dtype=np.uint64).astype(np.uint32)
+    # 16K float32 bit patterns spread over the whole range (a multiplicative hash; numpy.random not needed)
+    hashed = np.arange(1, 1 + (1 << 14), dtype=np.uint64) * np.uint64(2654435761)
+    bits = (hashed & np.uint64(0xFFFFFFFF)).astype(np.uint32)
     bf16_ties = (bits & np.uint32(0xFFFF0000)) | np.uint32(0x8000)  # exact ties of BF16 rounding
     extra = np.array([65504.0, 65519.0, 65520.0, 65536.0, 1e38, 2.0**-24, 2.0**-25, 2.0**-26, 2.0**-149], np.float32)
     randoms = [bits.view(np.float32), bf16_ties.view(np.float32)]
