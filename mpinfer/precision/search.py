@@ -12,10 +12,11 @@
    sorted prefix finds the largest prefix that meets the budget (log2(groups) verifications); the group
    that broke it stays FP32 and the rest is tried whole (one sensitive group: done), else a few skipped
    groups are tried one by one.
-4. Screening (ORT numerics): once a full verification has shown which samples each candidate gets most
-   wrong, a candidate first runs on the hardest eighth of them; when even perfect outputs on the others
-   could not meet the budget (``budget.optimistic_metrics``), it is rejected there. Candidates that may
-   pass run on every sample, so each decision and the final error are those of full runs.
+4. Screening: once a full verification has shown which samples each candidate gets most wrong, a
+   candidate first runs on the hardest eighth of them (strict numerics: incrementally, from a kept FP32
+   run of those samples); when even perfect outputs on the others could not meet the budget
+   (``budget.optimistic_metrics``), it is rejected there. Candidates that may pass run on every sample, so
+   each decision and the final error are those of full runs.
 
 The cost (emulator node evaluations, verifications, wall time) goes into the plan summary.
 """
@@ -43,7 +44,7 @@ logger = logging.getLogger(__name__)
 # Skipped groups tried one by one after the bisection (when the rest does not fit whole): enough to recover
 # groups a single bad neighbour pushed out of the prefix, few enough that the cost stays O(log groups) runs.
 MAX_REFINE = 8
-# ORT numerics screening (``_Verifier.metrics``): a candidate first runs on this share of the search samples,
+# Screening (``_Verifier.metrics``): a candidate first runs on this share of the search samples,
 # the ones the earlier candidates got most wrong (at least SCREEN_MIN_ROWS, and only with SCREEN_MIN_TOTAL
 # samples or more); when even a perfect result on the other samples could not meet the budget, it is
 # rejected without running them. A candidate that may pass runs on every sample, as without screening.
@@ -117,7 +118,7 @@ class _Verifier:
         # Metrics of the FP32 model itself (its outputs are the reference): set by _reference.
         self.fp32_metrics: dict[str, float] = {}
         self.passing: tuple[dict[str, Precision], Any] | None = None  # see SearchOutcome.verified
-        # Screening (ORT numerics): per-sample hardness over the search samples (batches concatenated),
+        # Screening: per-sample hardness over the search samples (batches concatenated),
         # the worst relative error each sample showed in a full verification; None until one ran, or
         # when the samples cannot be split (see _screen_rows). ``screened``: candidates rejected early.
         self.hardness: np.ndarray | None = None
@@ -125,6 +126,7 @@ class _Verifier:
         self._splittable: bool | None = None
         self._signal: dict[str, float] = {}
         self._joined: tuple[dict[str, np.ndarray], dict[str, np.ndarray]] | None = None  # (feeds, reference)
+        self._screen_ref: tuple[bytes, Any] | None = None  # strict: (screening rows, their kept FP32 run)
 
     def open_emulator(self) -> None:
         """The strict emulator and its FP32 reference runs (kept for ``run_from`` and the sensitivity pass).
@@ -153,7 +155,7 @@ class _Verifier:
     def metrics(self, low: Mapping[str, Precision], *, screen: bool = True) -> dict[str, float]:
         """Budget metrics of the candidate whose low nodes are ``low``.
 
-        With ORT numerics and ``screen``, a candidate that cannot meet the budget is rejected after a run on
+        With ``screen``, a candidate that cannot meet the budget is rejected after a run on
         the hardest samples only; the metrics returned then are bounds (:func:`optimistic_metrics`) that
         already break the budget. Any candidate that may meet it is measured on every sample.
         """
@@ -169,7 +171,12 @@ class _Verifier:
             sess = ort_session(applied.model)
             rows = self._screen_rows() if screen else None
             if rows is not None:
-                bound = self._screen(sess, rows)
+
+                def run_rows(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+                    self.evaluations += len(self.info.nodes)
+                    return self._ort_run(sess, feeds)
+
+                bound = self._screen(run_rows, rows)
                 if bound is not None and not self.budget.met(bound):
                     self.screened += 1
                     return bound
@@ -181,6 +188,12 @@ class _Verifier:
                 self.passing = (precisions, applied)
             return metrics
         else:
+            rows = self._screen_rows() if screen else None
+            if rows is not None:
+                bound = self._screen(lambda feeds: self._strict_rows(feeds, rows, low), rows)
+                if bound is not None and not self.budget.met(bound):
+                    self.screened += 1
+                    return bound
             outs = []
             for ref in self.refs:
                 run = self.emu.run_from(ref, dict(low), keep=False)
@@ -197,7 +210,7 @@ class _Verifier:
         self.names = names
         return output_metrics(ref_outs, outs, names, labels=self.labels, topk=self.topk)
 
-    # -- screening (ORT numerics) ------------------------------------------------------------------
+    # -- screening ---------------------------------------------------------------------------------
     @staticmethod
     def _rows_of(batch: Mapping[str, np.ndarray]) -> int | None:
         """Samples in a batch when every input holds them along axis 0, else None."""
@@ -258,8 +271,11 @@ class _Verifier:
         feeds = self._joined_samples()[0]
         return [{name: v[rows] for name, v in feeds.items()}]
 
-    def _screen(self, sess: Any, rows: np.ndarray) -> dict[str, float] | None:
-        """Optimistic metrics from a run on ``rows`` only; None when the outputs do not come back per sample."""
+    def _screen(self, run: Any, rows: np.ndarray) -> dict[str, float] | None:
+        """Optimistic metrics from ``run`` (feeds -> outputs) on ``rows`` only.
+
+        None when the outputs do not come back one row per sample (screening is then off for good).
+        """
         names = self.names
         feeds, joined_ref = self._joined_samples()
         if not self._signal:
@@ -267,14 +283,26 @@ class _Verifier:
                 finite = np.asarray(full, np.float64)[np.isfinite(full)]
                 self._signal[n] = float((finite**2).sum())
         total = len(next(iter(feeds.values())))
-        got = self._ort_run(sess, {k: v[rows] for k, v in feeds.items()})
-        self.evaluations += len(self.info.nodes)
+        got = run({k: v[rows] for k, v in feeds.items()})
         if any(np.ndim(got[n]) == 0 or len(got[n]) != len(rows) for n in names):
             self._splittable = False
             return None
         ref = {n: joined_ref[n][rows] for n in names}
         labels = None if self.labels is None else np.asarray(self.labels)[rows[rows < len(self.labels)]]
         return optimistic_metrics(ref, got, names, total, self._signal, labels=labels, topk=self.topk)
+
+    def _strict_rows(self, feeds: dict[str, np.ndarray], rows: np.ndarray, low: Mapping[str, Precision]) -> Any:
+        """Strict outputs of the candidate ``low`` on the samples ``rows`` (their ``feeds``).
+
+        An incremental run from an FP32 reference run of those rows, kept until the screening rows change.
+        """
+        key = rows.tobytes()
+        if self._screen_ref is None or self._screen_ref[0] != key:
+            self._screen_ref = key, self.emu.run(feeds, None, keep=True)
+            self.evaluations += len(self.info.nodes)
+        run = self.emu.run_from(self._screen_ref[1], dict(low), keep=False)
+        self.evaluations += run.recomputed
+        return run.outputs
 
     def _joined_samples(self) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
         """Every search sample in one array per input, and the FP32 reference in one array per float output."""
@@ -509,7 +537,7 @@ def search_plan(
     cost = {
         "node_evaluations": int(ver.evaluations),
         "verifications": int(ver.verifications),
-        # Of those, candidates rejected after a run on the hardest samples only (ORT numerics).
+        # Of those, candidates rejected after a run on the hardest samples only.
         "screened": int(ver.screened),
         "groups": len(groups),
         "groups_low": len(accepted),

@@ -188,25 +188,36 @@ def _fixed_batch_chain(n: int, rows: int, width: int = 16):
     return model
 
 
-def test_ort_screening_rejects_on_the_hardest_samples_and_changes_no_decision(tmp_path, monkeypatch):
-    """Candidates that fail are rejected after a run on the hardest samples; the search's decisions, its
-    final error and the written model are those of the search that runs every candidate on every sample."""
+@pytest.mark.parametrize("numerics", ["ort", "strict"])
+def test_screening_rejects_on_the_hardest_samples_and_changes_no_decision(tmp_path, monkeypatch, numerics):
+    """Candidates that fail are rejected after a run on the hardest samples (ORT: a session run on them;
+    strict: an incremental emulator run from their kept FP32 run); the search's decisions, its final error
+    and the written model are those of the search that runs every candidate on every sample."""
     import mpinfer.precision.search as search_mod
 
     runs = []
-    real = search_mod._Verifier._ort_run
+    if numerics == "ort":
+        real = search_mod._Verifier._ort_run
 
-    def counting(sess, batch):
-        runs.append(len(next(iter(batch.values()))))
-        return real(sess, batch)
+        def counting(sess, batch):
+            runs.append(len(next(iter(batch.values()))))
+            return real(sess, batch)
 
-    monkeypatch.setattr(search_mod._Verifier, "_ort_run", staticmethod(counting))
-    _, screened = _convert_chain(tmp_path, 8, "max_abs<=1e-3", tag="s", numerics="ort")
+        monkeypatch.setattr(search_mod._Verifier, "_ort_run", staticmethod(counting))
+    else:
+        real_rows = search_mod._Verifier._strict_rows
+
+        def counting_rows(self, feeds, rows, low):
+            runs.append(len(next(iter(feeds.values()))))
+            return real_rows(self, feeds, rows, low)
+
+        monkeypatch.setattr(search_mod._Verifier, "_strict_rows", counting_rows)
+    _, screened = _convert_chain(tmp_path, 8, "max_abs<=1e-3", tag="s", numerics=numerics)
     s = screened.plan.summary["search"]
     assert s["searched"] and s["screened"] > 0, s
     assert runs.count(4) >= s["screened"]  # 32 samples: each screening run holds the 4 hardest
     monkeypatch.setattr(search_mod, "SCREEN_MIN_TOTAL", 10**9)  # no screening
-    _, full = _convert_chain(tmp_path, 8, "max_abs<=1e-3", tag="f", numerics="ort")
+    _, full = _convert_chain(tmp_path, 8, "max_abs<=1e-3", tag="f", numerics=numerics)
     f = full.plan.summary["search"]
     assert f["screened"] == 0 and f["verifications"] == s["verifications"]
     assert [(n.name, n.precision) for n in screened.plan.nodes] == [(n.name, n.precision) for n in full.plan.nodes]
