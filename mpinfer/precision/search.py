@@ -35,6 +35,7 @@ import numpy as np
 from mpinfer.errors import AccuracyMismatchError, InvalidInputError, format_message
 from mpinfer.precision.budget import Budget, optimistic_metrics, output_metrics, parse_budget, ref_rows
 from mpinfer.precision.graphinfo import GraphInfo, components
+from mpinfer.precision.kernels.numerics import is_float
 from mpinfer.precision.plan import NodeDecision
 from mpinfer.precision.rules import Decision, Kind
 from mpinfer.specs import Precision
@@ -51,6 +52,9 @@ MAX_REFINE = 8
 SCREEN_SHARE = 1 / 8
 SCREEN_MIN_ROWS = 2
 SCREEN_MIN_TOTAL = 8
+# Strict numerics screen only models whose kept FP32 reference runs hold at least this many float values per
+# node (CNNs: ~1e6; small transformers: ~1e4, where the per-node overhead dominates the emulator's time).
+STRICT_SCREEN_MIN_VALUES = 100_000
 # Sensitivity (``_measure``): the groups' local errors are measured on this share of the search samples (at
 # least PROBE_MIN_ROWS), the ones the whole candidate got most wrong: they only rank the groups, every candidate
 # is still verified on all samples, and the ORT probe costs about two model runs per sample (the strict
@@ -127,6 +131,7 @@ class _Verifier:
         self._signal: dict[str, float] = {}
         self._joined: tuple[dict[str, np.ndarray], dict[str, np.ndarray]] | None = None  # (feeds, reference)
         self._screen_ref: tuple[bytes, Any] | None = None  # strict: (screening rows, their kept FP32 run)
+        self._values_per_node: float | None = None  # strict: float values per model node in the kept runs
 
     def open_emulator(self) -> None:
         """The strict emulator and its FP32 reference runs (kept for ``run_from`` and the sensitivity pass).
@@ -188,7 +193,7 @@ class _Verifier:
                 self.passing = (precisions, applied)
             return metrics
         else:
-            rows = self._screen_rows() if screen else None
+            rows = self._strict_screen_rows() if screen else None
             if rows is not None:
                 bound = self._screen(lambda feeds: self._strict_rows(feeds, rows, low), rows)
                 if bound is not None and not self.budget.met(bound):
@@ -290,6 +295,26 @@ class _Verifier:
         ref = {n: joined_ref[n][rows] for n in names}
         labels = None if self.labels is None else np.asarray(self.labels)[rows[rows < len(self.labels)]]
         return optimistic_metrics(ref, got, names, total, self._signal, labels=labels, topk=self.topk)
+
+    def _strict_screen_rows(self) -> np.ndarray | None:
+        """Strict numerics: the screening rows, chosen once (from the first full verification) and kept.
+
+        Each new set of rows costs an FP32 emulator run of them, so they stay fixed. Only for models whose
+        emulation cost follows the data (``STRICT_SCREEN_MIN_VALUES`` float values per node in the kept
+        reference runs, e.g. CNNs): where the per-node overhead dominates (small transformers), a run on an
+        eighth of the samples costs almost what the full incremental run does, and screening would cost more
+        than it saves.
+        """
+        if self._screen_ref is not None:
+            return np.frombuffer(self._screen_ref[0], dtype=np.intp)
+        if self._values_per_node is None:
+            values = sum(
+                v.size for r in self.refs for v in r.tensors.values() if isinstance(v, np.ndarray) and is_float(v)
+            )
+            self._values_per_node = values / max(len(self.info.nodes), 1)
+        if self._values_per_node < STRICT_SCREEN_MIN_VALUES:
+            return None
+        return self._screen_rows()
 
     def _strict_rows(self, feeds: dict[str, np.ndarray], rows: np.ndarray, low: Mapping[str, Precision]) -> Any:
         """Strict outputs of the candidate ``low`` on the samples ``rows`` (their ``feeds``).

@@ -212,6 +212,10 @@ def test_screening_rejects_on_the_hardest_samples_and_changes_no_decision(tmp_pa
             return real_rows(self, feeds, rows, low)
 
         monkeypatch.setattr(search_mod._Verifier, "_strict_rows", counting_rows)
+        # this small chain holds ~1e3 float values per node: screening is off below the threshold ...
+        _, small = _convert_chain(tmp_path, 8, "max_abs<=1e-3", tag="o", numerics=numerics)
+        assert small.plan.summary["search"]["screened"] == 0 and not runs
+        monkeypatch.setattr(search_mod, "STRICT_SCREEN_MIN_VALUES", 0)  # ... and on for models the data dominates
     _, screened = _convert_chain(tmp_path, 8, "max_abs<=1e-3", tag="s", numerics=numerics)
     s = screened.plan.summary["search"]
     assert s["searched"] and s["screened"] > 0, s
