@@ -59,6 +59,7 @@ def _session(model: Any) -> Any:
     so.log_severity_level = 3
     # Many small sessions live side by side: their threads must not spin between calls.
     so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    so.enable_cpu_mem_arena = False  # up to 256 sessions: none keeps an arena sized for its largest output
     return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
 
 
