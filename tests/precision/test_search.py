@@ -253,25 +253,34 @@ def test_ort_screening_needs_samples_it_can_split(tmp_path):
     assert s["searched"] and s["screened"] == 0 and res.plan.summary["expected_error"]["max_abs"] <= 1e-3
 
 
+def _recorded_hardness(monkeypatch):
+    """A list that receives a copy of the verifier's per-sample hardness after each full verification."""
+    import mpinfer.precision.search as search_mod
+
+    hardness = []
+    real = search_mod._Verifier._update_hardness
+
+    def recording(self, outs):
+        real(self, outs)
+        hardness.append(None if self.hardness is None else self.hardness.copy())
+
+    monkeypatch.setattr(search_mod._Verifier, "_update_hardness", recording)
+    return hardness
+
+
 def test_ort_probe_measures_on_the_samples_the_whole_candidate_got_most_wrong(tmp_path, monkeypatch):
     """The probe ranks the groups on the hardest quarter of the samples (per-sample error of the first full
     verification); a model whose batch is fixed is probed on every sample."""
     import mpinfer.precision.probe as probe_mod
-    import mpinfer.precision.search as search_mod
 
-    probed, hardness = [], []
-    real_probe, real_hardness = probe_mod.probe_errors, search_mod._Verifier._update_hardness
+    probed, hardness = [], _recorded_hardness(monkeypatch)
+    real_probe = probe_mod.probe_errors
 
     def recording_probe(info, groups, batches, low):
         probed.append(np.concatenate([b["x"] for b in batches]))
         return real_probe(info, groups, batches, low)
 
-    def recording_hardness(self, outs):
-        real_hardness(self, outs)
-        hardness.append(None if self.hardness is None else self.hardness.copy())
-
     monkeypatch.setattr(probe_mod, "probe_errors", recording_probe)
-    monkeypatch.setattr(search_mod._Verifier, "_update_hardness", recording_hardness)
     _, res = _convert_chain(tmp_path, 8, "max_abs<=1e-3", numerics="ort")
     assert res.plan.summary["search"]["searched"] and res.plan.summary["expected_error"]["max_abs"] <= 1e-3
     samples = np.load(tmp_path / "cal.npz")["x"]
@@ -288,19 +297,14 @@ def test_strict_sensitivities_are_measured_on_the_hardest_quarter_of_the_samples
     got most wrong (per-sample error of its strict run), as the ORT probe does."""
     import mpinfer.precision.search as search_mod
 
-    seen, hardness = [], []
-    real_local, real_hardness = search_mod._local_error, search_mod._Verifier._update_hardness
+    seen, hardness = [], _recorded_hardness(monkeypatch)
+    real_local = search_mod._local_error
 
     def recording_local(model, info, group, refs, low):
         seen.append(np.concatenate([r.tensors[model.graph.input[0].name] for r in refs]))
         return real_local(model, info, group, refs, low)
 
-    def recording_hardness(self, outs):
-        real_hardness(self, outs)
-        hardness.append(None if self.hardness is None else self.hardness.copy())
-
     monkeypatch.setattr(search_mod, "_local_error", recording_local)
-    monkeypatch.setattr(search_mod._Verifier, "_update_hardness", recording_hardness)
     _, res = _convert_chain(tmp_path, 8, "max_abs<=1e-3", numerics="strict")
     s = res.plan.summary
     assert s["search"]["searched"] and s["expected_error"]["max_abs"] <= 1e-3
