@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -276,7 +276,9 @@ class _Verifier:
         feeds = self._joined_samples()[0]
         return [{name: v[rows] for name, v in feeds.items()}]
 
-    def _screen(self, run: Any, rows: np.ndarray) -> dict[str, float] | None:
+    def _screen(
+        self, run: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]], rows: np.ndarray
+    ) -> dict[str, float] | None:
         """Optimistic metrics from ``run`` (feeds -> outputs) on ``rows`` only.
 
         None when the outputs do not come back one row per sample (screening is then off for good).
@@ -316,7 +318,9 @@ class _Verifier:
             return None
         return self._screen_rows()
 
-    def _strict_rows(self, feeds: dict[str, np.ndarray], rows: np.ndarray, low: Mapping[str, Precision]) -> Any:
+    def _strict_rows(
+        self, feeds: dict[str, np.ndarray], rows: np.ndarray, low: Mapping[str, Precision]
+    ) -> dict[str, np.ndarray]:
         """Strict outputs of the candidate ``low`` on the samples ``rows`` (their ``feeds``).
 
         An incremental run from an FP32 reference run of those rows, kept until the screening rows change.
