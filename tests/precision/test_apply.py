@@ -433,3 +433,22 @@ def test_low_graph_output_also_read_by_an_fp32_node_gets_uniquely_named_casts():
     x = np.random.default_rng(0).standard_normal((4, 8)).astype(np.float32)
     for got, want in zip(run_ort(out, {"x": x}), run_ort(model, {"x": x}), strict=True):  # y1, y2
         np.testing.assert_allclose(got, want, atol=5e-3)
+
+
+def test_weights_go_to_fp16_with_the_same_bits_through_onnxruntime():
+    """low_array: large float32 weights take ONNX Runtime's Cast, small ones numpy's; the bits are numpy's."""
+    from mpinfer.precision.apply import low_array
+    from mpinfer.precision.kernels import ortexec
+
+    rng = np.random.default_rng(3)
+    large = (rng.standard_normal(ortexec.MIN_SIZE * 2) * np.exp(rng.uniform(-20, 12, ortexec.MIN_SIZE * 2)))
+    large = large.astype(np.float32)
+    large[:4] = [65519.0, 65520.0, 2.0**-25, -(2.0**-24) * 1.5]  # overflow edge, flush, tie to the subnormal
+    assert ortexec.cast(large, "to_fp16") is not None  # this array takes the ONNX Runtime path
+    with np.errstate(over="ignore"):
+        for arr in (large, large[:100]):
+            got = low_array(arr, Precision.FP16)
+            assert got.dtype == np.float16
+            np.testing.assert_array_equal(got.view(np.uint16), arr.astype(np.float16).view(np.uint16))
+    bf = low_array(large, Precision.BF16)
+    assert bf.dtype.name == "bfloat16"
