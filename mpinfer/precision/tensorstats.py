@@ -268,13 +268,17 @@ class _Accumulator:
         )
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask on Linux, else the machine's count)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
 def stats_workers() -> int:
     """Threads for :meth:`StatsCollector.update_many`: the CPUs this process may use, at most 8."""
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        cpus = os.cpu_count() or 1
-    return max(1, min(cpus, MAX_WORKERS))
+    return min(usable_cpus(), MAX_WORKERS)
 
 
 class StatsCollector:

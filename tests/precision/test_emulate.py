@@ -1079,3 +1079,16 @@ def test_onnxruntime_convolutions_match_the_numpy_kernels(op, x_shape, w_shape, 
     a, b = runs["onnxruntime"][1], runs["numpy"][1]  # FP16 outputs: equal up to the last FP16 bit
     np.testing.assert_allclose(a, b, rtol=2.0**-10, atol=2.0**-14)
     assert np.abs(a - want).max() > 0  # really rounded
+
+
+def test_onnxruntime_step_sessions_stay_small():
+    """Each step session has at most MAX_THREADS threads that sleep between calls and no memory arena."""
+    from mpinfer.precision.kernels import ortexec
+    from mpinfer.precision.tensorstats import usable_cpus
+
+    x = np.linspace(-2, 2, ortexec.MIN_SIZE, dtype=np.float32)
+    assert ortexec.cast(x, "round_fp16") is not None
+    opts = ortexec._casts["round_fp16"].get_session_options()
+    assert opts.intra_op_num_threads == min(ortexec.MAX_THREADS, usable_cpus())
+    assert not opts.enable_cpu_mem_arena
+    assert opts.get_session_config_entry("session.intra_op.allow_spinning") == "0"

@@ -4,8 +4,8 @@
   operations (round to nearest, ties to even; overflow to inf; FP16 subnormals), so any correct
   implementation returns the same bits; ONNX Runtime's vectorised Cast does them 10-20x faster than numpy,
   whose float16 conversion is a scalar loop. On first use each cast is checked bit for bit against numpy
-  on every FP16 bit pattern, the midpoints between them and random float32 values (inf, NaN, subnormals
-  included); a cast that differs is never used.
+  on every FP16 bit pattern, the midpoints between them, BF16 ties and 16K float32 bit patterns spread over
+  the whole range (inf, NaN, subnormals included); a cast that differs is never used.
 * Conv and ConvTranspose in float32: the emulator's tensor-core model (:mod:`linalg`) rounds the inputs to
   the low dtype, accumulates the products in float32 and rounds the output once. Products of FP16 or BF16
   values are exact in float32, so ONNX Runtime's float32 kernels compute the same model, 3-25x faster than
@@ -30,10 +30,14 @@ import numpy as np
 logger = logging.getLogger(__name__)
 
 # Arrays with fewer values go through numpy: below this the gain is under ~0.1 ms a call, and a model whose
-# tensors are all this small never pays for building and checking the sessions (~50 ms once).
+# tensors are all this small never pays for building and checking the sessions (~25 ms once).
 MIN_SIZE = 1 << 14
 # Sessions kept for float32 ops (one per op type, attribute set and input ranks); the oldest is dropped.
-MAX_OP_SESSIONS = 256
+# (layout_cdla, 1493 nodes, needs 15.)
+MAX_OP_SESSIONS = 64
+# Threads of each session's pool: every session has its own, so a many-core machine must not multiply its
+# cores by the number of sessions; the emulator runs one step at a time.
+MAX_THREADS = 4
 _OPSET = 17
 _IR_VERSION = 8
 
@@ -55,11 +59,14 @@ _ops: dict[tuple[Any, ...], Any] = {}  # op key -> session, or None when ONNX Ru
 def _session(model: Any) -> Any:
     import onnxruntime as ort
 
+    from mpinfer.precision.tensorstats import usable_cpus
+
     so = ort.SessionOptions()
     so.log_severity_level = 3
+    so.intra_op_num_threads = min(MAX_THREADS, usable_cpus())
     # Many small sessions live side by side: their threads must not spin between calls.
     so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    so.enable_cpu_mem_arena = False  # up to 256 sessions: none keeps an arena sized for its largest output
+    so.enable_cpu_mem_arena = False  # many sessions: none keeps an arena sized for its largest output
     return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
 
 
