@@ -413,7 +413,47 @@ def main() -> None:
             print(json.dumps(row), flush=True)
     sizes = search_sizes(folder) if args.sizes else []
     (folder / "results.json").write_text(json.dumps({"tools": results, "sizes": sizes}, indent=1))
-    print(f"results in {folder / 'results.json'}")
+    (folder / "results.md").write_text(markdown(results, sizes))
+    print(f"results in {folder / 'results.json'} and {folder / 'results.md'}")
+
+
+def markdown(results: list[dict], sizes: list[dict]) -> str:
+    """The tools table and (with ``--sizes``) the search-cost table, as bench/RESULTS.md shows them."""
+    from mpinfer.report.markdown import md_table
+
+    headers = [
+        *("model", "tool", "loads in ORT", "FP16 share of FLOPs", "casts added", "max abs err (ORT CPU)"),
+        *("max abs err (strict FP16)", "NaN/Inf", "wall s", "peak RSS MB"),
+    ]
+    rows = []
+    for r in results:
+        if not r["ok"]:
+            rows.append([r["model"], r["tool"], f"crashed: `{r['error']}`", *[""] * 5, f"{r['wall_s']}", ""])
+            continue
+        rows.append(
+            [
+                *(r["model"], r["tool"], "yes" if r["loads"] else "no", f"{r['fp16_flops'] * 100:.1f}%"),
+                *(str(r["casts"]), f"{r['ort']['max_abs']:.2e}", f"{r['strict']['max_abs']:.2e}"),
+                *(str(r["ort"]["nonfinite"] + r["strict"]["nonfinite"]), f"{r['wall_s']}", f"{r['peak_rss_mb']}"),
+            ]
+        )
+    lines = md_table(headers, rows)
+    if sizes:
+        headers = [
+            *("model", "size", "nodes", "groups", "emulator node evaluations", "per node", "verifications"),
+            *("naive per-group re-runs", "search wall s", "FP16 FLOPs"),
+        ]
+        rows = [
+            [
+                r["model"],
+                f"depth {r['depth']}" if "depth" in r else f"width {r['width']}",
+                *(str(r[k]) for k in ("nodes", "groups", "node_evaluations", "evals_per_node", "verifications")),
+                *(str(r["naive_evals"]), str(r["wall_s"]), f"{r['low_share_flops'] * 100:.1f}%"),
+            ]
+            for r in sizes
+        ]
+        lines += md_table(headers, rows)
+    return "\n".join(lines)
 
 
 def vm_hwm_mb() -> float:
