@@ -237,7 +237,7 @@ def optimistic_metrics(
             "cosine": share(one["cosine"], rows),
             "max_abs": one["max_abs"],
             "mean_abs": one["mean_abs"] * rows / total_rows,
-            "rel": math.sqrt(noise / sig) if sig > 0 else (0.0 if noise == 0 else math.inf),
+            "rel": relative_l2(noise, sig),
             "snr": 10 * math.log10(sig / noise) if noise > 0 else math.inf,
         }
         bound.update({f"top{k}": share(one[f"top{k}"], rows) for k in topk if f"top{k}" in one})
@@ -247,6 +247,13 @@ def optimistic_metrics(
         if scored is not None:
             out["accuracy"] = share(*scored)
     return out
+
+
+def relative_l2(noise: float, signal: float) -> float:
+    """sqrt(noise / signal) from sums of squares: 0 for no error at all, inf for error on a zero signal."""
+    if signal > 0:
+        return math.sqrt(noise / signal)
+    return 0.0 if noise == 0 else math.inf
 
 
 def ref_rows(arr: np.ndarray) -> int:
@@ -275,7 +282,7 @@ def _metrics_one(ref: np.ndarray, cand: np.ndarray, topk: Sequence[int]) -> dict
         "cosine": float(cos.mean()) if cos.size else 1.0,
         "max_abs": float(absdiff.max()) if diff.size else 0.0,
         "mean_abs": float(absdiff.mean()) if diff.size else 0.0,
-        "rel": math.sqrt(noise / sig) if sig > 0 else (0.0 if noise == 0 else math.inf),
+        "rel": relative_l2(noise, sig),
         "snr": 10 * math.log10(sig / noise) if noise > 0 else math.inf,
     }
     if ref.shape[1] > 1:

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from mpinfer.precision.budget import relative_l2
 from mpinfer.precision.graphinfo import GraphInfo
 from mpinfer.specs import Precision
 
@@ -198,7 +199,7 @@ def probe_errors(info: GraphInfo, groups: Sequence[Any], batches: Sequence[dict]
         if not math.isfinite(n):
             errors[anchor] = math.inf
         else:
-            errors[anchor] = math.sqrt(n / s) if s > 0 else (0.0 if n == 0 else math.inf)
+            errors[anchor] = relative_l2(n, s)
     probed = set(rows)
     sizes = sum(len(g.members) for g in groups if g.anchor in probed)
     return ProbeResult(errors, (len(info.nodes) + sizes) * len(batches))

@@ -33,7 +33,14 @@ from typing import Any
 import numpy as np
 
 from mpinfer.errors import AccuracyMismatchError, InvalidInputError, format_message
-from mpinfer.precision.budget import Budget, optimistic_metrics, output_metrics, parse_budget, ref_rows
+from mpinfer.precision.budget import (
+    Budget,
+    optimistic_metrics,
+    output_metrics,
+    parse_budget,
+    ref_rows,
+    relative_l2,
+)
 from mpinfer.precision.graphinfo import GraphInfo, components
 from mpinfer.precision.kernels.numerics import is_float
 from mpinfer.precision.plan import NodeDecision
@@ -421,8 +428,7 @@ def _local_error(model: Any, info: GraphInfo, group: _Group, refs: list[Any], lo
             ok = np.isfinite(want)
             noise += float(((got - want)[ok] ** 2).sum())
             signal += float((want[ok] ** 2).sum())
-    err = math.sqrt(noise / signal) if signal > 0 else (0.0 if noise == 0 else math.inf)
-    return err, len(group.members) * len(refs)
+    return relative_l2(noise, signal), len(group.members) * len(refs)
 
 
 def _measure(
