@@ -20,6 +20,7 @@ import numpy as np
 
 from mpinfer.modelio import NodeRef
 from mpinfer.precision.graphinfo import DEFAULT_DOMAINS, FLOAT, SHAPE_INPUTS, GraphInfo
+from mpinfer.precision.tensorstats import sum_of_squares
 from mpinfer.specs import Precision
 
 logger = logging.getLogger(__name__)
@@ -485,10 +486,7 @@ def _weight_stats(arr: np.ndarray | None) -> dict[str, float]:
     tiny = a < FP16_TINY / 2
     flushed = a[tiny & (a > 0)] if tiny.any() else a[:0]
     under = float(flushed.size / (a.size - int(np.count_nonzero(a == 0)))) if flushed.size else 0.0
-    with np.errstate(over="ignore"):
-        total = float(np.dot(a, a))
-    if not np.isfinite(total):
-        total = float(np.dot(a.astype(np.float64), a.astype(np.float64)))
+    total = sum_of_squares(a)
     energy = float(np.dot(flushed.astype(np.float64), flushed.astype(np.float64)) / total) if total > 0 else 0.0
     return {"absmax": float(a.max()), "underflow_frac": under, "underflow_energy": energy}
 

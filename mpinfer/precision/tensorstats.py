@@ -40,6 +40,13 @@ _ONE = np.uint32(1)
 _NO_NONZERO = 0xFFFFFFFF  # "no non-zero value seen" in the wrapped (bits - 1) minimum
 
 
+def sum_of_squares(v: np.ndarray) -> float:
+    """Sum of squares of finite float32 values: one float32 BLAS dot, float64 only when it overflows."""
+    with np.errstate(over="ignore"):
+        sq = float(np.dot(v, v))
+    return sq if math.isfinite(sq) else float(np.dot(v.astype(np.float64), v.astype(np.float64)))
+
+
 def _bin_of(value: float) -> int:
     """Histogram bin of a positive float32 value (bins below it hold only smaller magnitudes)."""
     return int(np.asarray(value, np.float32).view(np.uint32)) >> _SHIFT
@@ -152,9 +159,7 @@ class _Accumulator:
             v = mag.view(np.float32)
             top = max(top, int(mag.max()))
             sum_abs += float(v.sum(dtype=np.float64))
-            with np.errstate(over="ignore"):
-                sq = float(np.dot(v, v))  # float32 BLAS; float64 only when the squares overflow float32
-            sum_sq += sq if math.isfinite(sq) else float(np.dot(v.astype(np.float64), v.astype(np.float64)))
+            sum_sq += sum_of_squares(v)
             smallest = min(smallest, int(np.subtract(mag, _ONE, out=mag).min()))
         if hist[_INF_BIN:].any():  # inf or NaN present: the sums and the maximum need the finite values only
             self._update_nonfinite(flat)
@@ -202,11 +207,7 @@ class _Accumulator:
         self.hist += hist
         self.absmax = max(self.absmax, float(v.max()))
         self.sum_abs += float(v.sum(dtype=np.float64))
-        with np.errstate(over="ignore"):
-            sq = float(np.dot(v, v))  # float32 BLAS; float64 only when the squares overflow float32
-        if not math.isfinite(sq):
-            sq = float(np.dot(v.astype(np.float64), v.astype(np.float64)))
-        self.sum_sq += sq
+        self.sum_sq += sum_of_squares(v)
         self.over += int(hist[_FP16_MAX_BIN + 1 : _INF_BIN].sum())
         if hist[_FP16_MAX_BIN]:  # the bin holding 65504 straddles the limit
             self.over += int(np.count_nonzero(v[bins == _FP16_MAX_BIN] > FP16_MAX))
