@@ -181,31 +181,22 @@ class _Verifier:
                 self.model, self.info, precisions, self.cfg.precision, keep_io_types=self.cfg.keep_io_types
             )
             sess = ort_session(applied.model)
+
+            def run_rows(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+                self.evaluations += len(self.info.nodes)
+                return self._ort_run(sess, feeds)
+
             rows = self._screen_rows() if screen else None
-            if rows is not None:
-
-                def run_rows(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-                    self.evaluations += len(self.info.nodes)
-                    return self._ort_run(sess, feeds)
-
-                bound = self._screen(run_rows, rows)
-                if bound is not None and not self.budget.met(bound):
-                    self.screened += 1
-                    return bound
+            rejected = None if rows is None else self._screen(run_rows, rows)
+            if rejected is not None:
+                return rejected
             outs = [self._ort_run(sess, b) for b in self.batches]
             self.evaluations += len(self.info.nodes) * len(self.batches)
-            metrics = self.compare(outs)
-            self._update_hardness(outs)
-            if self.budget.met(metrics):
-                self.passing = (precisions, applied)
-            return metrics
         else:
             rows = self._strict_screen_rows() if screen else None
-            if rows is not None:
-                bound = self._screen(lambda feeds: self._strict_rows(feeds, rows, low), rows)
-                if bound is not None and not self.budget.met(bound):
-                    self.screened += 1
-                    return bound
+            rejected = None if rows is None else self._screen(lambda f: self._strict_rows(f, rows, low), rows)
+            if rejected is not None:
+                return rejected
             outs = []
             for ref in self.refs:
                 run = self.emu.run_from(ref, dict(low), keep=False)
@@ -213,6 +204,8 @@ class _Verifier:
                 outs.append(run.outputs)
         metrics = self.compare(outs)
         self._update_hardness(outs)
+        if self.cfg.numerics == "ort" and self.budget.met(metrics):
+            self.passing = (precisions, applied)
         return metrics
 
     def compare(self, outs: list[dict[str, np.ndarray]]) -> dict[str, float]:
@@ -286,9 +279,11 @@ class _Verifier:
     def _screen(
         self, run: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]], rows: np.ndarray
     ) -> dict[str, float] | None:
-        """Optimistic metrics from ``run`` (feeds -> outputs) on ``rows`` only.
+        """Screen a candidate on ``rows``: its optimistic metrics when they already break the budget, else None.
 
-        None when the outputs do not come back one row per sample (screening is then off for good).
+        ``run`` maps the rows' feeds to the candidate's outputs. A rejection is counted in ``screened``; None
+        means the candidate must run on every sample (also when the outputs do not come back one row per
+        sample: screening is then off for good).
         """
         names = self.names
         feeds, joined_ref = self._joined_samples()
@@ -303,7 +298,11 @@ class _Verifier:
             return None
         ref = {n: joined_ref[n][rows] for n in names}
         labels = None if self.labels is None else np.asarray(self.labels)[rows[rows < len(self.labels)]]
-        return optimistic_metrics(ref, got, names, total, self._signal, labels=labels, topk=self.topk)
+        bound = optimistic_metrics(ref, got, names, total, self._signal, labels=labels, topk=self.topk)
+        if self.budget.met(bound):
+            return None
+        self.screened += 1
+        return bound
 
     def _strict_screen_rows(self) -> np.ndarray | None:
         """Strict numerics: the screening rows, chosen once (from the first full verification) and kept.
