@@ -53,7 +53,11 @@ def progress_bar(label: str | None = None, *, enabled: bool = True, transient: b
 
     columns: list[Any] = []
     if label is not None:
-        columns = [TextColumn(f"[bold]{label}[/] {{task.description}}"), BarColumn(), MofNCompleteColumn()]
-        columns.append(TimeElapsedColumn())
+        columns = [
+            TextColumn(f"[bold]{label}[/] {{task.description}}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+        ]
     console = Console(stderr=True)
     return Progress(*columns, console=console, transient=transient, disable=not console.is_terminal)

@@ -227,12 +227,6 @@ def _weight_bytes(model: Any) -> int:
     return sum(len(t.raw_data) + 4 * len(t.float_data) for t in model.graph.initializer)
 
 
-def _progress(progress: bool) -> Any:
-    from mpinfer.progress import progress_bar
-
-    return progress_bar("Calibrating", enabled=progress)
-
-
 def _run_chunk(
     sess: Any,
     names: list[str],
@@ -286,6 +280,7 @@ def calibrate(
         InvalidInputError: No batches, or feeds the model does not accept (names, dtypes, shapes).
     """
     from mpinfer.modelio import iter_nodes, name_nodes
+    from mpinfer.progress import progress_bar
 
     start = time.perf_counter()
     addresses = [ref.address for ref in iter_nodes(model.graph)]
@@ -308,7 +303,11 @@ def calibrate(
     first_pass = _FirstPass(model, unknown)
     outputs = {vi.name for vi in model.graph.output} & set(known)
     captured: list[dict[str, np.ndarray]] = []
-    with _progress(progress) as bar, contextlib.closing(sessions), contextlib.closing(first_pass.collector):
+    with (
+        progress_bar("Calibrating", enabled=progress) as bar,
+        contextlib.closing(sessions),
+        contextlib.closing(first_pass.collector),
+    ):
         task = bar.add_task("", total=len(feeds) * passes if isinstance(feeds, Sized) else None)
         for index in range(passes):
             sess = first_session if index == 0 else sessions.session(chunks[index])

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -332,7 +333,7 @@ def _make_plan(
 
 
 def _calibrate(
-    cfg: ConvertConfig, model: Any, types: Any = None
+    cfg: ConvertConfig, model: Any, types: Mapping[str, int] | None = None
 ) -> tuple[Any, Any, dict[str, Any] | None]:
     """Calibration statistics, the feeds (for the search) and a description for the plan."""
     from mpinfer.data import load_feeds
