@@ -210,10 +210,13 @@ class _Verifier:
 
     def compare(self, outs: list[dict[str, np.ndarray]]) -> dict[str, float]:
         """Budget metrics of candidate outputs (one dict per batch) against the FP32 reference."""
-        ref_outs = self.reference_outputs()
-        names = self.names or [n for n, v in ref_outs[0].items() if np.asarray(v).dtype.kind == "f"]
-        self.names = names
-        return output_metrics(ref_outs, outs, names, labels=self.labels, topk=self.topk)
+        return output_metrics(self.reference_outputs(), outs, self.float_names(), labels=self.labels, topk=self.topk)
+
+    def float_names(self) -> list[str]:
+        """The FP32 reference's float outputs, the ones compared (found once, kept in ``names``)."""
+        if not self.names:
+            self.names = [n for n, v in self.reference_outputs()[0].items() if np.asarray(v).dtype.kind == "f"]
+        return self.names
 
     # -- screening ---------------------------------------------------------------------------------
     @staticmethod
@@ -238,7 +241,7 @@ class _Verifier:
             if vi.name in self.batches[0] and (not dims or dims[0].HasField("dim_value")):
                 return False
         refs = self.reference_outputs()
-        names = self.names or [n for n, v in refs[0].items() if np.asarray(v).dtype.kind == "f"]
+        names = self.float_names()
         first = self.batches[0]
         for batch, ref in zip(self.batches, refs, strict=True):
             n = self._rows_of(batch)
