@@ -69,6 +69,7 @@ IN_MEMORY_LIMIT = 256 * 2**20
 MAX_OUTPUTS_PER_SESSION = 256
 
 _FLOAT_TYPES = (1, 10, 11, 16)  # FLOAT, FLOAT16, DOUBLE, BFLOAT16
+_FLOAT = 1
 
 
 @dataclass
@@ -84,11 +85,15 @@ class CalibrationStats(Mapping[str, TensorStats]):
             per batch) when :func:`calibrate` was asked for them and ONNX Runtime computed all of them,
             else None: the budget search compares its candidates with these instead of running the FP32
             model again.
+        reference_tensors: With ``capture_tensors``: every FLOAT main-graph tensor ONNX Runtime computed for
+            those batches (one dict per batch), else None: the strict emulator's FP32 reference run takes them
+            instead of computing them again (:meth:`GraphEmulator.run` ``known``).
     """
 
     tensors: dict[str, TensorStats]
     source: dict[str, Any] = field(default_factory=dict)
     reference_outputs: list[dict[str, np.ndarray]] | None = field(default=None, repr=False, compare=False)
+    reference_tensors: list[dict[str, np.ndarray]] | None = field(default=None, repr=False, compare=False)
 
     def __getitem__(self, name: str) -> TensorStats:
         return self.tensors[name]
@@ -256,6 +261,7 @@ def calibrate(
     *,
     progress: bool = True,
     capture_batches: int = 0,
+    capture_tensors: bool = False,
     types: Mapping[str, int] | None = None,
 ) -> CalibrationStats:
     """FP32 reference run over ``feeds`` collecting per-tensor statistics, one batch at a time.
@@ -270,6 +276,8 @@ def calibrate(
         progress: Show a progress bar.
         capture_batches: Keep the float graph outputs of this many first batches
             (``CalibrationStats.reference_outputs``).
+        capture_tensors: Also keep every FLOAT main-graph tensor of those batches
+            (``CalibrationStats.reference_tensors``; they are computed anyway, so this costs memory only).
         types: Element types of the model's tensors when the caller has inferred them (``GraphInfo.types``
             of this same model): shape inference is then not run again.
 
@@ -302,6 +310,7 @@ def calibrate(
     logger.info("calibrating %d tensors in %d pass(es) over the data", len(known) + len(unknown), passes)
     first_pass = _FirstPass(model, unknown)
     outputs = {vi.name for vi in model.graph.output} & set(known)
+    wanted = (outputs | {n for n in known if types.get(n) == _FLOAT}) if capture_tensors else outputs
     captured: list[dict[str, np.ndarray]] = []
     with (
         progress_bar("Calibrating", enabled=progress) as bar,
@@ -318,7 +327,7 @@ def calibrate(
                     captured.append({})
                 if sess is not None:
                     keep = captured[b] if b < capture_batches else None
-                    _run_chunk(sess, chunks[index], batch, first_pass.collector, keep, outputs)
+                    _run_chunk(sess, chunks[index], batch, first_pass.collector, keep, wanted)
                 bar.advance(task)
             sess = first_session = None  # one session alive at a time
     if first_pass.batches == 0:
@@ -331,17 +340,19 @@ def calibrate(
     }
     results = first_pass.collector.results()
     floats = [vi.name for vi in model.graph.output if types.get(vi.name) in _FLOAT_TYPES]
-    reference = None
+    reference = tensors = None
     # Only when ONNX Runtime computed every float output of every kept batch (it may not run the model at all).
     if captured and floats and all(c.keys() >= set(floats) for c in captured):
         reference = [{n: c[n] for n in floats} for c in captured]
+        if capture_tensors:
+            tensors = [{n: v for n, v in c.items() if types.get(n) == _FLOAT} for c in captured]
     logger.info(
         "calibrated %d tensors over %d batches in %.1fs",
         len(results),
         first_pass.batches,
         time.perf_counter() - start,
     )
-    return CalibrationStats(results, source, reference)
+    return CalibrationStats(results, source, reference, tensors)
 
 
 class _FirstPass:

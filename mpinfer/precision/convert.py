@@ -304,6 +304,7 @@ def _make_plan(
             nodes,
             feeds,
             reference_outputs=getattr(stats, "reference_outputs", None),
+            reference_tensors=getattr(stats, "reference_tensors", None),
             cfg=SearchConfig(
                 budget=cfg.budget,
                 precision=cfg.precision,
@@ -368,9 +369,13 @@ def _calibrate(
     from mpinfer.errors import BackendUnavailableError
 
     try:
-        # With ORT numerics the search's FP32 reference is the calibration run's first batches' outputs.
-        capture = cfg.search_batches if cfg.budget and cfg.numerics == "ort" else 0
-        stats = calibrate(model, feeds, progress=cfg.progress, capture_batches=capture, types=types)
+        # The search's FP32 reference is the calibration run's first batches: their outputs (ORT numerics), or
+        # every float32 tensor (strict numerics: the emulator's reference run takes them instead of computing).
+        capture = cfg.search_batches if cfg.budget else 0
+        strict = cfg.numerics != "ort"
+        stats = calibrate(
+            model, feeds, progress=cfg.progress, capture_batches=capture, capture_tensors=strict, types=types
+        )
     except BackendUnavailableError as err:
         logger.warning("Calibration skipped (range rules off): %s", err)
         return None, feeds, info

@@ -153,6 +153,7 @@ class GraphEmulator:
         *,
         keep: bool | set[str] = False,
         observe: Observer | None = None,
+        known: Mapping[str, np.ndarray] | None = None,
     ) -> EmulatorRun:
         """Run the whole graph.
 
@@ -164,6 +165,10 @@ class GraphEmulator:
             observe: Called as ``observe(prefix, tensor name, array)`` for every tensor computed, subgraph
                 tensors included (prefix ``""`` in the main graph, ``"If_3/then_branch/"`` in a body; once
                 per loop iteration).
+            known: Main-graph float32 tensors already computed in FP32 for these feeds (calibration's ONNX
+                Runtime run): a main-graph node computed in FP32 whose outputs are all here is not executed,
+                its outputs are taken from ``known``. Nodes computed low, and nodes with any other output
+                (shapes, indices), still run.
 
         Returns:
             The run's outputs and kept tensors.
@@ -193,7 +198,8 @@ class GraphEmulator:
         keep_set = keep if isinstance(keep, set) else set()
         with np.errstate(all="ignore"):
             for idx, step in enumerate(self._main.steps):
-                self._exec_step(step, env, env, state)
+                if not (known and self._take_known(step, known, env, state)):
+                    self._exec_step(step, env, env, state)
                 if not keep_all:
                     for name in step.reads:
                         if self._last_use.get(name) == idx and name not in keep_set:
@@ -410,6 +416,22 @@ class GraphEmulator:
             local[name] = value
             if state.observe is not None:
                 state.observe(prefix, name, value)
+
+    def _take_known(
+        self, step: _Step, known: Mapping[str, np.ndarray], env: MutableMapping[str, Any], state: _State
+    ) -> bool:
+        """Set ``step``'s outputs from ``known`` when it computes in FP32 and all of them are float32 there."""
+        names = [n for n in step.outputs if n]
+        values = [v for n in names if isinstance(v := known.get(n), np.ndarray) and v.dtype == np.float32]
+        if not names or len(values) < len(names):
+            return False
+        if self._precision(step, [env.get(i) for i in step.inputs], state) is not Precision.FP32:
+            return False
+        for name, value in zip(names, values, strict=True):
+            env[name] = value
+            if state.observe is not None:
+                state.observe("", name, value)
+        return True
 
     def _collect_outputs(self, env: Mapping[str, Any]) -> dict[str, np.ndarray]:
         from onnx import helper

@@ -125,6 +125,9 @@ class _Verifier:
         self.evaluations = 0
         self.verifications = 0
         self.ort_ref: list[dict[str, np.ndarray]] | None = None
+        # Calibration's FP32 tensors of the search batches (ONNX Runtime's): the emulator's reference run takes
+        # them instead of computing them (strict numerics; see search_plan's ``reference_tensors``).
+        self.known: list[dict[str, np.ndarray]] | None = None
         self.names: list[str] = []
         # Metrics of the FP32 model itself (its outputs are the reference): set by _reference.
         self.fp32_metrics: dict[str, float] = {}
@@ -151,7 +154,9 @@ class _Verifier:
         self._emulator_opened = True
         self.emu = _open_emulator(self.model, self.cfg)
         if self.emu is not None:
-            self.refs = [self.emu.run(b, None, keep=True) for b in self.batches]
+            seeds = self.known if self.known and len(self.known) == len(self.batches) else [None] * len(self.batches)
+            self.refs = [self.emu.run(b, None, keep=True, known=k) for b, k in zip(self.batches, seeds, strict=True)]
+            self.known = None  # the runs hold what they took
             self.evaluations += len(self.info.nodes) * len(self.refs)
 
     def reference_outputs(self) -> list[dict[str, np.ndarray]]:
@@ -522,6 +527,7 @@ def search_plan(
     cfg: SearchConfig,
     *,
     reference_outputs: list[dict[str, np.ndarray]] | None = None,
+    reference_tensors: list[dict[str, np.ndarray]] | None = None,
 ) -> SearchOutcome:
     """Search the low-precision node set that meets ``cfg.budget`` with the most FLOPs in low precision.
 
@@ -534,6 +540,9 @@ def search_plan(
         cfg: Budget, precision and numerics.
         reference_outputs: ORT numerics: the FP32 model's float outputs on the first ``cfg.batches``
             batches, when the caller has them (calibration keeps them); else the search runs the model.
+        reference_tensors: Strict numerics: every float32 tensor of the FP32 model on those batches, as ONNX
+            Runtime computed them (calibration keeps them): the emulator's FP32 reference run takes them
+            instead of computing them, and its candidates recompute only what their low nodes change.
 
     Returns:
         The plan entries after the search, the final error and the search cost.
@@ -545,7 +554,7 @@ def search_plan(
     from mpinfer.progress import progress_bar
 
     start = time.perf_counter()
-    ver = _reference(model, info, feeds, cfg, reference_outputs)
+    ver = _reference(model, info, feeds, cfg, reference_outputs, reference_tensors)
     groups = build_groups(info, nodes, decisions)
     members = {a for g in groups for a in g.members}
     forced = {n.name: n.precision for n in nodes if n.precision.is_low and n.name not in members}
@@ -604,6 +613,7 @@ def _reference(
     feeds: Any,
     cfg: SearchConfig,
     reference_outputs: list[dict[str, np.ndarray]] | None = None,
+    reference_tensors: list[dict[str, np.ndarray]] | None = None,
 ) -> _Verifier:
     """The FP32 reference outputs, and the check that the FP32 model meets the budget.
 
@@ -620,6 +630,7 @@ def _reference(
     labels = _labels_for(feeds, batches, budget)
     ver = _Verifier(model, info, batches, budget, cfg, labels)
     if cfg.numerics != "ort":
+        ver.known = reference_tensors
         ver.open_emulator()
     elif reference_outputs is not None and len(reference_outputs) == len(batches):
         ver.ort_ref = reference_outputs

@@ -189,6 +189,30 @@ def test_captured_reference_outputs_equal_a_plain_run(exported, monkeypatch):
     assert calibrate(model, batches, progress=False).reference_outputs is None
 
 
+def test_captured_tensors_are_every_float32_tensor_onnxruntime_computed(exported, monkeypatch):
+    """capture_tensors keeps each FLOAT node output of the first batches (for the strict search's reference
+    run), in every pass when the graph takes several, and nothing of the later batches."""
+    import mpinfer.precision.calibrate as cal
+    from mpinfer.precision.emulate import GraphEmulator
+
+    model, feeds = exported("transformer_small")
+    batches = [feeds, {k: (v + 7) % 1000 for k, v in feeds.items()}]
+    want = GraphEmulator(model).run(feeds, keep=True).tensors
+    produced = {o for n in model.graph.node for o in n.output}
+    floats = {k for k in produced if isinstance(want.get(k), np.ndarray) and want[k].dtype == np.float32}
+    assert len(floats) > 20
+    for limit in (cal.MAX_OUTPUTS_PER_SESSION, 5):
+        monkeypatch.setattr(cal, "MAX_OUTPUTS_PER_SESSION", limit)
+        stats = calibrate(model, batches, progress=False, capture_batches=1, capture_tensors=True)
+        assert stats.reference_tensors is not None and len(stats.reference_tensors) == 1
+        (got,) = stats.reference_tensors
+        assert set(got) == floats
+        for k in floats:
+            assert got[k].dtype == np.float32
+            np.testing.assert_allclose(got[k], want[k], rtol=1e-4, atol=1e-5, err_msg=k)
+    assert calibrate(model, batches, progress=False, capture_batches=1).reference_tensors is None
+
+
 def test_no_captured_reference_when_onnxruntime_cannot_run_the_model(exported, monkeypatch):
     """ORT refusing the model: statistics come from the emulator and the search runs its own reference."""
     import mpinfer.precision.calibrate as cal

@@ -687,6 +687,35 @@ def test_run_from_equals_full_run_and_recomputes_less(exported, name):
         np.testing.assert_array_equal(back.outputs[k], ref.outputs[k])
 
 
+def test_a_run_takes_known_fp32_tensors_and_still_computes_low_nodes(exported):
+    """``known`` (calibration's ONNX Runtime tensors): a node computed in FP32 whose float32 outputs are known
+    is not executed, its outputs are the known arrays; nodes computed low run on them, as run_from does."""
+    model, feeds = exported("transformer_small")
+    emu = GraphEmulator(model)
+    ref = emu.run(feeds, keep=True)
+    produced = {o for n in model.graph.node for o in n.output}
+    floats = {k: v for k, v in ref.tensors.items() if k in produced and is_f32(v)}
+    shifted = {k: np.asarray(v + np.float32(1)) for k, v in floats.items()}  # values no kernel would compute
+    taken = emu.run(feeds, keep=True, known=shifted)
+    for k, v in ref.outputs.items():
+        np.testing.assert_array_equal(taken.outputs[k], shifted[k])
+        assert not np.array_equal(taken.outputs[k], v)
+    assert all(taken.tensors[k] is shifted[k] for k in shifted)  # taken, not copied
+    last = [r.address for r in iter_nodes(model.graph)][-1]
+    low = emu.run(feeds, {last: Precision.FP16}, known=shifted).outputs
+    for k, v in emu.run_from(taken, {last: Precision.FP16}).outputs.items():
+        np.testing.assert_array_equal(low[k], v)
+        assert not np.array_equal(low[k], shifted[k])
+    # known arrays that are not float32 are not taken: the nodes compute
+    wide = emu.run(feeds, known={k: v.astype(np.float64) + 1 for k, v in floats.items()}).outputs
+    for k, v in ref.outputs.items():
+        np.testing.assert_array_equal(wide[k], v)
+
+
+def is_f32(v):
+    return isinstance(v, np.ndarray) and v.dtype == np.float32
+
+
 def test_run_from_needs_a_kept_reference(exported):
     model, feeds = exported("mlp")
     emu = GraphEmulator(model)

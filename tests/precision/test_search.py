@@ -312,3 +312,43 @@ def test_strict_sensitivities_are_measured_on_the_hardest_quarter_of_the_samples
     hardest = np.sort(np.argsort(-hardness[0], kind="stable")[:8])  # after the whole candidate's run
     assert len(seen) == s["search"]["groups"] and all(np.array_equal(x, samples[hardest]) for x in seen)
     assert not np.array_equal(samples[hardest], samples[:8])
+
+
+def test_strict_reference_run_takes_calibrations_fp32_tensors(tmp_path, monkeypatch):
+    """With strict numerics the emulator's FP32 reference run executes no FP32 node whose tensors calibration
+    computed (ONNX Runtime's), and the search decides as it does from the emulator's own FP32 run."""
+    import mpinfer.precision.calibrate as cal_mod
+    from mpinfer.precision.emulate import GraphEmulator
+
+    executed: list[int] = []
+    real_run, real_exec = GraphEmulator.run, GraphEmulator._exec_step
+
+    def run(self, feeds, low=None, *, known=None, **kw):
+        if known is None:
+            return real_run(self, feeds, low, **kw)
+        count = [0]
+
+        def counting(*a, **k):
+            count[0] += 1
+            return real_exec(self, *a, **k)
+
+        self._exec_step = counting
+        try:
+            return real_run(self, feeds, low, known=known, **kw)
+        finally:
+            del self._exec_step
+            executed.append(count[0])
+
+    monkeypatch.setattr(GraphEmulator, "run", run)
+    budget = "max_abs<=1e-3"
+    _, seeded = _convert_chain(tmp_path, 8, budget, tag="a", numerics="strict")
+    assert executed and set(executed) == {0}  # one run per search batch: every node's tensors were known
+    runs = len(executed)
+    real_calibrate = cal_mod.calibrate
+    monkeypatch.setattr(cal_mod, "calibrate", lambda *a, **k: real_calibrate(*a, **{**k, "capture_tensors": False}))
+    _, own = _convert_chain(tmp_path, 8, budget, tag="b", numerics="strict")
+    assert len(executed) == runs  # no known tensors this time: the emulator computed its own
+    assert seeded.plan.summary["search"]["searched"]
+    assert [(n.name, n.precision) for n in seeded.plan.nodes] == [(n.name, n.precision) for n in own.plan.nodes]
+    err_a, err_b = seeded.plan.summary["expected_error"], own.plan.summary["expected_error"]
+    assert err_a["max_abs"] == pytest.approx(err_b["max_abs"], rel=1e-3)
