@@ -67,6 +67,11 @@ IN_MEMORY_LIMIT = 256 * 2**20
 # Tensors fetched per pass of ONNX Runtime over the data: bounds the memory of one batch's intermediates
 # (a BERT-base layer stack at batch 16 x 128 tokens is ~6 MB per tensor); larger graphs take more passes.
 MAX_OUTPUTS_PER_SESSION = 256
+# ``capture_tensors`` keeps the captured batches' tensors only when they come to at most this many bytes in all
+# (projected from the first batch's first chunk on): they are held while the other batches and passes run, on top
+# of calibration's own working set; above it the caller computes them again later, when calibration's memory is
+# free (layout_cdla at 800x608: ~0.85 GB a batch).
+CAPTURE_TENSORS_LIMIT = 512 * 2**20
 
 _FLOAT_TYPES = (1, 10, 11, 16)  # FLOAT, FLOAT16, DOUBLE, BFLOAT16
 _FLOAT = 1
@@ -228,6 +233,10 @@ class _Sessions:
             self._tmp = None
 
 
+def _nbytes(captured: list[dict[str, np.ndarray]]) -> int:
+    return sum(v.nbytes for c in captured for v in c.values())
+
+
 def _weight_bytes(model: Any) -> int:
     return sum(len(t.raw_data) + 4 * len(t.float_data) for t in model.graph.initializer)
 
@@ -277,7 +286,8 @@ def calibrate(
         capture_batches: Keep the float graph outputs of this many first batches
             (``CalibrationStats.reference_outputs``).
         capture_tensors: Also keep every FLOAT main-graph tensor of those batches
-            (``CalibrationStats.reference_tensors``; they are computed anyway, so this costs memory only).
+            (``CalibrationStats.reference_tensors``; they are computed anyway, so this costs memory only), up
+            to ``CAPTURE_TENSORS_LIMIT`` bytes in all (beyond it, none: ``reference_tensors`` is None).
         types: Element types of the model's tensors when the caller has inferred them (``GraphInfo.types``
             of this same model): shape inference is then not run again.
 
@@ -310,6 +320,7 @@ def calibrate(
     logger.info("calibrating %d tensors in %d pass(es) over the data", len(known) + len(unknown), passes)
     first_pass = _FirstPass(model, unknown)
     outputs = {vi.name for vi in model.graph.output} & set(known)
+    limit = CAPTURE_TENSORS_LIMIT
     wanted = (outputs | {n for n in known if types.get(n) == _FLOAT}) if capture_tensors else outputs
     captured: list[dict[str, np.ndarray]] = []
     with (
@@ -328,6 +339,12 @@ def calibrate(
                 if sess is not None:
                     keep = captured[b] if b < capture_batches else None
                     _run_chunk(sess, chunks[index], batch, first_pass.collector, keep, wanted)
+                    # the bytes all captured batches and passes will hold, projected from those run so far
+                    done, total = index * capture_batches + b + 1, passes * capture_batches
+                    if keep is not None and wanted is not outputs and _nbytes(captured) * total > limit * done:
+                        logger.debug("captured tensors above %d bytes: keeping outputs only", limit)
+                        wanted = outputs
+                        captured = [{n: v for n, v in c.items() if n in outputs} for c in captured]
                 bar.advance(task)
             sess = first_session = None  # one session alive at a time
     if first_pass.batches == 0:
@@ -343,8 +360,9 @@ def calibrate(
     reference = tensors = None
     # Only when ONNX Runtime computed every float output of every kept batch (it may not run the model at all).
     if captured and floats and all(c.keys() >= set(floats) for c in captured):
-        reference = [{n: c[n] for n in floats} for c in captured]
-        if capture_tensors:
+        # Copies: ONNX Runtime's output arrays are views that keep the session's whole memory arena alive.
+        reference = [{n: np.array(c[n], np.float32) for n in floats} for c in captured]
+        if capture_tensors and wanted is not outputs:
             tensors = [{n: v for n, v in c.items() if types.get(n) == _FLOAT} for c in captured]
     logger.info(
         "calibrated %d tensors over %d batches in %.1fs",

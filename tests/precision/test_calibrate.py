@@ -185,6 +185,7 @@ def test_captured_reference_outputs_equal_a_plain_run(exported, monkeypatch):
         assert stats.reference_outputs is not None and len(stats.reference_outputs) == 2
         for got, batch in zip(stats.reference_outputs, batches, strict=False):
             assert set(got) == {out}
+            assert got[out].flags.owndata  # not a view keeping ONNX Runtime's memory arena alive
             np.testing.assert_allclose(got[out], ort_run(model, batch)[out], rtol=1e-5, atol=1e-6)
     assert calibrate(model, batches, progress=False).reference_outputs is None
 
@@ -211,6 +212,10 @@ def test_captured_tensors_are_every_float32_tensor_onnxruntime_computed(exported
             assert got[k].dtype == np.float32
             np.testing.assert_allclose(got[k], want[k], rtol=1e-4, atol=1e-5, err_msg=k)
     assert calibrate(model, batches, progress=False, capture_batches=1).reference_tensors is None
+    # Above CAPTURE_TENSORS_LIMIT bytes calibration keeps the outputs only (the emulator computes the rest)
+    monkeypatch.setattr(cal, "CAPTURE_TENSORS_LIMIT", sum(got[k].nbytes for k in floats) - 1)
+    stats = calibrate(model, batches, progress=False, capture_batches=1, capture_tensors=True)
+    assert stats.reference_tensors is None and stats.reference_outputs is not None
 
 
 def test_no_captured_reference_when_onnxruntime_cannot_run_the_model(exported, monkeypatch):
