@@ -318,7 +318,7 @@ def _make_plan(
     elif feeds is not None:
         from mpinfer.precision.search import measure_plan
 
-        expected = measure_plan(model, nodes, feeds)
+        expected = measure_plan(model, nodes, feeds, reference_outputs=getattr(stats, "reference_outputs", None))
     plan = PrecisionPlan(
         source_path=str(cfg.model),
         source_sha256=sha,
@@ -369,12 +369,13 @@ def _calibrate(
     from mpinfer.errors import BackendUnavailableError
 
     try:
-        # The search's FP32 reference is the calibration run's first batches: their outputs (ORT numerics), or
-        # every float32 tensor (strict numerics: the emulator's reference run takes them instead of computing).
-        capture = cfg.search_batches if cfg.budget else 0
-        strict = cfg.numerics != "ort"
+        # The FP32 reference of the search (or, without a budget, of the plan's expected error) is the calibration
+        # run's first batches: their outputs, and with a strict search every float32 tensor (the emulator's
+        # reference run takes them instead of computing them).
+        capture = cfg.search_batches if cfg.budget else 1
+        tensors = bool(cfg.budget) and cfg.numerics != "ort"
         stats = calibrate(
-            model, feeds, progress=cfg.progress, capture_batches=capture, capture_tensors=strict, types=types
+            model, feeds, progress=cfg.progress, capture_batches=capture, capture_tensors=tensors, types=types
         )
     except BackendUnavailableError as err:
         logger.warning("Calibration skipped (range rules off): %s", err)

@@ -737,8 +737,18 @@ def _clean(v: float) -> float | str:
     return float(v)
 
 
-def measure_plan(model: Any, nodes: Sequence[NodeDecision], feeds: Any, *, batches: int = 1) -> dict[str, Any]:
+def measure_plan(
+    model: Any,
+    nodes: Sequence[NodeDecision],
+    feeds: Any,
+    *,
+    batches: int = 1,
+    reference_outputs: list[dict[str, np.ndarray]] | None = None,
+) -> dict[str, Any]:
     """Expected error of a plan without a budget: strict emulation of the plan vs the FP32 reference.
+
+    ``reference_outputs``: the FP32 model's float outputs on the first ``batches`` batches when the caller has
+    them (calibration keeps them), else the emulator computes them.
 
     Returns an empty dict when the emulator cannot run the model (the plan is still valid).
     """
@@ -751,9 +761,13 @@ def measure_plan(model: Any, nodes: Sequence[NodeDecision], feeds: Any, *, batch
     if emu is None:
         return {}
     low = {n.name: n.precision for n in nodes if n.precision.is_low}
-    refs, outs = [], []
-    for batch in _take_batches(feeds, batches):
-        refs.append(emu.run(batch, None).outputs)
+    taken = _take_batches(feeds, batches)
+    known = reference_outputs is not None and len(reference_outputs) >= len(taken)
+    refs = list(reference_outputs[: len(taken)]) if reference_outputs is not None and known else []
+    outs = []
+    for batch in taken:
+        if not known:
+            refs.append(emu.run(batch, None).outputs)
         outs.append(emu.run(batch, low).outputs)
     names = [n for n, v in refs[0].items() if np.asarray(v).dtype.kind == "f"]
     return {k: _clean(v) for k, v in output_metrics(refs, outs, names).items()}

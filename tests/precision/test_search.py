@@ -395,3 +395,36 @@ def test_refinement_skips_groups_with_a_negligible_share_of_the_flops(tmp_path, 
     tried, passed = every[-1]
     assert "pre" in tried and not passed  # the Mul alone on top of the accepted groups, a wasted run
     assert plans[0] == plans[1] and ("pre", Precision.FP32, "sensitivity") in plans[1]
+
+
+def test_expected_error_without_a_budget_compares_with_calibrations_outputs(tmp_path, monkeypatch):
+    """Without a budget the plan's expected error is the strict run of the plan against the FP32 outputs
+    calibration kept (no FP32 emulator run); the emulator computes them only when none were kept."""
+    import mpinfer.precision.calibrate as cal_mod
+    from mpinfer.precision.emulate import GraphEmulator
+    from mpinfer.precision.search import measure_plan
+
+    model = chain(4)
+    x = np.random.default_rng(0).standard_normal((8, 16)).astype(np.float32)
+    batch = {"x": x}
+    assert measure_plan(model, [], [batch])["max_abs"] == 0.0  # all FP32 against the emulator's own run
+    ref = GraphEmulator(model).run(batch).outputs["y"]
+    shifted = [{"y": ref + np.float32(0.25)}]
+    assert measure_plan(model, [], [batch], reference_outputs=shifted)["max_abs"] == pytest.approx(0.25, rel=1e-5)
+    # convert asks calibration for one batch's outputs and hands them over
+    kept = []
+    real = cal_mod.calibrate
+
+    def recording(*a, **k):
+        stats = real(*a, **k)
+        kept.append((k.get("capture_batches"), k.get("capture_tensors"), stats.reference_outputs))
+        return stats
+
+    monkeypatch.setattr(cal_mod, "calibrate", recording)
+    src = save(model, tmp_path / "c.onnx")
+    res = convert_precision(
+        ConvertConfig(model=src, output=tmp_path / "o.onnx", calibration=str(_npz(tmp_path / "d.npz")), progress=False)
+    )
+    ((batches, tensors, outputs),) = kept
+    assert batches == 1 and not tensors and outputs is not None and len(outputs) == 1
+    assert 0 < res.plan.summary["expected_error"]["max_abs"] < 1e-2
