@@ -667,8 +667,7 @@ def _bisect(
 ) -> tuple[list[_Group], dict[str, float]]:
     """The largest prefix of ``order`` that meets the budget, then the rest whole or a few groups one by one.
 
-    One by one: the first ``MAX_REFINE`` skipped groups holding ``REFINE_MIN_FLOPS_SHARE`` of the FLOPs. The
-    whole ``order`` is known to fail. The empty prefix (only the forced nodes low) is the FP32
+    One by one: the first ``MAX_REFINE`` skipped groups holding ``REFINE_MIN_FLOPS_SHARE`` of the FLOPs. The whole ``order`` is known to fail. The empty prefix (only the forced nodes low) is the FP32
     reference when nothing is forced, so it is verified only when something is.
     """
 
