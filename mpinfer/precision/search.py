@@ -52,9 +52,6 @@ logger = logging.getLogger(__name__)
 # Skipped groups tried one by one after the bisection (when the rest does not fit whole): enough to recover
 # groups a single bad neighbour pushed out of the prefix, few enough that the cost stays O(log groups) runs.
 MAX_REFINE = 8
-# ... and only groups holding at least this share of the candidates' FLOPs (when they have FLOPs at all): each try
-# costs a verification (a model run or more), more than a group with a fraction of a percent of the work gains.
-REFINE_MIN_FLOPS_SHARE = 1 / 200
 # Screening (``_Verifier.metrics``): a candidate first runs on this share of the search samples,
 # the ones the earlier candidates got most wrong (at least SCREEN_MIN_ROWS, and only with SCREEN_MIN_TOTAL
 # samples or more); when even a perfect result on the other samples could not meet the budget, it is
@@ -667,7 +664,7 @@ def _bisect(
 ) -> tuple[list[_Group], dict[str, float]]:
     """The largest prefix of ``order`` that meets the budget, then the rest whole or a few groups one by one.
 
-    One by one: the first ``MAX_REFINE`` skipped groups holding ``REFINE_MIN_FLOPS_SHARE`` of the FLOPs. The whole ``order`` is known to fail. The empty prefix (only the forced nodes low) is the FP32
+    The whole ``order`` is known to fail. The empty prefix (only the forced nodes low) is the FP32
     reference when nothing is forced, so it is verified only when something is.
     """
 
@@ -700,9 +697,7 @@ def _bisect(
         bar.advance(task)
         if ver.budget.met(m):
             return [*accepted, *rest], m
-    total = sum(g.flops for g in order)
-    worth = [g for g in rest if g.flops >= REFINE_MIN_FLOPS_SHARE * total]
-    for g in worth[:MAX_REFINE]:
+    for g in rest[:MAX_REFINE]:
         m = ver.metrics(low_of([*accepted, g]))
         bar.advance(task)
         if ver.budget.met(m):

@@ -354,49 +354,6 @@ def test_strict_reference_run_takes_calibrations_fp32_tensors(tmp_path, monkeypa
     assert err_a["max_abs"] == pytest.approx(err_b["max_abs"], rel=1e-3)
 
 
-def _chain_with_prescale(n: int, width: int = 16) -> object:
-    """``chain(n)`` behind an elementwise Mul on the input: a group with no FLOPs, ranked last."""
-    model = chain(n, width)
-    model.graph.node.insert(0, helper.make_node("Mul", ["x", "c"], ["x2"], name="pre"))
-    model.graph.node[1].input[0] = "x2"
-    model.graph.initializer.append(init("c", np.full((width,), 1.37, np.float32)))
-    return model
-
-
-def test_refinement_skips_groups_with_a_negligible_share_of_the_flops(tmp_path, monkeypatch):
-    """After the bisection, skipped groups are tried one by one only when they hold REFINE_MIN_FLOPS_SHARE of
-    the FLOPs: the search then differs from trying every group by that one verification alone."""
-    import mpinfer.precision.search as search_mod
-
-    src = save(_chain_with_prescale(8), tmp_path / "pre.onnx")
-    data = _npz(tmp_path / "cal.npz")
-    real = search_mod._Verifier.metrics
-    runs: list[list[tuple[frozenset, bool]]] = []
-
-    def spy(self, low, *, screen=True):
-        m = real(self, low, screen=screen)
-        runs[-1].append((frozenset(low), self.budget.met(m)))
-        return m
-
-    monkeypatch.setattr(search_mod._Verifier, "metrics", spy)
-    plans = []
-    for share in (0.0, search_mod.REFINE_MIN_FLOPS_SHARE):
-        monkeypatch.setattr(search_mod, "REFINE_MIN_FLOPS_SHARE", share)
-        runs.append([])
-        res = convert_precision(
-            ConvertConfig(
-                model=src, output=tmp_path / f"o{share}.onnx", calibration=str(data),
-                budget="max_abs<=2e-3", numerics="strict", progress=False,
-            )
-        )
-        plans.append([(n.name, n.precision, n.reason) for n in res.plan.nodes])
-    every, default = runs
-    assert len(every) == len(default) + 1 and default == every[:-1]
-    tried, passed = every[-1]
-    assert "pre" in tried and not passed  # the Mul alone on top of the accepted groups, a wasted run
-    assert plans[0] == plans[1] and ("pre", Precision.FP32, "sensitivity") in plans[1]
-
-
 def test_expected_error_without_a_budget_compares_with_calibrations_outputs(tmp_path, monkeypatch):
     """Without a budget the plan's expected error is the strict run of the plan against the FP32 outputs
     calibration kept (no FP32 emulator run); the emulator computes them only when none were kept."""
