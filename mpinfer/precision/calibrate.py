@@ -91,8 +91,9 @@ class CalibrationStats(Mapping[str, TensorStats]):
             else None: the budget search compares its candidates with these instead of running the FP32
             model again.
         reference_tensors: With ``capture_tensors``: every FLOAT main-graph tensor ONNX Runtime computed for
-            those batches (one dict per batch), else None: the strict emulator's FP32 reference run takes them
-            instead of computing them again (:meth:`GraphEmulator.run` ``known``).
+            those batches (one dict per batch), else None (also above ``CAPTURE_TENSORS_LIMIT``): the strict
+            emulator's FP32 reference run takes them instead of computing them (:meth:`GraphEmulator.run`
+            ``known``).
     """
 
     tensors: dict[str, TensorStats]

@@ -756,12 +756,10 @@ def measure_plan(
         return {}
     low = {n.name: n.precision for n in nodes if n.precision.is_low}
     taken = _take_batches(feeds, batches)
-    known = reference_outputs is not None and len(reference_outputs) >= len(taken)
-    refs = list(reference_outputs[: len(taken)]) if reference_outputs is not None and known else []
-    outs = []
-    for batch in taken:
-        if not known:
-            refs.append(emu.run(batch, None).outputs)
-        outs.append(emu.run(batch, low).outputs)
+    if reference_outputs is not None and len(reference_outputs) >= len(taken):
+        refs = list(reference_outputs[: len(taken)])
+    else:
+        refs = [emu.run(batch, None).outputs for batch in taken]
+    outs = [emu.run(batch, low).outputs for batch in taken]
     names = [n for n, v in refs[0].items() if np.asarray(v).dtype.kind == "f"]
     return {k: _clean(v) for k, v in output_metrics(refs, outs, names).items()}
