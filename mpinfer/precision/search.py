@@ -125,9 +125,6 @@ class _Verifier:
         self.evaluations = 0
         self.verifications = 0
         self.ort_ref: list[dict[str, np.ndarray]] | None = None
-        # Calibration's FP32 tensors of the search batches (ONNX Runtime's): the emulator's reference run takes
-        # them instead of computing them (strict numerics; see search_plan's ``reference_tensors``).
-        self.known: list[dict[str, np.ndarray]] | None = None
         self.names: list[str] = []
         # Metrics of the FP32 model itself (its outputs are the reference): set by _reference.
         self.fp32_metrics: dict[str, float] = {}
@@ -143,20 +140,21 @@ class _Verifier:
         self._screen_ref: tuple[bytes, Any] | None = None  # strict: (screening rows, their kept FP32 run)
         self._values_per_node: float | None = None  # strict: float values per model node in the kept runs
 
-    def open_emulator(self) -> None:
+    def open_emulator(self, known: list[dict[str, np.ndarray]] | None = None) -> None:
         """The strict emulator and its FP32 reference runs (kept for ``run_from`` and the sensitivity pass).
 
-        ``emu`` stays None when the model has ops the emulator cannot run (ORT numerics only: strict
-        numerics refuses such models in :func:`_open_emulator`).
+        ``known``: FP32 tensors of the search batches already computed (calibration's ONNX Runtime run, one
+        dict per batch); the reference runs take them instead of computing them. ``emu`` stays None when the
+        model has ops the emulator cannot run (ORT numerics only: strict numerics refuses such models in
+        :func:`_open_emulator`).
         """
         if self._emulator_opened:
             return
         self._emulator_opened = True
         self.emu = _open_emulator(self.model, self.cfg)
         if self.emu is not None:
-            seeds = self.known if self.known and len(self.known) == len(self.batches) else [None] * len(self.batches)
+            seeds = known if known is not None and len(known) == len(self.batches) else [None] * len(self.batches)
             self.refs = [self.emu.run(b, None, keep=True, known=k) for b, k in zip(self.batches, seeds, strict=True)]
-            self.known = None  # the runs hold what they took
             self.evaluations += len(self.info.nodes) * len(self.refs)
 
     def reference_outputs(self) -> list[dict[str, np.ndarray]]:
@@ -630,8 +628,7 @@ def _reference(
     labels = _labels_for(feeds, batches, budget)
     ver = _Verifier(model, info, batches, budget, cfg, labels)
     if cfg.numerics != "ort":
-        ver.known = reference_tensors
-        ver.open_emulator()
+        ver.open_emulator(reference_tensors)
     elif reference_outputs is not None and len(reference_outputs) == len(batches):
         ver.ort_ref = reference_outputs
     ver.fp32_metrics = base_metrics = ver.compare(ver.reference_outputs())
