@@ -137,7 +137,7 @@ class _Verifier:
         self._splittable: bool | None = None
         self._signal: dict[str, float] = {}
         self._joined: tuple[dict[str, np.ndarray], dict[str, np.ndarray]] | None = None  # (feeds, reference)
-        self._screen_ref: tuple[bytes, Any] | None = None  # strict: (screening rows, their kept FP32 run)
+        self._screen_ref: tuple[np.ndarray, Any] | None = None  # strict: (screening rows, their kept FP32 run)
         self._values_per_node: float | None = None  # strict: float values per model node in the kept runs
 
     def open_emulator(self, known: list[dict[str, np.ndarray]] | None = None) -> None:
@@ -320,7 +320,7 @@ class _Verifier:
         than it saves.
         """
         if self._screen_ref is not None:
-            return np.frombuffer(self._screen_ref[0], dtype=np.intp)
+            return self._screen_ref[0]
         if self._values_per_node is None:
             values = sum(
                 v.size for r in self.refs for v in r.tensors.values() if isinstance(v, np.ndarray) and is_float(v)
@@ -335,11 +335,11 @@ class _Verifier:
     ) -> dict[str, np.ndarray]:
         """Strict outputs of the candidate ``low`` on the samples ``rows`` (their ``feeds``).
 
-        An incremental run from an FP32 reference run of those rows, kept until the screening rows change.
+        An incremental run from an FP32 reference run of those rows, made on the first call and kept (the rows
+        are then fixed, see :meth:`_strict_screen_rows`).
         """
-        key = rows.tobytes()
-        if self._screen_ref is None or self._screen_ref[0] != key:
-            self._screen_ref = key, self.emu.run(feeds, None, keep=True)
+        if self._screen_ref is None:
+            self._screen_ref = rows, self.emu.run(feeds, None, keep=True)
             self.evaluations += len(self.info.nodes)
         run = self.emu.run_from(self._screen_ref[1], dict(low), keep=False)
         self.evaluations += run.recomputed
