@@ -26,6 +26,7 @@ import numpy as np
 
 from mpinfer.backends.base import check_feeds
 from mpinfer.errors import InvalidInputError, ModelLoadError, format_message
+from mpinfer.precision.graphinfo import FLOAT
 from mpinfer.precision.tensorstats import (
     BF16_MIN_NORMAL,
     FP16_MAX,
@@ -74,7 +75,6 @@ MAX_OUTPUTS_PER_SESSION = 256
 CAPTURE_TENSORS_LIMIT = 512 * 2**20
 
 _FLOAT_TYPES = (1, 10, 11, 16)  # FLOAT, FLOAT16, DOUBLE, BFLOAT16
-_FLOAT = 1
 
 
 @dataclass
@@ -322,7 +322,7 @@ def calibrate(
     first_pass = _FirstPass(model, unknown)
     outputs = {vi.name for vi in model.graph.output} & set(known)
     limit = CAPTURE_TENSORS_LIMIT
-    wanted = (outputs | {n for n in known if types.get(n) == _FLOAT}) if capture_tensors else outputs
+    wanted = (outputs | {n for n in known if types.get(n) == FLOAT}) if capture_tensors else outputs
     captured: list[dict[str, np.ndarray]] = []
     with (
         progress_bar("Calibrating", enabled=progress) as bar,
@@ -364,7 +364,7 @@ def calibrate(
         # Copies: ONNX Runtime's output arrays are views that keep the session's whole memory arena alive.
         reference = [{n: np.array(c[n], np.float32) for n in floats} for c in captured]
         if capture_tensors and wanted is not outputs:
-            tensors = [{n: v for n, v in c.items() if types.get(n) == _FLOAT} for c in captured]
+            tensors = [{n: v for n, v in c.items() if types.get(n) == FLOAT} for c in captured]
     logger.info(
         "calibrated %d tensors over %d batches in %.1fs",
         len(results),
