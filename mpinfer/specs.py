@@ -258,7 +258,8 @@ def parse_range(text: str, *, what: str = "Range") -> tuple[float, float]:
 def specs_from_onnx(model: object) -> list[TensorSpec]:
     """Return the graph inputs (initializers excluded) of an ``onnx.ModelProto`` as TensorSpecs.
 
-    Symbolic dims keep their names; unnamed dynamic dims become ``dim<i>``. Value ranges come from the
+    Symbolic dims keep their names; unnamed dynamic dims become ``<input>.dim<i>`` (one name each: two
+    inputs' unnamed dims at the same position need not be the same size). Value ranges come from the
     model's ``mpinfer.input_ranges`` metadata entry when export wrote one.
     """
     import json
@@ -291,7 +292,7 @@ def specs_from_onnx(model: object) -> list[TensorSpec]:
             elif d.HasField("dim_param") and d.dim_param:
                 shape.append(d.dim_param)
             else:
-                shape.append(f"dim{i}")
+                shape.append(f"{vi.name}.dim{i}")
         rng = ranges.get(vi.name)
         specs.append(TensorSpec(vi.name, tuple(shape), dtype, tuple(rng) if rng else None))  # type: ignore[arg-type]
     return specs

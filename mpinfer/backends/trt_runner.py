@@ -130,13 +130,13 @@ class TrtRunner(Runner):
                 if any(d < 0 for d in shape):
                     lo, opt, hi = engine.get_tensor_profile_shape(name, self.profile_index)
                     self._profiles[name] = (tuple(lo), tuple(opt), tuple(hi))
-                dims = tuple(d if d >= 0 else f"dim{k}" for k, d in enumerate(shape))
+                dims = tuple(d if d >= 0 else f"{name}.dim{k}" for k, d in enumerate(shape))
                 self._specs.append(TensorSpec(name, dims, numpy_dtype(self._dtypes[name][0])))
             else:
                 self._outputs.append(name)
 
     def input_specs(self) -> list[TensorSpec]:
-        """The engine's inputs (dynamic dims as ``dim<i>``)."""
+        """The engine's inputs (dynamic dims as ``<input>.dim<i>``)."""
         return list(self._specs)
 
     def output_names(self) -> list[str]:

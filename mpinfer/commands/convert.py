@@ -54,6 +54,10 @@ import click
 @click.option("--force", is_flag=True, help="Overwrite the output; re-plan an already-FP16 model.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed for random calibration data.")
 @click.option("--max-batches", type=click.IntRange(min=1), help="Cap on calibration batches.")
+@click.option(
+    "--batch-size", type=click.IntRange(min=1), help="Calibration samples per batch (default 16, or the model's)."
+)
+@click.option("--dim", "dims", multiple=True, help="Size of a symbolic dim for random data, e.g. height=48.")
 @click.pass_context
 def convert(
     ctx: click.Context,
@@ -73,6 +77,8 @@ def convert(
     force: bool,
     seed: int,
     max_batches: int | None,
+    batch_size: int | None,
+    dims: tuple[str, ...],
 ) -> None:
     """Convert an FP32 ONNX model to mixed FP16/BF16, keeping FP32 exactly where it is needed.
 
@@ -83,6 +89,7 @@ def convert(
       mpinfer convert out/model.onnx --plan out/model.fp16.plan.json -o out/model.fp16.onnx
       mpinfer convert out/model.onnx --precision bf16 --keep-op Softmax --keep-node 'head/.*' -o out/m.bf16.onnx
     """  # noqa: D301
+    from mpinfer.data import parse_dims
     from mpinfer.precision import ConvertConfig, convert_precision
     from mpinfer.specs import Precision
 
@@ -104,6 +111,8 @@ def convert(
         force=force,
         seed=seed,
         max_batches=max_batches,
+        batch_size=batch_size,
+        dims=parse_dims(dims),
         progress=not quiet,
     )
     result = convert_precision(cfg)

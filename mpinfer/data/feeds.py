@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from mpinfer.errors import InvalidInputError, format_message
-from mpinfer.specs import TensorSpec, parse_range
+from mpinfer.specs import DEFAULT_DIM_SIZE, TensorSpec, parse_range
 
 logger = logging.getLogger(__name__)
 
@@ -94,6 +94,8 @@ class FeedSource:
         description: Human-readable origin.
         specs: The model inputs the batches are for.
         labels: Side data (``_labels`` in an .npz) aligned with samples, when present.
+        guessed_dims: Random data only: the symbolic dims sized by the bare default (no --dim, no batch),
+            as ``"'h' (input 'x')"``.
     """
 
     kind: str
@@ -104,6 +106,7 @@ class FeedSource:
     num_samples: int
     labels: np.ndarray | None = None
     side: dict[str, np.ndarray] = field(default_factory=dict)
+    guessed_dims: tuple[str, ...] = ()
 
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
         return self._factory()  # type: ignore[operator, no-any-return]
@@ -147,10 +150,32 @@ def _batch_dims(specs: Sequence[TensorSpec], batch_size: int) -> dict[str, int]:
     return dims
 
 
+def _guessed_dims(specs: Sequence[TensorSpec], dims: Mapping[str, int]) -> list[str]:
+    """Symbolic dims that random data sizes by the bare default (no --dim, batch or spec size): "'h' (input 'x')"."""
+    out: list[str] = []
+    for s in specs:
+        for d in s.shape:
+            if isinstance(d, str) and d not in dims and d not in s.dim_sizes:
+                label = f"'{d}' (input '{s.name}')"
+                if not any(o.startswith(f"'{d}' ") for o in out):
+                    out.append(label)
+    return out
+
+
 def _random_source(specs: Sequence[TensorSpec], num_batches: int, batch_size: int | None, seed: int,
                    dims: Mapping[str, int] | None) -> FeedSource:
     bs = batch_size or DEFAULT_BATCH_SIZE
     all_dims = {**_batch_dims(specs, bs), **(dims or {})}
+    guessed = _guessed_dims(specs, all_dims)
+    if guessed:
+        logger.warning(
+            "Random data: no size is known for symbolic dim(s) %s, so each is set to %d. A model run at sizes "
+            "it is not used at computes other ranges (a CNN's feature maps shrink to a pixel, a sequence model "
+            "sees 2 tokens); pass --dim NAME=N for each (e.g. --dim '%s=224'), or real data.",
+            ", ".join(guessed),
+            DEFAULT_DIM_SIZE,
+            guessed[0].split("'")[1],
+        )
 
     def gen() -> Iterator[dict[str, np.ndarray]]:
         rng = np.random.default_rng(seed)
@@ -159,7 +184,27 @@ def _random_source(specs: Sequence[TensorSpec], num_batches: int, batch_size: in
 
     n = specs[0].concrete_shape(all_dims)[0] if specs and specs[0].shape else 1
     return FeedSource("random", f"seeded random data (seed {seed}, {num_batches} batches)", specs, gen,
-                      num_batches, num_batches * n)
+                      num_batches, num_batches * n, guessed_dims=tuple(guessed))
+
+
+def sample_axes(specs: Sequence[TensorSpec]) -> dict[str, int | None]:
+    """The axis of each input that holds samples in data files, or None for an input fed whole with every batch.
+
+    Inputs whose first dim is symbolic hold samples on it, and their names are the batch dims; another input
+    holds samples on the first dim with one of those names (a recurrent state ``[2, batch, 128]`` on axis 1)
+    or, having none, is fed whole (a scalar sample rate, a fixed table). When no input has a symbolic first
+    dim, every input with a first dim holds samples there (a model with a fixed batch size).
+    """
+    batch_names = {s.shape[0] for s in specs if s.shape and isinstance(s.shape[0], str)}
+    out: dict[str, int | None] = {}
+    for s in specs:
+        if not s.shape:
+            out[s.name] = None
+        elif not batch_names or isinstance(s.shape[0], str):
+            out[s.name] = 0
+        else:
+            out[s.name] = next((i for i, d in enumerate(s.shape) if d in batch_names), None)
+    return out
 
 
 def _validate_arrays(arrays: Mapping[str, np.ndarray], specs: Sequence[TensorSpec], origin: str) -> None:
@@ -177,8 +222,10 @@ def _validate_arrays(arrays: Mapping[str, np.ndarray], specs: Sequence[TensorSpe
             )
         )
     counts = set()
+    axes = sample_axes(specs)
     for spec in specs:
         arr = arrays[spec.name]
+        axis = axes[spec.name]
         if arr.size == 0 or arr.ndim == 0 and len(spec.shape) > 0:
             raise InvalidInputError(format_message(f"Data '{origin}': input '{spec.name}'", "an empty array",
                                                    "at least one sample"))
@@ -187,11 +234,16 @@ def _validate_arrays(arrays: Mapping[str, np.ndarray], specs: Sequence[TensorSpe
                 format_message(f"Data '{origin}': input '{spec.name}'", f"dtype {arr.dtype}",
                                f"{spec.dtype}", f"save it as {spec.dtype} (e.g. arr.astype(np.{spec.dtype}))")
             )
-        # the first axis holds samples: any count is fine, batches are cut to the model's batch size
-        if len(arr.shape) != len(spec.shape) or not spec.matches((spec.concrete_shape()[0], *arr.shape[1:])):
+        # the sample axis may hold any count (batches are cut to the batch size); every other fixed dim must match
+        want = list(arr.shape)
+        if axis is not None and len(arr.shape) == len(spec.shape):
+            want[axis] = spec.concrete_shape()[axis]
+        if len(arr.shape) != len(spec.shape) or not spec.matches(want):
+            layout = ("fed whole with every batch" if axis is None
+                      else f"samples on axis {axis}" if axis else "samples on the first axis")
             raise InvalidInputError(
                 format_message(f"Data '{origin}': input '{spec.name}'", f"shape {tuple(arr.shape)}",
-                               f"{tuple(spec.shape)} with samples on the first axis",
+                               f"{tuple(spec.shape)} with {layout}",
                                "str dims are dynamic; fixed dims must match")
             )
         if arr.dtype.kind == "f" and not np.all(np.isfinite(arr)):
@@ -200,22 +252,32 @@ def _validate_arrays(arrays: Mapping[str, np.ndarray], specs: Sequence[TensorSpe
                 format_message(f"Data '{origin}': input '{spec.name}'", f"{bad} NaN/Inf values",
                                "finite values only", "clean the data; NaN would poison every statistic")
             )
-        counts.add(arr.shape[0] if arr.ndim else 1)
+        if axis is not None:
+            counts.add(arr.shape[axis])
     if len(counts) > 1:
         raise InvalidInputError(format_message(f"Data '{origin}'", f"sample counts {sorted(counts)}",
                                                "the same number of samples for every input"))
 
 
 def _fixed_batch(specs: Sequence[TensorSpec]) -> int | None:
-    for s in specs:
-        if s.shape and isinstance(s.shape[0], int):
-            return s.shape[0]
-    return None
+    """The model's fixed batch size: the first dim of its inputs when none of them is symbolic."""
+    if any(s.shape and isinstance(s.shape[0], str) for s in specs):
+        return None
+    return next((s.shape[0] for s in specs if s.shape and isinstance(s.shape[0], int)), None)
+
+
+def _sample_count(arrays: Mapping[str, np.ndarray], specs: Sequence[TensorSpec]) -> int:
+    """Samples in a file: the sample axis of its first input that has one (1 when every input is fed whole)."""
+    for name, axis in sample_axes(specs).items():
+        if axis is not None:
+            return int(arrays[name].shape[axis])
+    return 1
 
 
 def _split(arrays: Mapping[str, np.ndarray], specs: Sequence[TensorSpec], batch_size: int,
            limit: int | None) -> Iterator[dict[str, np.ndarray]]:
-    n = next(iter(arrays[s.name] for s in specs)).shape[0]
+    n = _sample_count(arrays, specs)
+    axes = sample_axes(specs)
     fixed = _fixed_batch(specs)
     step = fixed or batch_size
     count = 0
@@ -224,7 +286,13 @@ def _split(arrays: Mapping[str, np.ndarray], specs: Sequence[TensorSpec], batch_
             return
         if fixed and start + step > n:
             return  # a model with a fixed batch dim cannot take a short last batch
-        yield {s.name: np.ascontiguousarray(arrays[s.name][start:start + step]) for s in specs}
+        batch = {}
+        for s in specs:
+            axis, arr = axes[s.name], arrays[s.name]
+            if axis is not None:
+                arr = np.ascontiguousarray(arr[(slice(None),) * axis + (slice(start, start + step),)])
+            batch[s.name] = arr
+        yield batch
         count += 1
 
 
@@ -246,7 +314,7 @@ def _array_source(kind: str, desc: str, loader: object, files: list[Path], specs
     for f in files:
         arrays = loader(f)  # type: ignore[operator]
         _validate_arrays(arrays, specs, str(f))
-        n = arrays[specs[0].name].shape[0]
+        n = _sample_count(arrays, specs)
         total += n
         nb += n // step if _fixed_batch(specs) else math.ceil(n / step)
         if "_labels" in arrays:

@@ -73,6 +73,11 @@ MAX_OUTPUTS_PER_SESSION = 256
 # of calibration's own working set; above it the caller computes them again later, when calibration's memory is
 # free (layout_cdla at 800x608: ~0.85 GB a batch).
 CAPTURE_TENSORS_LIMIT = 512 * 2**20
+# One ONNX Runtime call returns at most about this many bytes of tensors: a batch whose tensors come to more is
+# run in slices of its samples, sized from a one-sample probe of each pass (statistics do not depend on how the
+# samples are grouped). PP-OCRv4's text detector at 640x640 returns ~0.7 GB of tensors per image: a batch of 16
+# in one call peaked at 7.6 GB.
+CALL_BYTES_LIMIT = 512 * 2**20
 
 _FLOAT_TYPES = (1, 10, 11, 16)  # FLOAT, FLOAT16, DOUBLE, BFLOAT16
 
@@ -242,16 +247,9 @@ def _weight_bytes(model: Any) -> int:
     return sum(len(t.raw_data) + 4 * len(t.float_data) for t in model.graph.initializer)
 
 
-def _run_chunk(
-    sess: Any,
-    names: list[str],
-    batch: Mapping[str, np.ndarray],
-    collector: StatsCollector,
-    capture: dict[str, np.ndarray] | None = None,
-    wanted: Container[str] = (),
-) -> None:
+def _run(sess: Any, names: list[str], batch: Mapping[str, np.ndarray]) -> list[np.ndarray]:
     try:
-        values = sess.run(names, dict(batch))
+        return list(sess.run(names, dict(batch)))
     except Exception as err:  # onnxruntime raises its own exception types
         raise InvalidInputError(
             format_message(
@@ -260,9 +258,60 @@ def _run_chunk(
                 "arrays matching the model's inputs",
             )
         ) from err
+
+
+def _run_chunk(
+    sess: Any,
+    names: list[str],
+    batch: Mapping[str, np.ndarray],
+    collector: StatsCollector,
+    capture: dict[str, np.ndarray] | None = None,
+    wanted: Container[str] = (),
+) -> int:
+    """Run one chunk of tensors on ``batch`` into the statistics (and ``capture``); returns their bytes."""
+    values = _run(sess, names, batch)
     collector.update_many(zip(names, values, strict=True))
     if capture is not None:
         capture.update({n: np.asarray(v, np.float32) for n, v in zip(names, values, strict=True) if n in wanted})
+    return sum(np.asarray(v).nbytes for v in values)
+
+
+class _Slicer:
+    """Cuts batches into slices of samples along each input's sample axis (see :func:`sample_axes`)."""
+
+    def __init__(self, model: Any) -> None:
+        from mpinfer.data.feeds import sample_axes
+
+        specs = specs_from_onnx(model)
+        axes = sample_axes(specs)
+        # only symbolic sample dims can take another count (a fixed batch of 4 is fed 4 at a time)
+        self._axes = {s.name: a for s in specs if (a := axes[s.name]) is not None and isinstance(s.shape[a], str)}
+
+    def rows(self, batch: Mapping[str, np.ndarray]) -> int:
+        """Samples in ``batch``; 1 when it cannot be cut (no sample axis, or inputs that disagree)."""
+        counts = {np.shape(batch[n])[a] for n, a in self._axes.items() if n in batch}
+        return counts.pop() if len(counts) == 1 else 1
+
+    def slice(self, batch: Mapping[str, np.ndarray], start: int, stop: int) -> dict[str, np.ndarray]:
+        """Samples ``start:stop`` of every input that has a sample axis; the others whole."""
+        out = {}
+        for name, value in batch.items():
+            axis = self._axes.get(name)
+            if axis is not None:
+                value = np.ascontiguousarray(value[(slice(None),) * axis + (slice(start, stop),)])
+            out[name] = value
+        return out
+
+
+def _rows_per_call(sess: Any, names: list[str], batch: Mapping[str, np.ndarray], slicer: _Slicer) -> int:
+    """How many samples one call may take: ``CALL_BYTES_LIMIT`` over one sample's bytes of ``names``.
+
+    0 when that is not known yet: the batch has a single sample or cannot be cut.
+    """
+    if slicer.rows(batch) <= 1:
+        return 0
+    one = sum(np.asarray(v).nbytes for v in _run(sess, names, slicer.slice(batch, 0, 1)))
+    return max(1, CALL_BYTES_LIMIT // max(1, one))
 
 
 def calibrate(
@@ -273,6 +322,7 @@ def calibrate(
     capture_batches: int = 0,
     capture_tensors: bool = False,
     types: Mapping[str, int] | None = None,
+    max_bytes: int | None = None,
 ) -> CalibrationStats:
     """FP32 reference run over ``feeds`` collecting per-tensor statistics, one batch at a time.
 
@@ -291,6 +341,8 @@ def calibrate(
             to ``CAPTURE_TENSORS_LIMIT`` bytes in all (beyond it, none: ``reference_tensors`` is None).
         types: Element types of the model's tensors when the caller has inferred them (``GraphInfo.types``
             of this same model): shape inference is then not run again.
+        max_bytes: Stop reading batches once the tensors of those read come to this many bytes (estimated
+            from the first pass; at least one batch). For generated data, where more samples add little.
 
     Returns:
         The statistics of every float tensor: graph inputs, node outputs, and tensors in subgraph bodies.
@@ -324,6 +376,9 @@ def calibrate(
     limit = CAPTURE_TENSORS_LIMIT
     wanted = (outputs | {n for n in known if types.get(n) == FLOAT}) if capture_tensors else outputs
     captured: list[dict[str, np.ndarray]] = []
+    slicer = _Slicer(model)
+    stop_after: int | None = None  # batches read, once max_bytes is reached
+    read = seen = 0
     with (
         progress_bar("Calibrating", enabled=progress) as bar,
         contextlib.closing(sessions),
@@ -332,20 +387,45 @@ def calibrate(
         task = bar.add_task("", total=len(feeds) * passes if isinstance(feeds, Sized) else None)
         for index in range(passes):
             sess = first_session if index == 0 else sessions.session(chunks[index])
+            per_call = 0
             for b, batch in enumerate(feeds):
+                if b == stop_after:
+                    break
                 if index == 0:
-                    first_pass.add(batch)
+                    first_pass.check(batch)
                 if b < capture_batches and index == 0:
                     captured.append({})
-                if sess is not None:
+                if sess is not None:  # before the emulator: data the model rejects gets ONNX Runtime's words
                     keep = captured[b] if b < capture_batches else None
-                    _run_chunk(sess, chunks[index], batch, first_pass.collector, keep, wanted)
+                    per_call = per_call or _rows_per_call(sess, chunks[index], batch, slicer)
+                    rows = slicer.rows(batch)
+                    if not per_call or rows <= per_call:
+                        seen = _run_chunk(sess, chunks[index], batch, first_pass.collector, keep, wanted)
+                    else:  # too many bytes for one call: slices of samples, and the outputs from a run of their own
+                        seen = 0
+                        for row in range(0, rows, per_call):
+                            part = slicer.slice(batch, row, row + per_call)
+                            seen += _run_chunk(sess, chunks[index], part, first_pass.collector)
+                        if keep is not None and index == 0:
+                            wanted = outputs  # a batch above the call limit is above the capture limit too
+                            captured = [{n: v for n, v in c.items() if n in outputs} for c in captured]
+                            keep = captured[b]
+                            out_names = sorted(outputs)
+                            values = _run(sessions.session(out_names), out_names, batch)
+                            keep.update((n, np.asarray(v, np.float32)) for n, v in zip(out_names, values, strict=True))
                     # the bytes all captured batches and passes will hold, projected from those run so far
                     done, total = index * capture_batches + b + 1, passes * capture_batches
                     if keep is not None and wanted is not outputs and _nbytes(captured) * total > limit * done:
                         logger.debug("captured tensors above %d bytes: keeping outputs only", limit)
                         wanted = outputs
                         captured = [{n: v for n, v in c.items() if n in outputs} for c in captured]
+                if index == 0:
+                    first_pass.add(batch)
+                    read += seen * passes if sess is not None else 0
+                    if max_bytes is not None and read >= max_bytes and stop_after is None:
+                        stop_after = b + 1
+                        logger.info("calibrating on the first %d batch(es): their tensors come to %.1f GB", b + 1,
+                                    read / 1e9)
                 bar.advance(task)
             sess = first_session = None  # one session alive at a time
     if first_pass.batches == 0:
@@ -390,8 +470,12 @@ class _FirstPass:
 
             self._emulator = GraphEmulator(model)
 
+    def check(self, batch: Mapping[str, np.ndarray]) -> None:
+        """Names, dtypes and shapes against the model's inputs: a clear message naming the input."""
+        check_feeds(batch, self._specs, where="calibration")
+
     def add(self, batch: Mapping[str, np.ndarray]) -> None:
-        check_feeds(batch, self._specs, where="calibration")  # a clear message naming the input
+        """Statistics of the inputs and of the tensors only the emulator computes; counts."""
         for name, arr in batch.items():
             if name in self._inputs:
                 self.collector.update(name, arr)

@@ -10,19 +10,22 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from mpinfer.errors import InvalidInputError, format_message
 from mpinfer.precision.plan import NodeDecision, PrecisionPlan
-from mpinfer.specs import Precision
+from mpinfer.specs import DEFAULT_DIM_SIZE, Precision
 
 logger = logging.getLogger(__name__)
 
 NUMERICS = ("strict", "ort")
 # Calibration source meaning "no data at all": rules only, no range statistics, no search.
 NO_CALIBRATION = "none"
+# Default random calibration data (no --calibration, no --max-batches) stops after the batch whose FP32 tensors
+# bring the total past this many bytes.
+RANDOM_CALIBRATION_BYTES = 4 * 2**30
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,7 @@ class ConvertConfig:
         seed: Seed for random calibration data.
         max_batches: Cap on calibration batches.
         batch_size: Calibration batch size.
+        dims: Sizes of symbolic dims for random calibration data (``{"height": 48}``).
         search_batches: Calibration batches the budget search evaluates.
         progress: Show progress bars.
     """
@@ -67,6 +71,7 @@ class ConvertConfig:
     seed: int = 0
     max_batches: int | None = None
     batch_size: int | None = None
+    dims: Mapping[str, int] = field(default_factory=dict)
     search_batches: int = 2
     progress: bool = True
 
@@ -352,7 +357,9 @@ def _calibrate(
             )
         return None, None, None
     specs = specs_from_onnx(model)
-    feeds = load_feeds(cfg.calibration, specs, batch_size=cfg.batch_size, num_batches=cfg.max_batches, seed=cfg.seed)
+    feeds = load_feeds(
+        cfg.calibration, specs, batch_size=cfg.batch_size, num_batches=cfg.max_batches, seed=cfg.seed, dims=cfg.dims
+    )
     if feeds.is_random:
         logger.warning(
             "%s: using %s from the input specs. Range rules and the budget search then reflect random "
@@ -374,12 +381,30 @@ def _calibrate(
         # reference run takes them instead of computing them).
         capture = cfg.search_batches if cfg.budget else 1
         tensors = bool(cfg.budget) and cfg.numerics != "ort"
+        # Default random data stops at RANDOM_CALIBRATION_BYTES of tensors: more random samples add little, and a
+        # detector at 640x640 computes ~0.7 GB of tensors per image (its 8 default batches took 2 minutes).
+        bounded = cfg.calibration in (None, "random") and cfg.max_batches is None
         stats = calibrate(
-            model, feeds, progress=cfg.progress, capture_batches=capture, capture_tensors=tensors, types=types
+            model,
+            feeds,
+            progress=cfg.progress,
+            capture_batches=capture,
+            capture_tensors=tensors,
+            types=types,
+            max_bytes=RANDOM_CALIBRATION_BYTES if bounded else None,
         )
+        info["samples"] = int(stats.source.get("samples", info["samples"]))
     except BackendUnavailableError as err:
         logger.warning("Calibration skipped (range rules off): %s", err)
         return None, feeds, info
+    except InvalidInputError as err:
+        guessed = getattr(feeds, "guessed_dims", ())
+        if not guessed:
+            raise
+        raise InvalidInputError(
+            f"{err} (The random data's sizes were guesses: {', '.join(guessed)} set to {DEFAULT_DIM_SIZE}. "
+            "Pass --dim NAME=N with the sizes the model is used at, or real data.)"
+        ) from err
     return stats, feeds, info
 
 

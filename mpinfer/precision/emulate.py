@@ -20,10 +20,11 @@ from typing import Any
 
 import numpy as np
 
-from mpinfer.errors import BackendUnavailableError, InternalError, InvalidInputError, format_message
+from mpinfer.errors import BackendUnavailableError, InternalError, InvalidInputError, MpinferError, format_message
 from mpinfer.precision.kernels import (
     NodeInfo,
     Numerics,
+    RejectedInput,
     UnsupportedVariant,
     is_float,
     is_low_float,
@@ -398,8 +399,17 @@ class GraphEmulator:
                 except UnsupportedVariant:
                     self._fallback[info.address] = info.op_type
                     outs = reference_kernel(info, num, loaded)
-        except (BackendUnavailableError, InternalError):
+        except (MpinferError, InternalError):
             raise
+        except RejectedInput as err:  # the data does not fit the model (ONNX Runtime refuses it too)
+            raise InvalidInputError(
+                format_message(
+                    f"Node '{info.address}' ({info.op_type})",
+                    f"inputs it cannot take: {err}",
+                    "data of the sizes the model is used at",
+                    "check the input shapes (for random data, set dynamic dims with --dim NAME=N)",
+                )
+            ) from err
         except Exception as err:  # a kernel failing on a valid model is a bug; name the node
             raise InternalError(
                 f"Strict emulation failed at node '{info.address}' ({info.op_type}) in "

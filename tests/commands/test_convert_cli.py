@@ -228,3 +228,22 @@ def test_nodes_low_share_matches_the_count_it_is_printed_next_to(invoke, tmp_pat
     low, share = plan["nodes_low"], plan["low_share_nodes"]
     line = next(ln for ln in r.output.splitlines() if "nodes low" in ln)
     assert f"{low}/{round(low / share)} " in line and f"({share:.1%})" in line, line
+
+
+def _conv1d(tmp_path):
+    """x: batch x 1 x len (len unknown), a width-5 convolution: lengths below 5 are not data for it."""
+    node = helper.make_node("Conv", ["x", "w"], ["y"], name="conv", kernel_shape=[5])
+    model = make([node], [fvi("x", ["batch", 1, "len"])], [fvi("y", ["batch", 4, "out"])], [init("w", rng_w(4, 1, 5))])
+    return save(model, tmp_path / "conv.onnx")
+
+
+def test_random_data_at_guessed_sizes_the_model_rejects_says_to_pass_dim(invoke, tmp_path):
+    src = _conv1d(tmp_path)
+    r = invoke("convert", src, "-o", tmp_path / "o.onnx")
+    assert_user_error(r, r"ONNX Runtime rejected.*'len' \(input 'x'\) set to 2.*--dim NAME=N")
+    assert not (tmp_path / "o.onnx").exists()
+    ok = invoke("convert", src, "--dim", "len=32", "--batch-size", "3", "-o", tmp_path / "o.onnx")
+    assert ok.exit_code == 0, ok.output
+    plan = json.loads((tmp_path / "o.plan.json").read_text())
+    assert plan["calibration"]["samples"] == 3 * 8  # 8 random batches of --batch-size 3
+    assert_user_error(invoke("convert", src, "--dim", "len", "-o", tmp_path / "p.onnx"), "name=N")

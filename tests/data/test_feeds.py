@@ -102,3 +102,61 @@ def test_shipped_calibration_data_loads():
     assert src.num_samples == 256 and src.labels is not None and set(np.unique(src.labels)) == set(range(10))
     first = src.first()["x"]
     assert 0.0 <= first.min() and first.max() <= 1.0
+
+
+# A streaming model's inputs: audio chunks, a recurrent state with the batch on axis 1, a scalar sample rate.
+AUDIO = parse_tensor_spec("audio:batchx64:float32")
+STATE = parse_tensor_spec("state:2xbatchx8:float32")
+RATE = parse_tensor_spec("sr::int64")
+
+
+def test_npz_batches_follow_each_inputs_sample_axis(tmp_path):
+    rng = np.random.default_rng(0)
+    audio, state = rng.random((10, 64), dtype=np.float32), rng.random((2, 10, 8), dtype=np.float32)
+    np.savez(tmp_path / "d.npz", audio=audio, state=state, sr=np.array(16000, np.int64))
+    src = load_feeds(tmp_path / "d.npz", [AUDIO, STATE, RATE], batch_size=4)
+    batches = list(src)
+    assert [b["audio"].shape[0] for b in batches] == [4, 4, 2] and src.num_samples == 10
+    assert [b["state"].shape for b in batches] == [(2, 4, 8), (2, 4, 8), (2, 2, 8)]
+    np.testing.assert_array_equal(np.concatenate([b["state"] for b in batches], axis=1), state)
+    assert all(b["sr"].shape == () and int(b["sr"]) == 16000 for b in batches)  # fed whole with every batch
+
+
+@pytest.mark.parametrize(
+    ("arrays", "pattern"),
+    [
+        ({"state": np.zeros((3, 10, 8), np.float32)}, r"state.*shape \(3, 10, 8\).*samples on axis 1"),
+        ({"state": np.zeros((2, 9, 8), np.float32)}, r"sample counts \[9, 10\]"),
+        ({"sr": np.array([16000], np.int64)}, r"sr.*shape \(1,\).*fed whole"),
+    ],
+)
+def test_npz_inputs_off_the_first_axis_are_checked(tmp_path, arrays, pattern):
+    good = {"audio": np.zeros((10, 64), np.float32), "state": np.zeros((2, 10, 8), np.float32),
+            "sr": np.array(16000, np.int64)}
+    np.savez(tmp_path / "d.npz", **{**good, **arrays})
+    with pytest.raises(InvalidInputError, match=pattern):
+        load_feeds(tmp_path / "d.npz", [AUDIO, STATE, RATE])
+
+
+def test_random_data_warns_about_dims_it_had_to_guess(caplog):
+    seq = parse_tensor_spec("x:batchxseq:float32")
+    with caplog.at_level("WARNING", logger="mpinfer.data.feeds"):
+        src = load_feeds("random:1", [seq], batch_size=3)
+    assert src.first()["x"].shape == (3, 2) and src.guessed_dims == ("'seq' (input 'x')",)
+    assert "--dim NAME=N" in caplog.text and "'seq'" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="mpinfer.data.feeds"):
+        src = load_feeds("random:1", [seq], batch_size=3, dims={"seq": 7})
+    assert src.first()["x"].shape == (3, 7) and src.guessed_dims == () and not caplog.text
+
+
+def test_unnamed_dims_are_named_per_input():
+    from onnx import helper
+
+    from mpinfer.specs import specs_from_onnx
+
+    vi = helper.make_tensor_value_info  # None: a dim with neither a size nor a name
+    graph = helper.make_graph([], "g", [vi("input", 1, [None, None]), vi("state", 1, [2, None, 128])], [])
+    specs = specs_from_onnx(helper.make_model(graph))
+    # the two inputs' unnamed second dims are unrelated sizes (audio samples vs. batch): never one name
+    assert [s.shape for s in specs] == [("input.dim0", "input.dim1"), (2, "state.dim1", 128)]

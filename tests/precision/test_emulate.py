@@ -180,6 +180,38 @@ OP_CASES = [
         {"x": X4},
         17,
     ),
+    # Feature maps smaller than the window (a CNN run at a size it is not used at): ONNX Runtime's output
+    # size truncates toward zero, so a window overhanging the map still gives one output from what is there.
+    (
+        "maxpool-map-smaller-than-window",
+        "MaxPool",
+        [("x", [2, 4, 1, 3])],
+        [("y", None)],
+        {"kernel_shape": [2, 2], "strides": [2, 2]},
+        [],
+        {"x": X4[:, :, :1, :3]},
+        11,
+    ),
+    (
+        "avgpool-map-smaller-than-window",
+        "AveragePool",
+        [("x", [2, 4, 1, 1])],
+        [("y", None)],
+        {"kernel_shape": [2, 2], "strides": [2, 2]},
+        [],
+        {"x": X4[:, :, :1, :1]},
+        11,
+    ),
+    (
+        "avgpool-window-fits-nowhere",
+        "AveragePool",
+        [("x", [2, 4, 2, 2])],
+        [("y", None)],
+        {"kernel_shape": [3, 3]},
+        [],
+        {"x": X4[:, :, :2, :2]},
+        11,
+    ),
     (
         "resize-nearest",
         "Resize",
@@ -1121,3 +1153,20 @@ def test_onnxruntime_step_sessions_stay_small():
     assert opts.intra_op_num_threads == min(ortexec.MAX_THREADS, usable_cpus())
     assert not opts.enable_cpu_mem_arena
     assert opts.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+
+
+@pytest.mark.parametrize(
+    ("op", "attrs", "inits", "x", "pattern"),
+    [
+        ("Conv", {"kernel_shape": [5]}, [("w", np.ones((2, 1, 5), np.float32))], np.ones((1, 1, 3), np.float32),
+         r"Node 'Conv_0' \(Conv\).*smaller than the window"),
+        ("Pad", {"mode": "reflect"}, [("p", np.array([0, 0, 0, 0, 0, 3], np.int64))], np.ones((1, 1, 3), np.float32),
+         r"Node 'Pad_0' \(Pad\).*reflect pads"),
+    ],
+)
+def test_inputs_the_op_cannot_take_are_the_datas_fault_not_a_bug(op, attrs, inits, x, pattern):
+    # ONNX Runtime refuses these too (Conv: "Invalid input shape"; Pad: "post-pad exceeds maximum allowed")
+    model = _single(op, [("x", ["n", 1, "len"])], [("y", None)], attrs, inits)
+    with pytest.raises(InvalidInputError, match=pattern):
+        GraphEmulator(model).run({"x": x})
+    assert GraphEmulator(model).run({"x": np.ones((1, 1, 8), np.float32)}).outputs["y"].shape[-1] in (4, 11)

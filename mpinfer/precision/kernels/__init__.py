@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from mpinfer.precision.kernels import attention, elementwise, linalg, norm, pool, recurrent, tensor
 from mpinfer.precision.kernels.fallback import reference_available, reference_kernel
-from mpinfer.precision.kernels.numerics import NodeInfo, Numerics, UnsupportedVariant, is_float, is_low_float
+from mpinfer.precision.kernels.numerics import (
+    NodeInfo,
+    Numerics,
+    RejectedInput,
+    UnsupportedVariant,
+    is_float,
+    is_low_float,
+)
 
 
 def kernel_table() -> dict[str, object]:
@@ -18,6 +25,7 @@ def kernel_table() -> dict[str, object]:
 __all__ = [
     "NodeInfo",
     "Numerics",
+    "RejectedInput",
     "UnsupportedVariant",
     "is_float",
     "is_low_float",

@@ -16,7 +16,7 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from mpinfer.precision.kernels import ortexec
-from mpinfer.precision.kernels.numerics import NodeInfo, Numerics
+from mpinfer.precision.kernels.numerics import NodeInfo, Numerics, RejectedInput
 
 
 def matmul(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
@@ -146,6 +146,8 @@ def conv(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
         (xin.shape[2 + i] + begin[i] + end[i] - (kernel[i] - 1) * dil[i] - 1) // strides[i] + 1
         for i in range(sp)
     )
+    if min(out_sp, default=1) < 1:  # ONNX Runtime: "Invalid input shape"
+        raise RejectedInput(f"input {xin.shape[2:]} padded by {begin}/{end} is smaller than the window {kernel}")
     m = w.shape[0]
     if group == 1:
         y = _conv_channels_last(xin, w, kernel, strides, dil, begin, end)

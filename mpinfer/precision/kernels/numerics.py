@@ -30,6 +30,14 @@ class UnsupportedVariant(Exception):
     """Raised by a kernel for an attribute combination it does not implement (the caller falls back)."""
 
 
+class RejectedInput(ValueError):
+    """Raised by a kernel for inputs the op cannot take (shapes ONNX Runtime refuses too).
+
+    E.g. a map smaller than a convolution's window: the data is wrong for the model, not the emulator (the
+    caller names the node).
+    """
+
+
 def is_float(x: Any) -> bool:
     """True for float32/float16/bfloat16/float64 arrays."""
     return isinstance(x, np.ndarray) and (x.dtype.kind == "f" or x.dtype.name == "bfloat16")

@@ -17,23 +17,40 @@ from mpinfer.precision.kernels.numerics import NodeInfo, Numerics, UnsupportedVa
 
 def _pool_geometry(
     n: NodeInfo, v: np.ndarray
-) -> tuple[tuple[int, ...], list[int], list[int], list[int], list[int], list[int]]:
-    """Kernel, strides, dilations, begin pads, end pads and the extra end pad ceil_mode needs."""
+) -> tuple[tuple[int, ...], list[int], list[int], list[int], list[int], list[int], tuple[int, ...]]:
+    """Kernel, strides, dilations, begin pads, end pads, the extra end pad and the output's spatial size.
+
+    The output size is ONNX Runtime's: ``span / stride`` truncated toward zero, plus one (ceil_mode: rounded up,
+    a window starting in the end padding dropped), where ``span`` = padded input - window. A window that
+    overhangs the padded input (a map smaller than the window, where the spec's floor would give no output)
+    sees only the values that are there, as in ONNX Runtime: the extra end pad holds the fill value and
+    never counts in an average.
+    """
     kernel = tuple(n.get("kernel_shape"))
     in_sp = v.shape[2:]
     strides, dil, begin, end = _conv_geometry(n, in_sp, kernel)
     extra = [0] * len(kernel)
-    if n.get("ceil_mode", 0):
-        for i, k in enumerate(kernel):
-            eff = (k - 1) * dil[i] + 1
-            span = in_sp[i] + begin[i] + end[i] - eff
+    outs = []
+    for i, k in enumerate(kernel):
+        eff = (k - 1) * dil[i] + 1
+        padded = in_sp[i] + begin[i] + end[i]
+        span = padded - eff
+        if n.get("ceil_mode", 0):
             out = math.ceil(span / strides[i]) + 1
-            if (out - 1) * strides[i] >= in_sp[i] + begin[
-                i
-            ]:  # a window starting in the end padding is dropped
+            if out > 0 and (out - 1) * strides[i] >= in_sp[i] + begin[i]:  # a window starting in the end pad
                 out -= 1
-            extra[i] = max(0, (out - 1) * strides[i] + eff - (in_sp[i] + begin[i] + end[i]))
-    return kernel, strides, dil, begin, end, extra
+        else:
+            out = (span // strides[i] if span >= 0 else -(-span // strides[i])) + 1  # C's division: toward 0
+        out = max(out, 0)
+        outs.append(out)
+        if out:
+            extra[i] = max(0, (out - 1) * strides[i] + eff - padded)
+    return kernel, strides, dil, begin, end, extra, tuple(outs)
+
+
+def _empty_pool(v: np.ndarray, outs: tuple[int, ...]) -> list[np.ndarray] | None:
+    """The empty output of a pool whose window fits nowhere (ONNX Runtime returns one), else None."""
+    return [np.zeros(v.shape[:2] + outs, v.dtype)] if 0 in outs else None
 
 
 def max_pool(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
@@ -41,7 +58,10 @@ def max_pool(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
     if len(n.node.output) > 1 and n.node.output[1]:
         raise UnsupportedVariant("MaxPool with Indices output")
     v = x[0]
-    kernel, strides, dil, begin, end, extra = _pool_geometry(n, v)
+    kernel, strides, dil, begin, end, extra, outs = _pool_geometry(n, v)
+    empty = _empty_pool(v, outs)
+    if empty is not None:
+        return empty
     fill = -np.inf if v.dtype.kind == "f" else np.iinfo(v.dtype).min
     win = conv_windows(
         v, kernel, strides, dil, begin, [e + x_ for e, x_ in zip(end, extra, strict=False)], fill
@@ -53,7 +73,10 @@ def max_pool(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
 def average_pool(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
     """AveragePool; the divisor counts padding only with count_include_pad, never the ceil_mode extra."""
     v = x[0]
-    kernel, strides, dil, begin, end, extra = _pool_geometry(n, v)
+    kernel, strides, dil, begin, end, extra, outs = _pool_geometry(n, v)
+    empty = _empty_pool(v, outs)
+    if empty is not None:
+        return empty
     sp = len(kernel)
     axes = tuple(range(-sp, 0))
     ends = [e + x_ for e, x_ in zip(end, extra, strict=False)]

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from mpinfer.precision.kernels.numerics import NodeInfo, Numerics, UnsupportedVariant
+from mpinfer.precision.kernels.numerics import NodeInfo, Numerics, RejectedInput, UnsupportedVariant
 
 
 def _ints(v: Any) -> list[int]:
@@ -154,6 +154,8 @@ def pad(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
     if mode == "constant":
         out = np.pad(v, pos, mode="constant", constant_values=np.asarray(value, dtype=v.dtype))
     elif mode in ("reflect", "edge", "wrap"):
+        if mode == "reflect" and any(max(b, e) >= dim for (b, e), dim in zip(pos, v.shape, strict=True) if b or e):
+            raise RejectedInput(f"reflect pads {pos} do not fit in shape {v.shape} (each must be below its dim)")
         out = np.pad(v, pos, mode=mode)  # type: ignore[call-overload, arg-type]
     else:
         raise UnsupportedVariant(f"Pad mode={mode}")
