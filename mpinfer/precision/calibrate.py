@@ -65,9 +65,8 @@ RANDOM_DATA_WARNING = (
 # Models with more weight bytes than this are calibrated from a temporary external-data copy, so the
 # per-chunk session models are graph-only protos instead of full copies of the weights.
 IN_MEMORY_LIMIT = 256 * 2**20
-# Tensors fetched per pass of ONNX Runtime over the data: bounds the memory of one batch's intermediates
-# (a BERT-base layer stack at batch 16 x 128 tokens is ~6 MB per tensor); larger graphs take more passes.
-MAX_OUTPUTS_PER_SESSION = 256
+# Tensors fetched per pass of ONNX Runtime over the data (bytes bound the memory: ``CALL_BYTES_LIMIT``).
+MAX_OUTPUTS_PER_SESSION = 4096
 # ``capture_tensors`` keeps the captured batches' tensors only when they come to at most this many bytes in all
 # (projected from the first batch's first chunk on): they are held while the other batches and passes run, on top
 # of calibration's own working set; above it the caller computes them again later, when calibration's memory is
@@ -188,13 +187,6 @@ def _float_tensors(
     return known, unknown, types
 
 
-def _chunks(model: Any, names: list[str]) -> list[list[str]]:
-    """Main-graph tensor names in session-sized chunks (graph inputs are read from the feeds)."""
-    inputs = {vi.name for vi in model.graph.input}
-    names = [n for n in names if n not in inputs]
-    return [names[i : i + MAX_OUTPUTS_PER_SESSION] for i in range(0, len(names), MAX_OUTPUTS_PER_SESSION)]
-
-
 class _Sessions:
     """Builds ONNX Runtime sessions whose outputs are chosen tensors, without copying big weights.
 
@@ -303,15 +295,47 @@ class _Slicer:
         return out
 
 
-def _rows_per_call(sess: Any, names: list[str], batch: Mapping[str, np.ndarray], slicer: _Slicer) -> int:
-    """How many samples one call may take: ``CALL_BYTES_LIMIT`` over one sample's bytes of ``names``.
+@dataclass
+class _Passes:
+    """Which tensors each pass over the data fetches, and how many samples one call of it may take.
 
-    0 when that is not known yet: the batch has a single sample or cannot be cut.
+    Sized from one probe call that fetches every tensor for one sample (for a model with a fixed batch: one
+    batch): a pass holds tensors of at most ``CALL_BYTES_LIMIT`` bytes per sample (and at most
+    ``MAX_OUTPUTS_PER_SESSION`` of them), and a call takes as many samples as keep it under that limit.
     """
-    if slicer.rows(batch) <= 1:
-        return 0
-    one = sum(np.asarray(v).nbytes for v in _run(sess, names, slicer.slice(batch, 0, 1)))
-    return max(1, CALL_BYTES_LIMIT // max(1, one))
+
+    chunks: list[list[str]]
+    rows_per_call: list[int]
+    sample_bytes: int
+    _sessions: _Sessions
+    _probe_session: Any = None
+
+    @classmethod
+    def probe(cls, sessions: _Sessions, names: list[str], batch: Mapping[str, np.ndarray], slicer: _Slicer) -> Any:
+        """The passes for ``names`` (None when ONNX Runtime cannot load the model)."""
+        try:
+            sess = sessions.session(names)
+        except ModelLoadError as err:
+            logger.warning("ONNX Runtime cannot run the model (%s); calibrating with the numpy emulator", err)
+            return None
+        sample = slicer.slice(batch, 0, 1) if slicer.rows(batch) > 1 else batch
+        rows = max(1, slicer.rows(sample))
+        sizes = [np.asarray(v).nbytes // rows for v in _run(sess, names, sample)]
+        chunks: list[list[str]] = [[]]
+        totals = [0]
+        for name, size in zip(names, sizes, strict=True):
+            if chunks[-1] and (totals[-1] + size > CALL_BYTES_LIMIT or len(chunks[-1]) >= MAX_OUTPUTS_PER_SESSION):
+                chunks.append([])
+                totals.append(0)
+            chunks[-1].append(name)
+            totals[-1] += size
+        per_call = [max(1, CALL_BYTES_LIMIT // max(1, t)) for t in totals]
+        return cls(chunks, per_call, sum(sizes), sessions, sess if len(chunks) == 1 else None)
+
+    def session(self, index: int) -> Any:
+        """The session of pass ``index`` (the probe's own when there is a single pass)."""
+        sess, self._probe_session = self._probe_session, None
+        return sess if sess is not None else self._sessions.session(self.chunks[index])
 
 
 def calibrate(
@@ -326,8 +350,9 @@ def calibrate(
 ) -> CalibrationStats:
     """FP32 reference run over ``feeds`` collecting per-tensor statistics, one batch at a time.
 
-    Main-graph tensors come from ONNX Runtime, at most ``MAX_OUTPUTS_PER_SESSION`` of them per pass over
-    the data (one session alive at a time, so very large graphs stay within memory); tensors inside
+    Main-graph tensors come from ONNX Runtime: one call fetches tensors of at most ``CALL_BYTES_LIMIT``
+    bytes, sized by a one-sample probe (several passes over the data when one sample's tensors come to more,
+    slices of each batch's samples when a whole batch's do; one session alive at a time); tensors inside
     If/Loop/Scan bodies, and tensors whose type cannot be inferred, come from the numpy emulator.
 
     Args:
@@ -341,8 +366,8 @@ def calibrate(
             to ``CAPTURE_TENSORS_LIMIT`` bytes in all (beyond it, none: ``reference_tensors`` is None).
         types: Element types of the model's tensors when the caller has inferred them (``GraphInfo.types``
             of this same model): shape inference is then not run again.
-        max_bytes: Stop reading batches once the tensors of those read come to this many bytes (estimated
-            from the first pass; at least one batch). For generated data, where more samples add little.
+        max_bytes: Stop reading batches once the tensors of those read come to this many bytes (from the
+            probe's bytes per sample; at least one batch). For generated data, where more samples add little.
 
     Returns:
         The statistics of every float tensor: graph inputs, node outputs, and tensors in subgraph bodies.
@@ -358,27 +383,27 @@ def calibrate(
     if any(not a or a.endswith("/") for a in addresses) or len(set(addresses)) != len(addresses):
         model = name_nodes(model)  # a copy; skipped for models already named, as big ones are
     known, unknown, types = _float_tensors(model, types)
-    chunks = _chunks(model, known)
-    first_session = None
-    sessions = _Sessions(model, types)
-    if chunks:
-        try:
-            first_session = sessions.session(chunks[0])
-        except ModelLoadError as err:
-            logger.warning("ONNX Runtime cannot run the model (%s); calibrating with the numpy emulator", err)
-            unknown, chunks = unknown + [n for c in chunks for n in c], []
-    passes = max(1, len(chunks))
-    if passes > 1 and iter(feeds) is feeds:  # a one-shot iterator cannot be read once per pass
+    inputs = {vi.name for vi in model.graph.input}
+    names = [n for n in known if n not in inputs]  # graph inputs are read from the feeds
+    slicer = _Slicer(model)
+    if iter(feeds) is feeds:  # a one-shot iterator: read once per pass, and the probe needs its first batch
         feeds = list(feeds)
-    logger.info("calibrating %d tensors in %d pass(es) over the data", len(known) + len(unknown), passes)
+    first = next(iter(feeds), None)
+    if first is not None:
+        check_feeds(first, specs_from_onnx(model), where="calibration")  # names the input, before ORT's words
+    sessions = _Sessions(model, types)
+    plan = _Passes.probe(sessions, names, first, slicer) if names and first is not None else None
+    if plan is None and names and first is not None:  # ONNX Runtime cannot load it: the emulator computes all
+        unknown = unknown + names
     first_pass = _FirstPass(model, unknown)
+    passes = len(plan.chunks) if plan else 1
+    logger.info("calibrating %d tensors in %d pass(es) over the data", len(known) + len(unknown), passes)
     outputs = {vi.name for vi in model.graph.output} & set(known)
     limit = CAPTURE_TENSORS_LIMIT
     wanted = (outputs | {n for n in known if types.get(n) == FLOAT}) if capture_tensors else outputs
     captured: list[dict[str, np.ndarray]] = []
-    slicer = _Slicer(model)
     stop_after: int | None = None  # batches read, once max_bytes is reached
-    read = seen = 0
+    read = 0
     with (
         progress_bar("Calibrating", enabled=progress) as bar,
         contextlib.closing(sessions),
@@ -386,8 +411,7 @@ def calibrate(
     ):
         task = bar.add_task("", total=len(feeds) * passes if isinstance(feeds, Sized) else None)
         for index in range(passes):
-            sess = first_session if index == 0 else sessions.session(chunks[index])
-            per_call = 0
+            sess = plan.session(index) if plan else None
             for b, batch in enumerate(feeds):
                 if b == stop_after:
                     break
@@ -395,17 +419,14 @@ def calibrate(
                     first_pass.check(batch)
                 if b < capture_batches and index == 0:
                     captured.append({})
-                if sess is not None:  # before the emulator: data the model rejects gets ONNX Runtime's words
+                if sess is not None and plan is not None:  # before the emulator: data it rejects gets ORT's words
                     keep = captured[b] if b < capture_batches else None
-                    per_call = per_call or _rows_per_call(sess, chunks[index], batch, slicer)
-                    rows = slicer.rows(batch)
-                    if not per_call or rows <= per_call:
-                        seen = _run_chunk(sess, chunks[index], batch, first_pass.collector, keep, wanted)
+                    chunk, per_call, rows = plan.chunks[index], plan.rows_per_call[index], slicer.rows(batch)
+                    if rows <= per_call:
+                        _run_chunk(sess, chunk, batch, first_pass.collector, keep, wanted)
                     else:  # too many bytes for one call: slices of samples, and the outputs from a run of their own
-                        seen = 0
                         for row in range(0, rows, per_call):
-                            part = slicer.slice(batch, row, row + per_call)
-                            seen += _run_chunk(sess, chunks[index], part, first_pass.collector)
+                            _run_chunk(sess, chunk, slicer.slice(batch, row, row + per_call), first_pass.collector)
                         if keep is not None and index == 0:
                             wanted = outputs  # a batch above the call limit is above the capture limit too
                             captured = [{n: v for n, v in c.items() if n in outputs} for c in captured]
@@ -421,13 +442,13 @@ def calibrate(
                         captured = [{n: v for n, v in c.items() if n in outputs} for c in captured]
                 if index == 0:
                     first_pass.add(batch)
-                    read += seen * passes if sess is not None else 0
+                    read += slicer.rows(batch) * plan.sample_bytes if plan else 0
                     if max_bytes is not None and read >= max_bytes and stop_after is None:
                         stop_after = b + 1
                         logger.info("calibrating on the first %d batch(es): their tensors come to %.1f GB", b + 1,
                                     read / 1e9)
                 bar.advance(task)
-            sess = first_session = None  # one session alive at a time
+            sess = None  # one session alive at a time
     if first_pass.batches == 0:
         raise InvalidInputError(format_message("Calibration feeds", "no batches", "at least one batch"))
     source = {

@@ -346,3 +346,78 @@ def test_streamed_stats_match_exact_numbers_on_hostile_values(chunk, finite_only
         assert got.nan_count == np.isnan(mags).sum() and got.inf_count == np.isinf(mags).sum()
         assert got.mean_abs == pytest.approx(finite.mean() if finite.size else 0.0, rel=1e-9)
         assert round(got.fp16_underflow_frac * mags.size) == np.count_nonzero(nonzero < 2.0**-24)
+
+
+def _sample_bytes(model, batch):
+    """Bytes of every float32 node output for the first sample of ``batch`` (what calibration's probe sees)."""
+    import onnx
+
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    del m.graph.output[:]
+    m.graph.output.extend(helper.make_empty_tensor_value_info(o) for n in model.graph.node for o in n.output if o)
+    values = ort_run(m, {k: v[:1] for k, v in batch.items()})
+    return sum(v.nbytes for v in values.values() if v.dtype == np.float32)
+
+
+def test_batches_above_the_call_limit_run_in_slices_with_the_same_statistics(exported, monkeypatch):
+    """A batch whose tensors exceed CALL_BYTES_LIMIT is fetched a few samples at a time (a 640x640 detector
+    returns ~0.7 GB per image): the statistics do not depend on how the samples are grouped, and the reference
+    outputs come from a run of the whole batch."""
+    import mpinfer.precision.calibrate as cal
+
+    model, feeds = exported("digits_cnn")
+    rng = np.random.default_rng(3)
+    batches = [{k: rng.random((6,) + v.shape[1:], dtype=np.float32) for k, v in feeds.items()} for _ in range(2)]
+    whole = calibrate(model, batches, progress=False, capture_batches=1, capture_tensors=True)
+    rows = []
+    run = cal._run
+    monkeypatch.setattr(cal, "_run", lambda s, names, b: rows.append(len(next(iter(b.values())))) or run(s, names, b))
+    monkeypatch.setattr(cal, "CALL_BYTES_LIMIT", 2 * _sample_bytes(model, batches[0]))  # one pass, 2 samples a call
+    sliced = calibrate(model, batches, progress=False, capture_batches=1, capture_tensors=True)
+    assert rows == [1, 2, 2, 2, 6, 2, 2, 2]  # probe; batch 0 in slices, its outputs alone; batch 1 in slices
+    assert set(sliced) == set(whole) and len(whole) > 10
+    for name in whole:
+        a, b = sliced[name], whole[name]
+        assert a.count == b.count and a.absmax == pytest.approx(b.absmax, rel=1e-5), name
+        assert a.mean_abs == pytest.approx(b.mean_abs, rel=1e-4), name
+    out = model.graph.output[0].name
+    want = ort_run(model, batches[0])[out]
+    np.testing.assert_allclose(sliced.reference_outputs[0][out], want, rtol=1e-5, atol=1e-6)
+    assert sliced.reference_tensors is None and whole.reference_tensors is not None  # over the capture limit too
+
+
+def test_max_bytes_stops_after_the_batch_that_reaches_it(exported):
+    model, feeds = exported("digits_cnn")
+    batches = [feeds] * 5
+    per_batch = _sample_bytes(model, feeds) * len(next(iter(feeds.values())))
+    stats = calibrate(model, batches, progress=False, max_bytes=int(per_batch * 1.5))
+    assert stats.source["batches"] == 2 and stats.source["samples"] == 2 * len(next(iter(feeds.values())))
+    assert calibrate(model, batches, progress=False).source["batches"] == 5
+
+
+def test_slices_cut_a_state_input_along_its_batch_axis(monkeypatch):
+    """A recurrent state [2, batch, 4] is cut on axis 1 with the samples of x [batch, 4]; a scalar goes whole."""
+    import mpinfer.precision.calibrate as cal
+
+    nodes = [
+        helper.make_node("ReduceSum", ["s", "axis0"], ["h"], keepdims=0),
+        helper.make_node("Add", ["x", "h"], ["a"]),
+        helper.make_node("Mul", ["a", "k"], ["y"]),
+    ]
+    model = make_model(
+        nodes,
+        [("x", ["batch", 4]), ("s", [2, "batch", 4]), ("k", [])],
+        [("y", ["batch", 4])],
+        [numpy_helper.from_array(np.array([0], np.int64), "axis0")],
+    )
+    rng = np.random.default_rng(0)
+    batch = {"x": rng.random((6, 4), dtype=np.float32), "s": rng.random((2, 6, 4), dtype=np.float32),
+             "k": np.array(3.0, np.float32)}
+    whole = calibrate(model, [batch], progress=False, capture_batches=1)
+    monkeypatch.setattr(cal, "CALL_BYTES_LIMIT", 40)  # h, a and y: 3 x 16 bytes a sample; one sample a call
+    sliced = calibrate(model, [batch], progress=False, capture_batches=1)
+    for name in ("h", "a", "y"):
+        assert sliced[name].count == whole[name].count == 24
+        assert sliced[name].absmax == pytest.approx(whole[name].absmax) and sliced[name].absmax > 0
+    np.testing.assert_allclose(sliced.reference_outputs[0]["y"], ort_run(model, batch)["y"], rtol=1e-6)
