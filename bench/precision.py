@@ -294,11 +294,8 @@ def metrics(ref: list[np.ndarray], got: list[np.ndarray]) -> dict:
 
 
 def evaluate(src: Path, dst: Path, feeds: dict[str, np.ndarray]) -> dict:
-    import onnx
-
     from mpinfer.backends.strict import StrictRunner
     from mpinfer.modelio import ort_session
-    from mpinfer.precision.graphinfo import FLOAT16, GraphInfo
 
     out: dict = {}
     ref_ort = ort_session(src).run(None, feeds)
@@ -317,8 +314,31 @@ def evaluate(src: Path, dst: Path, feeds: dict[str, np.ndarray]) -> dict:
         out["strict"] = metrics(ref, got)
     except Exception as err:  # noqa: BLE001
         out["strict_error"] = str(err).splitlines()[0][:160]
+    out.update(fp16_share_and_casts(src, dst))
+    return out
+
+
+def fp16_share_and_casts(src: Path, dst: Path, shapes: dict[str, tuple[int, ...]] | None = None) -> dict:
+    """Share of the FP32 model's Conv/MatMul/Gemm FLOPs whose node reads or writes FP16 in ``dst``, and the
+    Casts ``dst`` added. ``shapes``: input shapes to count FLOPs at, for a model with dynamic dims."""
+    import onnx
+
+    from mpinfer.precision.graphinfo import FLOAT16, GraphInfo
+
+    out: dict = {}
     orig, conv = onnx.load(str(src)), onnx.load(str(dst))
-    info = GraphInfo(orig)
+    counted = orig
+    if shapes:
+        counted = onnx.ModelProto()
+        counted.CopyFrom(orig)
+        del counted.graph.value_info[:]
+        for vi in counted.graph.input:
+            if vi.name in shapes:
+                dims = vi.type.tensor_type.shape.dim
+                for d, size in zip(dims, shapes[vi.name], strict=True):
+                    d.Clear()
+                    d.dim_value = int(size)
+    info = GraphInfo(counted)
     flops = {ref.address: info.flops(ref) for ref in info.nodes}
     cinfo = GraphInfo(conv)
     low = set()

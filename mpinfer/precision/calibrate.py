@@ -276,8 +276,11 @@ class _Slicer:
 
         specs = specs_from_onnx(model)
         axes = sample_axes(specs)
-        # only symbolic sample dims can take another count (a fixed batch of 4 is fed 4 at a time)
+        # only symbolic sample dims can take another count (a fixed batch of 4 is fed 4 at a time), and only when
+        # no input but scalars is fed whole: a state [2, ?, 128] whose batch dim has no name may be the batch
         self._axes = {s.name: a for s in specs if (a := axes[s.name]) is not None and isinstance(s.shape[a], str)}
+        if any(axes[s.name] is None and s.shape for s in specs):
+            self._axes = {}
 
     def rows(self, batch: Mapping[str, np.ndarray]) -> int:
         """Samples in ``batch``; 1 when it cannot be cut (no sample axis, or inputs that disagree)."""

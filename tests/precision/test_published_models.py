@@ -61,3 +61,53 @@ def test_published_models_convert_valid_and_close(published, tmp_path):
             assert np.abs(a - b).max() <= 0.02 * max(1.0, float(np.abs(a).max())), src.name
         meta = {p.key for p in __import__("onnx").load(str(res.output)).metadata_props}
         assert "character" in meta  # the label list stored in the model survives
+
+
+@pytest.fixture(scope="module")
+def task_models(tmp_path_factory):
+    """The OCR recognizer and the streaming VAD of bench/published.py, fetched into a temporary folder."""
+    bench = pytest.importorskip("bench.published")
+    pytest.importorskip("scipy")
+    folder = tmp_path_factory.mktemp("task_models")
+    try:
+        models = bench.fetch(folder)
+    except Exception as err:  # noqa: BLE001 - no network, no index: nothing to test here
+        pytest.skip(f"could not download the published models: {err}")
+    return bench, models
+
+
+def _convert(src, tmp_path, arrays, **kw):
+    cal = tmp_path / f"{src.stem}.cal.npz"
+    np.savez(cal, **arrays)
+    return convert_precision(
+        ConvertConfig(model=src, output=tmp_path / f"{src.stem}.fp16.onnx", calibration=str(cal), progress=False, **kw)
+    )
+
+
+def test_ocr_recognizer_reads_the_same_strings_and_keeps_its_character_list(task_models, tmp_path):
+    from mpinfer.modelio import ort_session
+
+    bench, models = task_models
+    res = _convert(models["ocr_rec"], tmp_path, {"x": bench.rec_data(16, 1)[0]})
+    x, truth = bench.rec_data(32, 2)
+    vocab = bench._vocab(res.output)  # read from the converted model: the metadata survived
+    assert vocab == bench._vocab(models["ocr_rec"]) and len(vocab) > 6000
+    want = bench._ctc(ort_session(models["ocr_rec"]).run(None, {"x": x})[0], vocab)
+    got = bench._ctc(ort_session(res.output).run(None, {"x": x})[0], vocab)
+    assert np.mean([w == t for w, t in zip(want, truth, strict=True)]) > 0.9  # the task data is readable
+    assert got == want
+    assert res.plan.summary["low_share_flops"] > 0.9
+
+
+def test_streaming_vad_with_if_branches_and_state_keeps_its_decisions(task_models, tmp_path):
+    from mpinfer.modelio import ort_session
+
+    bench, models = task_models
+    _, inputs, states = bench.vad_run(ort_session(models["vad"]), bench.vad_stream(4.0, 1))
+    arrays = {"input": inputs, "state": states, "sr": np.array(bench.SR, np.int64)}
+    res = _convert(models["vad"], tmp_path, arrays, batch_size=len(inputs))  # one batch: the state's batch axis is 1
+    chunks = bench.vad_stream(10.0, 2)
+    want = bench.vad_run(ort_session(models["vad"]), chunks)[0]
+    got = bench.vad_run(ort_session(res.output), chunks)[0]  # each carries its own state through the stream
+    assert 0.2 < np.mean(want > 0.5) < 0.9  # speech and pauses
+    assert np.mean((want > 0.5) == (got > 0.5)) >= 0.99 and np.abs(want - got).max() < 0.02
