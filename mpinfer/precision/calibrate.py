@@ -14,6 +14,7 @@ iteration). The planner (``convert``) reads these numbers and stores them in the
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import tempfile
 import time
@@ -389,8 +390,7 @@ def calibrate(
     inputs = {vi.name for vi in model.graph.input}
     names = [n for n in known if n not in inputs]  # graph inputs are read from the feeds
     slicer = _Slicer(model)
-    if iter(feeds) is feeds:  # a one-shot iterator: read once per pass, and the probe needs its first batch
-        feeds = list(feeds)
+    one_shot = iter(feeds) is feeds
     first = next(iter(feeds), None)
     if first is not None:
         check_feeds(first, specs_from_onnx(model), where="calibration")  # names the input, before ORT's words
@@ -400,6 +400,8 @@ def calibrate(
         unknown = unknown + names
     first_pass = _FirstPass(model, unknown)
     passes = len(plan.chunks) if plan else 1
+    if one_shot and first is not None:  # the probe took its first batch; several passes read it all again
+        feeds = [first, *feeds] if passes > 1 else itertools.chain([first], feeds)
     logger.info("calibrating %d tensors in %d pass(es) over the data", len(known) + len(unknown), passes)
     outputs = {vi.name for vi in model.graph.output} & set(known)
     limit = CAPTURE_TENSORS_LIMIT

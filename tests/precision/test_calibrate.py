@@ -394,6 +394,15 @@ def test_max_bytes_stops_after_the_batch_that_reaches_it(exported):
     stats = calibrate(model, batches, progress=False, max_bytes=int(per_batch * 1.5))
     assert stats.source["batches"] == 2 and stats.source["samples"] == 2 * len(next(iter(feeds.values())))
     assert calibrate(model, batches, progress=False).source["batches"] == 5
+    pulled = []
+
+    def stream():  # a one-shot iterator is read as it goes (one pass here), not loaded whole
+        for i, b in enumerate(batches):
+            pulled.append(i)
+            yield b
+
+    stats = calibrate(model, stream(), progress=False, max_bytes=int(per_batch * 1.5))
+    assert stats.source["batches"] == 2 and pulled == [0, 1, 2]
 
 
 def test_slices_cut_a_state_input_along_its_batch_axis(monkeypatch):
