@@ -73,9 +73,9 @@ MAX_OUTPUTS_PER_SESSION = 4096
 # of calibration's own working set; above it the caller computes them again later, when calibration's memory is
 # free (layout_cdla at 800x608: ~0.85 GB a batch).
 CAPTURE_TENSORS_LIMIT = 512 * 2**20
-# One ONNX Runtime call returns at most about this many bytes of tensors: a batch whose tensors come to more is
-# run in slices of its samples, sized from a one-sample probe of each pass (statistics do not depend on how the
-# samples are grouped). PP-OCRv4's text detector at 640x640 returns ~0.7 GB of tensors per image: a batch of 16
+# One ONNX Runtime call returns at most about this many bytes of tensors, sized from a one-sample probe: a graph
+# whose tensors come to more per sample takes several passes, a batch whose tensors come to more runs in slices
+# of its samples (statistics do not depend on how the samples are grouped). PP-OCRv4's text detector at 640x640 returns ~0.7 GB of tensors per image: a batch of 16
 # in one call peaked at 7.6 GB.
 CALL_BYTES_LIMIT = 512 * 2**20
 
