@@ -75,8 +75,8 @@ MAX_OUTPUTS_PER_SESSION = 4096
 CAPTURE_TENSORS_LIMIT = 512 * 2**20
 # One ONNX Runtime call returns at most about this many bytes of tensors, sized from a one-sample probe: a graph
 # whose tensors come to more per sample takes several passes, a batch whose tensors come to more runs in slices
-# of its samples (statistics do not depend on how the samples are grouped). PP-OCRv4's text detector at 640x640 returns ~0.7 GB of tensors per image: a batch of 16
-# in one call peaked at 7.6 GB.
+# of its samples (statistics do not depend on how the samples are grouped). PP-OCRv4's text detector at 640x640
+# returns ~0.7 GB of tensors per image: a batch of 16 in one call peaked at 7.6 GB.
 CALL_BYTES_LIMIT = 512 * 2**20
 
 _FLOAT_TYPES = (1, 10, 11, 16)  # FLOAT, FLOAT16, DOUBLE, BFLOAT16

@@ -70,6 +70,9 @@ PROBE_SHARE = 1 / 4
 PROBE_MIN_ROWS = 4
 # Floor of the error used in the FLOPs-per-error score (a group with zero local error is not infinitely good).
 ERROR_FLOOR = 1e-7
+# The local error a group inside an If/Loop/Scan body is ranked with (none is measured there): as bad as any,
+# so measured groups go first and the body groups follow by FLOPs.
+BODY_GROUP_ERROR = 1.0
 
 
 @dataclass(frozen=True)
@@ -102,6 +105,9 @@ class _Group:
     members: list[str]
     flops: float
     error: float = 0.0
+    # Nodes inside an If/Loop/Scan body: no sub-model or probe copy measures them alone, so they are ranked with
+    # BODY_GROUP_ERROR and decided by the verifications.
+    in_body: bool = False
 
 
 class _Verifier:
@@ -382,19 +388,17 @@ class _Verifier:
 
 
 def build_groups(info: GraphInfo, nodes: Sequence[NodeDecision], decisions: Mapping[str, Decision]) -> list[_Group]:
-    """Fused chains of searchable low nodes (main graph, not forced by the user)."""
+    """Fused chains of searchable low nodes (not forced by the user), each within one graph or body."""
     prec = {n.name: n.precision for n in nodes}
     searchable = [
-        ref
-        for ref in info.nodes
-        if ref.depth == 0 and prec[ref.address].is_low and not decisions[ref.address].reason.startswith("user:")
+        ref for ref in info.nodes if prec[ref.address].is_low and not decisions[ref.address].reason.startswith("user:")
     ]
 
     def first_source(ref: Any) -> str | None:
-        """The producer a follow-op joins: the first of its inputs made by another searchable node."""
+        """The producer a follow-op joins: the first of its inputs made by another searchable node of its graph."""
         for name in ref.node.input:
             src = info.producer.get(name)
-            if src in addresses and src != ref.address:
+            if src in addresses and src != ref.address and info.by_address[src].graph is ref.graph:
                 return src
         return None
 
@@ -407,7 +411,7 @@ def build_groups(info: GraphInfo, nodes: Sequence[NodeDecision], decisions: Mapp
     groups: dict[str, _Group] = {}
     for anchor, members in components([ref.address for ref in searchable], links).items():
         flops = sum(float(info.flops(info.by_address[a])) for a in members)
-        groups[anchor] = _Group(anchor, members, flops)
+        groups[anchor] = _Group(anchor, members, flops, in_body=info.by_address[anchor].depth > 0)
     return list(groups.values())
 
 
@@ -444,16 +448,21 @@ def _measure(
     ORT numerics: all groups in one ONNX Runtime probe run; strict numerics, and groups the probe cannot
     copy: one small emulator sub-model per group.
     """
-    todo = list(groups)
+    for g in groups:
+        if g.in_body:
+            g.error = BODY_GROUP_ERROR
+    todo = [g for g in groups if not g.in_body]
+    if not todo:
+        return
     if cfg.numerics == "ort":
         from mpinfer.precision.probe import probe_errors
 
-        probed = probe_errors(info, groups, ver.probe_batches(), cfg.precision)
+        probed = probe_errors(info, todo, ver.probe_batches(), cfg.precision)
         ver.evaluations += probed.evaluations
         for g in groups:
             if g.anchor in probed.errors:
                 g.error = probed.errors[g.anchor]
-        todo = [g for g in groups if g.anchor not in probed.errors]
+        todo = [g for g in todo if g.anchor not in probed.errors]
         if not todo:
             return
     ver.open_emulator()
@@ -704,19 +713,19 @@ def _bisect(
 
 
 def _finalize(nodes: Sequence[NodeDecision], groups: Sequence[_Group], chosen: set[str]) -> list[NodeDecision]:
-    error = {a: g.error for g in groups for a in g.members}
+    group_of = {a: g for g in groups for a in g.members}
     out = []
     for n in nodes:
-        if n.name not in error:
+        g = group_of.get(n.name)
+        if g is None:
             out.append(n)
             continue
-        stats = {**n.stats, "sensitivity": _clean(error[n.name])}
+        stats = {**n.stats, "sensitivity": "not measured (in a control-flow body)" if g.in_body else _clean(g.error)}
         if n.name in chosen:
             out.append(NodeDecision(n.name, n.op_type, n.precision, n.reason, n.detail, stats))
         else:
-            detail = (
-                f"kept FP32 by the budget search: its group's local error {error[n.name]:.3g} did not fit the budget"
-            )
+            why = "its group (in a control-flow body)" if g.in_body else f"its group's local error {g.error:.3g}"
+            detail = f"kept FP32 by the budget search: {why} did not fit the budget"
             out.append(NodeDecision(n.name, n.op_type, Precision.FP32, "sensitivity", detail, stats))
     return out
 

@@ -385,3 +385,62 @@ def test_expected_error_without_a_budget_compares_with_calibrations_outputs(tmp_
     ((batches, tensors, outputs),) = kept
     assert batches == 1 and not tensors and outputs is not None and len(outputs) == 1
     assert 0 < res.plan.summary["expected_error"]["max_abs"] < 1e-2
+
+
+def _if_model():
+    """All the compute inside an If (a streaming model's shape). then = Relu(x @ w) + (z @ I - 1000) with z near
+    1000: the first chain is harmless in FP16, the second is not (z in FP16 is rounded to 0.5, and ONNX Runtime
+    sees that too: the Cast is in the graph); else = x @ w."""
+
+    def body(name, nodes, out):
+        return helper.make_graph(nodes, name, [], [fvi(out, ["N", 16])])
+
+    big = helper.make_tensor("big", 1, [], [1000.0])
+    then = body(
+        "then",
+        [
+            helper.make_node("MatMul", ["x", "w"], ["tm"], name="t_mm"),
+            helper.make_node("Relu", ["tm"], ["tr"], name="t_relu"),
+            helper.make_node("MatMul", ["z", "eye"], ["tz"], name="t_mm2"),
+            helper.make_node("Constant", [], ["k"], name="t_k", value=big),
+            helper.make_node("Sub", ["tz", "k"], ["ts"], name="t_sub"),
+            helper.make_node("Add", ["tr", "ts"], ["ty"], name="t_out"),
+        ],
+        "ty",
+    )
+    other = body("else", [helper.make_node("MatMul", ["x", "w"], ["ey"], name="e_mm")], "ey")
+    node = helper.make_node("If", ["c"], ["y"], name="if", then_branch=then, else_branch=other)
+    inits = [init("w", rng_w(16, 16, scale=0.25)), init("eye", np.eye(16, dtype=np.float32))]
+    inputs = [fvi("x", ["N", 16]), fvi("z", ["N", 16]), fvi("c", [], elem=9)]
+    return make([node], inputs, [fvi("y", ["N", 16])], inits)
+
+
+@pytest.mark.parametrize(("numerics", "limit"), [("strict", 1e-2), ("ort", 1e-4)])
+def test_search_decides_nodes_inside_control_flow_bodies(tmp_path, numerics, limit):
+    """Nodes inside If/Loop/Scan bodies are searched too (a model whose compute is all in bodies used to fail its
+    budget as if the user had forced them low): body groups go FP32 where the budget needs it. (ONNX Runtime's CPU
+    provider computes this FP16 graph in FP32 and drops the Cast pair around z, so its budget is tighter.)"""
+    src = save(_if_model(), tmp_path / "if.onnx")
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((32, 16)).astype(np.float32)
+    z = (1000 + rng.standard_normal((32, 16))).astype(np.float32)
+    np.savez(tmp_path / "cal.npz", x=x, z=z, c=np.array(True))
+    res = convert_precision(
+        ConvertConfig(model=src, output=tmp_path / f"if.{numerics}.onnx", calibration=str(tmp_path / "cal.npz"),
+                      budget=f"max_abs<={limit}", numerics=numerics, progress=False)
+    )
+    nodes = {n.name: n for n in res.plan.nodes}
+    assert res.plan.summary["search"]["searched"] and res.plan.summary["expected_error"]["max_abs"] <= limit
+    kept = [n for n in res.plan.nodes if n.reason == "sensitivity"]
+    assert kept and all(n.name.startswith("if/") and "control-flow body" in n.detail for n in kept)
+    assert nodes["if/else_branch/e_mm"].precision is Precision.FP16  # not taken on this data: costs nothing
+    if numerics == "strict":  # the fragile chain goes FP32, the harmless one keeps FP16
+        assert {n.name for n in kept} == {"if/then_branch/t_mm2", "if/then_branch/t_sub"}
+        assert nodes["if/then_branch/t_mm"].precision is Precision.FP16
+    import onnx
+
+    from tests.precision.numerics_graphs import ort_run
+
+    feeds = {"x": x, "z": z, "c": np.array(True)}
+    ref, got = ort_run(onnx.load(str(src)), feeds)["y"], ort_run(onnx.load(str(res.output)), feeds)["y"]
+    assert np.abs(ref - got).max() <= limit
