@@ -48,6 +48,7 @@ __all__ = [
     "HISTOGRAM_BINS",
     "PERCENTILE",
     "RANDOM_DATA_WARNING",
+    "BatchSlicer",
     "CalibrationStats",
     "StatsCollector",
     "TensorStats",
@@ -99,12 +100,15 @@ class CalibrationStats(Mapping[str, TensorStats]):
             those batches (one dict per batch), else None (also above ``CAPTURE_TENSORS_LIMIT``): the strict
             emulator's FP32 reference run takes them instead of computing them (:meth:`GraphEmulator.run`
             ``known``).
+        sample_bytes: Bytes of the main-graph tensors ONNX Runtime computes for one sample (from the probe), or
+            None when it computed none: what holding a run's tensors costs per sample.
     """
 
     tensors: dict[str, TensorStats]
     source: dict[str, Any] = field(default_factory=dict)
     reference_outputs: list[dict[str, np.ndarray]] | None = field(default=None, repr=False, compare=False)
     reference_tensors: list[dict[str, np.ndarray]] | None = field(default=None, repr=False, compare=False)
+    sample_bytes: int | None = field(default=None, compare=False)
 
     def __getitem__(self, name: str) -> TensorStats:
         return self.tensors[name]
@@ -269,8 +273,11 @@ def _run_chunk(
     return sum(np.asarray(v).nbytes for v in values)
 
 
-class _Slicer:
-    """Cuts batches into slices of samples along each input's sample axis (see :func:`sample_axes`)."""
+class BatchSlicer:
+    """Cuts a model's batches into slices of samples along each input's sample axis.
+
+    See :func:`mpinfer.data.feeds.sample_axes`.
+    """
 
     def __init__(self, model: Any) -> None:
         from mpinfer.data.feeds import sample_axes
@@ -315,7 +322,7 @@ class _Passes:
     _probe_session: Any = None
 
     @classmethod
-    def probe(cls, sessions: _Sessions, names: list[str], batch: Mapping[str, np.ndarray], slicer: _Slicer) -> Any:
+    def probe(cls, sessions: _Sessions, names: list[str], batch: Mapping[str, np.ndarray], slicer: BatchSlicer) -> Any:
         """The passes for ``names`` (None when ONNX Runtime cannot load the model)."""
         try:
             sess = sessions.session(names)
@@ -389,7 +396,7 @@ def calibrate(
     known, unknown, types = _float_tensors(model, types)
     inputs = {vi.name for vi in model.graph.input}
     names = [n for n in known if n not in inputs]  # graph inputs are read from the feeds
-    slicer = _Slicer(model)
+    slicer = BatchSlicer(model)
     one_shot = iter(feeds) is feeds
     first = next(iter(feeds), None)
     if first is not None:
@@ -477,7 +484,7 @@ def calibrate(
         first_pass.batches,
         time.perf_counter() - start,
     )
-    return CalibrationStats(results, source, reference, tensors)
+    return CalibrationStats(results, source, reference, tensors, plan.sample_bytes if plan else None)
 
 
 class _FirstPass:

@@ -26,6 +26,11 @@ NO_CALIBRATION = "none"
 # Default random calibration data (no --calibration, no --max-batches) stops after the batch whose FP32 tensors
 # bring the total past this many bytes.
 RANDOM_CALIBRATION_BYTES = 4 * 2**30
+# The budget search keeps the FP32 tensors of the samples it verifies on (strict numerics: every tensor, for its
+# incremental runs): at most about this many bytes of them, from calibration's bytes per sample. Fewer batches
+# above it, or the first samples of the first batch (PP-OCRv4's recognizer: 200 MB a sample; 32 samples peaked
+# at 8.3 GB).
+SEARCH_BYTES_LIMIT = 2 * 2**30
 
 
 @dataclass(frozen=True)
@@ -302,14 +307,15 @@ def _make_plan(
     if cfg.budget and feeds is not None:
         from mpinfer.precision.search import SearchConfig, search_plan
 
+        search_feeds, refs, tensors = _search_data(cfg, model, feeds, stats)
         outcome = search_plan(
             model,
             info,
             decisions,
             nodes,
-            feeds,
-            reference_outputs=getattr(stats, "reference_outputs", None),
-            reference_tensors=getattr(stats, "reference_tensors", None),
+            search_feeds,
+            reference_outputs=refs,
+            reference_tensors=tensors,
             cfg=SearchConfig(
                 budget=cfg.budget,
                 precision=cfg.precision,
@@ -336,6 +342,55 @@ def _make_plan(
         mpinfer_version=__version__,
     )
     return plan, expected, search_cost, verified
+
+
+@dataclass
+class _SearchRows:
+    """The samples the budget search verifies on when calibration's first batches hold too many bytes."""
+
+    batches: list[dict[str, Any]]
+    labels: Any = None
+
+    def __iter__(self) -> Any:
+        return iter(self.batches)
+
+
+def _search_data(cfg: ConvertConfig, model: Any, feeds: Any, stats: Any) -> tuple[Any, Any, Any]:
+    """The search's data and calibration's FP32 reference for it, bounded by ``SEARCH_BYTES_LIMIT``."""
+    import itertools
+
+    refs, tensors = getattr(stats, "reference_outputs", None), getattr(stats, "reference_tensors", None)
+    per_sample = getattr(stats, "sample_bytes", None)
+    if not per_sample:
+        return feeds, refs, tensors
+    from mpinfer.precision.calibrate import BatchSlicer
+
+    slicer = BatchSlicer(model)
+    batches = list(itertools.islice(feeds, cfg.search_batches))
+    rows = [slicer.rows(b) for b in batches]
+    if not batches or sum(rows) * per_sample <= SEARCH_BYTES_LIMIT:
+        return feeds, refs, tensors
+    keep = 1  # whole batches while they fit, else the first samples of the first
+    while keep < len(batches) and sum(rows[: keep + 1]) * per_sample <= SEARCH_BYTES_LIMIT:
+        keep += 1
+    chosen = batches[:keep]
+    if sum(rows[:keep]) * per_sample > SEARCH_BYTES_LIMIT and rows[0] > 1:
+        n = max(1, min(rows[0], SEARCH_BYTES_LIMIT // per_sample))
+        chosen = [slicer.slice(batches[0], 0, n)]
+        refs = tensors = None  # calibration's reference holds whole batches
+    samples = sum(slicer.rows(b) for b in chosen)
+    logger.info(
+        "budget search on the first %d sample(s): their FP32 tensors come to %.1f GB (%d would hold %.1f)",
+        samples,
+        samples * per_sample / 1e9,
+        sum(rows),
+        sum(rows) * per_sample / 1e9,
+    )
+    if refs is not None:
+        refs = refs[:keep]
+    if tensors is not None:
+        tensors = tensors[:keep]
+    return _SearchRows(chosen, getattr(feeds, "labels", None)), refs, tensors
 
 
 def _calibrate(

@@ -444,3 +444,40 @@ def test_search_decides_nodes_inside_control_flow_bodies(tmp_path, numerics, lim
     feeds = {"x": x, "z": z, "c": np.array(True)}
     ref, got = ort_run(onnx.load(str(src)), feeds)["y"], ort_run(onnx.load(str(res.output)), feeds)["y"]
     assert np.abs(ref - got).max() <= limit
+
+
+def test_search_data_is_bounded_by_bytes(tmp_path, monkeypatch):
+    """The budget search keeps its samples' FP32 tensors: above SEARCH_BYTES_LIMIT it verifies on fewer batches,
+    then on the first samples of the first (with labels to match); below it, on calibration's batches as they are."""
+    import onnx
+
+    import mpinfer.precision.convert as conv
+    from mpinfer.data import load_feeds
+    from mpinfer.precision.calibrate import calibrate
+    from mpinfer.specs import specs_from_onnx
+
+    model = chain(4)
+    path = _npz(tmp_path / "cal.npz")
+    data = dict(np.load(path))
+    np.savez(path, **data, _labels=np.arange(32) % 4)
+    feeds = load_feeds(path, specs_from_onnx(model), batch_size=16)
+    stats = calibrate(model, feeds, progress=False, capture_batches=2, capture_tensors=True)
+    per = stats.sample_bytes
+    assert per and per == sum(4 * 16 for n in model.graph.node for o in n.output)  # 9 float tensors of 16 a sample
+    cfg = ConvertConfig(model=Path("m.onnx"), output=Path("o.onnx"), search_batches=2)
+    same = conv._search_data(cfg, model, feeds, stats)
+    assert same == (feeds, stats.reference_outputs, stats.reference_tensors)
+    monkeypatch.setattr(conv, "SEARCH_BYTES_LIMIT", 20 * per)  # one batch of 16 fits, two do not
+    got, refs, tensors = conv._search_data(cfg, model, feeds, stats)
+    assert [len(b["x"]) for b in got] == [16] and len(refs) == len(tensors) == 1
+    monkeypatch.setattr(conv, "SEARCH_BYTES_LIMIT", 5 * per)  # not even one batch: its first 5 samples
+    got, refs, tensors = conv._search_data(cfg, model, feeds, stats)
+    (batch,) = list(got)
+    np.testing.assert_array_equal(batch["x"], data["x"][:5])
+    assert refs is None and tensors is None and list(got.labels[:5]) == [0, 1, 2, 3, 0]
+    res = convert_precision(
+        ConvertConfig(model=save(model, tmp_path / "m.onnx"), output=tmp_path / "o.onnx", calibration=str(path),
+                      batch_size=16, budget="max_abs<=1e-3,accuracy>=0", progress=False)
+    )
+    assert res.plan.summary["expected_error"]["max_abs"] <= 1e-3 and onnx.load(str(res.output)).graph.node
+    assert res.plan.summary["search"]["batches"] == 1  # the 5 samples the limit leaves
