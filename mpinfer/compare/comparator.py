@@ -384,16 +384,25 @@ def _latency(
     cfg: CompareConfig, baseline: Runner, cands: Mapping[str, Runner], sample: Mapping[str, np.ndarray]
 ) -> LatencyResult:
     from mpinfer.compare.latency import measure_latency
+    from mpinfer.data.feeds import fixed_batch, sample_axes
 
     runners = {cfg.baseline: baseline, **cands}
-    sizes = cfg.batch_sizes or (next(iter(sample.values())).shape[0],)
-    fixed = {s.shape[0] for s in baseline.input_specs() if s.shape and isinstance(s.shape[0], int)}
-    if fixed and any(b not in fixed for b in sizes):
-        raise InvalidInputError(
-            format_message(
-                "--batch-sizes", list(sizes), f"{sorted(fixed)} only", "the model has a fixed batch dimension"
+    specs = baseline.input_specs()
+    axes = sample_axes(specs)
+    batched = [(n, a) for n, a in axes.items() if a is not None and n in sample]
+    sizes = cfg.batch_sizes or ((sample[batched[0][0]].shape[batched[0][1]],) if batched else (1,))
+    fixed = fixed_batch(specs)
+    whole = [s.name for s in specs if s.shape and axes[s.name] is None]
+    if (fixed or whole) and cfg.batch_sizes:
+        rows = {sample[n].shape[a] for n, a in batched}
+        allowed = {fixed} if fixed else rows
+        if any(b not in allowed for b in sizes):
+            why = (
+                "the model has a fixed batch dimension"
+                if fixed
+                else f"input(s) {', '.join(whole)} have no batch dim by name, so the data's batch is the only one"
             )
-        )
+            raise InvalidInputError(format_message("--batch-sizes", list(sizes), f"{sorted(allowed)} only", why))
     stats = measure_latency(
         runners,
         sample,
@@ -402,6 +411,7 @@ def _latency(
         iterations=cfg.iterations,
         time_budget_s=cfg.time_budget_s,
         show_progress=cfg.show_progress,
+        axes=axes,
     )
     return LatencyResult(
         device=cfg.device,

@@ -20,19 +20,23 @@ from mpinfer.compare.result import LatencyStats
 logger = logging.getLogger(__name__)
 
 
-def batch_of_size(sample: Mapping[str, np.ndarray], batch_size: int) -> dict[str, np.ndarray]:
-    """Tile or slice a data batch along axis 0 to ``batch_size`` samples."""
+def batch_of_size(
+    sample: Mapping[str, np.ndarray], batch_size: int, axes: Mapping[str, int | None] | None = None
+) -> dict[str, np.ndarray]:
+    """Tile or slice a data batch to ``batch_size`` samples along each input's sample axis.
+
+    ``axes``: input -> sample axis, None for an input fed whole (:func:`mpinfer.data.feeds.sample_axes`);
+    default: axis 0, scalars whole.
+    """
     out = {}
     for name, arr in sample.items():
-        if arr.ndim == 0:  # a scalar input has no batch axis
+        axis = axes.get(name, 0) if axes is not None else 0
+        if arr.ndim == 0 or axis is None:  # no sample axis: the same value for any batch
             out[name] = arr
             continue
-        reps = -(-batch_size // max(arr.shape[0], 1))
-        out[name] = (
-            np.ascontiguousarray(np.concatenate([arr] * reps, axis=0)[:batch_size])
-            if reps > 1
-            else np.ascontiguousarray(arr[:batch_size])
-        )
+        reps = -(-batch_size // max(arr.shape[axis], 1))
+        tiled = np.concatenate([arr] * reps, axis=axis) if reps > 1 else arr
+        out[name] = np.ascontiguousarray(np.take(tiled, np.arange(batch_size), axis=axis))
     return out
 
 
@@ -98,8 +102,11 @@ def measure_latency(
     iterations: int,
     time_budget_s: float | None,
     show_progress: bool,
+    axes: Mapping[str, int | None] | None = None,
 ) -> list[LatencyStats]:
     """Measure every (active) runner at every batch size; the first runner is the baseline for speedups.
+
+    ``axes``: each input's sample axis, for resizing ``sample`` (see :func:`batch_of_size`).
 
     Returns:
         One LatencyStats per runner and batch size; ``speedup`` = baseline p50 / runner p50.
@@ -110,7 +117,7 @@ def measure_latency(
     t0 = time.perf_counter()
     with progress_bar("latency", enabled=show_progress) as progress:
         for bs in batch_sizes:
-            feeds = batch_of_size(sample, bs)
+            feeds = batch_of_size(sample, bs, axes)
             base_p50 = None
             for name, runner in runners.items():
                 task = progress.add_task(f"{name} @ batch {bs}", total=iterations)

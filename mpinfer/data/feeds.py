@@ -259,7 +259,7 @@ def _validate_arrays(arrays: Mapping[str, np.ndarray], specs: Sequence[TensorSpe
                                                "the same number of samples for every input"))
 
 
-def _fixed_batch(specs: Sequence[TensorSpec]) -> int | None:
+def fixed_batch(specs: Sequence[TensorSpec]) -> int | None:
     """The model's fixed batch size: the first dim of its inputs when none of them is symbolic."""
     if any(s.shape and isinstance(s.shape[0], str) for s in specs):
         return None
@@ -278,7 +278,7 @@ def _split(arrays: Mapping[str, np.ndarray], specs: Sequence[TensorSpec], batch_
            limit: int | None) -> Iterator[dict[str, np.ndarray]]:
     n = _sample_count(arrays, specs)
     axes = sample_axes(specs)
-    fixed = _fixed_batch(specs)
+    fixed = fixed_batch(specs)
     step = fixed or batch_size
     count = 0
     for start in range(0, n, step):
@@ -310,13 +310,13 @@ def _array_source(kind: str, desc: str, loader: object, files: list[Path], specs
     # Validate and count up front, one file at a time, then stream.
     total, nb = 0, 0
     labels = []
-    step = _fixed_batch(specs) or batch_size
+    step = fixed_batch(specs) or batch_size
     for f in files:
         arrays = loader(f)  # type: ignore[operator]
         _validate_arrays(arrays, specs, str(f))
         n = _sample_count(arrays, specs)
         total += n
-        nb += n // step if _fixed_batch(specs) else math.ceil(n / step)
+        nb += n // step if fixed_batch(specs) else math.ceil(n / step)
         if "_labels" in arrays:
             labels.append(arrays["_labels"])
     if num_batches is not None:

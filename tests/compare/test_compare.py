@@ -281,3 +281,43 @@ def test_config_takes_paths_as_in_the_readme(mlp_files):
     """README: ``CompareConfig(Path("out/resnet.onnx"), (Path("out/resnet.fp16.onnx"),))``."""
     result = compare_models(CompareConfig(mlp_files["base"], (mlp_files["fp16"],), show_progress=False))
     assert result.candidates[0].name == str(mlp_files["fp16"])
+
+
+def _state_model(tmp_path, state_batch):
+    """y = x + sum(s, axis 0): x [batch, 4], a recurrent state s [2, state_batch, 4]."""
+    nodes = [
+        helper.make_node("ReduceSum", ["s", "ax"], ["h"], name="sum", keepdims=0),
+        helper.make_node("Add", ["x", "h"], ["y"], name="add"),
+    ]
+    g = helper.make_graph(
+        nodes,
+        "g",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4]),
+            helper.make_tensor_value_info("s", TensorProto.FLOAT, [2, state_batch, 4]),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])],
+        [numpy_helper.from_array(np.array([0], np.int64), "ax")],
+    )
+    path = tmp_path / f"state_{state_batch or 'unnamed'}.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(path))
+    data = tmp_path / "d.npz"
+    np.savez(data, x=np.ones((3, 4), np.float32), s=np.ones((2, 3, 4), np.float32))
+    return path, data
+
+
+def test_latency_resizes_a_state_along_its_batch_axis(tmp_path):
+    """A state [2, batch, 4] is tiled on axis 1 with x's samples; with its batch dim unnamed only the data's batch
+    can be timed (the state cannot be resized), and --batch-sizes says so."""
+    from mpinfer.compare.latency import batch_of_size
+
+    path, data = _state_model(tmp_path, "batch")
+    result = compare_models(_cfg(path, path, data=str(data), latency=True, iterations=2, warmup=1, batch_sizes=(1, 5)))
+    assert {s.batch_size for s in result.latency.stats} == {1, 5}
+    tiled = batch_of_size({"x": np.arange(6.0).reshape(3, 2), "s": np.zeros((2, 3, 4))}, 5, {"x": 0, "s": 1})
+    assert tiled["x"].shape == (5, 2) and tiled["s"].shape == (2, 5, 4) and tiled["x"][3, 0] == 0
+    path, data = _state_model(tmp_path, None)
+    with pytest.raises(InvalidInputError, match=r"expected \[3\] only.*s have no batch dim by name"):
+        compare_models(_cfg(path, path, data=str(data), latency=True, iterations=2, batch_sizes=(1, 3)))
+    assert {s.batch_size for s in compare_models(_cfg(path, path, data=str(data), latency=True, iterations=2))
+            .latency.stats} == {3}
