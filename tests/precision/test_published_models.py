@@ -67,7 +67,6 @@ def test_published_models_convert_valid_and_close(published, tmp_path):
 def task_models(tmp_path_factory):
     """The OCR recognizer and the streaming VAD of bench/published.py, fetched into a temporary folder."""
     bench = pytest.importorskip("bench.published")
-    pytest.importorskip("scipy")
     folder = tmp_path_factory.mktemp("task_models")
     try:
         models = bench.fetch(folder)
@@ -101,6 +100,8 @@ def test_ocr_recognizer_reads_the_same_strings_and_keeps_its_character_list(task
 
 def test_streaming_vad_with_if_branches_and_state_keeps_its_decisions(task_models, tmp_path):
     from mpinfer.modelio import ort_session
+
+    pytest.importorskip("scipy")  # the synthetic speech's formant filters (`make test-slow` installs it)
 
     bench, models = task_models
     _, inputs, states = bench.vad_run(ort_session(models["vad"]), bench.vad_stream(4.0, 1))
