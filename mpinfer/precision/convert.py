@@ -329,7 +329,8 @@ def _make_plan(
     elif feeds is not None:
         from mpinfer.precision.search import measure_plan
 
-        expected = measure_plan(model, nodes, feeds, reference_outputs=getattr(stats, "reference_outputs", None))
+        measured, refs, _ = _search_data(replace(cfg, search_batches=1), model, feeds, stats)
+        expected = measure_plan(model, nodes, measured, reference_outputs=refs)
     plan = PrecisionPlan(
         source_path=str(cfg.model),
         source_sha256=sha,
@@ -356,7 +357,10 @@ class _SearchRows:
 
 
 def _search_data(cfg: ConvertConfig, model: Any, feeds: Any, stats: Any) -> tuple[Any, Any, Any]:
-    """The search's data and calibration's FP32 reference for it, bounded by ``SEARCH_BYTES_LIMIT``."""
+    """The search's data and calibration's FP32 reference for it, bounded by ``SEARCH_BYTES_LIMIT``.
+
+    Also the samples the plan's expected error is measured on without a budget.
+    """
     import itertools
 
     refs, tensors = getattr(stats, "reference_outputs", None), getattr(stats, "reference_tensors", None)
@@ -380,7 +384,7 @@ def _search_data(cfg: ConvertConfig, model: Any, feeds: Any, stats: Any) -> tupl
         refs = tensors = None  # calibration's reference holds whole batches
     samples = sum(slicer.rows(b) for b in chosen)
     logger.info(
-        "budget search on the first %d sample(s): their FP32 tensors come to %.1f GB (%d would hold %.1f)",
+        "measuring the plan on the first %d sample(s): their FP32 tensors come to %.1f GB (%d would hold %.1f)",
         samples,
         samples * per_sample / 1e9,
         sum(rows),

@@ -481,3 +481,24 @@ def test_search_data_is_bounded_by_bytes(tmp_path, monkeypatch):
     )
     assert res.plan.summary["expected_error"]["max_abs"] <= 1e-3 and onnx.load(str(res.output)).graph.node
     assert res.plan.summary["search"]["batches"] == 1  # the 5 samples the limit leaves
+
+
+def test_expected_error_without_a_budget_is_measured_on_the_bounded_samples(tmp_path, monkeypatch):
+    import mpinfer.precision.convert as conv
+    import mpinfer.precision.search as search
+
+    seen = []
+    measure = search.measure_plan
+
+    def spy(model, nodes, feeds, **kw):
+        seen.append(list(feeds))
+        return measure(model, nodes, feeds, **kw)
+
+    monkeypatch.setattr(search, "measure_plan", spy)
+    path = _npz(tmp_path / "cal.npz")
+    src = save(chain(4), tmp_path / "m.onnx")
+    monkeypatch.setattr(conv, "SEARCH_BYTES_LIMIT", 6 * 576)  # 576 bytes of tensors a sample: 6 samples
+    res = convert_precision(
+        ConvertConfig(model=src, output=tmp_path / "o.onnx", calibration=str(path), batch_size=16, progress=False)
+    )
+    assert [len(b["x"]) for b in seen[0]] == [6] and res.plan.summary["expected_error"]["max_abs"] > 0
