@@ -277,12 +277,22 @@ def name_nodes(model: onnx.ModelProto) -> onnx.ModelProto:
     return m
 
 
+def ort_log_level() -> int:
+    """ONNX Runtime's log severity for mpinfer's sessions: fatal only, warnings with ``-vv``.
+
+    Every error ONNX Runtime raises reaches the user in mpinfer's own message; its log line would say it twice.
+    """
+    import logging
+
+    return 2 if logging.getLogger("mpinfer").isEnabledFor(logging.DEBUG) else 4
+
+
 def ort_session(
     model: onnx.ModelProto | str | os.PathLike[str], providers: list[str] | None = None, options: Any = None
 ) -> Any:
     """Create an onnxruntime InferenceSession from a ModelProto or path (CPU unless told otherwise).
 
-    ``options`` is an ``onnxruntime.SessionOptions`` (default: warnings and errors only).
+    ``options`` is an ``onnxruntime.SessionOptions`` (default: logging at :func:`ort_log_level`).
 
     Raises:
         ModelLoadError: If onnxruntime refuses the model.
@@ -293,7 +303,7 @@ def ort_session(
     so = options
     if so is None:
         so = ort.SessionOptions()
-        so.log_severity_level = 3
+        so.log_severity_level = ort_log_level()
     providers = providers or ["CPUExecutionProvider"]
     try:
         if isinstance(model, onnx.ModelProto):

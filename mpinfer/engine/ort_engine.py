@@ -24,6 +24,7 @@ import numpy as np
 from mpinfer.backends.base import Runner
 from mpinfer.engine.config import BuildConfig
 from mpinfer.errors import BackendUnavailableError, InvalidInputError, ModelLoadError, format_message
+from mpinfer.modelio import ort_log_level
 from mpinfer.specs import TensorSpec
 
 logger = logging.getLogger(__name__)
@@ -93,7 +94,7 @@ def _optimise(model_path: Path, tmp: Path, level: str, entries: dict[str, str], 
 
     providers, options = provider_entries(device)
     so = ort.SessionOptions()
-    so.log_severity_level = 3
+    so.log_severity_level = ort_log_level()
     so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, level)
     so.optimized_model_filepath = str(tmp)
     for key, value in entries.items():
@@ -222,7 +223,7 @@ class OrtEngineRunner(Runner):
                 )
             )
         so = ort.SessionOptions()
-        so.log_severity_level = 3
+        so.log_severity_level = ort_log_level()
         so.graph_optimization_level = getattr(
             ort.GraphOptimizationLevel, self.settings.get("load_graph_optimization_level", "ORT_DISABLE_ALL")
         )

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from mpinfer.errors import InternalError
+from mpinfer.modelio import ort_log_level
 
 logger = logging.getLogger(__name__)
 
@@ -109,7 +110,7 @@ def _ort_load(model: Any, path: Path | None) -> None:
     import onnxruntime as ort
 
     so = ort.SessionOptions()
-    so.log_severity_level = 3
+    so.log_severity_level = ort_log_level()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     so.add_session_config_entry("session.disable_prepacking", "1")  # a load check needs no packed copies
     src = str(path) if path is not None else model.SerializeToString()

@@ -27,6 +27,8 @@ from typing import Any
 
 import numpy as np
 
+from mpinfer.modelio import ort_log_level
+
 logger = logging.getLogger(__name__)
 
 # Arrays with fewer values go through numpy: below this the gain is under ~0.1 ms a call, and a model whose
@@ -62,7 +64,7 @@ def _session(model: Any) -> Any:
     from mpinfer.precision.tensorstats import usable_cpus
 
     so = ort.SessionOptions()
-    so.log_severity_level = 3
+    so.log_severity_level = ort_log_level()
     so.intra_op_num_threads = min(MAX_THREADS, usable_cpus())
     # Many small sessions live side by side: their threads must not spin between calls.
     so.add_session_config_entry("session.intra_op.allow_spinning", "0")
