@@ -240,6 +240,11 @@ def _nbytes(captured: list[dict[str, np.ndarray]]) -> int:
     return sum(v.nbytes for c in captured for v in c.values())
 
 
+def _outputs_only(captured: list[dict[str, np.ndarray]], outputs: set[str]) -> list[dict[str, np.ndarray]]:
+    """The captured batches with their graph outputs only (the other tensors dropped)."""
+    return [{n: v for n, v in c.items() if n in outputs} for c in captured]
+
+
 def _weight_bytes(model: Any) -> int:
     return sum(len(t.raw_data) + 4 * len(t.float_data) for t in model.graph.initializer)
 
@@ -264,13 +269,12 @@ def _run_chunk(
     collector: StatsCollector,
     capture: dict[str, np.ndarray] | None = None,
     wanted: Container[str] = (),
-) -> int:
-    """Run one chunk of tensors on ``batch`` into the statistics (and ``capture``); returns their bytes."""
+) -> None:
+    """Run one chunk of tensors on ``batch`` into the statistics (and ``capture``)."""
     values = _run(sess, names, batch)
     collector.update_many(zip(names, values, strict=True))
     if capture is not None:
         capture.update({n: np.asarray(v, np.float32) for n, v in zip(names, values, strict=True) if n in wanted})
-    return sum(np.asarray(v).nbytes for v in values)
 
 
 class BatchSlicer:
@@ -310,9 +314,10 @@ class BatchSlicer:
 class _Passes:
     """Which tensors each pass over the data fetches, and how many samples one call of it may take.
 
-    Sized from one probe call that fetches every tensor for one sample (for a model with a fixed batch: one
-    batch): a pass holds tensors of at most ``CALL_BYTES_LIMIT`` bytes per sample (and at most
-    ``MAX_OUTPUTS_PER_SESSION`` of them), and a call takes as many samples as keep it under that limit.
+    Sized from one probe call that fetches every tensor for one sample (for a batch that cannot be cut: the
+    whole batch, which then counts as one sample): a pass holds tensors of at most ``CALL_BYTES_LIMIT`` bytes
+    per sample (and at most ``MAX_OUTPUTS_PER_SESSION`` of them), and a call takes as many samples as keep it
+    under that limit.
     """
 
     chunks: list[list[str]]
@@ -329,9 +334,8 @@ class _Passes:
         except ModelLoadError as err:
             logger.warning("ONNX Runtime cannot run the model (%s); calibrating with the numpy emulator", err)
             return None
-        sample = slicer.slice(batch, 0, 1) if slicer.rows(batch) > 1 else batch
-        rows = max(1, slicer.rows(sample))
-        sizes = [np.asarray(v).nbytes // rows for v in _run(sess, names, sample)]
+        sample = slicer.slice(batch, 0, 1) if slicer.rows(batch) > 1 else batch  # a batch that cannot be cut: whole
+        sizes = [np.asarray(v).nbytes for v in _run(sess, names, sample)]
         chunks: list[list[str]] = [[]]
         totals = [0]
         for name, size in zip(names, sizes, strict=True):
@@ -427,7 +431,7 @@ def calibrate(
             for b, batch in enumerate(feeds):
                 if b == stop_after:
                     break
-                if index == 0:
+                if index == 0 and b:  # the first batch was checked before the probe
                     first_pass.check(batch)
                 if b < capture_batches and index == 0:
                     captured.append({})
@@ -441,7 +445,7 @@ def calibrate(
                             _run_chunk(sess, chunk, slicer.slice(batch, row, row + per_call), first_pass.collector)
                         if keep is not None and index == 0:
                             wanted = outputs  # a batch above the call limit is above the capture limit too
-                            captured = [{n: v for n, v in c.items() if n in outputs} for c in captured]
+                            captured = _outputs_only(captured, outputs)
                             keep = captured[b]
                             out_names = sorted(outputs)
                             values = _run(sessions.session(out_names), out_names, batch)
@@ -451,7 +455,7 @@ def calibrate(
                     if keep is not None and wanted is not outputs and _nbytes(captured) * total > limit * done:
                         logger.debug("captured tensors above %d bytes: keeping outputs only", limit)
                         wanted = outputs
-                        captured = [{n: v for n, v in c.items() if n in outputs} for c in captured]
+                        captured = _outputs_only(captured, outputs)
                 if index == 0:
                     first_pass.add(batch)
                     read += slicer.rows(batch) * plan.sample_bytes if plan else 0
