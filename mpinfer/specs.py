@@ -12,7 +12,7 @@ import enum
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -260,7 +260,8 @@ def specs_from_onnx(model: object) -> list[TensorSpec]:
 
     Symbolic dims keep their names; unnamed dynamic dims become ``<input>.dim<i>`` (one name each: two
     inputs' unnamed dims at the same position need not be the same size). Value ranges come from the
-    model's ``mpinfer.input_ranges`` metadata entry when export wrote one.
+    model's ``mpinfer.input_ranges`` metadata entry when export wrote one, example sizes of symbolic dims
+    (``dim_sizes``) from its ``mpinfer.dim_sizes`` entry.
     """
     import json
 
@@ -269,13 +270,17 @@ def specs_from_onnx(model: object) -> list[TensorSpec]:
 
     assert isinstance(model, onnx.ModelProto)
     init_names = {i.name for i in model.graph.initializer}
-    ranges: dict[str, list[float]] = {}
-    for prop in model.metadata_props:
-        if prop.key == "mpinfer.input_ranges":
-            try:
-                ranges = json.loads(prop.value)
-            except ValueError:
-                ranges = {}
+    meta = {p.key: p.value for p in model.metadata_props}
+
+    def entry(key: str) -> dict[str, Any]:
+        try:
+            value = json.loads(meta.get(key, "{}"))
+        except ValueError:
+            return {}
+        return value if isinstance(value, dict) else {}
+
+    ranges = entry("mpinfer.input_ranges")
+    sizes = {k: int(v) for k, v in entry("mpinfer.dim_sizes").items() if isinstance(v, int) and v > 0}
     specs = []
     for vi in model.graph.input:
         if vi.name in init_names:
@@ -294,5 +299,6 @@ def specs_from_onnx(model: object) -> list[TensorSpec]:
             else:
                 shape.append(f"{vi.name}.dim{i}")
         rng = ranges.get(vi.name)
-        specs.append(TensorSpec(vi.name, tuple(shape), dtype, tuple(rng) if rng else None))  # type: ignore[arg-type]
+        known = {d: sizes[d] for d in shape if isinstance(d, str) and d in sizes}
+        specs.append(TensorSpec(vi.name, tuple(shape), dtype, tuple(rng) if rng else None, known))  # type: ignore[arg-type]
     return specs

@@ -96,18 +96,23 @@ class OrtRunner(Runner):
         from mpinfer.modelio import load_onnx, ort_session
 
         providers = resolve_providers(self.device)
+        proto = self._model
         if isinstance(self._model, (str, os.PathLike)):
-            load_onnx(self._model, load_external_data=False)  # path checks with clear errors
+            proto = load_onnx(self._model, load_external_data=False)  # path checks with clear errors
         self._session = ort_session(self._model, providers, self._session_options)
-        self._specs = self._session_specs()
+        self._specs = self._session_specs(specs_from_onnx(proto))
 
-    def _session_specs(self) -> list[TensorSpec]:
+    def _session_specs(self, declared: Sequence[TensorSpec]) -> list[TensorSpec]:
+        """The session's inputs, with the value ranges and dim sizes export recorded in the model (``declared``)."""
+        by_name = {s.name: s for s in declared}
         specs = []
         for i in self._session.get_inputs():
             dtype = np.dtype(_ORT_TYPES.get(i.type, np.float32))
-            shape = tuple(d if isinstance(d, int) and d > 0 else (d if isinstance(d, str) else f"dim{k}")
+            shape = tuple(d if isinstance(d, int) and d > 0 else (d if isinstance(d, str) else f"{i.name}.dim{k}")
                           for k, d in enumerate(i.shape))
-            specs.append(TensorSpec(i.name, shape, dtype))
+            known = by_name.get(i.name)
+            specs.append(TensorSpec(i.name, shape, dtype, known.value_range if known else None,
+                                    dict(known.dim_sizes) if known else {}))
         return specs
 
     def input_specs(self) -> list[TensorSpec]:

@@ -5,7 +5,9 @@ Hints:
 * ``alignment``: an FP16/BF16 MatMul/Gemm/Conv whose channel or inner dimensions are not multiples of
   :data:`ALIGNMENT`; Tensor Cores want aligned shapes, so such a layer gains little from FP16.
 * ``cast-split``: a Cast between a producer and a consumer a GPU engine would fuse (Conv→Relu,
-  MatMul→Add, ...), so the pair runs as two kernels plus a cast.
+  MatMul→Add, ...), so the pair runs as two kernels plus a cast. With the candidate's plan beside it, a node
+  the plan keeps FP32 for a reason of its own (range, a keep rule, the search, the user) is never proposed for
+  FP16: the hint then offers only the FP32 side, and says why.
 """
 
 from __future__ import annotations
@@ -86,8 +88,13 @@ def _misaligned_dims(node: Any, shapes: dict[str, list[int | str]]) -> list[tupl
     return [(what, int(v)) for what, v in out if isinstance(v, int) and v > 0 and v % ALIGNMENT]
 
 
-def speed_hints(model: Any) -> list[SpeedHint]:
-    """Speed hints for a (mixed-precision) ONNX model."""
+def speed_hints(model: Any, plan_nodes: dict[str, dict[str, Any]] | None = None) -> list[SpeedHint]:
+    """Speed hints for a (mixed-precision) ONNX model.
+
+    Args:
+        model: The candidate.
+        plan_nodes: Its plan's node entries by name (:func:`plan_nodes`), when it has a plan.
+    """
     from onnx import TensorProto
 
     low = {TensorProto.FLOAT16, TensorProto.BFLOAT16}
@@ -111,13 +118,27 @@ def speed_hints(model: Any) -> list[SpeedHint]:
                         f"(`mpinfer convert --keep-node '{node.name}'`) and save the casts.",
                     )
                 )
-    hints += _cast_splits(nodes)
+    hints += _cast_splits(nodes, plan_nodes or {})
     if len(hints) > MAX_HINTS:
         logger.info("%d speed hints; the report lists the first %d", len(hints), MAX_HINTS)
     return hints[:MAX_HINTS]
 
 
-def _cast_splits(nodes: list[Any]) -> list[SpeedHint]:
+# Reasons a plan keeps a node FP32 by itself (not just following its neighbours): a hint never proposes FP16 for it.
+_FOLLOWING = {"rule:follow"}
+
+
+def plan_nodes(candidate_path: str | Path) -> dict[str, dict[str, Any]]:
+    """The node entries of the plan beside ``candidate_path`` (``x.onnx`` → ``x.plan.json``), by name ({} if none)."""
+    path = Path(str(candidate_path)[: -len(".onnx")] + ".plan.json")
+    try:
+        nodes = json.loads(path.read_text()).get("nodes", [])
+        return {str(n["name"]): n for n in nodes if isinstance(n, dict) and "name" in n}
+    except (OSError, ValueError, AttributeError, KeyError, TypeError):
+        return {}
+
+
+def _cast_splits(nodes: list[Any], plan: dict[str, dict[str, Any]]) -> list[SpeedHint]:
     producer = {o: n for n in nodes for o in n.output}
     consumers: dict[str, list[Any]] = {}
     for n in nodes:
@@ -130,21 +151,28 @@ def _cast_splits(nodes: list[Any]) -> list[SpeedHint]:
             continue
         to = next((a.i for a in cast.attribute if a.name == "to"), 0)
         for cons in consumers.get(cast.output[0], []):
-            if cons.op_type in _FUSIBLE[prod.op_type]:
-                # A Cast to FP32 follows a low producer; a Cast to FP16/BF16 follows an FP32 one.
-                low, keep = (cons.name, prod.name) if to == _FLOAT else (prod.name, cons.name)
-                hints.append(
-                    SpeedHint(
-                        "cast-split",
-                        cons.name,
-                        cons.op_type,
-                        f"Cast '{cast.name}' sits between {prod.op_type} '{prod.name}' and {cons.op_type} "
-                        f"'{cons.name}', which a GPU engine would fuse; the pair runs as separate kernels "
-                        "plus a cast.",
-                        f"run both in the same precision: `mpinfer convert --low-node '{low}'` or "
-                        f"`--keep-node '{keep}'`.",
-                    )
+            if cons.op_type not in _FUSIBLE[prod.op_type]:
+                continue
+            # A Cast to FP32 follows a low producer; a Cast to FP16/BF16 follows an FP32 one.
+            low, keep = (cons.name, prod.name) if to == _FLOAT else (prod.name, cons.name)
+            entry = plan.get(low, {})
+            reason = str(entry.get("reason", ""))
+            fix = f"run both in the same precision: `mpinfer convert --low-node '{low}'` or `--keep-node '{keep}'`."
+            if reason and reason not in _FOLLOWING:
+                detail = str(entry.get("detail", "")).rstrip(".")
+                fix = (f"keep both FP32 (`mpinfer convert --keep-node '{keep}'`): the plan keeps '{low}' FP32 "
+                       f"({reason}{': ' + detail if detail else ''}), so it should not go to low precision.")
+            hints.append(
+                SpeedHint(
+                    "cast-split",
+                    cons.name,
+                    cons.op_type,
+                    f"Cast '{cast.name}' sits between {prod.op_type} '{prod.name}' and {cons.op_type} "
+                    f"'{cons.name}', which a GPU engine would fuse; the pair runs as separate kernels "
+                    "plus a cast.",
+                    fix,
                 )
+            )
     return hints
 
 

@@ -27,7 +27,7 @@ import numpy as np
 
 from mpinfer import __version__
 from mpinfer.errors import AccuracyMismatchError, ExportError, InvalidInputError, format_message
-from mpinfer.export.loader import LoadedModel, load_model, split_source
+from mpinfer.export.loader import LoadedModel, bind_hf_inputs, load_model, split_source
 from mpinfer.export.parity import ParityReport, check_parity
 from mpinfer.fileio import check_output_path, write_json_atomic
 from mpinfer.specs import TensorSpec, parse_tensor_spec
@@ -268,11 +268,14 @@ def _post_process(path: Path, specs: Sequence[TensorSpec], loaded: LoadedModel, 
 
     model = name_nodes(load_onnx(path))
     ranges = {s.name: list(s.value_range) for s in specs if s.value_range is not None}
+    # the sizes the specs give their symbolic dims (seq=16, samples=16000): random data for convert and compare
+    # uses them instead of guessing (a speech model fed 2 audio samples rejects them)
+    sizes = {k: int(v) for s in specs for k, v in s.dim_sizes.items()}
     keep = [p for p in model.metadata_props if not p.key.startswith("mpinfer.")]
     del model.metadata_props[:]
     model.metadata_props.extend(keep)
-    for key, value in (("mpinfer.input_ranges", json.dumps(ranges)), ("mpinfer.exporter", exporter),
-                       ("mpinfer.source", loaded.description)):
+    for key, value in (("mpinfer.input_ranges", json.dumps(ranges)), ("mpinfer.dim_sizes", json.dumps(sizes)),
+                       ("mpinfer.exporter", exporter), ("mpinfer.source", loaded.description)):
         model.metadata_props.append(onnx.StringStringEntryProto(key=key, value=value))
     return model
 
@@ -304,6 +307,8 @@ def export_onnx(cfg: ExportConfig) -> ExportResult:
     sidecar = sidecar_path(out)
     loaded = load_model(cfg.source, cfg.weights, trust_weights=cfg.trust_weights)
     specs = resolve_specs(loaded, cfg.inputs, cfg.dynamic)
+    if loaded.kind == "huggingface":
+        bind_hf_inputs(loaded, [s.name for s in specs])
     from mpinfer.data.feeds import random_batch
 
     args = _to_torch(random_batch(specs, np.random.default_rng(0)), specs)

@@ -257,55 +257,133 @@ def _load_factory(path: Path, factory: str, weights: Path | None, trust: bool) -
 
 
 def _load_hf(path: Path, weights: Path | None) -> LoadedModel:
+    """A Hugging Face folder as the class its config names (``architectures``), so a task head stays on.
+
+    ``AutoModel`` would load the bare encoder of a ``BertForSequenceClassification`` or ``LlamaForCausalLM``
+    checkpoint and drop its head with only a log line; the config's class keeps it. Inputs default to the
+    model's ``main_input_name`` (token ids and mask, pixels, audio features or samples); outputs are the
+    tensors of its output object (``last_hidden_state`` alone for a bare model, as feature extraction uses).
+    """
     if not (path / "config.json").is_file():
         raise ModelLoadError(format_message(f"Model folder '{path}'", "a folder without config.json",
                                             "a local Hugging Face model folder (save_pretrained)"))
+    if weights is not None:
+        raise InvalidInputError(format_message("--weights", f"'{weights}' with a Hugging Face folder",
+                                               "no --weights: the folder holds its weights"))
     try:
         import transformers
     except ImportError as err:
         raise ModelLoadError("Loading a Hugging Face folder needs transformers. "
                              "Hint: pip install 'mpinfer[hf]'") from err
     try:
-        model = transformers.AutoModel.from_pretrained(str(path), local_files_only=True)
+        config = transformers.AutoConfig.from_pretrained(str(path), local_files_only=True)
+        archs = list(getattr(config, "architectures", None) or [])
+        cls = getattr(transformers, archs[0], None) if archs else None
+        if cls is None or not hasattr(cls, "from_pretrained"):
+            logger.warning("config.json of '%s' names no architecture this transformers has (%s); loading "
+                           "AutoModel, the bare model without a task head", path, archs or "none")
+            cls = transformers.AutoModel
+        model = cls.from_pretrained(str(path), local_files_only=True)
     except Exception as err:
         raise ModelLoadError(f"Hugging Face model '{path}' could not be loaded: {err}") from err
     model.eval()
-    vocab = int(getattr(model.config, "vocab_size", 1000) or 1000)
-    specs = [f"input_ids:batchxseq=16:int64:0..{vocab}", "attention_mask:batchxseq=16:int64:1..2"]
-    if getattr(model.config, "model_type", "") in ("vit", "deit", "beit", "convnext", "resnet"):
-        size = int(getattr(model.config, "image_size", 224))
-        ch = int(getattr(model.config, "num_channels", 3))
-        specs = [f"pixel_values:batchx{ch}x{size}x{size}:float32"]
-    if weights is not None:
-        raise InvalidInputError("--weights is not used with a Hugging Face folder: its weights are inside it.")
-    names = [s.split(":", 1)[0] for s in specs]
-    return LoadedModel(_KeywordCall(model, names), "huggingface", input_specs=specs, input_names=names,
-                       output_names=["last_hidden_state"], description=f"Hugging Face {path}")
+    specs = _hf_input_specs(model)
+    outputs: list[str] = []  # filled by the wrapper's forward (see _keyword_call_class)
+    return LoadedModel(_KeywordCall(model, [s.split(":", 1)[0] for s in specs], outputs), "huggingface",
+                       input_specs=specs, input_names=[s.split(":", 1)[0] for s in specs], output_names=outputs,
+                       description=f"Hugging Face {path} ({type(model).__name__})")
+
+
+def _hf_input_specs(model: Any) -> list[str]:
+    """Default input specs from the model's ``main_input_name`` and config ([] when unknown: pass --input)."""
+    config = model.config
+    main = getattr(model, "main_input_name", "input_ids")
+    accepted = hf_forward_inputs(model)
+    if main == "input_ids":
+        vocab = int(getattr(config, "vocab_size", 1000) or 1000)
+        specs = [f"input_ids:batchxseq=16:int64:0..{vocab}"]
+        if "attention_mask" in accepted:
+            specs.append("attention_mask:batchxseq=16:int64:1..2")
+        return specs
+    if main == "pixel_values":
+        size = getattr(config, "image_size", 224)
+        h, w = (size, size) if isinstance(size, int) else tuple(size)[:2]
+        return [f"pixel_values:batchx{int(getattr(config, 'num_channels', 3))}x{int(h)}x{int(w)}:float32"]
+    if main == "input_features" and getattr(config, "num_mel_bins", None) and getattr(config, "max_source_positions",
+                                                                                       None):
+        frames = 2 * int(config.max_source_positions)  # Whisper's encoder takes exactly twice its positions
+        return [f"input_features:batchx{int(config.num_mel_bins)}x{frames}:float32"]
+    if main == "input_values":
+        return ["input_values:batchxsamples=16000:float32"]
+    return []
+
+
+def hf_forward_inputs(model: Any) -> list[str]:
+    """The keyword inputs a Hugging Face model's ``forward`` takes."""
+    import inspect
+
+    return [n for n, p in inspect.signature(model.forward).parameters.items()
+            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+
+
+# Inputs the Hugging Face wrapper passes by name (fixed positional parameters: torch.export treats *args as a
+# single tuple input).
+HF_MAX_INPUTS = 8
 
 
 def _keyword_call_class() -> Any:
     import torch
 
     class KeywordCall(torch.nn.Module):
-        """Calls a Hugging Face model with keyword inputs and returns its first output tensor.
+        """Calls a Hugging Face model with keyword inputs and returns the tensors of its output object.
 
         Positional order differs between architectures (GPT-2's second argument is the KV cache), and
-        exporters pass positional tensors, so the wrapper maps them to names and turns the cache off.
+        exporters pass positional tensors, so the wrapper maps them to names (``names``, set to the export's
+        input specs) and turns the cache off. The output names go into ``outputs`` at every call.
         """
 
-        def __init__(self, model: Any, names: list[str]) -> None:
+        def __init__(self, model: Any, names: list[str], outputs: list[str]) -> None:
             super().__init__()
             self.model = model
             self.names = names
+            self.outputs = outputs
 
-        def forward(self, x0: Any, x1: Any = None, x2: Any = None) -> Any:
-            # fixed positional parameters: torch.export treats *args as a single tuple input
-            kwargs = {n: t for n, t in zip(self.names, (x0, x1, x2)) if t is not None}
+        def forward(self, x0: Any, x1: Any = None, x2: Any = None, x3: Any = None, x4: Any = None,
+                    x5: Any = None, x6: Any = None, x7: Any = None) -> Any:
+            args = (x0, x1, x2, x3, x4, x5, x6, x7)
+            kwargs = {n: t for n, t in zip(self.names, args) if t is not None}
             out = self.model(**kwargs, use_cache=False, return_dict=True) if _accepts_cache(self.model) \
                 else self.model(**kwargs, return_dict=True)
-            return out[0]
+            keys = [k for k, v in out.items() if isinstance(v, torch.Tensor)]
+            if "last_hidden_state" in keys:  # a bare model: its features (pooler and hidden states are extras)
+                keys = ["last_hidden_state"]
+            self.outputs[:] = keys
+            return tuple(out[k] for k in keys) if len(keys) > 1 else out[keys[0]]
 
     return KeywordCall
+
+
+def bind_hf_inputs(loaded: LoadedModel, names: list[str]) -> None:
+    """Point a Hugging Face wrapper at the export's input names (from --input or the defaults).
+
+    Raises:
+        InvalidInputError: More inputs than the wrapper passes, or a name the model's forward does not take.
+    """
+    wrapper = loaded.module
+    accepted = hf_forward_inputs(wrapper.model)
+    unknown = [n for n in names if n not in accepted]
+    if unknown or len(names) > HF_MAX_INPUTS:
+        raise InvalidInputError(format_message(
+            f"--input {', '.join(unknown) or f'({len(names)} inputs)'}",
+            "names the model's forward does not take" if unknown else f"more than {HF_MAX_INPUTS} inputs",
+            f"at most {HF_MAX_INPUTS} of {type(wrapper.model).__name__}.forward's inputs: "
+            f"{', '.join(a for a in accepted if a not in _HF_NOT_INPUTS)}"))
+    wrapper.names = list(names)
+
+
+# forward parameters that are flags or caches, not tensors to feed
+_HF_NOT_INPUTS = {"use_cache", "return_dict", "output_attentions", "output_hidden_states", "past_key_values",
+                  "labels", "kwargs", "cache_position", "logits_to_keep", "return_loss"}
 
 
 def _accepts_cache(model: Any) -> bool:
@@ -314,5 +392,5 @@ def _accepts_cache(model: Any) -> bool:
     return "use_cache" in inspect.signature(model.forward).parameters
 
 
-def _KeywordCall(model: Any, names: list[str]) -> Any:  # noqa: N802 - builds the nn.Module lazily
-    return _keyword_call_class()(model, names).eval()
+def _KeywordCall(model: Any, names: list[str], outputs: list[str]) -> Any:  # noqa: N802 - builds the nn.Module lazily
+    return _keyword_call_class()(model, names, outputs).eval()

@@ -271,3 +271,137 @@ def test_user_module_name_is_stable_across_processes(tmp_path):
         for seed in ("1", "2")
     }
     assert len(names) == 1, names
+
+
+def _hf_folder(tmp_path: Path, kind: str) -> Path:
+    transformers = pytest.importorskip("transformers", reason="the hf extra (transformers) is not installed")
+    torch.manual_seed(0)
+    cfg = transformers.BertConfig(vocab_size=200, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                  intermediate_size=64, max_position_embeddings=64,
+                                  num_labels=3 if kind == "cls" else 2)
+    cls = {"cls": transformers.BertForSequenceClassification, "qa": transformers.BertForQuestionAnswering}[kind]
+    cls(cfg).eval().save_pretrained(tmp_path / kind)
+    return tmp_path / kind
+
+
+@pytest.mark.parametrize(("kind", "outputs"), [("cls", ["logits"]), ("qa", ["start_logits", "end_logits"])])
+def test_hugging_face_folder_keeps_its_task_head(tmp_path, kind, outputs):
+    """The config's architecture is loaded (AutoModel would drop the head): the ONNX outputs are the head's."""
+    import transformers
+
+    folder = _hf_folder(tmp_path, kind)
+    res, sidecar = _export(tmp_path, str(folder), "torchscript")
+    assert sidecar["parity"]["passed"] and sidecar["outputs"] == outputs
+    assert "BertFor" in sidecar["source"]
+    model = onnx.load(str(res.path))
+    assert [o.name for o in model.graph.output] == outputs
+    ids = np.random.default_rng(0).integers(0, 200, (2, 16)).astype(np.int64)
+    mask = np.ones_like(ids)
+    got = ort_session(res.path).run(None, {"input_ids": ids, "attention_mask": mask})
+    head = transformers.AutoConfig.from_pretrained(folder).architectures[0]
+    ref = getattr(transformers, head).from_pretrained(folder).eval()(
+        input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask))
+    for name, value in zip(outputs, got, strict=True):
+        np.testing.assert_allclose(value, ref[name].detach().numpy(), atol=1e-4)
+    if kind == "cls":
+        assert got[0].shape == (2, 3)
+
+
+def test_hugging_face_inputs_follow_the_specs_given(tmp_path, invoke):
+    """--input names are passed by name in the order given; a name forward does not take is refused."""
+    folder = _hf_folder(tmp_path, "cls")
+    res, sidecar = _export(tmp_path, str(folder), "torchscript",
+                           inputs=("attention_mask:batchxseq=8:int64:1..2", "input_ids:batchxseq=8:int64:0..200",
+                                   "token_type_ids:batchxseq=8:int64:0..2"))
+    assert sidecar["parity"]["passed"]
+    assert [i.name for i in onnx.load(str(res.path)).graph.input] == ["attention_mask", "input_ids", "token_type_ids"]
+    r = invoke("export", folder, "--input", "pixels:batchx3x8x8:float32", "-o", tmp_path / "bad.onnx")
+    assert_user_error(r, "--input pixels.*names the model's forward does not take.*input_ids")
+    assert not (tmp_path / "bad.onnx").exists()
+
+
+CONV1D = textwrap.dedent(
+    """
+    import torch
+
+    INPUT_SPECS = ["x:batchxlen=64:float32"]
+
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = torch.nn.Conv1d(1, 4, kernel_size=10, stride=5)
+
+        def forward(self, x):
+            return self.conv(x.unsqueeze(1)).relu().mean(-1)
+
+
+    def build():
+        torch.manual_seed(0)
+        return Net()
+    """
+)
+
+
+def test_parity_skips_sizes_the_torch_model_rejects_and_dim_sizes_travel_in_the_model(tmp_path, invoke):
+    """A 1-D conv cannot take a signal shorter than its kernel: that parity run is skipped with the reason (the
+    others are compared), and the spec's example length goes into the model, so convert's random data uses it."""
+    from mpinfer.export.parity import parity_dims
+    from mpinfer.specs import parse_tensor_spec, specs_from_onnx
+
+    specs = [parse_tensor_spec("x:batchxlen=64:float32")]
+    assert [d["batch"] for d in parity_dims(specs, 3)] == [2, 1, 3]
+    assert [d["len"] for d in parity_dims(specs, 3)] == [64, 32, 65]
+
+    (tmp_path / "conv1d.py").write_text(CONV1D)
+    res, sidecar = _export(tmp_path, f"{tmp_path / 'conv1d.py'}:build", "dynamo",
+                           inputs=("x:batchxlen=12:float32",))
+    runs = sidecar["parity"]["runs"]
+    assert sidecar["parity"]["passed"]
+    assert [r["shapes"]["x"] for r in runs] == [[2, 12], [1, 6], [3, 13]]
+    assert "skipped" in runs[1] and "rejects these shapes" in runs[1]["skipped"]
+    assert "skipped" not in runs[0] and "skipped" not in runs[2]
+
+    res, _ = _export(tmp_path, f"{tmp_path / 'conv1d.py'}:build", "dynamo", force=True)
+    model = onnx.load(str(res.path))
+    meta = {p.key: p.value for p in model.metadata_props}
+    assert json.loads(meta["mpinfer.dim_sizes"]) == {"len": 64}
+    (spec,) = specs_from_onnx(model)
+    assert spec.dim_sizes == {"len": 64} and spec.concrete_shape({"batch": 2}) == (2, 64)
+    r = invoke("convert", res.path, "-o", tmp_path / "c.onnx")
+    assert r.exit_code == 0, r.output
+    assert "no size is known" not in r.output
+    from mpinfer.backends.ort import OrtRunner
+
+    with OrtRunner(tmp_path / "c.onnx") as runner:  # compare's runner: the converted model keeps the sizes
+        assert runner.input_specs()[0].dim_sizes == {"len": 64}
+    r = invoke("compare", res.path, tmp_path / "c.onnx")
+    assert r.exit_code == 0, r.output
+    assert "no size is known" not in r.output
+
+    del model.metadata_props[:]  # without the sizes the random signal is 2 samples long: a clear error
+    onnx.save(model, tmp_path / "bare.onnx")
+    r = invoke("convert", tmp_path / "bare.onnx", "-o", tmp_path / "bare.fp16.onnx")
+    assert_user_error(r, "sizes were guesses: 'len'.*--dim")
+    assert not (tmp_path / "bare.fp16.onnx").exists()
+
+
+def test_parity_run_onnx_runtime_rejects_fails_with_its_message(tmp_path):
+    """An export that baked the example batch into a Reshape: torch takes batch 1, ONNX Runtime does not."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from mpinfer.export.parity import check_parity
+    from mpinfer.specs import parse_tensor_spec
+
+    shape = numpy_helper.from_array(np.array([2, 4], np.int64), "shape")
+    graph = helper.make_graph([helper.make_node("Reshape", ["x", "shape"], ["y"], name="reshape")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])], [shape])
+    path = tmp_path / "baked.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
+    report = check_parity(torch.nn.Identity(), path, [parse_tensor_spec("x:batchx4:float32")], ["y"])
+    assert not report.passed
+    assert [r.passed for r in report.runs] == [True, False, False]
+    assert report.worst_summary().startswith("ONNX Runtime failed at input shapes {'x': [1, 4]}")
+    assert "reshape" in report.worst_summary().lower()
+    json.dumps(report.to_dict())  # the sidecar form stays JSON
