@@ -47,6 +47,14 @@ def sum_of_squares(v: np.ndarray) -> float:
     return sq if math.isfinite(sq) else float(np.dot(v.astype(np.float64), v.astype(np.float64)))
 
 
+def sum_of_magnitudes(v: np.ndarray) -> float:
+    """Sum of non-negative finite float32 values: numpy's pairwise float32 sum (relative error ~1e-7 log2(n),
+    several times faster than accumulating in float64), float64 only when it overflows."""
+    with np.errstate(over="ignore"):
+        total = float(v.sum())
+    return total if math.isfinite(total) else float(v.sum(dtype=np.float64))
+
+
 def _bin_of(value: float) -> int:
     """Histogram bin of a positive float32 value (bins below it hold only smaller magnitudes)."""
     return int(np.asarray(value, np.float32).view(np.uint32)) >> _SHIFT
@@ -158,7 +166,7 @@ class _Accumulator:
             hist += np.bincount(bins, minlength=HISTOGRAM_BINS)
             v = mag.view(np.float32)
             top = max(top, int(mag.max()))
-            sum_abs += float(v.sum(dtype=np.float64))
+            sum_abs += sum_of_magnitudes(v)
             sum_sq += sum_of_squares(v)
             smallest = min(smallest, int(np.subtract(mag, _ONE, out=mag).min()))
         if hist[_INF_BIN:].any():  # inf or NaN present: the sums and the maximum need the finite values only
