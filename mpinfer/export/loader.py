@@ -275,6 +275,8 @@ def _load_hf(path: Path, weights: Path | None) -> LoadedModel:
     except ImportError as err:
         raise ModelLoadError("Loading a Hugging Face folder needs transformers. "
                              "Hint: pip install 'mpinfer[hf]'") from err
+    if not logger.isEnabledFor(logging.WARNING):  # -q: transformers' own progress bars off too
+        transformers.utils.logging.disable_progress_bar()
     try:
         config = transformers.AutoConfig.from_pretrained(str(path), local_files_only=True)
         archs = list(getattr(config, "architectures", None) or [])
