@@ -48,8 +48,11 @@ def sum_of_squares(v: np.ndarray) -> float:
 
 
 def sum_of_magnitudes(v: np.ndarray) -> float:
-    """Sum of non-negative finite float32 values: numpy's pairwise float32 sum (relative error ~1e-7 log2(n),
-    several times faster than accumulating in float64), float64 only when it overflows."""
+    """Sum of non-negative finite float32 values, in float64 only when the float32 sum overflows.
+
+    numpy's pairwise float32 sum has a relative error of about 1e-7 log2(n) and is several times faster than
+    accumulating in float64.
+    """
     with np.errstate(over="ignore"):
         total = float(v.sum())
     return total if math.isfinite(total) else float(v.sum(dtype=np.float64))
