@@ -359,6 +359,8 @@ def _keyword_call_class() -> Any:
             keys = [k for k, v in out.items() if isinstance(v, torch.Tensor)]
             if "last_hidden_state" in keys:  # a bare model: its features (pooler and hidden states are extras)
                 keys = ["last_hidden_state"]
+            if not keys:
+                raise ValueError(f"{type(self.model).__name__} returned no tensors (output keys: {list(out)})")
             self.outputs[:] = keys
             return tuple(out[k] for k in keys) if len(keys) > 1 else out[keys[0]]
 
