@@ -362,13 +362,13 @@ def _candidate_result(
 
 
 def _onnx_extras(cfg: CompareConfig, result: CandidateResult, kept: list[dict[str, Any]]) -> None:
-    from mpinfer.compare.divergence import find_divergence
-    from mpinfer.compare.hints import plan_nodes, precision_summary, speed_hints
+    from mpinfer.compare.divergence import find_divergence, load_plan_nodes
+    from mpinfer.compare.hints import precision_summary, speed_hints
     from mpinfer.modelio import load_onnx
 
     model = load_onnx(result.path)
     result.precision = precision_summary(model, result.path)
-    result.hints = speed_hints(model, plan_nodes(result.path))
+    result.hints = speed_hints(model, load_plan_nodes(result.path))
     if cfg.divergence and cfg.baseline.lower().endswith(".onnx"):
         result.divergence = find_divergence(
             cfg.baseline,

@@ -93,7 +93,8 @@ def speed_hints(model: Any, plan_nodes: dict[str, dict[str, Any]] | None = None)
 
     Args:
         model: The candidate.
-        plan_nodes: Its plan's node entries by name (:func:`plan_nodes`), when it has a plan.
+        plan_nodes: Its plan's node entries by name
+            (:func:`mpinfer.compare.divergence.load_plan_nodes`), when it has a plan.
     """
     from onnx import TensorProto
 
@@ -126,16 +127,6 @@ def speed_hints(model: Any, plan_nodes: dict[str, dict[str, Any]] | None = None)
 
 # Reasons a plan keeps a node FP32 by itself (not just following its neighbours): a hint never proposes FP16 for it.
 _FOLLOWING = {"rule:follow"}
-
-
-def plan_nodes(candidate_path: str | Path) -> dict[str, dict[str, Any]]:
-    """The node entries of the plan beside ``candidate_path`` (``x.onnx`` → ``x.plan.json``), by name ({} if none)."""
-    path = Path(str(candidate_path)[: -len(".onnx")] + ".plan.json")
-    try:
-        nodes = json.loads(path.read_text()).get("nodes", [])
-        return {str(n["name"]): n for n in nodes if isinstance(n, dict) and "name" in n}
-    except (OSError, ValueError, AttributeError, KeyError, TypeError):
-        return {}
 
 
 def _cast_splits(nodes: list[Any], plan: dict[str, dict[str, Any]]) -> list[SpeedHint]:

@@ -259,6 +259,13 @@ def _validate_arrays(arrays: Mapping[str, np.ndarray], specs: Sequence[TensorSpe
                                                "the same number of samples for every input"))
 
 
+def take_samples(value: np.ndarray, axis: int | None, start: int, stop: int) -> np.ndarray:
+    """Samples ``start:stop`` of ``value`` along its sample ``axis`` (contiguous); the whole value when None."""
+    if axis is None:
+        return value
+    return np.ascontiguousarray(value[(slice(None),) * axis + (slice(start, stop),)])
+
+
 def fixed_batch(specs: Sequence[TensorSpec]) -> int | None:
     """The model's fixed batch size: the first dim of its inputs when none of them is symbolic."""
     if any(s.shape and isinstance(s.shape[0], str) for s in specs):
@@ -286,13 +293,7 @@ def _split(arrays: Mapping[str, np.ndarray], specs: Sequence[TensorSpec], batch_
             return
         if fixed and start + step > n:
             return  # a model with a fixed batch dim cannot take a short last batch
-        batch = {}
-        for s in specs:
-            axis, arr = axes[s.name], arrays[s.name]
-            if axis is not None:
-                arr = np.ascontiguousarray(arr[(slice(None),) * axis + (slice(start, start + step),)])
-            batch[s.name] = arr
-        yield batch
+        yield {s.name: take_samples(arrays[s.name], axes[s.name], start, start + step) for s in specs}
         count += 1
 
 

@@ -301,13 +301,9 @@ class BatchSlicer:
 
     def slice(self, batch: Mapping[str, np.ndarray], start: int, stop: int) -> dict[str, np.ndarray]:
         """Samples ``start:stop`` of every input that has a sample axis; the others whole."""
-        out = {}
-        for name, value in batch.items():
-            axis = self._axes.get(name)
-            if axis is not None:
-                value = np.ascontiguousarray(value[(slice(None),) * axis + (slice(start, stop),)])
-            out[name] = value
-        return out
+        from mpinfer.data.feeds import take_samples
+
+        return {name: take_samples(value, self._axes.get(name), start, stop) for name, value in batch.items()}
 
 
 @dataclass

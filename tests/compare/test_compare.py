@@ -256,7 +256,7 @@ def test_cast_split_fix_names_the_fp32_side_when_the_cast_goes_to_fp16():
 def test_cast_split_never_proposes_fp16_for_a_node_the_plan_keeps_fp32_for_a_reason(tmp_path):
     """Relu FP32 for range (its plan says so): the fix keeps the Conv FP32 too and says why; a Relu that only
     follows its inputs may be lowered, as without a plan."""
-    from mpinfer.compare.hints import plan_nodes
+    from mpinfer.compare.divergence import load_plan_nodes
 
     model = _fp16_conv_graph(8, 16)
     path = tmp_path / "m.fp16.onnx"
@@ -264,14 +264,14 @@ def test_cast_split_never_proposes_fp16_for_a_node_the_plan_keeps_fp32_for_a_rea
     entry = {"name": "relu", "op_type": "Relu", "precision": "fp32", "reason": "range:overflow",
              "detail": "tensor 'y' reaches |1e+06| (x2 margin > 65504)"}
     (tmp_path / "m.fp16.plan.json").write_text(json.dumps({"nodes": [entry]}))
-    nodes = plan_nodes(path)
+    nodes = load_plan_nodes(path)
     assert nodes == {"relu": entry}
     split = next(h for h in speed_hints(model, nodes) if h.kind == "cast-split")
     assert "--low-node" not in split.fix and "--keep-node 'conv'" in split.fix
     assert "range:overflow: tensor 'y' reaches" in split.fix
     split = next(h for h in speed_hints(model, {"relu": {**entry, "reason": "rule:follow"}}) if h.kind == "cast-split")
     assert "--low-node 'relu'" in split.fix
-    assert plan_nodes(tmp_path / "none.onnx") == {}
+    assert load_plan_nodes(tmp_path / "none.onnx") == {}
 
 
 def test_latency_with_a_scalar_input(tmp_path):
