@@ -187,7 +187,7 @@ def save_onnx(
     m.CopyFrom(model)
     m.ir_version = ir_version_for(m)
     if external_data is None:
-        external_data = m.ByteSize() >= EXTERNAL_DATA_THRESHOLD if _small_enough_to_size(m) else True
+        external_data = m.ByteSize() >= EXTERNAL_DATA_THRESHOLD if small_enough_to_size(m) else True
     tmpdir = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         tmp_model = tmpdir / out.name
@@ -205,7 +205,7 @@ def save_onnx(
     return out
 
 
-def _small_enough_to_size(model: onnx.ModelProto) -> bool:
+def small_enough_to_size(model: onnx.ModelProto) -> bool:
     # ByteSize works up to 2 GiB; summing raw_data first avoids an overflow error on giant models.
     total = 0
     for t in _all_tensors(model):
@@ -307,7 +307,7 @@ def ort_session(
     providers = providers or ["CPUExecutionProvider"]
     try:
         if isinstance(model, onnx.ModelProto):
-            if _small_enough_to_size(model):
+            if small_enough_to_size(model):
                 return ort.InferenceSession(model.SerializeToString(), so, providers=providers)
             with tempfile.TemporaryDirectory() as td:
                 p = save_onnx(model, Path(td) / "model.onnx", external_data=True)

@@ -102,6 +102,7 @@ class GraphInfo:
         self.initializers: dict[str, Any] = {}
         self.non_tensor: set[str] = set()  # sequence / optional / map values
         self._collect(inferred.graph)
+        self._types_from_ort(model)
         # Values come from the model itself (the inferred copy may hold detached or copied tensors).
         self.initializers = {t.name: t for g in iter_graphs(model.graph) for t in g.initializer}
         self.nodes: list[NodeRef] = list(iter_nodes(model.graph))
@@ -149,6 +150,49 @@ class GraphInfo:
                 elif attr.type == onnx.AttributeProto.GRAPHS:
                     for g in attr.graphs:
                         self._collect(g)
+
+    def _types_from_ort(self, model: Any) -> None:
+        """Types and shapes ONNX inference cannot give, from ONNX Runtime.
+
+        ONNX has no schema for contrib ops (``com.microsoft``: an ORT-optimized transformer's
+        SkipLayerNormalization, BiasGelu, Attention), so their outputs and everything downstream are untyped,
+        and would be kept FP32 for that alone, their FLOPs uncounted. ONNX Runtime knows those ops: one
+        session (no graph optimizations) returning the untyped main-graph tensors reports them. Best effort:
+        skipped for models with external data and when ONNX Runtime cannot load the model.
+        """
+        missing = [
+            o for n in model.graph.node for o in n.output if o and o not in self.types and o not in self.non_tensor
+        ]
+        if not missing or not _in_memory(model):
+            return
+        import onnx
+
+        from mpinfer.errors import ModelLoadError
+        from mpinfer.modelio import ort_session
+
+        query = onnx.ModelProto()
+        query.CopyFrom(model)
+        del query.graph.output[:]
+        query.graph.output.extend(onnx.ValueInfoProto(name=n) for n in missing)
+        try:
+            import onnxruntime as ort
+
+            options = ort.SessionOptions()
+            options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+            options.log_severity_level = 3
+            outputs = ort_session(query, options=options).get_outputs()
+        except (ImportError, ModelLoadError) as err:
+            logger.debug("ONNX Runtime cannot type the tensors ONNX inference left untyped: %s", err)
+            return
+        filled = 0
+        for out in outputs:
+            elem = ORT_ELEM_TYPES.get(out.type)
+            if elem is None:
+                continue
+            self.types[out.name] = elem
+            self.shapes[out.name] = tuple(d if isinstance(d, int) else None for d in out.shape or ())
+            filled += 1
+        logger.info("types of %d tensor(s) ONNX inference does not know taken from ONNX Runtime", filled)
 
     # -- schema and slots ---------------------------------------------------------------------------
     def opset_of(self, node: Any) -> int:
@@ -270,6 +314,23 @@ class GraphInfo:
 # Initializers bigger than this are detached while type inference runs: inference never reads their values,
 # and a proto with them attached may exceed protobuf's 2 GB limit.
 DETACH_BYTES = 1 << 20
+
+
+# ONNX Runtime's type strings -> onnx.TensorProto element types.
+ORT_ELEM_TYPES = {
+    "tensor(float)": FLOAT, "tensor(uint8)": 2, "tensor(int8)": 3, "tensor(uint16)": 4, "tensor(int16)": 5,
+    "tensor(int32)": 6, "tensor(int64)": 7, "tensor(string)": 8, "tensor(bool)": 9, "tensor(float16)": FLOAT16,
+    "tensor(double)": 11, "tensor(uint32)": 12, "tensor(uint64)": 13, "tensor(bfloat16)": BFLOAT16,
+}
+
+
+def _in_memory(model: Any) -> bool:
+    """No external data, and small enough to serialize."""
+    from mpinfer.modelio import small_enough_to_size
+
+    return small_enough_to_size(model) and not any(
+        t.data_location == 1 for g in iter_graphs(model.graph) for t in g.initializer  # TensorProto.EXTERNAL
+    )
 
 
 def _infer_types(model: Any) -> Any:

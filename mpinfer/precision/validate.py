@@ -55,9 +55,9 @@ def run_checks(model: Any, checks: tuple[str, ...] = CHECKS) -> list[GateFailure
     Returns:
         The failures (empty when valid).
     """
-    from mpinfer.modelio import _small_enough_to_size
+    from mpinfer.modelio import small_enough_to_size
 
-    if _small_enough_to_size(model):
+    if small_enough_to_size(model):
         return _run(model, None, checks)
     with tempfile.TemporaryDirectory(prefix="mpinfer-gate-") as td:
         from mpinfer.modelio import save_onnx

@@ -340,6 +340,34 @@ def test_custom_op_in_the_middle_keeps_unknown_types_fp32(tmp_path):
     onnx.checker.check_model(out, full_check=False)
 
 
+def test_contrib_op_types_come_from_onnx_runtime(tmp_path):
+    # An ORT-optimized transformer: ONNX has no schema for com.microsoft ops, ONNX Runtime has.
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["a"], name="mm"),
+        helper.make_node("Gelu", ["a"], ["g"], name="gelu", domain="com.microsoft"),
+        helper.make_node("Add", ["g", "a"], ["s"], name="add"),
+        helper.make_node("MatMul", ["s", "w"], ["y"], name="mm2"),
+    ]
+    graph = helper.make_graph(nodes, "g", [fvi("x", [2, 4])], [fvi("y", [2, 4])], [init("w", rng_w(4, 4))])
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    )
+    model.ir_version = 8
+    info = GraphInfo(name_nodes(model))
+    assert info.types["s"] == TensorProto.FLOAT and info.shapes["s"] == (2, 4)
+    assert info.flops(info.by_address["mm2"]) == 2 * 2 * 4 * 4
+    out, res = _convert(tmp_path, model)
+    prec = res.plan.precisions()
+    assert prec["gelu"] is Precision.FP32  # custom domain: kept, reported
+    assert prec["mm2"] is Precision.FP16 and prec["add"] is Precision.FP16
+    x = np.random.default_rng(0).standard_normal((2, 4)).astype(np.float32)
+    np.testing.assert_allclose(run_ort(out, {"x": x})[0], run_ort(model, {"x": x})[0], atol=5e-3)
+    # Calibration runs too (ONNX Runtime computes every tensor; the emulator, which has no Gelu, is not needed).
+    (tmp_path / "cal").mkdir()
+    _, calibrated = _convert(tmp_path / "cal", model, calibration=None)
+    assert "absmax" in next(n.stats for n in calibrated.plan.nodes if n.name == "mm2")
+
+
 def test_scan_body_converted_state_stays_fp32(tmp_path):
     body = helper.make_graph(
         [
