@@ -206,7 +206,10 @@ def save_onnx(
 
 
 def small_enough_to_size(model: onnx.ModelProto) -> bool:
-    # ByteSize works up to 2 GiB; summing raw_data first avoids an overflow error on giant models.
+    """True when the proto can be serialized whole (under 2 GiB of tensor data).
+
+    ByteSize works up to 2 GiB; summing raw_data first avoids an overflow error on giant models.
+    """
     total = 0
     for t in _all_tensors(model):
         total += len(t.raw_data)
