@@ -549,13 +549,15 @@ def _warn_opset_blocked(nodes: list[NodeDecision], info: Any, precision: Precisi
                 needed = max(needed, version)
                 break
     if blocked:
+        quantized = sum(n.reason == "rule:qdq" for n in nodes)
         logger.warning(
-            "%d node(s) stay FP32 because opset %d has no %s for them (%s). Hint: opset %d has it: re-export "
+            "%d node(s) stay FP32 because opset %d has no %s for them (%s)%s. Hint: opset %d has it: re-export "
             "with `mpinfer export --opset %d`, or upgrade with onnx.version_converter.convert_version.",
             sum(blocked.values()),
             opset,
             name,
             ", ".join(f"{op} x{k}" for op, k in blocked.most_common()),
+            f", and so do the {quantized} quantized op(s) they feed" if quantized else "",
             needed,
             needed,
         )

@@ -26,6 +26,7 @@ REASON_CODES = frozenset(
         "rule:keep-fp32",
         "rule:follow",
         "rule:index-like",
+        "rule:qdq",
         "range:overflow",
         "range:underflow",
         "weights:out-of-range",

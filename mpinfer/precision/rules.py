@@ -112,6 +112,7 @@ INDEX_LIKE_OPS = frozenset(
 NEVER_LOW_OPS = frozenset({"BitCast", "MeanVarianceNormalization"})
 # Control flow: the container keeps an FP32 interface; the nodes of its bodies are planned one by one.
 CONTROL_FLOW_OPS = frozenset({"If", "Loop", "Scan"})
+QDQ_OPS = frozenset({"QuantizeLinear", "DequantizeLinear"})
 FP16_MAX = 65504.0
 # Activations whose |x| reaches FP16_MAX / margin are kept FP32: room for the unseen inputs that go
 # beyond what the calibration data showed.
@@ -252,6 +253,34 @@ class SchemaRule(NodeRule):
         blocked = ctx.info.slots(ref.node, ctx.precision.onnx_dtype).blocked or _never_low(ref, ctx)
         if blocked:
             return Decision(Kind.KEEP, "rule:keep-fp32", blocked)
+        return None
+
+
+class QuantizedOpRule(NodeRule):
+    """An op reading a DequantizeLinear that must stay FP32 stays FP32 with it.
+
+    In a quantized (QDQ) model TensorRT fuses DequantizeLinear -> Conv/MatMul -> QuantizeLinear into one INT8
+    kernel. Below opset 19 DequantizeLinear has no float16 output (no bfloat16 below 19 either), so it stays
+    FP32; running its consumer low would put a Cast between them, which breaks the pattern TensorRT fuses and
+    gains nothing (the op runs in INT8 anyway). From opset 19 the whole QDQ pattern converts, scales included.
+    """
+
+    def decide(self, ref: NodeRef, ctx: RuleContext) -> Decision | None:
+        """The verdict for ``ref``, or None when the rule does not apply."""
+        node, info = ref.node, ctx.info
+        if node.op_type in QDQ_OPS:
+            return None
+        low = ctx.precision.onnx_dtype
+        for i in info.slots(node, low).inputs:
+            src = info.producer.get(node.input[i])
+            dq = info.by_address[src].node if src is not None else None
+            if dq is not None and dq.op_type == "DequantizeLinear" and info.slots(dq, low).blocked:
+                return Decision(
+                    Kind.KEEP,
+                    "rule:qdq",
+                    f"reads DequantizeLinear '{src}', which stays FP32 at opset {info.opset_of(dq)}: the pair runs "
+                    "quantized, and a Cast between them would stop TensorRT fusing them",
+                )
         return None
 
 
@@ -446,6 +475,7 @@ def default_rules(
         NodeSetRule(overflow_nodes or {}),
         UserOpRule(keep_ops, low_ops),
         SchemaRule(),
+        QuantizedOpRule(),
         WeightRangeRule(),
         ActivationRangeRule(),
         IndexLikeRule(),

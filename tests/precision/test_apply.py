@@ -480,3 +480,43 @@ def test_weights_go_to_fp16_with_the_same_bits_through_onnxruntime():
             np.testing.assert_array_equal(got.view(np.uint16), arr.astype(np.float16).view(np.uint16))
     bf = low_array(large, Precision.BF16)
     assert bf.dtype.name == "bfloat16"
+
+
+def _qdq_model(opset: int) -> onnx.ModelProto:
+    """x -> Q -> DQ -> MatMul(DQ(int8 weights)) -> Relu -> MatMul(float weights) -> y: one quantized op."""
+    wq = np.random.default_rng(0).integers(-100, 100, (4, 4)).astype(np.int8)
+    nodes = [
+        helper.make_node("QuantizeLinear", ["x", "sx", "zx"], ["xq"], name="q"),
+        helper.make_node("DequantizeLinear", ["xq", "sx", "zx"], ["xd"], name="dq"),
+        helper.make_node("DequantizeLinear", ["wq", "sw"], ["wd"], name="dqw"),
+        helper.make_node("MatMul", ["xd", "wd"], ["a"], name="qmm"),
+        helper.make_node("Relu", ["a"], ["r"], name="relu"),
+        helper.make_node("MatMul", ["r", "w"], ["y"], name="mm"),
+    ]
+    inits = [
+        init("sx", np.array(0.02, np.float32)),
+        init("zx", np.array(0, np.int8)),
+        init("wq", wq),
+        init("sw", np.array(0.003, np.float32)),
+        init("w", rng_w(4, 4)),
+    ]
+    return make(nodes, [fvi("x", [2, 4])], [fvi("y", [2, 4])], inits, opset=opset)
+
+
+@pytest.mark.parametrize("opset", [17, 19])
+def test_quantized_op_keeps_its_dequantize_adjacent(tmp_path, opset):
+    model = _qdq_model(opset)
+    out, res = _convert(tmp_path, model)
+    prec = res.plan.precisions()
+    assert prec["mm"] is Precision.FP16  # the float part goes low either way
+    if opset == 17:  # DequantizeLinear has no float16: the op it feeds stays FP32 with it, said why
+        assert prec["qmm"] is Precision.FP32
+        assert next(n for n in res.plan.nodes if n.name == "qmm").reason == "rule:qdq"
+    else:  # the whole QDQ pattern converts
+        assert prec["qmm"] is Precision.FP16 and prec["dq"] is Precision.FP16
+    producers = {o: n for n in out.graph.node for o in n.output}
+    for node in out.graph.node:
+        if node.op_type == "MatMul" and node.name.startswith("qmm"):
+            assert {producers[i].op_type for i in node.input} == {"DequantizeLinear"}  # no Cast in between
+    x = np.random.default_rng(1).standard_normal((2, 4)).astype(np.float32)
+    np.testing.assert_allclose(run_ort(out, {"x": x})[0], run_ort(model, {"x": x})[0], atol=2e-2, rtol=1e-2)
