@@ -8,7 +8,7 @@ import click
 
 
 @click.command()
-@click.argument("report_json", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("report_json", type=click.Path(path_type=Path))
 @click.option(
     "--format",
     "fmt",
@@ -29,7 +29,7 @@ import click
 def report(
     ctx: click.Context, report_json: Path, fmt: str, checks: str | None, output: Path | None, force: bool
 ) -> None:
-    """Re-render REPORT_JSON (from `mpinfer compare --report`) as html, md, json or console tables.
+    """Re-render REPORT_JSON (from `mpinfer compare --report`; or its folder) as html, md, json or console tables.
 
     \b
     mpinfer report out/report/report.json --format html -o out/report.html
@@ -37,6 +37,8 @@ def report(
     """  # noqa: D301 (click needs the \b)
     from mpinfer.report import load_report, render
 
+    if report_json.is_dir():  # the folder `compare --report DIR` wrote
+        report_json = report_json / "report.json"
     if output is not None and fmt == "console":
         raise click.BadParameter(
             "-o/--output writes html, md or json; pick one with --format", param_hint="-o"

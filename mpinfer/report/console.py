@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from mpinfer.compare.result import ComparisonResult
@@ -17,6 +18,22 @@ def _table(title: str, headers: list[str], rows: list[list[str]]) -> Any:
     for row in rows:
         t.add_row(*[_style(c) for c in row])
     return t
+
+
+# Width when stdout is not a terminal (a log file, a pipe): rich's default 80 columns fold node and file names
+# into 6-character slivers there, and a file does not wrap.
+FILE_WIDTH = 160
+# Node names longer than this are shown by their last path segments ("…/layer.2/attention/self/query/Add");
+# the report's JSON, Markdown and HTML keep them whole.
+NODE_NAME_MAX = 44
+
+
+def _tail(name: str, limit: int = NODE_NAME_MAX) -> str:
+    if len(name) <= limit:
+        return name
+    tail = name[len(name) - limit + 1 :]
+    cut = tail.find("/")
+    return "…" + (tail[cut:] if cut > 0 else tail)
 
 
 # Up to this many outputs, the console shows metrics as rows and outputs as columns: 12 metric columns do not
@@ -47,7 +64,10 @@ def render_console(result: ComparisonResult, console: Any = None) -> None:
     from rich.console import Console
     from rich.markup import escape
 
-    console = console or Console()
+    if console is None:
+        console = Console()
+        if not console.is_terminal and "COLUMNS" not in os.environ:
+            console = Console(width=FILE_WIDTH)
     color = "green" if result else "bold red"
     console.print(
         f"[bold]mpinfer compare[/] baseline [cyan]{escape(result.baseline['name'])}[/] "
@@ -70,7 +90,7 @@ def render_console(result: ComparisonResult, console: Any = None) -> None:
         console.print(_table("Checks", ["check", "output", "value", "result"], tables.check_rows(cand)))
         for line in tables.divergence_lines(cand):
             console.print(escape(line))
-        rows = tables.node_rows(cand)
+        rows = [[_tail(r[0]), *r[1:]] for r in tables.node_rows(cand)]
         if rows:
             console.print(_table("Nodes adding the most error", tables.NODE_HEADERS, rows))
         if cand.precision:

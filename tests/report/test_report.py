@@ -65,8 +65,36 @@ def test_cli_report_formats(invoke, report_result, tmp_path):
     assert "Accuracy vs baseline" in r.output and "FAIL" in r.output and r.exit_code == 1
     r = invoke("report", src, "--format", "json")
     assert json.loads(r.stdout)["schema_version"] == 1
+    assert invoke("report", src.parent, "--format", "json").stdout == r.stdout  # the folder compare wrote
     r = invoke("report", src, "-o", tmp_path / "c.txt")
     assert r.exit_code == 2 and "pick one with --format" in r.output and not (tmp_path / "c.txt").exists()
+
+
+def test_console_report_to_a_file_keeps_names_whole(report_result, monkeypatch):
+    import io
+
+    from rich.console import Console
+
+    from mpinfer.report.console import _tail, render_console
+
+    monkeypatch.delenv("COLUMNS", raising=False)
+    result = report_result["result"]
+    narrow = io.StringIO()
+    render_console(result, Console(file=narrow, width=80))
+    piped = io.StringIO()
+    monkeypatch.setattr("sys.stdout", piped)  # not a terminal: a log file or a pipe
+    render_console(result)
+    runners = {s.runner.rsplit("/", 1)[-1] for s in result.latency.stats}
+    lines = piped.getvalue().splitlines()
+    for name in runners:  # each file name on one line in its table row
+        assert any(line.startswith(f"│ {name} ") for line in lines), name
+    assert max(len(line) for line in narrow.getvalue().splitlines()) <= 80
+    assert any("speedup vs baseline" in line for line in lines)  # headers unfolded too
+    assert not any("speedup vs baseline" in line for line in narrow.getvalue().splitlines())
+    # Long node names: their last path segments, cut at a separator.
+    assert _tail("/model/encoder/layer.0/attention/self/query/MatMul_output_0_cast", 40) == (
+        "…/self/query/MatMul_output_0_cast"
+    )
 
 
 def test_cli_report_rethreshold(invoke, report_result, tmp_path):
