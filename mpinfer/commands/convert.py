@@ -51,6 +51,12 @@ import click
     show_default=True,
     help="Keep graph inputs and outputs FP32.",
 )
+@click.option(
+    "--opset",
+    type=click.IntRange(7, 25),
+    help="Upgrade the model to this ONNX opset first, e.g. 22 for BF16 Conv/pooling (default: as it is; "
+    "with --plan, the plan's).",
+)
 @click.option("--force", is_flag=True, help="Overwrite the output; re-plan an already-FP16 model.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed for random calibration data.")
 @click.option("--max-batches", type=click.IntRange(min=1), help="Cap on calibration batches.")
@@ -74,6 +80,7 @@ def convert(
     keep_fp32_from: Path | None,
     numerics: str,
     keep_io_types: bool,
+    opset: int | None,
     force: bool,
     seed: int,
     max_batches: int | None,
@@ -108,6 +115,7 @@ def convert(
         keep_fp32_from=keep_fp32_from,
         numerics=numerics,
         keep_io_types=keep_io_types,
+        opset=opset,
         force=force,
         seed=seed,
         max_batches=max_batches,

@@ -50,6 +50,9 @@ class ConvertConfig:
         keep_fp32_from: An overflow.json from ``mpinfer train``: its modules stay FP32.
         numerics: ``strict`` (GraphEmulator) or ``ort`` (ONNX Runtime) for verifying candidates.
         keep_io_types: Graph inputs/outputs stay FP32.
+        opset: Upgrade the model to this default-domain opset first (ONNX's version converter), e.g. 22, where
+            Conv, pooling and most activations take bfloat16; None = as it is (BF16 still raises it to 13).
+            With ``plan``: None = the plan's opset.
         force: Overwrite the output; re-plan an already-FP16 model.
         seed: Seed for random calibration data.
         max_batches: Cap on calibration batches.
@@ -72,6 +75,7 @@ class ConvertConfig:
     keep_fp32_from: Path | None = None
     numerics: str = "strict"
     keep_io_types: bool = True
+    opset: int | None = None
     force: bool = False
     seed: int = 0
     max_batches: int | None = None
@@ -149,8 +153,9 @@ def convert_precision(cfg: ConvertConfig) -> ConvertResult:
     plan_out = plan_path_for(out)
     if cfg.plan is not None:
         require_file(cfg.plan, "Plan")
-        # The plan's precision wins (the CLI's --precision default is fp16).
-        cfg = replace(cfg, precision=PrecisionPlan.load(cfg.plan).precision)
+        # The plan's precision wins (the CLI's --precision default is fp16), and its opset unless one is given.
+        loaded = PrecisionPlan.load(cfg.plan)
+        cfg = replace(cfg, precision=loaded.precision, opset=cfg.opset if cfg.opset is not None else loaded.opset)
     check_output_path(plan_out, [cfg.model, cfg.keep_fp32_from], force=True)
     info, sha, large = _load(cfg)
     verified = None
@@ -173,6 +178,7 @@ def convert_precision(cfg: ConvertConfig) -> ConvertResult:
         expected_error=expected,
         search=search_cost,
     )
+    plan.opset = info.opsets.get("") or None  # what the plan was made for (and is applied at)
     _warn_opset_blocked(plan.nodes, info, cfg.precision)
     _write_model(result.model, out, info, source=Path(cfg.model), large=large)
     if cfg.plan is None or Path(cfg.plan).resolve() != plan_out.resolve():
@@ -205,7 +211,7 @@ def _load(cfg: ConvertConfig) -> tuple[Any, str, bool]:
         large = False
     sha = sha256_file(cfg.model)
     model = check_not_low(model, str(cfg.model), force=cfg.force)
-    model = ensure_opset(name_nodes(model), cfg.precision)
+    model = ensure_opset(name_nodes(model), cfg.precision, opset=cfg.opset)
     return GraphInfo(model, base_dir=base_dir if large else None), sha, large
 
 
@@ -551,8 +557,8 @@ def _warn_opset_blocked(nodes: list[NodeDecision], info: Any, precision: Precisi
     if blocked:
         quantized = sum(n.reason == "rule:qdq" for n in nodes)
         logger.warning(
-            "%d node(s) stay FP32 because opset %d has no %s for them (%s)%s. Hint: opset %d has it: re-export "
-            "with `mpinfer export --opset %d`, or upgrade with onnx.version_converter.convert_version.",
+            "%d node(s) stay FP32 because opset %d has no %s for them (%s)%s. Hint: opset %d has it: convert "
+            "with `--opset %d` (ONNX's version converter upgrades the model first), or re-export at that opset.",
             sum(blocked.values()),
             opset,
             name,

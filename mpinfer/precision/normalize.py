@@ -93,14 +93,16 @@ def upcast_to_fp32(model: Any) -> Any:
     return m
 
 
-def ensure_opset(model: Any, precision: Precision) -> Any:
-    """Raise the default-domain opset to what ``precision`` needs (BF16: 13) with the version converter.
+def ensure_opset(model: Any, precision: Precision, *, opset: int | None = None) -> Any:
+    """Raise the default-domain opset to ``opset`` (when given) and to what ``precision`` needs (BF16: 13).
+
+    Uses ONNX's version converter; nodes it adds get names (``mpinfer.modelio.name_nodes``).
 
     Raises:
-        InvalidInputError: The converter cannot upgrade the model.
+        InvalidInputError: ``opset`` is below the model's, or the converter cannot upgrade the model.
     """
-    opset = next((imp.version for imp in model.opset_import if imp.domain in ("", "ai.onnx")), 0)
-    if not opset:
+    current = next((imp.version for imp in model.opset_import if imp.domain in ("", "ai.onnx")), 0)
+    if not current:
         # No ai.onnx op in the model (only ai.onnx.ml / training ops): import the default domain so that
         # the Casts the rewrite may insert are defined.
         import onnx
@@ -108,22 +110,37 @@ def ensure_opset(model: Any, precision: Precision) -> Any:
 
         out = onnx.ModelProto()
         out.CopyFrom(model)
-        out.opset_import.append(helper.make_opsetid("", BF16_MIN_OPSET))
+        out.opset_import.append(helper.make_opsetid("", max(BF16_MIN_OPSET, opset or 0)))
         return out
-    if precision is not Precision.BF16 or opset >= BF16_MIN_OPSET:
+    if opset is not None and opset < current:
+        raise InvalidInputError(
+            format_message(
+                "--opset",
+                f"{opset}, below the model's opset {current}",
+                f"{current} or later (mpinfer upgrades, never downgrades)",
+                "drop --opset, or re-export the model at the opset you need",
+            )
+        )
+    needed = BF16_MIN_OPSET if precision is Precision.BF16 else 0
+    target = max(needed, opset or 0)
+    if target <= current:
         return model
     from onnx import version_converter
 
+    from mpinfer.modelio import name_nodes
+
+    why = "--opset" if opset is not None and opset >= needed else f"{precision.value.upper()} needs it"
     try:
-        out = version_converter.convert_version(model, BF16_MIN_OPSET)
+        out = version_converter.convert_version(model, target)
     except Exception as err:  # noqa: BLE001 - the converter raises several private types
         raise InvalidInputError(
             format_message(
-                "BF16 conversion",
-                f"a model at opset {opset} that the ONNX version converter cannot upgrade ({err})",
-                f"opset {BF16_MIN_OPSET} or later (Cast to bfloat16 needs it)",
+                f"Upgrading the model to opset {target} ({why})",
+                f"a model at opset {current} that the ONNX version converter cannot upgrade ({err})",
+                f"a model the converter can take to opset {target}",
+                "re-export the model at that opset" if opset is not None else
                 "re-export the model with --opset 17, or convert to fp16",
             )
         ) from err
-    logger.warning("BF16 needs opset %d: the model was upgraded from opset %d.", BF16_MIN_OPSET, opset)
-    return out
+    logger.warning("The model was upgraded from opset %d to %d (%s).", current, target, why)
+    return name_nodes(out)

@@ -88,6 +88,8 @@ class PrecisionPlan:
     calibration: dict[str, Any] | None = None
     summary: dict[str, Any] = field(default_factory=dict)
     mpinfer_version: str = ""
+    # The default-domain opset the plan was made at; applying the plan upgrades the model to it first.
+    opset: int | None = None
 
     # -- queries ----------------------------------------------------------------------------------------
     def low_nodes(self) -> dict[str, Precision]:
@@ -115,6 +117,7 @@ class PrecisionPlan:
             "precision": self.precision.value,
             "numerics": self.numerics,
             "keep_io_types": self.keep_io_types,
+            "opset": self.opset,
             "budget": self.budget,
             "calibration": self.calibration,
             "nodes": [n.to_dict() for n in self.nodes],
@@ -151,6 +154,9 @@ class PrecisionPlan:
             precision = Precision.parse(data["precision"])
             nodes = [_node_from_dict(n, precision, origin) for n in data["nodes"]]
             src = data.get("source") or {}
+            opset = data.get("opset")
+            if opset is not None and (isinstance(opset, bool) or not isinstance(opset, int) or opset < 1):
+                raise TypeError(f"opset {opset!r} is not a positive integer")
             return cls(
                 source_path=str(src.get("path", "")),
                 source_sha256=str(src.get("sha256", "")),
@@ -162,6 +168,7 @@ class PrecisionPlan:
                 calibration=data.get("calibration"),
                 summary=dict(data.get("summary") or {}),
                 mpinfer_version=str(data.get("mpinfer_version", "")),
+                opset=opset,
             )
         except (KeyError, TypeError) as err:
             raise InvalidInputError(

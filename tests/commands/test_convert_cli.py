@@ -247,3 +247,48 @@ def test_random_data_at_guessed_sizes_the_model_rejects_says_to_pass_dim(invoke,
     plan = json.loads((tmp_path / "o.plan.json").read_text())
     assert plan["calibration"]["samples"] == 3 * 8  # 8 random batches of --batch-size 3
     assert_user_error(invoke("convert", src, "--dim", "len", "-o", tmp_path / "p.onnx"), "name=N")
+
+
+def _conv_model(opset: int) -> onnx.ModelProto:
+    """x[N,2,6,6] -> Conv -> Relu -> MaxPool -> y: Conv/MaxPool take bfloat16 only from opset 22."""
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c"], ["r"], name="relu"),
+        helper.make_node("MaxPool", ["r"], ["y"], name="pool", kernel_shape=[2, 2], strides=[2, 2]),
+    ]
+    return make(
+        nodes, [fvi("x", ["N", 2, 6, 6])], [fvi("y", ["N", 4, 3, 3])], [init("w", rng_w(4, 2, 3, 3))], opset=opset
+    )
+
+
+def test_opset_upgrade_for_bf16_is_recorded_in_the_plan(invoke, tmp_path, caplog):
+    src = save(_conv_model(17), tmp_path / "m.onnx")
+    r = invoke("convert", src, "--precision", "bf16", "-o", tmp_path / "a.onnx")
+    assert r.exit_code == 0, r.output
+    assert "Hint: opset 22 has it: convert with `--opset 22`" in caplog.text + r.output
+    assert json.loads((tmp_path / "a.plan.json").read_text())["opset"] == 17
+    r = invoke("convert", src, "--precision", "bf16", "--opset", "22", "-o", tmp_path / "b.onnx")
+    assert r.exit_code == 0, r.output
+    plan = json.loads((tmp_path / "b.plan.json").read_text())
+    assert plan["opset"] == 22
+    assert {n["name"]: n["precision"] for n in plan["nodes"]}["conv"] == "bf16"
+    out = onnx.load(str(tmp_path / "b.onnx"))
+    assert next(i.version for i in out.opset_import if i.domain == "") == 22
+    # Re-applying the plan to the original model upgrades it the same way: the same bytes.
+    r = invoke("convert", src, "--plan", tmp_path / "b.plan.json", "-o", tmp_path / "c.onnx")
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "c.onnx").read_bytes() == (tmp_path / "b.onnx").read_bytes()
+    assert onnx.load(str(src)).opset_import[0].version == 17  # the input is never modified
+
+
+def test_opset_below_the_models_is_refused(invoke, tmp_path):
+    src = save(_conv_model(17), tmp_path / "m.onnx")
+    r = invoke("convert", src, "--opset", "13", "-o", tmp_path / "a.onnx")
+    assert_user_error(r, r"--opset: received 13, below the model's opset 17")
+    assert not (tmp_path / "a.onnx").exists() and not (tmp_path / "a.plan.json").exists()
+    plan = tmp_path / "bad.plan.json"
+    r = invoke("convert", src, "-o", tmp_path / "p.onnx")
+    data = json.loads((tmp_path / "p.plan.json").read_text())
+    data["opset"] = "22"
+    plan.write_text(json.dumps(data))
+    assert_user_error(invoke("convert", src, "--plan", plan, "-o", tmp_path / "q.onnx"), r"opset '22' is not")
