@@ -34,6 +34,8 @@ CHUNK_SIZE = 64
 # The strict emulator recomputes the whole graph per chunk, so it takes bigger chunks (one batch's tensors);
 # only the baseline's values are held (the candidate's are compared as the emulator computes them).
 STRICT_CHUNK_SIZE = 512
+# ... and a chunk's tensors come to at most this many bytes per model run (sizes from a one-sample probe).
+CHUNK_BYTES = 256 * 2**20
 # A node's output relative error must reach 1 % to count as a jump (FP16 rounding alone gives ~1e-3).
 JUMP_MIN_ERROR = 1e-2
 # ... and be at least 10x the error already present in its inputs.
@@ -158,6 +160,43 @@ def _strict_pass(
     emu.run(feeds, observe=observe)
 
 
+def tensor_bytes(
+    model: Any, names: Sequence[str], batches: Sequence[Mapping[str, np.ndarray]], providers: list[str]
+) -> list[int]:
+    """Bytes of each named tensor for the largest batch: one probe run on its first sample, times its samples.
+
+    (Shape inference misses exactly the big ones: a speech model's attention scores behind reshapes it cannot
+    follow.) A batch that cannot be cut into samples is probed whole.
+    """
+    from mpinfer.modelio import ort_session
+    from mpinfer.precision.calibrate import BatchSlicer
+
+    if not batches or not names:
+        return [0] * len(names)
+    feeds = max(batches, key=lambda b: sum(np.asarray(v).nbytes for v in b.values()))
+    slicer = BatchSlicer(model)
+    rows = slicer.rows(feeds)
+    sample = slicer.slice(feeds, 0, 1) if rows > 1 else feeds
+    sess = ort_session(_with_outputs(model, names), providers)
+    return [np.asarray(v).nbytes * rows for v in sess.run(list(names), dict(sample))]
+
+
+def pack_chunks(names: Sequence[str], sizes: Sequence[int], max_count: int, max_bytes: int) -> list[list[str]]:
+    """Consecutive chunks of at most ``max_count`` tensors and ``max_bytes`` bytes (a bigger tensor: alone)."""
+    chunks: list[list[str]] = []
+    chunk: list[str] = []
+    total = 0
+    for name, size in zip(names, sizes, strict=True):
+        if chunk and (len(chunk) >= max_count or total + size > max_bytes):
+            chunks.append(chunk)
+            chunk, total = [], 0
+        chunk.append(name)
+        total += size
+    if chunk:
+        chunks.append(chunk)
+    return chunks
+
+
 def measure_tensors(
     base: Any,
     cand: Any,
@@ -179,7 +218,7 @@ def measure_tensors(
 
     accs = {n: TensorAcc() for n in names}
     size = STRICT_CHUNK_SIZE if strict else CHUNK_SIZE
-    chunks = [list(names[i : i + size]) for i in range(0, len(names), size)]
+    chunks = pack_chunks(names, tensor_bytes(base, names, batches, providers), size, CHUNK_BYTES)
     emu = None
     if strict:
         from mpinfer.precision.emulate import GraphEmulator
@@ -189,17 +228,25 @@ def measure_tensors(
         task = progress.add_task("divergence: intermediate tensors", total=len(chunks) * len(batches))
         for chunk in chunks:
             sb: Any = ort_session(_with_outputs(base, chunk), providers)
-            sc: Any = None if strict else ort_session(_with_outputs(cand, chunk), providers)
-            for feeds in batches:
-                if emu is not None:
+            if emu is not None:
+                for feeds in batches:
                     _strict_pass(emu, chunk, sb.run(chunk, dict(feeds)), feeds, accs)
-                else:
-                    rb, rc = sb.run(chunk, dict(feeds)), sc.run(chunk, dict(feeds))
-                    for n, b, c in zip(chunk, rb, rc, strict=True):
-                        _accumulate(accs, n, b, c)
-                    del rb, rc  # freed before the next batch's run, not after it
+                    progress.advance(task)
+                del sb
+                continue
+            # One session alive at a time (each grows its own memory arena to the whole run's peak): the
+            # baseline's chunk tensors of every batch first, then the candidate's, compared batch by batch.
+            # Copies: ONNX Runtime's output arrays are views that keep the session's whole arena alive.
+            kept = [[np.array(v) for v in sb.run(chunk, dict(feeds))] for feeds in batches]
+            del sb
+            sc: Any = ort_session(_with_outputs(cand, chunk), providers)
+            for feeds in batches:
+                rb, rc = kept.pop(0), sc.run(chunk, dict(feeds))
+                for n, b, c in zip(chunk, rb, rc, strict=True):
+                    _accumulate(accs, n, b, c)
+                del rb, rc  # freed before the next batch's run, not after it
                 progress.advance(task)
-            del sb, sc
+            del sc
     return {n: a for n, a in accs.items() if a.dtype}
 
 
