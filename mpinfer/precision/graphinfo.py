@@ -89,10 +89,11 @@ class GraphInfo:
     Args:
         model: A model whose nodes are all named (``mpinfer.modelio.name_nodes``).
         base_dir: Folder of the model file, for tensors whose data is still external (large models).
+        ask_runtime: Ask ONNX Runtime for the types ONNX inference cannot give (one session; see
+            :meth:`_types_from_ort`). Off for the small sub-models built from a parent's typed info.
     """
 
-    def __init__(self, model: Any, base_dir: str | None = None) -> None:
-
+    def __init__(self, model: Any, base_dir: str | None = None, *, ask_runtime: bool = True) -> None:
         self.model = model
         self.base_dir = base_dir or ""
         self.opsets = {(imp.domain or ""): imp.version for imp in model.opset_import}
@@ -102,7 +103,8 @@ class GraphInfo:
         self.initializers: dict[str, Any] = {}
         self.non_tensor: set[str] = set()  # sequence / optional / map values
         self._collect(inferred.graph)
-        self._types_from_ort(model)
+        if ask_runtime:
+            self._types_from_ort(model)
         # Values come from the model itself (the inferred copy may hold detached or copied tensors).
         self.initializers = {t.name: t for g in iter_graphs(model.graph) for t in g.initializer}
         self.nodes: list[NodeRef] = list(iter_nodes(model.graph))

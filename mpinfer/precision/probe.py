@@ -130,7 +130,7 @@ def build_probe(info: GraphInfo, groups: Sequence[Any], low: Precision) -> tuple
             continue
         sub, outs = built
         try:
-            sub_info = GraphInfo(sub)
+            sub_info = GraphInfo(sub, ask_runtime=False)  # typed from the parent's info
             converted = apply_plan(
                 sub, sub_info, {a: low for a in sub_info.by_address}, low, keep_io_types=True
             ).model
