@@ -318,19 +318,22 @@ def test_external_data_model_converted_streaming(tmp_path):
     assert not list((tmp_path / "out").glob(".*"))  # no temp folders left behind
 
 
-def test_custom_op_in_the_middle_keeps_unknown_types_fp32(tmp_path):
+def _op_in_the_middle(op: str, domain: str, name: str) -> onnx.ModelProto:
+    """x -> MatMul 'mm' -> <domain>::<op> -> Add 'add' (with the MatMul's output) -> MatMul 'mm2' -> y."""
     nodes = [
         helper.make_node("MatMul", ["x", "w"], ["a"], name="mm"),
-        helper.make_node("Mystery", ["a"], ["m"], name="custom", domain="acme"),
+        helper.make_node(op, ["a"], ["m"], name=name, domain=domain),
         helper.make_node("Add", ["m", "a"], ["s"], name="add"),
         helper.make_node("MatMul", ["s", "w"], ["y"], name="mm2"),
     ]
     graph = helper.make_graph(nodes, "g", [fvi("x", [2, 4])], [fvi("y", [2, 4])], [init("w", rng_w(4, 4))])
-    model = helper.make_model(
-        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("acme", 1)]
-    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(domain, 1)])
     model.ir_version = 8
-    out, res = _convert(tmp_path, model)
+    return model
+
+
+def test_custom_op_in_the_middle_keeps_unknown_types_fp32(tmp_path):
+    out, res = _convert(tmp_path, _op_in_the_middle("Mystery", "acme", "custom"))
     prec = res.plan.precisions()
     assert prec["custom"] is Precision.FP32 and prec["add"] is Precision.FP32
     assert prec["mm"] is Precision.FP16  # upstream of the custom op
@@ -342,17 +345,7 @@ def test_custom_op_in_the_middle_keeps_unknown_types_fp32(tmp_path):
 
 def test_contrib_op_types_come_from_onnx_runtime(tmp_path):
     # An ORT-optimized transformer: ONNX has no schema for com.microsoft ops, ONNX Runtime has.
-    nodes = [
-        helper.make_node("MatMul", ["x", "w"], ["a"], name="mm"),
-        helper.make_node("Gelu", ["a"], ["g"], name="gelu", domain="com.microsoft"),
-        helper.make_node("Add", ["g", "a"], ["s"], name="add"),
-        helper.make_node("MatMul", ["s", "w"], ["y"], name="mm2"),
-    ]
-    graph = helper.make_graph(nodes, "g", [fvi("x", [2, 4])], [fvi("y", [2, 4])], [init("w", rng_w(4, 4))])
-    model = helper.make_model(
-        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
-    )
-    model.ir_version = 8
+    model = _op_in_the_middle("Gelu", "com.microsoft", "gelu")
     info = GraphInfo(name_nodes(model))
     assert info.types["s"] == TensorProto.FLOAT and info.shapes["s"] == (2, 4)
     assert info.flops(info.by_address["mm2"]) == 2 * 2 * 4 * 4
