@@ -181,22 +181,6 @@ def tensor_bytes(
     return [np.asarray(v).nbytes * rows for v in sess.run(list(names), dict(sample))]
 
 
-def pack_chunks(names: Sequence[str], sizes: Sequence[int], max_count: int, max_bytes: int) -> list[list[str]]:
-    """Consecutive chunks of at most ``max_count`` tensors and ``max_bytes`` bytes (a bigger tensor: alone)."""
-    chunks: list[list[str]] = []
-    chunk: list[str] = []
-    total = 0
-    for name, size in zip(names, sizes, strict=True):
-        if chunk and (len(chunk) >= max_count or total + size > max_bytes):
-            chunks.append(chunk)
-            chunk, total = [], 0
-        chunk.append(name)
-        total += size
-    if chunk:
-        chunks.append(chunk)
-    return chunks
-
-
 def measure_tensors(
     base: Any,
     cand: Any,
@@ -214,6 +198,7 @@ def measure_tensors(
     outputs decide what onnxruntime fuses, so the chunking is part of the result: keep it stable.
     """
     from mpinfer.modelio import ort_session
+    from mpinfer.precision.calibrate import pack_chunks
     from mpinfer.progress import progress_bar
 
     accs = {n: TensorAcc() for n in names}

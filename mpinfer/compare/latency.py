@@ -28,6 +28,8 @@ def batch_of_size(
     ``axes``: input -> sample axis, None for an input fed whole (:func:`mpinfer.data.feeds.sample_axes`);
     default: axis 0, scalars whole.
     """
+    from mpinfer.data.feeds import take_samples
+
     out = {}
     for name, arr in sample.items():
         axis = axes.get(name, 0) if axes is not None else 0
@@ -36,7 +38,7 @@ def batch_of_size(
             continue
         reps = -(-batch_size // max(arr.shape[axis], 1))
         tiled = np.concatenate([arr] * reps, axis=axis) if reps > 1 else arr
-        out[name] = np.ascontiguousarray(np.take(tiled, np.arange(batch_size), axis=axis))
+        out[name] = take_samples(tiled, axis, 0, batch_size)
     return out
 
 

@@ -290,9 +290,10 @@ def _load_hf(path: Path, weights: Path | None) -> LoadedModel:
         raise ModelLoadError(f"Hugging Face model '{path}' could not be loaded: {err}") from err
     model.eval()
     specs = _hf_input_specs(model)
+    names = [s.split(":", 1)[0] for s in specs]
     outputs: list[str] = []  # filled by the wrapper's forward (see _keyword_call_class)
-    return LoadedModel(_KeywordCall(model, [s.split(":", 1)[0] for s in specs], outputs), "huggingface",
-                       input_specs=specs, input_names=[s.split(":", 1)[0] for s in specs], output_names=outputs,
+    return LoadedModel(_KeywordCall(model, names, outputs), "huggingface",
+                       input_specs=specs, input_names=names, output_names=outputs,
                        description=f"Hugging Face {path} ({type(model).__name__})")
 
 
@@ -391,9 +392,7 @@ _HF_NOT_INPUTS = {"use_cache", "return_dict", "output_attentions", "output_hidde
 
 
 def _accepts_cache(model: Any) -> bool:
-    import inspect
-
-    return "use_cache" in inspect.signature(model.forward).parameters
+    return "use_cache" in hf_forward_inputs(model)
 
 
 def _KeywordCall(model: Any, names: list[str], outputs: list[str]) -> Any:  # noqa: N802 - builds the nn.Module lazily

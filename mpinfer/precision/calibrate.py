@@ -18,7 +18,7 @@ import itertools
 import logging
 import tempfile
 import time
-from collections.abc import Container, Iterable, Iterator, Mapping, Sized
+from collections.abc import Container, Iterable, Iterator, Mapping, Sequence, Sized
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,6 +49,7 @@ __all__ = [
     "PERCENTILE",
     "RANDOM_DATA_WARNING",
     "BatchSlicer",
+    "pack_chunks",
     "CalibrationStats",
     "StatsCollector",
     "TensorStats",
@@ -306,6 +307,22 @@ class BatchSlicer:
         return {name: take_samples(value, self._axes.get(name), start, stop) for name, value in batch.items()}
 
 
+def pack_chunks(names: Sequence[str], sizes: Sequence[int], max_count: int, max_bytes: int) -> list[list[str]]:
+    """Consecutive chunks of at most ``max_count`` tensors and ``max_bytes`` bytes (a bigger tensor: alone)."""
+    chunks: list[list[str]] = []
+    chunk: list[str] = []
+    total = 0
+    for name, size in zip(names, sizes, strict=True):
+        if chunk and (len(chunk) >= max_count or total + size > max_bytes):
+            chunks.append(chunk)
+            chunk, total = [], 0
+        chunk.append(name)
+        total += size
+    if chunk:
+        chunks.append(chunk)
+    return chunks
+
+
 @dataclass
 class _Passes:
     """Which tensors each pass over the data fetches, and how many samples one call of it may take.
@@ -332,14 +349,9 @@ class _Passes:
             return None
         sample = slicer.slice(batch, 0, 1) if slicer.rows(batch) > 1 else batch  # a batch that cannot be cut: whole
         sizes = [np.asarray(v).nbytes for v in _run(sess, names, sample)]
-        chunks: list[list[str]] = [[]]
-        totals = [0]
-        for name, size in zip(names, sizes, strict=True):
-            if chunks[-1] and (totals[-1] + size > CALL_BYTES_LIMIT or len(chunks[-1]) >= MAX_OUTPUTS_PER_SESSION):
-                chunks.append([])
-                totals.append(0)
-            chunks[-1].append(name)
-            totals[-1] += size
+        chunks = pack_chunks(names, sizes, MAX_OUTPUTS_PER_SESSION, CALL_BYTES_LIMIT)
+        size_of = dict(zip(names, sizes, strict=True))
+        totals = [sum(size_of[n] for n in chunk) for chunk in chunks]
         per_call = [max(1, CALL_BYTES_LIMIT // max(1, t)) for t in totals]
         return cls(chunks, per_call, sum(sizes), sessions, sess if len(chunks) == 1 else None)
 

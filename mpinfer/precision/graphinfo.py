@@ -170,7 +170,7 @@ class GraphInfo:
         import onnx
 
         from mpinfer.errors import ModelLoadError
-        from mpinfer.modelio import ort_session
+        from mpinfer.modelio import ort_log_level, ort_session
 
         query = onnx.ModelProto()
         query.CopyFrom(model)
@@ -181,14 +181,16 @@ class GraphInfo:
 
             options = ort.SessionOptions()
             options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-            options.log_severity_level = 3
+            options.log_severity_level = ort_log_level()
             outputs = ort_session(query, options=options).get_outputs()
         except (ImportError, ModelLoadError) as err:
             logger.debug("ONNX Runtime cannot type the tensors ONNX inference left untyped: %s", err)
             return
+        # ONNX Runtime names a type "tensor(<onnx.TensorProto.DataType name, lower case>)".
+        elem_types = {f"tensor({name.lower()})": value for name, value in onnx.TensorProto.DataType.items()}
         filled = 0
         for out in outputs:
-            elem = ORT_ELEM_TYPES.get(out.type)
+            elem = elem_types.get(out.type)
             if elem is None:
                 continue
             self.types[out.name] = elem
@@ -316,14 +318,6 @@ class GraphInfo:
 # Initializers bigger than this are detached while type inference runs: inference never reads their values,
 # and a proto with them attached may exceed protobuf's 2 GB limit.
 DETACH_BYTES = 1 << 20
-
-
-# ONNX Runtime's type strings -> onnx.TensorProto element types.
-ORT_ELEM_TYPES = {
-    "tensor(float)": FLOAT, "tensor(uint8)": 2, "tensor(int8)": 3, "tensor(uint16)": 4, "tensor(int16)": 5,
-    "tensor(int32)": 6, "tensor(int64)": 7, "tensor(string)": 8, "tensor(bool)": 9, "tensor(float16)": FLOAT16,
-    "tensor(double)": 11, "tensor(uint32)": 12, "tensor(uint64)": 13, "tensor(bfloat16)": BFLOAT16,
-}
 
 
 def _in_memory(model: Any) -> bool:

@@ -348,6 +348,7 @@ def test_latency_resizes_a_state_along_its_batch_axis(tmp_path):
 def test_divergence_chunks_are_sized_by_bytes(mlp_files, monkeypatch):
     import mpinfer.compare.divergence as dv
     from mpinfer.modelio import ort_session
+    from mpinfer.precision.calibrate import pack_chunks
 
     base, cand = onnx.load(str(mlp_files["base"])), onnx.load(str(mlp_files["fp16"]))
     names, _ = dv._shared_tensors(base, cand)
@@ -364,7 +365,7 @@ def test_divergence_chunks_are_sized_by_bytes(mlp_files, monkeypatch):
     # (it drops the FP32->FP16->FP32 Cast pairs around FP16 kernels it lacks except where a value is fetched).
     whole = dv.measure_tensors(base, cand, names, batches, providers, strict=True)
     limit = 2 * max(sizes)
-    chunks = dv.pack_chunks(names, sizes, dv.CHUNK_SIZE, limit)
+    chunks = pack_chunks(names, sizes, dv.CHUNK_SIZE, limit)
     assert len(chunks) > 1 and [n for c in chunks for n in c] == names
     assert all(sum(sizes[names.index(n)] for n in c) <= limit for c in chunks)
     monkeypatch.setattr(dv, "CHUNK_BYTES", limit)
@@ -372,4 +373,4 @@ def test_divergence_chunks_are_sized_by_bytes(mlp_files, monkeypatch):
     assert chunked.keys() == whole.keys()
     for n in whole:
         assert chunked[n].error == pytest.approx(whole[n].error, rel=1e-3, abs=1e-9), n
-    assert dv.pack_chunks(["a", "b"], [10, 1], 64, 5) == [["a"], ["b"]]  # a tensor above the limit: alone
+    assert pack_chunks(["a", "b"], [10, 1], 64, 5) == [["a"], ["b"]]  # a tensor above the limit: alone
