@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -14,14 +15,25 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _torchrun(*args: str, timeout: int = 240) -> subprocess.CompletedProcess:
+# torch's gloo backend can abort a process while the interpreter exits, after the run has finished and the
+# process group was destroyed (seen once in CI, 0 times in 70 runs here). torchrun then fails the job. That is
+# torch's teardown, not the trainer's work, so a run that ends exactly so is run once more; any other failure,
+# or this one twice, fails the test.
+GLOO_EXIT_ABORT = "terminate called without an active exception"
+
+
+def _torchrun(*args: str, run_dir: Path, timeout: int = 240) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", *args]
-    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0 and GLOO_EXIT_ABORT in proc.stderr and "(SIGABRT)" in proc.stderr:
+        shutil.rmtree(run_dir, ignore_errors=True)  # the first run's checkpoints; the trainer refuses to overwrite them
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    return proc
 
 
 def test_two_gloo_ranks_end_with_identical_weights(tmp_path):
-    proc = _torchrun(str(Path(__file__).with_name("ddp_worker.py")), str(tmp_path))
+    proc = _torchrun(str(Path(__file__).with_name("ddp_worker.py")), str(tmp_path), run_dir=tmp_path / "run")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     s0, s1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in (0, 1))
     assert s0.keys() == s1.keys()
@@ -60,6 +72,7 @@ def test_torchrun_cli(tmp_path):
         "--quiet",
         "-o",
         str(tmp_path / "run"),
+        run_dir=tmp_path / "run",
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = [line for line in proc.stdout.splitlines() if line.startswith("Trained")]
@@ -86,6 +99,7 @@ def test_torchrun_nccl_fp16(tmp_path):
         "--quiet",
         "-o",
         str(tmp_path / "run"),
+        run_dir=tmp_path / "run",
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
