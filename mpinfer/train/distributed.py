@@ -105,20 +105,43 @@ def init_distributed(device: str) -> DistContext:
     backend = "nccl" if device_type == "cuda" else "gloo"
     owns = not dist.is_initialized()
     if owns:
+        # torch._dynamo, once imported (DDP's constructor does it), holds references to the process group that
+        # exists at that moment until the interpreter exits; imported first, it holds none (see close_distributed)
+        import torch._dynamo  # noqa: F401
+
         dist.init_process_group(backend=backend, rank=rank, world_size=world)
     logger.info("distributed: rank %d/%d, backend %s", rank, world, backend)
     dev = f"cuda:{local_rank}" if device_type == "cuda" else "cpu"
     return DistContext(rank=rank, world=world, local_rank=local_rank, device=dev, owns_group=owns)
 
 
-def close_distributed(ctx: DistContext) -> None:
-    """Destroy the process group this context created."""
+def close_distributed(ctx: DistContext) -> bool:
+    """Destroy the process group this context created, and see that torch's teardown of it happens now.
+
+    A group that something still references is torn down while the interpreter exits instead, where gloo can
+    abort the process ("terminate called without an active exception") after a finished run, and torchrun then
+    fails the whole job. Free the DDP wrapper before calling this; its reducer holds the group.
+
+    Returns:
+        True when the group is gone (or this context created none); False when something still holds it.
+    """
     if not ctx.owns_group:
-        return
+        return True
+    import gc
+    import weakref
+
     import torch.distributed as dist
 
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    if not dist.is_initialized():
+        return True
+    gc.collect()  # a dropped DDP wrapper sits in reference cycles
+    group = weakref.ref(dist.group.WORLD)
+    dist.destroy_process_group()
+    gc.collect()
+    released = group() is None
+    if not released:
+        logger.debug("the process group outlives destroy_process_group; torch tears it down at exit")
+    return released
 
 
 def all_reduce_sums(values: list[float], ctx: DistContext) -> list[float]:

@@ -152,6 +152,7 @@ class AmpTrainer:
             finally:
                 if self.monitor is not None:
                     self.monitor.close()
+                self.ddp = self.model  # the DDP wrapper's reducer holds the process group
                 close_distributed(self.dist)
 
     # ------------------------------------------------------------------------------------------ setup

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 from pathlib import Path
@@ -33,11 +34,26 @@ def main(out: Path) -> None:
         clip_grad_norm=1.0,
         quiet=True,
     )
+    teardown = _Records()
+    logging.getLogger("mpinfer.train.distributed").addHandler(teardown)
+    logging.getLogger("mpinfer.train.distributed").setLevel(logging.DEBUG)
     trainer = AmpTrainer(cfg)
     result = trainer.fit()
     rank = int(os.environ["RANK"])
     torch.save(trainer.model.state_dict(), out / f"rank{rank}.pt")
-    (out / f"rank{rank}.json").write_text(json.dumps(result.summary))
+    summary = {**result.summary, "teardown_log": teardown.messages}
+    (out / f"rank{rank}.json").write_text(json.dumps(summary))
+
+
+class _Records(logging.Handler):
+    """Keeps the messages logged, to show whether the process group outlived the trainer's teardown."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
 
 
 if __name__ == "__main__":
