@@ -23,7 +23,8 @@ from mpinfer.engine.config import DEFAULT_OPT_LEVEL, MAX_OPT_LEVEL
     multiple=True,
     metavar="NAME:MIN,OPT,MAX",
     help='Optimization profile per dynamic input, e.g. "x:1x3x64x64,8x3x64x64,32x3x64x64"; '
-    "separate inputs with ';' or repeat the option.",
+    "separate inputs with ';' or repeat the option. Default (TensorRT): batch 1-16, other dims at the sizes the "
+    "export recorded.",
 )
 @click.option(
     "--timing-cache",

@@ -8,13 +8,20 @@ from __future__ import annotations
 
 import logging
 import platform as host_platform
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from mpinfer import __version__
-from mpinfer.engine.config import Backend, BuildConfig, BuildResult, check_profiles
+from mpinfer.engine.config import (
+    Backend,
+    BuildConfig,
+    BuildResult,
+    ShapeProfile,
+    check_profiles,
+    complete_profiles,
+)
 from mpinfer.engine.machine import (
     TENSORRT_INSTALL_HINT,
     GpuInfo,
@@ -145,6 +152,8 @@ class _Checked:
     output: Path
     precisions: frozenset[Precision]
     plan_summary: dict[str, Any] | None
+    shapes: tuple[ShapeProfile, ...]  # cfg.shapes, completed with defaults for TensorRT
+    shapes_note: str | None  # which profiles were defaulted
 
 
 def _check_inputs(cfg: BuildConfig) -> _Checked:
@@ -171,10 +180,14 @@ def _check_inputs(cfg: BuildConfig) -> _Checked:
     inputs = [model_path, cfg.timing_cache, plan, Path(str(model_path) + ".data")]
     check_output_path(output, inputs, force=cfg.force)
     check_output_path(sidecar_path(output), inputs, force=True)
-    check_profiles(cfg.shapes, specs, require_all_dynamic=backend is Backend.TENSORRT)
+    check_profiles(cfg.shapes, specs)
+    shapes, shapes_note = cfg.shapes, None
+    if backend is Backend.TENSORRT:  # ONNX Runtime handles dynamic shapes itself
+        shapes, shapes_note = complete_profiles(cfg.shapes, specs)
     plan_summary = read_plan_summary(cfg.plan, model_path)
     precisions = frozenset(graph_precisions(model) | set(cfg.weak_precisions))
-    return _Checked(model_path, model, specs, backend, reason, output, precisions, plan_summary)
+    return _Checked(model_path, model, specs, backend, reason, output, precisions, plan_summary, shapes,
+                    shapes_note)
 
 
 def _build_tensorrt(
@@ -223,8 +236,9 @@ def build_engine(cfg: BuildConfig) -> BuildResult:
             failed build (no file is written in any of these cases).
     """
     c = _check_inputs(cfg)
+    cfg = replace(cfg, shapes=c.shapes)
     low = {p for p in c.precisions if p.is_low}
-    notes: list[str] = []
+    notes: list[str] = [c.shapes_note] if c.shapes_note else []
     if not low:
         notes.append(
             "the model has no fp16/bf16 tensors: the engine computes in fp32 "

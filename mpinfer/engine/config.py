@@ -170,15 +170,12 @@ def parse_shapes(values: str | Iterable[str] | None) -> tuple[ShapeProfile, ...]
     return tuple(out)
 
 
-def check_profiles(
-    profiles: Sequence[ShapeProfile], specs: Sequence[TensorSpec], *, require_all_dynamic: bool
-) -> None:
-    """Check profiles against the model inputs: known names, ranks, fixed dims, dynamic inputs covered.
+def check_profiles(profiles: Sequence[ShapeProfile], specs: Sequence[TensorSpec]) -> None:
+    """Check profiles against the model inputs: known names, ranks, fixed dims.
 
     Args:
         profiles: Parsed ``--shapes``.
         specs: The model's inputs.
-        require_all_dynamic: Refuse a dynamic input without a profile (TensorRT needs one).
 
     Raises:
         InvalidInputError: Naming the first mismatch.
@@ -209,19 +206,64 @@ def check_profiles(
                         f"{d} (fixed in the model: {_fmt_spec_shape(spec)})",
                     )
                 )
-    if require_all_dynamic:
-        covered = {p.name for p in profiles}
-        missing = [s for s in specs if s.symbols and s.name not in covered]
-        if missing:
-            example = ";".join(_example_profile(s) for s in missing)
-            raise InvalidInputError(
-                format_message(
-                    "TensorRT build",
-                    f"dynamic input(s) {', '.join(s.name for s in missing)} without a shape profile",
-                    "--shapes name:min,opt,max for every dynamic input",
-                    f'e.g. --shapes "{example}"',
-                )
+
+
+def complete_profiles(
+    profiles: Sequence[ShapeProfile], specs: Sequence[TensorSpec]
+) -> tuple[tuple[ShapeProfile, ...], str | None]:
+    """Give every dynamic input a profile, as TensorRT needs: ``--shapes`` first, then sizes the model records.
+
+    A dynamic input without ``--shapes`` gets a default profile when every one of its symbolic dims has a
+    size to go by. Its leading dim is the batch: 1 to ``DEFAULT_BATCH_SIZE`` (16, the batch ``compare``
+    feeds), or to the recorded example size when that is larger, tuned at the top. Any other symbolic dim is
+    fixed at the example size ``mpinfer export`` recorded (``mpinfer.dim_sizes``). trtexec and Polygraphy fix
+    such dims at 1; a model's own sizes are a better guess, and a dim with no size is refused, not guessed.
+
+    Args:
+        profiles: Parsed (and checked) ``--shapes``.
+        specs: The model's inputs.
+
+    Returns:
+        The profiles for every dynamic input, and a note saying which were defaulted (None when none were).
+
+    Raises:
+        InvalidInputError: For a dynamic input without ``--shapes`` whose non-batch dims have no known size.
+    """
+    from mpinfer.data.feeds import DEFAULT_BATCH_SIZE
+
+    covered = {p.name for p in profiles}
+    missing = [s for s in specs if s.symbols and s.name not in covered]
+    if not missing:
+        return tuple(profiles), None
+    batch = {s.shape[0] for s in missing if isinstance(s.shape[0], str)}
+    sizes = {d: n for s in missing for d, n in s.dim_sizes.items()}
+    unknown = sorted({d for s in missing for d in s.symbols if d not in batch and d not in sizes})
+    if unknown:
+        example = ";".join(_example_profile(s) for s in missing)
+        raise InvalidInputError(
+            format_message(
+                "TensorRT build",
+                f"dynamic input(s) {', '.join(s.name for s in missing)} without a shape profile, and no "
+                f"recorded size for dim(s) {', '.join(unknown)}",
+                "--shapes name:min,opt,max for every dynamic input",
+                f'e.g. --shapes "{example}"',
             )
+        )
+    # one range per symbol, so that inputs sharing a dim get the same sizes
+    ranges = {d: (1, max(DEFAULT_BATCH_SIZE, sizes.get(d, 1))) if d in batch else (sizes[d], sizes[d])
+              for s in missing for d in s.symbols}
+    added = []
+    for s in missing:
+        lo = tuple(d if isinstance(d, int) else ranges[d][0] for d in s.shape)
+        hi = tuple(d if isinstance(d, int) else ranges[d][1] for d in s.shape)
+        added.append(ShapeProfile(s.name, lo, hi, hi))
+    top = max((ranges[d][1] for d in batch), default=None)
+    note = (
+        f"no --shapes for dynamic input(s) {', '.join(s.name for s in missing)}: built for "
+        f"{'; '.join(str(p) for p in added)} ({f'batch 1-{top}, ' if top else ''}other dims at the sizes the "
+        "model records); pass --shapes for other sizes"
+    )
+    return (*profiles, *added), note
 
 
 def _fmt_spec_shape(spec: TensorSpec) -> str:

@@ -8,6 +8,7 @@ from mpinfer.engine.config import (
     BuildConfig,
     ShapeProfile,
     check_profiles,
+    complete_profiles,
     parse_shape_profile,
     parse_shapes,
     parse_size,
@@ -68,21 +69,42 @@ SPECS = [
 
 
 def test_profiles_checked_against_model_inputs():
-    check_profiles(parse_shapes("x:1x3x64x64,8x3x64x64,32x3x64x64"), SPECS, require_all_dynamic=True)
+    check_profiles(parse_shapes("x:1x3x64x64,8x3x64x64,32x3x64x64"), SPECS)
     with pytest.raises(InvalidInputError, match="'y'.*one of"):
-        check_profiles(parse_shapes("y:1x3,1x3,1x3"), SPECS, require_all_dynamic=False)
+        check_profiles(parse_shapes("y:1x3,1x3,1x3"), SPECS)
     with pytest.raises(InvalidInputError, match="rank 2.*rank 4"):
-        check_profiles(parse_shapes("x:1x3,1x3,1x3"), SPECS, require_all_dynamic=False)
+        check_profiles(parse_shapes("x:1x3,1x3,1x3"), SPECS)
     with pytest.raises(InvalidInputError, match="dim 1.*fixed in the model"):
-        check_profiles(parse_shapes("x:1x4x64x64,1x4x64x64,1x4x64x64"), SPECS, require_all_dynamic=False)
+        check_profiles(parse_shapes("x:1x4x64x64,1x4x64x64,1x4x64x64"), SPECS)
 
 
-def test_tensorrt_needs_a_profile_for_every_dynamic_input():
-    with pytest.raises(
-        InvalidInputError, match=r"dynamic input\(s\) x without.*--shapes \"x:1x3x64x64,8x3x64x64"
-    ):
-        check_profiles((), SPECS, require_all_dynamic=True)
-    check_profiles((), SPECS, require_all_dynamic=False)  # ONNX Runtime handles dynamic shapes itself
+def test_tensorrt_profiles_default_to_batch_1_to_16():
+    given = parse_shapes("x:1x3x64x64,8x3x64x64,32x3x64x64")
+    assert complete_profiles(given, SPECS) == (given, None)  # given profiles are kept as they are
+    (prof,), note = complete_profiles((), SPECS)
+    assert (prof.name, prof.min, prof.opt, prof.max) == ("x", (1, 3, 64, 64), (16, 3, 64, 64), (16, 3, 64, 64))
+    assert note is not None and "x:1x3x64x64,16x3x64x64,16x3x64x64" in note and "--shapes" in note
+
+
+def test_tensorrt_default_profiles_use_the_recorded_sizes():
+    """A transformer's batch and sequence dims, shared by two inputs; the export recorded batch 2, seq 128."""
+    sizes = {"batch": 2, "seq": 128}
+    specs = [TensorSpec(n, ("batch", "seq"), np.dtype(np.int64), dim_sizes=sizes) for n in ("ids", "mask")]
+    profiles, note = complete_profiles(parse_shapes("ids:1x8,4x64,8x128"), specs)
+    assert [p.name for p in profiles] == ["ids", "mask"]
+    mask = profiles[1]
+    assert (mask.min, mask.opt, mask.max) == ((1, 128), (16, 128), (16, 128))
+    assert note is not None and "mask" in note and "ids" not in note.split(":")[0]
+    # a recorded batch larger than 16 is the top of the range
+    big = [TensorSpec("x", ("n", 4), np.dtype(np.float32), dim_sizes={"n": 64})]
+    (prof,), _ = complete_profiles((), big)
+    assert (prof.min, prof.opt, prof.max) == ((1, 4), (64, 4), (64, 4))
+
+
+def test_tensorrt_refuses_to_guess_a_dim_without_a_recorded_size():
+    specs = [TensorSpec("img", ("n", 3, "h", "w"), np.dtype(np.float32), dim_sizes={"h": 224})]
+    with pytest.raises(InvalidInputError, match=r"no recorded size for dim\(s\) w.*--shapes \"img:1x3x1x1,8x3x8x8"):
+        complete_profiles((), specs)
 
 
 @pytest.mark.parametrize(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -50,6 +51,17 @@ def test_strongly_typed_engine_matches_onnxruntime(fp16_model, tmp_path, feeds):
             np.testing.assert_allclose(runner.infer(x)["y"], ref.infer(x)["y"], rtol=1e-2, atol=1e-2)
         with pytest.raises(InvalidInputError, match="optimization profile"):
             runner.infer({"x": np.zeros((17, 8), np.float32)})
+
+
+def test_default_profile_without_shapes(fp16_model, tmp_path, feeds):
+    """No --shapes: the batch dim gets 1-16, as the warning and the sidecar say."""
+    result = build_engine(dataclasses.replace(_cfg(fp16_model, tmp_path), shapes=()))
+    side = json.loads(result.sidecar.read_text())
+    assert side["profiles"][0]["x"] == {"min": [1, 8], "opt": [16, 8], "max": [16, 8]}
+    assert any("no --shapes" in n for n in side["notes"]) and result.notes[0].startswith("no --shapes")
+    with load_engine_runner(result.path) as runner, OrtRunner(fp16_model) as ref:
+        x = {"x": feeds["x"]}
+        np.testing.assert_allclose(runner.infer(x)["y"], ref.infer(x)["y"], rtol=1e-2, atol=1e-2)
 
 
 def test_timing_cache_is_reused(fp16_model, tmp_path):
