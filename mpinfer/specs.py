@@ -255,6 +255,22 @@ def parse_range(text: str, *, what: str = "Range") -> tuple[float, float]:
     return (lo, hi)
 
 
+def batch_symbols(specs: Sequence[TensorSpec]) -> set[str]:
+    """The batch dims: the symbolic dims some input has first.
+
+    Random data, sample axes, parity runs and default TensorRT profiles all size these as the batch.
+    """
+    return {s.shape[0] for s in specs if s.shape and isinstance(s.shape[0], str)}
+
+
+def unnamed_dim(input_name: str, axis: int) -> str:
+    """The symbol of a dynamic dim the model leaves unnamed: one per input and axis (``x.dim0``).
+
+    Two inputs' unnamed dims at the same position need not be the same size.
+    """
+    return f"{input_name}.dim{axis}"
+
+
 def specs_from_onnx(model: object) -> list[TensorSpec]:
     """Return the graph inputs (initializers excluded) of an ``onnx.ModelProto`` as TensorSpecs.
 
@@ -297,7 +313,7 @@ def specs_from_onnx(model: object) -> list[TensorSpec]:
             elif d.HasField("dim_param") and d.dim_param:
                 shape.append(d.dim_param)
             else:
-                shape.append(f"{vi.name}.dim{i}")
+                shape.append(unnamed_dim(vi.name, i))
         rng = ranges.get(vi.name)
         known = {d: sizes[d] for d in shape if isinstance(d, str) and d in sizes}
         specs.append(TensorSpec(vi.name, tuple(shape), dtype, tuple(rng) if rng else None, known))  # type: ignore[arg-type]

@@ -11,7 +11,7 @@ import numpy as np
 
 from mpinfer.backends.base import Runner
 from mpinfer.errors import BackendUnavailableError, format_message
-from mpinfer.specs import TensorSpec, specs_from_onnx
+from mpinfer.specs import TensorSpec, specs_from_onnx, unnamed_dim
 
 logger = logging.getLogger(__name__)
 
@@ -108,7 +108,7 @@ class OrtRunner(Runner):
         specs = []
         for i in self._session.get_inputs():
             dtype = np.dtype(_ORT_TYPES.get(i.type, np.float32))
-            shape = tuple(d if isinstance(d, int) and d > 0 else (d if isinstance(d, str) else f"{i.name}.dim{k}")
+            shape = tuple(d if isinstance(d, int) and d > 0 else (d if isinstance(d, str) else unnamed_dim(i.name, k))
                           for k, d in enumerate(i.shape))
             known = by_name.get(i.name)
             specs.append(TensorSpec(i.name, shape, dtype, known.value_range if known else None,

@@ -18,7 +18,7 @@ import numpy as np
 
 from mpinfer.backends.base import Runner
 from mpinfer.errors import InvalidInputError, ModelLoadError, format_message
-from mpinfer.specs import TensorSpec
+from mpinfer.specs import TensorSpec, unnamed_dim
 
 logger = logging.getLogger(__name__)
 
@@ -130,7 +130,7 @@ class TrtRunner(Runner):
                 if any(d < 0 for d in shape):
                     lo, opt, hi = engine.get_tensor_profile_shape(name, self.profile_index)
                     self._profiles[name] = (tuple(lo), tuple(opt), tuple(hi))
-                dims = tuple(d if d >= 0 else f"{name}.dim{k}" for k, d in enumerate(shape))
+                dims = tuple(d if d >= 0 else unnamed_dim(name, k) for k, d in enumerate(shape))
                 self._specs.append(TensorSpec(name, dims, numpy_dtype(self._dtypes[name][0])))
             else:
                 self._outputs.append(name)

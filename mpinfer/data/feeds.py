@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from mpinfer.errors import InvalidInputError, format_message
-from mpinfer.specs import DEFAULT_DIM_SIZE, TensorSpec, parse_range
+from mpinfer.specs import DEFAULT_DIM_SIZE, TensorSpec, batch_symbols, parse_range
 
 logger = logging.getLogger(__name__)
 
@@ -142,12 +142,8 @@ def random_batch(specs: Sequence[TensorSpec], rng: np.random.Generator,
 
 
 def _batch_dims(specs: Sequence[TensorSpec], batch_size: int) -> dict[str, int]:
-    """Map the leading symbolic dim of each input to ``batch_size``."""
-    dims: dict[str, int] = {}
-    for s in specs:
-        if s.shape and isinstance(s.shape[0], str):
-            dims.setdefault(s.shape[0], batch_size)
-    return dims
+    """Map the batch dims (:func:`mpinfer.specs.batch_symbols`) to ``batch_size``."""
+    return dict.fromkeys(batch_symbols(specs), batch_size)
 
 
 def _guessed_dims(specs: Sequence[TensorSpec], dims: Mapping[str, int]) -> list[str]:
@@ -195,7 +191,7 @@ def sample_axes(specs: Sequence[TensorSpec]) -> dict[str, int | None]:
     or, having none, is fed whole (a scalar sample rate, a fixed table). When no input has a symbolic first
     dim, every input with a first dim holds samples there (a model with a fixed batch size).
     """
-    batch_names = {s.shape[0] for s in specs if s.shape and isinstance(s.shape[0], str)}
+    batch_names = batch_symbols(specs)
     out: dict[str, int | None] = {}
     for s in specs:
         if not s.shape:
@@ -268,7 +264,7 @@ def take_samples(value: np.ndarray, axis: int | None, start: int, stop: int) -> 
 
 def fixed_batch(specs: Sequence[TensorSpec]) -> int | None:
     """The model's fixed batch size: the first dim of its inputs when none of them is symbolic."""
-    if any(s.shape and isinstance(s.shape[0], str) for s in specs):
+    if batch_symbols(specs):
         return None
     return next((s.shape[0] for s in specs if s.shape and isinstance(s.shape[0], int)), None)
 

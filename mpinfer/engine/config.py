@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from mpinfer.errors import InvalidInputError, format_message
-from mpinfer.specs import Precision, TensorSpec, parse_enum
+from mpinfer.specs import Precision, TensorSpec, batch_symbols, parse_enum
 
 # TensorRT's own default builder optimization level (IBuilderConfig.builder_optimization_level): a good
 # trade between build time and engine speed; 4-5 search longer, 0-2 build faster.
@@ -235,7 +235,7 @@ def complete_profiles(
     missing = [s for s in specs if s.symbols and s.name not in covered]
     if not missing:
         return tuple(profiles), None
-    batch = {s.shape[0] for s in missing if isinstance(s.shape[0], str)}
+    batch = batch_symbols(missing)
     sizes = {d: n for s in missing for d, n in s.dim_sizes.items()}
     unknown = sorted({d for s in missing for d in s.symbols if d not in batch and d not in sizes})
     if unknown:

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from mpinfer.specs import TensorSpec
+from mpinfer.specs import TensorSpec, batch_symbols
 
 
 @dataclass
@@ -65,7 +65,7 @@ def parity_dims(specs: Sequence[TensorSpec], runs: int) -> list[dict[str, int]]:
     sample is a size every batched model takes, one audio sample or one pixel is not.
     """
     symbols = sorted({s for spec in specs for s in spec.symbols})
-    batch = {spec.shape[0] for spec in specs if spec.shape and isinstance(spec.shape[0], str)}
+    batch = batch_symbols(specs)
     out = []
     for i in range(runs):
         dims = {}
