@@ -31,6 +31,9 @@ EXTERNAL_DATA_THRESHOLD = 2_000_000_000
 # Highest ONNX IR version that onnxruntime 1.20+ loads; models are written at the lowest IR their opsets
 # allow, never above this.
 MAX_ORT_IR_VERSION = 10
+# Highest default-domain opset `export --opset` and `convert --opset` write (onnxruntime 1.31 loads up to 26;
+# the `--opset` hint of convert never names a higher one).
+MAX_OPSET = 25
 # Tensors at least this big go to the external data file when a model is saved with external data.
 EXTERNAL_DATA_SIZE_THRESHOLD = 1024
 

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import click
 
+from mpinfer.modelio import MAX_OPSET
+
 
 @click.command("convert")
 @click.argument("model", type=click.Path(dir_okay=False, path_type=Path))
@@ -53,7 +55,7 @@ import click
 )
 @click.option(
     "--opset",
-    type=click.IntRange(7, 25),
+    type=click.IntRange(7, MAX_OPSET),
     help="Upgrade the model to this ONNX opset first, e.g. 22 for BF16 Conv/pooling (default: as it is; "
     "with --plan, the plan's).",
 )

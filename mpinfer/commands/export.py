@@ -6,6 +6,8 @@ from pathlib import Path
 
 import click
 
+from mpinfer.modelio import MAX_OPSET
+
 
 @click.command("export")
 @click.argument("source")
@@ -19,7 +21,7 @@ import click
               help="Keep this symbolic dim dynamic (repeatable; default: every symbol in the specs).")
 @click.option("--exporter", type=click.Choice(["auto", "dynamo", "torchscript"]), default="auto", show_default=True,
               help="auto tries dynamo first and falls back to TorchScript, saying why.")
-@click.option("--opset", type=click.IntRange(7, 25), default=None, help="ONNX opset (default: the exporter's).")
+@click.option("--opset", type=click.IntRange(7, MAX_OPSET), default=None, help="ONNX opset (default: the exporter's).")
 @click.option("--atol", type=float, default=1e-4, show_default=True, help="Parity absolute tolerance.")
 @click.option("--rtol", type=float, default=1e-3, show_default=True, help="Parity relative tolerance.")
 @click.option("--output-name", "output_names", multiple=True, help="Name for each model output, in order.")

@@ -538,9 +538,12 @@ def _warn_opset_blocked(nodes: list[NodeDecision], info: Any, precision: Precisi
     """
     from onnx import defs
 
+    from mpinfer.modelio import MAX_OPSET
+
     name = "float16" if precision is Precision.FP16 else "bfloat16"
     opset = info.opsets.get("", 0)
-    blocked: Counter[str] = Counter()
+    blocked: Counter[str] = Counter()  # ops a higher opset that mpinfer writes gives the low type
+    beyond: dict[str, int] = {}  # ops that get it only above MAX_OPSET: the opset that does
     needed = 0
     for n in nodes:
         if n.reason != "rule:keep-fp32" or f"has no {name} type" not in n.detail:
@@ -551,8 +554,11 @@ def _warn_opset_blocked(nodes: list[NodeDecision], info: Any, precision: Precisi
             except defs.SchemaError:
                 break
             if any(f"tensor({name})" in c.allowed_type_strs for c in schema.type_constraints):
-                blocked[n.op_type] += 1
-                needed = max(needed, version)
+                if version <= MAX_OPSET:
+                    blocked[n.op_type] += 1
+                    needed = max(needed, version)
+                else:
+                    beyond[n.op_type] = schema.since_version
                 break
     if blocked:
         quantized = sum(n.reason == "rule:qdq" for n in nodes)
@@ -566,6 +572,15 @@ def _warn_opset_blocked(nodes: list[NodeDecision], info: Any, precision: Precisi
             f", and so do the {quantized} quantized op(s) they feed" if quantized else "",
             needed,
             needed,
+        )
+    if beyond:
+        logger.info(
+            "Op(s) %s stay FP32: ONNX gives them %s only from opset %d, above the highest opset mpinfer writes "
+            "(%d).",
+            ", ".join(sorted(beyond)),
+            name,
+            min(beyond.values()),
+            MAX_OPSET,
         )
 
 

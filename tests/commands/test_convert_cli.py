@@ -281,6 +281,26 @@ def test_opset_upgrade_for_bf16_is_recorded_in_the_plan(invoke, tmp_path, caplog
     assert onnx.load(str(src)).opset_import[0].version == 17  # the input is never modified
 
 
+def test_opset_hint_never_names_an_opset_the_cli_refuses(invoke, tmp_path, caplog):
+    # Range takes float16 only from opset 27, above MAX_OPSET: no "--opset 27" hint (the CLI would refuse it).
+    from mpinfer.modelio import MAX_OPSET
+
+    assert MAX_OPSET < 27
+    nodes = [
+        helper.make_node("Range", ["s", "l", "d"], ["r"], name="range"),
+        helper.make_node("Add", ["x", "r"], ["y"], name="add"),
+    ]
+    scalars = [numpy_helper.from_array(np.array(v, np.float32), n) for n, v in (("s", 0), ("l", 4), ("d", 1))]
+    src = save(make(nodes, [fvi("x", ["N", 4])], [fvi("y", ["N", 4])], scalars, opset=17), tmp_path / "m.onnx")
+    r = invoke("-v", "convert", src, "-o", tmp_path / "a.onnx")
+    assert r.exit_code == 0, r.output
+    text = caplog.text + r.output
+    assert "--opset 27" not in text and "Hint: opset" not in text
+    assert f"Range stay FP32: ONNX gives them float16 only from opset 27, above the highest opset mpinfer writes " \
+        f"({MAX_OPSET})" in text
+    assert invoke("convert", src, "--opset", "27", "-o", tmp_path / "b.onnx").exit_code == 2
+
+
 def test_opset_below_the_models_is_refused(invoke, tmp_path):
     src = save(_conv_model(17), tmp_path / "m.onnx")
     r = invoke("convert", src, "--opset", "13", "-o", tmp_path / "a.onnx")
