@@ -255,6 +255,12 @@ def parse_range(text: str, *, what: str = "Range") -> tuple[float, float]:
     return (lo, hi)
 
 
+def is_float_dtype(dtype: Any) -> bool:
+    """True for numpy's floats and ml_dtypes' bfloat16 (whose numpy kind is ``V``, not ``f``)."""
+    dt = np.dtype(dtype)
+    return dt.kind == "f" or dt.name == "bfloat16"
+
+
 def batch_symbols(specs: Sequence[TensorSpec]) -> set[str]:
     """The batch dims: the symbolic dims some input has first.
 
@@ -271,11 +277,23 @@ def unnamed_dim(input_name: str, axis: int) -> str:
     return f"{input_name}.dim{axis}"
 
 
+def dim_symbol(input_name: str, axis: int, param: str | None) -> str:
+    """The symbol of a dynamic dim: its ``dim_param``, or :func:`unnamed_dim` when it has no real name.
+
+    No name: empty, or punctuation only (Paddle's exports call every dynamic dim ``?``: a batch, a height and
+    a width would otherwise be one dim, set to one size).
+    """
+    if param and any(ch.isalnum() or ch == "_" for ch in param):
+        return param
+    return unnamed_dim(input_name, axis)
+
+
 def specs_from_onnx(model: object) -> list[TensorSpec]:
     """Return the graph inputs (initializers excluded) of an ``onnx.ModelProto`` as TensorSpecs.
 
-    Symbolic dims keep their names; unnamed dynamic dims become ``<input>.dim<i>`` (one name each: two
-    inputs' unnamed dims at the same position need not be the same size). Value ranges come from the
+    Symbolic dims keep their names; unnamed dynamic dims (and those named ``?``) become ``<input>.dim<i>``
+    (:func:`dim_symbol`; one name each: two inputs' unnamed dims at the same position need not be the same
+    size). Value ranges come from the
     model's ``mpinfer.input_ranges`` metadata entry when export wrote one, example sizes of symbolic dims
     (``dim_sizes``) from its ``mpinfer.dim_sizes`` entry.
     """
@@ -310,10 +328,8 @@ def specs_from_onnx(model: object) -> list[TensorSpec]:
         for i, d in enumerate(tt.shape.dim):
             if d.HasField("dim_value") and d.dim_value > 0:
                 shape.append(int(d.dim_value))
-            elif d.HasField("dim_param") and d.dim_param:
-                shape.append(d.dim_param)
             else:
-                shape.append(unnamed_dim(vi.name, i))
+                shape.append(dim_symbol(vi.name, i, d.dim_param if d.HasField("dim_param") else None))
         rng = ranges.get(vi.name)
         known = {d: sizes[d] for d in shape if isinstance(d, str) and d in sizes}
         specs.append(TensorSpec(vi.name, tuple(shape), dtype, tuple(rng) if rng else None, known))  # type: ignore[arg-type]

@@ -11,7 +11,7 @@ import numpy as np
 
 from mpinfer.backends.base import Runner
 from mpinfer.errors import BackendUnavailableError, format_message
-from mpinfer.specs import TensorSpec, specs_from_onnx, unnamed_dim
+from mpinfer.specs import TensorSpec, dim_symbol, specs_from_onnx
 
 logger = logging.getLogger(__name__)
 
@@ -108,8 +108,10 @@ class OrtRunner(Runner):
         specs = []
         for i in self._session.get_inputs():
             dtype = np.dtype(_ORT_TYPES.get(i.type, np.float32))
-            shape = tuple(d if isinstance(d, int) and d > 0 else (d if isinstance(d, str) else unnamed_dim(i.name, k))
-                          for k, d in enumerate(i.shape))
+            shape = tuple(
+                d if isinstance(d, int) and d > 0 else dim_symbol(i.name, k, d if isinstance(d, str) else None)
+                for k, d in enumerate(i.shape)
+            )
             known = by_name.get(i.name)
             specs.append(TensorSpec(i.name, shape, dtype, known.value_range if known else None,
                                     dict(known.dim_sizes) if known else {}))

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from mpinfer.compare.divergence import SKIP_OPS, TensorAcc
+from mpinfer.specs import is_float_dtype
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +59,7 @@ def _body_tensors(model: Any, *, skip_ops: bool) -> list[str]:
 
 
 def _is_float(x: Any) -> bool:
-    return isinstance(x, np.ndarray) and (x.dtype.kind == "f" or x.dtype.name == "bfloat16")
+    return isinstance(x, np.ndarray) and is_float_dtype(x.dtype)
 
 
 class _Pairing:

@@ -19,7 +19,7 @@ from mpinfer.compare.checks import Check, parse_checks
 from mpinfer.compare.metrics import OutputAccumulator
 from mpinfer.compare.result import CandidateResult, ComparisonResult, LatencyResult, OutputMetrics
 from mpinfer.errors import InvalidInputError, ModelLoadError, MpinferError, format_message
-from mpinfer.specs import TensorSpec
+from mpinfer.specs import TensorSpec, is_float_dtype
 
 logger = logging.getLogger(__name__)
 
@@ -108,10 +108,34 @@ def _activate(stack: contextlib.ExitStack, spec: str, role: str, cfg: CompareCon
         )
         stack.enter_context(runner)
     except MpinferError as err:
-        raise ModelLoadError(f"{role} '{spec}' could not be loaded: {err}") from err
+        raise ModelLoadError(_with_hint(f"{role} '{spec}' could not be loaded: {err}", spec, role, cfg)) from err
     except (OSError, ValueError, RuntimeError) as err:
-        raise ModelLoadError(f"{role} '{spec}' could not be loaded: {type(err).__name__}: {err}") from err
+        message = f"{role} '{spec}' could not be loaded: {type(err).__name__}: {err}"
+        raise ModelLoadError(_with_hint(message, spec, role, cfg)) from err
     return runner
+
+
+def _with_hint(message: str, spec: str, role: str, cfg: CompareConfig) -> str:
+    """A load error, plus for a BF16 candidate ONNX Runtime refuses how to compare it on this machine anyway."""
+    if role != "Candidate" or cfg.numerics != "ort" or not str(spec).endswith(".onnx"):
+        return message
+    try:
+        from mpinfer.modelio import iter_graphs, load_onnx
+
+        model = load_onnx(spec, load_external_data=False)
+    except (MpinferError, OSError, ValueError):
+        return message
+    bf16 = 16  # TensorProto.BFLOAT16
+    if not any(
+        t.data_type == bf16 for g in iter_graphs(model.graph) for t in g.initializer
+    ) and not any(
+        a.name == "to" and a.i == bf16 for g in iter_graphs(model.graph) for n in g.node for a in n.attribute
+    ):
+        return message
+    return message.rstrip(". ") + (
+        ". Hint: the model computes in BF16, which ONNX Runtime's CPU provider does not run for most ops;"
+        " compare it with `--numerics strict` (mpinfer's BF16 emulator), or on a GPU."
+    )
 
 
 def _check_specs(base: Sequence[TensorSpec], cand: Sequence[TensorSpec], bname: str, cname: str) -> None:
@@ -177,7 +201,7 @@ def _check_batch_outputs(bout: Mapping[str, np.ndarray], cout: Mapping[str, np.n
                     "both models must agree",
                 )
             )
-        if (b.dtype.kind == "f") != (c.dtype.kind == "f"):
+        if is_float_dtype(b.dtype) != is_float_dtype(c.dtype):
             raise InvalidInputError(
                 format_message(
                     f"Candidate '{cname}': output '{name}'",

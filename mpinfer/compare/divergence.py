@@ -142,7 +142,9 @@ def _with_outputs(model: Any, names: Sequence[str]) -> Any:
 
 
 def _accumulate(accs: Mapping[str, TensorAcc], name: str, b: Any, c: Any) -> None:
-    if c is not None and np.asarray(b).dtype.kind == "f" and np.asarray(c).dtype.kind == "f":
+    from mpinfer.specs import is_float_dtype
+
+    if c is not None and is_float_dtype(np.asarray(b).dtype) and is_float_dtype(np.asarray(c).dtype):
         accs[name].update(b, c)
 
 

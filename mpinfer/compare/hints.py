@@ -107,14 +107,14 @@ def speed_hints(model: Any, plan_nodes: dict[str, dict[str, Any]] | None = None)
             bad = _misaligned_dims(node, shapes)
             if bad:
                 what = ", ".join(f"{w} {v}" for w, v in bad)
+                kind = "BF16" if types.get(node.input[0]) == TensorProto.BFLOAT16 else "FP16"
                 hints.append(
                     SpeedHint(
                         "alignment",
                         node.name,
                         node.op_type,
-                        f"FP16 {node.op_type} '{node.name}' has {what}, not a multiple of {ALIGNMENT}: "
-                        "Tensor Cores "
-                        "need aligned shapes, so it gains little from FP16.",
+                        f"{kind} {node.op_type} '{node.name}' has {what}, not a multiple of {ALIGNMENT}: "
+                        f"Tensor Cores need aligned shapes, so it gains little from {kind}.",
                         f"pad the layer to a multiple of {ALIGNMENT} in the model, or keep it FP32 "
                         f"(`mpinfer convert --keep-node '{node.name}'`) and save the casts.",
                     )
@@ -215,8 +215,13 @@ def _summary_from_plan(plan_path: Path) -> dict[str, Any] | None:
         plan = json.loads(plan_path.read_text())
         plan_counts = Counter(str(n.get("precision", "fp32")) for n in plan.get("nodes", []))
         summ = plan.get("summary", {})
-        total = int(summ.get("nodes_total", sum(plan_counts.values())))
         low = int(summ.get("nodes_low", sum(v for k, v in plan_counts.items() if k in ("fp16", "bf16"))))
+        # float nodes, as the plan's own share counts them: index-like (shape arithmetic) nodes left out
+        total = sum(
+            1
+            for n in plan["nodes"]
+            if n.get("reason") != "rule:index-like" or n.get("precision") in ("fp16", "bf16")
+        )
         return {
             "source": str(plan_path),
             "precision": plan.get("precision"),

@@ -222,15 +222,20 @@ class OutputAccumulator:
         s = self.s
         bad = s["nonfinite"] > 0
         n = s["n"]
+
+        def quantile(hist: Any, q: float, top: float) -> float | None:  # a bin's edge never above the exact max
+            v = hist.quantile(q)
+            return v if v is None or bad else min(v, top)
+
         out: dict[str, float | None] = {
             "max_abs": math.inf if bad else s["max_abs"],
             "mean_abs": s["sum_abs"] / n if n else None,
-            "median_abs": self.hist_abs.quantile(0.5),
-            "p99_abs": self.hist_abs.quantile(0.99),
+            "median_abs": quantile(self.hist_abs, 0.5, s["max_abs"]),
+            "p99_abs": quantile(self.hist_abs, 0.99, s["max_abs"]),
             "max_rel": math.inf if bad else s["max_rel"],
             "mean_rel": s["sum_rel"] / n if n else None,
-            "median_rel": self.hist_rel.quantile(0.5),
-            "p99_rel": self.hist_rel.quantile(0.99),
+            "median_rel": quantile(self.hist_rel, 0.5, s["max_rel"]),
+            "p99_rel": quantile(self.hist_rel, 0.99, s["max_rel"]),
             "cosine": math.nan if bad else _cosine(s["sum_bc"], s["sum_b2"], s["sum_c2"]),
             "snr_db": -math.inf if bad else _snr_db(s["sum_b2"], s["sum_d2"]),
             "nan": s["nan"],

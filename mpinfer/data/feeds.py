@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from mpinfer.errors import InvalidInputError, format_message
-from mpinfer.specs import DEFAULT_DIM_SIZE, TensorSpec, batch_symbols, parse_range
+from mpinfer.specs import DEFAULT_DIM_SIZE, TensorSpec, batch_symbols, parse_range, unnamed_dim
 
 logger = logging.getLogger(__name__)
 
@@ -158,6 +158,23 @@ def _guessed_dims(specs: Sequence[TensorSpec], dims: Mapping[str, int]) -> list[
     return out
 
 
+def _check_dim_names(specs: Sequence[TensorSpec], dims: Mapping[str, int]) -> None:
+    """Every ``--dim`` name is a symbolic dim of some input (a typo would otherwise be ignored in silence)."""
+    known = list(dict.fromkeys(d for s in specs for d in s.shape if isinstance(d, str)))
+    unknown = [name for name in dims if name not in known]
+    if unknown:
+        hint = "'?' is not a name: each dim the model calls '?' is named <input>.dim<axis>" if "?" in unknown else ""
+        raise InvalidInputError(
+            format_message(
+                "--dim",
+                ", ".join(repr(n) for n in unknown) + (" (no such symbolic dim)"),
+                "one of " + ", ".join(repr(n) for n in known) if known else "none: the model's inputs have no "
+                "symbolic dims",
+                hint,
+            )
+        )
+
+
 def _random_source(specs: Sequence[TensorSpec], num_batches: int, batch_size: int | None, seed: int,
                    dims: Mapping[str, int] | None) -> FeedSource:
     bs = batch_size or DEFAULT_BATCH_SIZE
@@ -183,13 +200,19 @@ def _random_source(specs: Sequence[TensorSpec], num_batches: int, batch_size: in
                       num_batches, num_batches * n, guessed_dims=tuple(guessed))
 
 
-def sample_axes(specs: Sequence[TensorSpec]) -> dict[str, int | None]:
+def sample_axes(
+    specs: Sequence[TensorSpec], arrays: Mapping[str, np.ndarray] | None = None
+) -> dict[str, int | None]:
     """The axis of each input that holds samples in data files, or None for an input fed whole with every batch.
 
     Inputs whose first dim is symbolic hold samples on it, and their names are the batch dims; another input
     holds samples on the first dim with one of those names (a recurrent state ``[2, batch, 128]`` on axis 1)
     or, having none, is fed whole (a scalar sample rate, a fixed table). When no input has a symbolic first
     dim, every input with a first dim holds samples there (a model with a fixed batch size).
+
+    With the data's ``arrays``, a state whose dims have no names (``[2, ?, 128]`` beside ``input [?, ?]``)
+    holds samples on its one unnamed dim whose size is the others' sample count (several samples, and no
+    other unnamed dim of that size); otherwise it is fed whole.
     """
     batch_names = batch_symbols(specs)
     out: dict[str, int | None] = {}
@@ -200,6 +223,18 @@ def sample_axes(specs: Sequence[TensorSpec]) -> dict[str, int | None]:
             out[s.name] = 0
         else:
             out[s.name] = next((i for i, d in enumerate(s.shape) if d in batch_names), None)
+    if arrays is not None:
+        counts = {np.shape(arrays[n])[a] for n, a in out.items() if a is not None and n in arrays}
+        n = counts.pop() if len(counts) == 1 else 0
+        for s in specs:
+            if out[s.name] is not None or not s.shape or s.name not in arrays or n < 2:
+                continue
+            shape = np.shape(arrays[s.name])
+            axes = [
+                i for i, d in enumerate(s.shape) if d == unnamed_dim(s.name, i) and i < len(shape) and shape[i] == n
+            ]
+            if len(axes) == 1 and len(shape) == len(s.shape):
+                out[s.name] = axes[0]
     return out
 
 
@@ -218,7 +253,7 @@ def _validate_arrays(arrays: Mapping[str, np.ndarray], specs: Sequence[TensorSpe
             )
         )
     counts = set()
-    axes = sample_axes(specs)
+    axes = sample_axes(specs, arrays)
     for spec in specs:
         arr = arrays[spec.name]
         axis = axes[spec.name]
@@ -271,7 +306,7 @@ def fixed_batch(specs: Sequence[TensorSpec]) -> int | None:
 
 def _sample_count(arrays: Mapping[str, np.ndarray], specs: Sequence[TensorSpec]) -> int:
     """Samples in a file: the sample axis of its first input that has one (1 when every input is fed whole)."""
-    for name, axis in sample_axes(specs).items():
+    for name, axis in sample_axes(specs, arrays).items():
         if axis is not None:
             return int(arrays[name].shape[axis])
     return 1
@@ -280,7 +315,7 @@ def _sample_count(arrays: Mapping[str, np.ndarray], specs: Sequence[TensorSpec])
 def _split(arrays: Mapping[str, np.ndarray], specs: Sequence[TensorSpec], batch_size: int,
            limit: int | None) -> Iterator[dict[str, np.ndarray]]:
     n = _sample_count(arrays, specs)
-    axes = sample_axes(specs)
+    axes = sample_axes(specs, arrays)
     fixed = fixed_batch(specs)
     step = fixed or batch_size
     count = 0
@@ -403,6 +438,7 @@ def load_feeds(
     """
     if not specs:
         raise InvalidInputError("The model has no inputs to feed.")
+    _check_dim_names(specs, dims or {})
     bs = batch_size or DEFAULT_BATCH_SIZE
     if batch_size is not None and batch_size <= 0:
         raise InvalidInputError(format_message("Batch size", batch_size, "a positive integer"))

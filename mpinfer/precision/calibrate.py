@@ -103,6 +103,9 @@ class CalibrationStats(Mapping[str, TensorStats]):
             ``known``).
         sample_bytes: Bytes of the main-graph tensors ONNX Runtime computes for one sample (from the probe), or
             None when it computed none: what holding a run's tensors costs per sample.
+        sample_shapes: The shapes of the graph inputs and of the main-graph tensors ONNX Runtime computed in the
+            probe (one sample, or the first batch when it cannot be cut), or None: sizes static shape inference
+            leaves unknown (``--dim`` sizes, image sides), for FLOP counts.
     """
 
     tensors: dict[str, TensorStats]
@@ -110,6 +113,7 @@ class CalibrationStats(Mapping[str, TensorStats]):
     reference_outputs: list[dict[str, np.ndarray]] | None = field(default=None, repr=False, compare=False)
     reference_tensors: list[dict[str, np.ndarray]] | None = field(default=None, repr=False, compare=False)
     sample_bytes: int | None = field(default=None, compare=False)
+    sample_shapes: dict[str, tuple[int, ...]] | None = field(default=None, repr=False, compare=False)
 
     def __getitem__(self, name: str) -> TensorStats:
         return self.tensors[name]
@@ -338,6 +342,7 @@ class _Passes:
     sample_bytes: int
     _sessions: _Sessions
     _probe_session: Any = None
+    sample_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
     @classmethod
     def probe(cls, sessions: _Sessions, names: list[str], batch: Mapping[str, np.ndarray], slicer: BatchSlicer) -> Any:
@@ -348,12 +353,16 @@ class _Passes:
             logger.warning("ONNX Runtime cannot run the model (%s); calibrating with the numpy emulator", err)
             return None
         sample = slicer.slice(batch, 0, 1) if slicer.rows(batch) > 1 else batch  # a batch that cannot be cut: whole
-        sizes = [np.asarray(v).nbytes for v in _run(sess, names, sample)]
+        values = _run(sess, names, sample)
+        sizes = [np.asarray(v).nbytes for v in values]
+        shapes = {n: tuple(np.shape(v)) for n, v in sample.items()}
+        shapes.update((n, tuple(np.shape(v))) for n, v in zip(names, values, strict=True))
+        del values
         chunks = pack_chunks(names, sizes, MAX_OUTPUTS_PER_SESSION, CALL_BYTES_LIMIT)
         size_of = dict(zip(names, sizes, strict=True))
         totals = [sum(size_of[n] for n in chunk) for chunk in chunks]
         per_call = [max(1, CALL_BYTES_LIMIT // max(1, t)) for t in totals]
-        return cls(chunks, per_call, sum(sizes), sessions, sess if len(chunks) == 1 else None)
+        return cls(chunks, per_call, sum(sizes), sessions, sess if len(chunks) == 1 else None, shapes)
 
     def session(self, index: int) -> Any:
         """The session of pass ``index`` (the probe's own when there is a single pass)."""
@@ -496,7 +505,14 @@ def calibrate(
         first_pass.batches,
         time.perf_counter() - start,
     )
-    return CalibrationStats(results, source, reference, tensors, plan.sample_bytes if plan else None)
+    return CalibrationStats(
+        results,
+        source,
+        reference,
+        tensors,
+        plan.sample_bytes if plan else None,
+        plan.sample_shapes if plan else None,
+    )
 
 
 class _FirstPass:

@@ -7,7 +7,7 @@ inputs of a node may be lowered, and FLOPs.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -134,7 +134,7 @@ class GraphInfo:
                     self.types[vi.name] = tt.elem_type
                 if tt.HasField("shape"):
                     self.shapes[vi.name] = tuple(
-                        d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim
+                        d.dim_value if d.HasField("dim_value") and d.dim_value >= 0 else None for d in tt.shape.dim
                     )
         for init in graph.initializer:
             self.types[init.name] = init.data_type
@@ -265,6 +265,17 @@ class GraphInfo:
             return True
         addr = self.producer.get(name)
         return addr is not None and self.by_address[addr].node.op_type == "Constant"
+
+    def observe_shapes(self, shapes: Mapping[str, tuple[int, ...]]) -> None:
+        """Take the shapes a run measured (calibration's probe) for tensors static inference left unsized.
+
+        A symbolic or unknown dim (``batch``, ``height``, a Paddle export's ``?`` or ``-1``) otherwise counts
+        as 1 in :meth:`flops`, which skews the FLOP shares between nodes at different image sides.
+        """
+        for name, shape in shapes.items():
+            known = self.shapes.get(name)
+            if known is None or len(known) != len(shape) or any(d is None for d in known):
+                self.shapes[name] = tuple(int(d) for d in shape)
 
     def numel(self, name: str) -> int:
         """Element count from inferred shapes (unknown dims count as 1)."""

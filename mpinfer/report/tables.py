@@ -107,7 +107,8 @@ def divergence_lines(cand: CandidateResult) -> list[str]:
     if skipped:
         lines.append(
             "Not compared: "
-            + ", ".join(f"{v} {k.replace('_only_', '-only ').replace('_', ' ')}" for k, v in skipped.items())
+            + ", ".join(f"{v} {_SKIPPED.get(k) or k.replace('_only_', '-only ').replace('_', ' ')}"
+                        for k, v in skipped.items())
             + "."
         )
     return lines + list(d.notes)
@@ -182,6 +183,12 @@ LATENCY_HEADERS = [
 ]
 
 
+# What each "Not compared" count is, where its key alone reads ambiguously.
+_SKIPPED = {
+    "subgraph_nodes": "If/Loop/Scan body nodes with no output compared (a branch not taken, or bodies not run)",
+}
+
+
 def precision_line(cand: CandidateResult) -> str:
     """FP16 share and cast count, with where they come from."""
     p = cand.precision
@@ -190,7 +197,7 @@ def precision_line(cand: CandidateResult) -> str:
     share = f"{100 * float(p.get('low_share') or 0):.0f} %"
     flops = p.get("low_share_flops")
     text = (
-        f"{p.get('nodes_low')}/{p.get('nodes_total')} nodes in {p.get('precision') or 'low precision'} "
+        f"{p.get('nodes_low')}/{p.get('nodes_total')} float nodes in {p.get('precision') or 'low precision'} "
         f"({share}"
     )
     if flops is not None:

@@ -301,6 +301,26 @@ def test_opset_hint_never_names_an_opset_the_cli_refuses(invoke, tmp_path, caplo
     assert invoke("convert", src, "--opset", "27", "-o", tmp_path / "b.onnx").exit_code == 2
 
 
+def test_flops_count_the_sizes_the_data_has(invoke, tmp_path):
+    # A Paddle-style export: batch stored as dim_value -1, image sides symbolic. FLOPs once went negative (-1
+    # multiplied in) and ignored --dim (unknown sides counted as 1): they come from calibration's shapes now.
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+        helper.make_node("GlobalAveragePool", ["c"], ["p"], name="pool"),
+        helper.make_node("Flatten", ["p"], ["f"], name="flat"),
+        helper.make_node("MatMul", ["f", "w2"], ["y"], name="mm"),
+    ]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [-1, 2, "h", "w"])
+    model = make(nodes, [x], [fvi("y", [-1, 3])], [init("w", rng_w(4, 2, 3, 3)), init("w2", rng_w(4, 3))])
+    src = save(model, tmp_path / "m.onnx")
+    r = invoke("convert", src, "--dim", "h=32", "--dim", "w=16", "-o", tmp_path / "a.onnx")
+    assert r.exit_code == 0, r.output
+    flops = {n["name"]: n["stats"]["flops"] for n in json.loads((tmp_path / "a.plan.json").read_text())["nodes"]}
+    assert flops["conv"] == 2 * (4 * 32 * 16) * (2 * 3 * 3)  # per sample: 2 x outputs x (C_in x kH x kW)
+    assert flops["mm"] == 2 * 3 * 4
+    assert all(v >= 0 for v in flops.values()), flops
+
+
 def test_opset_below_the_models_is_refused(invoke, tmp_path):
     src = save(_conv_model(17), tmp_path / "m.onnx")
     r = invoke("convert", src, "--opset", "13", "-o", tmp_path / "a.onnx")

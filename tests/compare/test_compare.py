@@ -187,6 +187,27 @@ def test_strict_numerics_sees_what_ort_hides(mlp_files):
     assert cand.divergence.first_jump is not None and cand.divergence.first_jump.op_type == "Gemm"
 
 
+def test_bf16_candidate_tensors_are_compared_and_blamed(mlp_files, tmp_path):
+    # ml_dtypes' bfloat16 has numpy kind 'V': divergence once skipped every BF16 tensor and blamed FP32 nodes.
+    from mpinfer.precision import ConvertConfig, convert_precision
+    from mpinfer.specs import Precision
+
+    res = convert_precision(
+        ConvertConfig(model=mlp_files["base"], output=tmp_path / "m.bf16.onnx", precision=Precision.BF16,
+                      calibration="random:1", progress=False)
+    )
+    result = compare_models(_cfg(mlp_files["base"], res.output, data=str(mlp_files["big"]), numerics="strict"))
+    div = result.candidates[0].divergence
+    low = {n.name for n in res.plan.nodes if n.precision.value == "bf16" and n.op_type != "Constant"}
+    ranked = {n.address: n for n in div.nodes}
+    assert low and low <= set(ranked), (low, sorted(ranked))
+    assert {ranked[a].precision for a in low} == {"bf16"}
+    assert ranked[div.ranking[0]].precision == "bf16"  # the most error is added where the arithmetic is BF16
+    # Under ONNX Runtime numerics the candidate cannot load on CPU: the error says how to compare it.
+    with pytest.raises(ModelLoadError, match="--numerics strict"):
+        compare_models(_cfg(mlp_files["base"], res.output, data=str(mlp_files["big"])))
+
+
 def test_real_converter_plan_reason_in_report(mlp_files, tmp_path):
     precision = pytest.importorskip("mpinfer.precision", reason="convert stage not in this build")
     ln = str(mlp_files["ln"])

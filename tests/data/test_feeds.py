@@ -160,3 +160,48 @@ def test_unnamed_dims_are_named_per_input():
     specs = specs_from_onnx(helper.make_model(graph))
     # the two inputs' unnamed second dims are unrelated sizes (audio samples vs. batch): never one name
     assert [s.shape for s in specs] == [("input.dim0", "input.dim1"), (2, "state.dim1", 128)]
+
+
+def test_paddles_question_mark_dims_get_a_name_each():
+    from onnx import helper
+
+    from mpinfer.specs import specs_from_onnx
+
+    # Paddle names every dynamic dim '?': batch, height and width would otherwise be one dim of one size
+    x = helper.make_tensor_value_info("x", 1, ["?", 3, "?", "?"])
+    [spec] = specs_from_onnx(helper.make_model(helper.make_graph([], "g", [x], [])))
+    assert spec.shape == ("x.dim0", 3, "x.dim2", "x.dim3")
+    src = load_feeds("random:1", [spec], batch_size=2, dims={"x.dim2": 48, "x.dim3": 192})
+    assert src.first()["x"].shape == (2, 3, 48, 192)
+
+
+def test_a_dim_name_the_model_does_not_have_is_refused():
+    spec = parse_tensor_spec("x:batchx3xheightxwidth:float32")
+    with pytest.raises(InvalidInputError, match=r"received 'hieght'.*expected one of 'batch', 'height', 'width'"):
+        load_feeds("random:1", [spec], dims={"hieght": 48, "width": 64})
+    with pytest.raises(InvalidInputError, match=r"received '\?'.*Hint: '\?' is not a name"):
+        load_feeds("random:1", [spec], dims={"?": 48})
+
+
+def test_an_unnamed_state_holds_samples_where_the_data_says(tmp_path):
+    # silero-vad: input [?, ?], state [2, ?, 128], both unnamed: the state's samples are on its one unnamed dim
+    # whose size is the input's sample count; a state whose unnamed dims could both be it is fed whole
+    from onnx import helper
+
+    from mpinfer.specs import specs_from_onnx
+
+    def specs(*inputs):
+        vis = [helper.make_tensor_value_info(n, 1, shape) for n, shape in inputs]
+        return specs_from_onnx(helper.make_model(helper.make_graph([], "g", vis, [])))
+
+    audio, state = specs(("input", [None, None]), ("state", [2, None, 8]))
+    rng = np.random.default_rng(0)
+    a, s = rng.random((10, 64), dtype=np.float32), rng.random((2, 10, 8), dtype=np.float32)
+    np.savez(tmp_path / "d.npz", input=a, state=s, sr=np.array(16000, np.int64))
+    batches = list(load_feeds(tmp_path / "d.npz", [audio, state, RATE], batch_size=4))
+    assert [b["state"].shape for b in batches] == [(2, 4, 8), (2, 4, 8), (2, 2, 8)]
+    np.testing.assert_array_equal(np.concatenate([b["state"] for b in batches], axis=1), s)
+    two = specs(("state", [2, None, None]))[0]
+    np.savez(tmp_path / "e.npz", input=a, state=rng.random((2, 10, 10), dtype=np.float32))
+    batches = list(load_feeds(tmp_path / "e.npz", [audio, two], batch_size=4))
+    assert [b["state"].shape for b in batches] == [(2, 10, 10)] * 3  # ambiguous: whole, never a guess

@@ -137,7 +137,7 @@ def test_threaded_statistics_equal_one_thread(monkeypatch):
 
 def test_overflow_detected_on_random_feeds_and_round_trip():
     model = _scale_model(1e5)
-    feeds = load_feeds("random:3", specs_from_onnx(model), batch_size=8, dims={"unk__0": 8})
+    feeds = load_feeds("random:3", specs_from_onnx(model), batch_size=8)
     stats = calibrate(model, feeds, progress=False)
     assert stats.is_random and "random data" in stats.warning()
     assert stats.source["kind"] == "random" and stats.source["batches"] == 3
