@@ -156,12 +156,23 @@ def convert_precision(cfg: ConvertConfig) -> ConvertResult:
         # The plan's precision wins (the CLI's --precision default is fp16), and its opset unless one is given.
         loaded = PrecisionPlan.load(cfg.plan)
         cfg = replace(cfg, precision=loaded.precision, opset=cfg.opset if cfg.opset is not None else loaded.opset)
-    check_output_path(plan_out, [cfg.model, cfg.keep_fp32_from], force=True)
+    if cfg.plan is None or Path(cfg.plan).resolve() != plan_out.resolve():  # (re-applied in place: not rewritten)
+        # an existing plan may hold a user's edits: replaced only with --force, like the model beside it
+        check_output_path(plan_out, [cfg.model, cfg.keep_fp32_from], force=cfg.force)
     info, sha, large = _load(cfg)
     verified = None
     if cfg.plan is not None:
         plan = _read_plan(cfg, info, sha)
         expected, search_cost = plan.summary.get("expected_error", {}), plan.summary.get("search")
+        edited = plan.mark_edits()
+        if edited is not None:  # its numbers are the plan's as written: not this model's
+            expected, search_cost = {}, None
+            logger.warning(
+                "Plan '%s' was edited since `mpinfer convert` wrote it (%s): its expected error and search cost "
+                "were for the plan as written and are dropped; measure this model with `mpinfer compare`.",
+                cfg.plan,
+                f"{len(edited)} node(s) now 'user:plan', e.g. {', '.join(edited[:3])}" if edited else "precisions",
+            )
     else:
         plan, expected, search_cost, verified = _make_plan(cfg, info.model, info, sha)
     if large:
@@ -299,10 +310,11 @@ def _make_plan(
     """The plan, its expected error, the search cost, and the search's last verified candidate (or None)."""
     from mpinfer import __version__
     from mpinfer.precision.overflow import overflow_nodes
-    from mpinfer.precision.planner import RuleOptions, rule_plan
+    from mpinfer.precision.planner import RuleOptions, check_overrides, rule_plan
 
     overflow = overflow_nodes(model, cfg.keep_fp32_from) if cfg.keep_fp32_from else {}
     options = RuleOptions(cfg.keep_ops, cfg.low_ops, cfg.keep_nodes, cfg.low_nodes, overflow)
+    check_overrides(info, options)
     stats, feeds, calib_info = _calibrate(cfg, model, info.types)
     if stats is not None and stats.sample_shapes:
         info.observe_shapes(stats.sample_shapes)  # FLOPs at the sizes the data has, not 1 per unknown dim
@@ -339,6 +351,7 @@ def _make_plan(
 
         measured, refs, _ = _search_data(replace(cfg, search_batches=1), model, feeds, stats)
         expected = measure_plan(model, nodes, measured, reference_outputs=refs)
+        _warn_broken(expected, nodes)
     plan = PrecisionPlan(
         source_path=str(cfg.model),
         source_sha256=sha,
@@ -530,6 +543,31 @@ def convert_model(
     result, nodes = apply_validated(info, nodes, precision, keep_io_types=keep_io_types)
     summary = summarize(info, nodes, cast_count=result.cast_count, converted_weights=result.converted_weights)
     return ModelConversion(result.model, nodes, summary)
+
+
+def _warn_broken(expected: Mapping[str, Any], nodes: list[NodeDecision]) -> None:
+    """Say so when the plan's model computes NaN/Inf (or wrong signs) where the FP32 model does not."""
+    import math
+
+    def bad(key: str, limit: float | None = None) -> bool:
+        v = expected.get(key)
+        try:
+            v = float(v)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            return False
+        return not math.isfinite(v) or (limit is not None and v < limit)
+
+    if not (bad("max_abs") or bad("cosine", 0.0)):
+        return
+    forced = [n.name for n in nodes if n.precision.is_low and n.reason in ("user:low-op", "user:low-node")]
+    logger.warning(
+        "The converted model is broken on the calibration data (expected error: max_abs=%s, cosine=%s)%s. Keep "
+        "the overflowing nodes FP32 (--keep-op/--keep-node, fewer --low-*), or pass --budget to let the search "
+        "find what must stay FP32.",
+        expected.get("max_abs"),
+        expected.get("cosine"),
+        f": nodes forced low by --low-op/--low-node overflow, e.g. {', '.join(forced[:3])}" if forced else "",
+    )
 
 
 def _warn_opset_blocked(nodes: list[NodeDecision], info: Any, precision: Precision) -> None:

@@ -69,10 +69,16 @@ def check_not_low(model: Any, path: str, *, force: bool) -> Any:
 
 
 def upcast_to_fp32(model: Any) -> Any:
-    """A copy of ``model`` with every FP16/BF16 tensor, cast target and dtype attribute made FP32."""
+    """A copy of ``model`` with every FP16/BF16 tensor, cast target and dtype attribute made FP32.
+
+    The Casts between float types that the earlier conversion put at its precision boundaries are identities
+    once everything is FP32: they are removed (an Identity where the Cast made a graph output), so re-planning
+    sees the model's own nodes and sets its own Casts, never a Cast of a Cast.
+    """
     import onnx
     from onnx import numpy_helper
 
+    float_casts = _float_casts(model)
     m = onnx.ModelProto()
     m.CopyFrom(model)
     for g in iter_graphs(m.graph):
@@ -90,7 +96,69 @@ def upcast_to_fp32(model: Any) -> Any:
                     a.t.CopyFrom(
                         numpy_helper.from_array(numpy_helper.to_array(a.t).astype(np.float32), a.t.name)
                     )
+    graphs = list(iter_graphs(m.graph))
+    for gi, g in enumerate(graphs):
+        _drop_casts(g, [g.node[ni] for gj, ni in sorted(float_casts) if gj == gi])
     return m
+
+
+def _float_casts(model: Any) -> set[tuple[int, int]]:
+    """(graph, node) positions, in :func:`iter_graphs` order, of the Casts from a float tensor to a float type."""
+    from mpinfer.precision.graphinfo import GraphInfo
+
+    types = GraphInfo(model).types
+    floats = (FLOAT, *LOW_TYPES)
+    out = set()
+    for gi, g in enumerate(iter_graphs(model.graph)):
+        for ni, node in enumerate(g.node):
+            if node.op_type != "Cast" or node.domain not in ("", "ai.onnx") or not node.input:
+                continue
+            to = next((a.i for a in node.attribute if a.name == "to"), None)
+            if to in floats and types.get(node.input[0]) in floats:
+                out.add((gi, ni))
+    return out
+
+
+def _drop_casts(graph: Any, casts: list[Any]) -> None:
+    """Remove ``casts`` (FP32->FP32 now) from ``graph``, their consumers reading their inputs instead.
+
+    A Cast that makes one of the graph's outputs hands the output's name to the node that computes its
+    input (an Identity instead when that is a graph input, an initializer or another output).
+    """
+    outputs = {o.name for o in graph.output}
+    produced = {o: n for n in graph.node for o in n.output if o}
+    renames: dict[str, str] = {}  # tensor name -> the name its uses read instead
+    for cast in casts:
+        src, dst = cast.input[0], cast.output[0]
+        if dst not in outputs:
+            renames[dst] = src
+        elif src in produced and src not in outputs and src not in renames.values():
+            producer = produced[src]
+            producer.output[list(producer.output).index(src)] = dst
+            renames[src] = dst
+        else:
+            cast.op_type = "Identity"
+            del cast.attribute[:]
+            continue
+        graph.node.remove(cast)  # a Cast has no bodies: the other nodes (and their bodies) stay as they are
+    if not renames:
+        return
+
+    def resolve(name: str) -> str:
+        seen = set()
+        while name in renames and name not in seen:
+            seen.add(name)
+            name = renames[name]
+        return name
+
+    for g in iter_graphs(graph):  # outer-scope uses inside bodies too
+        for node in g.node:
+            for i, name in enumerate(node.input):
+                if name in renames:
+                    node.input[i] = resolve(name)
+    stale = [vi for vi in graph.value_info if vi.name in renames]
+    for vi in stale:
+        graph.value_info.remove(vi)
 
 
 def ensure_opset(model: Any, precision: Precision, *, opset: int | None = None) -> Any:

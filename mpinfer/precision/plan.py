@@ -38,8 +38,35 @@ REASON_CODES = frozenset(
         "overflow-json",
         "unknown-op",
         "custom-domain",
+        "user:plan",
     }
 )
+# Reasons that only ever come with FP32, or only with the low precision: a node of the plan file whose
+# precision contradicts its reason was edited by hand (rule:follow says which way in its detail).
+FP32_REASONS = frozenset(
+    {
+        "rule:keep-fp32",
+        "rule:qdq",
+        "range:overflow",
+        "range:underflow",
+        "weights:out-of-range",
+        "sensitivity",
+        "user:keep-op",
+        "user:keep-node",
+        "overflow-json",
+        "unknown-op",
+        "custom-domain",
+    }
+)
+LOW_REASONS = frozenset({"rule:fp16-safe", "user:low-op", "user:low-node"})
+
+
+def precisions_digest(nodes: Sequence[NodeDecision]) -> str:
+    """A short digest of every node's precision: the summary records it, so an edited plan file is known."""
+    import hashlib
+
+    text = "".join(f"{n.name}={n.precision.value}\n" for n in nodes)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 @dataclass
@@ -100,6 +127,31 @@ class PrecisionPlan:
         """Address → precision for every node."""
         return {n.name: n.precision for n in self.nodes}
 
+    def mark_edits(self) -> list[str] | None:
+        """Relabel the nodes whose precision was edited in the file since ``mpinfer convert`` wrote it.
+
+        Returns:
+            None when the precisions are those the plan was written with (or the plan predates the digest),
+            else the nodes now labelled ``user:plan`` (those whose reason contradicts their precision; an edit
+            of a node whose reason allows both is known only from the digest).
+        """
+        recorded = self.summary.get("precisions_digest")
+        if not recorded or recorded == precisions_digest(self.nodes):
+            return None
+        edited = []
+        for n in self.nodes:
+            if n.reason == "rule:follow":
+                contradicts = n.detail.endswith("inputs are low precision") != n.precision.is_low
+            else:
+                contradicts = (n.reason in FP32_REASONS and n.precision.is_low) or (
+                    n.reason in LOW_REASONS and not n.precision.is_low
+                )
+            if contradicts:
+                n.detail = f"set to {n.precision.value} in the plan file (was {n.reason}: {n.detail})"
+                n.reason = "user:plan"
+                edited.append(n.name)
+        return edited
+
     def reasons(self) -> dict[str, int]:
         """Count of nodes per reason code."""
         out: dict[str, int] = {}
@@ -152,7 +204,22 @@ class PrecisionPlan:
             )
         try:
             precision = Precision.parse(data["precision"])
-            nodes = [_node_from_dict(n, precision, origin) for n in data["nodes"]]
+            entries = data["nodes"]
+            if not isinstance(entries, list) or not all(isinstance(n, Mapping) for n in entries):
+                raise TypeError("'nodes' is not a list of node entries")
+            nodes = [_node_from_dict(n, precision, origin) for n in entries]
+            seen: dict[str, NodeDecision] = {}
+            for n in nodes:
+                if n.name in seen:
+                    raise InvalidInputError(
+                        format_message(
+                            f"Plan '{origin}': node '{n.name}'",
+                            f"two entries ({seen[n.name].precision.value} and {n.precision.value})",
+                            "one entry per node",
+                            "delete one of them",
+                        )
+                    )
+                seen[n.name] = n
             src = data.get("source") or {}
             opset = data.get("opset")
             if opset is not None and (isinstance(opset, bool) or not isinstance(opset, int) or opset < 1):
@@ -234,7 +301,10 @@ class PrecisionPlan:
 
 
 def _node_from_dict(d: Mapping[str, Any], precision: Precision, origin: str) -> NodeDecision:
-    p = Precision.parse(d["precision"])
+    try:
+        p = Precision.parse(d["precision"])
+    except InvalidInputError as err:
+        raise InvalidInputError(f"Plan '{origin}': node '{d.get('name')}': {err}") from err
     if p.is_low and p is not precision:
         raise InvalidInputError(
             format_message(

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mpinfer.precision.graphinfo import FLOAT, GraphInfo
-from mpinfer.precision.plan import NodeDecision
+from mpinfer.precision.plan import NodeDecision, precisions_digest
 from mpinfer.precision.resolve import resolve_precisions
 from mpinfer.precision.rules import Decision, Kind, NodeClassifier, RuleContext, default_rules, shape_subgraph
 from mpinfer.specs import Precision
@@ -26,6 +26,67 @@ class RuleOptions:
     keep_nodes: tuple[str, ...] = ()
     low_nodes: tuple[str, ...] = ()
     overflow_nodes: Mapping[str, str] = field(default_factory=dict)
+
+
+def check_overrides(info: GraphInfo, options: RuleOptions) -> None:
+    """Refuse contradicting overrides and say which ones match nothing (a typo would be a silent no-op).
+
+    Raises:
+        InvalidInputError: An op type in both --keep-op and --low-op, a pattern in both --keep-node and
+            --low-node, or an op type ONNX does not know.
+    """
+    import difflib
+
+    from onnx import defs
+
+    from mpinfer.errors import InvalidInputError, format_message
+    from mpinfer.precision.rules import _compile
+
+    for what, keep, low in (("op type", options.keep_ops, options.low_ops), ("node pattern", options.keep_nodes,
+                                                                             options.low_nodes)):
+        both = sorted(set(keep) & set(low))
+        if both:
+            flag = "op" if what == "op type" else "node"
+            raise InvalidInputError(
+                format_message(
+                    f"--keep-{flag} and --low-{flag}",
+                    f"the {what} {', '.join(repr(b) for b in both)} in both",
+                    "each in one of them",
+                    f"--keep-{flag} would win; drop it from the one you did not mean",
+                )
+            )
+    present = sorted({ref.node.op_type for ref in info.nodes})
+    known = {schema.name for schema in defs.get_all_schemas_with_history()}
+    for flag, ops in (("--keep-op", options.keep_ops), ("--low-op", options.low_ops)):
+        for op in ops:
+            if op in present:
+                continue
+            close = (
+                [p for p in present if p.lower() == op.lower()]
+                or difflib.get_close_matches(op, present, n=1, cutoff=0.6)
+                or difflib.get_close_matches(op, sorted(known), n=1, cutoff=0.6)
+            )
+            if op not in known:
+                raise InvalidInputError(
+                    format_message(
+                        flag,
+                        repr(op),
+                        "an ONNX op type (case matters)",
+                        f"did you mean {close[0]!r}?" if close else f"the model's op types: {', '.join(present)}",
+                    )
+                )
+            logger.warning("%s %s: the model has no %s node, so it changes nothing.", flag, op, op)
+    addresses = [ref.address for ref in info.nodes]
+    for flag, patterns in (("--keep-node", options.keep_nodes), ("--low-node", options.low_nodes)):
+        for pattern in patterns:
+            rx = _compile(pattern)
+            if not any(rx.search(a) for a in addresses):
+                logger.warning(
+                    "%s '%s' matches no node, so it changes nothing (node names look like %s).",
+                    flag,
+                    pattern,
+                    ", ".join(repr(a) for a in addresses[:3]),
+                )
 
 
 def classify_nodes(
@@ -112,6 +173,7 @@ def summarize(
         "low_share_flops": round(low_flops / total_flops, 6),
         "low_share_weight_bytes": round(low_w / total_w, 6) if total_w else 0.0,
         "cast_count": int(cast_count),
+        "precisions_digest": precisions_digest(nodes),
         "expected_error": dict(expected_error or {}),
         "reasons": dict(sorted(reasons.items())),
     }

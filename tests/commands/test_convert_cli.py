@@ -75,6 +75,41 @@ def test_overrides(invoke, model_path, tmp_path):
     assert nodes["softmax"]["reason"] == "user:low-op" and nodes["softmax"]["precision"] == "bf16"
 
 
+@pytest.mark.parametrize(
+    ("args", "pattern"),
+    [
+        (("--keep-op", "Softmx"), r"--keep-op: received 'Softmx', expected an ONNX op type.*did you mean 'Softmax'"),
+        (("--low-op", "relu"), r"--low-op: received 'relu'.*did you mean 'Relu'"),
+        (("--keep-op", "Relu", "--low-op", "Relu"), r"--keep-op and --low-op: received the op type 'Relu' in both"),
+        (("--keep-node", "fc.*", "--low-node", "fc.*"), r"--keep-node and --low-node: received .*'fc\.\*' in both"),
+    ],
+)
+def test_overrides_that_contradict_or_name_no_op_are_refused(invoke, model_path, tmp_path, args, pattern):
+    r = invoke("convert", model_path, *args, "--calibration", "none", "-o", tmp_path / "o.onnx")
+    assert_user_error(r, pattern)
+    assert not (tmp_path / "o.onnx").exists()
+
+
+def test_overrides_that_match_nothing_are_named(invoke, model_path, tmp_path, caplog):
+    # valid, but absent from this model: a silent no-op before (the README's --keep-op Softmax on digits)
+    r = invoke("convert", model_path, "--keep-op", "Conv", "--keep-node", "head/.*", "--calibration", "none",
+               "-o", tmp_path / "o.onnx")
+    assert r.exit_code == 0, r.output
+    text = caplog.text + r.output
+    assert "--keep-op Conv: the model has no Conv node, so it changes nothing" in text
+    assert "--keep-node 'head/.*' matches no node, so it changes nothing" in text
+
+
+def test_a_forced_low_plan_that_overflows_is_said(invoke, model_path, tmp_path, caplog):
+    x = (np.random.default_rng(0).standard_normal((16, 8)) * 1e6).astype(np.float32)
+    cal = _npz(tmp_path / "big.npz", x=x)
+    r = invoke("convert", model_path, "--calibration", cal, "--low-op", "MatMul", "-o", tmp_path / "o.onnx")
+    assert r.exit_code == 0, r.output  # the user asked for it: written, and said loudly
+    text = caplog.text + r.output
+    assert "The converted model is broken on the calibration data" in text
+    assert "nodes forced low by --low-op/--low-node overflow, e.g. fc1" in text
+
+
 def test_not_onnx(invoke, tmp_path):
     bad = tmp_path / "bad.onnx"
     bad.write_text("hello, not a model")
@@ -130,6 +165,13 @@ def test_already_fp16(invoke, model_path, tmp_path):
     assert not (tmp_path / "b.onnx").exists()
     forced = invoke("convert", first, "--calibration", "none", "--force", "-o", tmp_path / "b.onnx")
     assert forced.exit_code == 0, forced.output
+    # Re-planned from FP32: the first conversion's Casts are gone, not retargeted into Casts of Casts, and
+    # the plan counts the model's own nodes, with the Casts it sets (the same ones as the first time).
+    a, b = onnx.load(str(first)), onnx.load(str(tmp_path / "b.onnx"))
+    assert [n.op_type for n in b.graph.node] == [n.op_type for n in a.graph.node]
+    plan = json.loads((tmp_path / "b.plan.json").read_text())
+    assert [n["name"] for n in plan["nodes"]] == [n.name for n in mlp().graph.node]
+    assert plan["summary"]["cast_count"] == sum(n.op_type == "Cast" for n in b.graph.node)
 
 
 @pytest.mark.parametrize(

@@ -58,6 +58,36 @@ def test_edited_plan_reapplied(converted, tmp_path):
     m = onnx.load(str(out.output))
     fc2 = next(n for n in m.graph.node if n.name == "fc2")
     assert fc2.input[0].endswith("__cast_to_fp32")
+    # The edit is said: fc2's reason (rule:fp16-safe) no longer fits it, and the plan's numbers were for the
+    # plan as written, so they are not carried into the re-applied plan.
+    entry = next(n for n in out.plan.nodes if n.name == "fc2")
+    assert entry.reason == "user:plan"
+    assert entry.detail.startswith("set to fp32 in the plan file (was rule:fp16-safe")
+    assert out.plan.summary["expected_error"] == {} and "search" not in out.plan.summary
+    again = json.loads(out.plan_path.read_text())
+    assert next(n for n in again["nodes"] if n["name"] == "fc2")["reason"] == "user:plan"
+    # An unedited plan keeps its reasons and numbers.
+    same = convert_precision(ConvertConfig(model=src, output=tmp_path / "same.onnx", plan=res.plan_path))
+    assert [n.reason for n in same.plan.nodes] == [n.reason for n in res.plan.nodes]
+    assert same.plan.summary["expected_error"] == res.plan.summary["expected_error"]
+    assert "user:plan" not in same.plan.reasons()
+
+
+def test_malformed_plan_entries_are_named(converted, tmp_path):
+    src, res = converted
+    data = json.loads(res.plan_path.read_text())
+    bad = tmp_path / "bad.plan.json"
+    for change, pattern in (
+        (lambda d: d["nodes"].append(dict(d["nodes"][0], precision="fp32")), r"node 'fc1'.*two entries"),
+        (lambda d: d["nodes"][1].update(precision="fp8"), r"Plan '.*bad.plan.json': node 'add1'.*'fp8'"),
+        (lambda d: d.update(nodes="abc"), r"'nodes' is not a list of node entries"),
+    ):
+        copy = json.loads(json.dumps(data))
+        change(copy)
+        bad.write_text(json.dumps(copy))
+        with pytest.raises(InvalidInputError, match=pattern):
+            convert_precision(ConvertConfig(model=src, output=tmp_path / "x.onnx", plan=bad))
+        assert not (tmp_path / "x.onnx").exists()
 
 
 def test_plan_for_other_model_refused(converted, tmp_path):
