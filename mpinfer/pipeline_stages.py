@@ -451,10 +451,29 @@ BUILD_LOOSE_TYPES: dict[str, Any] = {
 }
 
 
+# Values the stages parse from strings, parsed again before any stage runs: a typo in the last stage's table
+# fails at once, not after training. (stage, key) -> (module, parser)
+VALUE_PARSERS = {
+    ("convert", "budget"): ("mpinfer.precision.budget", "parse_budget"),
+    ("compare", "checks"): ("mpinfer.compare.checks", "parse_checks"),
+}
+
+
 def _checker(stage: str, module: str, name: str, loose: Mapping[str, Any] | None = None) -> Any:
     def check(section: Mapping[str, Any]) -> None:
         (cls,) = import_api(stage, module, name)
         check_table(cls, section, stage, loose=loose)
+        hints = typing.get_type_hints(cls)
+        for key, value in section.items():
+            parser = VALUE_PARSERS.get((stage, key))
+            try:
+                if parser is not None and value:
+                    (parse,) = import_api(stage, *parser)
+                    parse(value)
+                elif isinstance(value, str) and "Precision" in str(hints.get(key)):
+                    Precision.parse(value)
+            except InvalidInputError as err:
+                raise InvalidInputError(f"Pipeline table [{stage}] {key} = {value!r}: {err}") from err
 
     return check
 

@@ -233,6 +233,10 @@ def test_malformed_tables_are_user_errors(tmp_path, text, match):
         ('[compare]\ncandidates = "m.onnx"\n', r"\[compare\] candidates = 'm.onnx'.*expected a list"),
         ('[build_engine]\nmodel = "m.onnx"\ndevice = 3\n', r"\[build_engine\] device = 3.*a string"),
         ('[report]\nformats = "md"\n', r"\[report\] formats = 'md'.*expected a list"),
+        # values the stages parse from strings are parsed up front too
+        ('[convert]\nmodel = "m.onnx"\nbudget = "cosine>="\n', r"\[convert\] budget = 'cosine>=': .*cosine>="),
+        ('[convert]\nmodel = "m.onnx"\nprecision = "fp8"\n', r"\[convert\] precision = 'fp8': .*fp16"),
+        ('[compare]\nbaseline = "m.onnx"\nchecks = "cosine>>1"\n', r"\[compare\] checks = 'cosine>>1'"),
     ],
 )
 def test_wrong_value_types_are_refused_before_any_stage_runs(tmp_path, table, match):
