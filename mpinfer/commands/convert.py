@@ -66,6 +66,12 @@ from mpinfer.modelio import MAX_OPSET
     "--batch-size", type=click.IntRange(min=1), help="Calibration samples per batch (default 16, or the model's)."
 )
 @click.option("--dim", "dims", multiple=True, help="Size of a symbolic dim for random data, e.g. height=48.")
+@click.option(
+    "--image-preprocess",
+    metavar="SPEC",
+    help="For a --calibration folder of images: size=HxW,mean=a/b/c,std=a/b/c,scale=255,layout=nchw|nhwc,"
+    "mode=RGB|L|BGR.",
+)
 @click.pass_context
 def convert(
     ctx: click.Context,
@@ -88,6 +94,7 @@ def convert(
     max_batches: int | None,
     batch_size: int | None,
     dims: tuple[str, ...],
+    image_preprocess: str | None,
 ) -> None:
     """Convert an FP32 ONNX model to mixed FP16/BF16, keeping FP32 exactly where it is needed.
 
@@ -123,6 +130,7 @@ def convert(
         max_batches=max_batches,
         batch_size=batch_size,
         dims=parse_dims(dims),
+        image_preprocess=image_preprocess,
         progress=not quiet,
     )
     result = convert_precision(cfg)

@@ -58,6 +58,8 @@ class ConvertConfig:
         max_batches: Cap on calibration batches.
         batch_size: Calibration batch size.
         dims: Sizes of symbolic dims for random calibration data (``{"height": 48}``).
+        image_preprocess: Preprocessing of a calibration folder of images (``size=HxW,mean=..,std=..,mode=L``;
+            :class:`mpinfer.data.ImagePreprocess`).
         search_batches: Calibration batches the budget search evaluates.
         progress: Show progress bars.
     """
@@ -81,6 +83,7 @@ class ConvertConfig:
     max_batches: int | None = None
     batch_size: int | None = None
     dims: Mapping[str, int] = field(default_factory=dict)
+    image_preprocess: str | None = None
     search_batches: int = 2
     progress: bool = True
 
@@ -438,7 +441,13 @@ def _calibrate(
         return None, None, None
     specs = specs_from_onnx(model)
     feeds = load_feeds(
-        cfg.calibration, specs, batch_size=cfg.batch_size, num_batches=cfg.max_batches, seed=cfg.seed, dims=cfg.dims
+        cfg.calibration,
+        specs,
+        batch_size=cfg.batch_size,
+        num_batches=cfg.max_batches,
+        seed=cfg.seed,
+        dims=cfg.dims,
+        image_preprocess=cfg.image_preprocess,
     )
     if feeds.is_random:
         logger.warning(

@@ -110,6 +110,25 @@ def test_a_forced_low_plan_that_overflows_is_said(invoke, model_path, tmp_path, 
     assert "nodes forced low by --low-op/--low-node overflow, e.g. fc1" in text
 
 
+def test_a_folder_of_images_calibrates_with_its_preprocessing(invoke, tmp_path):
+    from PIL import Image
+
+    nodes = [helper.make_node("Conv", ["x", "w"], ["y"], name="conv", pads=[1, 1, 1, 1])]
+    model = make(nodes, [fvi("x", ["N", 1, 8, 8])], [fvi("y", ["N", 2, 8, 8])], [init("w", rng_w(2, 1, 3, 3))])
+    src = save(model, tmp_path / "m.onnx")
+    (tmp_path / "imgs").mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(6):
+        Image.fromarray(rng.integers(0, 256, (8, 8), dtype=np.uint8), mode="L").save(tmp_path / "imgs" / f"{i}.png")
+    r = invoke("convert", src, "--calibration", tmp_path / "imgs", "--image-preprocess", "mode=L,scale=255",
+               "-o", tmp_path / "o.onnx")
+    assert r.exit_code == 0, r.output
+    plan = json.loads((tmp_path / "o.plan.json").read_text())
+    assert plan["calibration"]["kind"] == "images" and plan["calibration"]["samples"] == 6
+    assert_user_error(invoke("convert", src, "--calibration", tmp_path / "imgs", "--image-preprocess", "colour=L",
+                             "-o", tmp_path / "p.onnx"), "colour")
+
+
 def test_not_onnx(invoke, tmp_path):
     bad = tmp_path / "bad.onnx"
     bad.write_text("hello, not a model")
