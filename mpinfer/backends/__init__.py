@@ -59,6 +59,15 @@ def open_runner(
 
         return TorchRunner(text, device=device, name=label)
     path = Path(text)
+    if path.is_dir():
+        raise ModelLoadError(
+            format_message(
+                f"Model '{text}'",
+                "a directory",
+                "an .onnx file, an engine, or file.py:factory[@weights]",
+                "name the model file inside it (a model folder is exported first: mpinfer export FOLDER -o m.onnx)",
+            )
+        )
     if not path.is_file():
         raise ModelLoadError(
             format_message(

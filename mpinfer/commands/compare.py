@@ -3,20 +3,39 @@
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import click
 
 from mpinfer.compare.metrics import METRIC_DOCS
 
+logger = logging.getLogger(__name__)
+# Options that only shape the latency measurement: warned about when given without --latency.
+LATENCY_OPTIONS = ("batch_sizes", "iterations", "warmup", "time_budget")
+
 
 def _ints(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[int, ...]:
     if not value:
         return ()
     try:
-        return tuple(int(v) for v in value.split(","))
+        sizes = tuple(int(v) for v in value.split(","))
     except ValueError as err:
         raise click.BadParameter(f"{value!r}: write comma-separated integers, e.g. 1,8,32") from err
+    if any(b < 1 for b in sizes):
+        raise click.BadParameter(f"{value!r}: batch sizes must be >= 1, e.g. 1,8,32")
+    return sizes
+
+
+def _warn_latency_options(ctx: click.Context) -> None:
+    """Latency options given without --latency do nothing: say so once."""
+    given = [
+        "--" + name.replace("_", "-")
+        for name in LATENCY_OPTIONS
+        if ctx.get_parameter_source(name) not in (None, click.core.ParameterSource.DEFAULT)
+    ]
+    if given:
+        logger.warning("%s only apply with --latency; ignored without it", "/".join(given))
 
 
 @click.command(epilog="Metrics for --check: " + ", ".join(METRIC_DOCS) + ". Operators: >= <= > < ==.")
@@ -32,11 +51,17 @@ def _ints(ctx: click.Context, param: click.Parameter, value: str | None) -> tupl
 @click.option("--latency", is_flag=True, help="Measure latency of the baseline and every candidate.")
 @click.option("--batch-sizes", callback=_ints, help="Latency batch sizes, e.g. 1,8,32 (default: the data's).")
 @click.option(
-    "--iterations", type=int, default=50, show_default=True, help="Timed runs per runner and batch size."
+    "--iterations",
+    type=click.IntRange(min=1),
+    default=50,
+    show_default=True,
+    help="Timed runs per runner and batch size.",
 )
-@click.option("--warmup", type=int, default=5, show_default=True, help="Untimed runs first.")
+@click.option("--warmup", type=click.IntRange(min=0), default=5, show_default=True, help="Untimed runs first.")
 @click.option(
-    "--time-budget", type=float, help="Seconds of timed runs per runner and batch size (caps --iterations)."
+    "--time-budget",
+    type=click.FloatRange(min=0, min_open=True),
+    help="Seconds of timed runs per runner and batch size (caps --iterations).",
 )
 @click.option(
     "--report",
@@ -54,8 +79,10 @@ def _ints(ctx: click.Context, param: click.Parameter, value: str | None) -> tupl
 )
 @click.option("--device", type=click.Choice(["cpu", "cuda", "auto"]), default="auto", show_default=True,
               help="auto: the CUDA provider where a GPU is usable, else CPU (as build-engine and train).")
-@click.option("--batch-size", type=int, help="Samples per batch (default 16, or the model's fixed batch).")
-@click.option("--num-batches", type=int, help="Compare at most this many batches.")
+@click.option(
+    "--batch-size", type=click.IntRange(min=1), help="Samples per batch (default 16, or the model's fixed batch)."
+)
+@click.option("--num-batches", type=click.IntRange(min=1), help="Compare at most this many batches.")
 @click.option("--dim", "dims", multiple=True, help="Size of a symbolic dim for random data, e.g. seq=32.")
 @click.option(
     "--divergence/--no-divergence",
@@ -65,7 +92,7 @@ def _ints(ctx: click.Context, param: click.Parameter, value: str | None) -> tupl
 )
 @click.option(
     "--divergence-batches",
-    type=int,
+    type=click.IntRange(min=1),
     default=2,
     show_default=True,
     help="Batches the per-layer divergence compares (both models run once per batch per 64 tensors).",
@@ -106,6 +133,8 @@ def compare(
     from mpinfer.report import FILE_NAMES, write_report
 
     quiet = quiet or bool(ctx.obj and ctx.obj.get("quiet"))
+    if not latency:
+        _warn_latency_options(ctx)
     if report_dir is not None:  # refuse existing files before the (long) comparison
         from mpinfer.fileio import check_output_path
 

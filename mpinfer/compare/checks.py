@@ -2,7 +2,9 @@
 
 A check names a metric of :data:`mpinfer.compare.metrics.METRIC_DOCS`, a comparison operator and a number.
 It is evaluated per candidate and per output; where a metric does not apply to an output (``top1`` on a
-non-classifier output, ``accuracy`` without labels) the check is reported as not applicable.
+non-classifier output) the check is not applicable to that output. A check that applies to no output at all
+fails with the reason it is not computable (never a silent pass); checks against labels on data without
+``_labels`` are refused before the comparison runs.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ _OPS: dict[str, Callable[[float, float], bool]] = {
     ">": operator.gt,
     "<": operator.lt,
 }
+# Metrics measured against the data's ``_labels``: they need labelled data.
+LABEL_METRICS = frozenset({"accuracy", "baseline_accuracy", "accuracy_drop"})
 _ALIASES = {"snr": "snr_db", "top-1": "top1", "top-5": "top5", "acc": "accuracy", "acc_drop": "accuracy_drop"}
 _CHECK_RE = re.compile(
     r"^\s*([A-Za-z0-9_\-]+)\s*(>=|<=|==|>|<)\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*$"
@@ -42,7 +46,7 @@ class Check:
     value: float
 
     def __str__(self) -> str:
-        return f"{self.metric}{self.op}{self.value:g}"
+        return f"{self.metric}{self.op}{self.value:.10g}"  # every digit a user writes, e.g. cosine>=0.99999999
 
     def evaluate(self, metrics: Mapping[str, float | None]) -> bool | None:
         """True/False, or None when the metric is not available for this output. NaN always fails."""

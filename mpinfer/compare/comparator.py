@@ -8,7 +8,7 @@ import logging
 import os
 import platform
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,19 +83,42 @@ class CompareConfig:
 
 
 def _validate_config(cfg: CompareConfig) -> tuple[Check, ...]:
+    from mpinfer.backends import is_torch_spec
+
     checks = parse_checks(cfg.checks)
     if not cfg.candidates:
         raise InvalidInputError(format_message("Candidates", "none", "at least one model to compare"))
-    for what, value in (("--iterations", cfg.iterations), ("--divergence-batches", cfg.divergence_batches)):
-        if value < 1:
-            raise InvalidInputError(format_message(what, value, "a positive integer"))
-    if cfg.warmup < 0 or any(b < 1 for b in cfg.batch_sizes):
-        raise InvalidInputError(
-            format_message(
-                "--warmup/--batch-sizes",
-                f"{cfg.warmup}/{cfg.batch_sizes}",
-                "warmup >= 0 and batch sizes >= 1",
+    for cand in cfg.candidates:
+        if is_torch_spec(cand):
+            raise InvalidInputError(
+                format_message(
+                    f"Candidate '{cand}'",
+                    "a torch model (file.py:factory)",
+                    "an .onnx file or an engine",
+                    "a torch model can only be the baseline (its outputs take the candidates' names); "
+                    "pass it as BASELINE, or export it (mpinfer export) and compare the .onnx",
+                )
             )
+    positive = (
+        ("--iterations", cfg.iterations),
+        ("--divergence-batches", cfg.divergence_batches),
+        ("--batch-size", cfg.batch_size),
+        ("--num-batches", cfg.num_batches),
+    )
+    for what, value in positive:
+        if value is not None and value < 1:
+            raise InvalidInputError(format_message(what, value, "a positive integer"))
+    if cfg.warmup < 0:
+        raise InvalidInputError(format_message("--warmup", cfg.warmup, "an integer >= 0", "0 skips the warm-up"))
+    bad = [b for b in cfg.batch_sizes if b < 1]
+    if bad:
+        raise InvalidInputError(
+            format_message("--batch-sizes", ",".join(map(str, cfg.batch_sizes)), "batch sizes >= 1", "e.g. 1,8,32")
+        )
+    if cfg.time_budget_s is not None and not cfg.time_budget_s > 0:  # NaN too
+        raise InvalidInputError(
+            format_message("--time-budget", f"{cfg.time_budget_s:g} s", "a number of seconds > 0",
+                           "omit it to time exactly --iterations runs")
         )
     return checks
 
@@ -268,16 +291,19 @@ def _run_batches(
     kept: list[dict[str, np.ndarray]] = []
     offset = 0
     labels = feeds.labels
+    labeled: set[str] = set()
     for index, batch in enumerate(_iter_progress(feeds, cfg.show_progress)):
         n = next(iter(batch.values())).shape[0] if batch else 0
         lab = labels[offset : offset + n] if labels is not None and offset + n <= len(labels) else None
         offset += n
         bout = _infer(baseline, batch, f"Baseline '{cfg.baseline}'", index)
+        if index == 0 and labels is not None:
+            labeled = _labeled_outputs(labels, bout, n, cfg)
         for cname, runner in candidates.items():
             cout = _infer(runner, batch, f"Candidate '{cname}'", index)
             _check_batch_outputs(bout, cout, cname)
             for o in out_names:
-                accs[cname][o].update(bout[o], cout[o], lab)
+                accs[cname][o].update(bout[o], cout[o], lab if o in labeled else None)
         if len(kept) < max(cfg.divergence_batches, 1):
             kept.append(batch)
     if not kept:
@@ -290,6 +316,50 @@ def _run_batches(
             )
         )
     return accs, kept
+
+
+def _labeled_outputs(labels: np.ndarray, bout: Mapping[str, np.ndarray], rows: int, cfg: CompareConfig) -> set[str]:
+    """The outputs the data's ``_labels`` score: 2-D classifier-like, one row per sample, every label a class.
+
+    Raises:
+        InvalidInputError: When the model has such outputs but the labels exceed the class count of each.
+    """
+    from mpinfer.compare.metrics import is_classifier_like
+
+    scored = {
+        o: int(b.shape[-1])
+        for o, b in bout.items()
+        if b.ndim == 2 and b.shape[0] == rows and is_classifier_like(b.shape, b.dtype)
+    }
+    top = int(labels.max()) if labels.size else -1
+    fit = {o for o, classes in scored.items() if top < classes}
+    if scored and not fit:
+        outs = ", ".join(f"'{o}' has {c}" for o, c in scored.items())
+        raise InvalidInputError(
+            format_message(
+                f"Data '{cfg.data}': _labels",
+                f"labels up to {top}",
+                f"class indices in [0, {max(scored.values())})",
+                f"output {outs} classes; the labels must index the model's classes",
+            )
+        )
+    return fit
+
+
+def _check_label_metrics(checks: Sequence[Check], has_labels: bool, cfg: CompareConfig) -> None:
+    """Refuse, before any batch runs, a check against labels on data without ``_labels``."""
+    from mpinfer.compare.checks import LABEL_METRICS
+
+    needs = [str(c) for c in checks if c.metric in LABEL_METRICS]
+    if needs and not has_labels:
+        raise InvalidInputError(
+            format_message(
+                f"Check '{needs[0]}'",
+                f"data '{cfg.data or 'random'}' without _labels",
+                "data with a _labels array (one integer class per sample)",
+                "pass --data FILE.npz with _labels, or check agreement with the baseline instead (top1, top5)",
+            )
+        )
 
 
 def compare_models(config: CompareConfig) -> ComparisonResult:
@@ -322,6 +392,7 @@ def compare_models(config: CompareConfig) -> ComparisonResult:
             seed=config.seed,
             dims=parse_dims(config.dims),
         )
+        _check_label_metrics(checks, feeds.labels is not None, config)
         accs, kept = _run_batches(config, baseline, cands, feeds, out_names)
         results = [_candidate_result(config, c, cands[c], accs[c], out_names, checks, kept) for c in cands]
         latency = _latency(config, baseline, cands, kept[0]) if config.latency else None
@@ -438,13 +509,27 @@ def _latency(
         axes=axes,
     )
     return LatencyResult(
-        device=cfg.device,
+        device=used_device(runners.values()),
         warmup=cfg.warmup,
         iterations=cfg.iterations,
         time_budget_s=cfg.time_budget_s,
         runners={n: r.describe() for n, r in runners.items()},
         stats=stats,
     )
+
+
+def used_device(runners: Iterable[Runner]) -> str:
+    """The device the (active) runners use, from ``describe()``: ``cpu``, ``cuda``, ``cuda:0`` (joined by ``+``)."""
+    devices = []
+    for runner in runners:
+        info = runner.describe()
+        providers = info.get("providers") or []
+        if providers:
+            dev = "cuda" if str(providers[0]).startswith("CUDA") else "cpu"
+        else:
+            dev = str(info.get("device") or "cpu")  # torch, TensorRT; the strict emulator runs numpy on the CPU
+        devices.append(dev)
+    return "+".join(dict.fromkeys(devices))
 
 
 def model_size(path_or_spec: str) -> int | None:

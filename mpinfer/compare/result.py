@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from mpinfer.compare.checks import Check, parse_checks
+from mpinfer.compare.checks import LABEL_METRICS, Check, parse_checks
 from mpinfer.errors import InvalidInputError, format_message
 
 # Version of the report JSON layout; bump when a field changes meaning or is removed.
@@ -50,12 +50,34 @@ class OutputMetrics:
 
 @dataclass
 class CheckOutcome:
-    """One check on one output: passed True/False, or None when not applicable."""
+    """One check on one output: passed True/False, or None when not applicable.
+
+    A check that applies to no output is one failed outcome for output :data:`ALL_OUTPUTS`, with ``value``
+    None and ``note`` saying why it is not computable.
+    """
 
     check: str
     output: str
     value: float | None
     passed: bool | None
+    note: str | None = None
+
+
+# Output name of the outcome of a check that no output could compute.
+ALL_OUTPUTS = "(all outputs)"
+
+
+def not_computable_reason(metric: str, outputs: list[OutputMetrics]) -> str:
+    """Why no output has a value for ``metric``."""
+    if metric in LABEL_METRICS:
+        if not any(o.classifier and len(o.shape) == 2 for o in outputs):
+            return "no 2-D classifier-like output (one row of class scores per sample) to score against _labels"
+        return "no sample was scored against _labels (the data has none for the compared samples)"
+    if metric in ("top1", "top5") and not any(o.classifier for o in outputs):
+        return "no classifier-like output (float, rank 2-3, last dim of 2-100000 classes)"
+    if metric == "top5":
+        return "top5 needs an output with more than 5 classes"
+    return "no output has a value for it (no finite elements compared)"
 
 
 @dataclass
@@ -122,17 +144,25 @@ class CandidateResult:
         return not any(c.passed is False for c in self.checks)
 
     def evaluate(self, checks: tuple[Check, ...]) -> None:
-        """(Re)compute :attr:`checks` for the given thresholds."""
-        self.checks = [
-            CheckOutcome(str(c), o.name, o.values.get(c.metric), c.evaluate(o.values))
-            for c in checks
-            for o in self.outputs
-        ]
+        """(Re)compute :attr:`checks` for the given thresholds; a check no output can compute fails."""
+        self.checks = []
+        for c in checks:
+            outcomes = [
+                CheckOutcome(str(c), o.name, o.values.get(c.metric), c.evaluate(o.values)) for o in self.outputs
+            ]
+            if all(o.passed is None for o in outcomes):
+                why = "not computable: " + not_computable_reason(c.metric, self.outputs)
+                outcomes = [CheckOutcome(str(c), ALL_OUTPUTS, None, False, note=why)]
+            self.checks += outcomes
 
 
 @dataclass
 class LatencyStats:
-    """Latency of one runner at one batch size (milliseconds)."""
+    """Latency of one runner at one batch size (milliseconds).
+
+    ``throughput`` (samples/s) and ``speedup`` (baseline time / this runner's time) both use the mean
+    latency, so speedup is the ratio of throughputs; p50/p90/p99 show the spread.
+    """
 
     runner: str
     batch_size: int
@@ -148,7 +178,11 @@ class LatencyStats:
 
 @dataclass
 class LatencyResult:
-    """Latencies measured in one run for the baseline and every candidate."""
+    """Latencies measured in one run for the baseline and every candidate.
+
+    ``device`` is the device the runners used (``cpu``, ``cuda``, ``cuda:0``; several joined by ``+``), not
+    the ``--device`` asked for (``auto``).
+    """
 
     device: str
     warmup: int
@@ -198,7 +232,9 @@ class ComparisonResult:
         if not failed:
             return f"PASS: {len(self.candidates)} candidate(s), checks {', '.join(self.checks)}"
         lines = [f"FAIL: {len(failed)} check(s) failed"]
-        lines += [f"  {cand}: output '{o.output}': {o.check} (got {_fmt(o.value)})" for cand, o in failed]
+        lines += [
+            f"  {cand}: {_where(o.output)}: {o.check} ({o.note or 'got ' + _fmt(o.value)})" for cand, o in failed
+        ]
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:
@@ -230,6 +266,16 @@ class ComparisonResult:
                     "it was written by a newer mpinfer; upgrade mpinfer to read it",
                 )
             )
+        missing = [k for k in ("baseline", "candidates", "checks", "data") if k not in d]
+        if missing:
+            raise InvalidInputError(
+                format_message(
+                    f"Report '{origin}'",
+                    f"a JSON file that is not a compare result ({_json_kind(d)}; no {', '.join(missing)})",
+                    "a report.json written by mpinfer compare --report (or compare --json)",
+                    "pass the report.json of a comparison, or its folder",
+                )
+            )
         try:
             return _from_dict(_unjson(d))
         except (KeyError, TypeError, ValueError) as err:
@@ -240,6 +286,17 @@ class ComparisonResult:
                     "a report.json written by mpinfer compare",
                 )
             ) from err
+
+
+def _json_kind(d: Mapping[str, Any]) -> str:
+    """What another mpinfer JSON file is, for the message that refuses it as a report."""
+    if d.get("kind") == "mpinfer-engine":
+        return "an engine sidecar"
+    if "nodes" in d and "precision" in d:
+        return "a precision plan"
+    if d.get("kind"):
+        return f"kind {d['kind']!r}"
+    return "keys " + ", ".join(list(d)[:6])
 
 
 def _from_dict(d: dict[str, Any]) -> ComparisonResult:
@@ -302,6 +359,10 @@ def _unjson(x: Any) -> Any:
     if isinstance(x, list):
         return [_unjson(v) for v in x]
     return read_float(x)
+
+
+def _where(output: str) -> str:
+    return output if output == ALL_OUTPUTS else f"output '{output}'"
 
 
 def _fmt(v: float | None) -> str:

@@ -329,12 +329,45 @@ def _split(arrays: Mapping[str, np.ndarray], specs: Sequence[TensorSpec], batch_
 
 
 def _load_npz(path: Path) -> dict[str, np.ndarray]:
+    import zipfile
+
+    if not zipfile.is_zipfile(path):  # np.load would call any other file "pickled (object) data"
+        raise InvalidInputError(format_message(f"Data file '{path}'", "a file that is not a valid .npz (no zip "
+                                               "archive)", "an .npz written by numpy.savez"))
     try:
         with np.load(path, allow_pickle=False) as z:
             return {k: z[k] for k in z.files}
-    except (OSError, ValueError) as err:
+    except (OSError, ValueError, zipfile.BadZipFile) as err:
         raise InvalidInputError(format_message(f"Data file '{path}'", f"an unreadable .npz ({err})",
                                                "an .npz written by numpy.savez")) from err
+
+
+def check_labels(labels: np.ndarray, num_samples: int, origin: str) -> np.ndarray:
+    """Validate a file's ``_labels``: integer class indices >= 0, one per sample (1-D).
+
+    Returns:
+        The labels as int64.
+
+    Raises:
+        InvalidInputError: For another dtype, rank or length, or a negative label.
+    """
+    what = f"Data '{origin}': _labels"
+    hint = "save one integer class index per sample, e.g. np.savez(..., _labels=y.astype(np.int64))"
+    if labels.dtype.kind not in "iu":
+        raise InvalidInputError(format_message(what, f"dtype {labels.dtype}", "integer class indices", hint))
+    if labels.ndim != 1:
+        raise InvalidInputError(
+            format_message(what, f"shape {tuple(labels.shape)}", f"a 1-D array of {num_samples} labels", hint)
+        )
+    if labels.shape[0] != num_samples:
+        raise InvalidInputError(
+            format_message(what, f"{labels.shape[0]} labels", f"one per sample ({num_samples})", hint)
+        )
+    if labels.size and int(labels.min()) < 0:
+        raise InvalidInputError(
+            format_message(what, f"a negative label ({int(labels.min())})", "class indices >= 0", hint)
+        )
+    return labels.astype(np.int64, copy=False)
 
 
 def _array_source(kind: str, desc: str, loader: object, files: list[Path], specs: Sequence[TensorSpec],
@@ -350,7 +383,12 @@ def _array_source(kind: str, desc: str, loader: object, files: list[Path], specs
         total += n
         nb += n // step if fixed_batch(specs) else math.ceil(n / step)
         if "_labels" in arrays:
-            labels.append(arrays["_labels"])
+            labels.append(check_labels(np.asarray(arrays["_labels"]), n, str(f)))
+    if labels and len(labels) != len(files):
+        raise InvalidInputError(
+            format_message(f"Data '{desc}'", f"_labels in {len(labels)} of {len(files)} files",
+                           "_labels in every file or in none", "labels must cover every sample")
+        )
     if num_batches is not None:
         nb = min(nb, num_batches)
 
@@ -364,7 +402,7 @@ def _array_source(kind: str, desc: str, loader: object, files: list[Path], specs
             if left is not None and left <= 0:
                 return
 
-    lab = np.concatenate(labels) if labels and len(labels) == len(files) else None
+    lab = np.concatenate(labels) if labels else None
     return FeedSource(kind, desc, specs, gen, nb, total, labels=lab)
 
 
@@ -442,7 +480,10 @@ def load_feeds(
     bs = batch_size or DEFAULT_BATCH_SIZE
     if batch_size is not None and batch_size <= 0:
         raise InvalidInputError(format_message("Batch size", batch_size, "a positive integer"))
-    if source is None or str(source).startswith("random"):
+    if num_batches is not None and num_batches < 1:
+        raise InvalidInputError(format_message("Number of batches", num_batches, "a positive integer",
+                                               "omit it to use every batch of the data"))
+    if source is None or str(source) == "random" or str(source).startswith("random:"):
         text = "" if source is None else str(source)
         n = num_batches or DEFAULT_RANDOM_BATCHES
         if ":" in text:
@@ -450,6 +491,10 @@ def load_feeds(
                 n = int(text.split(":", 1)[1])
             except ValueError as err:
                 raise InvalidInputError(format_message("Data source", repr(text), "random or random:N")) from err
+            if n < 1:
+                raise InvalidInputError(format_message("Data source", repr(text), "random:N with N >= 1 batches",
+                                                       "e.g. random:8"))
+            n = min(n, num_batches) if num_batches is not None else n
         return _random_source(specs, n, batch_size, seed, dims)
     path = Path(source)
     if not path.exists():

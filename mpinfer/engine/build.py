@@ -137,6 +137,11 @@ def _check_trt_only_options(cfg: BuildConfig, reason: str) -> list[str]:
     notes = []
     if cfg.timing_cache is not None or cfg.workspace is not None:
         notes.append("--timing-cache/--workspace apply to TensorRT only; ignored for the ONNX Runtime engine")
+    if cfg.shapes:
+        notes.append(
+            "--shapes are checked against the model and recorded in the sidecar, but ONNX Runtime does not "
+            "enforce them: the engine runs any shape the model allows (TensorRT builds for these ranges only)"
+        )
     return notes
 
 

@@ -61,12 +61,13 @@ def label_rows(cand: CandidateResult) -> list[list[str]]:
 
 
 def check_rows(cand: CandidateResult) -> list[list[str]]:
-    """One row per applicable check: check, output, value, PASS/FAIL."""
+    """One row per applicable check: check, output, value (or why it is not computable), PASS/FAIL."""
     rows = []
     for c in cand.checks:
         if c.passed is None:
             continue
-        rows.append([c.check, c.output, fmt(c.value), "PASS" if c.passed else "FAIL"])
+        value = c.note if c.note and c.value is None else fmt(c.value)
+        rows.append([c.check, c.output, value, "PASS" if c.passed else "FAIL"])
     return rows
 
 
