@@ -242,16 +242,54 @@ def rank_nodes(
     accs: Mapping[str, TensorAcc],
     plan_nodes: Mapping[str, Mapping[str, Any]],
     body_accs: Mapping[str, TensorAcc] | None = None,
+    weight_errors: Mapping[tuple[str, str], float] | None = None,
 ) -> list[NodeError]:
     """Per-node output error, input error and added error, in the baseline's graph order.
+
+    ``weight_errors`` (constants the candidate rounded, :func:`weight_errors`) count as input error of the FP32
+    nodes that read them.
 
     With ``body_accs`` (qualified body tensor name -> error), the nodes of If/Loop/Scan bodies come right
     before the node that owns the body, addressed ``If_3/then_branch/Add_1``; that node's input error then
     includes its bodies' outputs, so it adds only what it does itself.
     """
     nodes: list[NodeError] = []
-    _rank_graph(base.graph, _Scope("", accs, set(), None), plan_nodes, body_accs, {}, nodes)
+    _rank_graph(base.graph, _Scope("", accs, set(), None), plan_nodes, body_accs, {}, nodes, weight_errors or {})
     return nodes
+
+
+def weight_errors(base: Any, cand: Any) -> dict[tuple[str, str], float]:
+    """Rounding error of each FP32 constant the candidate holds, under the same name, in FP16/BF16.
+
+    Constants are initializers and Constant nodes, bodies included; keys are the ranking's scopes (body prefix,
+    name); the error is relative L2. An FP32 node that reads such a value (through the candidate's Cast back
+    to FP32) starts from that error: it is the node's input error, not error the node adds. (A low-precision
+    node's own weight rounding is part of what running it low costs: it stays in its added error.)
+    """
+    import onnx
+    from onnx import TensorProto, numpy_helper
+
+    def constants(graph: Any, prefix: str, out: dict[tuple[str, str], Any]) -> dict[tuple[str, str], Any]:
+        out.update(((prefix, t.name), t) for t in graph.initializer)
+        for node in graph.node:
+            for a in node.attribute:
+                if node.op_type == "Constant" and a.name == "value" and node.output:
+                    out[(prefix, node.output[0])] = a.t
+                elif a.type == onnx.AttributeProto.GRAPH:
+                    constants(a.g, f"{prefix}{node.name}/{a.name}/", out)
+        return out
+
+    low = {TensorProto.FLOAT16, TensorProto.BFLOAT16}
+    cand_low = {k: t for k, t in constants(cand.graph, "", {}).items() if t.data_type in low}
+    errors: dict[tuple[str, str], float] = {}
+    for key, t in constants(base.graph, "", {}).items():
+        c = cand_low.get(key)
+        if t.data_type != TensorProto.FLOAT or c is None:
+            continue
+        acc = TensorAcc()
+        acc.update(numpy_helper.to_array(t), numpy_helper.to_array(c).astype(np.float32))
+        errors[key] = acc.error
+    return errors
 
 
 class _Scope:
@@ -277,8 +315,12 @@ def _rank_graph(
     body_accs: Mapping[str, TensorAcc] | None,
     eff: dict[tuple[str, str], float],
     nodes: list[NodeError],
+    weights: Mapping[tuple[str, str], float] | None = None,
 ) -> None:
-    """Rank ``graph``'s nodes (and, with ``body_accs``, its bodies' nodes) into ``nodes``; fills ``eff``."""
+    """Rank ``graph``'s nodes (and, with ``body_accs``, its bodies' nodes) into ``nodes``; fills ``eff``.
+
+    ``weights``: constants the candidate rounded (see :func:`weight_errors`).
+    """
     import onnx
 
     for node in graph.node:
@@ -294,9 +336,11 @@ def _rank_graph(
                 for i in g.input:  # Loop/Scan state and slices: measured, else as wrong as the node's inputs
                     acc = inner.acc(i.name)
                     eff[inner.key(i.name)] = acc.error if acc is not None else in_err
-                _rank_graph(g, inner, plan_nodes, body_accs, eff, nodes)
+                _rank_graph(g, inner, plan_nodes, body_accs, eff, nodes, weights)
                 in_err = max([in_err] + [eff.get(inner.key(o.name), 0.0) for o in g.output])
         measured = [(a.error, o, a) for o in node.output if o and (a := scope.acc(o)) is not None]
+        if weights and measured and all(a.dtype == "float32" for _, _, a in measured):
+            in_err = max([in_err] + [weights.get(scope.key(t), 0.0) for t in node.input if t])
         for o in node.output:
             a = scope.acc(o)
             eff[scope.key(o)] = a.error if a is not None else in_err
@@ -390,7 +434,9 @@ def find_divergence(
     strict = numerics == "strict"
     accs = measure_tensors(base, cand, shared, batches, providers, strict=strict, show_progress=show_progress)
     bodies = _cover_bodies(base, cand, batches, skipped)
-    nodes = rank_nodes(base, accs, load_plan_nodes(candidate), bodies.accs if bodies else None)
+    nodes = rank_nodes(
+        base, accs, load_plan_nodes(candidate), bodies.accs if bodies else None, weight_errors(base, cand)
+    )
     ranking = [
         n.address
         for n in sorted(nodes, key=lambda n: -n.added if not math.isnan(n.added) else 0)

@@ -155,6 +155,32 @@ def _fp16_conv_graph(cin: int, cout: int) -> onnx.ModelProto:
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
 
 
+def test_an_fp32_node_reading_a_rounded_constant_starts_from_its_rounding(tmp_path):
+    # The candidate holds the constant in FP16 and Casts it back for an FP32 Mul: the rounding is the Mul's
+    # input error (it once read 0 there, and the Mul "added" the weight's rounding).
+    w = (np.random.default_rng(0).standard_normal(64) * 3).astype(np.float32)
+
+    def model(low: bool) -> onnx.ModelProto:
+        const = numpy_helper.from_array(w.astype(np.float16) if low else w)
+        nodes = [helper.make_node("Constant", [], ["w"], name="c", value=const)]
+        if low:
+            nodes.append(helper.make_node("Cast", ["w"], ["w__cast_to_fp32"], name="w_cast", to=TensorProto.FLOAT))
+        nodes.append(helper.make_node("Mul", ["x", "w__cast_to_fp32" if low else "w"], ["y"], name="mul"))
+        x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 64])
+        y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 64])
+        m = helper.make_model(helper.make_graph(nodes, "g", [x], [y]), opset_imports=[helper.make_opsetid("", 17)])
+        m.ir_version = 8
+        return m
+
+    onnx.save(model(False), str(tmp_path / "b.onnx"))
+    onnx.save(model(True), str(tmp_path / "c.onnx"))
+    result = compare_models(_cfg(tmp_path / "b.onnx", tmp_path / "c.onnx", data="random:2"))
+    mul = next(n for n in result.candidates[0].divergence.nodes if n.address == "mul")
+    rounding = float(np.linalg.norm(w.astype(np.float16).astype(np.float32) - w) / np.linalg.norm(w))
+    assert mul.precision == "fp32" and mul.input_error == pytest.approx(rounding, rel=1e-6)
+    assert abs(mul.added) < 0.5 * mul.error  # the Mul itself, in FP32, adds (almost) nothing
+
+
 def test_speed_hints():
     hints = speed_hints(_fp16_conv_graph(3, 12))
     kinds = {(h.kind, h.node) for h in hints}
