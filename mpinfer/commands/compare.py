@@ -85,6 +85,11 @@ def _warn_latency_options(ctx: click.Context) -> None:
 @click.option("--num-batches", type=click.IntRange(min=1), help="Compare at most this many batches.")
 @click.option("--dim", "dims", multiple=True, help="Size of a symbolic dim for random data, e.g. seq=32.")
 @click.option(
+    "--image-preprocess",
+    metavar="SPEC",
+    help="For a --data folder of images: size=HxW,mean=a/b/c,std=a/b/c,scale=255,layout=nchw|nhwc,mode=RGB|L|BGR.",
+)
+@click.option(
     "--divergence/--no-divergence",
     default=True,
     show_default=True,
@@ -118,6 +123,7 @@ def compare(
     batch_size: int | None,
     num_batches: int | None,
     dims: tuple[str, ...],
+    image_preprocess: str | None,
     divergence: bool,
     divergence_batches: int,
     quiet: bool,
@@ -155,6 +161,7 @@ def compare(
         batch_size=batch_size,
         num_batches=num_batches,
         dims=dims,
+        image_preprocess=image_preprocess,
         divergence=divergence,
         divergence_batches=divergence_batches,
         show_progress=not (quiet or as_json),

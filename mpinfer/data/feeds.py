@@ -40,7 +40,8 @@ class ImagePreprocess:
     """How to turn an image file into a model input.
 
     Written as ``size=64x64,mean=0.485/0.456/0.406,std=0.229/0.224/0.225,scale=255,layout=nchw,mode=RGB``.
-    Pixel values are divided by ``scale``, then normalised with ``mean``/``std`` per channel.
+    Pixel values are divided by ``scale``, then normalised with ``mean``/``std`` per channel. Without a
+    ``mode``, a model input with one channel reads images as grayscale (``L``), any other as ``RGB``.
     """
 
     size: tuple[int, int] | None = None
@@ -48,7 +49,7 @@ class ImagePreprocess:
     std: tuple[float, ...] = (1.0,)
     scale: float = 255.0
     layout: str = "nchw"
-    mode: str = "RGB"
+    mode: str | None = None
 
     @classmethod
     def parse(cls, text: str | None) -> ImagePreprocess:
@@ -420,10 +421,12 @@ def _image_arrays(folder: Path, specs: Sequence[TensorSpec], pre: ImagePreproces
         dims = spec.shape[2:4] if pre.layout == "nchw" else spec.shape[1:3]
         if all(isinstance(d, int) for d in dims):
             size = (int(dims[0]), int(dims[1]))
+    channels = spec.shape[1] if pre.layout == "nchw" else spec.shape[3]
+    mode = pre.mode or ("L" if channels == 1 else "RGB")
     images = []
     for f in files:
         try:
-            img = Image.open(f).convert("L" if pre.mode == "L" else "RGB")
+            img = Image.open(f).convert("L" if mode == "L" else "RGB")
         except OSError as err:
             raise InvalidInputError(format_message(f"Image '{f}'", "an unreadable image", "PNG/JPEG/BMP")) from err
         if size is not None:
@@ -431,7 +434,7 @@ def _image_arrays(folder: Path, specs: Sequence[TensorSpec], pre: ImagePreproces
         arr: np.ndarray = np.asarray(img, dtype=np.float32)
         if arr.ndim == 2:
             arr = arr[:, :, None]
-        if pre.mode == "BGR":
+        if mode == "BGR":
             arr = arr[:, :, ::-1]
         arr = (arr / np.float32(pre.scale) - np.asarray(pre.mean, np.float32)) / np.asarray(pre.std, np.float32)
         arr = arr.astype(np.float32)

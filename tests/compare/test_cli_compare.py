@@ -259,3 +259,20 @@ def test_output_shape_mismatch_at_run_time(invoke, tmp_path):
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(cand))
     r = invoke("compare", base, cand, "--batch-size", "3")
     assert_user_error(r, r"Candidate '.*cand.onnx': output 'y': received shape \(3, 8\), expected \(3, 4\)")
+
+
+def test_image_folder_data_with_preprocessing(invoke, tmp_path):
+    from PIL import Image
+
+    from tests.precision.graphs import fvi, init, make, rng_w, save
+
+    nodes = [onnx.helper.make_node("Conv", ["x", "w"], ["y"], name="conv", pads=[1, 1, 1, 1])]
+    model = make(nodes, [fvi("x", ["N", 3, 8, 8])], [fvi("y", ["N", 2, 8, 8])], [init("w", rng_w(2, 3, 3, 3))])
+    src = save(model, tmp_path / "m.onnx")
+    (tmp_path / "imgs").mkdir()
+    for i in range(4):
+        Image.fromarray(np.full((12, 12, 3), 40 * i, np.uint8)).save(tmp_path / "imgs" / f"{i}.png")
+    r = invoke("compare", src, src, "--data", tmp_path / "imgs", "--image-preprocess", "size=8x8,mode=BGR",
+               "--json", "--no-divergence")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["data"]["kind"] == "images"

@@ -205,3 +205,15 @@ def test_an_unnamed_state_holds_samples_where_the_data_says(tmp_path):
     np.savez(tmp_path / "e.npz", input=a, state=rng.random((2, 10, 10), dtype=np.float32))
     batches = list(load_feeds(tmp_path / "e.npz", [audio, two], batch_size=4))
     assert [b["state"].shape for b in batches] == [(2, 10, 10)] * 3  # ambiguous: whole, never a guess
+
+
+def test_a_one_channel_model_reads_images_as_grayscale(tmp_path):
+    # no mode given: an RGB image file for a [N, 1, H, W] input is read as L (it was read as RGB: 3 channels)
+    for i in range(3):
+        Image.fromarray(np.full((8, 8, 3), 50 * i, np.uint8)).save(tmp_path / f"{i}.png")
+    spec = parse_tensor_spec("x:batchx1x8x8:float32")
+    x = load_feeds(tmp_path, [spec]).first()["x"]
+    assert x.shape == (3, 1, 8, 8)
+    np.testing.assert_allclose(x[:, 0, 0, 0], [0, 50 / 255, 100 / 255], rtol=1e-6)
+    rgb = parse_tensor_spec("x:batchx3x8x8:float32")
+    assert load_feeds(tmp_path, [rgb]).first()["x"].shape == (3, 3, 8, 8)
