@@ -8,6 +8,7 @@ overwritten.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import tempfile
@@ -35,7 +36,8 @@ def check_output_path(
         The output path, resolved.
 
     Raises:
-        InvalidInputError: If the output is an input, a folder, or exists without ``force``.
+        InvalidInputError: If the output is an input, a folder, exists without ``force``, or lies where
+            nothing can be written (see :func:`check_writable_location`).
     """
     out = Path(output).expanduser().resolve()
     for inp in inputs:
@@ -60,7 +62,89 @@ def check_output_path(
                 f"Output file '{output}'", "an existing file", "a new path", "pass --force to overwrite it"
             )
         )
+    check_writable_location(out.parent, output)
     return out
+
+
+def _unwritable(what: object, err: OSError, where: object = None) -> InvalidInputError:
+    """The error for an output location that refuses writes; ``where`` replaces the path ``err`` names."""
+    place = where if where is not None else err.filename
+    detail = f"{type(err).__name__}: {err.strerror or err}" + (f": '{place}'" if place is not None else "")
+    return InvalidInputError(
+        format_message(
+            f"Output '{what}'",
+            f"a location that cannot be written ({detail})",
+            "a writable folder",
+            "write to a folder you can create files in",
+        )
+    )
+
+
+def check_writable_location(folder: str | os.PathLike[str], what: object = None) -> None:
+    """Refuse a folder that cannot be created or written to, before any long work starts.
+
+    The nearest existing ancestor of ``folder`` must be a folder in which a file can be created (a probe
+    file is created and removed at once); nothing else is created. Permissions alone do not tell: root may
+    write anywhere by mode bits, yet not into ``/proc``.
+
+    Args:
+        folder: The folder an output will be written into (it need not exist yet).
+        what: The output as the user gave it, for the message (default: ``folder``).
+
+    Raises:
+        InvalidInputError: If a path component is a file, or the location refuses new files.
+    """
+    what = folder if what is None else what
+    probe_dir = Path(folder).expanduser().absolute()
+    while not probe_dir.exists() and not probe_dir.is_symlink() and probe_dir.parent != probe_dir:
+        probe_dir = probe_dir.parent
+    if not probe_dir.is_dir():
+        err = NotADirectoryError(errno.ENOTDIR, "a file stands where a folder is needed", str(probe_dir))
+        raise _unwritable(what, err)
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".mpinfer-probe-", dir=probe_dir)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as err:
+        raise _unwritable(what, err, where=probe_dir) from err
+
+
+def make_dirs(folder: str | os.PathLike[str], what: object = None) -> Path:
+    """Create ``folder`` and its parents (if missing), as a clear error when that is impossible.
+
+    Args:
+        folder: The folder to create.
+        what: The output as the user gave it, for the message (default: ``folder``).
+
+    Returns:
+        The folder.
+
+    Raises:
+        InvalidInputError: If the folder cannot be created (a file in the way, a read-only or virtual
+            file system, no permission).
+    """
+    path = Path(folder)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise _unwritable(folder if what is None else what, err) from err
+    return path
+
+
+def make_temp_dir(dest: str | os.PathLike[str]) -> Path:
+    """A new temporary folder next to the file ``dest`` (its folder created), as a clear error when impossible.
+
+    For writers that stage several files (a model and its external data) before renaming them into place.
+
+    Raises:
+        InvalidInputError: If the folder or the temporary folder cannot be created.
+    """
+    out = Path(dest)
+    make_dirs(out.parent, dest)
+    try:
+        return Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    except OSError as err:
+        raise _unwritable(dest, err, where=out.parent) from err
 
 
 @contextlib.contextmanager
@@ -72,16 +156,26 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
 
     Yields:
         A temporary path in the same folder to write to.
+
+    Raises:
+        InvalidInputError: If the folder cannot be created, the temporary file cannot be made there, or the
+            rename fails (a file in the way, a read-only or virtual file system, ``path`` is a folder).
     """
     dest = Path(path)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
+    make_dirs(dest.parent, path)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
+    except OSError as err:
+        raise _unwritable(path, err, where=dest.parent) from err
     os.close(fd)
     tmp_path = Path(tmp)
-    os.chmod(tmp_path, 0o666 & ~_umask())  # mkstemp makes 0600; outputs get the usual permissions
     try:
+        os.chmod(tmp_path, 0o666 & ~_umask())  # mkstemp makes 0600; outputs get the usual permissions
         yield tmp_path
-        os.replace(tmp_path, dest)
+        try:
+            os.replace(tmp_path, dest)
+        except OSError as err:
+            raise _unwritable(path, err, where=dest) from err
     finally:
         if tmp_path.exists():
             tmp_path.unlink()

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mpinfer.errors import InvalidInputError, ModelLoadError, format_message
+from mpinfer.fileio import make_temp_dir
 
 if TYPE_CHECKING:
     import onnx
@@ -185,13 +186,12 @@ def save_onnx(
 
     assert isinstance(model, onnx.ModelProto)
     out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
     m = onnx.ModelProto()
     m.CopyFrom(model)
     m.ir_version = ir_version_for(m)
     if external_data is None:
         external_data = m.ByteSize() >= EXTERNAL_DATA_THRESHOLD if small_enough_to_size(m) else True
-    tmpdir = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    tmpdir = make_temp_dir(out)
     try:
         tmp_model = tmpdir / out.name
         data_name = out.name + ".data"

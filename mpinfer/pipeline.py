@@ -25,7 +25,7 @@ from typing import Any
 
 from mpinfer import __version__
 from mpinfer.errors import InvalidInputError, MpinferError, format_message
-from mpinfer.fileio import sha256_file, write_json_atomic
+from mpinfer.fileio import make_dirs, sha256_file, write_json_atomic
 
 logger = logging.getLogger(__name__)
 
@@ -236,7 +236,7 @@ def _run_stage(stage: Stage, plan: StagePlan, key: str, work_dir: Path) -> tuple
     out_dir = plan.output_dir or work_dir / ARTEFACT_DIR / f"{stage.name}-{key[:KEY_PREFIX_CHARS]}"
     if out_dir.exists():  # leftovers of a failed run, or a fixed folder from an older run
         shutil.rmtree(out_dir)
-    out_dir.mkdir(parents=True)
+    make_dirs(out_dir)
     start = time.perf_counter()
     logger.info("Stage %s: running", stage.name)
     try:
@@ -350,7 +350,7 @@ def run_pipeline(
     meta = doc.get("pipeline", {})
     root = (path.parent / str(meta.get("root", "."))).resolve()
     work_dir = (root / str(meta.get("work_dir", "out/pipeline"))).resolve()
-    work_dir.mkdir(parents=True, exist_ok=True)
+    make_dirs(work_dir, f"[pipeline] work_dir {work_dir}")
     state_path = work_dir / STATE_FILE
     state = _load_state(state_path)
     artefacts: dict[str, Path] = {}

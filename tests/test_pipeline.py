@@ -270,3 +270,10 @@ def test_compare_without_a_baseline_names_the_missing_key(tmp_path):
     toml.write_text('[compare]\ncandidates = ["m.fp16.onnx"]\n')
     with pytest.raises(InvalidInputError, match=r"\[compare\]: received no 'baseline' and no earlier stage"):
         run_pipeline(toml)
+
+
+def test_a_work_dir_that_cannot_be_made_is_a_user_error(tmp_path):
+    (tmp_path / "afile").write_text("x")
+    (tmp_path / "p.toml").write_text('[pipeline]\nwork_dir = "afile/w"\n[convert]\nmodel = "m.onnx"\n')
+    with pytest.raises(InvalidInputError, match=r"work_dir .*cannot be written"):
+        run_pipeline(tmp_path / "p.toml")

@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -24,6 +23,7 @@ import numpy as np
 from mpinfer.backends.base import Runner
 from mpinfer.engine.config import BuildConfig
 from mpinfer.errors import BackendUnavailableError, InvalidInputError, ModelLoadError, format_message
+from mpinfer.fileio import make_temp_dir
 from mpinfer.modelio import ort_log_level
 from mpinfer.specs import TensorSpec
 
@@ -149,8 +149,7 @@ def build_ort_engine(
     level = ort_opt_level_name(cfg.opt_level)
     data_name = output.name + ".data"
     entries = _session_entries(fmt, external, data_name)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    tmpdir = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
+    tmpdir = make_temp_dir(output)
     try:
         seconds = _optimise(model_path, tmpdir / output.name, level, entries, device)
         if (tmpdir / data_name).exists():

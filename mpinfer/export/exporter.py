@@ -253,12 +253,32 @@ def _run_exporters(cfg: ExportConfig, loaded: LoadedModel, args: tuple[Any, ...]
             logger.info("%s", failures[-1])
             logger.debug("exporter traceback", exc_info=True)
             continue
+        produced = onnx_opset(path)
+        if cfg.opset is not None and produced != cfg.opset:
+            # dynamo builds opset 18+ and down-converts with onnx's version converter, keeping 18 when that fails
+            failures.append(f"the {name} exporter produced opset {produced}, not the requested --opset {cfg.opset} "
+                            "(it builds opset 18 or newer and could not convert this model to the older opset)")
+            logger.info("%s", failures[-1])
+            continue
         logger.info("%s export took %.1f s", name, time.perf_counter() - start)
         return path, name, ("; ".join(failures) or None)
     other = {"dynamo": "torchscript", "torchscript": "dynamo"}
     hint = (f"try --exporter {other[order[0]]}" if len(order) == 1 and loaded.kind != "torchscript"
             else "rewrite the op with supported torch ops, or register an ONNX translation for it")
+    if cfg.opset is not None and any("not the requested --opset" in f for f in failures):
+        hint = f"{hint}, or ask for a newer --opset (the dynamo exporter writes 18 or newer)"
     raise ExportError(f"Export of '{cfg.source}' failed: " + "; ".join(failures) + f". Hint: {hint}.")
+
+
+def _default_opset(model: Any) -> int:
+    return next((int(o.version) for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+
+
+def onnx_opset(path: Path) -> int:
+    """The default-domain opset of the ONNX file at ``path`` (0 when it imports none)."""
+    import onnx
+
+    return _default_opset(onnx.load(str(path), load_external_data=False))
 
 
 def _post_process(path: Path, specs: Sequence[TensorSpec], loaded: LoadedModel, exporter: str) -> Any:
@@ -280,6 +300,32 @@ def _post_process(path: Path, specs: Sequence[TensorSpec], loaded: LoadedModel, 
     return model
 
 
+def _check_config(cfg: ExportConfig) -> None:
+    if cfg.exporter not in EXPORTERS:
+        raise InvalidInputError(format_message("--exporter", repr(cfg.exporter), " | ".join(EXPORTERS)))
+    for flag, value in (("--atol", cfg.atol), ("--rtol", cfg.rtol)):
+        if not value >= 0:  # also refuses NaN
+            raise InvalidInputError(format_message(f"Parity tolerance {flag}", value, "a number >= 0",
+                                                   "0 demands exact equality; the defaults are --atol 1e-4 "
+                                                   "--rtol 1e-3"))
+
+
+def _check_outputs(cfg: ExportConfig) -> tuple[Path, Path]:
+    """Check every path export writes (model, sidecar, external data) before any work; return model, sidecar.
+
+    None of them may be an input (the source file, the weights); the model and the sidecar need ``force`` to replace
+    an existing file. The external-data file is part of the model and is replaced with it.
+    """
+    src_path, _ = split_source(cfg.source)
+    inputs = [src_path, cfg.weights]
+    out = check_output_path(cfg.output, inputs, force=cfg.force)
+    if out.suffix != ".onnx":
+        raise InvalidInputError(format_message(f"Output '{cfg.output}'", f"suffix '{out.suffix}'", "'.onnx'"))
+    sidecar = check_output_path(sidecar_path(out), inputs, force=cfg.force)
+    check_output_path(out.with_name(out.name + ".data"), inputs, force=True)
+    return out, sidecar
+
+
 def export_onnx(cfg: ExportConfig) -> ExportResult:
     """Export a torch model to a checked, parity-verified ONNX model.
 
@@ -298,13 +344,8 @@ def export_onnx(cfg: ExportConfig) -> ExportResult:
     import onnx
     import torch
 
-    if cfg.exporter not in EXPORTERS:
-        raise InvalidInputError(format_message("--exporter", repr(cfg.exporter), " | ".join(EXPORTERS)))
-    src_path, _ = split_source(cfg.source)
-    out = check_output_path(cfg.output, [src_path, cfg.weights], force=cfg.force)
-    if out.suffix != ".onnx":
-        raise InvalidInputError(format_message(f"Output '{cfg.output}'", f"suffix '{out.suffix}'", "'.onnx'"))
-    sidecar = sidecar_path(out)
+    _check_config(cfg)
+    out, sidecar = _check_outputs(cfg)
     loaded = load_model(cfg.source, cfg.weights, trust_weights=cfg.trust_weights)
     specs = resolve_specs(loaded, cfg.inputs, cfg.dynamic)
     if loaded.kind == "huggingface":
@@ -344,7 +385,7 @@ def export_onnx(cfg: ExportConfig) -> ExportResult:
                 f"Parity torch vs ONNX Runtime failed for '{cfg.source}' ({exporter} exporter): "
                 f"{parity.worst_summary()} exceeds atol={cfg.atol}, rtol={cfg.rtol}. "
                 "Hint: try the other --exporter; nothing was written.")
-        opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+        opset = _default_opset(model)
         save_onnx(model, out)
     info = {
         "schema_version": 1, "mpinfer_version": __version__, "source": loaded.description,

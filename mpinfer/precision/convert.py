@@ -252,15 +252,14 @@ def _save_gated(model: Any, out: Path, source: Path) -> None:
     """Large models: save next to ``out`` in a temp folder, gate the saved file, then move it into place."""
     import os
     import shutil
-    import tempfile
 
     import onnx
 
+    from mpinfer.fileio import make_temp_dir
     from mpinfer.modelio import EXTERNAL_DATA_SIZE_THRESHOLD, ir_version_for
     from mpinfer.precision.validate import gate
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    tmp = make_temp_dir(out)
     try:
         path = tmp / out.name
         data_name = out.name + ".data"

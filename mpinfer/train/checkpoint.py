@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from mpinfer.errors import InvalidInputError, format_message
-from mpinfer.fileio import atomic_path
+from mpinfer.fileio import atomic_path, check_writable_location
 
 logger = logging.getLogger(__name__)
 
@@ -179,7 +179,8 @@ def check_run_dir(output: Path, *, force: bool, resume: Path | None) -> list[Pat
     """Check the run folder; return the artefacts of an earlier run that ``force`` allows replacing.
 
     Raises:
-        InvalidInputError: If ``output`` is a file, or holds checkpoints and neither force nor resume is set.
+        InvalidInputError: If ``output`` is a file or cannot be created or written (a file in its path,
+            a read-only or virtual file system), or holds checkpoints and neither force nor resume is set.
     """
     if output.exists() and not output.is_dir():
         raise InvalidInputError(
@@ -187,6 +188,7 @@ def check_run_dir(output: Path, *, force: bool, resume: Path | None) -> list[Pat
                 f"Output folder '{output}'", "an existing file", "a folder", "choose another -o/--output"
             )
         )
+    check_writable_location(output, output)
     found = [output / name for name in ARTEFACTS if (output / name).exists()]
     has_ckpt = any(p.name in (BEST, LAST) for p in found)
     if has_ckpt and not force and resume is None:

@@ -60,6 +60,11 @@ class ArrayDataset:
     def __len__(self) -> int:
         return int(self._labels.shape[0])
 
+    @property
+    def labels(self) -> Any:
+        """The labels, as an int64 tensor."""
+        return self._labels
+
     def __getitem__(self, i: int) -> tuple[Any, Any]:
         if self._single is not None:
             return self._tensors[self._single][i], self._labels[i]

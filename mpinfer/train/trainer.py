@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from mpinfer.errors import BackendUnavailableError, InvalidInputError, MpinferError, format_message
+from mpinfer.fileio import make_dirs
 from mpinfer.specs import Precision
 from mpinfer.train import checkpoint as ck
 from mpinfer.train.config import DEFAULT_WARMUP_FRACTION, AmpConfig, TrainResult
@@ -35,6 +36,7 @@ from mpinfer.train.distributed import (
     close_distributed,
     init_distributed,
 )
+from mpinfer.train.labels import check_labels, cross_entropy, num_classes
 from mpinfer.train.metrics import best_index, peak_memory, summarize, write_metrics
 from mpinfer.train.overflow import OverflowMonitor
 from mpinfer.train.scaling import LossScaleCollapseError, LossScaler
@@ -167,6 +169,9 @@ class AmpTrainer:
         model = build_model(cfg.model).to(dist.device)
         ck.seed_everything(cfg.seed)  # factories often seed themselves; reseed for shuffling and dropout
         data = load_train_data(cfg.data, cfg.eval_data)
+        classes = num_classes(model, data.train, lambda x: _forward(model, _to_device(x, dist.device)))
+        check_labels(data, classes, (f"--data '{cfg.data}'", f"--eval-data '{cfg.eval_data}'" if cfg.eval_data
+                                     is not None else f"the held-out part of --data '{cfg.data}'"))
         self._data_desc = data.description
         loader_args = {"batch_size": cfg.batch_size, "seed": cfg.seed, "rank": dist.rank, "world": dist.world,
                        "num_workers": cfg.num_workers}
@@ -260,7 +265,7 @@ class AmpTrainer:
         cfg, dist = self.config, self.dist
         out = cfg.output
         if dist.is_main:
-            out.mkdir(parents=True, exist_ok=True)
+            make_dirs(out, out)
             for p in self._stale:
                 p.unlink(missing_ok=True)
         if self._resume_rng is not None:
@@ -355,7 +360,7 @@ class AmpTrainer:
             sync = contextlib.nullcontext() if boundary or not dist.distributed else self.ddp.no_sync()
             with sync:
                 with self.autocast():
-                    loss = torch.nn.functional.cross_entropy(_forward(self.ddp, inputs).float(), labels)
+                    loss = cross_entropy(_forward(self.ddp, inputs).float(), labels)
                 self.scaler.backward(loss / min(cfg.grad_accum, nb - i // cfg.grad_accum * cfg.grad_accum))
             finite = torch.isfinite(loss.detach())
             loss_sum += torch.where(finite, loss.detach().double(), 0.0) * labels.shape[0]
@@ -433,7 +438,7 @@ class AmpTrainer:
             for inputs, labels in self.eval_loader:
                 inputs, labels = _to_device(inputs, dev), labels.to(dev, non_blocking=True)
                 logits = _forward(model, inputs).float()
-                loss_sum += torch.nn.functional.cross_entropy(logits, labels, reduction="sum").double()
+                loss_sum += cross_entropy(logits, labels, reduction="sum").double()
                 correct += (logits.argmax(dim=-1) == labels).sum()
                 n += int(labels.shape[0])
         model.train()

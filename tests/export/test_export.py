@@ -405,3 +405,88 @@ def test_parity_run_onnx_runtime_rejects_fails_with_its_message(tmp_path):
     assert report.worst_summary().startswith("ONNX Runtime failed at input shapes {'x': [1, 4]}")
     assert "reshape" in report.worst_summary().lower()
     json.dumps(report.to_dict())  # the sidecar form stays JSON
+
+
+# --- parity failures, tolerances, outputs that are inputs, opsets -------------------------------------------
+
+@pytest.mark.parametrize(("source", "atol"), [("mlp.py:build", "0"), ("transformer_small.py:build", "1e-12")])
+def test_cli_parity_failure_is_a_clear_error_and_writes_nothing(invoke, tmp_path, source, atol):
+    r = invoke("export", f"{MODELS}/{source}", "--atol", atol, "--rtol", "0", "-o", tmp_path / "m.onnx")
+    assert_user_error(r, r"Parity torch vs ONNX Runtime failed .*output '\w+' max abs error .* at input shapes "
+                         r".*exceeds atol=.*nothing was written")
+    _no_outputs(tmp_path)
+
+
+def test_parity_summary_names_the_failing_output_when_errors_tie():
+    from mpinfer.export.parity import ParityReport, ParityRun
+
+    ok = {"max_abs": 0.5, "max_rel": 1e-3, "passed": True}
+    bad = {"max_abs": 0.5, "max_rel": 0.5, "passed": False}
+    report = ParityReport([ParityRun({"x": [2, 4]}, {"a": ok, "b": bad}, False),
+                           ParityRun({"x": [1, 4]}, {"a": ok, "b": bad}, False)])
+    assert report.worst_summary() == ("output 'b' max abs error 0.5, max rel error 0.5 at input shapes "
+                                      "{'x': [2, 4]}")
+    legacy = ParityReport([ParityRun({"x": [2]}, {"a": {"max_abs": 0.0, "max_rel": 0.0}}, True),
+                           ParityRun({"x": [1]}, {"a": {"max_abs": 0.0, "max_rel": 0.0}}, True)])
+    assert "output 'a' max abs error 0" in legacy.worst_summary()  # equal errors, shapes never compared
+
+
+@pytest.mark.parametrize(("flag", "value"), [("--atol", "-1"), ("--rtol", "-0.5"), ("--atol", "nan")])
+def test_cli_negative_tolerance_is_refused(invoke, tmp_path, flag, value):
+    r = invoke("export", f"{MODELS}/mlp.py:build", flag, value, "-o", tmp_path / "m.onnx")
+    assert_user_error(r, rf"Parity tolerance {flag}: received {value}.*expected a number >= 0")
+    _no_outputs(tmp_path)
+
+
+def test_cli_sidecar_or_external_data_that_is_an_input_is_refused(invoke, tmp_path):
+    import models.mlp
+
+    for weights in (tmp_path / "w.export.json", tmp_path / "w.onnx.data"):
+        torch.save(models.mlp.build().state_dict(), weights)
+        before = weights.read_bytes()
+        r = invoke("export", f"{MODELS}/mlp.py:build", "--weights", weights, "-o", tmp_path / "w.onnx")
+        assert_user_error(r, f"Output path '.*{weights.name}': received the same path as an input")
+        assert weights.read_bytes() == before
+        assert not (tmp_path / "w.onnx").exists()
+        weights.unlink()
+
+
+def test_cli_existing_sidecar_needs_force(invoke, tmp_path):
+    (tmp_path / "m.export.json").write_text("keep me")
+    r = invoke("export", f"{MODELS}/mlp.py:build", "--exporter", "torchscript", "-o", tmp_path / "m.onnx")
+    assert_user_error(r, r"Output file '.*m.export.json': received an existing file.*--force")
+    assert (tmp_path / "m.export.json").read_text() == "keep me" and not (tmp_path / "m.onnx").exists()
+    r = invoke("export", f"{MODELS}/mlp.py:build", "--exporter", "torchscript", "--force", "-o", tmp_path / "m.onnx")
+    assert r.exit_code == 0, r.output
+    assert json.loads((tmp_path / "m.export.json").read_text())["parity"]["passed"]
+
+
+def test_requested_opset_is_honoured_or_refused(invoke, tmp_path):
+    # auto: dynamo cannot go below opset 18 for this model, so TorchScript writes opset 7 and says why
+    r = invoke("export", f"{MODELS}/digits_cnn.py:build", "--opset", "7", "-o", tmp_path / "a.onnx")
+    assert r.exit_code == 0, r.output
+    assert "torchscript exporter, opset 7 (fallback: the dynamo exporter produced opset 18" in r.output
+    model = onnx.load(tmp_path / "a.onnx")
+    assert [o.version for o in model.opset_import if o.domain in ("", "ai.onnx")] == [7]
+    assert json.loads((tmp_path / "a.export.json").read_text())["opset"] == 7
+    # dynamo alone: refused, naming the opset it produced
+    r = invoke("export", f"{MODELS}/digits_cnn.py:build", "--exporter", "dynamo", "--opset", "7",
+               "-o", tmp_path / "d.onnx")
+    assert_user_error(r, "dynamo exporter produced opset 18, not the requested --opset 7.*Hint: try --exporter "
+                         "torchscript")
+    assert not (tmp_path / "d.onnx").exists()
+    # an opset dynamo can write is written as asked
+    res, sidecar = _export(tmp_path, str(MODELS / "mlp.py:build"), "dynamo", opset=20)
+    assert res.opset == 20 and sidecar["opset"] == 20
+
+
+def test_cli_output_in_an_unwritable_location(invoke, tmp_path):
+    (tmp_path / "plain").write_text("a file, not a folder")
+    outs = [tmp_path / "plain" / "m.onnx"]
+    if Path("/proc/self").exists():
+        outs.append(Path("/proc/m.onnx"))
+    for out in outs:
+        r = invoke("export", f"{MODELS}/mlp.py:build", "-o", out)
+        assert_user_error(r, r"received a location that cannot be written \((NotADirectoryError|FileNotFoundError)")
+    assert (tmp_path / "plain").read_text() == "a file, not a folder"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plain"]
