@@ -52,9 +52,11 @@ def resolve_providers(device: str) -> list[str]:
         return ["CPUExecutionProvider"]
     if device in ("cuda", "gpu"):
         if not cuda_usable():
+            have = available_providers()
+            why = ("onnxruntime has CUDAExecutionProvider, but no GPU is visible"
+                   if "CUDAExecutionProvider" in have else f"onnxruntime without CUDAExecutionProvider ({have})")
             raise BackendUnavailableError(
-                format_message("ONNX Runtime CUDA provider", f"providers {available_providers()}",
-                               "CUDAExecutionProvider and a visible GPU",
+                format_message("--device cuda", why, "CUDAExecutionProvider and a visible NVIDIA GPU",
                                "install onnxruntime-gpu on a machine with an NVIDIA GPU, or use --device cpu")
             )
         return ["CUDAExecutionProvider", "CPUExecutionProvider"]

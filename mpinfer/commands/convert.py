@@ -135,10 +135,10 @@ def convert(
     )
     result = convert_precision(cfg)
     if not quiet:
-        _print_summary(result)
+        _print_summary(result, plan)
 
 
-def _print_summary(result: object) -> None:
+def _print_summary(result: object, plan_in: Path | None = None) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -172,4 +172,8 @@ def _print_summary(result: object) -> None:
         )
     console = Console()
     console.print(table)
-    console.print(f"wrote {result.output} and {result.plan_path}")  # type: ignore[attr-defined]
+    written = result.plan_path  # type: ignore[attr-defined]
+    if plan_in is not None and Path(plan_in).resolve() == Path(written).resolve():
+        console.print(f"wrote {result.output} (plan {written}: applied as it is, not rewritten)")  # type: ignore[attr-defined]
+    else:
+        console.print(f"wrote {result.output} and {written}")  # type: ignore[attr-defined]

@@ -153,6 +153,9 @@ def convert_precision(cfg: ConvertConfig) -> ConvertResult:
     start = time.perf_counter()
     _check_config(cfg)
     out = check_output_path(cfg.output, [cfg.model, cfg.plan, cfg.keep_fp32_from], force=cfg.force)
+    if out.suffix != ".onnx":
+        raise InvalidInputError(format_message(f"Output '{cfg.output}'", f"suffix '{out.suffix}'", "'.onnx'",
+                                               "its plan is written beside it as <name>.plan.json"))
     plan_out = plan_path_for(out)
     if cfg.plan is not None:
         require_file(cfg.plan, "Plan")

@@ -48,6 +48,12 @@ def test_convert_writes_model_and_plan(invoke, model_path, tmp_path):
     )
     assert again.exit_code == 0, again.output
     assert (tmp_path / "re.onnx").read_bytes() == out.read_bytes()
+    # re-applied in place (the plan is the one beside the output): applied, not rewritten, and said so
+    before = (tmp_path / "out" / "m.fp16.plan.json").read_bytes()
+    inplace = invoke("convert", model_path, "--plan", tmp_path / "out" / "m.fp16.plan.json", "-o", out, "--force")
+    assert inplace.exit_code == 0, inplace.output
+    assert "applied as it is, not rewritten" in " ".join(inplace.output.split())
+    assert (tmp_path / "out" / "m.fp16.plan.json").read_bytes() == before
 
 
 def test_overrides(invoke, model_path, tmp_path):
@@ -127,6 +133,12 @@ def test_a_folder_of_images_calibrates_with_its_preprocessing(invoke, tmp_path):
     assert plan["calibration"]["kind"] == "images" and plan["calibration"]["samples"] == 6
     assert_user_error(invoke("convert", src, "--calibration", tmp_path / "imgs", "--image-preprocess", "colour=L",
                              "-o", tmp_path / "p.onnx"), "colour")
+
+
+def test_output_must_be_an_onnx_file(invoke, model_path, tmp_path):
+    r = invoke("convert", model_path, "--calibration", "none", "-o", tmp_path / "x.txt")
+    assert_user_error(r, r"Output '.*x.txt': received suffix '.txt', expected '.onnx'")
+    assert not list(tmp_path.glob("x.*"))
 
 
 def test_not_onnx(invoke, tmp_path):
