@@ -349,6 +349,15 @@ def run_pipeline(
     _check_tables(path, doc, registry)
     meta = doc.get("pipeline", {})
     root = (path.parent / str(meta.get("root", "."))).resolve()
+    if not root.is_dir():
+        raise InvalidInputError(
+            format_message(
+                f"Pipeline table [pipeline] root = {meta.get('root')!r}",
+                f"'{root}', which is not a folder",
+                "the folder relative paths start from",
+                "it is relative to the TOML's folder; omit it to use that folder",
+            )
+        )
     work_dir = (root / str(meta.get("work_dir", "out/pipeline"))).resolve()
     make_dirs(work_dir, f"[pipeline] work_dir {work_dir}")
     state_path = work_dir / STATE_FILE

@@ -277,3 +277,10 @@ def test_a_work_dir_that_cannot_be_made_is_a_user_error(tmp_path):
     (tmp_path / "p.toml").write_text('[pipeline]\nwork_dir = "afile/w"\n[convert]\nmodel = "m.onnx"\n')
     with pytest.raises(InvalidInputError, match=r"work_dir .*cannot be written"):
         run_pipeline(tmp_path / "p.toml")
+
+
+def test_a_root_that_is_not_a_folder_is_a_user_error(tmp_path):
+    (tmp_path / "p.toml").write_text('[pipeline]\nroot = "nowhere"\n[convert]\nmodel = "m.onnx"\n')
+    with pytest.raises(InvalidInputError, match=r"root = 'nowhere'.*not a folder"):
+        run_pipeline(tmp_path / "p.toml")
+    assert not (tmp_path / "nowhere").exists()
