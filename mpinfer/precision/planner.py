@@ -40,7 +40,7 @@ def check_overrides(info: GraphInfo, options: RuleOptions) -> None:
     from onnx import defs
 
     from mpinfer.errors import InvalidInputError, format_message
-    from mpinfer.precision.rules import _compile
+    from mpinfer.precision.rules import compile_pattern
 
     for what, keep, low in (("op type", options.keep_ops, options.low_ops), ("node pattern", options.keep_nodes,
                                                                              options.low_nodes)):
@@ -79,7 +79,7 @@ def check_overrides(info: GraphInfo, options: RuleOptions) -> None:
     addresses = [ref.address for ref in info.nodes]
     for flag, patterns in (("--keep-node", options.keep_nodes), ("--low-node", options.low_nodes)):
         for pattern in patterns:
-            rx = _compile(pattern)
+            rx = compile_pattern(pattern)
             if not any(rx.search(a) for a in addresses):
                 logger.warning(
                     "%s '%s' matches no node, so it changes nothing (node names look like %s).",

@@ -172,8 +172,8 @@ class UserNodeRule(NodeRule):
     """``--keep-node`` / ``--low-node``: regexes matched (fullmatch, then search) against node addresses."""
 
     def __init__(self, keep: Sequence[str] = (), low: Sequence[str] = ()) -> None:
-        self.keep = [(p, _compile(p)) for p in keep]
-        self.low = [(p, _compile(p)) for p in low]
+        self.keep = [(p, compile_pattern(p)) for p in keep]
+        self.low = [(p, compile_pattern(p)) for p in low]
 
     def decide(self, ref: NodeRef, ctx: RuleContext) -> Decision | None:
         """The verdict for ``ref``, or None when the rule does not apply."""
@@ -532,7 +532,12 @@ def _get(st: Any, key: str) -> float:
     return float(val) if val is not None and np.isfinite(val) else (float("inf") if val else 0.0)
 
 
-def _compile(pattern: str) -> re.Pattern[str]:
+def compile_pattern(pattern: str) -> re.Pattern[str]:
+    """A --keep-node/--low-node regex, compiled.
+
+    Raises:
+        InvalidInputError: For an invalid regular expression.
+    """
     from mpinfer.errors import InvalidInputError, format_message
 
     try:
