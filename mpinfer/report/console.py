@@ -10,11 +10,13 @@ from mpinfer.report import tables
 
 
 def _table(title: str, headers: list[str], rows: list[list[str]]) -> Any:
+    from rich.markup import escape
     from rich.table import Table
 
-    t = Table(title=title, title_justify="left", show_lines=False)
+    # headers and titles carry output names and devices: text, never markup ("[/x]" is a valid output name)
+    t = Table(title=escape(title), title_justify="left", show_lines=False)
     for i, h in enumerate(headers):
-        t.add_column(h, justify="left" if i == 0 else "right", overflow="fold")
+        t.add_column(escape(h), justify="left" if i == 0 else "right", overflow="fold")
     for row in rows:
         t.add_row(*[_style(c) for c in row])
     return t
@@ -96,9 +98,8 @@ def render_console(result: ComparisonResult, console: Any = None) -> None:
         if cand.precision:
             console.print("Precision: " + escape(tables.precision_line(cand)))
         for hint in cand.hints:
-            console.print(
-                f"[yellow]speed hint[/] ({hint.kind}) {escape(hint.message)} Fix: {escape(hint.fix)}"
-            )
+            # escaped whole: a '[' in the message and a ']' in the fix must not pair up into a tag
+            console.print("[yellow]speed hint[/] " + escape(f"({hint.kind}) {hint.message} Fix: {hint.fix}"))
     if result.latency is not None:
         console.print()
         console.print(

@@ -7,11 +7,20 @@ from mpinfer.compare.result import ComparisonResult
 from mpinfer.report import tables
 
 
+def md_escape(text: str) -> str:
+    """Text shown as it is by a Markdown renderer: HTML and code-span characters escaped, one line.
+
+    Node and output names are the model's, and may hold ``<b>``, ``&amp;``, backticks or newlines.
+    """
+    text = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return text.replace("`", "\\`").replace("\r", " ").replace("\n", " ")
+
+
 def md_table(headers: list[str], rows: list[list[str]]) -> list[str]:
-    """A GitHub-flavoured Markdown table as lines (``|`` in a cell escaped), followed by an empty line."""
+    """A GitHub-flavoured Markdown table as lines (cells escaped, ``|`` too), followed by an empty line."""
 
     def cell(x: str) -> str:
-        return x.replace("|", "\\|").replace("\n", " ")
+        return md_escape(x).replace("|", "\\|")
 
     out = ["| " + " | ".join(cell(h) for h in headers) + " |", "|" + "---|" * len(headers)]
     out += ["| " + " | ".join(cell(c) for c in row) + " |" for row in rows]
@@ -26,12 +35,11 @@ def render_markdown(result: ComparisonResult) -> str:
         f"**Verdict: {tables.verdict(result)}**; checks: `{', '.join(result.checks)}`",
         "",
         f"- Baseline: `{result.baseline['name']}` ({tables.runner_line(result.baseline['runner'])})",
-        f"- Data: {result.data.get('description')} ({result.data.get('samples')} samples, "
-        f"{result.data.get('batches')} batches)",
+        f"- Data: {md_escape(str(result.data.get('description')))}: {result.data.get('samples')} samples",
         f"- Created: {result.created}; mpinfer {result.environment.get('mpinfer', '?')}, "
         f"onnxruntime {result.environment.get('onnxruntime', '?')}, {result.environment.get('platform', '')}",
     ]
-    lines += [f"- Note: {n}" for n in result.notes] + [""]
+    lines += [f"- Note: {md_escape(n)}" for n in result.notes] + [""]
     for cand in result.candidates:
         lines += [
             f"## Candidate `{cand.name}`",
@@ -50,14 +58,17 @@ def render_markdown(result: ComparisonResult) -> str:
         )
         if cand.divergence is not None:
             lines += ["### Where the error comes from", ""] + [
-                f"- {x}" for x in tables.divergence_lines(cand)
+                f"- {md_escape(x)}" for x in tables.divergence_lines(cand)
             ]
             lines += [""] + md_table(tables.NODE_HEADERS, tables.node_rows(cand))
         if cand.precision:
-            lines += ["### Precision", "", tables.precision_line(cand), ""]
+            lines += ["### Precision", "", md_escape(tables.precision_line(cand)), ""]
         if cand.hints:
             lines += ["### Speed hints", ""]
-            lines += [f"- **{h.kind}** `{h.node}`: {h.message} Fix: {h.fix}" for h in cand.hints] + [""]
+            lines += [
+                f"- **{h.kind}** {md_escape(h.node)}: {md_escape(h.message)} Fix: {md_escape(h.fix)}"
+                for h in cand.hints
+            ] + [""]
     if result.latency is not None:
         lines += [f"## Latency (device `{result.latency.device}`, warm-up {result.latency.warmup})", ""]
         lines += md_table(tables.LATENCY_HEADERS, tables.latency_rows(result))

@@ -130,3 +130,33 @@ def test_cli_report_bad_input(invoke, report_result, tmp_path):
     )
     src = report_result["paths"]["json"]
     assert_user_error(invoke("report", src, "--format", "json", "-o", src), r"same path as an input")
+
+
+def test_names_with_markup_are_shown_as_they_are(invoke, tmp_path):
+    # Output and node names are the model's: rich markup ("[/x]") crashed the console, HTML in them reached the
+    # Markdown renderer, and a '[' in a hint's message paired with a ']' in its fix.
+    import onnx
+    from onnx import TensorProto, helper
+
+    from tests.precision.graphs import rng_w
+
+    out, node = "[/x]", "mm <b>1</b> `tick` [y"
+    w = onnx.numpy_helper.from_array(rng_w(8, 6), "w")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], [out], name=node)],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8])],
+        [helper.make_tensor_value_info(out, TensorProto.FLOAT, ["N", 6])],
+        [w],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(tmp_path / "m.onnx"))
+    conv = invoke("convert", tmp_path / "m.onnx", "--calibration", "none", "-o", tmp_path / "m.fp16.onnx")
+    assert conv.exit_code == 0, conv.output
+    r = invoke("compare", tmp_path / "m.onnx", tmp_path / "m.fp16.onnx", "--report", tmp_path / "rep")
+    assert r.exit_code == 0, r.output
+    text = " ".join(r.output.split())
+    assert "[/x]" in text and f"FP16 MatMul '{node}' has" in text  # the hint whole, the header literal
+    md = (tmp_path / "rep" / "report.md").read_text()
+    assert "mm &lt;b&gt;1&lt;/b&gt; \\`tick\\` [y" in md and "<b>" not in md
