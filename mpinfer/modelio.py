@@ -65,10 +65,45 @@ def _check_external_data(model: onnx.ModelProto, base_dir: Path, path: Path) -> 
                 format_message(
                     f"ONNX model '{path}': external data file '{loc}' for tensor '{tensor.name}'",
                     "a missing file",
-                    f"the file in '{base}'",
-                    "copy the .data file that came with the model next to it",
+                    f"the file at '{target}'",
+                    f"copy the data file that came with the model to '{loc}' beside it",
                 )
             )
+        try:
+            end = int(info.get("offset") or 0) + int(info["length"]) if "length" in info else None
+        except ValueError:
+            end = None  # onnx's own loader names a malformed offset/length
+        size = target.stat().st_size
+        if end is not None and end > size:
+            raise ModelLoadError(
+                format_message(
+                    f"ONNX model '{path}': external data file '{loc}' for tensor '{tensor.name}'",
+                    f"a file of {size} bytes",
+                    f"at least {end} bytes (the tensor's offset + length)",
+                    "the data file is truncated or belongs to another model: copy it again",
+                )
+            )
+
+
+def external_data_files(path: str | os.PathLike[str]) -> list[Path]:
+    """The external data files the ONNX model at ``path`` reads (resolved; none for a self-contained model).
+
+    A writer checks its outputs against these too: a model's ``<out>.data`` may be the input's own data file.
+    """
+    import onnx
+    from onnx.external_data_helper import uses_external_data
+
+    p = Path(path)
+    try:
+        model = onnx.load(str(p), load_external_data=False)
+    except Exception:  # noqa: BLE001 - unreadable models are refused by load_onnx with its own words
+        return []
+    files = {
+        (p.parent / {e.key: e.value for e in t.external_data}.get("location", "")).resolve()
+        for t in _all_tensors(model)
+        if uses_external_data(t)
+    }
+    return sorted(files)
 
 
 def subgraphs(node: onnx.NodeProto) -> Iterator[onnx.GraphProto]:
@@ -196,8 +231,7 @@ def save_onnx(
         tmp_model = tmpdir / out.name
         data_name = out.name + ".data"
         if external_data:
-            onnx.save_model(m, str(tmp_model), save_as_external_data=True, all_tensors_to_one_file=True,
-                            location=data_name, size_threshold=EXTERNAL_DATA_SIZE_THRESHOLD)
+            save_with_external_data(m, tmp_model, data_name)
             if (tmpdir / data_name).exists():
                 os.replace(tmpdir / data_name, out.parent / data_name)
         else:
@@ -206,6 +240,26 @@ def save_onnx(
     finally:
         shutil.rmtree(tmpdir, ignore_errors=True)
     return out
+
+
+def save_with_external_data(model: onnx.ModelProto, path: Path, data_name: str) -> None:
+    """``onnx.save_model`` with every initializer of at least EXTERNAL_DATA_SIZE_THRESHOLD bytes in ``data_name``.
+
+    Tensors are marked here rather than by ``save_model(save_as_external_data=True, location=...)``: that
+    refuses to save when a file named ``location`` exists in the *current* folder (onnx checks the location
+    relative to the process, not to the model), so re-converting in the output's own folder failed. ``path``
+    is a fresh file in a fresh folder: the data file is written next to it, tensor by tensor.
+    """
+    import sys
+
+    import onnx
+    from onnx.external_data_helper import set_external_data
+
+    for graph in iter_graphs(model.graph):
+        for tensor in graph.initializer:
+            if tensor.HasField("raw_data") and sys.getsizeof(tensor.raw_data) >= EXTERNAL_DATA_SIZE_THRESHOLD:
+                set_external_data(tensor, data_name)
+    onnx.save_model(model, str(path))
 
 
 def small_enough_to_size(model: onnx.ModelProto) -> bool:

@@ -136,3 +136,36 @@ def test_cli_compare_and_report_to_an_unwritable_location(invoke, tmp_path, a_fi
     for out in _bad_outputs(a_file, "r.html"):
         r = invoke("report", tmp_path / "rep" / "report.json", "--format", "html", "-o", out)
         assert_user_error(r, UNWRITABLE)
+
+
+def test_an_output_whose_data_file_is_the_inputs_is_refused(invoke, tmp_path):
+    # a.onnx keeps its weights in "b.onnx.data": writing b.onnx (and its b.onnx.data) would destroy them
+    w = numpy_helper.from_array(np.random.default_rng(0).random((256, 256), dtype=np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 256])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 256])],
+        [w],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save_model(model, str(tmp_path / "a.onnx"), save_as_external_data=True, location="b.onnx.data")
+    data = (tmp_path / "b.onnx.data").read_bytes()
+    for args in (
+        ("convert", tmp_path / "a.onnx", "--calibration", "none", "-o", tmp_path / "b.onnx", "--force"),
+        ("build-engine", tmp_path / "a.onnx", "--backend", "onnxruntime", "-o", tmp_path / "b.onnx", "--force"),
+    ):
+        assert_user_error(invoke(*args), r"b.onnx.data': received the same path as an input")
+    assert (tmp_path / "b.onnx.data").read_bytes() == data and not (tmp_path / "b.onnx").exists()
+    # elsewhere it converts, also when run from the output's folder with its data file there (onnx's own
+    # external-data writer checks the location against the current folder and refused)
+    ok = invoke("convert", tmp_path / "a.onnx", "--calibration", "none", "-o", tmp_path / "c.onnx")
+    assert ok.exit_code == 0, ok.output
+    cwd = os.getcwd()
+    try:
+        os.chdir(tmp_path)
+        again = invoke("convert", "a.onnx", "--calibration", "none", "-o", "c.onnx", "--force")
+    finally:
+        os.chdir(cwd)
+    assert again.exit_code == 0, again.output

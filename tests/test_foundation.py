@@ -112,6 +112,15 @@ def test_external_data_roundtrip_and_guards(tmp_path):
     (tmp_path / "sub" / "missing.onnx").write_bytes(evil.SerializeToString())
     with pytest.raises(ModelLoadError, match="missing file"):
         load_onnx(tmp_path / "sub" / "missing.onnx")
+    # a truncated data file is named, not left to onnx's ValueError deep inside a conversion
+    m = _tiny_model()
+    m.graph.initializer.append(numpy_helper.from_array(np.zeros(70_000, np.float32), "big"))
+    path = save_onnx(m, tmp_path / "t.onnx", external_data=True)
+    data = tmp_path / "t.onnx.data"
+    data.write_bytes(data.read_bytes()[:10])
+    for external in (True, False):
+        with pytest.raises(ModelLoadError, match=r"a file of 10 bytes, expected at least \d+ bytes.*truncated"):
+            load_onnx(path, load_external_data=external)
 
 
 def test_external_data_is_written_for_big_tensors(tmp_path):

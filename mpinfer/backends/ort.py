@@ -53,10 +53,11 @@ def resolve_providers(device: str) -> list[str]:
     if device in ("cuda", "gpu"):
         if not cuda_usable():
             have = available_providers()
-            why = ("onnxruntime has CUDAExecutionProvider, but no GPU is visible"
-                   if "CUDAExecutionProvider" in have else f"onnxruntime without CUDAExecutionProvider ({have})")
+            why = ("no visible GPU (onnxruntime has CUDAExecutionProvider)"
+                   if "CUDAExecutionProvider" in have else f"an onnxruntime without CUDAExecutionProvider ({have})")
             raise BackendUnavailableError(
-                format_message("--device cuda", why, "CUDAExecutionProvider and a visible NVIDIA GPU",
+                format_message("ONNX Runtime CUDA provider (--device cuda)", why, "a visible NVIDIA GPU and "
+                               "onnxruntime's CUDAExecutionProvider",
                                "install onnxruntime-gpu on a machine with an NVIDIA GPU, or use --device cpu")
             )
         return ["CUDAExecutionProvider", "CPUExecutionProvider"]

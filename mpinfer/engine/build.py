@@ -164,7 +164,7 @@ class _Checked:
 def _check_inputs(cfg: BuildConfig) -> _Checked:
     from onnx.external_data_helper import uses_external_data
 
-    from mpinfer.modelio import load_onnx, require_file
+    from mpinfer.modelio import external_data_files, load_onnx, require_file
 
     cfg.validate()
     model_path = require_file(cfg.model, "ONNX model")
@@ -182,9 +182,11 @@ def _check_inputs(cfg: BuildConfig) -> _Checked:
     external = any(uses_external_data(t) for t in model.graph.initializer)
     output = Path(cfg.output) if cfg.output is not None else default_output(model_path, backend, external_data=external)
     plan = cfg.plan if cfg.plan is not None else plan_path_for(model_path)
-    inputs = [model_path, cfg.timing_cache, plan, Path(str(model_path) + ".data")]
+    inputs = [model_path, cfg.timing_cache, plan, *external_data_files(model_path)]
     check_output_path(output, inputs, force=cfg.force)
-    check_output_path(sidecar_path(output), inputs, force=True)
+    check_output_path(sidecar_path(output), inputs, force=cfg.force)
+    # the engine's external data file: never the model's own, and replaced only with --force
+    check_output_path(output.with_name(output.name + ".data"), inputs, force=cfg.force)
     check_profiles(cfg.shapes, specs)
     shapes, shapes_note = cfg.shapes, None
     if backend is Backend.TENSORRT:  # ONNX Runtime handles dynamic shapes itself
