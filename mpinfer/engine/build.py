@@ -265,6 +265,15 @@ def build_engine(cfg: BuildConfig) -> BuildResult:
     return BuildResult(path=c.output, sidecar=side, backend=c.backend, reason=c.reason, notes=tuple(notes))
 
 
+def _engine_files(output: Path) -> dict[str, Any]:
+    """The engine file's name, sha256 and size, and its external data file's (ONNX Runtime, over 2 GB)."""
+    entry: dict[str, Any] = {"path": output.name, "sha256": sha256_file(output), "bytes": output.stat().st_size}
+    data = output.with_name(output.name + ".data")
+    if data.is_file():
+        entry["data"] = {"path": data.name, "sha256": sha256_file(data), "bytes": data.stat().st_size}
+    return entry
+
+
 def _sidecar(
     cfg: BuildConfig, c: _Checked, sections: dict[str, Any], gpu: GpuInfo | None, notes: list[str]
 ) -> dict[str, Any]:
@@ -273,7 +282,7 @@ def _sidecar(
         "kind": SIDECAR_KIND,
         "backend": c.backend.value,
         "backend_reason": c.reason,
-        "engine": {"path": c.output.name, "sha256": sha256_file(c.output), "bytes": c.output.stat().st_size},
+        "engine": _engine_files(c.output),
         "source": {"path": str(c.model_path), "sha256": sha256_file(c.model_path)},
         **sections,
         "device": _device_section(gpu),

@@ -49,16 +49,26 @@ def _engine_backend(path: Path, sidecar: dict[str, Any] | None) -> str:
 
 
 def _check_unchanged(path: Path, sidecar: dict[str, Any]) -> None:
-    recorded = (sidecar.get("engine") or {}).get("sha256")
-    if recorded and recorded != sha256_file(path):
-        raise ModelLoadError(
-            format_message(
-                f"Engine '{path}'",
-                "a file whose sha256 differs from its sidecar",
-                "the engine that build-engine wrote",
-                "the engine was replaced or corrupted; rebuild it with --force",
+    """The engine file, and its external data file when the sidecar records one, are those build-engine wrote."""
+    engine = sidecar.get("engine") or {}
+    files = [(path, engine.get("sha256"), engine.get("bytes"))]
+    data = engine.get("data") or {}
+    if data:
+        files.append((path.with_name(str(data.get("path"))), data.get("sha256"), data.get("bytes")))
+    for file, sha, size in files:
+        if not file.is_file():
+            raise ModelLoadError(format_message(f"Engine '{path}'", f"no data file '{file.name}' beside it",
+                                                "the engine's external data file", "rebuild it with --force"))
+        # the size first: a multi-GB data file is hashed only when its size matches
+        if (isinstance(size, int) and file.stat().st_size != size) or (sha and sha != sha256_file(file)):
+            raise ModelLoadError(
+                format_message(
+                    f"Engine '{path}'",
+                    f"a file ('{file.name}') whose sha256 differs from its sidecar",
+                    "the engine that build-engine wrote",
+                    "the engine was replaced or corrupted; rebuild it with --force",
+                )
             )
-        )
 
 
 def load_engine_runner(path: str | os.PathLike[str], *, device: str = "auto") -> Runner:

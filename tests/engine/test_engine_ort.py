@@ -163,6 +163,14 @@ def test_model_with_external_data_builds_an_optimised_onnx(tmp_path):
     assert (out.parent / "model.opt.onnx.data").stat().st_size >= 1024 * 4 * 2
     with load_engine_runner(result.path) as runner, OrtRunner(src) as ref:
         np.testing.assert_allclose(runner.infer(feeds)["y"], ref.infer(feeds)["y"], rtol=0, atol=1e-6)
+    # the sidecar's checksum covers the data file too: a corrupted weight is refused, not silently run
+    assert side["engine"]["data"]["path"] == "model.opt.onnx.data"
+    data = out.parent / "model.opt.onnx.data"
+    raw = bytearray(data.read_bytes())
+    raw[100] ^= 0xFF
+    data.write_bytes(bytes(raw))
+    with pytest.raises(ModelLoadError, match=r"'model.opt.onnx.data'\) whose sha256 differs from its sidecar"):
+        load_engine_runner(result.path)
 
 
 def test_model_with_external_data_gets_an_onnx_engine_by_default(tmp_path):
