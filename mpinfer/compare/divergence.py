@@ -437,6 +437,13 @@ def find_divergence(
     nodes = rank_nodes(
         base, accs, load_plan_nodes(candidate), bodies.accs if bodies else None, weight_errors(base, cand)
     )
+    outputs = {o.name for o in base.graph.output}
+    blind = [] if any(t not in outputs for t in accs) or (bodies and bodies.accs) else [
+        "The candidate shares no intermediate tensor with the baseline (an optimised engine renames them), so "
+        "where the error comes from cannot be located: compare the .onnx it was built from to see that."
+    ]
+    if blind:  # each output's error would be blamed on the node that makes it
+        nodes = []
     ranking = [
         n.address
         for n in sorted(nodes, key=lambda n: -n.added if not math.isnan(n.added) else 0)
@@ -464,8 +471,8 @@ def find_divergence(
         first_jump=jump,
         ranking=ranking,
         skipped=skipped,
-        note=note,
-        notes=bodies.notes if bodies else [],
+        note=note if not blind else "not located",
+        notes=blind + (bodies.notes if bodies else []),
     )
 
 

@@ -181,6 +181,23 @@ def test_an_fp32_node_reading_a_rounded_constant_starts_from_its_rounding(tmp_pa
     assert abs(mul.added) < 0.5 * mul.error  # the Mul itself, in FP32, adds (almost) nothing
 
 
+def test_a_candidate_sharing_no_intermediate_tensor_is_not_blamed_on_its_last_node(mlp_files, tmp_path):
+    # An optimised engine renames every intermediate tensor: only the outputs are shared, and the whole error
+    # used to land on the node that makes an output ("error jumps at Identity 'out'").
+    model = onnx.load(str(mlp_files["fp16"]))
+    outputs = {o.name for o in model.graph.output}
+    rename = {o: f"renamed_{o}" for n in model.graph.node for o in n.output if o and o not in outputs}
+    for n in model.graph.node:
+        n.input[:] = [rename.get(i, i) for i in n.input]
+        n.output[:] = [rename.get(o, o) for o in n.output]
+    del model.graph.value_info[:]
+    onnx.save(model, str(tmp_path / "renamed.onnx"))
+    result = compare_models(_cfg(mlp_files["base"], tmp_path / "renamed.onnx", data=str(mlp_files["big"])))
+    div = result.candidates[0].divergence
+    assert div.nodes == [] and div.first_jump is None and div.ranking == []
+    assert any("cannot be located" in n for n in div.notes)
+
+
 def test_speed_hints():
     hints = speed_hints(_fp16_conv_graph(3, 12))
     kinds = {(h.kind, h.node) for h in hints}
