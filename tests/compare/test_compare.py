@@ -165,7 +165,8 @@ def test_an_fp32_node_reading_a_rounded_constant_starts_from_its_rounding(tmp_pa
         nodes = [helper.make_node("Constant", [], ["w"], name="c", value=const)]
         if low:
             nodes.append(helper.make_node("Cast", ["w"], ["w__cast_to_fp32"], name="w_cast", to=TensorProto.FLOAT))
-        nodes.append(helper.make_node("Mul", ["x", "w__cast_to_fp32" if low else "w"], ["y"], name="mul"))
+        nodes.append(helper.make_node("Relu", ["x"], ["r"], name="relu"))  # a shared intermediate tensor
+        nodes.append(helper.make_node("Mul", ["r", "w__cast_to_fp32" if low else "w"], ["y"], name="mul"))
         x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 64])
         y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 64])
         m = helper.make_model(helper.make_graph(nodes, "g", [x], [y]), opset_imports=[helper.make_opsetid("", 17)])
