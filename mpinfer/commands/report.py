@@ -37,6 +37,9 @@ def report(
     """  # noqa: D301 (click needs the \b)
     from mpinfer.report import load_report, render
 
+    if checks is not None and not checks.strip():
+        raise click.BadParameter('empty; give thresholds, e.g. "cosine>=0.9999", or leave --check out',
+                                 param_hint="--check")
     if report_json.is_dir():  # the folder `compare --report DIR` wrote
         report_json = report_json / "report.json"
     if output is not None and fmt == "console":

@@ -272,10 +272,10 @@ def _validate_arrays(arrays: Mapping[str, np.ndarray], specs: Sequence[TensorSpe
             want[axis] = spec.concrete_shape()[axis]
         if len(arr.shape) != len(spec.shape) or not spec.matches(want):
             layout = ("fed whole with every batch" if axis is None
-                      else f"samples on axis {axis}" if axis else "samples on the first axis")
+                      else f"with samples on axis {axis}" if axis else "with samples on the first axis")
             raise InvalidInputError(
                 format_message(f"Data '{origin}': input '{spec.name}'", f"shape {tuple(arr.shape)}",
-                               f"{tuple(spec.shape)} with {layout}",
+                               f"{tuple(spec.shape)} {layout}",
                                "str dims are dynamic; fixed dims must match")
             )
         if arr.dtype.kind == "f" and not np.all(np.isfinite(arr)):

@@ -160,3 +160,8 @@ def test_names_with_markup_are_shown_as_they_are(invoke, tmp_path):
     assert "[/x]" in text and f"FP16 MatMul '{node}' has" in text  # the hint whole, the header literal
     md = (tmp_path / "rep" / "report.md").read_text()
     assert "mm &lt;b&gt;1&lt;/b&gt; \\`tick\\` [y" in md and "<b>" not in md
+
+
+def test_cli_report_refuses_an_empty_check(invoke, report_result, tmp_path):
+    r = invoke("report", report_result["paths"]["json"], "--check", " ")
+    assert r.exit_code == 2 and "--check" in r.output and "empty" in r.output
