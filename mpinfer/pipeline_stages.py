@@ -444,6 +444,8 @@ class ReportSettings:
 
 
 # BuildConfig fields that BuildConfig.from_mapping parses from strings (a TOML table writes them so).
+# A TOML names the training data (a data set name or a file): the API's Dataset objects have no TOML form.
+TRAIN_LOOSE_TYPES: dict[str, Any] = {"data": str, "eval_data": str | None}
 BUILD_LOOSE_TYPES: dict[str, Any] = {
     "shapes": str | list[str],
     "workspace": str | int,
@@ -481,7 +483,9 @@ def _checker(stage: str, module: str, name: str, loose: Mapping[str, Any] | None
 def default_stages() -> dict[str, Stage]:
     """The built-in stages, in run order."""
     return {
-        "train": Stage("train", _plan_train, _run_train, _checker("train", "mpinfer.train", "AmpConfig")),
+        "train": Stage(
+            "train", _plan_train, _run_train, _checker("train", "mpinfer.train", "AmpConfig", TRAIN_LOOSE_TYPES)
+        ),
         "export": Stage("export", _plan_export, _run_export, _checker("export", "mpinfer.export", "ExportConfig")),
         "convert": Stage(
             "convert", _plan_convert, _run_convert, _checker("convert", "mpinfer.precision", "ConvertConfig")

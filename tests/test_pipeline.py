@@ -284,3 +284,16 @@ def test_a_root_that_is_not_a_folder_is_a_user_error(tmp_path):
     with pytest.raises(InvalidInputError, match=r"root = 'nowhere'.*not a folder"):
         run_pipeline(tmp_path / "p.toml")
     assert not (tmp_path / "nowhere").exists()
+
+
+@pytest.mark.parametrize(
+    ("line", "match"),
+    [
+        ("data = 5", r"\[train\] data = 5: received an integer, expected a string"),
+        ('eval_data = ["d"]', r"\[train\] eval_data = \['d'\].*expected a string"),
+    ],
+)
+def test_train_data_in_a_toml_is_a_name_or_a_file(tmp_path, line, match):
+    (tmp_path / "p.toml").write_text(f'[train]\nmodel = "m.py"\n{line}\n')
+    with pytest.raises(InvalidInputError, match=match):
+        run_pipeline(tmp_path / "p.toml")

@@ -191,6 +191,17 @@ def check_run_dir(output: Path, *, force: bool, resume: Path | None) -> list[Pat
     check_writable_location(output, output)
     found = [output / name for name in ARTEFACTS if (output / name).exists()]
     has_ckpt = any(p.name in (BEST, LAST) for p in found)
+    continues = resume is not None and Path(resume).resolve().parent == output.resolve()  # that run's own folder
+    if has_ckpt and not force and resume is not None and not continues:
+        # resuming run A into the folder of run B would replace B's checkpoints and metrics
+        raise InvalidInputError(
+            format_message(
+                f"Output folder '{output}'",
+                f"the artefacts of another run ({', '.join(p.name for p in found)}) than --resume '{resume}'",
+                f"a new or empty folder, or the folder of the resumed run ('{Path(resume).parent}')",
+                f"-o {Path(resume).parent} continues that run; pass --force to replace the artefacts here",
+            )
+        )
     if has_ckpt and not force and resume is None:
         names = ", ".join(p.name for p in found)
         raise InvalidInputError(
@@ -201,4 +212,4 @@ def check_run_dir(output: Path, *, force: bool, resume: Path | None) -> list[Pat
                 f"pass --force to overwrite them, or --resume {output / LAST} to continue that run",
             )
         )
-    return found if force and resume is None else []
+    return found if force and not continues else []

@@ -8,6 +8,7 @@ resumed run sees exactly the batches an uninterrupted one would.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -16,6 +17,8 @@ from typing import Any
 import numpy as np
 
 from mpinfer.errors import InvalidInputError, format_message
+
+logger = logging.getLogger(__name__)
 
 DIGITS = "digits"
 # The digits split every part shares (calibration/digits*.npz): a fixed permutation, the last 400 for test.
@@ -191,11 +194,17 @@ def make_loader(
         # No private generator: the loader draws its worker base seed from the global torch RNG, whose
         # state the checkpoint carries, so worker-side randomness also resumes exactly.
         sampler: Any = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=seed)
+        # A last batch of one sample breaks BatchNorm in training mode ("Expected more than 1 value per
+        # channel"): that sample is left out of the epoch (another one each epoch: the order is reshuffled).
+        drop_last = len(sampler) % batch_size == 1 and len(sampler) > 1
+        if drop_last:
+            logger.info("training: %d samples per rank leave a last batch of 1; it is skipped", len(sampler))
         return DataLoader(
             dataset,
             batch_size=batch_size,
             sampler=sampler,
             num_workers=num_workers,
+            drop_last=drop_last,
         )
     shard = dataset if world == 1 else Subset(dataset, range(rank, len(dataset), world))
     return DataLoader(shard, batch_size=batch_size, shuffle=False, num_workers=num_workers)

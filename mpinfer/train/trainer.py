@@ -36,7 +36,7 @@ from mpinfer.train.distributed import (
     close_distributed,
     init_distributed,
 )
-from mpinfer.train.labels import check_labels, cross_entropy, num_classes
+from mpinfer.train.labels import check_labels, check_same_inputs, cross_entropy, num_classes
 from mpinfer.train.metrics import best_index, peak_memory, summarize, write_metrics
 from mpinfer.train.overflow import OverflowMonitor
 from mpinfer.train.scaling import LossScaleCollapseError, LossScaler
@@ -167,11 +167,18 @@ class AmpTrainer:
         self._check_precision()
         ck.seed_everything(cfg.seed)
         model = build_model(cfg.model).to(dist.device)
+        if ckpt is not None and cfg.resume is not None:  # another model's checkpoint: said before the data's fit
+            ck.check_same_model(model.state_dict(), ckpt["model"], cfg.resume)
         ck.seed_everything(cfg.seed)  # factories often seed themselves; reseed for shuffling and dropout
         data = load_train_data(cfg.data, cfg.eval_data)
-        classes = num_classes(model, data.train, lambda x: _forward(model, _to_device(x, dist.device)))
-        check_labels(data, classes, (f"--data '{cfg.data}'", f"--eval-data '{cfg.eval_data}'" if cfg.eval_data
-                                     is not None else f"the held-out part of --data '{cfg.data}'"))
+        names = (f"--data '{cfg.data}'", f"--eval-data '{cfg.eval_data}'" if cfg.eval_data is not None
+                 else f"the held-out part of --data '{cfg.data}'")
+        classes = num_classes(model, data.train, lambda x: _forward(model, _to_device(x, dist.device)), names[0])
+        if data.eval is not None:  # the eval set must fit the model too: found now, not after an epoch
+            eval_classes = num_classes(model, data.eval, lambda x: _forward(model, _to_device(x, dist.device)),
+                                       names[1])
+            check_same_inputs(data, classes, eval_classes, names)
+        check_labels(data, classes, names)
         self._data_desc = data.description
         loader_args = {"batch_size": cfg.batch_size, "seed": cfg.seed, "rank": dist.rank, "world": dist.world,
                        "num_workers": cfg.num_workers}
@@ -231,9 +238,13 @@ class AmpTrainer:
         model.load_state_dict(ckpt["model"])
         self.optimizer.load_state_dict(ckpt["optimizer"])
         self.scheduler.load_state_dict(ckpt["scheduler"])
-        # The LR of the next step under this run's schedule (identical to the saved one when nothing changed).
-        for group, base in zip(self.optimizer.param_groups, self.scheduler.base_lrs, strict=True):
-            group["lr"] = base * self._lr_fn(self.scheduler.last_epoch)
+        # This run's --lr and --weight-decay apply from here on (the saved optimizer and schedule carry the old
+        # ones), so the checkpoints it writes record the values it used; the LR of the next step follows this
+        # run's schedule (identical to the saved one when nothing changed).
+        self.scheduler.base_lrs = [cfg.lr for _ in self.optimizer.param_groups]
+        for group in self.optimizer.param_groups:
+            group["initial_lr"], group["weight_decay"] = cfg.lr, cfg.weight_decay
+            group["lr"] = cfg.lr * self._lr_fn(self.scheduler.last_epoch)
         self.scaler.load_state_dict(ckpt["amp_scaler"])
         self.history = [dict(r) for r in ckpt["metrics"]]
         self.start_epoch = int(ckpt["epoch"])
@@ -254,9 +265,11 @@ class AmpTrainer:
         if changed:
             logger.warning(
                 "Resuming with changed settings (%s): the run will not match an uninterrupted one; "
-                "the schedule continues from step %d with the checkpoint's peak LR.",
+                "the schedule continues from step %d with peak LR %g and weight decay %g.",
                 "; ".join(changed),
                 self.global_step,
+                cfg.lr,
+                cfg.weight_decay,
             )
         logger.info("resuming from %s after epoch %d", cfg.resume, self.start_epoch)
 

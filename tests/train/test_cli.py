@@ -138,3 +138,49 @@ def test_cuda_requested_without_gpu(invoke, tmp_path):
     result = invoke("train", "models/digits_cnn.py:build", "--device", "cuda", "-o", tmp_path / "out")
     assert_user_error(result, r"Device 'cuda'.*--device cpu")
     assert not (tmp_path / "out").exists()
+
+
+def test_resume_into_another_runs_folder_is_refused(invoke, trained_run, tmp_path):
+    out, _ = trained_run
+    other = tmp_path / "runs" / "other"
+    other.mkdir()
+    (other / "last.pt").write_bytes((out / "last.pt").read_bytes())
+    (other / "metrics.jsonl").write_text("{}\n")
+    result = invoke("train", "models/digits_cnn.py:build", "--precision", "fp32", "--epochs", "2", "--resume",
+                    out / "last.pt", "-o", other)
+    assert_user_error(result, r"artefacts of another run .* than --resume.*-o .*digits continues that run")
+    assert (other / "metrics.jsonl").read_text() == "{}\n"
+
+
+@pytest.mark.parametrize(
+    ("model", "arrays", "pattern"),
+    [
+        ("models/mlp.py:build", None, r"Model on --data 'digits'.*mat1 and mat2"),  # 8x8 images into a 64-vector MLP
+        ("models/digits_cnn.py:build", {"x": ("f", (20, 64))}, r"one sample of shape \(64,\).*conv2d"),
+        ("models/transformer_small.py:build", {"input_ids": ("i", (20, 16))}, r"IndexError: index out of range"),
+    ],
+)
+def test_data_the_model_cannot_run_is_refused_before_the_run_folder(invoke, tmp_path, model, arrays, pattern):
+    import numpy as np
+
+    data = "digits"
+    if arrays is not None:
+        rng = np.random.default_rng(0)
+        made = {k: rng.random(shape, dtype=np.float32) if kind == "f" else rng.integers(5000, 6000, shape)
+                for k, (kind, shape) in arrays.items()}
+        np.savez(tmp_path / "d.npz", **made, _labels=rng.integers(0, 2, 20))
+        data = str(tmp_path / "d.npz")
+    result = invoke("train", model, "--data", data, "--epochs", "1", "-o", tmp_path / "out")
+    assert_user_error(result, pattern)
+    assert not (tmp_path / "out").exists()
+
+
+def test_resume_with_a_new_lr_and_weight_decay_uses_them(invoke, trained_run):
+    out, _ = trained_run
+    result = invoke("train", "models/digits_cnn.py:build", "--precision", "fp32", "--epochs", "2", "--batch-size",
+                    "32", "--lr", "0.01", "--weight-decay", "0.5", "--quiet", "--resume", out / "last.pt", "-o", out)
+    assert result.exit_code == 0, result.output
+    ckpt = torch.load(out / "last.pt", weights_only=True)
+    assert ckpt["config"]["lr"] == 0.01 and ckpt["config"]["weight_decay"] == 0.5
+    assert ckpt["scheduler"]["base_lrs"] == [0.01]  # what the checkpoint says is what ran
+    assert {g["weight_decay"] for g in ckpt["optimizer"]["param_groups"]} == {0.5}

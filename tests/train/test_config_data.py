@@ -104,3 +104,18 @@ def test_carry_best_copies_the_resumed_runs_best(tmp_path, caplog):
     (old / "best.pt").unlink()
     dest = carry_best(old / "last.pt", tmp_path / "new2" / "best.pt", {"epoch": 3})
     assert torch.load(dest, weights_only=True) == {"epoch": 3} and "instead of the best" in caplog.text
+
+
+def test_a_last_training_batch_of_one_sample_is_skipped():
+    # BatchNorm in training mode cannot normalise one sample; 9 samples in batches of 4 leave one over
+    import torch
+    from torch.utils.data import TensorDataset
+
+    from mpinfer.train.data import make_loader
+
+    ds = TensorDataset(torch.arange(9.0), torch.zeros(9, dtype=torch.long))
+    loader = make_loader(ds, batch_size=4, shuffle=True, seed=0, rank=0, world=1)
+    assert [len(b[0]) for b in loader] == [4, 4]
+    loader = make_loader(TensorDataset(torch.arange(10.0), torch.zeros(10, dtype=torch.long)), batch_size=4,
+                         shuffle=True, seed=0, rank=0, world=1)
+    assert [len(b[0]) for b in loader] == [4, 4, 2]  # other remainders are kept

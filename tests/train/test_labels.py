@@ -85,7 +85,10 @@ def test_counting_classes_leaves_the_model_and_rng_as_they_were():
     before = torch.get_rng_state()
     assert num_classes(model, [(torch.from_numpy(x[0]), 0)], model) == 10
     assert model.training and torch.equal(before, torch.get_rng_state())
-    assert num_classes(model, [(torch.zeros(3), 0)], model) is None  # the model rejects it: left to the loop
+    with pytest.raises(InvalidInputError, match=r"Model on --data: received inputs it cannot run \(one sample of "
+                                                r"shape \(3,\)"):  # refused before training, not in the loop
+        num_classes(model, [(torch.zeros(3), 0)], model)
+    assert model.training and torch.equal(before, torch.get_rng_state())
 
 
 def test_run_folder_in_an_unwritable_location(invoke, tmp_path):
