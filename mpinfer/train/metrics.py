@@ -50,7 +50,8 @@ def summarize(history: list[dict[str, Any]], *, status: str, extra: dict[str, An
         "schema_version": 1,
         "status": status,
         "epochs_done": last["epoch"],
-        "optimizer_steps": last["step"],
+        "optimizer_steps": last["step"] - sum(r["skipped_steps"] for r in history),  # applied updates
+        "steps": last["step"],  # applied + skipped by the loss scaler
         "train_loss": last["train_loss"],
         "eval_loss": last.get("eval_loss"),
         "eval_accuracy": last.get("eval_accuracy"),

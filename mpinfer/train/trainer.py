@@ -307,6 +307,13 @@ class AmpTrainer:
         logger.info("training done after epoch %d in %.1f s", done, time.perf_counter() - t_start)
         if self.monitor is not None and overflow_path is not None:
             self.monitor.write(overflow_path, cfg.precision.value)
+        if self.history and sum(r["skipped_steps"] for r in self.history) >= self.history[-1]["step"] > 0:
+            logger.warning(
+                "Every optimizer step was skipped (non-finite gradients at every loss scale tried): the model "
+                "was never updated, and best.pt holds its initial weights. Lower --init-scale, or check the "
+                "model for values that overflow in %s.",
+                cfg.precision.value,
+            )
         summary = summarize(
             self.history,
             status="completed" if done >= cfg.epochs else "partial",

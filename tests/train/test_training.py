@@ -253,3 +253,16 @@ def test_npz_with_two_named_inputs_feeds_keyword_arguments(tmp_path):
     )
     assert result.summary["eval_accuracy"] >= 0.8
     assert "160 train / 40 held out" in result.summary["data"]
+
+
+def test_a_run_whose_every_step_was_skipped_says_so(tmp_path, digits_small, caplog):
+    # A loss scale no gradient survives: the scaler skips every step, and the summary used to count them as
+    # optimizer steps of a trained model.
+    train, evl = digits_small
+    cfg = AmpConfig(plain_mlp, tmp_path / "r", data=train, eval_data=evl, precision="fp16", device="cpu",
+                    epochs=1, batch_size=64, init_scale=1e38, quiet=True)
+    with caplog.at_level("WARNING"):
+        s = AmpTrainer(cfg).fit().summary
+    # (halving from 1e38 needs ~110 skipped steps to reach FP16's range; one small epoch has far fewer)
+    assert s["skipped_steps"] == s["steps"] and s["optimizer_steps"] == 0 and s["steps"] > 0
+    assert "Every optimizer step was skipped" in caplog.text
