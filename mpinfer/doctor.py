@@ -47,8 +47,9 @@ def collect_checks() -> list[Check]:
             for i in range(torch.cuda.device_count()):
                 cap = torch.cuda.get_device_capability(i)
                 gpus.append(f"{torch.cuda.get_device_name(i)} (sm_{cap[0]}{cap[1]})")
+        no_gpu = "TensorRT engines, ONNX Runtime CUDA and fast fp16 training need an NVIDIA GPU"
         checks.append(Check("CUDA GPU", bool(gpus), ", ".join(gpus) or "none visible to torch",
-                            "" if gpus else "GPU stages (TensorRT, ORT CUDA, fp16 training) need an NVIDIA GPU"))
+                            "" if gpus else no_gpu))
         checks.append(Check("bf16 on CPU (torch)", True, "available (autocast cpu, bfloat16)"))
     ov = _version("onnx")
     checks.append(Check("onnx", ov is not None, ov or "missing", "pip install onnx"))

@@ -132,12 +132,16 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # torch raises many types for a corrupt or unsafe pickle
+        unsafe = "Weights only load failed" in str(err)  # a pickle that holds more than tensors and plain data
         raise InvalidInputError(
             format_message(
                 f"Checkpoint '{path}'",
-                f"an unreadable file ({type(err).__name__})",
+                "a pickle holding objects other than tensors and plain data, refused by "
+                "torch.load(weights_only=True)" if unsafe else f"an unreadable file ({type(err).__name__})",
                 "a checkpoint written by mpinfer train",
-                "it may be truncated or not a torch checkpoint",
+                "checkpoints written by mpinfer train hold only tensors and plain data: this file was not "
+                "written by it (and may run code when unpickled)" if unsafe
+                else "it may be truncated or not a torch checkpoint",
             )
         ) from err
     missing = [k for k in REQUIRED_KEYS if not isinstance(ckpt, dict) or k not in ckpt]

@@ -184,3 +184,17 @@ def test_resume_with_a_new_lr_and_weight_decay_uses_them(invoke, trained_run):
     assert ckpt["config"]["lr"] == 0.01 and ckpt["config"]["weight_decay"] == 0.5
     assert ckpt["scheduler"]["base_lrs"] == [0.01]  # what the checkpoint says is what ran
     assert {g["weight_decay"] for g in ckpt["optimizer"]["param_groups"]} == {0.5}
+
+
+class _RunsCode:
+    def __reduce__(self):
+        import os
+
+        return (os.getcwd, ())
+
+
+def test_resume_from_a_pickle_with_code_says_weights_only_refused_it(invoke, tmp_path):
+    torch.save({"model": _RunsCode()}, tmp_path / "evil.pt")
+    result = invoke("train", "models/digits_cnn.py:build", "--resume", tmp_path / "evil.pt", "-o", tmp_path / "new")
+    assert_user_error(result, r"objects other than tensors and plain data, refused by torch.load\(weights_only=True\)")
+    assert not (tmp_path / "new").exists()
