@@ -123,7 +123,10 @@ def train(
         f"({precision}, {s['device']}, "
         f"{s['world_size']} process{'es' if s['world_size'] > 1 else ''}): {acc}train loss "
         f"{s['train_loss']:.4f}, {scale}{s['samples_per_s']:.0f} samples/s, peak memory "
-        f"{s['peak_memory_bytes'] / 2**20:.0f} MiB -> {result.best}"
+        f"{s['peak_memory_bytes'] / 2**20:.0f} MiB"
     )
+    best = s.get("best") or {}
+    best_acc = f", accuracy {best['eval_accuracy']:.4f}" if best.get("eval_accuracy") is not None else ""
+    click.echo(f"Best: epoch {best.get('epoch')}{best_acc} -> {result.best}")
     if result.overflow is not None:
         click.echo(f"Overflow report: {result.overflow}")

@@ -44,7 +44,11 @@ def test_train_cli_writes_run_and_summary_line(trained_run):
     lines = [line for line in result.output.splitlines() if line.startswith("Trained")]
     assert len(lines) == 1 and "accuracy" in lines[0] and "samples/s" in lines[0], result.output
     assert "Overflow report:" in result.output
-    assert json.loads((out / "summary.json").read_text())["epochs_done"] == 1
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["epochs_done"] == 1
+    # best.pt is named with its own epoch and accuracy (not the last epoch's)
+    best = summary["best"]
+    assert f"Best: epoch {best['epoch']}, accuracy {best['eval_accuracy']:.4f} -> " in result.output
     assert torch.load(out / "best.pt", weights_only=True)["config"]["batch_size"] == 32
 
 
