@@ -70,3 +70,12 @@ def assert_user_error(result, pattern: str | None = None) -> None:
     assert "Traceback" not in out
     if pattern:
         assert re.search(pattern, errors[0]), errors[0]
+
+
+def unwritable_outputs(tmp_path: Path, name: str) -> list[Path]:
+    """Output paths nothing can be written to: under a regular file, and (where /proc exists) under /proc."""
+    (tmp_path / "plain").write_text("a file, not a folder")
+    outs = [tmp_path / "plain" / name]
+    if Path("/proc/self").exists():
+        outs.append(Path("/proc") / name)
+    return outs

@@ -20,27 +20,6 @@ from mpinfer.specs import Precision
 logger = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 1
-REASON_CODES = frozenset(
-    {
-        "rule:fp16-safe",
-        "rule:keep-fp32",
-        "rule:follow",
-        "rule:index-like",
-        "rule:qdq",
-        "range:overflow",
-        "range:underflow",
-        "weights:out-of-range",
-        "sensitivity",
-        "user:keep-op",
-        "user:keep-node",
-        "user:low-op",
-        "user:low-node",
-        "overflow-json",
-        "unknown-op",
-        "custom-domain",
-        "user:plan",
-    }
-)
 # Reasons that only ever come with FP32, or only with the low precision: a node of the plan file whose
 # precision contradicts its reason was edited by hand (rule:follow says which way in its detail).
 FP32_REASONS = frozenset(
@@ -59,6 +38,8 @@ FP32_REASONS = frozenset(
     }
 )
 LOW_REASONS = frozenset({"rule:fp16-safe", "user:low-op", "user:low-node"})
+# Every reason a plan node may carry: those, the ones that allow either precision, and a hand edit.
+REASON_CODES = FP32_REASONS | LOW_REASONS | {"rule:follow", "rule:index-like", "user:plan"}
 
 
 def precisions_digest(nodes: Sequence[NodeDecision]) -> str:

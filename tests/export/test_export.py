@@ -14,7 +14,7 @@ from mpinfer.errors import ExportError, InvalidInputError, ModelLoadError
 from mpinfer.export import ExportConfig, export_onnx
 from mpinfer.export.names import nodes_for_module
 from mpinfer.modelio import ort_session
-from tests.conftest import ROOT, assert_user_error
+from tests.conftest import ROOT, assert_user_error, unwritable_outputs
 
 MODELS = ROOT / "models"
 
@@ -481,11 +481,7 @@ def test_requested_opset_is_honoured_or_refused(invoke, tmp_path):
 
 
 def test_cli_output_in_an_unwritable_location(invoke, tmp_path):
-    (tmp_path / "plain").write_text("a file, not a folder")
-    outs = [tmp_path / "plain" / "m.onnx"]
-    if Path("/proc/self").exists():
-        outs.append(Path("/proc/m.onnx"))
-    for out in outs:
+    for out in unwritable_outputs(tmp_path, "m.onnx"):
         r = invoke("export", f"{MODELS}/mlp.py:build", "-o", out)
         assert_user_error(r, r"received a location that cannot be written \((NotADirectoryError|FileNotFoundError)")
     assert (tmp_path / "plain").read_text() == "a file, not a folder"

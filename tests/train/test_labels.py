@@ -15,7 +15,7 @@ from mpinfer.errors import InvalidInputError
 from mpinfer.train import AmpConfig, AmpTrainer
 from mpinfer.train.data import digits_arrays
 from mpinfer.train.labels import num_classes
-from tests.conftest import assert_user_error
+from tests.conftest import assert_user_error, unwritable_outputs
 from tests.train.helpers import plain_mlp
 
 
@@ -92,11 +92,7 @@ def test_counting_classes_leaves_the_model_and_rng_as_they_were():
 
 
 def test_run_folder_in_an_unwritable_location(invoke, tmp_path):
-    (tmp_path / "plain").write_text("a file, not a folder")
-    outs = [tmp_path / "plain" / "run"]
-    if Path("/proc/self").exists():
-        outs.append(Path("/proc/run"))
-    for out in outs:
+    for out in unwritable_outputs(tmp_path, "run"):
         result = _train(invoke, "-o", out)
         assert_user_error(result, r"Output '.*run': received a location that cannot be written "
                                   r"\((NotADirectoryError|FileNotFoundError)")
