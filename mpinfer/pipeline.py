@@ -99,12 +99,15 @@ class Stage:
         run: (plan, output folder) -> artefacts; calls the stage's public API function.
         check: Validates the stage's raw TOML table (keys, value types) before any stage runs, so a
             mistake in a late table fails at once instead of after the earlier stages; None: no check.
+        resumable: A failed or interrupted run leaves its (key-named) folder, and the next run with the same
+            key gets it back to continue from (train: its last.pt), instead of starting over.
     """
 
     name: str
     plan: Callable[[StageContext], StagePlan]
     run: Callable[[StagePlan, Path], StageOutput]
     check: Callable[[Mapping[str, Any]], None] | None = None
+    resumable: bool = False
 
 
 @dataclass(frozen=True)
@@ -234,7 +237,9 @@ def _intact(record: Mapping[str, Any]) -> bool:
 
 def _run_stage(stage: Stage, plan: StagePlan, key: str, work_dir: Path) -> tuple[StageOutput, float]:
     out_dir = plan.output_dir or work_dir / ARTEFACT_DIR / f"{stage.name}-{key[:KEY_PREFIX_CHARS]}"
-    if out_dir.exists():  # leftovers of a failed run, or a fixed folder from an older run
+    # Only a key-named folder is kept for resuming: its name says the settings are the same ones.
+    resumable = stage.resumable and plan.output_dir is None
+    if out_dir.exists() and not resumable:  # leftovers of a failed run, or a fixed folder from an older run
         shutil.rmtree(out_dir)
     make_dirs(out_dir)
     start = time.perf_counter()
@@ -242,7 +247,8 @@ def _run_stage(stage: Stage, plan: StagePlan, key: str, work_dir: Path) -> tuple
     try:
         output = stage.run(plan, out_dir)
     except BaseException:
-        shutil.rmtree(out_dir, ignore_errors=True)
+        if not resumable:
+            shutil.rmtree(out_dir, ignore_errors=True)
         raise
     seconds = time.perf_counter() - start
     logger.info("Stage %s: done in %.1f s", stage.name, seconds)

@@ -15,6 +15,7 @@ import dataclasses
 import enum
 import importlib
 import json
+import logging
 import os
 import types
 import typing
@@ -26,6 +27,8 @@ from mpinfer.errors import InvalidInputError, MpinferError, format_message
 from mpinfer.fileio import write_json_atomic, write_text_atomic
 from mpinfer.pipeline import ARTEFACT_DIR, STATE_FILE, Stage, StageContext, StageOutput, StagePlan
 from mpinfer.specs import Precision
+
+logger = logging.getLogger(__name__)
 
 # Fields of AmpConfig that may name the training output folder (the first one present is used).
 TRAIN_OUTPUT_FIELDS = ("output", "out_dir", "output_dir", "run_dir", "workdir")
@@ -214,6 +217,33 @@ def _plan_train(ctx: StageContext) -> StagePlan:
     return StagePlan(settings, tuple(inputs))
 
 
+def _resume_unfinished(values: dict[str, Any], out: Path, epochs: Any) -> None:
+    """Continue an interrupted train stage from the last.pt its key-named folder kept (see Stage.resumable).
+
+    A folder whose run had finished (its record lost) or holds no checkpoint is emptied: the run starts over.
+    """
+    import shutil
+
+    last = out / "last.pt"
+    if "resume" in values or not last.is_file():
+        return
+    try:
+        import torch
+
+        done = int(torch.load(last, map_location="cpu", weights_only=True)["epoch"])
+    except Exception:  # noqa: BLE001 - an unreadable leftover is not worth resuming from
+        done = None
+    if done is None or (isinstance(epochs, int) and done >= epochs):
+        for p in out.iterdir():
+            if p.is_dir():
+                shutil.rmtree(p)
+            else:
+                p.unlink()
+        return
+    logger.warning("Stage train: continuing the interrupted run from %s (after epoch %d)", last, done)
+    values["resume"] = str(last)
+
+
 def _run_train(plan: StagePlan, out: Path) -> StageOutput:
     amp_config, train_model = import_api("train", "mpinfer.train", "AmpConfig", "train_model")
     names = {f.name for f in dataclasses.fields(amp_config)}
@@ -221,6 +251,8 @@ def _run_train(plan: StagePlan, out: Path) -> StageOutput:
     out_field = next((f for f in TRAIN_OUTPUT_FIELDS if f in names), None)
     if out_field is not None and out_field not in values:
         values[out_field] = str(out)
+        default = next((f.default for f in dataclasses.fields(amp_config) if f.name == "epochs"), None)
+        _resume_unfinished(values, out, values.get("epochs", default))
     result = train_model(make_config(amp_config, values, "train"))
     artefacts = {
         "checkpoint": Path(result.best),
@@ -484,7 +516,11 @@ def default_stages() -> dict[str, Stage]:
     """The built-in stages, in run order."""
     return {
         "train": Stage(
-            "train", _plan_train, _run_train, _checker("train", "mpinfer.train", "AmpConfig", TRAIN_LOOSE_TYPES)
+            "train",
+            _plan_train,
+            _run_train,
+            _checker("train", "mpinfer.train", "AmpConfig", TRAIN_LOOSE_TYPES),
+            resumable=True,
         ),
         "export": Stage("export", _plan_export, _run_export, _checker("export", "mpinfer.export", "ExportConfig")),
         "convert": Stage(

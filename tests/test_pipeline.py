@@ -11,7 +11,7 @@ import pytest
 from mpinfer.errors import InvalidInputError, MpinferError
 from mpinfer.pipeline import Stage, StageContext, StageOutput, StagePlan, run_pipeline
 from mpinfer.pipeline_stages import default_stages, resolve_section
-from tests.conftest import assert_user_error
+from tests.conftest import ROOT, assert_user_error
 from tests.engine.conftest import make_mixed_model
 
 
@@ -297,3 +297,32 @@ def test_train_data_in_a_toml_is_a_name_or_a_file(tmp_path, line, match):
     (tmp_path / "p.toml").write_text(f'[train]\nmodel = "m.py"\n{line}\n')
     with pytest.raises(InvalidInputError, match=match):
         run_pipeline(tmp_path / "p.toml")
+
+
+def test_an_interrupted_train_stage_continues_where_it_stopped(tmp_path, monkeypatch):
+    # Ctrl-C after epoch 1 of 2: the next `run` resumes from the stage folder's last.pt (epoch 1 is not
+    # trained again), where it used to delete the folder and train from scratch.
+    from mpinfer.train.trainer import AmpTrainer
+
+    toml = tmp_path / "p.toml"
+    toml.write_text(
+        f'[pipeline]\nwork_dir = "w"\n[train]\nmodel = "{ROOT / "models" / "digits_cnn.py"}:build"\n'
+        'data = "digits"\nprecision = "fp32"\nepochs = 2\nbatch_size = 64\n'
+    )
+    fit = AmpTrainer.fit
+
+    def interrupted(self, **kw):
+        fit(self, stop_after_epoch=1)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(AmpTrainer, "fit", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        run_pipeline(toml)
+    [folder] = (tmp_path / "w" / "artefacts").iterdir()
+    first = (folder / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(x)["epoch"] for x in first] == [1]
+    monkeypatch.setattr(AmpTrainer, "fit", fit)
+    result = run_pipeline(toml)
+    assert [r.status for r in result.stages] == ["ran"]
+    lines = (folder / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(x)["epoch"] for x in lines] == [1, 2] and lines[0] == first[0]  # epoch 1 kept as it was
