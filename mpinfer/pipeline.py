@@ -235,12 +235,14 @@ def _intact(record: Mapping[str, Any]) -> bool:
     return True
 
 
-def _run_stage(stage: Stage, plan: StagePlan, key: str, work_dir: Path) -> tuple[StageOutput, float]:
+def _run_stage(
+    stage: Stage, plan: StagePlan, key: str, work_dir: Path, *, force: bool = False
+) -> tuple[StageOutput, float]:
     out_dir = plan.output_dir or work_dir / ARTEFACT_DIR / f"{stage.name}-{key[:KEY_PREFIX_CHARS]}"
     # Only a key-named folder is kept for resuming: its name says the settings are the same ones.
     resumable = stage.resumable and plan.output_dir is None
-    if out_dir.exists() and not resumable:  # leftovers of a failed run, or a fixed folder from an older run
-        shutil.rmtree(out_dir)
+    if out_dir.exists() and (force or not resumable):  # leftovers of a failed run, a fixed older folder
+        shutil.rmtree(out_dir)  # (--force: a kept folder too, the stage starts over)
     make_dirs(out_dir)
     start = time.perf_counter()
     logger.info("Stage %s: running", stage.name)
@@ -266,7 +268,7 @@ def _settle(
     if not force and record is not None and _intact(record):
         artefacts = {k: Path(v["path"]) for k, v in record["artefacts"].items()}
         return StageRun(stage.name, "skipped", key, artefacts, 0.0, dict(record.get("summary", {})))
-    output, seconds = _run_stage(stage, plan, key, ctx.work_dir)
+    output, seconds = _run_stage(stage, plan, key, ctx.work_dir, force=force)
     records.setdefault(stage.name, {})[key] = {
         "artefacts": {k: {"path": str(p), "sha256": hash_path(p)} for k, p in output.artefacts.items()},
         "summary": output.summary,

@@ -326,3 +326,8 @@ def test_an_interrupted_train_stage_continues_where_it_stopped(tmp_path, monkeyp
     assert [r.status for r in result.stages] == ["ran"]
     lines = (folder / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(x)["epoch"] for x in lines] == [1, 2] and lines[0] == first[0]  # epoch 1 kept as it was
+    # --force starts over, even from a kept folder
+    monkeypatch.setattr(AmpTrainer, "fit", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        run_pipeline(toml, force=True)
+    assert [json.loads(x)["epoch"] for x in (folder / "metrics.jsonl").read_text().splitlines()] == [1]
