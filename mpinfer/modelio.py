@@ -41,16 +41,11 @@ EXTERNAL_DATA_SIZE_THRESHOLD = 1024
 
 def _check_external_data(model: onnx.ModelProto, base_dir: Path, path: Path) -> None:
     import onnx
-    from onnx.external_data_helper import uses_external_data
 
     assert isinstance(model, onnx.ModelProto)
     base = base_dir.resolve()
-    for tensor in _all_tensors(model):
-        if not uses_external_data(tensor):
-            continue
-        info = {e.key: e.value for e in tensor.external_data}
+    for tensor, info, target in _external_tensors(model, base):
         loc = info.get("location", "")
-        target = (base / loc).resolve()
         if os.path.isabs(loc) or (base != target and base not in target.parents):
             raise ModelLoadError(
                 format_message(
@@ -91,19 +86,34 @@ def external_data_files(path: str | os.PathLike[str]) -> list[Path]:
     A writer checks its outputs against these too: a model's ``<out>.data`` may be the input's own data file.
     """
     import onnx
-    from onnx.external_data_helper import uses_external_data
 
     p = Path(path)
     try:
         model = onnx.load(str(p), load_external_data=False)
     except Exception:  # noqa: BLE001 - unreadable models are refused by load_onnx with its own words
         return []
-    files = {
-        (p.parent / {e.key: e.value for e in t.external_data}.get("location", "")).resolve()
-        for t in _all_tensors(model)
-        if uses_external_data(t)
-    }
-    return sorted(files)
+    return sorted({target for _, _, target in _external_tensors(model, p.parent)})
+
+
+def _external_tensors(model: onnx.ModelProto, base: Path) -> Iterator[tuple[onnx.TensorProto, dict[str, str], Path]]:
+    """Each tensor stored outside the model, its external-data entries and the file they name (resolved)."""
+    from onnx.external_data_helper import uses_external_data
+
+    for tensor in _all_tensors(model):
+        if uses_external_data(tensor):
+            info = {e.key: e.value for e in tensor.external_data}
+            yield tensor, info, (base / info.get("location", "")).resolve()
+
+
+def data_file(path: str | os.PathLike[str]) -> Path:
+    """Where mpinfer keeps a model's external data: ``<name>.data`` beside ``<name>`` (``m.onnx.data``)."""
+    p = Path(path)
+    return p.with_name(p.name + ".data")
+
+
+def default_opset(model: onnx.ModelProto) -> int:
+    """The model's default-domain (``ai.onnx``) opset, 0 when it imports none."""
+    return next((int(o.version) for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
 
 
 def subgraphs(node: onnx.NodeProto) -> Iterator[onnx.GraphProto]:
@@ -229,7 +239,7 @@ def save_onnx(
     tmpdir = make_temp_dir(out)
     try:
         tmp_model = tmpdir / out.name
-        data_name = out.name + ".data"
+        data_name = data_file(out).name
         if external_data:
             save_with_external_data(m, tmp_model, data_name)
             if (tmpdir / data_name).exists():

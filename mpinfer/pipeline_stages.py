@@ -227,11 +227,10 @@ def _resume_unfinished(values: dict[str, Any], out: Path, epochs: Any) -> None:
     last = out / "last.pt"
     if "resume" in values or not last.is_file():
         return
+    (load_checkpoint,) = import_api("train", "mpinfer.train.checkpoint", "load_checkpoint")
     try:
-        import torch
-
-        done = int(torch.load(last, map_location="cpu", weights_only=True)["epoch"])
-    except Exception:  # noqa: BLE001 - an unreadable leftover is not worth resuming from
+        done = int(load_checkpoint(last)["epoch"])
+    except (MpinferError, TypeError, ValueError):  # an unreadable leftover is not worth resuming from
         done = None
     if done is None or (isinstance(epochs, int) and done >= epochs):
         for p in out.iterdir():

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from mpinfer.compare.divergence import SKIP_OPS, TensorAcc
-from mpinfer.specs import is_float_dtype
+from mpinfer.precision.kernels.numerics import is_float
 
 logger = logging.getLogger(__name__)
 
@@ -58,10 +58,6 @@ def _body_tensors(model: Any, *, skip_ops: bool) -> list[str]:
     return names
 
 
-def _is_float(x: Any) -> bool:
-    return isinstance(x, np.ndarray) and is_float_dtype(x.dtype)
-
-
 class _Pairing:
     """One batch: hold the baseline's observations, then compare the candidate's against them."""
 
@@ -76,7 +72,7 @@ class _Pairing:
         key = prefix + name
         if not prefix or key not in self.names:
             return
-        if not _is_float(value):
+        if not is_float(value):
             self.not_float.add(key)  # booleans, indices, sequences: nothing to compare
             return
         if self.nbytes + value.nbytes > BODY_BYTES_LIMIT:
@@ -88,7 +84,7 @@ class _Pairing:
 
     def observe_candidate(self, prefix: str, name: str, value: Any) -> None:
         key = prefix + name
-        if not prefix or key not in self.names or not _is_float(value):
+        if not prefix or key not in self.names or not is_float(value):
             return
         index = self.seen.get(key, 0)
         self.seen[key] = index + 1

@@ -539,11 +539,13 @@ def model_size(path_or_spec: str) -> int | None:
     """Bytes on disk of a model file plus its external data files (None for a torch spec)."""
     from pathlib import Path
 
+    from mpinfer.modelio import data_file
+
     p = Path(path_or_spec)
     if not p.is_file():
         return None
     size = p.stat().st_size
-    data = p.with_name(p.name + ".data")
+    data = data_file(p)
     return size + (data.stat().st_size if data.is_file() else 0)
 
 

@@ -216,12 +216,11 @@ def _summary_from_plan(plan_path: Path) -> dict[str, Any] | None:
         plan_counts = Counter(str(n.get("precision", "fp32")) for n in plan.get("nodes", []))
         summ = plan.get("summary", {})
         low = int(summ.get("nodes_low", sum(v for k, v in plan_counts.items() if k in ("fp16", "bf16"))))
-        # float nodes, as the plan's own share counts them: index-like (shape arithmetic) nodes left out
-        total = sum(
-            1
-            for n in plan["nodes"]
-            if n.get("reason") != "rule:index-like" or n.get("precision") in ("fp16", "bf16")
-        )
+        from mpinfer.precision.plan import counts_as_float
+
+        # float nodes, as the plan's own share counts them
+        nodes = plan["nodes"]
+        total = sum(counts_as_float(str(n.get("reason")), n.get("precision") in ("fp16", "bf16")) for n in nodes)
         return {
             "source": str(plan_path),
             "precision": plan.get("precision"),

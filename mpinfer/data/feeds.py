@@ -329,7 +329,8 @@ def _split(arrays: Mapping[str, np.ndarray], specs: Sequence[TensorSpec], batch_
         count += 1
 
 
-def _load_npz(path: Path) -> dict[str, np.ndarray]:
+def read_npz(path: Path) -> dict[str, np.ndarray]:
+    """Every array of an ``.npz`` file (no pickles), with a clear error for a file that is not one."""
     import zipfile
 
     if not zipfile.is_zipfile(path):  # np.load would call any other file "pickled (object) data"
@@ -507,10 +508,10 @@ def load_feeds(
         if path.suffix != ".npz":
             raise InvalidInputError(format_message(f"Data file '{source}'", f"a '{path.suffix}' file",
                                                    "an .npz file", "or pass a folder of .npy files/images"))
-        return _array_source("npz", str(path), _load_npz, [path], specs, bs, num_batches)
+        return _array_source("npz", str(path), read_npz, [path], specs, bs, num_batches)
     npz = sorted(path.glob("*.npz"))
     if npz:
-        return _array_source("npz", f"{path} ({len(npz)} .npz files)", _load_npz, npz, specs, bs, num_batches)
+        return _array_source("npz", f"{path} ({len(npz)} .npz files)", read_npz, npz, specs, bs, num_batches)
     npy = {p.stem: p for p in path.glob("*.npy")}
     if npy:
         def load_npy(_f: Path) -> dict[str, np.ndarray]:
@@ -540,4 +541,4 @@ def parse_dims(items: Sequence[str]) -> dict[str, int]:
     return out
 
 
-__all__ = ["FeedSource", "ImagePreprocess", "load_feeds", "parse_dims", "parse_range", "random_batch"]
+__all__ = ["FeedSource", "ImagePreprocess", "load_feeds", "parse_dims", "parse_range", "random_batch", "read_npz"]

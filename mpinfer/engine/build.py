@@ -40,6 +40,7 @@ from mpinfer.engine.sidecar import (
 )
 from mpinfer.errors import BackendUnavailableError, InvalidInputError, format_message
 from mpinfer.fileio import check_output_path, sha256_file, write_json_atomic
+from mpinfer.modelio import data_file
 from mpinfer.specs import Precision, specs_from_onnx
 
 logger = logging.getLogger(__name__)
@@ -186,7 +187,7 @@ def _check_inputs(cfg: BuildConfig) -> _Checked:
     check_output_path(output, inputs, force=cfg.force)
     check_output_path(sidecar_path(output), inputs, force=cfg.force)
     # the engine's external data file: never the model's own, and replaced only with --force
-    check_output_path(output.with_name(output.name + ".data"), inputs, force=cfg.force)
+    check_output_path(data_file(output), inputs, force=cfg.force)
     check_profiles(cfg.shapes, specs)
     shapes, shapes_note = cfg.shapes, None
     if backend is Backend.TENSORRT:  # ONNX Runtime handles dynamic shapes itself
@@ -268,7 +269,7 @@ def build_engine(cfg: BuildConfig) -> BuildResult:
 def _engine_files(output: Path) -> dict[str, Any]:
     """The engine file's name, sha256 and size, and its external data file's (ONNX Runtime, over 2 GB)."""
     entry: dict[str, Any] = {"path": output.name, "sha256": sha256_file(output), "bytes": output.stat().st_size}
-    data = output.with_name(output.name + ".data")
+    data = data_file(output)
     if data.is_file():
         entry["data"] = {"path": data.name, "sha256": sha256_file(data), "bytes": data.stat().st_size}
     return entry

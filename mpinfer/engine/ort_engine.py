@@ -24,7 +24,7 @@ from mpinfer.backends.base import Runner
 from mpinfer.engine.config import BuildConfig
 from mpinfer.errors import BackendUnavailableError, InvalidInputError, ModelLoadError, format_message
 from mpinfer.fileio import make_temp_dir
-from mpinfer.modelio import ort_log_level
+from mpinfer.modelio import data_file, ort_log_level
 from mpinfer.specs import TensorSpec
 
 logger = logging.getLogger(__name__)
@@ -147,7 +147,7 @@ def build_ort_engine(
         )
     providers, options = provider_entries(device)
     level = ort_opt_level_name(cfg.opt_level)
-    data_name = output.name + ".data"
+    data_name = data_file(output).name
     entries = _session_entries(fmt, external, data_name)
     tmpdir = make_temp_dir(output)
     try:

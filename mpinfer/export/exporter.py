@@ -30,6 +30,7 @@ from mpinfer.errors import AccuracyMismatchError, ExportError, InvalidInputError
 from mpinfer.export.loader import LoadedModel, bind_hf_inputs, load_model, split_source
 from mpinfer.export.parity import ParityReport, check_parity
 from mpinfer.fileio import check_output_path, write_json_atomic
+from mpinfer.modelio import data_file
 from mpinfer.specs import TensorSpec, parse_tensor_spec
 
 logger = logging.getLogger(__name__)
@@ -270,15 +271,13 @@ def _run_exporters(cfg: ExportConfig, loaded: LoadedModel, args: tuple[Any, ...]
     raise ExportError(f"Export of '{cfg.source}' failed: " + "; ".join(failures) + f". Hint: {hint}.")
 
 
-def _default_opset(model: Any) -> int:
-    return next((int(o.version) for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
-
-
 def onnx_opset(path: Path) -> int:
     """The default-domain opset of the ONNX file at ``path`` (0 when it imports none)."""
     import onnx
 
-    return _default_opset(onnx.load(str(path), load_external_data=False))
+    from mpinfer.modelio import default_opset
+
+    return default_opset(onnx.load(str(path), load_external_data=False))
 
 
 def _post_process(path: Path, specs: Sequence[TensorSpec], loaded: LoadedModel, exporter: str) -> Any:
@@ -322,7 +321,7 @@ def _check_outputs(cfg: ExportConfig) -> tuple[Path, Path]:
     if out.suffix != ".onnx":
         raise InvalidInputError(format_message(f"Output '{cfg.output}'", f"suffix '{out.suffix}'", "'.onnx'"))
     sidecar = check_output_path(sidecar_path(out), inputs, force=cfg.force)
-    check_output_path(out.with_name(out.name + ".data"), inputs, force=True)
+    check_output_path(data_file(out), inputs, force=True)
     return out, sidecar
 
 
@@ -370,7 +369,7 @@ def export_onnx(cfg: ExportConfig) -> ExportResult:
         tmp = Path(td)
         path, exporter, why = _run_exporters(cfg, loaded, args, specs, out_names, tmp)
         model = _post_process(path, specs, loaded, exporter)
-        from mpinfer.modelio import save_onnx
+        from mpinfer.modelio import default_opset, save_onnx
 
         checked = save_onnx(model, tmp / "checked.onnx")
         try:
@@ -385,7 +384,7 @@ def export_onnx(cfg: ExportConfig) -> ExportResult:
                 f"Parity torch vs ONNX Runtime failed for '{cfg.source}' ({exporter} exporter): "
                 f"{parity.worst_summary()} exceeds atol={cfg.atol}, rtol={cfg.rtol}. "
                 "Hint: try the other --exporter; nothing was written.")
-        opset = _default_opset(model)
+        opset = default_opset(model)
         save_onnx(model, out)
     info = {
         "schema_version": 1, "mpinfer_version": __version__, "source": loaded.description,

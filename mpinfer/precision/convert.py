@@ -156,11 +156,11 @@ def convert_precision(cfg: ConvertConfig) -> ConvertResult:
     if out.suffix != ".onnx":
         raise InvalidInputError(format_message(f"Output '{cfg.output}'", f"suffix '{out.suffix}'", "'.onnx'",
                                                "its plan is written beside it as <name>.plan.json"))
-    from mpinfer.modelio import external_data_files
+    from mpinfer.modelio import data_file, external_data_files
 
     # the output's external data file: never the input's own (a model may keep its weights in "<out>.data")
     inputs_data = external_data_files(cfg.model) if Path(cfg.model).is_file() else []
-    check_output_path(out.with_name(out.name + ".data"), [cfg.model, *inputs_data], force=cfg.force)
+    check_output_path(data_file(out), [cfg.model, *inputs_data], force=cfg.force)
     plan_out = plan_path_for(out)
     if cfg.plan is not None:
         require_file(cfg.plan, "Plan")
@@ -262,13 +262,13 @@ def _save_gated(model: Any, out: Path, source: Path) -> None:
     import shutil
 
     from mpinfer.fileio import make_temp_dir
-    from mpinfer.modelio import ir_version_for, save_with_external_data
+    from mpinfer.modelio import data_file, ir_version_for, save_with_external_data
     from mpinfer.precision.validate import gate
 
     tmp = make_temp_dir(out)
     try:
         path = tmp / out.name
-        data_name = out.name + ".data"
+        data_name = data_file(out).name
         model.ir_version = ir_version_for(model)
         # Saved in place: onnx writes each tensor to the data file and drops it from memory as it goes.
         save_with_external_data(model, path, data_name)

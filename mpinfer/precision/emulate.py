@@ -33,7 +33,7 @@ from mpinfer.precision.kernels import (
     reference_kernel,
 )
 from mpinfer.precision.kernels.control import CONTROL_FLOW_KERNELS
-from mpinfer.specs import Precision
+from mpinfer.specs import Precision, is_float_dtype
 
 logger = logging.getLogger(__name__)
 
@@ -451,7 +451,7 @@ class GraphEmulator:
             value = env[name]
             if is_float(value) and elem:
                 want = np.dtype(helper.tensor_dtype_to_np_dtype(elem))
-                if want != value.dtype and (want.kind == "f" or want.name == "bfloat16"):
+                if want != value.dtype and is_float_dtype(want):
                     value = value.astype(want)
             out[name] = value
         return out

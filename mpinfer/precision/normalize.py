@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from mpinfer.errors import InvalidInputError, format_message
-from mpinfer.modelio import iter_graphs
+from mpinfer.modelio import default_opset, iter_graphs
 from mpinfer.precision.graphinfo import BFLOAT16, FLOAT, FLOAT16
 from mpinfer.specs import Precision
 
@@ -169,7 +169,7 @@ def ensure_opset(model: Any, precision: Precision, *, opset: int | None = None) 
     Raises:
         InvalidInputError: ``opset`` is below the model's, or the converter cannot upgrade the model.
     """
-    current = next((imp.version for imp in model.opset_import if imp.domain in ("", "ai.onnx")), 0)
+    current = default_opset(model)
     if not current:
         # No ai.onnx op in the model (only ai.onnx.ml / training ops): import the default domain so that
         # the Casts the rewrite may insert are defined.

@@ -42,6 +42,11 @@ LOW_REASONS = frozenset({"rule:fp16-safe", "user:low-op", "user:low-node"})
 REASON_CODES = FP32_REASONS | LOW_REASONS | {"rule:follow", "rule:index-like", "user:plan"}
 
 
+def counts_as_float(reason: str, low: bool) -> bool:
+    """Whether a plan node counts among the float nodes of the low share: all but index-like ones left FP32."""
+    return reason != "rule:index-like" or low
+
+
 def precisions_digest(nodes: Sequence[NodeDecision]) -> str:
     """A short digest of every node's precision: the summary records it, so an edited plan file is known."""
     import hashlib

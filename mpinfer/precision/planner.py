@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mpinfer.precision.graphinfo import FLOAT, GraphInfo
-from mpinfer.precision.plan import NodeDecision, precisions_digest
+from mpinfer.precision.plan import NodeDecision, counts_as_float, precisions_digest
 from mpinfer.precision.resolve import resolve_precisions
 from mpinfer.precision.rules import Decision, Kind, NodeClassifier, RuleContext, default_rules, shape_subgraph
 from mpinfer.specs import Precision
@@ -152,7 +152,7 @@ def summarize(
     search: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The plan summary: shares of nodes, FLOPs and weight bytes in low precision, casts, error, cost."""
-    float_nodes = [n for n in nodes if n.reason != "rule:index-like" or n.precision.is_low]
+    float_nodes = [n for n in nodes if counts_as_float(n.reason, n.precision.is_low)]
     low = [n for n in nodes if n.precision.is_low]
     total_flops = sum(_num(n.stats.get("flops", 0.0)) for n in float_nodes) or 1.0
     low_flops = sum(_num(n.stats.get("flops", 0.0)) for n in low)

@@ -75,15 +75,9 @@ class ArrayDataset:
 
 
 def _read_npz(path: Path) -> tuple[dict[str, np.ndarray], np.ndarray]:
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            arrays = {k: z[k] for k in z.files}
-    except (OSError, ValueError) as err:
-        raise InvalidInputError(
-            format_message(
-                f"Data file '{path}'", f"an unreadable .npz ({err})", "an .npz written by numpy.savez"
-            )
-        ) from err
+    from mpinfer.data.feeds import read_npz
+
+    arrays = read_npz(path)
     labels = arrays.pop("_labels", None)
     inputs = {k: v for k, v in arrays.items() if not k.startswith("_")}
     if labels is None or labels.ndim != 1 or labels.dtype.kind not in "iu":

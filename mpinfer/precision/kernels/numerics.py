@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from mpinfer.precision.kernels import ortexec
-from mpinfer.specs import Precision
+from mpinfer.specs import Precision, is_float_dtype
 
 # Float dtypes the emulator treats as "float tensors" (rounded by low-precision nodes). float64 is left as
 # it is: models rarely use it and it is never converted to a low precision.
@@ -40,7 +40,7 @@ class RejectedInput(ValueError):
 
 def is_float(x: Any) -> bool:
     """True for float32/float16/bfloat16/float64 arrays."""
-    return isinstance(x, np.ndarray) and (x.dtype.kind == "f" or x.dtype.name == "bfloat16")
+    return isinstance(x, np.ndarray) and is_float_dtype(x.dtype)
 
 
 def is_low_float(x: Any) -> bool:
