@@ -537,6 +537,14 @@ def check_output_names(given: Iterable[str], names: Sequence[str], what: str) ->
             )
 
 
+def parse_class_outputs(text: str | None) -> tuple[str, ...] | None:
+    """``--class-outputs``: comma-separated output names; ``none`` (or empty) for none; None: not given (guess)."""
+    if text is None:
+        return None
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    return () if names in ((), ("none",)) else names
+
+
 def worst_values(per_output: Mapping[str, Mapping[str, float | None]]) -> dict[str, float]:
     """Each metric's worst value over the outputs it applies to (None values skipped, absent when none has one).
 
