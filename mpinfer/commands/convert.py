@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from mpinfer.metrics import parse_class_outputs
 from mpinfer.modelio import MAX_OPSET
 
 
@@ -24,7 +25,18 @@ from mpinfer.modelio import MAX_OPSET
     help="Data for the reference run: .npz, folder, random[:N], or none (rules only). "
     "Default: seeded random data from the input specs.",
 )
-@click.option("--budget", help='Accuracy budget, e.g. "cosine>=0.9999,top1>=0.999,max_abs<=1e-2".')
+@click.option(
+    "--budget",
+    help='Accuracy budget, e.g. "cosine>=0.9999,top1>=0.999,max_abs<=1e-2" or "logits:top1>=0.99,boxes:max_abs<=0.5" '
+    "(the check grammar of `mpinfer compare --check`; metrics defined in docs/compare.md).",
+)
+@click.option(
+    "--class-outputs",
+    callback=lambda _ctx, _param, value: parse_class_outputs(value),
+    metavar="NAMES",
+    help="Comma-separated outputs that hold class scores (top-k applies to them alone); 'none' for none "
+    "(default: guessed, see docs/compare.md).",
+)
 @click.option(
     "--plan",
     "plan",
@@ -80,6 +92,7 @@ def convert(
     precision: str,
     calibration: str | None,
     budget: str | None,
+    class_outputs: tuple[str, ...] | None,
     plan: Path | None,
     keep_ops: tuple[str, ...],
     keep_nodes: tuple[str, ...],
@@ -116,6 +129,7 @@ def convert(
         precision=Precision.parse(precision),
         calibration=calibration,
         budget=budget,
+        class_outputs=class_outputs,
         plan=plan,
         keep_ops=keep_ops,
         keep_nodes=keep_nodes,

@@ -43,7 +43,10 @@ class ConvertConfig:
         precision: FP16 or BF16.
         calibration: Data for the reference run (.npz, folder, ``random[:N]``, ``none``); None = seeded
             random data from the input specs (with a warning).
-        budget: Accuracy budget, e.g. ``cosine>=0.9999,top1>=0.999``; None = rules and ranges only.
+        budget: Accuracy budget in the check grammar of :mod:`mpinfer.checks`, e.g.
+            ``cosine>=0.9999,logits:top1>=0.999``; None = rules and ranges only.
+        class_outputs: The outputs that hold class scores (top-k applies to them alone); None guesses each
+            (:func:`mpinfer.metrics.guess_class_output`), ``()`` says none does.
         plan: Re-apply this plan file instead of planning.
         keep_ops / low_ops: Op types forced FP32 / low.
         keep_nodes / low_nodes: Node-address regexes forced FP32 / low.
@@ -69,6 +72,7 @@ class ConvertConfig:
     precision: Precision = Precision.FP16
     calibration: str | None = None
     budget: str | None = None
+    class_outputs: tuple[str, ...] | None = None
     plan: Path | None = None
     keep_ops: tuple[str, ...] = ()
     keep_nodes: tuple[str, ...] = ()
@@ -127,9 +131,9 @@ def _check_config(cfg: ConvertConfig) -> None:
             )
         )
     if cfg.budget:
-        from mpinfer.precision.budget import parse_budget
+        from mpinfer.checks import parse_checks
 
-        parse_budget(cfg.budget)
+        parse_checks(cfg.budget)
 
 
 def convert_precision(cfg: ConvertConfig) -> ConvertResult:
@@ -341,6 +345,7 @@ def _make_plan(
                 budget=cfg.budget,
                 precision=cfg.precision,
                 numerics=cfg.numerics,
+                class_outputs=_class_outputs(cfg),
                 keep_io_types=cfg.keep_io_types,
                 batches=cfg.search_batches,
                 progress=cfg.progress,
@@ -351,7 +356,7 @@ def _make_plan(
         from mpinfer.precision.search import measure_plan
 
         measured, refs, _ = _search_data(replace(cfg, search_batches=1), model, feeds, stats)
-        expected = measure_plan(model, nodes, measured, reference_outputs=refs)
+        expected = measure_plan(model, nodes, measured, reference_outputs=refs, class_outputs=_class_outputs(cfg))
         _warn_broken(expected, nodes)
     plan = PrecisionPlan(
         source_path=str(cfg.model),
@@ -365,6 +370,11 @@ def _make_plan(
         mpinfer_version=__version__,
     )
     return plan, expected, search_cost, verified
+
+
+def _class_outputs(cfg: ConvertConfig) -> tuple[str, ...] | None:
+    """``class_outputs`` as a tuple (a pipeline.toml gives a list), None when not given."""
+    return None if cfg.class_outputs is None else tuple(cfg.class_outputs)
 
 
 @dataclass
