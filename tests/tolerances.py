@@ -139,15 +139,54 @@ def network_atol(dtype: Any = np.float32, *, n: int, stages: int, magnitude: flo
     return 10 * eps(dtype) * float(np.sqrt(max(n, 1) * max(stages, 1))) * float(magnitude)
 
 
-def assert_onnx_outputs_close(actual: Any, desired: Any, model: Any, err_msg: str = "") -> float:
-    """Two FP32 runs of ``model`` (two runtimes, thread counts) agree within :func:`network_atol`.
+def assert_onnx_outputs_close(
+    actual: Any, desired: Any, model: Any, err_msg: str = "", dtype: Any = np.float32
+) -> float:
+    """Two runs of ``model`` (two runtimes, thread counts) agree within :func:`network_atol`.
 
-    The magnitude is the largest ``|desired|`` of the output (at least 1: normalised activations feed it).
+    ``dtype``: the arithmetic that differs, float32 for two FP32 runs, float16 for an FP16 conversion against
+    its FP32 model. The magnitude is the largest ``|desired|`` of the output (at least 1: normalised
+    activations feed it).
     """
     n, stages = onnx_reductions(model)
     want = np.asarray(desired, np.float64)
     finite = np.abs(want[np.isfinite(want)])
     magnitude = max(float(finite.max()) if finite.size else 0.0, 1.0)
-    atol = network_atol(np.float32, n=n, stages=stages, magnitude=magnitude)
+    atol = network_atol(dtype, n=n, stages=stages, magnitude=magnitude)
     np.testing.assert_allclose(np.asarray(actual, np.float64), want, rtol=0, atol=atol, err_msg=err_msg)
     return atol
+
+
+def torch_reorder_atol(module: Any, *inputs: Any) -> float:
+    """:func:`reorder_atol` of a torch module's FP32 forward on ``inputs``, the magnitudes measured.
+
+    Hooks on its Linear and Conv layers give each one's reduction length (``in_features``, ``C_in/groups *
+    kernel``) and ``max(|x| @ |W|^T + |b|)``, the sum of absolute terms its outputs round at (the same layer run
+    on absolute values); the bound uses the longest reduction, the largest magnitude and one stage per layer.
+    For networks whose normalisations see inputs of unit spread (a LayerNorm input that is a large common
+    offset plus a small spread multiplies the rounding by the offset over the spread: avoid such weights).
+    """
+    import torch
+
+    found: list[tuple[int, float]] = []
+
+    def hook(m: Any, args: tuple[Any, ...], _out: Any) -> None:
+        x, bias = args[0].detach().abs(), None if m.bias is None else m.bias.abs()
+        if isinstance(m, torch.nn.Linear):
+            terms, n = torch.nn.functional.linear(x, m.weight.abs(), bias), m.in_features
+        else:
+            terms, n = m._conv_forward(x, m.weight.abs(), bias), int(m.weight[0].numel())
+        found.append((n, float(terms.max())))
+
+    layers = (torch.nn.Linear, torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)
+    handles = [m.register_forward_hook(hook) for m in module.modules() if isinstance(m, layers)]
+    try:
+        with torch.no_grad():
+            module(*inputs)
+    finally:
+        for h in handles:
+            h.remove()
+    if not found:
+        return reorder_atol(np.float32)
+    n = max(k for k, _ in found)
+    return reorder_atol(np.float32, n=n, magnitude=max(v for _, v in found), stages=len(found))

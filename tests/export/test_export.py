@@ -15,7 +15,7 @@ from mpinfer.export import ExportConfig, export_onnx
 from mpinfer.export.names import nodes_for_module
 from mpinfer.modelio import ort_session
 from tests.conftest import ROOT, assert_user_error, unwritable_outputs
-from tests.tolerances import reorder_atol
+from tests.tolerances import torch_reorder_atol
 
 MODELS = ROOT / "models"
 
@@ -93,17 +93,9 @@ def test_weights_state_dict_and_trainer_checkpoint(tmp_path):
     torch.save(net.state_dict(), tmp_path / "sd.pt")
     torch.save({"model": net.state_dict(), "epoch": 3}, tmp_path / "ckpt.pt")
     x = mod.example_inputs()[0]
-    sums: list[float] = []  # sum |x_k w_jk| + |b_j| of each Linear: the magnitude its float32 sums round at
-
-    def _magnitude(m, i, _):
-        sums.append(float((i[0].abs() @ m.weight.abs().T + m.bias.abs()).max()))
-
-    linears = [m for m in net.modules() if isinstance(m, torch.nn.Linear)]
-    for lin in linears:
-        lin.register_forward_hook(_magnitude)
     with torch.no_grad():
         ref = net(x).numpy()
-    tol = reorder_atol(np.float32, n=256, magnitude=max(sums), stages=len(linears))
+    tol = torch_reorder_atol(net, x)  # 256-term float32 sums, 4 layers, at their measured magnitudes
     assert np.abs(mod.build()(x).detach().numpy() - ref).max() > 100 * tol  # unloaded weights would fail
     for w in ("sd.pt", "ckpt.pt"):
         res = export_onnx(ExportConfig(str(MODELS / "mlp.py:build"), tmp_path / f"{w}.onnx",
