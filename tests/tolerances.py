@@ -157,8 +157,8 @@ def assert_onnx_outputs_close(
     return atol
 
 
-def torch_reorder_atol(module: Any, *inputs: Any) -> float:
-    """:func:`reorder_atol` of a torch module's FP32 forward on ``inputs``, the magnitudes measured.
+def torch_reorder_atol(module: Any, *inputs: Any, **kwargs: Any) -> float:
+    """:func:`reorder_atol` of a torch module's FP32 forward on ``inputs``/``kwargs``, the magnitudes measured.
 
     Hooks on its Linear and Conv layers give each one's reduction length (``in_features``, ``C_in/groups *
     kernel``) and ``max(|x| @ |W|^T + |b|)``, the sum of absolute terms its outputs round at (the same layer run
@@ -182,7 +182,7 @@ def torch_reorder_atol(module: Any, *inputs: Any) -> float:
     handles = [m.register_forward_hook(hook) for m in module.modules() if isinstance(m, layers)]
     try:
         with torch.no_grad():
-            module(*inputs)
+            module(*inputs, **kwargs)
     finally:
         for h in handles:
             h.remove()
