@@ -20,6 +20,13 @@ LayerNorm whose inputs are not a large common offset plus a small spread) adds t
 This is a worst-case bound, so a test using it cannot flake on arithmetic order; rounding errors usually
 partly cancel (typically ``sqrt(n) u`` rather than ``n u``), so the bound is looser than what is observed. A
 test should keep the bound small against the change it exists to detect (say so next to the assert).
+
+Whole networks (tens of chained reductions, normalisations between them) make the worst case too loose to
+tell FP32 from FP16 arithmetic. :func:`network_atol` uses the statistical bound instead: the rounding errors
+of a reordered sum are independent, zero-mean and at most ``u`` relative each, so their sum has a standard
+deviation of at most ``u sqrt(n / 3)`` times the magnitude, and ``stages`` chained reductions add in
+quadrature; the tolerance is 10 such standard deviations (``10 eps sqrt(n stages)`` times the magnitude, a
+margin no run reaches by chance). :func:`onnx_reductions` reads ``n`` and ``stages`` off an ONNX graph.
 """
 
 from __future__ import annotations
@@ -61,17 +68,125 @@ def reorder_atol(dtype: Any = np.float32, *, n: int = 1, magnitude: float = 1.0,
 
 
 def assert_reorder_close(
-    actual: Any, desired: Any, dtype: Any = np.float32, *, n: int = 1, magnitude: float | None = None,
-    stages: int = 1, err_msg: str = "",
-) -> float:
-    """``assert_allclose`` with :func:`reorder_atol` as the tolerance; returns the tolerance used.
+    actual: Any, desired: Any, dtype: Any = np.float32, *, n: int = 1, magnitude: Any = None, stages: int = 1,
+    rtol: float = 0.0, err_msg: str = "",
+) -> None:
+    """Every value within :func:`reorder_atol` (plus ``rtol * |desired|``) of ``desired``; NaN/inf must match.
 
-    ``magnitude`` defaults to the largest ``|desired|`` (right when the reduction's terms do not cancel).
+    ``magnitude`` may be an array broadcast against the values (each output's own ``sum |t_i|``, e.g. the
+    same MatMul or Conv run on absolute values); it defaults to the largest ``|desired|`` (right when the
+    reduction's terms do not cancel).
     """
-    want = np.asarray(desired, np.float64)
+    act, want = np.asarray(actual, np.float64), np.asarray(desired, np.float64)
+    assert act.shape == want.shape, (err_msg, act.shape, want.shape)
     if magnitude is None:
         finite = np.abs(want[np.isfinite(want)])
         magnitude = float(finite.max()) if finite.size else 0.0
-    atol = reorder_atol(dtype, n=n, magnitude=magnitude, stages=stages)
+    atol = stages * (2 * gamma(n, dtype) + eps(dtype)) * np.asarray(magnitude, np.float64)
+    with np.errstate(invalid="ignore"):
+        ok = (np.abs(act - want) <= atol + rtol * np.abs(want)) | (act == want) | (np.isnan(act) & np.isnan(want))
+    if not ok.all():
+        bad = np.flatnonzero(~np.broadcast_to(ok, want.shape))
+        i = bad[np.argmax(np.abs(act - want).reshape(-1)[bad])]
+        tol = np.broadcast_to(atol + rtol * np.abs(want), want.shape).reshape(-1)[i]
+        raise AssertionError(
+            f"{err_msg}: {bad.size} of {want.size} values differ by more than float reordering allows; worst at "
+            f"flat index {i}: {act.reshape(-1)[i]!r} vs {want.reshape(-1)[i]!r}, tolerance {tol:.3g}"
+        )
+
+
+# Ops whose outputs are sums over an axis (their rounding depends on the order kernels add in).
+REDUCING_OPS = frozenset({
+    "MatMul", "Gemm", "Conv", "ConvTranspose", "Einsum", "LayerNormalization", "GroupNormalization",
+    "InstanceNormalization", "Softmax", "LogSoftmax", "ReduceSum", "ReduceMean", "ReduceSumSquare", "ReduceL2",
+    "ReduceLogSumExp", "GlobalAveragePool", "AveragePool", "LpNormalization", "Attention",
+})
+
+
+def onnx_reductions(model: Any) -> tuple[int, int]:
+    """``(n, stages)`` of an ONNX model: a bound on its longest reduction, and how many reducing nodes it has.
+
+    ``n`` is the largest dimension of any initializer or graph input, or ``prod(dims[1:])`` of a Conv's
+    weight (``C_in kH kW``), so it bounds every MatMul/Gemm/Conv inner dimension and normalised axis; nodes
+    inside If/Loop bodies count once each.
+    """
+    dims: list[int] = [1]
+    stages = 0
+
+    def walk(graph: Any) -> None:
+        nonlocal stages
+        conv_weights = {n.input[1] for n in graph.node if n.op_type in ("Conv", "ConvTranspose")}
+        for t in graph.initializer:
+            shape = [int(d) for d in t.dims]
+            if shape:
+                dims.append(int(np.prod(shape[1:])) if t.name in conv_weights else max(shape))
+        for vi in graph.input:
+            dims.extend(int(d.dim_value) for d in vi.type.tensor_type.shape.dim if d.dim_value > 0)
+        for node in graph.node:
+            stages += node.op_type in REDUCING_OPS
+            for attr in node.attribute:
+                if attr.g.node:
+                    walk(attr.g)
+                for g in attr.graphs:
+                    walk(g)
+
+    walk(model.graph)
+    return max(dims), max(stages, 1)
+
+
+def network_atol(dtype: Any = np.float32, *, n: int, stages: int, magnitude: float) -> float:
+    """Statistical tolerance of a deep chain of reductions (see the module docstring): ``10 eps sqrt(n stages) M``."""
+    return 10 * eps(dtype) * float(np.sqrt(max(n, 1) * max(stages, 1))) * float(magnitude)
+
+
+def assert_onnx_outputs_close(
+    actual: Any, desired: Any, model: Any, err_msg: str = "", dtype: Any = np.float32
+) -> float:
+    """Two runs of ``model`` (two runtimes, thread counts) agree within :func:`network_atol`.
+
+    ``dtype``: the arithmetic that differs, float32 for two FP32 runs, float16 for an FP16 conversion against
+    its FP32 model. The magnitude is the largest ``|desired|`` of the output (at least 1: normalised
+    activations feed it).
+    """
+    n, stages = onnx_reductions(model)
+    want = np.asarray(desired, np.float64)
+    finite = np.abs(want[np.isfinite(want)])
+    magnitude = max(float(finite.max()) if finite.size else 0.0, 1.0)
+    atol = network_atol(dtype, n=n, stages=stages, magnitude=magnitude)
     np.testing.assert_allclose(np.asarray(actual, np.float64), want, rtol=0, atol=atol, err_msg=err_msg)
     return atol
+
+
+def torch_reorder_atol(module: Any, *inputs: Any, **kwargs: Any) -> float:
+    """:func:`reorder_atol` of a torch module's FP32 forward on ``inputs``/``kwargs``, the magnitudes measured.
+
+    Hooks on its Linear and Conv layers give each one's reduction length (``in_features``, ``C_in/groups *
+    kernel``) and ``max(|x| @ |W|^T + |b|)``, the sum of absolute terms its outputs round at (the same layer run
+    on absolute values); the bound uses the longest reduction, the largest magnitude and one stage per layer.
+    For networks whose normalisations see inputs of unit spread (a LayerNorm input that is a large common
+    offset plus a small spread multiplies the rounding by the offset over the spread: avoid such weights).
+    """
+    import torch
+
+    found: list[tuple[int, float]] = []
+
+    def hook(m: Any, args: tuple[Any, ...], _out: Any) -> None:
+        x, bias = args[0].detach().abs(), None if m.bias is None else m.bias.abs()
+        if isinstance(m, torch.nn.Linear):
+            terms, n = torch.nn.functional.linear(x, m.weight.abs(), bias), m.in_features
+        else:
+            terms, n = m._conv_forward(x, m.weight.abs(), bias), int(m.weight[0].numel())
+        found.append((n, float(terms.max())))
+
+    layers = (torch.nn.Linear, torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)
+    handles = [m.register_forward_hook(hook) for m in module.modules() if isinstance(m, layers)]
+    try:
+        with torch.no_grad():
+            module(*inputs, **kwargs)
+    finally:
+        for h in handles:
+            h.remove()
+    if not found:
+        return reorder_atol(np.float32)
+    n = max(k for k, _ in found)
+    return reorder_atol(np.float32, n=n, magnitude=max(v for _, v in found), stages=len(found))

@@ -15,7 +15,7 @@ from mpinfer.export import ExportConfig, export_onnx
 from mpinfer.export.names import nodes_for_module
 from mpinfer.modelio import ort_session
 from tests.conftest import ROOT, assert_user_error, unwritable_outputs
-from tests.tolerances import reorder_atol
+from tests.tolerances import torch_reorder_atol
 
 MODELS = ROOT / "models"
 
@@ -93,17 +93,9 @@ def test_weights_state_dict_and_trainer_checkpoint(tmp_path):
     torch.save(net.state_dict(), tmp_path / "sd.pt")
     torch.save({"model": net.state_dict(), "epoch": 3}, tmp_path / "ckpt.pt")
     x = mod.example_inputs()[0]
-    sums: list[float] = []  # sum |x_k w_jk| + |b_j| of each Linear: the magnitude its float32 sums round at
-
-    def _magnitude(m, i, _):
-        sums.append(float((i[0].abs() @ m.weight.abs().T + m.bias.abs()).max()))
-
-    linears = [m for m in net.modules() if isinstance(m, torch.nn.Linear)]
-    for lin in linears:
-        lin.register_forward_hook(_magnitude)
     with torch.no_grad():
         ref = net(x).numpy()
-    tol = reorder_atol(np.float32, n=256, magnitude=max(sums), stages=len(linears))
+    tol = torch_reorder_atol(net, x)  # 256-term float32 sums, 4 layers, at their measured magnitudes
     assert np.abs(mod.build()(x).detach().numpy() - ref).max() > 100 * tol  # unloaded weights would fail
     for w in ("sd.pt", "ckpt.pt"):
         res = export_onnx(ExportConfig(str(MODELS / "mlp.py:build"), tmp_path / f"{w}.onnx",
@@ -314,10 +306,11 @@ def test_hugging_face_folder_keeps_its_task_head(tmp_path, kind, outputs):
     mask = np.ones_like(ids)
     got = ort_session(res.path).run(None, {"input_ids": ids, "attention_mask": mask})
     head = transformers.AutoConfig.from_pretrained(folder).architectures[0]
-    ref = getattr(transformers, head).from_pretrained(folder).eval()(
-        input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask))
+    net = getattr(transformers, head).from_pretrained(folder).eval()
+    kw = {"input_ids": torch.from_numpy(ids), "attention_mask": torch.from_numpy(mask)}
+    ref, tol = net(**kw), torch_reorder_atol(net, **kw)
     for name, value in zip(outputs, got, strict=True):
-        np.testing.assert_allclose(value, ref[name].detach().numpy(), atol=1e-4)
+        np.testing.assert_allclose(value, ref[name].detach().numpy(), rtol=0, atol=tol)
     if kind == "cls":
         assert got[0].shape == (2, 3)
 
