@@ -152,3 +152,56 @@ def test_class_outputs_option_turns_top1_off_and_on(lm, tmp_path, invoke):
     assert_user_error(r, r"apply to no output.*--class-outputs")
     r = invoke(*base, "--class-outputs", "logit")
     assert_user_error(r, r"--class-outputs: output 'logit'.*'logits'")
+
+
+def _map_and_boxes(path):
+    """x[N, 10, 6] → Sigmoid → 'activations' (a multi-label map) and MatMul W[6, 4] → 'dets' (boxes)."""
+    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((6, 4)).astype(np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("Sigmoid", ["x"], ["activations"]), helper.make_node("MatMul", ["x", "w"], ["dets"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 10, 6])],
+        [helper.make_tensor_value_info("activations", TensorProto.FLOAT, ["n", 10, 6]),
+         helper.make_tensor_value_info("dets", TensorProto.FLOAT, ["n", 10, 4])],
+        initializer=[w],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return path
+
+
+def test_no_top1_headline_for_multi_label_maps_and_box_tensors(tmp_path):
+    """Neither a sigmoid map nor [N, anchors, 4] boxes are class scores: no top-1 in the plan or the report."""
+    from mpinfer.compare import CompareConfig, compare_models
+    from mpinfer.precision import ConvertConfig, convert_precision
+    from mpinfer.report import render, tables
+
+    model = _map_and_boxes(tmp_path / "m.onnx")
+    np.savez(tmp_path / "d.npz", x=np.random.default_rng(1).standard_normal((8, 10, 6)).astype(np.float32) * 3)
+    out = tmp_path / "m.fp16.onnx"
+    res = convert_precision(ConvertConfig(model=model, output=out, calibration=str(tmp_path / "d.npz"),
+                                          progress=False))
+    expected = res.plan.summary["expected_error"]
+    assert "cosine" in expected and "top1" not in expected and "top5" not in expected
+    cmp = compare_models(CompareConfig(str(model), (str(out),), data=str(tmp_path / "d.npz"), divergence=False,
+                                       show_progress=False))
+    assert all(not o.classifier and o.values["top1"] is None for o in cmp.candidates[0].outputs)
+    assert "top-1" not in tables.accuracy_headers(cmp.candidates[0])
+    assert "| top-1 |" not in render(cmp, "md") and "<th>top-1</th>" not in render(cmp, "html")
+    # Named class scores, they get top-1 again
+    named = compare_models(CompareConfig(str(model), (str(out),), data=str(tmp_path / "d.npz"), divergence=False,
+                                         class_outputs=("activations",), show_progress=False))
+    assert named.candidates[0].outputs[0].values["top1"] is not None and "| top-1 |" in render(named, "md")
+
+
+def test_pipeline_tables_take_class_outputs_and_the_one_grammar():
+    from mpinfer.errors import InvalidInputError
+    from mpinfer.pipeline_stages import default_stages
+
+    stages = default_stages()
+    stages["compare"].check({"baseline": "a.onnx", "candidates": ["b.onnx"], "class_outputs": ["logits"],
+                             "checks": "logits:top1>=0.99,boxes:max_abs<=0.5"})
+    stages["convert"].check({"model": "a.onnx", "class_outputs": [], "budget": "snr>=40,rel<=0.01"})
+    with pytest.raises(InvalidInputError, match=r"\[compare\] checks.*unknown metric 'top1x'"):
+        stages["compare"].check({"baseline": "a.onnx", "candidates": ["b.onnx"], "checks": "top1x>=1"})
