@@ -8,9 +8,8 @@ import numpy as np
 import pytest
 
 from mpinfer.errors import InvalidInputError
+from mpinfer.histogram import BINS_PER_DECADE, LogHistogram
 from mpinfer.metrics import (
-    BINS_PER_DECADE,
-    LogHistogram,
     ModelAccumulator,
     OutputAccumulator,
     guess_class_output,
