@@ -107,10 +107,13 @@ def test_the_default_floor_applies_with_data_and_is_said(grown, tmp_path, invoke
     plan = json.loads((tmp_path / "a.plan.json").read_text())
     assert plan["budget"] == "cosine>=0.999" and plan["summary"]["verification"]["default_budget"] is True
     # --budget none opts out; --calibration none has no data, hence no floor; random data: no floor
-    for extra, name in ((("--budget", "none"), "b"), (("--calibration", "none"), "c"), (("--calibration", "random:32"), "d")):
-        args = ["convert", src, "--calibration", data, *extra, "-o", tmp_path / f"{name}.onnx"]
-        if extra[0] == "--calibration":
-            args = ["convert", src, *extra, "-o", tmp_path / f"{name}.onnx"]
+    cases = {
+        "b": ("--calibration", data, "--budget", "none"),
+        "c": ("--calibration", "none"),
+        "d": ("--calibration", "random:32"),
+    }
+    for name, extra in cases.items():
+        args = ["convert", src, *extra, "-o", tmp_path / f"{name}.onnx"]
         r = invoke(*args)
         assert r.exit_code == 0, r.output
         plan = json.loads((tmp_path / f"{name}.plan.json").read_text())
