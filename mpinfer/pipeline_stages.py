@@ -487,8 +487,8 @@ BUILD_LOOSE_TYPES: dict[str, Any] = {
 # Values the stages parse from strings, parsed again before any stage runs: a typo in the last stage's table
 # fails at once, not after training. (stage, key) -> (module, parser)
 VALUE_PARSERS = {
-    ("convert", "budget"): ("mpinfer.precision.budget", "parse_budget"),
-    ("compare", "checks"): ("mpinfer.compare.checks", "parse_checks"),
+    ("convert", "budget"): ("mpinfer.checks", "parse_checks"),
+    ("compare", "checks"): ("mpinfer.checks", "parse_checks"),
 }
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from mpinfer.compare.metrics import METRIC_DOCS
+from mpinfer.metrics import METRIC_DOCS, parse_class_outputs
 
 logger = logging.getLogger(__name__)
 # Options that only shape the latency measurement: warned about when given without --latency.
@@ -38,15 +38,26 @@ def _warn_latency_options(ctx: click.Context) -> None:
         logger.warning("%s only apply with --latency; ignored without it", "/".join(given))
 
 
-@click.command(epilog="Metrics for --check: " + ", ".join(METRIC_DOCS) + ". Operators: >= <= > < ==.")
+@click.command(
+    epilog="Checks: [OUTPUT:]METRIC OP NUMBER, comma-separated; without OUTPUT: every output the metric applies "
+    "to. Metrics: " + ", ".join(METRIC_DOCS) + ", any topK (aliases snr, rel, acc). Operators: >= <= > < ==. "
+    "Definitions: docs/compare.md."
+)
 @click.argument("baseline")
 @click.argument("candidates", nargs=-1, required=True)
 @click.option("--data", help="Data: .npz file, folder of .npz/.npy/images, or random[:N] (default random).")
 @click.option(
     "--check",
     "checks",
-    help='Thresholds, e.g. "cosine>=0.9999,top1>=0.999" (default '
+    help='Thresholds, e.g. "cosine>=0.9999,logits:top1>=0.999" (default '
     '"cosine>=0.999,nonfinite<=0"). Exit 1 when one fails.',
+)
+@click.option(
+    "--class-outputs",
+    callback=lambda _ctx, _param, value: parse_class_outputs(value),
+    metavar="NAMES",
+    help="Comma-separated outputs that hold class scores (top-k applies to them alone); 'none' for none "
+    "(default: guessed, see docs/compare.md).",
 )
 @click.option("--latency", is_flag=True, help="Measure latency of the baseline and every candidate.")
 @click.option("--batch-sizes", callback=_ints, help="Latency batch sizes, e.g. 1,8,32 (default: the data's).")
@@ -111,6 +122,7 @@ def compare(
     candidates: tuple[str, ...],
     data: str | None,
     checks: str | None,
+    class_outputs: tuple[str, ...] | None,
     latency: bool,
     batch_sizes: tuple[int, ...],
     iterations: int,
@@ -151,6 +163,7 @@ def compare(
         candidates=candidates,
         data=data,
         checks=checks,
+        class_outputs=class_outputs,
         latency=latency,
         batch_sizes=batch_sizes,
         iterations=iterations,

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from mpinfer.metrics import parse_class_outputs
 from mpinfer.modelio import MAX_OPSET
 from mpinfer.precision.options import DEFAULT_BUDGET, DEFAULT_SEARCH_SAMPLES
 
@@ -31,9 +32,17 @@ from mpinfer.precision.options import DEFAULT_BUDGET, DEFAULT_SEARCH_SAMPLES
 )
 @click.option(
     "--budget",
-    help='Accuracy budget, e.g. "cosine>=0.9999,top1>=0.999,max_abs<=1e-2", verified on every calibration sample '
-    "before anything is written. Default with calibration data: the floor \"" + DEFAULT_BUDGET + '"; '
-    '"none": no budget.',
+    help='Accuracy budget, e.g. "cosine>=0.9999,top1>=0.999,max_abs<=1e-2" or "logits:top1>=0.99,boxes:max_abs<=0.5" '
+    "(the check grammar of `mpinfer compare --check`; metrics defined in docs/compare.md), verified on every "
+    "calibration sample before anything is written. Default with calibration data: the floor \"" + DEFAULT_BUDGET
+    + '"; "none": no budget.',
+)
+@click.option(
+    "--class-outputs",
+    callback=lambda _ctx, _param, value: parse_class_outputs(value),
+    metavar="NAMES",
+    help="Comma-separated outputs that hold class scores (top-k applies to them alone); 'none' for none "
+    "(default: guessed, see docs/compare.md).",
 )
 @click.option(
     "--plan",
@@ -99,6 +108,7 @@ def convert(
     precision: str | None,
     calibration: str | None,
     budget: str | None,
+    class_outputs: tuple[str, ...] | None,
     plan: Path | None,
     keep_ops: tuple[str, ...],
     keep_nodes: tuple[str, ...],
@@ -137,6 +147,7 @@ def convert(
         precision=Precision.parse(precision) if precision is not None else None,
         calibration=calibration,
         budget=budget,
+        class_outputs=class_outputs,
         plan=plan,
         keep_ops=keep_ops,
         keep_nodes=keep_nodes,

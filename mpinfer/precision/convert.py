@@ -41,9 +41,12 @@ class ConvertConfig:
         precision: FP16 or BF16; None = FP16 (with ``plan``: the plan's; a different one is refused).
         calibration: Data for the reference run (.npz, folder, ``random[:N]``, ``none``); None = seeded
             random data from the input specs (with a warning).
-        budget: Accuracy budget, e.g. ``cosine>=0.9999,top1>=0.999``, verified on every calibration sample
-            before anything is written; None = the default floor (``verify.DEFAULT_BUDGET``) with real
-            calibration data, none with random data; ``"none"`` = no budget at all.
+        budget: Accuracy budget in the check grammar of :mod:`mpinfer.checks`, e.g.
+            ``cosine>=0.9999,logits:top1>=0.999``, verified on every calibration sample before anything is
+            written; None = the default floor (``options.DEFAULT_BUDGET``) with real calibration data, none with
+            random data; ``"none"`` = no budget at all.
+        class_outputs: The outputs that hold class scores (top-k applies to them alone); None guesses each
+            (:func:`mpinfer.metrics.guess_class_output`), ``()`` says none does.
         plan: Re-apply this plan file instead of planning.
         keep_ops / low_ops: Op types forced FP32 / low.
         keep_nodes / low_nodes: Node-address regexes forced FP32 / low.
@@ -72,6 +75,7 @@ class ConvertConfig:
     precision: Precision | None = None
     calibration: str | None = None
     budget: str | None = None
+    class_outputs: tuple[str, ...] | None = None
     plan: Path | None = None
     keep_ops: tuple[str, ...] = ()
     keep_nodes: tuple[str, ...] = ()
@@ -129,9 +133,9 @@ def _check_config(cfg: ConvertConfig, opts: Options) -> None:
             )
         )
     if opts.budget:
-        from mpinfer.precision.budget import parse_budget
+        from mpinfer.checks import parse_checks
 
-        parse_budget(opts.budget)
+        parse_checks(opts.budget)
 
 
 def convert_precision(cfg: ConvertConfig) -> ConvertResult:
@@ -392,6 +396,7 @@ def _make_plan(cfg: ConvertConfig, opts: Options, model: Any, info: Any, sha: st
             budget=opts.budget,
             precision=opts.precision,
             numerics=opts.numerics,
+            class_outputs=_class_outputs(cfg),
             keep_io_types=opts.keep_io_types,
             batches=len(search_feeds) if isinstance(search_feeds, _SearchRows) else _MANY,
             progress=cfg.progress,
@@ -417,7 +422,9 @@ def _make_plan(cfg: ConvertConfig, opts: Options, model: Any, info: Any, sha: st
         from mpinfer.precision.search import measure_plan
 
         measured, refs, _ = _search_data(replace(opts, search_samples=1), model, feeds, stats, whole_batch=True)
-        made.expected = measure_plan(model, nodes, measured, reference_outputs=refs)
+        made.expected = measure_plan(
+            model, nodes, measured, reference_outputs=refs, class_outputs=_class_outputs(cfg)
+        )
         _warn_broken(made.expected, nodes)
     made.plan.nodes = list(nodes)
     return made
@@ -444,6 +451,7 @@ def _verify_inputs(
         keep_io_types=opts.keep_io_types,
         samples=limit,
         default_budget=opts.default_budget,
+        class_outputs=_class_outputs(cfg),
         progress=cfg.progress,
     )
     per_sample = getattr(stats, "sample_bytes", None)
@@ -456,6 +464,11 @@ def _rows(model: Any, batches: Any) -> int:
 
     slicer = BatchSlicer(model)
     return sum(slicer.rows(b) for b in batches)
+
+
+def _class_outputs(cfg: ConvertConfig) -> tuple[str, ...] | None:
+    """``class_outputs`` as a tuple (a pipeline.toml gives a list), None when not given."""
+    return None if cfg.class_outputs is None else tuple(cfg.class_outputs)
 
 
 @dataclass

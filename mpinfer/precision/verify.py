@@ -46,6 +46,7 @@ class VerifySettings:
     keep_io_types: bool = True
     samples: int | None = None
     default_budget: bool = False
+    class_outputs: tuple[str, ...] | None = None
     progress: bool = True
 
 
@@ -79,47 +80,20 @@ class Verification:
         return not self.failures
 
 
-# -- the metrics (the one place verification computes them) ---------------------------------------------------
-class _Figures:
-    """Streaming per-output metrics of a candidate against the FP32 reference (the metrics core's accumulator)."""
+# -- the metrics (the one place verification computes them: the metrics core) ------------------------------------
+def _accumulator(names: Sequence[str], settings: VerifySettings) -> Any:
+    """An empty :class:`mpinfer.metrics.ModelAccumulator` set up as ``mpinfer compare`` sets up its own."""
+    from mpinfer.checks import parse_checks
+    from mpinfer.metrics import ModelAccumulator
 
-    def __init__(self, names: Sequence[str]) -> None:
-        from mpinfer.compare.metrics import OutputAccumulator
-
-        self.accs = {n: OutputAccumulator(n) for n in names}
-
-    def update(self, ref: Mapping[str, np.ndarray], cand: Mapping[str, np.ndarray], labels: Any = None) -> None:
-        for name, acc in self.accs.items():
-            acc.update(np.asarray(ref[name]), np.asarray(cand[name]), labels)
-
-    def finalize(self) -> dict[str, dict[str, float | None]]:
-        return {name: acc.finalize() for name, acc in self.accs.items()}
-
-
-# Budget metric → the metrics core's name for it (``rel`` is sqrt(noise / signal), i.e. 10**(-snr_db / 20)).
-_CORE_NAMES = {"snr": "snr_db"}
+    return ModelAccumulator(names, class_outputs=settings.class_outputs, topk=parse_checks(settings.budget).topk)
 
 
 def budget_failures(budget_text: str, figures: Mapping[str, Mapping[str, float | None]]) -> list[str]:
-    """The budget terms ``figures`` break, per output (``"y: max_abs<=0.001 (got 0.0074)"``)."""
-    from mpinfer.precision.budget import parse_budget
+    """The budget checks ``figures`` break (``"max_abs<=0.001 on 'y' (got 0.0074)"``)."""
+    from mpinfer.checks import parse_checks
 
-    budget = parse_budget(budget_text)
-    failures = []
-    for term in budget.terms:
-        for out, metrics in figures.items():
-            value = _core_value(term.metric, metrics)
-            if value is not None and not term.holds(value):
-                failures.append(f"{out}: {term} (got {value:.6g})")
-    return failures
-
-
-def _core_value(metric: str, metrics: Mapping[str, float | None]) -> float | None:
-    if metric == "rel":
-        snr = metrics.get("snr_db")
-        return None if snr is None else (math.nan if math.isnan(snr) else 10.0 ** (-snr / 20.0))
-    value = metrics.get(_CORE_NAMES.get(metric, metric))
-    return None if value is None else float(value)
+    return parse_checks(budget_text).failures(figures)
 
 
 # -- data ------------------------------------------------------------------------------------------------------
@@ -186,7 +160,7 @@ def verify_model(
     names = [o.name for o in reference.graph.output]
     floats = [o.name for o in reference.graph.output if o.type.tensor_type.elem_type in (1, 10, 11, 16)]
     run = _candidate_runner(candidate, settings)
-    figures = _Figures(floats)
+    figures = _accumulator(names, settings)
     hashers: dict[str, Any] = {}
     labels = getattr(feeds, "labels", None)
     samples = batches = 0
@@ -196,8 +170,8 @@ def verify_model(
         for index, (batch, rows) in enumerate(iter_samples(feeds, reference, settings.samples)):
             fingerprint_update(hashers, batch)
             kept = known_reference[index] if known_reference is not None and index < len(known_reference) else None
-            if kept is not None and _rows_of(kept, floats) != rows:
-                kept = None  # a cut batch: calibration kept the whole one
+            if kept is not None and (_rows_of(kept, floats) != rows or not set(names) <= set(kept)):
+                kept = None  # a cut batch (calibration kept the whole one), or outputs it did not keep
             ref = kept if kept is not None else dict(zip(names, ref_sess.run(names, dict(batch)), strict=True))
             cand = run(batch)
             lab = labels[samples : samples + rows] if labels is not None and samples + rows <= len(labels) else None
@@ -242,7 +216,7 @@ def _candidate_runner(candidate: Any, settings: VerifySettings) -> Any:
 
 def _batch_error(ref: Mapping[str, np.ndarray], cand: Mapping[str, np.ndarray], names: Sequence[str]) -> float:
     """How wrong a batch is, to pick the one to rank groups on: the worst relative L2 error of its outputs."""
-    from mpinfer.precision.budget import relative_l2
+    from mpinfer.metrics import relative_l2
 
     worst = 0.0
     for name in names:
@@ -375,15 +349,11 @@ def _log(ver: Verification, settings: VerifySettings, rounds: int) -> None:
 
 def budget_figures(budget_text: str, figures: Mapping[str, Mapping[str, float | None]]) -> dict[str, float]:
     """The budget's metrics, worst over the outputs (for the console line)."""
-    from mpinfer.precision.budget import HIGHER_IS_BETTER, parse_budget
+    from mpinfer.checks import parse_checks
+    from mpinfer.metrics import worst_values
 
-    out: dict[str, float] = {}
-    for term in parse_budget(budget_text).terms:
-        values = [v for m in figures.values() if (v := _core_value(term.metric, m)) is not None]
-        if values:
-            higher = HIGHER_IS_BETTER.get(term.metric, True)
-            out[term.metric] = min(values) if higher else max(values)
-    return out
+    worst = worst_values(figures)
+    return {m: worst[m] for m in sorted(parse_checks(budget_text).metrics) if m in worst}
 
 
 def verification_record(ver: Verification, settings: VerifySettings, repaired: Repaired) -> dict[str, Any]:

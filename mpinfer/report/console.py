@@ -85,7 +85,7 @@ def render_console(result: ComparisonResult, console: Any = None) -> None:
         )
         if cand.size_bytes is not None:
             console.print("Size: " + escape(tables.size_line(result, cand)))
-        console.print(_accuracy_table(tables.accuracy_headers(), tables.accuracy_rows(cand)))
+        console.print(_accuracy_table(tables.accuracy_headers(cand), tables.accuracy_rows(cand)))
         labels = tables.label_rows(cand)
         if labels:
             console.print(_table("Accuracy vs labels", ["output", "baseline", "candidate", "drop"], labels))

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from mpinfer.compare.metrics import METRIC_DOCS
 from mpinfer.compare.result import ComparisonResult
+from mpinfer.metrics import METRIC_DOCS
 from mpinfer.report import tables
 
 
@@ -49,7 +49,7 @@ def render_markdown(result: ComparisonResult) -> str:
             "### Accuracy vs baseline",
             "",
         ]
-        lines += md_table(tables.accuracy_headers(), tables.accuracy_rows(cand))
+        lines += md_table(tables.accuracy_headers(cand), tables.accuracy_rows(cand))
         if tables.label_rows(cand):
             lines += ["### Accuracy vs labels", ""]
             lines += md_table(["output", "baseline", "candidate", "drop"], tables.label_rows(cand))

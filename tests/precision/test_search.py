@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 from onnx import helper
 
+from mpinfer.checks import parse_checks
 from mpinfer.errors import AccuracyMismatchError
 from mpinfer.precision import ConvertConfig, convert_precision
-from mpinfer.precision.budget import parse_budget
 from mpinfer.precision.options import resolve_options
 from mpinfer.specs import Precision
 from tests.precision.graphs import fvi, init, make, rng_w, save
@@ -85,7 +85,7 @@ def test_search_meets_budget_on_digits(digits_onnx, tmp_path):
         )
     )
     s = res.plan.summary
-    assert parse_budget("cosine>=0.9999,top1>=0.99").met(s["expected_error"])
+    assert parse_checks("cosine>=0.9999,top1>=0.99").met({"model": s["expected_error"]})
     assert s["low_share_flops"] > 0.9
     assert s["search"]["node_evaluations"] > 0 and s["search"]["numerics"] == "strict"
     assert res.plan.calibration["kind"] == "npz"
