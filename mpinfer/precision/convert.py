@@ -261,10 +261,12 @@ def _verify(made: _Planned, info: Any, result: Any, nodes: list[NodeDecision]) -
     from mpinfer.precision.verify import verification_record, verify_and_repair
 
     settings, decisions, feeds, known, rank_rows = made.verify
+    start = time.perf_counter()
     repaired = verify_and_repair(
         info, nodes, result, decisions, feeds, settings, known_reference=known, rank_rows=rank_rows
     )
     record = verification_record(repaired.verification, settings, repaired)
+    record["wall_s"] = round(time.perf_counter() - start, 3)  # every pass and the repairs' ranking
     if made.search_cost is not None:
         record["searched_samples"] = made.search_cost.get("samples")
     if repaired.rounds:  # the search's figures were for the candidate the verification rejected
