@@ -115,6 +115,33 @@ def fingerprint_digest(hashers: Mapping[str, Any]) -> str:
     return "sha256:" + top.hexdigest()
 
 
+class FingerprintedFeeds:
+    """Feeds that fingerprint the batches read through them (``mpinfer compare`` records the data it compared on).
+
+    Everything else (``labels``, ``description``, ``len``...) is the wrapped feeds'.
+    """
+
+    def __init__(self, feeds: Any) -> None:
+        self._feeds = feeds
+        self._hashers: dict[str, Any] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._feeds, name)
+
+    def __len__(self) -> int:
+        return len(self._feeds)
+
+    def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
+        self._hashers = {}
+        for batch in self._feeds:
+            fingerprint_update(self._hashers, batch)
+            yield batch
+
+    def fingerprint(self) -> str:
+        """``sha256:<hex>`` of the batches of the last pass (same as the plan's for the same samples)."""
+        return fingerprint_digest(self._hashers)
+
+
 def iter_samples(feeds: Any, model: Any, limit: int | None) -> Iterator[tuple[dict[str, np.ndarray], int]]:
     """The batches of ``feeds`` up to ``limit`` samples (the last one cut), each with its sample count."""
     from mpinfer.precision.calibrate import BatchSlicer

@@ -215,3 +215,29 @@ def test_api_defaults_mean_not_given():
     assert opts.precision is Precision.FP16 and opts.keep_io_types and opts.numerics == "strict"
     assert opts.search_samples == DEFAULT_SEARCH_SAMPLES and opts.verify_samples is None and opts.budget is None
     assert resolve_options(ConvertConfig(model=Path("m"), output=Path("o"), calibration="d.npz")).default_budget
+
+
+def test_the_report_sets_the_plans_figures_beside_compares_and_flags_a_mismatch(grown, tmp_path):
+    from mpinfer.report.markdown import render_markdown
+    from mpinfer.report.plan_check import plan_check
+
+    src, data = grown
+    res = _convert(src, data, tmp_path / "o.onnx", budget="max_abs<=1e-2,cosine_min>=0.999")
+    result = _compare(src, res.output, data, "max_abs<=1e-2")
+    (cand,) = result.candidates
+    assert result.data["fingerprint"] == res.plan.summary["verification"]["fingerprint"]
+    notes, rows = plan_check(result, cand)
+    assert {r[1] for r in rows} == {"max_abs", "cosine", "cosine_min"} and all(r[-1] == "match" for r in rows)
+    assert "### Plan said / measured" in render_markdown(result)
+    # a plan whose figures are not what this model gives on this data: flagged
+    plan = json.loads(res.plan_path.read_text())
+    plan["summary"]["verification"]["figures"]["y"]["max_abs"] *= 3
+    res.plan_path.write_text(json.dumps(plan))
+    result = _compare(src, res.output, data, "max_abs<=1e-2")
+    notes, rows = plan_check(result, result.candidates[0])
+    assert [r[-1] for r in rows if r[1] == "max_abs"] == ["MISMATCH"] and any("MISMATCH" in n for n in notes)
+    # other data: not compared, said so
+    np.savez(tmp_path / "other.npz", x=np.ones((8, 16), np.float32))
+    result = _compare(src, res.output, tmp_path / "other.npz", "max_abs<=1e-2")
+    notes, rows = plan_check(result, result.candidates[0])
+    assert {r[-1] for r in rows} == {"other data"} and any("not comparable" in n for n in notes)
