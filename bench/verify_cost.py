@@ -105,8 +105,9 @@ def row(name: str, tag: str, before: dict, after: dict) -> str:
             if isinstance(v, (int, float)):
                 worst[k] = min(worst.get(k, v), v) if k != "max_abs" else max(worst.get(k, v), v)
     measured = ", ".join(f"{k}={v:.6g}" for k, v in worst.items())
+    ratio = after["wall_s"] / before["wall_s"]
     return (
-        f"| {name} | {tag} | {before['wall_s']:.2f} | {after['wall_s']:.2f} | {after['wall_s'] / before['wall_s']:.2f}x "
+        f"| {name} | {tag} | {before['wall_s']:.2f} | {after['wall_s']:.2f} | {ratio:.2f}x "
         f"| {share:.0%} ({ver.get('samples', 0)} samples) | {before.get('low_share_flops', 0):.1%} → "
         f"{after.get('low_share_flops', 0):.1%} | {ver.get('moved_to_fp32', 0)} | {measured} |"
     )

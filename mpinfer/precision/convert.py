@@ -592,6 +592,8 @@ def _calibrate(
             capture_tensors=tensors,
             types=types,
             max_bytes=RANDOM_CALIBRATION_BYTES if bounded else None,
+            # the final verification's FP32 reference: every batch's outputs, while they are few bytes
+            capture_outputs=_MANY if opts.budget else 0,
         )
         info["samples"] = int(stats.source.get("samples", info["samples"]))
     except BackendUnavailableError as err:

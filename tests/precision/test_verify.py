@@ -241,3 +241,25 @@ def test_the_report_sets_the_plans_figures_beside_compares_and_flags_a_mismatch(
     result = _compare(src, res.output, tmp_path / "other.npz", "max_abs<=1e-2")
     notes, rows = plan_check(result, result.candidates[0])
     assert {r[-1] for r in rows} == {"other data"} and any("not comparable" in n for n in notes)
+
+
+def test_calibration_keeps_every_batchs_outputs_for_the_verification(grown):
+    """capture_outputs: the FP32 outputs of every batch (the verification's reference), tensors of the first only."""
+    import onnx
+
+    from mpinfer.data import load_feeds
+    from mpinfer.precision.calibrate import calibrate
+    from mpinfer.specs import specs_from_onnx
+    from tests.precision.graphs import run_ort
+
+    src, data = grown
+    model = onnx.load(str(src))
+    feeds = load_feeds(str(data), specs_from_onnx(model), batch_size=16)
+    stats = calibrate(model, feeds, progress=False, capture_batches=2, capture_tensors=True, capture_outputs=100)
+    assert len(stats.reference_outputs) == 8 and len(stats.reference_tensors) == 2
+    for batch, kept in zip(feeds, stats.reference_outputs, strict=True):
+        (want,) = run_ort(model, batch)
+        # the same ONNX Runtime computation of the same batch: a few float32 ulps of the largest output, scaled by
+        # the longest dot product (32) for a reordered sum
+        atol = 4 * EPS32 * float(np.abs(want).max()) * math.sqrt(32)
+        np.testing.assert_allclose(kept["y"], want, rtol=0, atol=atol)
