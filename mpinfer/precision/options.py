@@ -64,6 +64,18 @@ class Options:
     changed: dict[str, Any]
 
 
+def check_budget(text: str) -> None:
+    """Refuse a malformed ``--budget`` (``none`` is no budget; anything else is the check grammar).
+
+    Raises:
+        InvalidInputError: From :func:`mpinfer.checks.parse_checks`.
+    """
+    if text.strip().lower() != NO_BUDGET:
+        from mpinfer.checks import parse_checks
+
+        parse_checks(text)
+
+
 def has_real_data(calibration: str | None) -> bool:
     """True for user data (a file or folder), not generated random data and not ``none``."""
     if calibration is None:

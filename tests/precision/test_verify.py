@@ -263,3 +263,23 @@ def test_calibration_keeps_every_batchs_outputs_for_the_verification(grown):
         # the longest dot product (32) for a reordered sum
         atol = 4 * EPS32 * float(np.abs(want).max()) * math.sqrt(32)
         np.testing.assert_allclose(kept["y"], want, rtol=0, atol=atol)
+
+
+def test_pipeline_convert_table_takes_the_knobs_and_budget_none(grown, tmp_path):
+    from mpinfer.pipeline import run_pipeline
+
+    src, data = grown
+    toml = tmp_path / "p.toml"
+    toml.write_text(
+        f'[pipeline]\nwork_dir = "w"\n[convert]\nmodel = "{src.name}"\ncalibration = "{data.name}"\n'
+        'budget = "max_abs<=1e-2"\nsearch_samples = 8\nverify_samples = 48\n'
+    )
+    result = run_pipeline(toml)
+    plan = json.loads(result.artefacts["plan"].read_text())
+    assert plan["summary"]["search"]["samples"] == 8 and plan["summary"]["verification"]["samples"] == 48
+    (stage,) = [s for s in result.stages if s.name == "convert"]
+    assert stage.summary["verified_samples"] == 48 and stage.summary["searched_samples"] == 8
+    toml.write_text(f'[pipeline]\nwork_dir = "w2"\n[convert]\nmodel = "{src.name}"\ncalibration = "{data.name}"\n'
+                    'budget = "none"\n')
+    plan = json.loads(run_pipeline(toml).artefacts["plan"].read_text())
+    assert plan["budget"] is None and "verification" not in plan["summary"]
