@@ -461,6 +461,22 @@ def _local_error(model: Any, info: GraphInfo, group: _Group, refs: list[Any], lo
     return relative_l2(noise, signal), len(group.members) * len(refs)
 
 
+def group_errors(
+    info: GraphInfo, groups: Sequence[_Group], batches: Sequence[Mapping[str, np.ndarray]], low: Precision
+) -> dict[str, float]:
+    """Each group's local error (run alone in ``low`` on the FP32 tensors of ``batches``), by anchor.
+
+    Groups in control-flow bodies are left out, and so is every group when the emulator cannot run the model.
+    """
+    from mpinfer.precision.emulate import GraphEmulator
+
+    emu = GraphEmulator(info.model)
+    if not batches or emu.unsupported_ops():
+        return {}
+    refs = [emu.run(dict(b), None, keep=True) for b in batches]
+    return {g.anchor: _local_error(info.model, info, g, refs, low)[0] for g in groups if not g.in_body}
+
+
 def _measure(
     model: Any, info: GraphInfo, groups: Sequence[_Group], ver: _Verifier, cfg: SearchConfig, bar: Any
 ) -> None:
