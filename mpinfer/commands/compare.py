@@ -140,7 +140,7 @@ def compare(
     divergence_batches: int,
     quiet: bool,
     as_json: bool,
-) -> None:
+) -> object:
     """Compare CANDIDATES (FP16 ONNX, engines) against the FP32 BASELINE on the same data.
 
     \b
@@ -189,8 +189,11 @@ def compare(
         render_console(result)
         for fmt, path in paths.items():
             click.echo(f"wrote {fmt}: {path}")
+    if (ctx.obj or {}).get("api"):  # mpinfer.compare(): bool(result) is the verdict
+        return result
     if not result:
         click.echo(result.summary(), err=True)
         ctx.exit(1)
     if quiet and not as_json:
         click.echo(result.summary())
+    return result

@@ -126,7 +126,7 @@ def convert(
     verify_samples: int | None,
     dims: tuple[str, ...],
     image_preprocess: str | None,
-) -> None:
+) -> object:
     """Convert an FP32 ONNX model to mixed FP16/BF16, keeping FP32 exactly where it is needed.
 
     \b
@@ -170,6 +170,7 @@ def convert(
     result = convert_precision(cfg)
     if not quiet:
         _print_summary(result, plan)
+    return result
 
 
 def _print_summary(result: object, plan_in: Path | None = None) -> None:

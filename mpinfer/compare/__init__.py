@@ -3,6 +3,7 @@
 The metrics are :mod:`mpinfer.metrics`'s and the checks :mod:`mpinfer.checks`'s (shared with convert's budget).
 """
 
+from mpinfer.api import make_callable
 from mpinfer.compare.comparator import CompareConfig, compare_models
 from mpinfer.compare.result import SCHEMA_VERSION, CandidateResult, ComparisonResult
 
@@ -13,3 +14,6 @@ __all__ = [
     "ComparisonResult",
     "compare_models",
 ]
+
+# `mpinfer.compare(...)` is the API function (mpinfer.api.compare); the package stays importable as it is.
+make_callable(__name__)
