@@ -3,11 +3,13 @@
 Every command that writes (export, convert, build-engine, compare --report, report -o, train's run folder,
 ``mpinfer run``'s work folder) wraps its work in :func:`claim_outputs`:
 
-* **Claim.** For each output a lock file ``.<name>.lock`` is created beside it with ``O_CREAT|O_EXCL`` and held
-  with ``flock`` for the life of the run; it records the pid, host, start time and command. A second run on the
-  same output fails at once with :class:`OutputBusyError`, naming the first (pid, command, since when). A lock
-  left by a process that is gone (its ``flock`` released by the kernel and its pid no longer alive on this host)
-  is reclaimed, with a log line. The locks are removed on exit: normal, error or KeyboardInterrupt.
+* **Claim.** For each output a lock file ``.<name>.lock`` is created exclusively beside it (filled in under a
+  temporary name, then hard-linked into place, which fails when it exists; ``O_CREAT|O_EXCL`` where links are
+  unavailable) and held with ``flock`` for the life of the run; it records the pid, host, start time and
+  command. A second run on the same output fails at once with :class:`OutputBusyError`, naming the first (pid,
+  command, since when). A lock left by a process that is gone (its ``flock`` released by the kernel and its
+  pid no longer alive on this host) is reclaimed, with a log line. The locks are removed on exit: normal,
+  error or KeyboardInterrupt.
 * **Sweep.** Temporary files and folders of the claimed outputs (``.<name>.<pid>.<random>.tmp``, see
   :func:`mpinfer.fileio.temp_prefix`) whose owner pid is gone are removed, and the run says so. A live
   process's temporaries are never touched.
@@ -32,13 +34,15 @@ import shlex
 import shutil
 import socket
 import sys
+import tempfile
 import time
+import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from mpinfer.errors import InvalidInputError, format_message
-from mpinfer.fileio import TEMP_SUFFIX, make_dirs, make_temp_dir, user_file_mode
+from mpinfer.fileio import TEMP_SUFFIX, make_dirs, make_temp_dir, temp_prefix, user_file_mode
 
 logger = logging.getLogger(__name__)
 
@@ -166,35 +170,65 @@ def _acquire(output: Path, info: dict[str, Any]) -> _Lock:
     path = lock_path(output)
     for _ in range(100):  # a lock released and re-created under us: look again
         try:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o644)
-        except FileExistsError:
+            fd = _create(path, info)
+            if fd is not None:
+                return _Lock(output, fd, info)
             try:
                 fd = os.open(path, os.O_RDWR)
             except FileNotFoundError:
                 continue
-            held = not _try_flock(fd)
-            old = _read_info(fd)
-            if held or not _stale(old, fd):
-                os.close(fd)
-                raise _busy(output, old) from None
-            if not _same_file(fd, path):
-                os.close(fd)
-                continue
-            logger.warning("Reclaimed the lock of '%s' left by %s, which is gone", output, _describe(old))
-            lock = _Lock(output, fd, info)
-            lock.record()
-            _finish_publish(old)
-            return lock
         except OSError as err:
             raise InvalidInputError(
                 format_message(f"Output '{output}'", f"a folder where no lock file can be created ({err})",
                                "a writable folder")
             ) from err
-        _flock_own(fd)  # a run probing this new file lets go at once (it finds no content: "just starting")
+        held = not _try_flock(fd)
+        old = _read_info(fd)
+        if held or not _stale(old, fd):
+            os.close(fd)
+            raise _busy(output, old)
+        if not _same_file(fd, path):
+            os.close(fd)
+            continue
+        logger.warning("Reclaimed the lock of '%s' left by %s, which is gone", output, _describe(old))
         lock = _Lock(output, fd, info)
         lock.record()
+        _finish_publish(old)
         return lock
     raise _busy(output, None)  # pragma: no cover - 100 races in a row
+
+
+def _create(path: Path, info: dict[str, Any]) -> int | None:
+    """Create the lock file ``path`` exclusively, already flocked and filled in; None when it exists.
+
+    The file is written and locked under a temporary name and linked into place (``link`` fails when the
+    target exists, as ``O_EXCL`` does), so no process ever sees a lock without its owner's facts, even one
+    killed half-way. File systems without hard links get ``O_CREAT|O_EXCL`` and a write.
+    """
+    fd, tmp = tempfile.mkstemp(prefix=f"{path.name}.{os.getpid()}.", suffix=TEMP_SUFFIX, dir=path.parent)
+    try:
+        os.fchmod(fd, 0o644)
+        _flock_own(fd)
+        _write_info(fd, info)
+        try:
+            os.link(tmp, path)
+            return fd
+        except FileExistsError:
+            os.close(fd)
+            return None
+        except OSError as err:
+            if err.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK):
+                raise
+    finally:
+        os.unlink(tmp)
+    os.close(fd)
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o644)
+    except FileExistsError:
+        return None
+    _flock_own(fd)
+    _write_info(fd, info)
+    return fd
 
 
 def _flock_own(fd: int) -> None:
@@ -246,7 +280,7 @@ def sweep_temps(output: Path) -> list[Path]:
         return []
     for entry in entries:
         m = _TEMP_NAME.match(entry.name)
-        if m is None or m["name"] != output.name:
+        if m is None or m["name"] not in (output.name, output.name + LOCK_SUFFIX):  # its temporary lock too
             continue
         pid = int(m["pid"])
         if pid == os.getpid() or pid_alive(pid):
@@ -260,6 +294,21 @@ def sweep_temps(output: Path) -> list[Path]:
                        entry, _human(size), output.name, pid)
         removed.append(entry)
     return removed
+
+
+def discard(path: Path) -> None:
+    """Remove the file or folder ``path`` all at once: renamed to a temporary name first, then deleted.
+
+    A process killed while deleting leaves a temporary (swept by the next run), never half of ``path``.
+    """
+    if not path.exists() and not path.is_symlink():
+        return
+    gone = path.with_name(f"{temp_prefix(path)}{uuid.uuid4().hex[:8]}{TEMP_SUFFIX}")
+    os.rename(path, gone)
+    if gone.is_dir() and not gone.is_symlink():
+        shutil.rmtree(gone, ignore_errors=True)
+    else:
+        gone.unlink(missing_ok=True)
 
 
 def _size(path: Path) -> int:

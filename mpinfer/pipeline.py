@@ -15,7 +15,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import shutil
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequence
@@ -24,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from mpinfer import __version__
-from mpinfer.claim import claim_outputs
+from mpinfer.claim import claim_outputs, discard, sweep_temps
 from mpinfer.errors import InvalidInputError, MpinferError, format_message
 from mpinfer.fileio import make_dirs, sha256_file, write_json_atomic
 
@@ -245,8 +244,9 @@ def _run_stage(
     out_dir = plan.output_dir or work_dir / ARTEFACT_DIR / f"{stage.name}-{key[:KEY_PREFIX_CHARS]}"
     # Only a key-named folder is kept for resuming: its name says the settings are the same ones.
     resumable = stage.resumable and plan.output_dir is None
+    sweep_temps(out_dir)  # what a killed run was deleting
     if out_dir.exists() and (force or not resumable):  # leftovers of a failed run, a fixed older folder
-        shutil.rmtree(out_dir)  # (--force: a kept folder too, the stage starts over)
+        discard(out_dir)  # (--force: a kept folder too, the stage starts over); all at once, even if killed
     make_dirs(out_dir)
     start = time.perf_counter()
     logger.info("Stage %s: running", stage.name)
@@ -254,7 +254,7 @@ def _run_stage(
         output = stage.run(plan, out_dir)
     except BaseException:
         if not resumable:
-            shutil.rmtree(out_dir, ignore_errors=True)
+            discard(out_dir)
         raise
     seconds = time.perf_counter() - start
     logger.info("Stage %s: done in %.1f s", stage.name, seconds)
