@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from mpinfer.errors import InvalidInputError, format_message
-from mpinfer.fileio import TEMP_SUFFIX, make_dirs, make_temp_dir, temp_prefix, user_file_mode
+from mpinfer.fileio import TEMP_SUFFIX, check_writable_location, make_dirs, make_temp_dir, temp_prefix, user_file_mode
 
 logger = logging.getLogger(__name__)
 
@@ -114,10 +114,14 @@ def _read_info(fd: int) -> dict[str, Any] | None:
 
 
 def _write_info(fd: int, info: dict[str, Any]) -> None:
+    """Write ``info`` over the lock's content in one ``pwrite``, padded to the old length (never truncated).
+
+    A process killed while rewriting its lock (the publish journal) leaves the old content or the new one, never
+    an empty or half file: trailing spaces are valid JSON.
+    """
     data = json.dumps(info, indent=1).encode("utf-8")
-    os.lseek(fd, 0, os.SEEK_SET)
-    os.ftruncate(fd, 0)
-    os.write(fd, data)
+    data += b" " * max(0, os.fstat(fd).st_size - len(data))
+    os.pwrite(fd, data, 0)
 
 
 def _describe(info: dict[str, Any] | None) -> str:
@@ -474,18 +478,33 @@ def claim_outputs(
         "outputs": [str(p) for p in paths],
     }
     locks: list[_Lock] = []
+    made: list[Path] = []  # folders this claim created: removed again when nothing was published into them
+    claim = None
     try:
         for p in paths:
+            check_writable_location(p.parent, p)  # (a file in the way, a read-only place: the usual message)
+            made += _missing_folders(p.parent)
             make_dirs(p.parent, p)
             locks.append(_acquire(p, info))
         for p in paths:
             sweep_temps(p)
-    except BaseException:
-        for lock in reversed(locks):
-            lock.release()
-        raise
-    claim = OutputClaim(paths, locks, force, [Path(p).resolve() for p in replaceable])
-    try:
+        claim = OutputClaim(paths, locks, force, [Path(p).resolve() for p in replaceable])
         yield claim
     finally:
-        claim.release()
+        if claim is not None:
+            claim.release()
+        else:
+            for lock in reversed(locks):
+                lock.release()
+        for folder in sorted(set(made), key=lambda f: len(f.parts), reverse=True):
+            with contextlib.suppress(OSError):  # (not empty: something was published, or a user's file)
+                folder.rmdir()
+
+
+def _missing_folders(folder: Path) -> list[Path]:
+    """``folder`` and its ancestors that do not exist yet."""
+    missing = []
+    while not folder.exists() and folder.parent != folder:
+        missing.append(folder)
+        folder = folder.parent
+    return missing

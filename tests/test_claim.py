@@ -176,3 +176,14 @@ def test_a_kill_between_two_links_is_completed_by_the_next_run(tmp_path, caplog)
         assert (model.read_text(), plan.read_text()) == ("model", "plan")
     assert "Completed the publish" in caplog.text
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx", "m.plan.json"]  # staging swept, locks gone
+
+
+def test_folders_made_for_outputs_go_again_when_nothing_was_published(tmp_path):
+    out = tmp_path / "new" / "deeper" / "m.onnx"
+    with pytest.raises(InvalidInputError), claim_outputs([out]):
+        raise InvalidInputError("bad budget")
+    assert list(tmp_path.iterdir()) == []
+    with claim_outputs([out]) as claim:
+        claim.stage(out).write_text("m")
+        claim.publish()
+    assert out.read_text() == "m"

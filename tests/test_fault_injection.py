@@ -113,12 +113,12 @@ def test_kill_9_during_convert_leaves_a_whole_unit_or_nothing(tmp_path, external
         if state == "absent":
             assert again.returncode == 0, again.stderr
             assert _unit_state(out) == "complete"
+            hidden = [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]
+            assert hidden == [], f"leftovers after the next run: {hidden}"  # stale locks and temporaries swept
         else:  # complete before the kill: the next run only asks for --force, like for any existing file
             assert again.returncode == 1 and "pass --force" in again.stderr, again.stderr
             assert "another mpinfer run" not in again.stderr
         assert set(_visible(tmp_path)) <= {*inputs, out.name, plan_path_for(out).name, data_file(out).name}
-        hidden = [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]
-        assert hidden == [], f"leftovers after the next run: {hidden}"  # stale locks and temporaries swept
         for p in (out, plan_path_for(out), data_file(out)):
             p.unlink(missing_ok=True)
     assert "absent" in seen  # the kills landed inside the work (a seed whose points all fell after it proves little)

@@ -153,6 +153,7 @@ def convert_precision(cfg: ConvertConfig) -> ConvertResult:
     from mpinfer.fileio import check_output_path
     from mpinfer.modelio import data_file
 
+    _check_config(cfg)
     out = check_output_path(cfg.output, [cfg.model, cfg.plan, cfg.keep_fp32_from], force=cfg.force)
     plan_out = plan_path_for(out)
     rewrites_plan = cfg.plan is None or Path(cfg.plan).resolve() != plan_out.resolve()
