@@ -187,3 +187,25 @@ def test_folders_made_for_outputs_go_again_when_nothing_was_published(tmp_path):
         claim.stage(out).write_text("m")
         claim.publish()
     assert out.read_text() == "m"
+
+
+@pytest.mark.parametrize("mask", [0o022, 0o077])
+def test_convert_and_save_onnx_publish_weights_with_the_umask(tmp_path, mask):
+    """onnx writes external data 0600; a model server under another account must read the weights too."""
+    import onnx
+
+    from mpinfer.modelio import save_onnx
+    from mpinfer.precision import ConvertConfig, convert_precision
+    from tests.test_fault_injection import make_mlp
+
+    model = make_mlp(tmp_path / "m.onnx", width=64, layers=2, external=True)
+    old = os.umask(mask)
+    try:
+        save_onnx(onnx.load(str(model)), tmp_path / "s.onnx", external_data=True)
+        convert_precision(ConvertConfig(model=model, output=tmp_path / "m16.onnx", calibration="none"))
+    finally:
+        os.umask(old)
+    written = ["s.onnx", "s.onnx.data", "m16.onnx", "m16.onnx.data", "m16.plan.json"]
+    assert {p.name for p in tmp_path.iterdir()} == {"m.onnx", "m.onnx.data", *written}
+    for name in written:
+        assert (tmp_path / name).stat().st_mode & 0o777 == 0o666 & ~mask, name

@@ -101,3 +101,41 @@ def test_ctrl_c_during_convert_exits_130_and_writes_nothing(tmp_path):
     assert "Interrupted. Nothing was written" in err and "Start again with: mpinfer convert" in err, err
     assert "Traceback" not in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]  # no output, no lock, no temporary
+
+
+def _cli_cases(tmp_path: Path) -> dict[str, tuple[list[str], Path]]:
+    model = make_mlp(tmp_path / "m.onnx", width=8, layers=1)
+    return {
+        "convert": (["convert", str(model), "-o", str(tmp_path / "c.onnx")], tmp_path / "c.onnx"),
+        "build-engine": (["build-engine", str(model), "--backend", "onnxruntime", "-o", str(tmp_path / "e.ort")],
+                         tmp_path / "e.ort"),
+        "compare --report": (["compare", str(model), str(model), "--data", "random:2", "--report",
+                              str(tmp_path / "rep")], tmp_path / "rep" / "report.json"),
+        "export": (["export", "models/mlp.py:build", "-o", str(tmp_path / "x.onnx")], tmp_path / "x.onnx"),
+        "train": (["train", "models/digits_cnn.py:build", "--epochs", "1", "--precision", "fp32", "--quiet", "-o",
+                   str(tmp_path / "run")], tmp_path / "run"),
+    }
+
+
+@pytest.mark.parametrize("command", ["convert", "build-engine", "compare --report", "export", "train"])
+def test_every_writing_command_fails_at_once_on_an_output_another_run_holds(tmp_path, invoke, command):
+    args, held = _cli_cases(tmp_path)[command]
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    with claim_outputs([held], command="mpinfer something else"):
+        start = time.perf_counter()
+        result = invoke(*args)
+        took = time.perf_counter() - start
+    assert_user_error(result, rf"received an output another mpinfer run is writing: pid {os.getpid()} .*"
+                              r"mpinfer something else.*since")
+    assert took < 20  # no work done: the claim comes first (the time is the command's imports)
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before  # nothing written, no lock left
+
+
+def test_report_o_fails_at_once_on_an_output_another_run_holds(tmp_path, invoke):
+    args, _ = _cli_cases(tmp_path)["compare --report"]
+    assert invoke(*args).exit_code == 0
+    out = tmp_path / "r.md"
+    with claim_outputs([out], command="mpinfer report again"):
+        result = invoke("report", str(tmp_path / "rep"), "--format", "md", "-o", str(out))
+    assert_user_error(result, r"another mpinfer run is writing: .*mpinfer report again")
+    assert not out.exists()
