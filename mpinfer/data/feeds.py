@@ -460,6 +460,7 @@ def load_feeds(
     seed: int = 0,
     dims: Mapping[str, int] | None = None,
     image_preprocess: str | ImagePreprocess | None = None,
+    model: object = None,
 ) -> FeedSource:
     """Open a data source for a model with the given input specs.
 
@@ -471,6 +472,8 @@ def load_feeds(
         seed: Seed for random data.
         dims: Sizes for symbolic dims of random data (``{"seq": 32}``).
         image_preprocess: Preprocessing for an image folder.
+        model: The FP32 model (ModelProto or path) that decodes prompts for a model with a KV cache
+            (``prompts:FILE[:steps=N]``, or an .npz of ``input_ids`` only; see :mod:`mpinfer.data.decode`).
 
     Returns:
         A FeedSource (iterable of batches).
@@ -487,6 +490,10 @@ def load_feeds(
     if num_batches is not None and num_batches < 1:
         raise InvalidInputError(format_message("Number of batches", num_batches, "a positive integer",
                                                "omit it to use every batch of the data"))
+    from mpinfer.data import decode
+
+    if decode.wants_decode(source, specs):
+        return decode.decode_source(str(source), specs, model, batch_size=bs, num_batches=num_batches)
     if source is None or str(source) == "random" or str(source).startswith("random:"):
         text = "" if source is None else str(source)
         n = num_batches or DEFAULT_RANDOM_BATCHES

@@ -164,12 +164,16 @@ def output_metrics(
     for k in topk:
         out[f"top{k}"] = 1.0
     for name in names:
-        ref = np.concatenate(
-            [np.asarray(b[name], np.float64).reshape(ref_rows(b[name]), -1) for b in reference]
-        )
-        cand = np.concatenate(
-            [np.asarray(b[name], np.float64).reshape(ref_rows(b[name]), -1) for b in candidate]
-        )
+        # Batches whose samples differ in size (a decoder's prefill and decode steps, its past growing) cannot
+        # stack as samples: their rows are then the vectors along the last axis (one token's logits).
+        per_token = len({np.asarray(b[name]).shape[1:] for b in reference}) > 1
+
+        def rows(a: np.ndarray, per_token: bool = per_token) -> np.ndarray:
+            a = np.asarray(a, np.float64)
+            return a.reshape(-1, a.shape[-1]) if per_token and a.ndim > 1 else a.reshape(ref_rows(a), -1)
+
+        ref = np.concatenate([rows(b[name]) for b in reference])
+        cand = np.concatenate([rows(b[name]) for b in candidate])
         _merge(out, _metrics_one(ref, cand, topk))
     if labels is not None and names:
         scored = _accuracy(np.concatenate([np.asarray(b[names[0]], np.float64) for b in candidate]), labels)

@@ -446,6 +446,7 @@ def _calibrate(
         seed=cfg.seed,
         dims=cfg.dims,
         image_preprocess=cfg.image_preprocess,
+        model=model,
     )
     if feeds.is_random:
         logger.warning(
