@@ -102,6 +102,14 @@ def _warn_latency_options(ctx: click.Context) -> None:
     show_default=True,
     help="Batches the per-layer divergence compares (both models run once per batch per 64 tensors).",
 )
+@click.option(
+    "--generate",
+    "generate_tokens",
+    type=click.IntRange(min=1),
+    help="Decoders with a KV cache: greedily generate N tokens for every prompt of --data (an .npz of input_ids) "
+    "with each model and report token agreement, first divergence, per-step logits cosine, perplexity and "
+    "prefill/decode latency.",
+)
 @click.option("--quiet", is_flag=True, help="No progress bars or tables; only the verdict.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report JSON to stdout (for scripts).")
 @click.pass_context
@@ -126,6 +134,7 @@ def compare(
     image_preprocess: str | None,
     divergence: bool,
     divergence_batches: int,
+    generate_tokens: int | None,
     quiet: bool,
     as_json: bool,
 ) -> None:
@@ -167,13 +176,18 @@ def compare(
         show_progress=not (quiet or as_json),
     )
     result = compare_models(config)
+    if generate_tokens:
+        _generate(result, config, generate_tokens)
     paths = write_report(result, report_dir, force=force) if report_dir is not None else {}
     if as_json:
         click.echo(json.dumps(result.to_dict(), indent=2))
     elif not quiet:
         from mpinfer.report.console import render_console
 
+        from mpinfer.report.generation import print_console
+
         render_console(result)
+        print_console(result)
         for fmt, path in paths.items():
             click.echo(f"wrote {fmt}: {path}")
     if not result:
@@ -181,3 +195,18 @@ def compare(
         ctx.exit(1)
     if quiet and not as_json:
         click.echo(result.summary())
+
+
+def _generate(result: object, config: object, tokens: int) -> None:
+    """Greedy generation with every model; the figures go into the result's data (``generation``)."""
+    from mpinfer.compare.generate import GenerateConfig, generate_compare
+    from mpinfer.errors import InvalidInputError, format_message
+
+    data = getattr(config, "data", None)
+    if not data:
+        raise InvalidInputError(format_message("--generate", "no --data", "--data prompts.npz (input_ids [N, T])"))
+    gen = generate_compare(GenerateConfig(
+        baseline=str(getattr(config, "baseline")), candidates=tuple(getattr(config, "candidates")), prompts=str(data),
+        tokens=tokens, batch_size=getattr(config, "batch_size", None) or 16,
+        latency_batch_sizes=tuple(getattr(config, "batch_sizes", ()) or ())))
+    getattr(result, "data")["generation"] = [g.to_dict() for g in gen]

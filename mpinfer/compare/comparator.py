@@ -394,6 +394,7 @@ def compare_models(config: CompareConfig) -> ComparisonResult:
             seed=config.seed,
             dims=parse_dims(config.dims),
             image_preprocess=config.image_preprocess,
+            model=config.baseline,  # decodes prompts for a KV-cache model (mpinfer.data.decode)
         )
         _check_label_metrics(checks, feeds.labels is not None, config)
         accs, kept = _run_batches(config, baseline, cands, feeds, out_names)
