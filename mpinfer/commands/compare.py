@@ -5,10 +5,14 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from mpinfer.compare.metrics import METRIC_DOCS
+
+if TYPE_CHECKING:
+    from mpinfer.compare import CompareConfig, ComparisonResult
 
 logger = logging.getLogger(__name__)
 # Options that only shape the latency measurement: warned about when given without --latency.
@@ -175,6 +179,10 @@ def compare(
         divergence_batches=divergence_batches,
         show_progress=not (quiet or as_json),
     )
+    if generate_tokens and not data:
+        from mpinfer.errors import InvalidInputError, format_message
+
+        raise InvalidInputError(format_message("--generate", "no --data", "--data prompts.npz (input_ids [N, T])"))
     result = compare_models(config)
     if generate_tokens:
         _generate(result, config, generate_tokens)
@@ -183,7 +191,6 @@ def compare(
         click.echo(json.dumps(result.to_dict(), indent=2))
     elif not quiet:
         from mpinfer.report.console import render_console
-
         from mpinfer.report.generation import print_console
 
         render_console(result)
@@ -197,16 +204,11 @@ def compare(
         click.echo(result.summary())
 
 
-def _generate(result: object, config: object, tokens: int) -> None:
+def _generate(result: ComparisonResult, config: CompareConfig, tokens: int) -> None:
     """Greedy generation with every model; the figures go into the result's data (``generation``)."""
     from mpinfer.compare.generate import GenerateConfig, generate_compare
-    from mpinfer.errors import InvalidInputError, format_message
 
-    data = getattr(config, "data", None)
-    if not data:
-        raise InvalidInputError(format_message("--generate", "no --data", "--data prompts.npz (input_ids [N, T])"))
     gen = generate_compare(GenerateConfig(
-        baseline=str(getattr(config, "baseline")), candidates=tuple(getattr(config, "candidates")), prompts=str(data),
-        tokens=tokens, batch_size=getattr(config, "batch_size", None) or 16,
-        latency_batch_sizes=tuple(getattr(config, "batch_sizes", ()) or ())))
-    getattr(result, "data")["generation"] = [g.to_dict() for g in gen]
+        baseline=str(config.baseline), candidates=tuple(config.candidates), prompts=str(config.data),
+        tokens=tokens, batch_size=config.batch_size or 16, latency_batch_sizes=tuple(config.batch_sizes or ())))
+    result.data["generation"] = [g.to_dict() for g in gen]

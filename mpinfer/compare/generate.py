@@ -26,7 +26,16 @@ from typing import Any
 
 import numpy as np
 
-from mpinfer.data.decode import KvLayout, Prompts, greedy_decode, kv_layout, ort_run_fn, read_prompts
+from mpinfer.data.decode import (
+    PROMPTS_PREFIX,
+    KvLayout,
+    Prompts,
+    greedy_decode,
+    kv_layout,
+    ort_run_fn,
+    parse_prompts_spec,
+    read_prompts,
+)
 from mpinfer.errors import InvalidInputError, format_message
 
 logger = logging.getLogger(__name__)
@@ -146,7 +155,7 @@ def _log_softmax(logits: np.ndarray) -> np.ndarray:
 
 
 def perplexity(logits: np.ndarray, tokens: np.ndarray) -> float:
-    """exp of the mean negative log-likelihood of ``tokens`` [P, N] under ``logits`` [P, N, vocab]."""
+    """Exp of the mean negative log-likelihood of ``tokens`` [P, N] under ``logits`` [P, N, vocab]."""
     logp = np.take_along_axis(_log_softmax(logits), tokens[..., None], axis=-1)[..., 0]
     return float(np.exp(-logp.mean()))
 
@@ -197,7 +206,7 @@ def generate_compare(cfg: GenerateConfig) -> list[GenerationResult]:
     base = _Model(cfg.baseline, cfg.providers)
     cands = [_Model(c, cfg.providers) for c in cfg.candidates]
     text = cfg.prompts
-    path = Path(text.split(":", 1)[1].split(":steps=")[0] if text.startswith("prompts:") else text)
+    path = parse_prompts_spec(text)[0] if text.startswith(PROMPTS_PREFIX) else Path(text)
     vocab = next((int(s.value_range[1]) for s in _specs(cfg.baseline) if s.name == "input_ids" and s.value_range),
                  None)
     prompts = read_prompts(path, vocab)

@@ -237,8 +237,11 @@ def parse_prompts_spec(source: str) -> tuple[Path, int]:
 
 
 def wants_decode(source: str | Path | None, specs: Sequence[TensorSpec]) -> bool:
-    """True when ``source`` should be decoded by the model: a ``prompts:`` spec, or a prompts-only .npz given
-    for a model with a KV cache."""
+    """True when the model should decode ``source`` itself.
+
+    That is a ``prompts:`` spec, or an .npz of prompts only (``input_ids``, ``attention_mask``) for a model with a
+    KV cache.
+    """
     if source is None:
         return False
     text = str(source)
@@ -261,7 +264,7 @@ class DecodeFeedSource(FeedSource):
 def _session_of(model: Any) -> Any:
     from mpinfer.modelio import ort_session
 
-    return ort_session(model if not isinstance(model, Path) else str(model))
+    return ort_session(model)
 
 
 def decode_source(source: str | Path, specs: Sequence[TensorSpec], model: Any, *, batch_size: int,
@@ -282,7 +285,8 @@ def decode_source(source: str | Path, specs: Sequence[TensorSpec], model: Any, *
         InvalidInputError: No KV cache in the model, no model to decode with, or bad prompts.
     """
     text = str(source)
-    path, steps = parse_prompts_spec(text) if text.startswith(PROMPTS_PREFIX) else (Path(text), DEFAULT_CALIBRATION_STEPS)
+    path, steps = (parse_prompts_spec(text) if text.startswith(PROMPTS_PREFIX)
+                   else (Path(text), DEFAULT_CALIBRATION_STEPS))
     layout = kv_layout(specs)
     if layout is None:
         raise InvalidInputError(format_message(f"Data '{text}'", "prompts for a model without a KV cache",
