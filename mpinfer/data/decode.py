@@ -97,6 +97,20 @@ def kv_layout(specs: Sequence[TensorSpec]) -> KvLayout | None:
                     "position_ids" in by_name)
 
 
+def kv_dims(specs: Sequence[TensorSpec], dims: Mapping[str, int] | None) -> Mapping[str, int] | None:
+    """Random-data dim sizes for a KV-cache model: ``total`` follows ``past + seq`` unless given itself.
+
+    The export's example sizes are consistent already; a ``--dim seq=32`` alone would otherwise leave the mask
+    (``total``) at its example size, a feed the model rejects.
+    """
+    if not dims or "total" in dims or kv_layout(specs) is None:
+        return dims
+    sizes = {k: v for s in specs for k, v in s.dim_sizes.items()} | dict(dims)
+    if "seq" not in sizes or "past" not in sizes:
+        return dims
+    return {**dims, "total": int(sizes["seq"]) + int(sizes["past"])}
+
+
 def positions(attention_mask: np.ndarray, start: int = 0) -> np.ndarray:
     """Position ids of the last ``attention_mask.shape[1] - start`` tokens: count of real tokens before each.
 

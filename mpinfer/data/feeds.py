@@ -494,6 +494,7 @@ def load_feeds(
 
     if decode.wants_decode(source, specs):
         return decode.decode_source(str(source), specs, model, batch_size=bs, num_batches=num_batches)
+    dims = decode.kv_dims(specs, dims)
     if source is None or str(source) == "random" or str(source).startswith("random:"):
         text = "" if source is None else str(source)
         n = num_batches or DEFAULT_RANDOM_BATCHES

@@ -148,3 +148,14 @@ def test_cli_prompts_for_a_missing_file(invoke, tmp_path, llama):
     r = invoke("convert", res.path, "-o", tmp_path / "m16.onnx", "--calibration", f"prompts:{tmp_path / 'no.npz'}")
     assert_user_error(r, "no such file")
     assert not (tmp_path / "m16.onnx").exists()
+
+
+def test_random_data_keeps_total_equal_to_past_plus_seq(llama):
+    _, res = llama
+    specs = specs_from_onnx(onnx.load(str(res.path)))
+    sess = ort_session(res.path)
+    for dims, total in (({"seq": 5}, 5 + 8), ({"seq": 1, "past": 20}, 21), (None, 16)):
+        batch = load_feeds("random:1", specs, batch_size=2, dims=dims).first()
+        assert batch["attention_mask"].shape == (2, total)
+        assert batch["past_key_values.1.value"].shape[2] + batch["input_ids"].shape[1] == total
+        sess.run(None, batch)
