@@ -327,4 +327,4 @@ def decode_source(source: str | Path, specs: Sequence[TensorSpec], model: Any, *
 
     return DecodeFeedSource(
         "prompts", f"{path} ({prompts.count} prompts, prefill + {steps} greedy decode steps)", specs, gen,
-        len(plan), prompts.count * (steps + 1), batch_steps=tuple(step for _, step in plan))
+        len(plan), sum(hi - lo for (lo, hi), _ in plan), batch_steps=tuple(step for _, step in plan))

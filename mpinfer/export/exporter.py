@@ -279,6 +279,8 @@ def _run_exporters(cfg: ExportConfig, loaded: LoadedModel, args: tuple[Any, ...]
             else "rewrite the op with supported torch ops, or register an ONNX translation for it")
     if cfg.opset is not None and any("not the requested --opset" in f for f in failures):
         hint = f"{hint}, or ask for a newer --opset (the dynamo exporter writes 18 or newer)"
+    if loaded.kv is not None:
+        hint = f"{hint}, or export the model without its KV cache (--no-past)"
     raise ExportError(f"Export of '{cfg.source}' failed: " + "; ".join(failures) + f". Hint: {hint}.")
 
 

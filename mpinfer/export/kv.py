@@ -44,7 +44,8 @@ def supports_kv(model: Any) -> bool:
     name = type(model).__name__
     if not (name.endswith("ForCausalLM") or name.endswith("LMHeadModel")):
         return False
-    return "input_ids" in hf_forward_inputs(model)
+    accepted = hf_forward_inputs(model)
+    return "input_ids" in accepted and "attention_mask" in accepted and "position_ids" in accepted
 
 
 def _cache_of(out: Any) -> Any:

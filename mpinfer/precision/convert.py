@@ -446,7 +446,7 @@ def _calibrate(
         seed=cfg.seed,
         dims=cfg.dims,
         image_preprocess=cfg.image_preprocess,
-        model=model,
+        model=cfg.model,  # the FP32 file decodes calibration prompts (mpinfer.data.decode)
     )
     if feeds.is_random:
         logger.warning(

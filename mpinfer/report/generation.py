@@ -7,6 +7,7 @@ They travel in the report JSON as ``data["generation"]``: one :meth:`GenerationR
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 from mpinfer.compare.result import ComparisonResult
@@ -55,6 +56,14 @@ def markdown_lines(result: ComparisonResult) -> list[str]:
     lines = ["## Generation (greedy, ONNX Runtime)", ""] + md_table(GENERATION_HEADERS, generation_rows(result))
     lines += ["### Generation latency", ""] + md_table(LATENCY_HEADERS, generation_latency_rows(result))
     return lines
+
+
+def html_parts(result: ComparisonResult, table: Callable[[list[str], list[list[str]]], str]) -> list[str]:
+    """The HTML section, tables drawn by ``table`` (the report's own); empty without --generate."""
+    if not generation_of(result):
+        return []
+    return ["<h2>Generation (greedy, ONNX Runtime)</h2>", table(GENERATION_HEADERS, generation_rows(result)),
+            "<h3>Generation latency</h3>", table(LATENCY_HEADERS, generation_latency_rows(result))]
 
 
 def print_console(result: ComparisonResult, console: Any = None) -> None:

@@ -7,7 +7,7 @@ import html
 
 from mpinfer.compare.metrics import METRIC_DOCS
 from mpinfer.compare.result import ComparisonResult
-from mpinfer.report import plots, tables
+from mpinfer.report import generation, plots, tables
 
 _CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px auto;max-width:1100px;
@@ -84,6 +84,7 @@ def render_html(result: ComparisonResult) -> str:
         )
     for cand in result.candidates:
         parts.append(_candidate_section(result, cand))
+    parts += generation.html_parts(result, _table)
     parts += _plot_sections(result)
     parts.append(
         "<h2>Metric definitions</h2><ul>"

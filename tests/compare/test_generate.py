@@ -96,6 +96,7 @@ def test_cli_export_convert_with_prompts_and_budget_then_compare_generate(tmp_pa
     assert gen["tokens"] == TOKENS and gen["prompts"] == 6 and len(gen["step_cosine"]) == TOKENS
     assert 0 <= gen["metrics"]["token_agreement"] <= 1 and gen["metrics"]["step_cosine_min"] >= 0.99
     assert "## Generation" in (report / "report.md").read_text()
+    assert "<h2>Generation (greedy, ONNX Runtime)</h2>" in (report / "index.html").read_text()
     assert time.perf_counter() - start < 90
 
 

@@ -52,6 +52,13 @@ def test_causal_lm_exports_with_its_kv_cache_and_dynamic_dims(llama):
     assert res.exporter == "torchscript" and "torch.export specializes" in (res.fallback_reason or "")
 
 
+def test_dynamo_on_the_kv_wrapper_is_a_clear_error(tmp_path, llama, invoke):
+    folder, _ = llama
+    r = invoke("export", folder, "--exporter", "dynamo", "-o", tmp_path / "d.onnx")
+    assert_user_error(r, "dynamo exporter failed.*--no-past")
+    assert not (tmp_path / "d.onnx").exists()
+
+
 def test_parity_covers_a_prefill_on_an_empty_past_and_decode_steps(llama):
     _, res = llama
     sidecar = json.loads(res.sidecar.read_text())
