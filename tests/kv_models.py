@@ -44,3 +44,16 @@ def prompts_npz(path: Path, count: int = 6, length: int = 10, vocab: int = LLAMA
         mask[-1, :1] = 0
     np.savez(path, input_ids=ids, attention_mask=mask)
     return path
+
+
+def tokenizer_folder(folder: Path, words: int = 100) -> Path:
+    """A word-level tokenizer built offline (``[UNK]`` 0, ``[PAD]`` 1, then ``w0``.. ``w{words-1}``)."""
+    import transformers
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {"[UNK]": 0, "[PAD]": 1} | {f"w{i}": i + 2 for i in range(words)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]").save_pretrained(
+        folder)
+    return folder

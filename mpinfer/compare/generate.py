@@ -26,16 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from mpinfer.data.decode import (
-    PROMPTS_PREFIX,
-    KvLayout,
-    Prompts,
-    greedy_decode,
-    kv_layout,
-    ort_run_fn,
-    parse_prompts_spec,
-    read_prompts,
-)
+from mpinfer.data.decode import KvLayout, Prompts, greedy_decode, kv_layout, load_prompts, ort_run_fn
 from mpinfer.errors import InvalidInputError, format_message
 
 logger = logging.getLogger(__name__)
@@ -205,11 +196,9 @@ def generate_compare(cfg: GenerateConfig) -> list[GenerationResult]:
         raise InvalidInputError(format_message("--generate", cfg.tokens, "a number of tokens >= 1"))
     base = _Model(cfg.baseline, cfg.providers)
     cands = [_Model(c, cfg.providers) for c in cfg.candidates]
-    text = cfg.prompts
-    path = parse_prompts_spec(text)[0] if text.startswith(PROMPTS_PREFIX) else Path(text)
     vocab = next((int(s.value_range[1]) for s in _specs(cfg.baseline) if s.name == "input_ids" and s.value_range),
                  None)
-    prompts = read_prompts(path, vocab)
+    prompts, _ = load_prompts(cfg.prompts, vocab)
     start = time.perf_counter()
     ref = base.decode(prompts, cfg.tokens, cfg.batch_size)
     sizes = cfg.latency_batch_sizes or tuple(sorted({1, min(DEFAULT_LATENCY_BATCH, prompts.count)}))

@@ -219,35 +219,92 @@ def read_prompts(path: Path, vocab_size: int | None = None) -> Prompts:
         raise InvalidInputError(format_message(f"Prompts '{path}'", got, "input_ids: integers of shape [N, T]",
                                                "np.savez(path, input_ids=ids) with one prompt per row"))
     mask = arrays.get("attention_mask")
-    if mask is None:
-        mask = np.ones_like(ids)
+    return _checked_prompts(f"Prompts '{path}'", ids, np.ones_like(ids) if mask is None else mask, vocab_size)
+
+
+def _checked_prompts(what: str, ids: np.ndarray, mask: np.ndarray, vocab_size: int | None) -> Prompts:
     if mask.shape != ids.shape:
-        raise InvalidInputError(format_message(f"Prompts '{path}': attention_mask", f"shape {list(mask.shape)}",
+        raise InvalidInputError(format_message(f"{what}: attention_mask", f"shape {list(mask.shape)}",
                                                f"the shape of input_ids, {list(ids.shape)}"))
     if not np.all(mask.sum(axis=1) > 0):
-        raise InvalidInputError(format_message(f"Prompts '{path}': attention_mask", "a row of zeros",
+        raise InvalidInputError(format_message(f"{what}: attention_mask", "a row of zeros",
                                                "at least one real token per prompt"))
     if vocab_size is not None and (ids.min() < 0 or ids.max() >= vocab_size):
-        raise InvalidInputError(format_message(f"Prompts '{path}': input_ids",
-                                               f"values {int(ids.min())}..{int(ids.max())}",
+        raise InvalidInputError(format_message(f"{what}: input_ids", f"values {int(ids.min())}..{int(ids.max())}",
                                                f"token ids in 0..{vocab_size - 1} (the model's vocabulary)"))
     return Prompts(ids.astype(np.int64), mask.astype(np.int64))
 
 
-def parse_prompts_spec(source: str) -> tuple[Path, int]:
-    """``prompts:FILE[:steps=N]`` → (FILE, N).
+@dataclass(frozen=True)
+class PromptsSpec:
+    """Where prompts come from: ``prompts:FILE[:steps=N][:tokenizer=DIR]``, or a bare .npz path."""
+
+    path: Path
+    steps: int = DEFAULT_CALIBRATION_STEPS
+    tokenizer: Path | None = None
+
+
+_OPTION_RE = re.compile(r":(steps|tokenizer)=([^:]*)$")
+_SPEC_HINT = "prompts:FILE[:steps=N][:tokenizer=DIR], e.g. prompts:prompts.npz:steps=8"
+
+
+def parse_prompts_spec(source: str | Path) -> PromptsSpec:
+    """Parse a prompts spec (a bare path is an .npz of prompts with the default steps).
 
     Raises:
         InvalidInputError: A malformed spec.
     """
-    body = source[len(PROMPTS_PREFIX):]
-    path, sep, tail = body.rpartition(":steps=")
-    if not sep:
-        return Path(body), DEFAULT_CALIBRATION_STEPS
-    if not tail.isdigit():
-        raise InvalidInputError(format_message("Data source", repr(source), "prompts:FILE[:steps=N] with N >= 0",
-                                               "e.g. prompts:prompts.npz:steps=8"))
-    return Path(path), int(tail)
+    text = str(source)
+    if not text.startswith(PROMPTS_PREFIX):
+        return PromptsSpec(Path(text))
+    body, options = text[len(PROMPTS_PREFIX):], {}
+    while (m := _OPTION_RE.search(body)) is not None and m.group(1) not in options:
+        options[m.group(1)] = m.group(2)
+        body = body[:m.start()]
+    steps = options.get("steps", str(DEFAULT_CALIBRATION_STEPS))
+    if not body or not steps.isdigit() or options.get("tokenizer") == "":
+        raise InvalidInputError(format_message("Data source", repr(text), "a prompts file and steps N >= 0",
+                                               _SPEC_HINT))
+    tok = options.get("tokenizer")
+    return PromptsSpec(Path(body), int(steps), Path(tok) if tok else None)
+
+
+def tokenize_prompts(path: Path, tokenizer: Path | None, vocab_size: int | None = None) -> Prompts:
+    """Prompts from a text file, one per line, tokenized by a local Hugging Face tokenizer (left padding).
+
+    Raises:
+        InvalidInputError: No tokenizer given or loadable, an empty file, or ids outside the vocabulary.
+    """
+    if tokenizer is None:
+        raise InvalidInputError(format_message(f"Prompts '{path}'", "a text file without a tokenizer",
+                                               "prompts:FILE.txt:tokenizer=DIR (a folder with the tokenizer files)",
+                                               "or tokenize the prompts into an .npz of input_ids"))
+    if not path.is_file():
+        raise InvalidInputError(format_message(f"Prompts '{path}'", "no such file", "a text file, one prompt a line"))
+    lines = [ln.strip() for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()]
+    if not lines:
+        raise InvalidInputError(format_message(f"Prompts '{path}'", "no non-empty line", "one prompt per line"))
+    try:
+        import transformers
+
+        tok = transformers.AutoTokenizer.from_pretrained(str(tokenizer), local_files_only=True)
+    except Exception as err:  # ImportError, OSError, ValueError: whatever stops the tokenizer from loading
+        raise InvalidInputError(format_message(f"Tokenizer '{tokenizer}'", f"{type(err).__name__}: {err}",
+                                               "a local Hugging Face tokenizer folder (save_pretrained)")) from err
+    tok.padding_side = "left"
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token or tok.unk_token
+    enc = tok(lines, padding=True, return_tensors="np")
+    ids, mask = np.asarray(enc["input_ids"], np.int64), np.asarray(enc["attention_mask"], np.int64)
+    return _checked_prompts(f"Prompts '{path}' (tokenized)", ids, mask, vocab_size)
+
+
+def load_prompts(source: str | Path, vocab_size: int | None = None) -> tuple[Prompts, PromptsSpec]:
+    """Prompts of a spec: an .npz of token ids, or a text file with ``tokenizer=DIR``."""
+    spec = parse_prompts_spec(source)
+    if spec.path.suffix == ".npz":
+        return read_prompts(spec.path, vocab_size), spec
+    return tokenize_prompts(spec.path, spec.tokenizer, vocab_size), spec
 
 
 def wants_decode(source: str | Path | None, specs: Sequence[TensorSpec]) -> bool:
@@ -299,8 +356,6 @@ def decode_source(source: str | Path, specs: Sequence[TensorSpec], model: Any, *
         InvalidInputError: No KV cache in the model, no model to decode with, or bad prompts.
     """
     text = str(source)
-    path, steps = (parse_prompts_spec(text) if text.startswith(PROMPTS_PREFIX)
-                   else (Path(text), DEFAULT_CALIBRATION_STEPS))
     layout = kv_layout(specs)
     if layout is None:
         raise InvalidInputError(format_message(f"Data '{text}'", "prompts for a model without a KV cache",
@@ -311,7 +366,8 @@ def decode_source(source: str | Path, specs: Sequence[TensorSpec], model: Any, *
         raise InvalidInputError(format_message(f"Data '{text}'", "prompts where no model can decode them",
                                                "an .npz of every model input here"))
     vocab = next((int(s.value_range[1]) for s in specs if s.name == "input_ids" and s.value_range), None)
-    prompts = read_prompts(path, vocab)
+    prompts, spec = load_prompts(text, vocab)
+    steps = spec.steps
     groups = [(i, min(i + batch_size, prompts.count)) for i in range(0, prompts.count, batch_size)]
     plan = [(g, step) for g in groups for step in range(steps + 1)]
     if num_batches is not None:
@@ -326,5 +382,5 @@ def decode_source(source: str | Path, specs: Sequence[TensorSpec], model: Any, *
                 yield item.feeds
 
     return DecodeFeedSource(
-        "prompts", f"{path} ({prompts.count} prompts, prefill + {steps} greedy decode steps)", specs, gen,
+        "prompts", f"{spec.path} ({prompts.count} prompts, prefill + {steps} greedy decode steps)", specs, gen,
         len(plan), sum(hi - lo for (lo, hi), _ in plan), batch_steps=tuple(step for _, step in plan))

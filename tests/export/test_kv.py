@@ -15,7 +15,7 @@ from mpinfer.export import ExportConfig, export_onnx
 from mpinfer.modelio import ort_session
 from mpinfer.specs import specs_from_onnx
 from tests.conftest import assert_user_error
-from tests.kv_models import LLAMA, gpt2_folder, llama_folder, prompts_npz
+from tests.kv_models import LLAMA, gpt2_folder, llama_folder, prompts_npz, tokenizer_folder
 
 pytest.importorskip("transformers", reason="the hf extra (transformers) is not installed")
 
@@ -166,3 +166,21 @@ def test_random_data_keeps_total_equal_to_past_plus_seq(llama):
         assert batch["attention_mask"].shape == (2, total)
         assert batch["past_key_values.1.value"].shape[2] + batch["input_ids"].shape[1] == total
         sess.run(None, batch)
+
+
+def test_text_prompts_are_tokenized_with_a_local_tokenizer(tmp_path, llama):
+    _, res = llama
+    specs = specs_from_onnx(onnx.load(str(res.path)))
+    tok = tokenizer_folder(tmp_path / "tok")
+    text = tmp_path / "prompts.txt"
+    text.write_text("w1 w2 w3 w4\n\nw5 w6\nw7 nonsense w9 w10 w11\n")
+    feeds = load_feeds(f"prompts:{text}:steps=2:tokenizer={tok}", specs, batch_size=8, model=res.path)
+    prefill, *steps = list(feeds)
+    assert len(steps) == 2 and feeds.num_samples == 3 * 3
+    # one prompt a line, blank lines skipped, left-padded with [PAD] (1); 'w1' is id 3, an unknown word [UNK] (0)
+    assert prefill["input_ids"].tolist() == [[1, 3, 4, 5, 6], [1, 1, 1, 7, 8], [9, 0, 11, 12, 13]]
+    assert prefill["attention_mask"].tolist() == [[0, 1, 1, 1, 1], [0, 0, 0, 1, 1], [1, 1, 1, 1, 1]]
+    with pytest.raises(InvalidInputError, match="without a tokenizer"):
+        load_feeds(f"prompts:{text}", specs, model=res.path)
+    with pytest.raises(InvalidInputError, match="Tokenizer"):
+        load_feeds(f"prompts:{text}:tokenizer={tmp_path / 'none'}", specs, model=res.path)
