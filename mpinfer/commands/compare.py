@@ -12,7 +12,8 @@ import click
 from mpinfer.compare.metrics import METRIC_DOCS
 
 if TYPE_CHECKING:
-    from mpinfer.compare import CompareConfig, ComparisonResult
+    from mpinfer.compare import CompareConfig
+    from mpinfer.compare.generate import GenerateConfig
 
 logger = logging.getLogger(__name__)
 # Options that only shape the latency measurement: warned about when given without --latency.
@@ -179,13 +180,12 @@ def compare(
         divergence_batches=divergence_batches,
         show_progress=not (quiet or as_json),
     )
-    if generate_tokens and not data:
-        from mpinfer.errors import InvalidInputError, format_message
-
-        raise InvalidInputError(format_message("--generate", "no --data", "--data prompts.npz (input_ids [N, T])"))
+    generation = _generate_config(config, generate_tokens) if generate_tokens else None
     result = compare_models(config)
-    if generate_tokens:
-        _generate(result, config, generate_tokens)
+    if generation is not None:
+        from mpinfer.compare.generate import generate_compare
+
+        result.data["generation"] = [g.to_dict() for g in generate_compare(generation)]
     paths = write_report(result, report_dir, force=force) if report_dir is not None else {}
     if as_json:
         click.echo(json.dumps(result.to_dict(), indent=2))
@@ -204,11 +204,15 @@ def compare(
         click.echo(result.summary())
 
 
-def _generate(result: ComparisonResult, config: CompareConfig, tokens: int) -> None:
-    """Greedy generation with every model; the figures go into the result's data (``generation``)."""
-    from mpinfer.compare.generate import GenerateConfig, generate_compare
+def _generate_config(config: CompareConfig, tokens: int) -> GenerateConfig:
+    """The generation settings of a comparison, checked before the comparison runs."""
+    from mpinfer.compare.generate import GenerateConfig, check_generate
+    from mpinfer.errors import InvalidInputError, format_message
 
-    gen = generate_compare(GenerateConfig(
-        baseline=str(config.baseline), candidates=tuple(config.candidates), prompts=str(config.data),
-        tokens=tokens, batch_size=config.batch_size or 16, latency_batch_sizes=tuple(config.batch_sizes or ())))
-    result.data["generation"] = [g.to_dict() for g in gen]
+    if not config.data:
+        raise InvalidInputError(format_message("--generate", "no --data", "--data prompts.npz (input_ids [N, T])"))
+    gen = GenerateConfig(baseline=str(config.baseline), candidates=tuple(config.candidates), prompts=str(config.data),
+                         tokens=tokens, batch_size=config.batch_size or 16,
+                         latency_batch_sizes=tuple(config.batch_sizes or ()))
+    check_generate(gen)
+    return gen

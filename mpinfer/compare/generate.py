@@ -112,20 +112,28 @@ class GenerateConfig:
 
 
 class _Model:
-    """An ONNX Runtime session of a decoder with its KV layout."""
+    """A decoder with its KV layout; its ONNX Runtime session opens on :meth:`open` (one model at a time)."""
 
-    def __init__(self, path: str, providers: Sequence[str]) -> None:
-        from mpinfer.modelio import ort_session
-
+    def __init__(self, path: str) -> None:
         layout = kv_layout(_specs(path))
         if layout is None:
             raise InvalidInputError(format_message(f"--generate with '{path}'", "a model without a KV cache",
                                                    "decoders exported with past_key_values.*/present.*",
                                                    "mpinfer export of a causal LM folder adds it (unless --no-past)"))
-        self.name = Path(path).name
+        self.path = path
         self.layout: KvLayout = layout
-        self.session = ort_session(path, providers=list(providers) or None)
-        self.run = ort_run_fn(self.session, layout.output_names)
+        self.run: Any = None
+
+    def open(self, providers: Sequence[str]) -> _Model:
+        """Start the session (the model's memory is held from here until :meth:`close`)."""
+        from mpinfer.modelio import ort_session
+
+        self.run = ort_run_fn(ort_session(self.path, providers=list(providers) or None), self.layout.output_names)
+        return self
+
+    def close(self) -> None:
+        """Release the session."""
+        self.run = None
 
     def decode(self, prompts: Prompts, tokens: int, batch: int, forced: np.ndarray | None = None) -> DecodeRun:
         """Greedy decode of every prompt (``tokens`` chosen each), ``batch`` prompts at a time."""
@@ -136,7 +144,7 @@ class _Model:
             steps = list(greedy_decode(self.run, self.layout, prompts.input_ids[lo:hi],
                                        prompts.attention_mask[lo:hi], tokens - 1, forced=force))
             all_tokens.append(np.stack([s.tokens for s in steps], axis=1))
-            all_logits.append(np.stack([s.logits for s in steps], axis=1).astype(np.float64))
+            all_logits.append(np.stack([s.logits for s in steps], axis=1).astype(np.float32))
         return DecodeRun(np.concatenate(all_tokens), np.concatenate(all_logits))
 
 
@@ -147,12 +155,13 @@ def _log_softmax(logits: np.ndarray) -> np.ndarray:
 
 def perplexity(logits: np.ndarray, tokens: np.ndarray) -> float:
     """Exp of the mean negative log-likelihood of ``tokens`` [P, N] under ``logits`` [P, N, vocab]."""
-    logp = np.take_along_axis(_log_softmax(logits), tokens[..., None], axis=-1)[..., 0]
+    logp = np.take_along_axis(_log_softmax(logits.astype(np.float64)), tokens[..., None], axis=-1)[..., 0]
     return float(np.exp(-logp.mean()))
 
 
 def step_cosines(ref: np.ndarray, cand: np.ndarray) -> list[float]:
     """Per step, the mean over prompts of the cosine between two [P, N, vocab] logits arrays."""
+    ref, cand = ref.astype(np.float64), cand.astype(np.float64)
     num = (ref * cand).sum(axis=-1)
     den = np.linalg.norm(ref, axis=-1) * np.linalg.norm(cand, axis=-1)
     cos = np.where(den > 0, num / np.maximum(den, 1e-300), 1.0)
@@ -183,40 +192,56 @@ def time_decode(model: _Model, prompts: Prompts, tokens: int, batch: int) -> dic
     return {"prefill_ms": 1000 * float(np.median(prefill)), "decode_tokens_per_s": rate}
 
 
+def check_generate(cfg: GenerateConfig) -> Prompts:
+    """Check the models (each with a KV cache) and read the prompts, before any model runs.
+
+    Raises:
+        InvalidInputError: ``tokens < 1``, a model without a KV cache, prompts that are missing or do not fit.
+    """
+    if cfg.tokens < 1:
+        raise InvalidInputError(format_message("--generate", cfg.tokens, "a number of tokens >= 1"))
+    for path in (cfg.baseline, *cfg.candidates):
+        _Model(path)
+    vocab = next((int(s.value_range[1]) for s in _specs(cfg.baseline) if s.name == "input_ids" and s.value_range),
+                 None)
+    if str(cfg.prompts).startswith("random"):
+        raise InvalidInputError(format_message("--generate", f"--data {cfg.prompts}",
+                                               "prompts: an .npz of input_ids [N, T] (or prompts:FILE...)"))
+    return load_prompts(cfg.prompts, vocab)[0]
+
+
 def generate_compare(cfg: GenerateConfig) -> list[GenerationResult]:
-    """Greedy generation with the baseline and every candidate on the same prompts.
+    """Greedy generation with the baseline and every candidate on the same prompts, one model open at a time.
 
     Returns:
         One result per candidate, in order.
 
     Raises:
-        InvalidInputError: A model without a KV cache, prompts that do not fit the models, ``tokens < 1``.
+        InvalidInputError: See :func:`check_generate`.
     """
-    if cfg.tokens < 1:
-        raise InvalidInputError(format_message("--generate", cfg.tokens, "a number of tokens >= 1"))
-    base = _Model(cfg.baseline, cfg.providers)
-    cands = [_Model(c, cfg.providers) for c in cfg.candidates]
-    vocab = next((int(s.value_range[1]) for s in _specs(cfg.baseline) if s.name == "input_ids" and s.value_range),
-                 None)
-    prompts, _ = load_prompts(cfg.prompts, vocab)
+    prompts = check_generate(cfg)
     start = time.perf_counter()
-    ref = base.decode(prompts, cfg.tokens, cfg.batch_size)
     sizes = cfg.latency_batch_sizes or tuple(sorted({1, min(DEFAULT_LATENCY_BATCH, prompts.count)}))
+    base = _Model(cfg.baseline).open(cfg.providers)
+    ref = base.decode(prompts, cfg.tokens, cfg.batch_size)
     base_latency = {b: time_decode(base, prompts, cfg.tokens, b) for b in sizes}
+    base.close()
     results = []
-    for path_c, cand in zip(cfg.candidates, cands):
+    for path in cfg.candidates:
+        cand = _Model(path).open(cfg.providers)
         free = cand.decode(prompts, cfg.tokens, cfg.batch_size)
         forced = cand.decode(prompts, cfg.tokens, cfg.batch_size, forced=ref.tokens)
         results.append(GenerationResult(
-            candidate=path_c, tokens=cfg.tokens, prompts=prompts.count,
+            candidate=path, tokens=cfg.tokens, prompts=prompts.count,
             first_divergence=first_divergence(ref.tokens, free.tokens),
             token_agreement=float(np.mean(forced.tokens == ref.tokens)),
             step_cosine=step_cosines(ref.logits, forced.logits),
             ppl_baseline=perplexity(ref.logits, ref.tokens), ppl_candidate=perplexity(forced.logits, ref.tokens),
             latency={b: {"baseline": base_latency[b], "candidate": time_decode(cand, prompts, cfg.tokens, b)}
                      for b in sizes}))
+        cand.close()
     logger.info("generation of %d tokens for %d prompts with %d model(s) took %.1f s", cfg.tokens, prompts.count,
-                1 + len(cands), time.perf_counter() - start)
+                1 + len(cfg.candidates), time.perf_counter() - start)
     return results
 
 

@@ -103,4 +103,6 @@ def test_cli_export_convert_with_prompts_and_budget_then_compare_generate(tmp_pa
 def test_cli_generate_without_data_is_a_user_error(invoke, decoders):
     base, _, _ = decoders
     r = invoke("compare", base, base, "--generate", "4", "--no-divergence")
-    assert_user_error(r, "--generate")
+    assert_user_error(r, "--generate: received no --data")
+    r = invoke("compare", base, base, "--generate", "4", "--data", "random:2")
+    assert_user_error(r, "--generate: received --data random:2")
