@@ -5,15 +5,10 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import click
 
 from mpinfer.compare.metrics import METRIC_DOCS
-
-if TYPE_CHECKING:
-    from mpinfer.compare import CompareConfig
-    from mpinfer.compare.generate import GenerateConfig
 
 logger = logging.getLogger(__name__)
 # Options that only shape the latency measurement: warned about when given without --latency.
@@ -54,6 +49,14 @@ def _warn_latency_options(ctx: click.Context) -> None:
     '"cosine>=0.999,nonfinite<=0"). Exit 1 when one fails.',
 )
 @click.option("--latency", is_flag=True, help="Measure latency of the baseline and every candidate.")
+@click.option(
+    "--generate",
+    "generate_tokens",
+    type=click.IntRange(min=1),
+    help="Decoders with a KV cache: greedily generate N tokens for every prompt of --data (an .npz of input_ids) "
+    "with each model and report token agreement, first divergence, per-step logits cosine, perplexity and "
+    "prefill/decode latency.",
+)
 @click.option("--batch-sizes", callback=_ints, help="Latency batch sizes, e.g. 1,8,32 (default: the data's).")
 @click.option(
     "--iterations",
@@ -107,14 +110,6 @@ def _warn_latency_options(ctx: click.Context) -> None:
     show_default=True,
     help="Batches the per-layer divergence compares (both models run once per batch per 64 tensors).",
 )
-@click.option(
-    "--generate",
-    "generate_tokens",
-    type=click.IntRange(min=1),
-    help="Decoders with a KV cache: greedily generate N tokens for every prompt of --data (an .npz of input_ids) "
-    "with each model and report token agreement, first divergence, per-step logits cosine, perplexity and "
-    "prefill/decode latency.",
-)
 @click.option("--quiet", is_flag=True, help="No progress bars or tables; only the verdict.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report JSON to stdout (for scripts).")
 @click.pass_context
@@ -125,6 +120,7 @@ def compare(
     data: str | None,
     checks: str | None,
     latency: bool,
+    generate_tokens: int | None,
     batch_sizes: tuple[int, ...],
     iterations: int,
     warmup: int,
@@ -139,7 +135,6 @@ def compare(
     image_preprocess: str | None,
     divergence: bool,
     divergence_batches: int,
-    generate_tokens: int | None,
     quiet: bool,
     as_json: bool,
 ) -> None:
@@ -180,11 +175,11 @@ def compare(
         divergence_batches=divergence_batches,
         show_progress=not (quiet or as_json),
     )
-    generation = _generate_config(config, generate_tokens) if generate_tokens else None
-    result = compare_models(config)
-    if generation is not None:
-        from mpinfer.compare.generate import generate_compare
+    from mpinfer.compare.generate import generate_compare, generate_config
 
+    generation = generate_config(config, generate_tokens) if generate_tokens else None
+    result = compare_models(config)
+    if generation is not None:  # into the report (data.generation)
         result.data["generation"] = [g.to_dict() for g in generate_compare(generation)]
     paths = write_report(result, report_dir, force=force) if report_dir is not None else {}
     if as_json:
@@ -202,17 +197,3 @@ def compare(
         ctx.exit(1)
     if quiet and not as_json:
         click.echo(result.summary())
-
-
-def _generate_config(config: CompareConfig, tokens: int) -> GenerateConfig:
-    """The generation settings of a comparison, checked before the comparison runs."""
-    from mpinfer.compare.generate import GenerateConfig, check_generate
-    from mpinfer.errors import InvalidInputError, format_message
-
-    if not config.data:
-        raise InvalidInputError(format_message("--generate", "no --data", "--data prompts.npz (input_ids [N, T])"))
-    gen = GenerateConfig(baseline=str(config.baseline), candidates=tuple(config.candidates), prompts=str(config.data),
-                         tokens=tokens, batch_size=config.batch_size or 16,
-                         latency_batch_sizes=tuple(config.batch_sizes or ()))
-    check_generate(gen)
-    return gen

@@ -250,3 +250,18 @@ def _specs(path: str) -> list[Any]:
     from mpinfer.specs import specs_from_onnx
 
     return specs_from_onnx(load_onnx(Path(path), load_external_data=False))
+
+
+def generate_config(compare: Any, tokens: int) -> GenerateConfig:
+    """The generation settings of ``mpinfer compare --generate`` (from its CompareConfig), checked at once.
+
+    Raises:
+        InvalidInputError: No ``--data``, or see :func:`check_generate`.
+    """
+    if not compare.data:
+        raise InvalidInputError(format_message("--generate", "no --data", "--data prompts.npz (input_ids [N, T])"))
+    cfg = GenerateConfig(baseline=str(compare.baseline), candidates=tuple(compare.candidates),
+                         prompts=str(compare.data), tokens=tokens, batch_size=compare.batch_size or 16,
+                         latency_batch_sizes=tuple(compare.batch_sizes or ()))
+    check_generate(cfg)
+    return cfg

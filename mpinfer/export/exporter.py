@@ -27,8 +27,9 @@ import numpy as np
 
 from mpinfer import __version__
 from mpinfer.errors import AccuracyMismatchError, ExportError, InvalidInputError, format_message
+from mpinfer.export.kv import with_kv_cache
 from mpinfer.export.loader import LoadedModel, bind_hf_inputs, load_model, split_source
-from mpinfer.export.parity import ParityReport, check_kv_parity, check_parity
+from mpinfer.export.parity import ParityReport, check_parity
 from mpinfer.fileio import check_output_path, write_json_atomic
 from mpinfer.modelio import data_file
 from mpinfer.specs import TensorSpec, parse_tensor_spec
@@ -358,7 +359,9 @@ def export_onnx(cfg: ExportConfig) -> ExportResult:
 
     _check_config(cfg)
     out, sidecar = _check_outputs(cfg)
-    loaded = load_model(cfg.source, cfg.weights, trust_weights=cfg.trust_weights, past=cfg.past and not cfg.inputs)
+    loaded = load_model(cfg.source, cfg.weights, trust_weights=cfg.trust_weights)
+    # a causal LM takes and returns its KV cache (mpinfer.export.kv), unless --no-past or --input says otherwise
+    loaded = with_kv_cache(loaded) if cfg.past and not cfg.inputs else loaded
     specs = resolve_specs(loaded, cfg.inputs, cfg.dynamic)
     if loaded.kind == "huggingface" and loaded.kv is None:  # the KV wrapper takes its own fixed inputs
         bind_hf_inputs(loaded, [s.name for s in specs])
@@ -390,12 +393,8 @@ def export_onnx(cfg: ExportConfig) -> ExportResult:
         except Exception as err:  # checker raises ValidationError / InferenceError
             raise ExportError(f"The {exporter} exporter produced a model onnx.checker rejects: {err}. "
                               "Hint: try the other --exporter or another --opset.") from err
-        if loaded.kv is not None:
-            parity = check_kv_parity(loaded.module, checked, loaded.kv, specs, steps=cfg.parity_runs,
-                                     atol=cfg.atol, rtol=cfg.rtol)
-        else:
-            parity = check_parity(loaded.module, checked, specs, out_names, runs=cfg.parity_runs,
-                                  atol=cfg.atol, rtol=cfg.rtol)
+        parity = check_parity(loaded.module, checked, specs, out_names, runs=cfg.parity_runs,
+                              atol=cfg.atol, rtol=cfg.rtol)
         if not parity.passed:
             raise AccuracyMismatchError(
                 f"Parity torch vs ONNX Runtime failed for '{cfg.source}' ({exporter} exporter): "

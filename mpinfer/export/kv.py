@@ -17,7 +17,7 @@ import logging
 from typing import Any
 
 from mpinfer.data.decode import KvLayout
-from mpinfer.export.loader import hf_forward_inputs
+from mpinfer.export.loader import LoadedModel, hf_forward_inputs
 
 logger = logging.getLogger(__name__)
 
@@ -68,10 +68,11 @@ def _kv_call_class() -> Any:
     class KvCall(torch.nn.Module):
         """A causal LM called with flat tensors for its cache; returns logits and the flat updated cache."""
 
-        def __init__(self, model: Any, num_layers: int) -> None:
+        def __init__(self, model: Any, layout: KvLayout) -> None:
             super().__init__()
             self.model = model
-            self.num_layers = num_layers
+            self.kv_layout = layout  # parity looks for it: a prefill and decode steps instead of random shapes
+            self.num_layers = layout.num_layers
             self.cache_arg = cache_argument(model)
 
         def forward(self, input_ids: Any, attention_mask: Any, position_ids: Any, *past: Any) -> Any:
@@ -124,7 +125,7 @@ def kv_call(model: Any) -> tuple[Any, KvLayout, list[str]]:
     vocab = int(getattr(model.config.get_text_config(), "vocab_size", 0) or 0)
     if vocab <= 0:
         vocab = int(model.get_output_embeddings().weight.shape[0])
-    module = _kv_call_class()(model, layout.num_layers).eval()
+    module = _kv_call_class()(model, layout).eval()
     return module, layout, kv_specs(layout, vocab)
 
 
@@ -141,3 +142,15 @@ def example_args(layout: KvLayout, vocab_size: int, seed: int = 0) -> tuple[Any,
     cache = [torch.randn((batch, layout.kv_heads, past, layout.head_dim), generator=g).to(dtype)
              for _ in layout.past_names]
     return (ids, mask, pos, *cache)
+
+
+def with_kv_cache(loaded: LoadedModel) -> LoadedModel:
+    """A Hugging Face causal LM wrapped to take and return its KV cache; any other model as it is."""
+    model = getattr(loaded.module, "model", None)
+    if loaded.kind != "huggingface" or model is None or not supports_kv(model):
+        return loaded
+    module, layout, specs = kv_call(model)
+    name = loaded.description.rsplit(" (", 1)[0]
+    return LoadedModel(module, "huggingface", input_specs=specs, input_names=layout.input_names,
+                       output_names=layout.output_names, kv=layout, output_axes=output_axes(layout),
+                       description=f"{name} ({type(model).__name__}, with KV cache)")

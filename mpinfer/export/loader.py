@@ -192,15 +192,13 @@ def _is_exported_program(path: Path) -> bool:
         return any("serialized_exported_program" in n or n.endswith("models/model.json") for n in z.namelist())
 
 
-def load_model(source: str, weights: Path | None = None, *, trust_weights: bool = False,
-               past: bool = False) -> LoadedModel:
+def load_model(source: str, weights: Path | None = None, *, trust_weights: bool = False) -> LoadedModel:
     """Load a torch model from ``source`` (see module docstring).
 
     Args:
         source: ``file.py[:factory]``, a TorchScript file, a ``.pt2`` file or a Hugging Face folder.
         weights: Optional state_dict/checkpoint for a factory model.
         trust_weights: Load weights with ``weights_only=False`` (only for files you trust).
-        past: Wrap a Hugging Face causal LM to take and return its KV cache (see :mod:`mpinfer.export.kv`).
 
     Returns:
         The loaded model, in eval mode.
@@ -214,7 +212,7 @@ def load_model(source: str, weights: Path | None = None, *, trust_weights: bool 
     if not path.exists():
         raise ModelLoadError(format_message(f"Model '{source}'", "no such file or folder", _SOURCES))
     if path.is_dir():
-        return _load_hf(path, weights, past)
+        return _load_hf(path, weights)
     if path.suffix == ".py":
         return _load_factory(path, factory or "build", weights, trust_weights)
     if weights is not None:
@@ -263,14 +261,14 @@ def _load_factory(path: Path, factory: str, weights: Path | None, trust: bool) -
     )
 
 
-def _load_hf(path: Path, weights: Path | None, past: bool = False) -> LoadedModel:
+def _load_hf(path: Path, weights: Path | None) -> LoadedModel:
     """A Hugging Face folder as the class its config names (``architectures``), so a task head stays on.
 
     ``AutoModel`` would load the bare encoder of a ``BertForSequenceClassification`` or ``LlamaForCausalLM``
     checkpoint and drop its head with only a log line; the config's class keeps it. Inputs default to the
     model's ``main_input_name`` (token ids and mask, pixels, audio features or samples); outputs are the
     tensors of its output object (``last_hidden_state`` alone for a bare model, as feature extraction uses).
-    With ``past``, a causal LM is wrapped to take and return its KV cache instead (:mod:`mpinfer.export.kv`).
+    :func:`mpinfer.export.kv.with_kv_cache` wraps a causal LM to take and return its KV cache instead.
     """
     if not (path / "config.json").is_file():
         raise ModelLoadError(format_message(f"Model folder '{path}'", "a folder without config.json",
@@ -297,14 +295,6 @@ def _load_hf(path: Path, weights: Path | None, past: bool = False) -> LoadedMode
     except Exception as err:
         raise ModelLoadError(f"Hugging Face model '{path}' could not be loaded: {err}") from err
     model.eval()
-    if past:
-        from mpinfer.export import kv
-
-        if kv.supports_kv(model):
-            module, layout, kv_specs = kv.kv_call(model)
-            return LoadedModel(module, "huggingface", input_specs=kv_specs, input_names=layout.input_names,
-                               output_names=layout.output_names, kv=layout, output_axes=kv.output_axes(layout),
-                               description=f"Hugging Face {path} ({type(model).__name__}, with KV cache)")
     specs = _hf_input_specs(model)
     names = [s.split(":", 1)[0] for s in specs]
     outputs: list[str] = []  # filled by the wrapper's forward (see _keyword_call_class)

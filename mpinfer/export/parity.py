@@ -114,6 +114,9 @@ def check_parity(module: Any, onnx_path: Path, specs: Sequence[TensorSpec], out_
         rtol: Relative tolerance.
         seed: Base seed.
 
+    A decoder wrapped with its KV cache (a module with a ``kv_layout``) is checked by :func:`check_kv_parity`
+    instead, ``runs`` being its decode steps.
+
     Returns:
         The parity report. A run whose inputs the torch model itself rejects (other than the first, at the
         example size the export ran) is skipped with the reason; one ONNX Runtime rejects fails.
@@ -122,6 +125,9 @@ def check_parity(module: Any, onnx_path: Path, specs: Sequence[TensorSpec], out_
 
     import torch
 
+    layout = getattr(module, "kv_layout", None)
+    if layout is not None:  # a decoder wrapped with its KV cache (mpinfer.export.kv)
+        return check_kv_parity(module, onnx_path, layout, specs, steps=runs, atol=atol, rtol=rtol, seed=seed)
     from mpinfer.data.feeds import random_batch
     from mpinfer.export.exporter import flatten_outputs
     from mpinfer.modelio import ort_session

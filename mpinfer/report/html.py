@@ -7,7 +7,7 @@ import html
 
 from mpinfer.compare.metrics import METRIC_DOCS
 from mpinfer.compare.result import ComparisonResult
-from mpinfer.report import generation, plots, tables
+from mpinfer.report import plots, tables
 
 _CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px auto;max-width:1100px;
@@ -84,7 +84,9 @@ def render_html(result: ComparisonResult) -> str:
         )
     for cand in result.candidates:
         parts.append(_candidate_section(result, cand))
-    parts += generation.html_parts(result, _table)
+    from mpinfer.report.generation import html_parts
+
+    parts += html_parts(result, _table)
     parts += _plot_sections(result)
     parts.append(
         "<h2>Metric definitions</h2><ul>"

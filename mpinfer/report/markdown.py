@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from mpinfer.compare.metrics import METRIC_DOCS
 from mpinfer.compare.result import ComparisonResult
-from mpinfer.report import generation, tables
+from mpinfer.report import tables
 
 
 def md_escape(text: str) -> str:
@@ -73,7 +73,9 @@ def render_markdown(result: ComparisonResult) -> str:
         lines += [f"## Latency (device `{result.latency.device}`, warm-up {result.latency.warmup})", ""]
         lines += md_table(tables.LATENCY_HEADERS, tables.latency_rows(result))
         lines += [f"- `{n}`: {tables.runner_line(info)}" for n, info in result.latency.runners.items()] + [""]
-    lines += generation.markdown_lines(result)
+    from mpinfer.report.generation import markdown_lines
+
+    lines += markdown_lines(result)
     lines += ["## Metric definitions", ""] + [f"- `{k}`: {v}" for k, v in METRIC_DOCS.items()]
     lines += [
         "",
