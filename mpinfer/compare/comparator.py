@@ -389,12 +389,12 @@ def compare_models(config: CompareConfig) -> ComparisonResult:
         feeds = load_feeds(
             config.data,
             specs,
+            model=config.baseline,  # decodes prompts for a KV-cache model (mpinfer.data.decode)
             batch_size=config.batch_size,
             num_batches=config.num_batches,
             seed=config.seed,
             dims=parse_dims(config.dims),
             image_preprocess=config.image_preprocess,
-            model=config.baseline,  # decodes prompts for a KV-cache model (mpinfer.data.decode)
         )
         _check_label_metrics(checks, feeds.labels is not None, config)
         accs, kept = _run_batches(config, baseline, cands, feeds, out_names)

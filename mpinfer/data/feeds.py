@@ -455,25 +455,25 @@ def load_feeds(
     source: str | Path | None,
     specs: Sequence[TensorSpec],
     *,
+    model: object = None,
     batch_size: int | None = None,
     num_batches: int | None = None,
     seed: int = 0,
     dims: Mapping[str, int] | None = None,
     image_preprocess: str | ImagePreprocess | None = None,
-    model: object = None,
 ) -> FeedSource:
     """Open a data source for a model with the given input specs.
 
     Args:
         source: Path, ``"random"``/``"random:N"`` or None (random).
         specs: The model's inputs.
+        model: The FP32 model (ModelProto or path) that decodes prompts for a model with a KV cache
+            (``prompts:FILE[:steps=N]``, or an .npz of ``input_ids`` only; see :mod:`mpinfer.data.decode`).
         batch_size: Samples per batch (default 16, or the model's fixed batch dim).
         num_batches: Cap on the number of batches.
         seed: Seed for random data.
         dims: Sizes for symbolic dims of random data (``{"seq": 32}``).
         image_preprocess: Preprocessing for an image folder.
-        model: The FP32 model (ModelProto or path) that decodes prompts for a model with a KV cache
-            (``prompts:FILE[:steps=N]``, or an .npz of ``input_ids`` only; see :mod:`mpinfer.data.decode`).
 
     Returns:
         A FeedSource (iterable of batches).
