@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 TORCH_VERSION ?= 2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-gpu lint bench clean
+.PHONY: install demo test test-shuffled test-gpu lint bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,7 +21,14 @@ demo: $(STAMP)
 	$(PY) -m mpinfer run models/demo.toml
 
 test: $(STAMP)
-	$(PY) -m pytest -m "not gpu and not tensorrt and not slow" -q --timeout=600
+	$(PY) -m pytest -m "not gpu and not tensorrt and not slow" -q --timeout=600 -p no:randomly
+
+# The same suite in a random order (pytest-randomly), to catch tests that depend on another's leftovers. The
+# seed is printed; `make test-shuffled SEED=<n>` replays an order (OMP_NUM_THREADS=1 or 2 varies the kernels).
+test-shuffled: $(STAMP)
+	@seed=$${SEED:-$$($(PY) -c 'import random; print(random.randrange(1, 2**31))')}; \
+	echo "test-shuffled: --randomly-seed=$$seed (replay: make test-shuffled SEED=$$seed)"; \
+	$(PY) -m pytest -m "not gpu and not tensorrt and not slow" -q --timeout=600 -p randomly --randomly-seed=$$seed
 
 test-gpu: $(STAMP)
 	$(PY) -m pytest -m "gpu or tensorrt" -q

@@ -16,6 +16,10 @@ logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 # public name -> module that defines it (imported on first attribute access)
 _LAZY = {
+    # the API that reads like the CLI (mpinfer.api); mpinfer.export and mpinfer.compare are packages made callable
+    "convert": "mpinfer.api",
+    "export": "mpinfer.api",
+    "compare": "mpinfer.api",
     "export_onnx": "mpinfer.export",
     "ExportConfig": "mpinfer.export",
     "convert_precision": "mpinfer.precision",
@@ -37,6 +41,8 @@ _LAZY = {
 
 
 def __getattr__(name: str) -> Any:
+    if name in ("export", "compare"):  # the package, callable (importing it sets the attribute for good)
+        return importlib.import_module(f"mpinfer.{name}")
     if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'mpinfer' has no attribute {name!r}")

@@ -41,6 +41,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(no_trt)
 
 
+@pytest.fixture(autouse=True)
+def _mpinfer_logger_as_imported():
+    """Each test starts with the "mpinfer" logger as imported, whatever order the tests run in.
+
+    The CLI sets that logger's level from -q/-v and adds a stderr handler bound to the stream of the CliRunner
+    that ran it; in one test process both outlived their test (a ``-q`` run hid the WARNING a later test reads
+    from caplog, seen in random order).
+    """
+    import logging
+
+    log = logging.getLogger("mpinfer")
+    level, handlers = log.level, list(log.handlers)
+    yield
+    log.setLevel(level)
+    log.handlers[:] = handlers
+
+
 @pytest.fixture
 def cli_runner():
     from click.testing import CliRunner

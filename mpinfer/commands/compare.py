@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from mpinfer.compare.metrics import METRIC_DOCS
+from mpinfer.metrics import METRIC_DOCS, parse_class_outputs
 
 logger = logging.getLogger(__name__)
 # Options that only shape the latency measurement: warned about when given without --latency.
@@ -38,15 +38,26 @@ def _warn_latency_options(ctx: click.Context) -> None:
         logger.warning("%s only apply with --latency; ignored without it", "/".join(given))
 
 
-@click.command(epilog="Metrics for --check: " + ", ".join(METRIC_DOCS) + ". Operators: >= <= > < ==.")
+@click.command(
+    epilog="Checks: [OUTPUT:]METRIC OP NUMBER, comma-separated; without OUTPUT: every output the metric applies "
+    "to. Metrics: " + ", ".join(METRIC_DOCS) + ", any topK (aliases snr, rel, acc). Operators: >= <= > < ==. "
+    "Definitions: docs/compare.md."
+)
 @click.argument("baseline")
 @click.argument("candidates", nargs=-1, required=True)
 @click.option("--data", help="Data: .npz file, folder of .npz/.npy/images, or random[:N] (default random).")
 @click.option(
     "--check",
     "checks",
-    help='Thresholds, e.g. "cosine>=0.9999,top1>=0.999" (default '
+    help='Thresholds, e.g. "cosine>=0.9999,logits:top1>=0.999" (default '
     '"cosine>=0.999,nonfinite<=0"). Exit 1 when one fails.',
+)
+@click.option(
+    "--class-outputs",
+    callback=lambda _ctx, _param, value: parse_class_outputs(value),
+    metavar="NAMES",
+    help="Comma-separated outputs that hold class scores (top-k applies to them alone); 'none' for none "
+    "(default: guessed, see docs/compare.md).",
 )
 @click.option("--latency", is_flag=True, help="Measure latency of the baseline and every candidate.")
 @click.option(
@@ -119,6 +130,7 @@ def compare(
     candidates: tuple[str, ...],
     data: str | None,
     checks: str | None,
+    class_outputs: tuple[str, ...] | None,
     latency: bool,
     generate_tokens: int | None,
     batch_sizes: tuple[int, ...],
@@ -137,7 +149,7 @@ def compare(
     divergence_batches: int,
     quiet: bool,
     as_json: bool,
-) -> None:
+) -> object:
     """Compare CANDIDATES (FP16 ONNX, engines) against the FP32 BASELINE on the same data.
 
     \b
@@ -160,6 +172,7 @@ def compare(
         candidates=candidates,
         data=data,
         checks=checks,
+        class_outputs=class_outputs,
         latency=latency,
         batch_sizes=batch_sizes,
         iterations=iterations,
@@ -192,8 +205,11 @@ def compare(
         print_console(result)
         for fmt, path in paths.items():
             click.echo(f"wrote {fmt}: {path}")
+    if (ctx.obj or {}).get("api"):  # mpinfer.compare(): bool(result) is the verdict
+        return result
     if not result:
         click.echo(result.summary(), err=True)
         ctx.exit(1)
     if quiet and not as_json:
         click.echo(result.summary())
+    return result

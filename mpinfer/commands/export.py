@@ -33,7 +33,7 @@ from mpinfer.modelio import MAX_OPSET
 @click.pass_context
 def export(ctx: click.Context, source: str, output: Path, weights: Path | None, inputs: tuple[str, ...],
            dynamic: tuple[str, ...], exporter: str, opset: int | None, atol: float, rtol: float,
-           output_names: tuple[str, ...], past: bool, trust_weights: bool, force: bool) -> None:
+           output_names: tuple[str, ...], past: bool, trust_weights: bool, force: bool) -> object:
     """Export SOURCE (file.py[:factory], TorchScript, .pt2 or a Hugging Face folder) to ONNX.
 
     \b
@@ -52,3 +52,4 @@ def export(ctx: click.Context, source: str, output: Path, weights: Path | None, 
         click.echo(f"Exported {res.path} with the {res.exporter} exporter, opset {res.opset}{why}")
         click.echo(f"Parity torch vs ONNX Runtime over {len(res.parity.runs)} inputs: "
                    f"max abs error {res.parity.max_abs:.3g} -> {res.sidecar}")
+    return res

@@ -1,18 +1,19 @@
-"""Compare candidates against an FP32 baseline: metrics, checks, per-layer divergence, latency, hints."""
+"""Compare candidates against an FP32 baseline: metrics, checks, per-layer divergence, latency, hints.
 
-from mpinfer.compare.checks import DEFAULT_CHECKS, Check, parse_checks
+The metrics are :mod:`mpinfer.metrics`'s and the checks :mod:`mpinfer.checks`'s (shared with convert's budget).
+"""
+
+from mpinfer.api import make_callable
 from mpinfer.compare.comparator import CompareConfig, compare_models
-from mpinfer.compare.metrics import METRIC_DOCS
 from mpinfer.compare.result import SCHEMA_VERSION, CandidateResult, ComparisonResult
 
 __all__ = [
-    "DEFAULT_CHECKS",
-    "METRIC_DOCS",
     "SCHEMA_VERSION",
     "CandidateResult",
-    "Check",
     "CompareConfig",
     "ComparisonResult",
     "compare_models",
-    "parse_checks",
 ]
+
+# `mpinfer.compare(...)` is the API function (mpinfer.api.compare); the package stays importable as it is.
+make_callable(__name__)

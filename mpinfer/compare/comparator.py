@@ -15,10 +15,10 @@ from typing import Any
 import numpy as np
 
 from mpinfer.backends import Runner, open_runner
-from mpinfer.compare.checks import Check, parse_checks
-from mpinfer.compare.metrics import OutputAccumulator
+from mpinfer.checks import DEFAULT_CHECKS, Checks, parse_checks
 from mpinfer.compare.result import CandidateResult, ComparisonResult, LatencyResult, OutputMetrics
 from mpinfer.errors import InvalidInputError, ModelLoadError, MpinferError, format_message
+from mpinfer.metrics import ModelAccumulator, OutputAccumulator, check_output_names, guess_class_output
 from mpinfer.specs import TensorSpec, is_float_dtype
 
 logger = logging.getLogger(__name__)
@@ -36,7 +36,10 @@ class CompareConfig:
         baseline: FP32 reference: ``.onnx``, engine or ``file.py:factory[@weights]``.
         candidates: One or more models to compare against it.
         data: Data source (``.npz``, folder, ``random[:N]``; None = random).
-        checks: Thresholds, e.g. ``"cosine>=0.9999,top1>=0.999"`` (None = DEFAULT_CHECKS).
+        checks: Thresholds in the check grammar of :mod:`mpinfer.checks`, e.g.
+            ``"cosine>=0.9999,logits:top1>=0.999"`` (None = DEFAULT_CHECKS).
+        class_outputs: The outputs that hold class scores (top-k applies to them alone); None guesses each
+            (:func:`mpinfer.metrics.guess_class_output`), ``()`` says none does.
         latency: Measure latency too.
         batch_sizes: Latency batch sizes (default: the data's batch size).
         iterations: Timed latency runs per runner and batch size (the cap when time_budget_s is set).
@@ -58,6 +61,7 @@ class CompareConfig:
     candidates: tuple[str, ...]
     data: str | None = None
     checks: str | None = None
+    class_outputs: tuple[str, ...] | None = None
     latency: bool = False
     batch_sizes: tuple[int, ...] = ()
     iterations: int = 50
@@ -82,12 +86,15 @@ class CompareConfig:
         object.__setattr__(self, "candidates", tuple(os.fspath(c) for c in cands))
         if self.data is not None:
             object.__setattr__(self, "data", os.fspath(self.data))
+        if self.class_outputs is not None:  # a TOML list, or one name
+            names = (self.class_outputs,) if isinstance(self.class_outputs, str) else self.class_outputs
+            object.__setattr__(self, "class_outputs", tuple(names))
 
 
-def _validate_config(cfg: CompareConfig) -> tuple[Check, ...]:
+def _validate_config(cfg: CompareConfig) -> Checks:
     from mpinfer.backends import is_torch_spec
 
-    checks = parse_checks(cfg.checks)
+    checks = parse_checks(cfg.checks if cfg.checks and cfg.checks.strip() else DEFAULT_CHECKS)
     if not cfg.candidates:
         raise InvalidInputError(format_message("Candidates", "none", "at least one model to compare"))
     for cand in cfg.candidates:
@@ -288,8 +295,9 @@ def _run_batches(
     candidates: Mapping[str, Runner],
     feeds: Any,
     out_names: Sequence[str],
-) -> tuple[dict[str, dict[str, OutputAccumulator]], list[dict[str, Any]]]:
-    accs = {c: {o: OutputAccumulator(o) for o in out_names} for c in candidates}
+    checks: Checks,
+) -> tuple[dict[str, ModelAccumulator], list[dict[str, Any]]]:
+    accs = {c: ModelAccumulator(out_names, class_outputs=cfg.class_outputs, topk=checks.topk) for c in candidates}
     kept: list[dict[str, np.ndarray]] = []
     offset = 0
     labels = feeds.labels
@@ -305,7 +313,7 @@ def _run_batches(
             cout = _infer(runner, batch, f"Candidate '{cname}'", index)
             _check_batch_outputs(bout, cout, cname)
             for o in out_names:
-                accs[cname][o].update(bout[o], cout[o], lab if o in labeled else None)
+                accs[cname].outputs[o].update(bout[o], cout[o], lab if o in labeled else None)
         if len(kept) < max(cfg.divergence_batches, 1):
             kept.append(batch)
     if not kept:
@@ -321,18 +329,16 @@ def _run_batches(
 
 
 def _labeled_outputs(labels: np.ndarray, bout: Mapping[str, np.ndarray], rows: int, cfg: CompareConfig) -> set[str]:
-    """The outputs the data's ``_labels`` score: 2-D classifier-like, one row per sample, every label a class.
+    """The outputs the data's ``_labels`` score: class scores of rank 2, one row per sample, every label a class.
 
     Raises:
         InvalidInputError: When the model has such outputs but the labels exceed the class count of each.
     """
-    from mpinfer.compare.metrics import is_classifier_like
 
-    scored = {
-        o: int(b.shape[-1])
-        for o, b in bout.items()
-        if b.ndim == 2 and b.shape[0] == rows and is_classifier_like(b.shape, b.dtype)
-    }
+    def is_class(o: str, b: np.ndarray) -> bool:
+        return o in cfg.class_outputs if cfg.class_outputs is not None else guess_class_output(o, b)
+
+    scored = {o: int(b.shape[-1]) for o, b in bout.items() if b.ndim == 2 and b.shape[0] == rows and is_class(o, b)}
     top = int(labels.max()) if labels.size else -1
     fit = {o for o, classes in scored.items() if top < classes}
     if scored and not fit:
@@ -348,9 +354,9 @@ def _labeled_outputs(labels: np.ndarray, bout: Mapping[str, np.ndarray], rows: i
     return fit
 
 
-def _check_label_metrics(checks: Sequence[Check], has_labels: bool, cfg: CompareConfig) -> None:
+def _check_label_metrics(checks: Checks, has_labels: bool, cfg: CompareConfig) -> None:
     """Refuse, before any batch runs, a check against labels on data without ``_labels``."""
-    from mpinfer.compare.checks import LABEL_METRICS
+    from mpinfer.metrics import LABEL_METRICS
 
     needs = [str(c) for c in checks if c.metric in LABEL_METRICS]
     if needs and not has_labels:
@@ -386,6 +392,9 @@ def compare_models(config: CompareConfig) -> ComparisonResult:
         cands = {c: _activate(stack, c, "Candidate", config) for c in config.candidates}
         specs = _specs_of(baseline, cands, config)
         out_names = _output_names(baseline, cands)
+        checks.check_outputs(out_names)
+        if config.class_outputs is not None:
+            check_output_names(config.class_outputs, out_names, "--class-outputs")
         feeds = load_feeds(
             config.data,
             specs,
@@ -397,7 +406,10 @@ def compare_models(config: CompareConfig) -> ComparisonResult:
             image_preprocess=config.image_preprocess,
         )
         _check_label_metrics(checks, feeds.labels is not None, config)
-        accs, kept = _run_batches(config, baseline, cands, feeds, out_names)
+        from mpinfer.precision.verify import FingerprintedFeeds
+
+        hashed = FingerprintedFeeds(feeds)  # the data's fingerprint, to set beside a plan's verified figures
+        accs, kept = _run_batches(config, baseline, cands, hashed, out_names, checks)
         results = [_candidate_result(config, c, cands[c], accs[c], out_names, checks, kept) for c in cands]
         latency = _latency(config, baseline, cands, kept[0]) if config.latency else None
         base_info = {
@@ -419,6 +431,7 @@ def compare_models(config: CompareConfig) -> ComparisonResult:
             "batches": len(feeds),
             "samples": feeds.num_samples,
             "labels": feeds.labels is not None,
+            "fingerprint": hashed.fingerprint(),
         },
         environment=_environment(config),
         latency=latency,
@@ -431,21 +444,21 @@ def _candidate_result(
     cfg: CompareConfig,
     name: str,
     runner: Runner,
-    accs: Mapping[str, OutputAccumulator],
+    accs: ModelAccumulator,
     out_names: Sequence[str],
-    checks: tuple[Check, ...],
+    checks: Checks,
     kept: list[dict[str, Any]],
 ) -> CandidateResult:
     outputs = []
     for o in out_names:
-        a = accs[o]
+        a: OutputAccumulator = accs.outputs[o]
         outputs.append(
             OutputMetrics(
                 name=o,
                 shape=list(a.shape or ()),
                 baseline_dtype=a.baseline_dtype,
                 candidate_dtype=a.candidate_dtype,
-                classifier=bool(a.classifier),
+                classifier=bool(a.classes),
                 values=a.finalize(),
                 hist_abs=a.hist_abs.to_dict(),
                 hist_rel=a.hist_rel.to_dict(),

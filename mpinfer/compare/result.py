@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from mpinfer.compare.checks import LABEL_METRICS, Check, parse_checks
+from mpinfer.checks import DEFAULT_CHECKS, Checks, not_applicable_reason, parse_checks
 from mpinfer.errors import InvalidInputError, format_message
 
 # Version of the report JSON layout; bump when a field changes meaning or is removed.
@@ -36,7 +36,10 @@ def read_float(x: Any) -> Any:
 
 @dataclass
 class OutputMetrics:
-    """Metrics of one output of one candidate (values keyed as in ``METRIC_DOCS``)."""
+    """Metrics of one output of one candidate (values keyed as in :data:`mpinfer.metrics.METRIC_DOCS`).
+
+    ``classifier``: the output was treated as class scores (top-k and label accuracy apply to it).
+    """
 
     name: str
     shape: list[int]
@@ -52,8 +55,8 @@ class OutputMetrics:
 class CheckOutcome:
     """One check on one output: passed True/False, or None when not applicable.
 
-    A check that applies to no output is one failed outcome for output :data:`ALL_OUTPUTS`, with ``value``
-    None and ``note`` saying why it is not computable.
+    A check that applies to none of the outputs it selects is one failed outcome (for the output it names, or
+    :data:`ALL_OUTPUTS`), with ``value`` None and ``note`` saying why it is not applicable.
     """
 
     check: str
@@ -65,19 +68,6 @@ class CheckOutcome:
 
 # Output name of the outcome of a check that no output could compute.
 ALL_OUTPUTS = "(all outputs)"
-
-
-def not_computable_reason(metric: str, outputs: list[OutputMetrics]) -> str:
-    """Why no output has a value for ``metric``."""
-    if metric in LABEL_METRICS:
-        if not any(o.classifier and len(o.shape) == 2 for o in outputs):
-            return "no 2-D classifier-like output (one row of class scores per sample) to score against _labels"
-        return "no sample was scored against _labels (the data has none for the compared samples)"
-    if metric in ("top1", "top5") and not any(o.classifier for o in outputs):
-        return "no classifier-like output (float, rank 2-3, last dim of 2-100000 classes)"
-    if metric == "top5":
-        return "top5 needs an output with more than 5 classes"
-    return "no output has a value for it (no finite elements compared)"
 
 
 @dataclass
@@ -143,16 +133,16 @@ class CandidateResult:
         """True when no applicable check failed."""
         return not any(c.passed is False for c in self.checks)
 
-    def evaluate(self, checks: tuple[Check, ...]) -> None:
-        """(Re)compute :attr:`checks` for the given thresholds; a check no output can compute fails."""
+    def evaluate(self, checks: Checks) -> None:
+        """(Re)compute :attr:`checks` for the given thresholds; a check applicable to no output it selects fails."""
+        per_output = {o.name: o.values for o in self.outputs}
         self.checks = []
         for c in checks:
-            outcomes = [
-                CheckOutcome(str(c), o.name, o.values.get(c.metric), c.evaluate(o.values)) for o in self.outputs
-            ]
+            values = c.selected(per_output)
+            outcomes = [CheckOutcome(str(c), n, v, c.evaluate({c.metric: v})) for n, v in values.items()]
             if all(o.passed is None for o in outcomes):
-                why = "not computable: " + not_computable_reason(c.metric, self.outputs)
-                outcomes = [CheckOutcome(str(c), ALL_OUTPUTS, None, False, note=why)]
+                why = "not applicable: " + not_applicable_reason(c, per_output)
+                outcomes = [CheckOutcome(str(c), c.output or ALL_OUTPUTS, None, False, note=why)]
             self.checks += outcomes
 
 
@@ -214,12 +204,14 @@ class ComparisonResult:
         return [(c.name, o) for c in self.candidates for o in c.checks if o.passed is False]
 
     def with_checks(self, text: str | None) -> ComparisonResult:
-        """A copy re-evaluated against new thresholds (``mpinfer report --check``).
+        """A copy re-evaluated against new thresholds (``mpinfer report --check``; None: the default checks).
 
         Raises:
-            InvalidInputError: For a malformed check.
+            InvalidInputError: For a malformed check, or an output selector the report does not have.
         """
-        checks = parse_checks(text)
+        checks = parse_checks(text if text and text.strip() else DEFAULT_CHECKS)
+        names = list(dict.fromkeys(o.name for c in self.candidates for o in c.outputs))
+        checks.check_outputs(names)
         new = ComparisonResult.from_dict(self.to_dict())
         new.checks = [str(c) for c in checks]
         for cand in new.candidates:

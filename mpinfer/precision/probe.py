@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from mpinfer.precision.budget import relative_l2
+from mpinfer.metrics import relative_l2
 from mpinfer.precision.graphinfo import GraphInfo
 from mpinfer.specs import Precision
 

@@ -14,9 +14,9 @@
    groups are tried one by one.
 4. Screening: once a full verification has shown which samples each candidate gets most wrong, a
    candidate first runs on the hardest eighth of them (strict numerics: incrementally, from a kept FP32
-   run of those samples); when even perfect outputs on the others could not meet the budget
-   (``budget.optimistic_metrics``), it is rejected there. Candidates that may pass run on every sample, so
-   each decision and the final error are those of full runs.
+   run of those samples); when even the best outputs on the others could not meet the budget
+   (:meth:`mpinfer.metrics.ModelAccumulator.optimistic`, a bound per metric), it is rejected there.
+   Candidates that may pass run on every sample, so each decision and the final error are those of full runs.
 
 The cost (emulator node evaluations, verifications, wall time) goes into the plan summary.
 """
@@ -32,15 +32,9 @@ from typing import Any
 
 import numpy as np
 
+from mpinfer.checks import Checks, parse_checks
 from mpinfer.errors import AccuracyMismatchError, InvalidInputError, format_message
-from mpinfer.precision.budget import (
-    Budget,
-    optimistic_metrics,
-    output_metrics,
-    parse_budget,
-    ref_rows,
-    relative_l2,
-)
+from mpinfer.metrics import QUANTILE_METRICS, ModelAccumulator, relative_l2, worst_values
 from mpinfer.precision.graphinfo import GraphInfo, components
 from mpinfer.precision.kernels.numerics import is_float
 from mpinfer.precision.plan import NodeDecision
@@ -68,6 +62,10 @@ STRICT_SCREEN_MIN_VALUES = 100_000
 # emulator one FP32 run plus one run of every group).
 PROBE_SHARE = 1 / 4
 PROBE_MIN_ROWS = 4
+# The figures a plan summary's expected error shows (each the worst output's; top-k from class-score outputs
+# alone), besides any metric the budget names.
+SUMMARY_METRICS = ("cosine", "cosine_min", "max_abs", "mean_abs", "rel_l2", "snr_db", "top1", "top5", "nonfinite",
+                   "mismatch")
 # Floor of the error used in the FLOPs-per-error score (a group with zero local error is not infinitely good).
 ERROR_FLOOR = 1e-7
 # The local error a group inside an If/Loop/Scan body is ranked with (none is measured there): as bad as any,
@@ -82,6 +80,7 @@ class SearchConfig:
     budget: str
     precision: Precision
     numerics: str = "strict"
+    class_outputs: tuple[str, ...] | None = None
     keep_io_types: bool = True
     batches: int = 2
     progress: bool = True
@@ -118,7 +117,7 @@ class _Verifier:
         model: Any,
         info: GraphInfo,
         batches: list[dict],
-        budget: Budget,
+        budget: Checks,
         cfg: SearchConfig,
         labels: np.ndarray | None,
     ) -> None:
@@ -127,13 +126,15 @@ class _Verifier:
         self.emu: Any = None
         self.refs: list[Any] = []
         self._emulator_opened = False
-        self.topk = sorted({int(t.metric[3:]) for t in budget.terms if t.metric.startswith("top")} or {1})
         self.evaluations = 0
         self.verifications = 0
         self.ort_ref: list[dict[str, np.ndarray]] | None = None
         self.names: list[str] = []
-        # Metrics of the FP32 model itself (its outputs are the reference): set by _reference.
-        self.fp32_metrics: dict[str, float] = {}
+        # Metrics of the FP32 model itself (its outputs are the reference), and its accumulator (the whole
+        # reference's sums, which screening bounds read): set by _reference, with the class-score outputs.
+        self.fp32_metrics: dict[str, dict[str, float | None]] = {}
+        self.fp32_acc: ModelAccumulator | None = None
+        self.class_outputs: list[str] | None = None if cfg.class_outputs is None else list(cfg.class_outputs)
         self.passing: tuple[dict[str, Precision], Any] | None = None  # see SearchOutcome.verified
         # Screening: per-sample hardness over the search samples (batches concatenated),
         # the worst relative error each sample showed in a full verification; None until one ran, or
@@ -141,7 +142,6 @@ class _Verifier:
         self.hardness: np.ndarray | None = None
         self.screened = 0
         self._splittable: bool | None = None
-        self._signal: dict[str, float] = {}
         self._joined: tuple[dict[str, np.ndarray], dict[str, np.ndarray]] | None = None  # (feeds, reference)
         self._screen_ref: tuple[np.ndarray, Any] | None = None  # strict: (screening rows, their kept FP32 run)
         self._values_per_node: float | None = None  # strict: float values per model node in the kept runs
@@ -173,12 +173,12 @@ class _Verifier:
             return self.ort_ref
         return [r.outputs for r in self.refs]
 
-    def metrics(self, low: Mapping[str, Precision], *, screen: bool = True) -> dict[str, float]:
-        """Budget metrics of the candidate whose low nodes are ``low``.
+    def metrics(self, low: Mapping[str, Precision], *, screen: bool = True) -> dict[str, dict[str, float | None]]:
+        """Per-output metrics of the candidate whose low nodes are ``low``.
 
-        With ``screen``, a candidate that cannot meet the budget is rejected after a run on
-        the hardest samples only; the metrics returned then are bounds (:func:`optimistic_metrics`) that
-        already break the budget. Any candidate that may meet it is measured on every sample.
+        With ``screen``, a candidate that cannot meet the budget is rejected after a run on the hardest samples
+        only; the metrics returned then are bounds (:meth:`ModelAccumulator.optimistic`) that already break the
+        budget. Any candidate that may meet it is measured on every sample.
         """
         self.verifications += 1
         if self.cfg.numerics == "ort":
@@ -217,21 +217,41 @@ class _Verifier:
             self.passing = (precisions, applied)
         return metrics
 
-    def compare(self, outs: list[dict[str, np.ndarray]]) -> dict[str, float]:
-        """Budget metrics of candidate outputs (one dict per batch) against the FP32 reference."""
-        return output_metrics(self.reference_outputs(), outs, self.float_names(), labels=self.labels, topk=self.topk)
+    def compare(self, outs: list[dict[str, np.ndarray]]) -> dict[str, dict[str, float | None]]:
+        """Per-output metrics of candidate outputs (one dict per batch) against the FP32 reference."""
+        return self.accumulate(outs).finalize()
+
+    def accumulate(self, outs: list[dict[str, np.ndarray]]) -> ModelAccumulator:
+        """The metrics core's accumulator fed every batch of ``outs`` against the reference (with labels)."""
+        acc = self.accumulator()
+        offset = 0
+        for batch, ref, out in zip(self.batches, self.reference_outputs(), outs, strict=True):
+            n = _batch_rows(batch)
+            labels = None if self.labels is None else self.labels[offset : offset + n]
+            offset += n
+            acc.update(ref, out, labels if labels is not None and len(labels) == n else None)
+        return acc
+
+    def accumulator(self) -> ModelAccumulator:
+        """An empty accumulator of the compared outputs, with the budget's topK and the fixed class outputs."""
+        return ModelAccumulator(
+            self.float_names(),
+            class_outputs=self.class_outputs,
+            topk=self.budget.topk,
+            quantiles=bool(self.budget.metrics & QUANTILE_METRICS),
+        )
 
     def float_names(self) -> list[str]:
-        """The FP32 reference's float outputs, the ones compared (found once, kept in ``names``)."""
+        """The outputs compared: every output of the FP32 reference, as compare does (found once, kept)."""
         if not self.names:
-            self.names = [n for n, v in self.reference_outputs()[0].items() if np.asarray(v).dtype.kind == "f"]
+            self.names = list(self.reference_outputs()[0])
         return self.names
 
     # -- screening ---------------------------------------------------------------------------------
     @staticmethod
     def _rows_of(batch: Mapping[str, np.ndarray]) -> int | None:
         """Samples in a batch when every input holds them along axis 0, else None."""
-        sizes = {ref_rows(np.asarray(v)) if np.ndim(v) else -1 for v in batch.values()}
+        sizes = {len(v) if np.ndim(v) else -1 for v in batch.values()}
         return sizes.pop() if len(sizes) == 1 and min(sizes) > 0 else None
 
     def splittable(self) -> bool:
@@ -290,7 +310,7 @@ class _Verifier:
 
     def _screen(
         self, run: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]], rows: np.ndarray
-    ) -> dict[str, float] | None:
+    ) -> dict[str, dict[str, float | None]] | None:
         """Screen a candidate on ``rows``: its optimistic metrics when they already break the budget, else None.
 
         ``run`` maps the rows' feeds to the candidate's outputs. A rejection is counted in ``screened``; None
@@ -299,18 +319,17 @@ class _Verifier:
         """
         names = self.names
         feeds, joined_ref = self._joined_samples()
-        if not self._signal:
-            for n, full in joined_ref.items():
-                finite = np.asarray(full, np.float64)[np.isfinite(full)]
-                self._signal[n] = float((finite**2).sum())
-        total = len(next(iter(feeds.values())))
         got = run({k: v[rows] for k, v in feeds.items()})
         if any(np.ndim(got[n]) == 0 or len(got[n]) != len(rows) for n in names):
             self._splittable = False
             return None
-        ref = {n: joined_ref[n][rows] for n in names}
-        labels = None if self.labels is None else np.asarray(self.labels)[rows[rows < len(self.labels)]]
-        bound = optimistic_metrics(ref, got, names, total, self._signal, labels=labels, topk=self.topk)
+        sub = self.accumulator()
+        labels = None
+        if self.labels is not None and int(rows.max()) < len(self.labels):
+            labels = np.asarray(self.labels)[rows]
+        sub.update({n: joined_ref[n][rows] for n in names}, got, labels)
+        assert self.fp32_acc is not None  # set by _reference
+        bound = sub.optimistic(self.fp32_acc)
         if self.budget.met(bound):
             return None
         self.screened += 1
@@ -366,6 +385,8 @@ class _Verifier:
         joined_ref = self._joined_samples()[1]
         worst = None
         for name in self.names:
+            if np.asarray(joined_ref[name]).dtype.kind != "f":
+                continue
             ref = np.asarray(joined_ref[name], np.float64).reshape(len(joined_ref[name]), -1)
             got = np.concatenate([np.asarray(o[name], np.float64).reshape(len(o[name]), -1) for o in outs])
             ok = np.isfinite(ref)
@@ -440,6 +461,22 @@ def _local_error(model: Any, info: GraphInfo, group: _Group, refs: list[Any], lo
     return relative_l2(noise, signal), len(group.members) * len(refs)
 
 
+def group_errors(
+    info: GraphInfo, groups: Sequence[_Group], batches: Sequence[Mapping[str, np.ndarray]], low: Precision
+) -> dict[str, float]:
+    """Each group's local error (run alone in ``low`` on the FP32 tensors of ``batches``), by anchor.
+
+    Groups in control-flow bodies are left out, and so is every group when the emulator cannot run the model.
+    """
+    from mpinfer.precision.emulate import GraphEmulator
+
+    emu = GraphEmulator(info.model)
+    if not batches or emu.unsupported_ops():
+        return {}
+    refs = [emu.run(dict(b), None, keep=True) for b in batches]
+    return {g.anchor: _local_error(info.model, info, g, refs, low)[0] for g in groups if not g.in_body}
+
+
 def _measure(
     model: Any, info: GraphInfo, groups: Sequence[_Group], ver: _Verifier, cfg: SearchConfig, bar: Any
 ) -> None:
@@ -491,7 +528,18 @@ def _take_batches(feeds: Any, count: int) -> list[dict[str, np.ndarray]]:
     return out
 
 
-def _labels_for(feeds: Any, batches: list[dict[str, np.ndarray]], budget: Budget) -> np.ndarray | None:
+def _has_all_outputs(model: Any, outputs: Sequence[Mapping[str, Any]]) -> bool:
+    """True when ``outputs`` hold every graph output (calibration keeps only the float ones)."""
+    return all(o.name in outputs[0] for o in model.graph.output)
+
+
+def _batch_rows(batch: Mapping[str, Any]) -> int:
+    """Samples in a batch: axis 0 of its first input (a scalar input: one)."""
+    first = next(iter(batch.values()), None)
+    return 0 if first is None else (len(first) if np.ndim(first) else 1)
+
+
+def _labels_for(feeds: Any, batches: list[dict[str, np.ndarray]], budget: Checks) -> np.ndarray | None:
     if not budget.needs_labels:
         return None
     labels = getattr(feeds, "labels", None)
@@ -504,7 +552,7 @@ def _labels_for(feeds: Any, batches: list[dict[str, np.ndarray]], budget: Budget
                 "add _labels to the .npz, or use agreement metrics such as top1>=0.999",
             )
         )
-    n = sum(len(next(iter(b.values()))) for b in batches)
+    n = sum(_batch_rows(b) for b in batches)
     return np.asarray(labels)[:n]
 
 
@@ -611,7 +659,7 @@ def search_plan(
     )
     final = _finalize(nodes, groups if measured else [], chosen)
     verified = ver.passing if ver.passing and ver.passing[0] == {n.name: n.precision for n in final} else None
-    return SearchOutcome(final, {k: _clean(v) for k, v in metrics.items()}, cost, verified)
+    return SearchOutcome(final, summary_figures(metrics, ver.budget), cost, verified)
 
 
 def _reference(
@@ -632,15 +680,30 @@ def _reference(
         AccuracyMismatchError: The budget fails even with every node in FP32.
         InvalidInputError: Strict numerics on a model with ops the emulator cannot run.
     """
-    budget = parse_budget(cfg.budget)
+    budget = parse_checks(cfg.budget)
     batches = _take_batches(feeds, max(cfg.batches, 1))
     labels = _labels_for(feeds, batches, budget)
     ver = _Verifier(model, info, batches, budget, cfg, labels)
     if cfg.numerics != "ort":
         ver.open_emulator(reference_tensors)
-    elif reference_outputs is not None and len(reference_outputs) == len(batches):
-        ver.ort_ref = reference_outputs
-    ver.fp32_metrics = base_metrics = ver.compare(ver.reference_outputs())
+    elif reference_outputs is not None and len(reference_outputs) == len(batches) and _has_all_outputs(
+        model, reference_outputs
+    ):
+        ver.ort_ref = reference_outputs  # calibration keeps float outputs: an integer one needs a run of its own
+    budget.check_outputs(ver.float_names())
+    ver.fp32_acc = ver.accumulate(ver.reference_outputs())
+    ver.class_outputs = ver.fp32_acc.class_outputs  # the guess, made once: every candidate is judged alike
+    ver.fp32_metrics = base_metrics = ver.fp32_acc.finalize()
+    inapplicable = budget.inapplicable(base_metrics)
+    if inapplicable:
+        raise InvalidInputError(
+            format_message(
+                f"Budget '{cfg.budget}'",
+                "checks that apply to no output: " + "; ".join(inapplicable),
+                "checks each output they select can be measured with",
+                "name class-score outputs with --class-outputs, or check them with cosine/max_abs",
+            )
+        )
     if not budget.met(base_metrics):
         raise AccuracyMismatchError(
             format_message(
@@ -667,7 +730,7 @@ def _bisect(
     bar: Any,
     task: Any,
     cfg: SearchConfig,
-) -> tuple[list[_Group], dict[str, float]]:
+) -> tuple[list[_Group], dict[str, dict[str, float | None]]]:
     """The largest prefix of ``order`` that meets the budget, then the rest whole or a few groups one by one.
 
     The whole ``order`` is known to fail. The empty prefix (only the forced nodes low) is the FP32
@@ -730,6 +793,19 @@ def _finalize(nodes: Sequence[NodeDecision], groups: Sequence[_Group], chosen: s
     return out
 
 
+def summary_figures(
+    per_output: Mapping[str, Mapping[str, float | None]], budget: Checks | None = None
+) -> dict[str, Any]:
+    """A plan summary's expected error: the worst output's value of each figure it shows (JSON-safe).
+
+    :data:`SUMMARY_METRICS` and the budget's metrics; a figure no output has (top-k without class-score
+    outputs, mismatch without integer outputs) is left out.
+    """
+    keep = set(SUMMARY_METRICS) | (set(budget.metrics) if budget is not None else set())
+    worst = worst_values(per_output)
+    return {k: _clean(v) for k, v in worst.items() if k in keep}
+
+
 def _clean(v: float) -> float | str:
     """JSON-safe number (inf/nan as strings)."""
     if isinstance(v, float) and not math.isfinite(v):
@@ -744,11 +820,13 @@ def measure_plan(
     *,
     batches: int = 1,
     reference_outputs: list[dict[str, np.ndarray]] | None = None,
+    class_outputs: tuple[str, ...] | None = None,
 ) -> dict[str, Any]:
     """Expected error of a plan without a budget: strict emulation of the plan vs the FP32 reference.
 
     ``reference_outputs``: the FP32 model's float outputs on the first ``batches`` batches when the caller has
-    them (calibration keeps them), else the emulator computes them.
+    them (calibration keeps them), else the emulator computes them. ``class_outputs``: the outputs top-k reads
+    (None: guessed). The figures are the metrics core's (:func:`summary_figures`).
 
     Returns an empty dict when the emulator cannot run the model (the plan is still valid).
     """
@@ -762,10 +840,14 @@ def measure_plan(
         return {}
     low = {n.name: n.precision for n in nodes if n.precision.is_low}
     taken = _take_batches(feeds, batches)
-    if reference_outputs is not None and len(reference_outputs) >= len(taken):
+    if reference_outputs is not None and len(reference_outputs) >= len(taken) and _has_all_outputs(
+        model, reference_outputs
+    ):
         refs = list(reference_outputs[: len(taken)])
     else:
         refs = [emu.run(batch, None).outputs for batch in taken]
     outs = [emu.run(batch, low).outputs for batch in taken]
-    names = [n for n, v in refs[0].items() if np.asarray(v).dtype.kind == "f"]
-    return {k: _clean(v) for k, v in output_metrics(refs, outs, names).items()}
+    acc = ModelAccumulator(list(outs[0]), class_outputs=class_outputs, quantiles=False)
+    for ref, out in zip(refs, outs, strict=True):
+        acc.update(ref, out)
+    return summary_figures(acc.finalize())

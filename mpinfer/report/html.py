@@ -5,8 +5,8 @@ from __future__ import annotations
 import base64
 import html
 
-from mpinfer.compare.metrics import METRIC_DOCS
 from mpinfer.compare.result import ComparisonResult
+from mpinfer.metrics import METRIC_DOCS
 from mpinfer.report import plots, tables
 
 _CSS = """
@@ -110,7 +110,7 @@ def _candidate_section(result: ComparisonResult, cand: object) -> str:
         f"<p>Runner: {_e(tables.runner_line(cand.runner))}. "
         f"Size: {_e(tables.size_line(result, cand) or 'n/a')}</p>",
         "<h3>Accuracy vs baseline</h3>",
-        _table(tables.accuracy_headers(), tables.accuracy_rows(cand)),
+        _table(tables.accuracy_headers(cand), tables.accuracy_rows(cand)),
     ]
     if tables.label_rows(cand):
         out += [

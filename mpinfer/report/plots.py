@@ -11,8 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from mpinfer.compare.metrics import LogHistogram
 from mpinfer.compare.result import ComparisonResult
+from mpinfer.histogram import LogHistogram
 
 # Figure resolution: sharp on screen, a few tens of KB per plot.
 DPI = 90

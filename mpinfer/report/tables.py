@@ -15,12 +15,17 @@ ACCURACY_COLUMNS = [
     ("max rel", "max_rel"),
     ("p99 rel", "p99_rel"),
     ("cosine", "cosine"),
+    ("cosine min", "cosine_min"),
     ("SNR dB", "snr_db"),
     ("top-1", "top1"),
     ("top-5", "top5"),
+    ("mismatch", "mismatch"),
     ("NaN", "nan"),
     ("Inf", "inf"),
 ]
+# Columns shown only when an output has a value there: top-k (class-score outputs), mismatch (integer outputs),
+# cosine min (absent from reports of older versions).
+OPTIONAL_COLUMNS = frozenset({"top1", "top5", "mismatch", "cosine_min"})
 # Divergence nodes listed in the tables.
 TOP_NODES = 5
 
@@ -36,14 +41,24 @@ def fmt(v: Any) -> str:
     return format_value(v)
 
 
+def accuracy_columns(cand: CandidateResult) -> list[tuple[str, str]]:
+    """The ACCURACY_COLUMNS shown for a candidate: an optional one only where some output has a value."""
+    return [
+        (h, k)
+        for h, k in ACCURACY_COLUMNS
+        if k not in OPTIONAL_COLUMNS or any(o.values.get(k) is not None for o in cand.outputs)
+    ]
+
+
 def accuracy_rows(cand: CandidateResult) -> list[list[str]]:
-    """One row per output: name, then ACCURACY_COLUMNS."""
-    return [[o.name] + [fmt(o.values.get(k)) for _h, k in ACCURACY_COLUMNS] for o in cand.outputs]
+    """One row per output: name, then :func:`accuracy_columns`."""
+    columns = accuracy_columns(cand)
+    return [[o.name] + [fmt(o.values.get(k)) for _h, k in columns] for o in cand.outputs]
 
 
-def accuracy_headers() -> list[str]:
+def accuracy_headers(cand: CandidateResult) -> list[str]:
     """Headers of :func:`accuracy_rows`."""
-    return ["output"] + [h for h, _k in ACCURACY_COLUMNS]
+    return ["output"] + [h for h, _k in accuracy_columns(cand)]
 
 
 def label_rows(cand: CandidateResult) -> list[list[str]]:

@@ -12,6 +12,7 @@ from mpinfer.backends.strict import StrictRunner
 from mpinfer.errors import BackendUnavailableError, InvalidInputError
 from mpinfer.modelio import save_onnx
 from tests.precision.numerics_graphs import export_module
+from tests.tolerances import assert_onnx_outputs_close
 
 F, H = TensorProto.FLOAT, TensorProto.FLOAT16
 
@@ -30,7 +31,7 @@ def test_agrees_with_ort_on_fp32_models(tmp_path, name):
         assert strict.describe()["numerics"] == "strict-fp32"
         assert strict.output_names() == ort_runner.output_names()
     for k in want:
-        np.testing.assert_allclose(got[k], want[k], atol=1e-4, rtol=1e-4)
+        assert_onnx_outputs_close(got[k], want[k], model, err_msg=k)
 
 
 def _fp16_model(scale: float):

@@ -10,6 +10,7 @@ from mpinfer.backends import open_runner
 from mpinfer.backends.ort import OrtRunner
 from mpinfer.backends.torch_runner import TorchRunner
 from mpinfer.errors import BackendUnavailableError, InvalidInputError, ModelLoadError
+from tests.tolerances import torch_reorder_atol
 
 
 def _x(n=3):
@@ -23,9 +24,11 @@ def test_spec_matches_module():
         assert [str(s) for s in runner.input_specs()] == ["x:batchx64:float32"]
         out = runner.infer({"x": _x()})
     assert list(out) == ["output_0"]
+    net = mlp.build()
     with torch.no_grad():
-        ref = mlp.build()(torch.from_numpy(_x())).numpy()
-    np.testing.assert_allclose(out["output_0"], ref, rtol=0, atol=0)
+        ref = net(torch.from_numpy(_x())).numpy()
+    # the same kernels, but torch may pick another blocking for another buffer: format-derived, not bitwise
+    np.testing.assert_allclose(out["output_0"], ref, rtol=0, atol=torch_reorder_atol(net, torch.from_numpy(_x())))
     assert runner.describe()["backend"] == "torch"
 
 
@@ -33,16 +36,18 @@ def test_weights_and_checkpoint(tmp_path):
     from models import mlp
 
     other = mlp.build()
+    g = torch.Generator().manual_seed(1)  # noise, not +0.5: a common offset makes LayerNorm cancel digits
     with torch.no_grad():
         for p in other.parameters():
-            p.add_(0.5)
+            p.add_(0.1 * torch.randn(p.shape, generator=g))
     torch.save(other.state_dict(), tmp_path / "w.pt")
     torch.save({"model": other.state_dict(), "epoch": 3}, tmp_path / "ckpt.pt")
     with torch.no_grad():
         ref = other(torch.from_numpy(_x())).numpy()
     for weights in ("w.pt", "ckpt.pt"):
         with TorchRunner(f"models/mlp.py:build@{tmp_path / weights}") as runner:
-            np.testing.assert_allclose(runner.infer({"x": _x()})["output_0"], ref, atol=1e-6)
+            got = runner.infer({"x": _x()})["output_0"]
+            np.testing.assert_allclose(got, ref, rtol=0, atol=torch_reorder_atol(other, torch.from_numpy(_x())))
 
 
 def test_loaded_module_with_specs_and_output_names():

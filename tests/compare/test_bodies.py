@@ -14,6 +14,7 @@ from mpinfer.compare.bodies import measure_body_tensors
 from mpinfer.compare.divergence import find_divergence
 from mpinfer.modelio import save_onnx
 from mpinfer.report import tables
+from tests.tolerances import reorder_atol
 
 F = TensorProto.FLOAT
 LN = "if/then_branch/ln_body"
@@ -112,6 +113,18 @@ def if_files(tmp_path):
     return base, res.output, data
 
 
+def _if_reorder_tol(base, data) -> float:
+    """Relative L2 error float32 reordering allows in h = x @ w and in LayerNorm(h) (h: 8-term sums).
+
+    Each row's LayerNorm output (unit RMS) moves by the MatMul's, the mean's and the variance's rounding at
+    the row's sum |x_k w_kj|, over the row's standard deviation: three 8-term stages at that magnitude.
+    """
+    x = np.load(data)["x"].astype(np.float64)
+    w = next(numpy_helper.to_array(t) for t in onnx.load(str(base)).graph.initializer if t.name == "w")
+    h, terms = x @ w.astype(np.float64), np.abs(x) @ np.abs(w.astype(np.float64))
+    return reorder_atol(np.float32, n=8, magnitude=float(np.max(terms.max(-1) / h.std(-1))), stages=3)
+
+
 @pytest.mark.parametrize("numerics", ["ort", "strict"])
 def test_overflow_inside_an_if_body_is_the_first_jump(if_files, numerics):
     base, cand, data = if_files
@@ -122,12 +135,15 @@ def test_overflow_inside_an_if_body_is_the_first_jump(if_files, numerics):
     assert div is not None and div.first_jump is not None
     jump = div.first_jump
     assert jump.address == LN and jump.op_type == "LayerNormalization" and jump.precision == "fp16"
-    assert jump.reason == "user:low-node" and jump.error >= 0.5 and jump.input_error == 0.0
+    # The baseline's tensors come from onnxruntime, the candidate's FP32 MatMul (and, in strict, the If body)
+    # from the emulator: their 8-term float32 sums may round apart (3.3e-8 seen), so no exact zero.
+    tol = _if_reorder_tol(base, data)
+    assert jump.reason == "user:low-node" and jump.error >= 0.5 and jump.input_error <= tol
     assert div.ranking[0] == LN and jump.numerics == "strict"  # body tensors come from the emulator
     addresses = [n.address for n in div.nodes]
     assert addresses.index(LN) < addresses.index("if")  # the body runs before its If's output exists
     if_node = next(n for n in div.nodes if n.address == "if")
-    assert if_node.added <= 0.0  # the If only forwards its branch's error
+    assert if_node.added <= tol * (1 + if_node.error)  # the If only forwards its branch's error
     assert div.skipped.get("subgraph_nodes") == 1  # the else branch never ran
     lines = tables.divergence_lines(result.candidates[0])
     assert any(f"LayerNormalization '{LN}' (fp16)" in line for line in lines)

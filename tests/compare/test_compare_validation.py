@@ -63,19 +63,19 @@ def test_check_no_output_can_compute_fails_with_the_reason(invoke, tmp_path):
     four = _tiny(tmp_path / "four.onnx", 4)
     r = invoke("compare", four, four, "--check", "cosine>=0.99,top5>=0.9", "--no-divergence")
     assert r.exit_code == 1 and "Traceback" not in r.output
-    assert "top5>=0.9 (not computable: top5 needs an output with more than 5 classes)" in r.output
+    assert "top5>=0.9 (not applicable: no output holds class scores with at least 6 classes" in r.output
     flat = _tiny(tmp_path / "flat.onnx", None)
     result = compare_models(CompareConfig(str(flat), (str(flat),), checks="top1>=0.9", show_progress=False))
     (outcome,) = result.candidates[0].checks
     assert not result and outcome.passed is False and outcome.value is None
-    assert outcome.note is not None and "no classifier-like output" in outcome.note
+    assert outcome.note is not None and "no output holds class scores" in outcome.note
 
 
 def test_report_recheck_with_an_uncomputable_metric_fails(invoke, tmp_path):
     four = _tiny(tmp_path / "four.onnx", 4)
     assert invoke("compare", four, four, "--no-divergence", "--report", tmp_path / "rep").exit_code == 0
     r = invoke("report", tmp_path / "rep", "--check", "top5>=0.5")
-    assert r.exit_code == 1 and "not computable" in r.output
+    assert r.exit_code == 1 and "not applicable" in r.output
 
 
 # -- defect 2: _labels are validated ------------------------------------------------------------------------

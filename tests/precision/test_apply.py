@@ -16,6 +16,7 @@ from mpinfer.precision.graphinfo import GraphInfo
 from mpinfer.precision.validate import run_checks
 from mpinfer.specs import Precision
 from tests.precision.graphs import embedding, fvi, init, make, mlp, rng_w, run_ort, save
+from tests.tolerances import assert_onnx_outputs_close
 
 FP16 = TensorProto.FLOAT16
 
@@ -46,7 +47,7 @@ def test_mlp_casts_only_at_boundaries(tmp_path):
     assert out.graph.output[0].type.tensor_type.elem_type == TensorProto.FLOAT
     assert {n.name for n in out.graph.node} >= {"fc1", "add1", "relu", "fc2", "add2", "softmax"}
     x = np.random.default_rng(0).standard_normal((3, 8)).astype(np.float32)
-    np.testing.assert_allclose(run_ort(out, {"x": x})[0], run_ort(mlp(), {"x": x})[0], atol=2e-3)
+    assert_onnx_outputs_close(run_ort(out, {"x": x})[0], run_ort(mlp(), {"x": x})[0], mlp(), dtype=np.float16)
     assert res.plan.summary["cast_count"] == 2
 
 
@@ -134,8 +135,8 @@ def test_existing_casts_and_dtype_attributes_patched(tmp_path):
     assert {a.name: a.i for a in by["eye"].attribute}["dtype"] == FP16
     x = np.random.default_rng(0).standard_normal((2, 4)).astype(np.float32)
     sq = np.zeros((4, 4), np.float32)
-    np.testing.assert_allclose(
-        run_ort(out, {"x": x, "sq": sq})[0], run_ort(model, {"x": x, "sq": sq})[0], atol=1e-2
+    assert_onnx_outputs_close(
+        run_ort(out, {"x": x, "sq": sq})[0], run_ort(model, {"x": x, "sq": sq})[0], model, dtype=np.float16
     )
 
 
@@ -206,7 +207,7 @@ def test_if_subgraph_converted_outer_values_cast_inside(tmp_path):
     body = next(a.g for a in out.graph.node[-1].attribute if a.name == "then_branch")
     assert [n.op_type for n in body.node] == ["Cast", "MatMul", "Cast"]
     x = np.ones((2, 4), np.float32)
-    np.testing.assert_allclose(run_ort(out, {"x": x})[0], run_ort(model, {"x": x})[0], atol=1e-2)
+    assert_onnx_outputs_close(run_ort(out, {"x": x})[0], run_ort(model, {"x": x})[0], model, dtype=np.float16)
     assert not run_checks(out)
 
 
@@ -231,7 +232,7 @@ def test_loop_body_converted(tmp_path):
     out, res = _convert(tmp_path, model)
     assert res.plan.precisions()["loop/body/mm"] is Precision.FP16
     x = np.random.default_rng(0).standard_normal((2, 4)).astype(np.float32)
-    np.testing.assert_allclose(run_ort(out, {"x": x})[0], run_ort(model, {"x": x})[0], atol=1e-2)
+    assert_onnx_outputs_close(run_ort(out, {"x": x})[0], run_ort(model, {"x": x})[0], model, dtype=np.float16)
 
 
 def test_stale_value_info_retyped_and_io_types(tmp_path):
@@ -314,7 +315,7 @@ def test_external_data_model_converted_streaming(tmp_path):
     inits = {t.name: t.data_type for t in out.graph.initializer}
     assert inits["w1"] == FP16 and inits["b1"] == TensorProto.FLOAT
     x = np.random.default_rng(0).standard_normal((3, 8)).astype(np.float32)
-    np.testing.assert_allclose(run_ort(res.output, {"x": x})[0], run_ort(mlp(), {"x": x})[0], atol=2e-3)
+    assert_onnx_outputs_close(run_ort(res.output, {"x": x})[0], run_ort(mlp(), {"x": x})[0], mlp(), dtype=np.float16)
     assert not list((tmp_path / "out").glob(".*"))  # no temp folders left behind
 
 
@@ -354,7 +355,7 @@ def test_contrib_op_types_come_from_onnx_runtime(tmp_path):
     assert prec["gelu"] is Precision.FP32  # custom domain: kept, reported
     assert prec["mm2"] is Precision.FP16 and prec["add"] is Precision.FP16
     x = np.random.default_rng(0).standard_normal((2, 4)).astype(np.float32)
-    np.testing.assert_allclose(run_ort(out, {"x": x})[0], run_ort(model, {"x": x})[0], atol=5e-3)
+    assert_onnx_outputs_close(run_ort(out, {"x": x})[0], run_ort(model, {"x": x})[0], model, dtype=np.float16)
     # Calibration runs too (ONNX Runtime computes every tensor; the emulator, which has no Gelu, is not needed).
     (tmp_path / "cal").mkdir()
     _, calibrated = _convert(tmp_path / "cal", model, calibration=None)
@@ -386,7 +387,7 @@ def test_scan_body_converted_state_stays_fp32(tmp_path):
         "xs": np.random.default_rng(0).standard_normal((3, 1, 4)).astype(np.float32),
     }
     for got, want in zip(run_ort(out, feeds), run_ort(model, feeds), strict=True):
-        np.testing.assert_allclose(got, want, atol=1e-2)
+        assert_onnx_outputs_close(got, want, model, dtype=np.float16)
 
 
 def test_gate_names_the_node_of_an_invalid_rewrite():
@@ -453,7 +454,7 @@ def test_low_graph_output_also_read_by_an_fp32_node_gets_uniquely_named_casts():
     assert run_checks(out) == []
     x = np.random.default_rng(0).standard_normal((4, 8)).astype(np.float32)
     for got, want in zip(run_ort(out, {"x": x}), run_ort(model, {"x": x}), strict=True):  # y1, y2
-        np.testing.assert_allclose(got, want, atol=5e-3)
+        assert_onnx_outputs_close(got, want, model, dtype=np.float16)
 
 
 def test_weights_go_to_fp16_with_the_same_bits_through_onnxruntime():
@@ -512,4 +513,4 @@ def test_quantized_op_keeps_its_dequantize_adjacent(tmp_path, opset):
         if node.op_type == "MatMul" and node.name.startswith("qmm"):
             assert {producers[i].op_type for i in node.input} == {"DequantizeLinear"}  # no Cast in between
     x = np.random.default_rng(1).standard_normal((2, 4)).astype(np.float32)
-    np.testing.assert_allclose(run_ort(out, {"x": x})[0], run_ort(model, {"x": x})[0], atol=2e-2, rtol=1e-2)
+    assert_onnx_outputs_close(run_ort(out, {"x": x})[0], run_ort(model, {"x": x})[0], model, dtype=np.float16)

@@ -21,6 +21,7 @@ from mpinfer.precision.calibrate import (
 )
 from mpinfer.specs import parse_tensor_spec, specs_from_onnx
 from tests.precision.numerics_graphs import make_model, ort_run
+from tests.tolerances import assert_onnx_outputs_close, network_atol, onnx_reductions, reorder_atol
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -92,7 +93,8 @@ def test_streaming_equals_all_at_once_and_memory_is_bounded():
         "bf16_underflow_frac",
     ):
         assert getattr(a, key) == getattr(b, key), key
-    assert a.mean_abs == pytest.approx(b.mean_abs, rel=1e-6)  # float32 chunk sums: ~1e-7 relative
+    # float32 sums (whole vs chunked: another order) of positive values: relative units
+    assert a.mean_abs == pytest.approx(b.mean_abs, rel=network_atol(n=data.size, stages=1, magnitude=1.0))
     # memory is the fixed-size histogram, whatever the number of batches
     assert parts.histogram_bins() == {HISTOGRAM_BINS}
     assert len(set(sizes)) == 1 and sizes[0] == HISTOGRAM_BINS * 8
@@ -166,7 +168,8 @@ def test_real_model_and_data_match_a_direct_run(exported, tmp_path):
     assert stats.source["samples"] == 40 and stats.source["batches"] == 3
     out = model.graph.output[0].name
     want = max(float(np.abs(ort_run(model, b)[out]).max()) for b in feeds)
-    assert stats[out].absmax == pytest.approx(want, rel=1e-6)
+    n, stages = onnx_reductions(model)  # calibration's session fetches every tensor: onnxruntime fuses less
+    assert stats[out].absmax == pytest.approx(want, rel=0, abs=network_atol(n=n, stages=stages, magnitude=max(want, 1)))
     node_outputs = {o for n in model.graph.node for o in n.output}
     assert node_outputs <= set(stats)
     assert stats[out].count == 40 * 10
@@ -186,7 +189,7 @@ def test_captured_reference_outputs_equal_a_plain_run(exported, monkeypatch):
         for got, batch in zip(stats.reference_outputs, batches, strict=False):
             assert set(got) == {out}
             assert got[out].flags.owndata  # not a view keeping ONNX Runtime's memory arena alive
-            np.testing.assert_allclose(got[out], ort_run(model, batch)[out], rtol=1e-5, atol=1e-6)
+            assert_onnx_outputs_close(got[out], ort_run(model, batch)[out], model)
     assert calibrate(model, batches, progress=False).reference_outputs is None
 
 
@@ -210,7 +213,7 @@ def test_captured_tensors_are_every_float32_tensor_onnxruntime_computed(exported
         assert set(got) == floats
         for k in floats:
             assert got[k].dtype == np.float32
-            np.testing.assert_allclose(got[k], want[k], rtol=1e-4, atol=1e-5, err_msg=k)
+            assert_onnx_outputs_close(got[k], want[k], model, err_msg=k)
     assert calibrate(model, batches, progress=False, capture_batches=1).reference_tensors is None
     # Above CAPTURE_TENSORS_LIMIT bytes calibration keeps the outputs only (the emulator computes the rest)
     monkeypatch.setattr(cal, "CAPTURE_TENSORS_LIMIT", sum(got[k].nbytes for k in floats) - 1)
@@ -292,7 +295,8 @@ def test_loop_body_tensors_are_counted_once_per_iteration():
     assert set(body) >= {"loop/body/acc_out", "loop/body/scan_out", "loop/body/acc_in"}
     assert body["loop/body/acc_out"].count == 2 * 5 * 3
     k = np.array([1.5, -2.25, 3.1], np.float32)
-    assert body["loop/body/acc_out"].absmax == pytest.approx(float(np.abs(x * k**5).max()), rel=1e-6)
+    # five float32 products against k**5 then one: each side within gamma_6 of the exact product
+    assert body["loop/body/acc_out"].absmax == pytest.approx(float(np.abs(x * k**5).max()), rel=reorder_atol(n=6))
 
 
 def test_underflow_energy_separates_dead_values_from_tiny_tensors():
