@@ -6,9 +6,11 @@ transformers 5 passes the cache as a ``Cache`` object (``DynamicCache``), which 
 from them, and returns ``logits`` and the updated cache flattened as ``present.{i}.key/value``. Grouped-query
 attention stays as it is: the cache holds ``num_key_value_heads`` heads.
 
-The TorchScript exporter is used (``auto`` picks it): ``torch.export`` specializes sizes 0 and 1, so the dynamo
-export of this wrapper assumes a non-empty past, and its graph computed wrong logits for a prefill on an empty
-past (up to 0.3 off on a 2-layer Llama, where TorchScript's matched to 2e-7).
+The TorchScript exporter is used (``auto`` picks it): ``torch.export`` specializes sizes 0 and 1, so a dynamo
+export of such a wrapper (tried with the cache as one tuple input and a dynamic past dim) assumed a non-empty past,
+and its graph computed logits up to 0.3 off for a 5-token prefill on an empty past on a 2-layer Llama, where
+TorchScript's matched torch to 2e-7 at every past length tried, 0 included. With the variadic cache inputs here,
+``torch.export`` refuses the wrapper outright, and ``--exporter dynamo`` says so.
 """
 
 from __future__ import annotations
