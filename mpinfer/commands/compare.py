@@ -61,6 +61,14 @@ def _warn_latency_options(ctx: click.Context) -> None:
     "(default: guessed, see docs/compare.md).",
 )
 @click.option("--latency", is_flag=True, help="Measure latency of the baseline and every candidate.")
+@click.option(
+    "--generate",
+    "generate_tokens",
+    type=click.IntRange(min=1),
+    help="Decoders with a KV cache: greedily generate N tokens for every prompt of --data (an .npz of input_ids) "
+    "with each model and report token agreement, first divergence, per-step logits cosine, perplexity and "
+    "prefill/decode latency.",
+)
 @click.option("--batch-sizes", callback=_ints, help="Latency batch sizes, e.g. 1,8,32 (default: the data's).")
 @click.option(
     "--iterations",
@@ -125,6 +133,7 @@ def compare(
     checks: str | None,
     class_outputs: tuple[str, ...] | None,
     latency: bool,
+    generate_tokens: int | None,
     batch_sizes: tuple[int, ...],
     iterations: int,
     warmup: int,
@@ -180,6 +189,9 @@ def compare(
         divergence_batches=divergence_batches,
         show_progress=not (quiet or as_json),
     )
+    from mpinfer.compare.generate import generate_compare, generate_config
+
+    generation = generate_config(config, generate_tokens) if generate_tokens else None
     with contextlib.ExitStack() as stack:
         claim = None
         if report_dir is not None:  # claimed before the comparison: a second run on the folder fails at once
@@ -187,13 +199,17 @@ def compare(
 
             claim = stack.enter_context(claim_outputs([report_dir / n for n in FILE_NAMES.values()], force=force))
         result = compare_models(config)
+        if generation is not None:  # into the report (data.generation)
+            result.data["generation"] = [g.to_dict() for g in generate_compare(generation)]
         paths = write_report(result, report_dir, force=force, claim=claim) if report_dir is not None else {}
     if as_json:
         click.echo(json.dumps(result.to_dict(), indent=2))
     elif not quiet:
         from mpinfer.report.console import render_console
+        from mpinfer.report.generation import print_console
 
         render_console(result)
+        print_console(result)
         for fmt, path in paths.items():
             click.echo(f"wrote {fmt}: {path}")
     if (ctx.obj or {}).get("api"):  # mpinfer.compare(): bool(result) is the verdict

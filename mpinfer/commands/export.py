@@ -25,12 +25,15 @@ from mpinfer.modelio import MAX_OPSET
 @click.option("--atol", type=float, default=1e-4, show_default=True, help="Parity absolute tolerance.")
 @click.option("--rtol", type=float, default=1e-3, show_default=True, help="Parity relative tolerance.")
 @click.option("--output-name", "output_names", multiple=True, help="Name for each model output, in order.")
+@click.option("--past/--no-past", default=True, show_default=True,
+              help="A Hugging Face causal LM: export with its KV cache (past_key_values.* in, present.* out); "
+                   "--no-past exports input_ids, attention_mask -> logits.")
 @click.option("--trust-weights", is_flag=True, help="Load --weights with weights_only=False (trusted files only).")
 @click.option("--force", is_flag=True, help="Overwrite an existing output.")
 @click.pass_context
 def export(ctx: click.Context, source: str, output: Path, weights: Path | None, inputs: tuple[str, ...],
            dynamic: tuple[str, ...], exporter: str, opset: int | None, atol: float, rtol: float,
-           output_names: tuple[str, ...], trust_weights: bool, force: bool) -> object:
+           output_names: tuple[str, ...], past: bool, trust_weights: bool, force: bool) -> object:
     """Export SOURCE (file.py[:factory], TorchScript, .pt2 or a Hugging Face folder) to ONNX.
 
     \b
@@ -42,7 +45,7 @@ def export(ctx: click.Context, source: str, output: Path, weights: Path | None, 
 
     cfg = ExportConfig(source=source, output=output, weights=weights, inputs=inputs, dynamic=dynamic or None,
                        exporter=exporter, opset=opset, force=force, atol=atol, rtol=rtol,
-                       trust_weights=trust_weights, output_names=output_names)
+                       trust_weights=trust_weights, output_names=output_names, past=past)
     res = export_onnx(cfg)
     if not ctx.obj.get("quiet"):
         why = f" (fallback: {res.fallback_reason})" if res.fallback_reason else ""

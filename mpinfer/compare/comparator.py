@@ -398,6 +398,7 @@ def compare_models(config: CompareConfig) -> ComparisonResult:
         feeds = load_feeds(
             config.data,
             specs,
+            model=config.baseline,  # decodes prompts for a KV-cache model (mpinfer.data.decode)
             batch_size=config.batch_size,
             num_batches=config.num_batches,
             seed=config.seed,

@@ -455,6 +455,7 @@ def load_feeds(
     source: str | Path | None,
     specs: Sequence[TensorSpec],
     *,
+    model: object = None,
     batch_size: int | None = None,
     num_batches: int | None = None,
     seed: int = 0,
@@ -466,6 +467,8 @@ def load_feeds(
     Args:
         source: Path, ``"random"``/``"random:N"`` or None (random).
         specs: The model's inputs.
+        model: The FP32 model (ModelProto or path) that decodes prompts for a model with a KV cache
+            (``prompts:FILE[:steps=N]``, or an .npz of ``input_ids`` only; see :mod:`mpinfer.data.decode`).
         batch_size: Samples per batch (default 16, or the model's fixed batch dim).
         num_batches: Cap on the number of batches.
         seed: Seed for random data.
@@ -487,6 +490,11 @@ def load_feeds(
     if num_batches is not None and num_batches < 1:
         raise InvalidInputError(format_message("Number of batches", num_batches, "a positive integer",
                                                "omit it to use every batch of the data"))
+    from mpinfer.data import decode
+
+    if decode.wants_decode(source, specs):
+        return decode.decode_source(str(source), specs, model, batch_size=bs, num_batches=num_batches)
+    dims = decode.kv_dims(specs, dims)
     if source is None or str(source) == "random" or str(source).startswith("random:"):
         text = "" if source is None else str(source)
         n = num_batches or DEFAULT_RANDOM_BATCHES

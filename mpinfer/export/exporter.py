@@ -27,6 +27,7 @@ import numpy as np
 
 from mpinfer import __version__
 from mpinfer.errors import AccuracyMismatchError, ExportError, InvalidInputError, format_message
+from mpinfer.export.kv import with_kv_cache
 from mpinfer.export.loader import LoadedModel, bind_hf_inputs, load_model, split_source
 from mpinfer.export.parity import ParityReport, check_parity
 from mpinfer.fileio import check_output_path, write_json_atomic
@@ -59,6 +60,8 @@ class ExportConfig:
         parity_runs: Number of seeded parity inputs (shapes vary across the dynamic range).
         trust_weights: Load weights with ``weights_only=False``.
         output_names: Names for the model outputs (default: the source's ``OUTPUT_NAMES`` or output_<i>).
+        past: Export a Hugging Face causal LM with its KV cache (``past_key_values.*`` in, ``present.*`` out) when
+            no ``inputs`` are given; False exports ``input_ids, attention_mask -> logits``.
     """
 
     source: str
@@ -74,6 +77,7 @@ class ExportConfig:
     parity_runs: int = 3
     trust_weights: bool = False
     output_names: tuple[str, ...] = ()
+    past: bool = True
 
 
 @dataclass
@@ -193,13 +197,14 @@ def _export_dynamo(module: Any, args: tuple[Any, ...], specs: Sequence[TensorSpe
 
 
 def _export_torchscript(module: Any, args: tuple[Any, ...], specs: Sequence[TensorSpec],
-                        out_names: Sequence[str], opset: int | None, tmp: Path) -> Path:
+                        out_names: Sequence[str], opset: int | None, tmp: Path,
+                        out_axes: dict[str, dict[int, str]] | None = None) -> Path:
     import torch
 
     if isinstance(module, torch.export.ExportedProgram):
         raise ExportError("The TorchScript exporter cannot take a torch.export program. Hint: use --exporter dynamo.")
     axes = {s.name: {i: d for i, d in enumerate(s.shape) if isinstance(d, str)} for s in specs}
-    axes = {k: v for k, v in axes.items() if v}
+    axes = {k: v for k, v in axes.items() if v} | {k: v for k, v in (out_axes or {}).items() if k in out_names}
     path = tmp / "torchscript.onnx"
     with _quiet_torch_onnx():
         torch.onnx.export(module, args, str(path), dynamo=False, input_names=[s.name for s in specs],
@@ -241,12 +246,19 @@ def _run_exporters(cfg: ExportConfig, loaded: LoadedModel, args: tuple[Any, ...]
     if loaded.kind == "torchscript" or isinstance(loaded.module, torch.jit.ScriptModule):
         order = ["torchscript"]  # a ScriptModule can only go through the TorchScript exporter
     failures: list[str] = []
+    if loaded.kv is not None and cfg.exporter == "auto":
+        from mpinfer.export.kv import EXPORTER_REASON
+
+        order = ["torchscript"]
+        failures.append(EXPORTER_REASON)
     for name in order:
-        fn = _export_dynamo if name == "dynamo" else _export_torchscript
         start = time.perf_counter()
         logger.info("exporting with the %s exporter", name)
         try:
-            path = fn(loaded.module, args, specs, out_names, cfg.opset, tmp)
+            if name == "dynamo":
+                path = _export_dynamo(loaded.module, args, specs, out_names, cfg.opset, tmp)
+            else:
+                path = _export_torchscript(loaded.module, args, specs, out_names, cfg.opset, tmp, loaded.output_axes)
         except ExportError:
             raise
         except Exception as err:  # exporters raise a zoo of types
@@ -268,6 +280,8 @@ def _run_exporters(cfg: ExportConfig, loaded: LoadedModel, args: tuple[Any, ...]
             else "rewrite the op with supported torch ops, or register an ONNX translation for it")
     if cfg.opset is not None and any("not the requested --opset" in f for f in failures):
         hint = f"{hint}, or ask for a newer --opset (the dynamo exporter writes 18 or newer)"
+    if loaded.kv is not None:
+        hint = f"{hint}, or export the model without its KV cache (--no-past)"
     raise ExportError(f"Export of '{cfg.source}' failed: " + "; ".join(failures) + f". Hint: {hint}.")
 
 
@@ -355,8 +369,10 @@ def _export(cfg: ExportConfig, claim: Any, out: Path, sidecar: Path) -> ExportRe
     import torch
 
     loaded = load_model(cfg.source, cfg.weights, trust_weights=cfg.trust_weights)
+    # a causal LM takes and returns its KV cache (mpinfer.export.kv), unless --no-past or --input says otherwise
+    loaded = with_kv_cache(loaded) if cfg.past and not cfg.inputs else loaded
     specs = resolve_specs(loaded, cfg.inputs, cfg.dynamic)
-    if loaded.kind == "huggingface":
+    if loaded.kind == "huggingface" and loaded.kv is None:  # the KV wrapper takes its own fixed inputs
         bind_hf_inputs(loaded, [s.name for s in specs])
     from mpinfer.data.feeds import random_batch
 

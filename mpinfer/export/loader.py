@@ -39,6 +39,9 @@ class LoadedModel:
         input_names: Input names the source declares, if any.
         output_names: Output names the source declares (``OUTPUT_NAMES``), if any.
         description: Where it came from, for the sidecar.
+        kv: The KV-cache layout (:class:`mpinfer.data.decode.KvLayout`) when the module is a causal LM wrapped
+            to take and return its cache as flat tensors; None otherwise.
+        output_axes: Dynamic output axes by output name (``{"logits": {0: "batch"}}``), when the source knows them.
     """
 
     module: Any
@@ -48,6 +51,8 @@ class LoadedModel:
     input_names: list[str] = field(default_factory=list)
     output_names: list[str] = field(default_factory=list)
     description: str = ""
+    kv: Any = None
+    output_axes: dict[str, dict[int, str]] = field(default_factory=dict)
 
 
 def split_source(source: str) -> tuple[Path, str | None]:
@@ -263,6 +268,7 @@ def _load_hf(path: Path, weights: Path | None) -> LoadedModel:
     checkpoint and drop its head with only a log line; the config's class keeps it. Inputs default to the
     model's ``main_input_name`` (token ids and mask, pixels, audio features or samples); outputs are the
     tensors of its output object (``last_hidden_state`` alone for a bare model, as feature extraction uses).
+    :func:`mpinfer.export.kv.with_kv_cache` wraps a causal LM to take and return its KV cache instead.
     """
     if not (path / "config.json").is_file():
         raise ModelLoadError(format_message(f"Model folder '{path}'", "a folder without config.json",

@@ -23,6 +23,8 @@ class ParityRun:
     # Why the run was not compared: the torch model itself rejects inputs of these shapes (a convolution
     # longer than the audio, ...), so they are outside what the model takes; None when compared.
     skipped: str | None = None
+    # What the run is, when not just a shape (a decoder's ``prefill`` or ``decode step 2``).
+    label: str | None = None
 
 
 @dataclass
@@ -64,7 +66,8 @@ class ParityReport:
         """JSON form."""
         return {"passed": self.passed, "max_abs": self.max_abs,
                 "runs": [{"shapes": r.shapes, "outputs": r.errors, "passed": r.passed}
-                         | ({"skipped": r.skipped} if r.skipped else {}) for r in self.runs]}
+                         | ({"skipped": r.skipped} if r.skipped else {}) | ({"label": r.label} if r.label else {})
+                         for r in self.runs]}
 
 
 def parity_dims(specs: Sequence[TensorSpec], runs: int) -> list[dict[str, int]]:
@@ -111,6 +114,9 @@ def check_parity(module: Any, onnx_path: Path, specs: Sequence[TensorSpec], out_
         rtol: Relative tolerance.
         seed: Base seed.
 
+    A decoder wrapped with its KV cache (a module with a ``kv_layout``) is checked by :func:`check_kv_parity`
+    instead, ``runs`` being its decode steps.
+
     Returns:
         The parity report. A run whose inputs the torch model itself rejects (other than the first, at the
         example size the export ran) is skipped with the reason; one ONNX Runtime rejects fails.
@@ -119,6 +125,9 @@ def check_parity(module: Any, onnx_path: Path, specs: Sequence[TensorSpec], out_
 
     import torch
 
+    layout = getattr(module, "kv_layout", None)
+    if layout is not None:  # a decoder wrapped with its KV cache (mpinfer.export.kv)
+        return check_kv_parity(module, onnx_path, layout, specs, steps=runs, atol=atol, rtol=rtol, seed=seed)
     from mpinfer.data.feeds import random_batch
     from mpinfer.export.exporter import flatten_outputs
     from mpinfer.modelio import ort_session
@@ -152,4 +161,77 @@ def check_parity(module: Any, onnx_path: Path, specs: Sequence[TensorSpec], out_
             errors[name]["passed"] = passed
             ok = ok and passed
         result.runs.append(ParityRun(shapes, errors, ok))
+    return result
+
+
+def _compare_run(ref: Sequence[np.ndarray], sess: Any, feeds: dict[str, np.ndarray], out_names: Sequence[str],
+                 atol: float, rtol: float, label: str) -> ParityRun:
+    shapes = {k: list(v.shape) for k, v in feeds.items()}
+    try:
+        got = sess.run(list(out_names), feeds)
+    except Exception as err:  # onnxruntime's own exception types
+        failed = {"max_abs": float("inf"), "max_rel": float("inf"), "error": str(err).splitlines()[0][:300]}
+        return ParityRun(shapes, {name: failed for name in out_names}, False, label=label)
+    errors, ok = {}, True
+    for name, r, g in zip(out_names, ref, got):
+        errors[name], passed = _errors(r, np.asarray(g), atol, rtol)
+        errors[name]["passed"] = passed
+        ok = ok and passed
+    return ParityRun(shapes, errors, ok, label=label)
+
+
+def kv_parity_prompts(specs: Sequence[TensorSpec], seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Two prompts of the example length, the second left-padded by two tokens (a mask that is not all ones)."""
+    ids_spec = next(s for s in specs if s.name == "input_ids")
+    lo, hi = ids_spec.resolved_range()
+    seq = max(3, int(ids_spec.dim_sizes.get("seq", 6)))
+    ids = np.random.default_rng(seed).integers(int(lo), int(hi), (2, seq)).astype(np.int64)
+    mask = np.ones_like(ids)
+    mask[1, :2] = 0
+    return ids, mask
+
+
+def check_kv_parity(module: Any, onnx_path: Path, layout: Any, specs: Sequence[TensorSpec], *, steps: int = 3,
+                    atol: float = 1e-4, rtol: float = 1e-3, seed: int = 1) -> ParityReport:
+    """Parity of a decoder with a KV cache: a prefill on an empty past, then ``steps`` greedy decode steps.
+
+    Both runtimes get the same feeds at every step: the prompts (one left-padded), then the torch model's
+    greedy token and its presents as the past, so an error shows where it arises instead of compounding.
+    Every output (logits and each present) is compared.
+
+    Args:
+        module: The wrapped torch decoder (flat inputs in ``layout.input_names`` order).
+        onnx_path: The exported model.
+        layout: Its :class:`mpinfer.data.decode.KvLayout`.
+        specs: Its input specs (the token range and example length).
+        steps: Decode steps after the prefill.
+        atol: Absolute tolerance.
+        rtol: Relative tolerance.
+        seed: Seed of the prompts.
+
+    Returns:
+        The parity report, one run per model call, labelled ``prefill`` and ``decode step i``.
+    """
+    import torch
+
+    from mpinfer.data.decode import greedy_decode
+    from mpinfer.export.exporter import flatten_outputs
+    from mpinfer.modelio import ort_session
+
+    sess = ort_session(onnx_path)
+    names = layout.output_names
+    refs: list[list[np.ndarray]] = []
+
+    def run_torch(feeds: Any) -> dict[str, np.ndarray]:
+        with torch.no_grad():
+            out = flatten_outputs(module(*[torch.from_numpy(np.ascontiguousarray(feeds[n]))
+                                           for n in layout.input_names]))
+        refs.append([t.detach().cpu().numpy() for t in out])
+        return dict(zip(names, refs[-1]))
+
+    result = ParityReport()
+    ids, mask = kv_parity_prompts(specs, seed)
+    for item in greedy_decode(run_torch, layout, ids, mask, steps):
+        label = "prefill" if item.step == 0 else f"decode step {item.step}"
+        result.runs.append(_compare_run(refs[-1], sess, item.feeds, names, atol, rtol, label))
     return result

@@ -559,6 +559,7 @@ def _calibrate(
     feeds = load_feeds(
         cfg.calibration,
         specs,
+        model=cfg.model,  # the FP32 file decodes calibration prompts (mpinfer.data.decode)
         batch_size=cfg.batch_size,
         num_batches=cfg.max_batches,
         seed=cfg.seed,

@@ -84,6 +84,9 @@ def render_html(result: ComparisonResult) -> str:
         )
     for cand in result.candidates:
         parts.append(_candidate_section(result, cand))
+    from mpinfer.report.generation import html_parts
+
+    parts += html_parts(result, _table)
     parts += _plot_sections(result)
     parts.append(
         "<h2>Metric definitions</h2><ul>"

@@ -79,6 +79,9 @@ def render_markdown(result: ComparisonResult) -> str:
         lines += [f"## Latency (device `{result.latency.device}`, warm-up {result.latency.warmup})", ""]
         lines += md_table(tables.LATENCY_HEADERS, tables.latency_rows(result))
         lines += [f"- `{n}`: {tables.runner_line(info)}" for n, info in result.latency.runners.items()] + [""]
+    from mpinfer.report.generation import markdown_lines
+
+    lines += markdown_lines(result)
     lines += ["## Metric definitions", ""] + [f"- `{k}`: {v}" for k, v in METRIC_DOCS.items()]
     lines += [
         "",

@@ -1,0 +1,267 @@
+"""Greedy generation with a baseline decoder and its candidates (``mpinfer compare --generate N``).
+
+Every model runs through an ONNX Runtime session (CPU unless told otherwise) and decodes with its own KV cache,
+feeding each call's ``present.*`` back as the next ``past_key_values.*`` (see :mod:`mpinfer.data.decode`). For
+each candidate:
+
+* ``first_divergence``: per prompt, the index of the first generated token where the candidate's own greedy
+  continuation differs from the baseline's (``N`` when none does); reported as the mean and the minimum;
+* ``token_agreement``: with the candidate fed the baseline's continuation (teacher forcing), the share of
+  positions where its next-token choice equals the baseline's;
+* ``step_cosine``: per step, the mean over prompts of the cosine between the two models' next-token logits
+  (teacher-forced, so every step compares the same context);
+* perplexity of each model on the baseline's greedy continuation, and the candidate's ratio to the baseline's;
+* latency: prefill milliseconds and decode tokens per second for each batch size.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mpinfer.data.decode import KvLayout, Prompts, greedy_decode, kv_layout, load_prompts, ort_run_fn
+from mpinfer.errors import InvalidInputError, format_message
+
+logger = logging.getLogger(__name__)
+
+# Timed repetitions of each latency measurement (the median is reported) after one untimed warm-up run.
+LATENCY_REPEATS = 5
+# Latency batch sizes when none are asked for: one prompt, and up to this many at once.
+DEFAULT_LATENCY_BATCH = 8
+
+
+@dataclass
+class DecodeRun:
+    """One model's greedy decode of every prompt: chosen tokens and per-step next-token logits."""
+
+    tokens: np.ndarray  # [prompts, N]
+    logits: np.ndarray  # [prompts, N, vocab]
+
+
+@dataclass
+class GenerationResult:
+    """Generation of one candidate against the baseline (see the module docstring for each figure)."""
+
+    candidate: str
+    tokens: int
+    prompts: int
+    first_divergence: list[int]
+    token_agreement: float
+    step_cosine: list[float]
+    ppl_baseline: float
+    ppl_candidate: float
+    # batch size -> {"baseline" | "candidate": {"prefill_ms": ..., "decode_tokens_per_s": ...}}
+    latency: dict[int, dict[str, dict[str, float]]] = field(default_factory=dict)
+
+    @property
+    def ppl_ratio(self) -> float:
+        """The candidate's perplexity over the baseline's (1 is the same)."""
+        return self.ppl_candidate / self.ppl_baseline if self.ppl_baseline > 0 else math.inf
+
+    def metrics(self) -> dict[str, float]:
+        """Scalar figures by name, for checks and budgets."""
+        div = np.asarray(self.first_divergence, dtype=np.float64)
+        cos = np.asarray(self.step_cosine, dtype=np.float64)
+        return {
+            "token_agreement": float(self.token_agreement),
+            "first_divergence": float(div.mean()) if div.size else float(self.tokens),
+            "first_divergence_min": float(div.min()) if div.size else float(self.tokens),
+            "step_cosine_min": float(cos.min()) if cos.size else 1.0,
+            "step_cosine_mean": float(cos.mean()) if cos.size else 1.0,
+            "ppl_baseline": float(self.ppl_baseline),
+            "ppl_candidate": float(self.ppl_candidate),
+            "ppl_ratio": float(self.ppl_ratio),
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form (metrics included)."""
+        d = asdict(self)
+        d["latency"] = {str(k): v for k, v in self.latency.items()}
+        d["metrics"] = self.metrics()
+        return d
+
+
+@dataclass(frozen=True)
+class GenerateConfig:
+    """What to generate with.
+
+    Attributes:
+        baseline: The FP32 decoder (ONNX with a KV cache).
+        candidates: Converted decoders.
+        prompts: ``.npz`` with ``input_ids`` [N, T] (+ optional ``attention_mask``), or ``prompts:FILE[:...]``.
+        tokens: Tokens to generate per prompt.
+        batch_size: Prompts decoded together.
+        latency_batch_sizes: Batch sizes of the latency figures (default 1 and up to 8).
+        providers: ONNX Runtime providers (default CPU).
+    """
+
+    baseline: str
+    candidates: tuple[str, ...]
+    prompts: str
+    tokens: int
+    batch_size: int = 16
+    latency_batch_sizes: tuple[int, ...] = ()
+    providers: tuple[str, ...] = ()
+
+
+class _Model:
+    """A decoder with its KV layout; its ONNX Runtime session opens on :meth:`open` (one model at a time)."""
+
+    def __init__(self, path: str) -> None:
+        layout = kv_layout(_specs(path))
+        if layout is None:
+            raise InvalidInputError(format_message(f"--generate with '{path}'", "a model without a KV cache",
+                                                   "decoders exported with past_key_values.*/present.*",
+                                                   "mpinfer export of a causal LM folder adds it (unless --no-past)"))
+        self.path = path
+        self.layout: KvLayout = layout
+        self.run: Any = None
+
+    def open(self, providers: Sequence[str]) -> _Model:
+        """Start the session (the model's memory is held from here until :meth:`close`)."""
+        from mpinfer.modelio import ort_session
+
+        self.run = ort_run_fn(ort_session(self.path, providers=list(providers) or None), self.layout.output_names)
+        return self
+
+    def close(self) -> None:
+        """Release the session."""
+        self.run = None
+
+    def decode(self, prompts: Prompts, tokens: int, batch: int, forced: np.ndarray | None = None) -> DecodeRun:
+        """Greedy decode of every prompt (``tokens`` chosen each), ``batch`` prompts at a time."""
+        all_tokens, all_logits = [], []
+        for lo in range(0, prompts.count, batch):
+            hi = min(lo + batch, prompts.count)
+            force = None if forced is None else forced[lo:hi]
+            steps = list(greedy_decode(self.run, self.layout, prompts.input_ids[lo:hi],
+                                       prompts.attention_mask[lo:hi], tokens - 1, forced=force))
+            all_tokens.append(np.stack([s.tokens for s in steps], axis=1))
+            all_logits.append(np.stack([s.logits for s in steps], axis=1).astype(np.float32))
+        return DecodeRun(np.concatenate(all_tokens), np.concatenate(all_logits))
+
+
+def _log_softmax(logits: np.ndarray) -> np.ndarray:
+    top = logits.max(axis=-1, keepdims=True)
+    return logits - top - np.log(np.exp(logits - top).sum(axis=-1, keepdims=True))
+
+
+def perplexity(logits: np.ndarray, tokens: np.ndarray) -> float:
+    """Exp of the mean negative log-likelihood of ``tokens`` [P, N] under ``logits`` [P, N, vocab]."""
+    logp = np.take_along_axis(_log_softmax(logits.astype(np.float64)), tokens[..., None], axis=-1)[..., 0]
+    return float(np.exp(-logp.mean()))
+
+
+def step_cosines(ref: np.ndarray, cand: np.ndarray) -> list[float]:
+    """Per step, the mean over prompts of the cosine between two [P, N, vocab] logits arrays."""
+    ref, cand = ref.astype(np.float64), cand.astype(np.float64)
+    num = (ref * cand).sum(axis=-1)
+    den = np.linalg.norm(ref, axis=-1) * np.linalg.norm(cand, axis=-1)
+    cos = np.where(den > 0, num / np.maximum(den, 1e-300), 1.0)
+    return [float(c) for c in cos.mean(axis=0)]
+
+
+def first_divergence(ref: np.ndarray, cand: np.ndarray) -> list[int]:
+    """Per prompt, the first position where two [P, N] token arrays differ (N when they never do)."""
+    differ = ref != cand
+    return [int(np.argmax(row)) if row.any() else int(ref.shape[1]) for row in differ]
+
+
+def time_decode(model: _Model, prompts: Prompts, tokens: int, batch: int) -> dict[str, float]:
+    """Median prefill ms and decode tokens/s of ``batch`` prompts (tiled when fewer) over a few runs."""
+    reps = -(-batch // prompts.count)
+    ids = np.tile(prompts.input_ids, (reps, 1))[:batch]
+    mask = np.tile(prompts.attention_mask, (reps, 1))[:batch]
+    prefill, decode = [], []
+    for i in range(LATENCY_REPEATS + 1):
+        stamps = [time.perf_counter()]
+        for _ in greedy_decode(model.run, model.layout, ids, mask, tokens - 1):
+            stamps.append(time.perf_counter())
+        if i:  # the first run warms up
+            prefill.append(stamps[1] - stamps[0])
+            decode.append(stamps[-1] - stamps[1])
+    decode_s = float(np.median(decode))
+    rate = batch * (tokens - 1) / decode_s if tokens > 1 and decode_s > 0 else 0.0
+    return {"prefill_ms": 1000 * float(np.median(prefill)), "decode_tokens_per_s": rate}
+
+
+def check_generate(cfg: GenerateConfig) -> Prompts:
+    """Check the models (each with a KV cache) and read the prompts, before any model runs.
+
+    Raises:
+        InvalidInputError: ``tokens < 1``, a model without a KV cache, prompts that are missing or do not fit.
+    """
+    if cfg.tokens < 1:
+        raise InvalidInputError(format_message("--generate", cfg.tokens, "a number of tokens >= 1"))
+    for path in (cfg.baseline, *cfg.candidates):
+        _Model(path)
+    vocab = next((int(s.value_range[1]) for s in _specs(cfg.baseline) if s.name == "input_ids" and s.value_range),
+                 None)
+    if str(cfg.prompts).startswith("random"):
+        raise InvalidInputError(format_message("--generate", f"--data {cfg.prompts}",
+                                               "prompts: an .npz of input_ids [N, T] (or prompts:FILE...)"))
+    return load_prompts(cfg.prompts, vocab)[0]
+
+
+def generate_compare(cfg: GenerateConfig) -> list[GenerationResult]:
+    """Greedy generation with the baseline and every candidate on the same prompts, one model open at a time.
+
+    Returns:
+        One result per candidate, in order.
+
+    Raises:
+        InvalidInputError: See :func:`check_generate`.
+    """
+    prompts = check_generate(cfg)
+    start = time.perf_counter()
+    sizes = cfg.latency_batch_sizes or tuple(sorted({1, min(DEFAULT_LATENCY_BATCH, prompts.count)}))
+    base = _Model(cfg.baseline).open(cfg.providers)
+    ref = base.decode(prompts, cfg.tokens, cfg.batch_size)
+    base_latency = {b: time_decode(base, prompts, cfg.tokens, b) for b in sizes}
+    base.close()
+    results = []
+    for path in cfg.candidates:
+        cand = _Model(path).open(cfg.providers)
+        free = cand.decode(prompts, cfg.tokens, cfg.batch_size)
+        forced = cand.decode(prompts, cfg.tokens, cfg.batch_size, forced=ref.tokens)
+        results.append(GenerationResult(
+            candidate=path, tokens=cfg.tokens, prompts=prompts.count,
+            first_divergence=first_divergence(ref.tokens, free.tokens),
+            token_agreement=float(np.mean(forced.tokens == ref.tokens)),
+            step_cosine=step_cosines(ref.logits, forced.logits),
+            ppl_baseline=perplexity(ref.logits, ref.tokens), ppl_candidate=perplexity(forced.logits, ref.tokens),
+            latency={b: {"baseline": base_latency[b], "candidate": time_decode(cand, prompts, cfg.tokens, b)}
+                     for b in sizes}))
+        cand.close()
+    logger.info("generation of %d tokens for %d prompts with %d model(s) took %.1f s", cfg.tokens, prompts.count,
+                1 + len(cfg.candidates), time.perf_counter() - start)
+    return results
+
+
+def _specs(path: str) -> list[Any]:
+    from mpinfer.modelio import load_onnx
+    from mpinfer.specs import specs_from_onnx
+
+    return specs_from_onnx(load_onnx(Path(path), load_external_data=False))
+
+
+def generate_config(compare: Any, tokens: int) -> GenerateConfig:
+    """The generation settings of ``mpinfer compare --generate`` (from its CompareConfig), checked at once.
+
+    Raises:
+        InvalidInputError: No ``--data``, or see :func:`check_generate`.
+    """
+    if not compare.data:
+        raise InvalidInputError(format_message("--generate", "no --data", "--data prompts.npz (input_ids [N, T])"))
+    cfg = GenerateConfig(baseline=str(compare.baseline), candidates=tuple(compare.candidates),
+                         prompts=str(compare.data), tokens=tokens, batch_size=compare.batch_size or 16,
+                         latency_batch_sizes=tuple(compare.batch_sizes or ()))
+    check_generate(cfg)
+    return cfg

@@ -1,0 +1,108 @@
+"""compare --generate: greedy generation metrics through ONNX Runtime, and the CLI from export to compare."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+
+import numpy as np
+import onnx
+import pytest
+
+from mpinfer.compare.generate import GenerateConfig, first_divergence, generate_compare, perplexity, step_cosines
+from mpinfer.errors import InvalidInputError
+from mpinfer.export import ExportConfig, export_onnx
+from tests.conftest import assert_user_error
+from tests.kv_models import llama_folder, prompts_npz
+
+pytest.importorskip("transformers", reason="the hf extra (transformers) is not installed")
+
+TOKENS = 8
+
+
+@pytest.fixture(scope="module")
+def decoders(tmp_path_factory):
+    """Two tiny Llamas with different weights, exported with their KV cache, and prompts for them."""
+    tmp = tmp_path_factory.mktemp("gen")
+    paths = []
+    for seed in (0, 1):
+        folder = llama_folder(tmp / f"llama{seed}", seed=seed)
+        paths.append(export_onnx(ExportConfig(source=str(folder), output=tmp / f"llama{seed}.onnx")).path)
+    return paths[0], paths[1], prompts_npz(tmp / "prompts.npz")
+
+
+def test_identical_models_agree_on_every_token(decoders):
+    base, _, prompts = decoders
+    (res,) = generate_compare(GenerateConfig(str(base), (str(base),), str(prompts), TOKENS, batch_size=4))
+    m = res.metrics()
+    assert res.first_divergence == [TOKENS] * 6 and m["first_divergence_min"] == TOKENS
+    assert m["token_agreement"] == 1.0
+    eps = float(np.finfo(np.float32).eps)  # same session, same inputs: equal up to rounding
+    assert m["step_cosine_min"] >= 1 - 16 * eps and abs(m["ppl_ratio"] - 1) <= 16 * eps
+    assert len(res.step_cosine) == TOKENS
+    assert set(res.latency) == {1, 6}
+    for who in ("baseline", "candidate"):
+        assert res.latency[6][who]["prefill_ms"] > 0 and res.latency[6][who]["decode_tokens_per_s"] > 0
+
+
+def test_a_different_model_diverges_and_is_measured_so(decoders):
+    base, other, prompts = decoders
+    (res,) = generate_compare(GenerateConfig(str(base), (str(other),), str(prompts), TOKENS,
+                                             latency_batch_sizes=(2,)))
+    m = res.metrics()
+    assert m["token_agreement"] < 0.5 and m["first_divergence_min"] < TOKENS
+    assert m["step_cosine_min"] < 0.9 and m["ppl_ratio"] > 1
+    assert set(res.latency) == {2}
+
+
+def test_metric_helpers_on_known_values():
+    ref = np.array([[1, 2, 3, 4], [1, 2, 3, 4]])
+    assert first_divergence(ref, np.array([[1, 2, 3, 4], [1, 9, 3, 4]])) == [4, 1]
+    uniform = np.zeros((1, 3, 5))
+    assert math.isclose(perplexity(uniform, np.zeros((1, 3), np.int64)), 5.0, rel_tol=1e-12)
+    logits = np.random.default_rng(0).normal(size=(2, 3, 7))
+    assert step_cosines(logits, logits) == pytest.approx([1.0] * 3, rel=1e-12)
+    assert step_cosines(logits, -logits) == pytest.approx([-1.0] * 3, rel=1e-12)
+
+
+def test_generate_needs_a_kv_cache_model(tmp_path, decoders):
+    base, _, prompts = decoders
+    folder = llama_folder(tmp_path / "plain")
+    plain = export_onnx(ExportConfig(source=str(folder), output=tmp_path / "plain.onnx", past=False,
+                                     exporter="torchscript")).path
+    with pytest.raises(InvalidInputError, match="without a KV cache"):
+        generate_compare(GenerateConfig(str(base), (str(plain),), str(prompts), 2))
+
+
+def test_cli_export_convert_with_prompts_and_budget_then_compare_generate(tmp_path, invoke):
+    """The issue's 'done when': a tiny causal LM goes export (KV cache) -> convert (prompts, budget) ->
+    compare --generate, through the CLI."""
+    start = time.perf_counter()
+    folder = llama_folder(tmp_path / "llama")
+    prompts = prompts_npz(tmp_path / "prompts.npz")
+    m32, m16, report = tmp_path / "m.onnx", tmp_path / "m.fp16.onnx", tmp_path / "report"
+    r = invoke("export", folder, "-o", m32)
+    assert r.exit_code == 0, r.output
+    assert "past_key_values.0.key" in {i.name for i in onnx.load(str(m32)).graph.input}
+    r = invoke("convert", m32, "-o", m16, "--calibration", f"prompts:{prompts}:steps=4", "--budget", "cosine>=0.99")
+    assert r.exit_code == 0, r.output
+    plan = json.loads((tmp_path / "m.fp16.plan.json").read_text())
+    assert plan["calibration"]["kind"] == "prompts" and plan["calibration"]["samples"] == 6 * 5
+    r = invoke("compare", m32, m16, "--data", prompts, "--generate", TOKENS, "--no-divergence", "--report", report)
+    assert r.exit_code == 0, r.output
+    assert "Generation (greedy, ONNX Runtime)" in r.output and "decode tokens/s" in r.output
+    (gen,) = json.loads((report / "report.json").read_text())["data"]["generation"]
+    assert gen["tokens"] == TOKENS and gen["prompts"] == 6 and len(gen["step_cosine"]) == TOKENS
+    assert 0 <= gen["metrics"]["token_agreement"] <= 1 and gen["metrics"]["step_cosine_min"] >= 0.99
+    assert "## Generation" in (report / "report.md").read_text()
+    assert "<h2>Generation (greedy, ONNX Runtime)</h2>" in (report / "index.html").read_text()
+    assert time.perf_counter() - start < 90
+
+
+def test_cli_generate_without_data_is_a_user_error(invoke, decoders):
+    base, _, _ = decoders
+    r = invoke("compare", base, base, "--generate", "4", "--no-divergence")
+    assert_user_error(r, "--generate: received no --data")
+    r = invoke("compare", base, base, "--generate", "4", "--data", "random:2")
+    assert_user_error(r, "--generate: received --data random:2")
