@@ -174,6 +174,9 @@ def convert_precision(cfg: ConvertConfig) -> ConvertResult:
     verified = None
     if cfg.plan is not None:
         plan = _read_plan(cfg, info, sha)
+        from mpinfer.precision.planner import rewrite_planned_masks
+
+        rewrite_planned_masks(info, plan.nodes, plan.precision)  # the attention masks the plan rewrites
         expected, search_cost = plan.summary.get("expected_error", {}), plan.summary.get("search")
         edited = plan.mark_edits()
         if edited is not None:  # its numbers are the plan's as written: not this model's
