@@ -186,16 +186,17 @@ def _mask_constants(nodes: list[Any], initializers: Sequence[Any]) -> set[str]:
 
     from mpinfer.precision.masks import MASK_SENTINEL
 
-    tensors = [(t.name, t) for t in initializers if t.data_type == TensorProto.FLOAT]
+    floats = (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16)
+    tensors = [(t.name, t) for t in initializers if t.data_type in floats]
     for n in nodes:
         if n.op_type == "Constant" and n.output:
             value = next((a.t for a in n.attribute if a.name == "value"), None)
-            if value is not None and value.data_type == TensorProto.FLOAT:
+            if value is not None and value.data_type in floats:
                 tensors.append((n.output[0], value))
     out = set()
     for name, t in tensors:
         if 0 < int(np.prod(t.dims)) <= MASK_CONST_MAX_ELEMENTS or not t.dims:
-            arr = numpy_helper.to_array(t)
+            arr = numpy_helper.to_array(t).astype(np.float32)
             finite = arr[np.isfinite(arr)]
             if finite.size and float(finite.min()) <= MASK_SENTINEL:
                 out.add(name)
