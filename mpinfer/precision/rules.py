@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from mpinfer.modelio import NodeRef
-from mpinfer.precision.graphinfo import DEFAULT_DOMAINS, FLOAT, SHAPE_INPUTS, GraphInfo
+from mpinfer.precision.graphinfo import CONTRIB_SLOTS, DEFAULT_DOMAINS, FLOAT, SHAPE_INPUTS, GraphInfo
 from mpinfer.precision.tensorstats import sum_of_squares
 from mpinfer.specs import Precision
 
@@ -224,6 +224,8 @@ class DomainRule(NodeRule):
     def decide(self, ref: NodeRef, ctx: RuleContext) -> Decision | None:
         """The verdict for ``ref``, or None when the rule does not apply."""
         node = ref.node
+        if (node.domain, node.op_type) in CONTRIB_SLOTS:
+            return None  # a contrib op mpinfer knows (its float slots and its strict kernel)
         if node.domain not in DEFAULT_DOMAINS and node.domain != "ai.onnx.ml":
             return Decision(Kind.KEEP, "custom-domain", f"op {node.op_type} of custom domain '{node.domain}'")
         if ctx.info.schema(node) is None:
@@ -440,6 +442,7 @@ FP32_ACCUMULATING_OPS: dict[str, tuple[str, int] | None] = {
     "RMSNormalization": ("stash_type", 1),
     "Softmax": None,
     "LogSoftmax": None,
+    "SkipLayerNormalization": None,  # com.microsoft: ONNX Runtime's kernels keep mean and variance in float32
 }
 
 
@@ -456,7 +459,8 @@ class Fp32AccumulationRule(NodeRule):
     def decide(self, ref: NodeRef, ctx: RuleContext) -> Decision | None:
         """The verdict for ``ref``, or None when the rule does not apply."""
         node = ref.node
-        if node.op_type not in FP32_ACCUMULATING_OPS or node.domain not in DEFAULT_DOMAINS or not ctx.stats:
+        known = node.domain in DEFAULT_DOMAINS or (node.domain, node.op_type) in CONTRIB_SLOTS
+        if node.op_type not in FP32_ACCUMULATING_OPS or not known or not ctx.stats:
             return None
         attr = FP32_ACCUMULATING_OPS[node.op_type]
         if attr is not None:
@@ -467,7 +471,7 @@ class Fp32AccumulationRule(NodeRule):
         prefix = ref.address[: len(ref.address) - len(node.name)]
         if x not in ctx.mask_tensors and ctx.stats.get(prefix + x) is None and ctx.stats.get(x) is None:
             return None
-        how = "with stash_type=1 computes its mean and variance" if attr else "kernels keep their max and sum"
+        how = "with stash_type=1 computes its mean and variance" if attr else "kernels keep their statistics"
         return Decision(
             Kind.LOW,
             "rule:fp32-accumulate",

@@ -293,3 +293,33 @@ def test_hints_never_keep_the_qk_matmul_fp32_for_a_mask_add(tmp_path):
     split = [h for h in speed_hints(old.model, {n.name: {"reason": n.reason} for n in old.nodes})
              if h.node == "mask_add"]
     assert split and all("--keep-node 'qk'" not in h.fix and "rewrite:mask" in h.fix for h in split)
+
+
+def _skip_ln_model() -> onnx.ModelProto:
+    """x @ w -> com.microsoft SkipLayerNormalization(h, x, gamma, beta) -> @ w2 (an ORT-optimized encoder's shape)."""
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["h"], name="mm"),
+        helper.make_node("SkipLayerNormalization", ["h", "x", "g", "b"], ["n"], name="skip_ln",
+                         domain="com.microsoft", epsilon=1e-5),
+        helper.make_node("MatMul", ["n", "w2"], ["y"], name="mm2"),
+    ]
+    inits = [init("w", rng_w(D, D, seed=10)), init("w2", rng_w(D, D, seed=11)), init("g", 1 + rng_w(D, seed=12)),
+             init("b", rng_w(D, seed=13))]
+    graph = helper.make_graph(nodes, "g", [fvi("x", ["batch", S, D])], [fvi("y", ["batch", S, D])], inits)
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    return helper.make_model(graph, opset_imports=opsets, ir_version=8)
+
+
+def test_skip_layer_norm_goes_low_with_calibration(tmp_path):
+    x = np.random.default_rng(4).standard_normal((8, S, D)).astype(np.float32)
+    src, res, plan = _convert(tmp_path, _skip_ln_model(), {"x": x})
+    assert (plan["skip_ln"].precision, plan["skip_ln"].reason) == (Precision.FP16, "rule:fp32-accumulate")
+    assert res.plan.summary["cast_count"] == 2  # x in, y out
+    check = x[:2]
+    (ref,) = run_ort(src, {"x": check})
+    (got,) = run_ort(res.output, {"x": check})
+    strict = GraphEmulator(onnx.load(str(res.output)), follow_input_dtypes=True).run({"x": check}).outputs["y"]
+    # the normalized values (|n| <~ 4) round to FP16 and feed a 16-long dot product
+    tol = 4 * FP16_EPS * np.sqrt(D) * np.abs(ref).max()
+    np.testing.assert_allclose(got, ref, atol=tol)
+    np.testing.assert_allclose(strict, ref, atol=tol)

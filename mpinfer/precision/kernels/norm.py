@@ -170,6 +170,26 @@ def rms_norm(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
     return [(num.r(r(v / rms)) * x[1]).astype(v.dtype, copy=False)]
 
 
+def skip_layer_norm(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
+    """com.microsoft SkipLayerNormalization: s = input + skip (+ bias), then LayerNorm(s) over the last axis.
+
+    The sum is rounded (it is also the optional 4th output); mean and variance are float32 as in ONNX Runtime's
+    kernels. Outputs: y, mean, inverse standard deviation, the sum.
+    """
+    v, skip, gamma = x[0], x[1], x[2]
+    beta = x[3] if len(x) > 3 else None
+    bias = x[4] if len(x) > 4 else None
+    total = num.r(v + skip)
+    if bias is not None:
+        total = num.r(total + bias)
+    stats = Numerics(Precision.FP32) if num.low else num
+    y, mean, inv = _normalize(total, (total.ndim - 1,), n.get("epsilon", 1e-12), stats)
+    y = num.r(num.r(y) * gamma)
+    if beta is not None:
+        y = y + beta
+    return [y.astype(v.dtype, copy=False), mean, inv, total.astype(v.dtype, copy=False)]
+
+
 def batch_norm(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
     """BatchNormalization (inference): folded to y = x * a + b, a and b computed in FP32, then rounded."""
     if n.get("training_mode", 0) or len(n.node.output) > 1:
@@ -248,6 +268,7 @@ KERNELS = {
     "Softmax": softmax,
     "LogSoftmax": log_softmax,
     "LayerNormalization": layer_norm,
+    "com.microsoft::SkipLayerNormalization": skip_layer_norm,
     "RMSNormalization": rms_norm,
     "BatchNormalization": batch_norm,
     "InstanceNormalization": instance_norm,
