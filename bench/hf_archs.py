@@ -183,20 +183,26 @@ def run_vs_autocast(name: str, folder: Path, args: argparse.Namespace) -> list[d
 
 
 def _measured(cmd: list[str], root: str) -> dict[str, Any]:
-    """Wall time and peak RSS (wait4) of one command run in ``root`` (``python -m`` imports from there first)."""
-    import os
+    """Wall time and peak RSS of one command run in ``root`` (``python -m`` imports from there first).
 
+    The peak comes from GNU time's ``%M`` (wait4 in a small parent): a child forked from this process would
+    report this process's own peak, since Linux carries the forked parent's high-water mark over ``exec``.
+    """
+    import os
+    import shutil
+
+    timer = shutil.which("time") or ""
+    full = [timer, "-f", "peak_kb=%M", *cmd] if timer else cmd
     start = time.perf_counter()
-    env = {**os.environ, "PYTHONPATH": root}
-    proc = subprocess.Popen(cmd, env=env, cwd=root, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    err = proc.stderr.read() if proc.stderr else ""
-    _, status, usage = os.wait4(proc.pid, 0)
-    wall = time.perf_counter() - start
-    out: dict[str, Any] = {"wall_s": round(wall, 1), "peak_rss_mb": round(usage.ru_maxrss / 1024)}
-    out["ok"] = os.waitstatus_to_exitcode(status) == 0
-    if not out["ok"]:
-        out["error"] = (err.strip().splitlines() or ["no output"])[-1][:200]
-    return out
+    out = subprocess.run(full, env={**os.environ, "PYTHONPATH": root}, cwd=root, capture_output=True, text=True)
+    row: dict[str, Any] = {"wall_s": round(time.perf_counter() - start, 1), "ok": out.returncode == 0}
+    lines = out.stderr.strip().splitlines()
+    peak = [ln for ln in lines if ln.startswith("peak_kb=")]
+    if peak:
+        row["peak_rss_mb"] = round(int(peak[-1].split("=")[1]) / 1024)
+    if out.returncode:
+        row["error"] = ([ln for ln in lines if not ln.startswith("peak_kb=")] or ["no output"])[-1][:200]
+    return row
 
 
 def _strict_outputs(path: Path, feeds: dict[str, Any]) -> dict[str, Any]:
