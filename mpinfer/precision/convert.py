@@ -254,6 +254,9 @@ class _Planned:
 def _reapply(cfg: ConvertConfig, opts: Options, info: Any, sha: str) -> _Planned:
     """The plan of ``--plan``, with explicit ``--keep-io-types``/``--opset`` applied to it."""
     plan = _read_plan(cfg, info, sha)
+    from mpinfer.precision.planner import rewrite_planned_masks
+
+    rewrite_planned_masks(info, plan.nodes, plan.precision)  # the attention masks the plan rewrites
     plan.keep_io_types = opts.keep_io_types
     expected, search_cost = plan.summary.get("expected_error", {}), plan.summary.get("search")
     edited = plan.mark_edits()
