@@ -230,7 +230,7 @@ def parse_checks(text: str) -> Checks:
         except ValueError as err:
             raise InvalidInputError(format_message(f"Check '{raw}'", f"value '{m.group(3)}'", "a number")) from err
         if math.isnan(value):
-            raise InvalidInputError(format_message(f"Check '{raw}'", "the value nan", "a number (nan fails every check)"))
+            raise InvalidInputError(format_message(f"Check '{raw}'", "the value nan", "a number (nan meets nothing)"))
         if colon and not selector.strip():
             raise InvalidInputError(format_message(f"Check '{raw}'", "an empty output name before ':'",
                                                    "OUTPUT:metric<op>number, or no ':' for every output"))
