@@ -260,12 +260,15 @@ def test_many_tensors_take_several_passes_with_the_same_result(exported, monkeyp
     several = calibrate(model, iter(batches), progress=False)  # a one-shot iterator, read once per pass
     assert set(several) == set(one_pass) and len(one_pass) > 20
     assert several.source["batches"] == 2
+    n, stages = onnx_reductions(model)
     for name in one_pass:  # ORT fuses differently when other tensors are outputs: float noise only
         a, b = several[name], one_pass[name]
         assert a.count == b.count and a.finite == b.finite, name
+        # absolute noise at the tensor's scale (a value near zero, min_nonzero, moves as much as a large one)
+        tol = network_atol(n=n, stages=stages, magnitude=max(b.absmax, 1.0))
         for key in ("absmax", "mean_abs", "min_nonzero", "fp16_overflow_frac", "fp16_subnormal_frac"):
             want = getattr(b, key)
-            assert getattr(a, key) == (want if want is None else pytest.approx(want, rel=1e-3, abs=1e-6)), key
+            assert getattr(a, key) == (want if want is None else pytest.approx(want, rel=0, abs=tol)), key
         assert a.p999 == pytest.approx(b.p999, rel=0.07), name
 
 
