@@ -41,7 +41,7 @@ def test_clean_step_applies_unscaled_gradients():
     outcome = scaler.step(opt, step=0)
     assert outcome.applied and outcome.scale == 1024.0 and scaler.skipped == 0
     # the step w - 0.1 g: torch's fused add against the two roundings here, each within 3 half-ulps
-    magnitude = float((ref.weight.abs() + 0.1 * ref.weight.grad.abs()).max())
+    magnitude = float((ref.weight.abs() + 0.1 * ref.weight.grad.abs()).max().detach())
     stepped = ref.weight - 0.1 * ref.weight.grad
     assert torch.allclose(model.weight, stepped, rtol=0, atol=reorder_atol(n=2, magnitude=magnitude))
 
