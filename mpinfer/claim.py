@@ -169,8 +169,11 @@ def _stale(info: dict[str, Any] | None, fd: int) -> bool:
     return not pid_alive(int(info["pid"]))
 
 
-def _acquire(output: Path, info: dict[str, Any]) -> _Lock:
-    """Create (or reclaim) ``output``'s lock file; raise OutputBusyError when a live run holds it."""
+def _acquire(output: Path, info: dict[str, Any], told: set[Any]) -> _Lock:
+    """Create (or reclaim) ``output``'s lock file; raise OutputBusyError when a live run holds it.
+
+    A reclaimed lock is logged once per gone process (``told`` holds the pids already named).
+    """
     path = lock_path(output)
     for _ in range(100):  # a lock released and re-created under us: look again
         try:
@@ -194,7 +197,11 @@ def _acquire(output: Path, info: dict[str, Any]) -> _Lock:
         if not _same_file(fd, path):
             os.close(fd)
             continue
-        logger.warning("Reclaimed the lock of '%s' left by %s, which is gone", output, _describe(old))
+        holder = (old or {}).get("pid")
+        if holder not in told:
+            told.add(holder)
+            logger.warning("Took over the outputs of %s, which is gone: '%s'", _describe(old),
+                           "', '".join((old or {}).get("outputs") or [str(output)]))
         lock = _Lock(output, fd, info)
         lock.record()
         _finish_publish(old)
@@ -478,6 +485,7 @@ def claim_outputs(
         "outputs": [str(p) for p in paths],
     }
     locks: list[_Lock] = []
+    told: set[Any] = set()
     made: list[Path] = []  # folders this claim created: removed again when nothing was published into them
     claim = None
     try:
@@ -485,7 +493,7 @@ def claim_outputs(
             check_writable_location(p.parent, p)  # (a file in the way, a read-only place: the usual message)
             made += _missing_folders(p.parent)
             make_dirs(p.parent, p)
-            locks.append(_acquire(p, info))
+            locks.append(_acquire(p, info, told))
         for p in paths:
             sweep_temps(p)
         claim = OutputClaim(paths, locks, force, [Path(p).resolve() for p in replaceable])
