@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from mpinfer import __version__
-from mpinfer.claim import claim_outputs, discard, sweep_temps
+from mpinfer.claim import claim_outputs
 from mpinfer.errors import InvalidInputError, MpinferError, format_message
-from mpinfer.fileio import make_dirs, sha256_file, write_json_atomic
+from mpinfer.fileio import discard, make_dirs, sha256_file, sweep_temps, write_json_atomic
 
 logger = logging.getLogger(__name__)
 
