@@ -10,6 +10,17 @@ Weights are random (seeded), so the errors show the conversion's numerics, not a
 bench/published.py for published models on their task.
 
     PYTHONPATH=$PWD .venv/bin/python bench/hf_archs.py [--models bert_cls,llama] [--out bench/out/hf_archs]
+
+``--vs-autocast PY`` runs the attention models instead (BERT-base, MiniLM and a small Llama decoder, from
+their configs): the exported model through ``mpinfer convert`` (calibration on padded random batches) and
+through ModelOpt AutoCast (``PY``: a python with nvidia-modelopt[onnx]; bench/precision.py's worker, defaults,
+keep_io_types), each in its own process (wall time, peak RSS), then Casts, FP16 share of the Conv/MatMul/Gemm
+FLOPs and strict-numerics accuracy (mpinfer's emulator, every low node's arithmetic in FP16) against FP32 on
+held-out padded batches. ``--before ROOT`` adds the same convert run with the mpinfer package found in ROOT
+(e.g. an earlier checkout).
+
+    PYTHONPATH=$PWD .venv/bin/python bench/hf_archs.py --vs-autocast .venv-modelopt/bin/python \
+        [--models bert_base,minilm,llama_small] [--before /tmp/mpinfer-0d5421e] [--samples 16] [--seq 64]
 """
 
 from __future__ import annotations
@@ -65,6 +76,20 @@ def builders() -> dict[str, Callable[[], Any]]:
     }
 
 
+def attention_builders() -> dict[str, Callable[[], Any]]:
+    """The --vs-autocast models: BERT-base, MiniLM (BERT 384 x 12) and a 4-layer Llama with grouped KV heads."""
+    import transformers as t
+
+    return {
+        "bert_base": lambda: t.BertModel(t.BertConfig()),
+        "minilm": lambda: t.BertModel(t.BertConfig(hidden_size=384, num_hidden_layers=12, num_attention_heads=12,
+                                                   intermediate_size=1536)),
+        "llama_small": lambda: t.LlamaForCausalLM(t.LlamaConfig(hidden_size=256, intermediate_size=1024,
+                                                                num_hidden_layers=4, num_attention_heads=8,
+                                                                num_key_value_heads=2)),
+    }
+
+
 def _cli(*args: str) -> float:
     """Run ``mpinfer ARGS`` (quiet); its wall time. Raises with its output when it fails."""
     start = time.perf_counter()
@@ -102,6 +127,117 @@ def run_model(name: str, folder: Path) -> dict[str, Any]:
     return row
 
 
+def _padded_batch(onnx_path: Path, vocab: int, samples: int, seq: int, seed: int) -> dict[str, Any]:
+    """Random token ids with right padding (each sample keeps 50-100 % of ``seq``), for every model input."""
+    import numpy as np
+    import onnx
+
+    rng = np.random.default_rng(seed)
+    keep = rng.integers(seq // 2, seq + 1, size=samples)
+    mask = (np.arange(seq)[None, :] < keep[:, None]).astype(np.int64)
+    feeds = {"input_ids": rng.integers(0, vocab, size=(samples, seq), dtype=np.int64), "attention_mask": mask,
+             "token_type_ids": np.zeros((samples, seq), np.int64)}
+    names = [i.name for i in onnx.load(str(onnx_path), load_external_data=False).graph.input]
+    return {n: feeds[n] for n in names}
+
+
+def run_vs_autocast(name: str, folder: Path, args: argparse.Namespace) -> list[dict[str, Any]]:
+    """One attention model: export, convert (mpinfer now, mpinfer --before, AutoCast), evaluate each strictly."""
+
+    import numpy as np
+    import torch
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    import precision as bp  # bench/precision.py: the AutoCast worker, metrics, FP16 share and casts
+
+    torch.manual_seed(0)
+    model = attention_builders()[name]().eval()
+    hf, src = folder / f"{name}_hf", folder / f"{name}.onnx"
+    if not src.exists():
+        model.save_pretrained(hf)
+        _cli("export", str(hf), "-o", str(src), "--force")
+    vocab = model.config.vocab_size
+    del model
+    cal = folder / f"{name}.cal.npz"
+    np.savez(cal, **_padded_batch(src, vocab, args.samples, args.seq, seed=0))
+    feeds = _padded_batch(src, vocab, args.samples, args.seq, seed=123)
+    runs = [("mpinfer", str(ROOT))] + ([("mpinfer-before", str(args.before))] if args.before else [])
+    rows = []
+    for tool, root in runs:
+        dst = folder / f"{name}.{tool}.onnx"
+        cmd = [sys.executable, "-m", "mpinfer", "-q", "convert", str(src), "-o", str(dst), "--calibration",
+               str(cal), "--force"]
+        rows.append({"model": name, "tool": tool, **_measured(cmd, root), "dst": dst})
+    dst = folder / f"{name}.autocast.onnx"
+    rows.append({"model": name, "tool": "autocast", **bp.launch("modelopt", src, dst, cal, args.vs_autocast),
+                 "dst": dst})
+    shapes = {k: v.shape for k, v in feeds.items()}
+    ref = _strict_outputs(src, feeds)
+    for row in rows:
+        dst = row.pop("dst")
+        if row["ok"]:
+            row.update(bp.fp16_share_and_casts(src, dst, shapes))
+            got = _strict_outputs(dst, feeds)
+            row["strict"] = {n: bp.metrics([ref[n]], [got[n]]) for n in ref}
+    return rows
+
+
+def _measured(cmd: list[str], root: str) -> dict[str, Any]:
+    """Wall time and peak RSS of one command run in ``root`` (``python -m`` imports from there first).
+
+    The peak comes from GNU time's ``%M`` (wait4 in a small parent): a child forked from this process would
+    report this process's own peak, since Linux carries the forked parent's high-water mark over ``exec``.
+    """
+    import os
+    import shutil
+
+    timer = shutil.which("time") or ""
+    full = [timer, "-f", "peak_kb=%M", *cmd] if timer else cmd
+    start = time.perf_counter()
+    out = subprocess.run(full, env={**os.environ, "PYTHONPATH": root}, cwd=root, capture_output=True, text=True)
+    row: dict[str, Any] = {"wall_s": round(time.perf_counter() - start, 1), "ok": out.returncode == 0}
+    lines = out.stderr.strip().splitlines()
+    peak = [ln for ln in lines if ln.startswith("peak_kb=")]
+    if peak:
+        row["peak_rss_mb"] = round(int(peak[-1].split("=")[1]) / 1024)
+    if out.returncode:
+        row["error"] = ([ln for ln in lines if not ln.startswith("peak_kb=")] or ["no output"])[-1][:200]
+    return row
+
+
+def _strict_outputs(path: Path, feeds: dict[str, Any]) -> dict[str, Any]:
+    """Every output of ``path`` under strict numerics, batch by batch of 4 samples (memory stays bounded)."""
+    import numpy as np
+
+    from mpinfer.backends.strict import StrictRunner
+
+    n = len(next(iter(feeds.values())))
+    parts: dict[str, list[Any]] = {}
+    with StrictRunner(path) as runner:
+        for i in range(0, n, 4):
+            for k, v in runner.infer({k: v[i : i + 4] for k, v in feeds.items()}).items():
+                parts.setdefault(k, []).append(np.asarray(v, np.float32))
+    return {k: np.concatenate(v) for k, v in parts.items()}
+
+
+def markdown_vs_autocast(rows: list[dict[str, Any]]) -> str:
+    """The --vs-autocast table: per model and tool, Casts, FP16 FLOPs, strict cosine (min over outputs), max abs."""
+    lines = ["| model | tool | Casts | FP16 share of FLOPs | strict cosine (min over outputs) | strict max abs "
+             "(max over outputs) | convert wall s | peak RSS MB |", "|" + "---|" * 8]
+    for r in rows:
+        if not r.get("ok"):
+            lines.append(f"| {r['model']} | {r['tool']} | | | | | {r.get('wall_s', '')} | failed: "
+                         f"{r.get('error', '')[:100]} |")
+            continue
+        errs = list(r["strict"].values())
+        lines.append(
+            f"| {r['model']} | {r['tool']} | {r['casts']} | {r['fp16_flops']:.1%} | "
+            f"{min(e['cosine'] for e in errs):.7f} | {max(e['max_abs'] for e in errs):.3g} | {r['wall_s']} | "
+            f"{r.get('peak_rss_mb', '')} |"
+        )
+    return "\n".join(lines)
+
+
 def markdown(rows: list[dict[str, Any]]) -> str:
     """The results table."""
     lines = ["| model | class | outputs | export s | convert s | compare s | FP16 FLOPs | Casts | max abs | cosine "
@@ -125,8 +261,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default=",".join(builders()), help="comma-separated subset")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "hf_archs")
+    ap.add_argument("--vs-autocast", metavar="PY", help="python with nvidia-modelopt: the attention models vs AutoCast")
+    ap.add_argument("--before", type=Path, help="a root whose mpinfer package is run as 'mpinfer-before'")
+    ap.add_argument("--samples", type=int, default=16, help="calibration and evaluation samples (--vs-autocast)")
+    ap.add_argument("--seq", type=int, default=64, help="sequence length (--vs-autocast)")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.vs_autocast:
+        main_vs_autocast(args)
+        return
     rows = []
     for name in args.models.split(","):
         try:
@@ -137,6 +280,20 @@ def main() -> None:
     (args.out / "hf_archs.json").write_text(json.dumps(rows, indent=1))
     table = markdown(rows)
     (args.out / "hf_archs.md").write_text(table + "\n")
+    print(table)
+
+
+def main_vs_autocast(args: argparse.Namespace) -> None:
+    """The --vs-autocast run: one model at a time (one heavy process at a time), rows printed as they come."""
+    names = args.models.split(",") if args.models != ",".join(builders()) else list(attention_builders())
+    rows: list[dict[str, Any]] = []
+    for name in names:
+        for row in run_vs_autocast(name, args.out, args):
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    (args.out / "vs_autocast.json").write_text(json.dumps(rows, indent=1))
+    table = markdown_vs_autocast(rows)
+    (args.out / "vs_autocast.md").write_text(table + "\n")
     print(table)
 
 

@@ -77,7 +77,7 @@ class LazyGroup(click.Group):
                 formatter.write_dl(rows)
 
     def invoke(self, ctx: click.Context) -> Any:
-        """Run the subcommand; turn MpinferError into ``Error: ...`` and exit code 1."""
+        """Run the subcommand; turn MpinferError into ``Error: ...`` and exit code 1, Ctrl-C into exit code 130."""
         try:
             return super().invoke(ctx)
         except MpinferError as err:
@@ -85,6 +85,28 @@ class LazyGroup(click.Group):
                 raise
             click.echo(f"Error: {err}", err=True)
             ctx.exit(1)
+        except KeyboardInterrupt as err:
+            if _debug_enabled(ctx):
+                raise
+            click.echo(f"\nInterrupted. {_interrupted(ctx, err)}", err=True)
+            ctx.exit(INTERRUPTED_EXIT_CODE)
+
+
+# Exit status after Ctrl-C: 128 + SIGINT, as a shell reports an interrupted program.
+INTERRUPTED_EXIT_CODE = 130
+# Commands that publish their outputs only when complete (see mpinfer.claim): Ctrl-C leaves nothing of them.
+PUBLISH_AT_END = ("export", "convert", "build-engine", "compare", "report")
+
+
+def _interrupted(ctx: click.Context, err: KeyboardInterrupt) -> str:
+    """What an interrupted command kept and how to resume it (the API's own words where it gave some)."""
+    if str(err):
+        return str(err)
+    from mpinfer.claim import command_line
+
+    if ctx.invoked_subcommand in PUBLISH_AT_END:
+        return f"Nothing was written (outputs are published only when complete). Start again with: {command_line()}"
+    return f"Run it again with: {command_line()}"
 
 
 def _configure_logging(verbose: int, quiet: int) -> None:

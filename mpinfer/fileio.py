@@ -18,6 +18,9 @@ from typing import Any
 
 from mpinfer.errors import InvalidInputError, MpinferError, format_message
 
+# Suffix of every temporary file and folder (after the owner's pid and a random part, see temp_prefix).
+TEMP_SUFFIX = ".tmp"
+
 
 def check_output_path(
     output: str | os.PathLike[str],
@@ -131,6 +134,15 @@ def make_dirs(folder: str | os.PathLike[str], what: object = None) -> Path:
     return path
 
 
+def temp_prefix(dest: str | os.PathLike[str]) -> str:
+    """The name every temporary file or folder of ``dest`` starts with: ``.<name>.<pid>.`` (then random, ``.tmp``).
+
+    The owner's pid in the name lets a later run tell a leftover of a killed process (swept, see
+    :func:`mpinfer.claim.sweep_temps`) from the work of a live one (never touched).
+    """
+    return f".{Path(dest).name}.{os.getpid()}."
+
+
 def make_temp_dir(dest: str | os.PathLike[str]) -> Path:
     """A new temporary folder next to the file ``dest`` (its folder created), as a clear error when impossible.
 
@@ -142,7 +154,7 @@ def make_temp_dir(dest: str | os.PathLike[str]) -> Path:
     out = Path(dest)
     make_dirs(out.parent, dest)
     try:
-        return Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+        return Path(tempfile.mkdtemp(prefix=temp_prefix(out), suffix=TEMP_SUFFIX, dir=out.parent))
     except OSError as err:
         raise _unwritable(dest, err, where=out.parent) from err
 
@@ -164,13 +176,13 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     dest = Path(path)
     make_dirs(dest.parent, path)
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
+        fd, tmp = tempfile.mkstemp(prefix=temp_prefix(dest), suffix=TEMP_SUFFIX, dir=dest.parent)
     except OSError as err:
         raise _unwritable(path, err, where=dest.parent) from err
     os.close(fd)
     tmp_path = Path(tmp)
     try:
-        os.chmod(tmp_path, 0o666 & ~_umask())  # mkstemp makes 0600; outputs get the usual permissions
+        os.chmod(tmp_path, user_file_mode())  # mkstemp makes 0600; outputs get the usual permissions
         yield tmp_path
         try:
             os.replace(tmp_path, dest)
@@ -181,10 +193,18 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
             tmp_path.unlink()
 
 
-def _umask() -> int:
-    mask = os.umask(0)
+def user_file_mode() -> int:
+    """The mode of a new file the user creates: ``0o666`` less the process umask (read without changing it)."""
+    try:  # Linux: the umask without the umask(0)/umask(mask) dance, which races with other threads
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return 0o666 & ~int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
     os.umask(mask)
-    return mask
+    return 0o666 & ~mask
 
 
 def write_bytes_atomic(path: str | os.PathLike[str], data: bytes) -> Path:

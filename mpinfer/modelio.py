@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mpinfer.errors import InvalidInputError, ModelLoadError, format_message
-from mpinfer.fileio import make_temp_dir
+from mpinfer.fileio import make_temp_dir, user_file_mode
 
 if TYPE_CHECKING:
     import onnx
@@ -242,10 +242,12 @@ def save_onnx(
         data_name = data_file(out).name
         if external_data:
             save_with_external_data(m, tmp_model, data_name)
-            if (tmpdir / data_name).exists():
+            if (tmpdir / data_name).exists():  # onnx writes it 0600: like any file the user creates instead
+                os.chmod(tmpdir / data_name, user_file_mode())
                 os.replace(tmpdir / data_name, out.parent / data_name)
         else:
             tmp_model.write_bytes(m.SerializeToString(deterministic=True))
+        os.chmod(tmp_model, user_file_mode())
         os.replace(tmp_model, out)
     finally:
         shutil.rmtree(tmpdir, ignore_errors=True)

@@ -15,15 +15,15 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import shutil
 import sys
 import time
-from collections.abc import Callable, Mapping, MutableMapping
+from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from mpinfer import __version__
+from mpinfer.claim import claim_outputs, discard, sweep_temps
 from mpinfer.errors import InvalidInputError, MpinferError, format_message
 from mpinfer.fileio import make_dirs, sha256_file, write_json_atomic
 
@@ -101,6 +101,8 @@ class Stage:
             mistake in a late table fails at once instead of after the earlier stages; None: no check.
         resumable: A failed or interrupted run leaves its (key-named) folder, and the next run with the same
             key gets it back to continue from (train: its last.pt), instead of starting over.
+        data_keys: Keys whose value names a data file or folder when it looks like a path (``random:16`` and
+            ``none`` do not); a missing one is refused, naming the table and key, before any stage runs.
     """
 
     name: str
@@ -108,6 +110,7 @@ class Stage:
     run: Callable[[StagePlan, Path], StageOutput]
     check: Callable[[Mapping[str, Any]], None] | None = None
     resumable: bool = False
+    data_keys: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -241,8 +244,9 @@ def _run_stage(
     out_dir = plan.output_dir or work_dir / ARTEFACT_DIR / f"{stage.name}-{key[:KEY_PREFIX_CHARS]}"
     # Only a key-named folder is kept for resuming: its name says the settings are the same ones.
     resumable = stage.resumable and plan.output_dir is None
+    sweep_temps(out_dir)  # what a killed run was deleting
     if out_dir.exists() and (force or not resumable):  # leftovers of a failed run, a fixed older folder
-        shutil.rmtree(out_dir)  # (--force: a kept folder too, the stage starts over)
+        discard(out_dir)  # (--force: a kept folder too, the stage starts over); all at once, even if killed
     make_dirs(out_dir)
     start = time.perf_counter()
     logger.info("Stage %s: running", stage.name)
@@ -250,7 +254,7 @@ def _run_stage(
         output = stage.run(plan, out_dir)
     except BaseException:
         if not resumable:
-            shutil.rmtree(out_dir, ignore_errors=True)
+            discard(out_dir)
         raise
     seconds = time.perf_counter() - start
     logger.info("Stage %s: done in %.1f s", stage.name, seconds)
@@ -281,6 +285,19 @@ def _settle(
     return StageRun(stage.name, "ran", key, dict(output.artefacts), seconds, dict(output.summary))
 
 
+def unknown_key_error(table: str, unknown: Sequence[str], valid: Iterable[str]) -> InvalidInputError:
+    """The error for keys a TOML table does not have: names the table and key, lists its keys, suggests one."""
+    import difflib
+
+    keys = sorted(valid)
+    close = difflib.get_close_matches(unknown[0], keys, n=1, cutoff=0.6)
+    which = f"key '{unknown[0]}'" if len(unknown) == 1 else f"keys {', '.join(repr(k) for k in unknown)}"
+    hint = f"did you mean '{close[0]}'?" if close else f"remove it, or use one of the keys of [{table}]"
+    return InvalidInputError(
+        format_message(f"Pipeline table [{table}]", f"unknown {which}", f"one of {', '.join(keys)}", hint)
+    )
+
+
 def _check_tables(path: Path, doc: Mapping[str, Any], registry: Mapping[str, Stage]) -> None:
     """Refuse non-table entries, bad [pipeline] keys and (through each stage's check) bad stage tables."""
     for name, value in doc.items():
@@ -296,11 +313,7 @@ def _check_tables(path: Path, doc: Mapping[str, Any], registry: Mapping[str, Sta
     meta = doc.get("pipeline", {})
     unknown = sorted(set(meta) - set(PIPELINE_KEYS))
     if unknown:
-        raise InvalidInputError(
-            format_message(
-                "Pipeline table [pipeline]", f"unknown key(s) {unknown}", f"keys among {list(PIPELINE_KEYS)}"
-            )
-        )
+        raise unknown_key_error("pipeline", unknown, PIPELINE_KEYS)
     for key, value in meta.items():
         if not isinstance(value, str):
             raise InvalidInputError(
@@ -311,6 +324,24 @@ def _check_tables(path: Path, doc: Mapping[str, Any], registry: Mapping[str, Sta
     for name, stage in registry.items():
         if name in doc and stage.check is not None:
             stage.check(doc[name])
+
+
+def _check_data_paths(doc: Mapping[str, Any], registry: Mapping[str, Stage], root: Path) -> None:
+    """Refuse a stage's data path (``[convert] calibration``, ``[compare] data``) that names no file or folder."""
+    for name, stage in registry.items():
+        for key in stage.data_keys:
+            value = doc.get(name, {}).get(key)
+            if not isinstance(value, str) or not ("/" in value or "." in Path(value).name):
+                continue  # random:16, none, a data set's name
+            if not (root / Path(value).expanduser()).exists():
+                raise InvalidInputError(
+                    format_message(
+                        f"Pipeline table [{name}] {key} = {value!r}",
+                        f"no such file or folder ('{root / Path(value).expanduser()}')",
+                        "an existing data file or folder",
+                        "relative paths start from the TOML's folder, or from [pipeline] root when it is set",
+                    )
+                )
 
 
 def run_pipeline(
@@ -345,9 +376,15 @@ def run_pipeline(
         registry = default_stages()
     unknown = sorted(set(doc) - set(registry) - {"pipeline"})
     if unknown:
+        import difflib
+
+        close = difflib.get_close_matches(unknown[0], ["pipeline", *registry], n=1, cutoff=0.6)
         raise InvalidInputError(
             format_message(
-                f"Pipeline file '{path}'", f"table(s) {unknown}", f"tables among {['pipeline', *registry]}"
+                f"Pipeline file '{path}'",
+                f"table(s) {', '.join(f'[{t}]' for t in unknown)}",
+                f"tables among {', '.join(f'[{t}]' for t in ['pipeline', *registry])}",
+                f"did you mean [{close[0]}]?" if close else None,
             )
         )
     if not set(doc) & set(registry):
@@ -366,19 +403,39 @@ def run_pipeline(
                 "it is relative to the TOML's folder; omit it to use that folder",
             )
         )
+    _check_data_paths(doc, registry, root)
     work_dir = (root / str(meta.get("work_dir", "out/pipeline"))).resolve()
     make_dirs(work_dir, f"[pipeline] work_dir {work_dir}")
-    state_path = work_dir / STATE_FILE
-    state = _load_state(state_path)
-    artefacts: dict[str, Path] = {}
-    runs: list[StageRun] = []
-    for name, stage in registry.items():
-        if name not in doc:
-            continue
-        ctx = StageContext(root=root, work_dir=work_dir, section=dict(doc[name]), artefacts=dict(artefacts))
-        run = _settle(stage, ctx, state, state_path, force=force)
-        artefacts.update(run.artefacts)
-        runs.append(run)
-        if on_stage is not None:
-            on_stage(run)
+    with claim_outputs([work_dir]):  # a second run on this work_dir fails at once, naming this one
+        state_path = work_dir / STATE_FILE
+        state = _load_state(state_path)
+        artefacts: dict[str, Path] = {}
+        runs: list[StageRun] = []
+        for name, stage in registry.items():
+            if name not in doc:
+                continue
+            ctx = StageContext(root=root, work_dir=work_dir, section=dict(doc[name]), artefacts=dict(artefacts))
+            try:
+                run = _settle(stage, ctx, state, state_path, force=force)
+            except KeyboardInterrupt as err:
+                raise PipelineInterrupted(_interrupted(path, runs, stage, state_path)) from err
+            artefacts.update(run.artefacts)
+            runs.append(run)
+            if on_stage is not None:
+                on_stage(run)
     return PipelineResult(tuple(runs), work_dir, state_path)
+
+
+class PipelineInterrupted(KeyboardInterrupt):
+    """Ctrl-C during ``mpinfer run``; the message says which stages were kept and how to resume."""
+
+
+def _interrupted(path: Path, runs: list[StageRun], stage: Stage, state_path: Path) -> str:
+    kept = ", ".join(r.name for r in runs)
+    done = f"Kept the finished stage(s) {kept} (recorded in {state_path})" if runs else "No stage had finished"
+    current = (
+        f"the interrupted stage '{stage.name}' keeps its folder and continues where it stopped"
+        if stage.resumable
+        else f"the interrupted stage '{stage.name}' wrote nothing"
+    )
+    return f"{done}; {current}. Resume with: mpinfer run {path}"

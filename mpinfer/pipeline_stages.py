@@ -25,7 +25,15 @@ from typing import Any
 
 from mpinfer.errors import InvalidInputError, MpinferError, format_message
 from mpinfer.fileio import write_json_atomic, write_text_atomic
-from mpinfer.pipeline import ARTEFACT_DIR, STATE_FILE, Stage, StageContext, StageOutput, StagePlan
+from mpinfer.pipeline import (
+    ARTEFACT_DIR,
+    STATE_FILE,
+    Stage,
+    StageContext,
+    StageOutput,
+    StagePlan,
+    unknown_key_error,
+)
 from mpinfer.specs import Precision
 
 logger = logging.getLogger(__name__)
@@ -133,13 +141,7 @@ def check_table(
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(values) - set(fields))
     if unknown:
-        raise InvalidInputError(
-            format_message(
-                f"Pipeline table [{where}]",
-                f"unknown key(s) {unknown}",
-                f"fields of {cls.__name__}: {sorted(fields)}",
-            )
-        )
+        raise unknown_key_error(where, unknown, fields)
     hints = typing.get_type_hints(cls)
     for key, value in values.items():
         hint = (loose or {}).get(key, hints[key])
@@ -160,9 +162,12 @@ def make_config(cls: type, values: Mapping[str, Any], where: str) -> Any:
     kwargs = {k: _coerce(v, str(fields[k].type)) for k, v in values.items()}
     try:
         return cls(**kwargs)
-    except TypeError as err:
+    except TypeError as err:  # a required key is missing: name it as the table's key, not the class's argument
+        missing = [f.name for f in fields.values() if f.name not in kwargs and f.default is dataclasses.MISSING
+                   and f.default_factory is dataclasses.MISSING]
         raise InvalidInputError(
-            format_message(f"Pipeline table [{where}]", str(err), f"the fields of {cls.__name__}")
+            format_message(f"Pipeline table [{where}]", f"no {', '.join(missing) or 'valid'} key(s)",
+                           f"the key(s) {', '.join(missing)}" if missing else f"keys among {sorted(fields)}")
         ) from err
 
 
@@ -406,13 +411,7 @@ def _run_compare(plan: StagePlan, out: Path) -> StageOutput:
 def _plan_report(ctx: StageContext) -> StagePlan:
     unknown = sorted(set(ctx.section) - {"formats", "dir"})
     if unknown:
-        raise InvalidInputError(
-            format_message(
-                "Pipeline table [report]",
-                f"unknown key(s) {unknown}",
-                'formats = ["html", "md", "json"] and dir = "report"',
-            )
-        )
+        raise unknown_key_error("report", unknown, ("formats", "dir"))
     out_dir = (ctx.work_dir / str(ctx.section.get("dir", "report"))).resolve()
     reserved = [ctx.work_dir / ARTEFACT_DIR, ctx.work_dir / STATE_FILE]
     if (
@@ -526,7 +525,11 @@ def default_stages() -> dict[str, Stage]:
         ),
         "export": Stage("export", _plan_export, _run_export, _checker("export", "mpinfer.export", "ExportConfig")),
         "convert": Stage(
-            "convert", _plan_convert, _run_convert, _checker("convert", "mpinfer.precision", "ConvertConfig")
+            "convert",
+            _plan_convert,
+            _run_convert,
+            _checker("convert", "mpinfer.precision", "ConvertConfig"),
+            data_keys=("calibration",),
         ),
         "build_engine": Stage(
             "build_engine",
@@ -535,7 +538,11 @@ def default_stages() -> dict[str, Stage]:
             _checker("build_engine", "mpinfer.engine", "BuildConfig", BUILD_LOOSE_TYPES),
         ),
         "compare": Stage(
-            "compare", _plan_compare, _run_compare, _checker("compare", "mpinfer.compare", "CompareConfig")
+            "compare",
+            _plan_compare,
+            _run_compare,
+            _checker("compare", "mpinfer.compare", "CompareConfig"),
+            data_keys=("data",),
         ),
         "report": Stage("report", _plan_report, _run_report, _checker("report", __name__, "ReportSettings")),
     }

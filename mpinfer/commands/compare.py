@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from pathlib import Path
@@ -191,10 +192,16 @@ def compare(
     from mpinfer.compare.generate import generate_compare, generate_config
 
     generation = generate_config(config, generate_tokens) if generate_tokens else None
-    result = compare_models(config)
-    if generation is not None:  # into the report (data.generation)
-        result.data["generation"] = [g.to_dict() for g in generate_compare(generation)]
-    paths = write_report(result, report_dir, force=force) if report_dir is not None else {}
+    with contextlib.ExitStack() as stack:
+        claim = None
+        if report_dir is not None:  # claimed before the comparison: a second run on the folder fails at once
+            from mpinfer.claim import claim_outputs
+
+            claim = stack.enter_context(claim_outputs([report_dir / n for n in FILE_NAMES.values()], force=force))
+        result = compare_models(config)
+        if generation is not None:  # into the report (data.generation)
+            result.data["generation"] = [g.to_dict() for g in generate_compare(generation)]
+        paths = write_report(result, report_dir, force=force, claim=claim) if report_dir is not None else {}
     if as_json:
         click.echo(json.dumps(result.to_dict(), indent=2))
     elif not quiet:

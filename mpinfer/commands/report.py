@@ -60,9 +60,11 @@ def report(
     else:
         text = render(result, fmt)
         if output is not None:
-            from mpinfer.fileio import write_text_atomic
+            from mpinfer.claim import claim_outputs
 
-            write_text_atomic(output, text)
+            with claim_outputs([output], force=force) as claim:  # a second run on -o fails at once
+                claim.stage(output).write_text(text, encoding="utf-8")
+                claim.publish()
             click.echo(f"wrote {fmt}: {output}")
         else:
             click.echo(text, nl=False)

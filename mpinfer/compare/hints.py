@@ -15,8 +15,11 @@ from __future__ import annotations
 import json
 import logging
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from mpinfer.compare.result import SpeedHint
 
@@ -37,6 +40,8 @@ _FUSIBLE = {
 }
 # onnx.TensorProto.FLOAT, the ``to`` of a Cast back to FP32 (onnx is imported where used).
 _FLOAT = 1
+# Constants up to this size are looked at for an attention mask's minus infinity (causal tables included).
+MASK_CONST_MAX_ELEMENTS = 1 << 22
 # Hints listed per candidate at most (the rest are counted in the log).
 MAX_HINTS = 20
 
@@ -119,7 +124,7 @@ def speed_hints(model: Any, plan_nodes: dict[str, dict[str, Any]] | None = None)
                         f"(`mpinfer convert --keep-node '{node.name}'`) and save the casts.",
                     )
                 )
-    hints += _cast_splits(nodes, plan_nodes or {})
+    hints += _cast_splits(nodes, plan_nodes or {}, model.graph.initializer)
     if len(hints) > MAX_HINTS:
         logger.info("%d speed hints; the report lists the first %d", len(hints), MAX_HINTS)
     return hints[:MAX_HINTS]
@@ -129,13 +134,16 @@ def speed_hints(model: Any, plan_nodes: dict[str, dict[str, Any]] | None = None)
 _FOLLOWING = {"rule:follow"}
 
 
-def _cast_splits(nodes: list[Any], plan: dict[str, dict[str, Any]]) -> list[SpeedHint]:
+def _cast_splits(
+    nodes: list[Any], plan: dict[str, dict[str, Any]], initializers: Sequence[Any] = ()
+) -> list[SpeedHint]:
     producer = {o: n for n in nodes for o in n.output}
     consumers: dict[str, list[Any]] = {}
     for n in nodes:
         for i in n.input:
             consumers.setdefault(i, []).append(n)
     hints = []
+    masks = _mask_constants(nodes, initializers)
     for cast in (n for n in nodes if n.op_type == "Cast" and n.input):
         prod = producer.get(cast.input[0])
         if prod is None or prod.op_type not in _FUSIBLE:
@@ -149,7 +157,12 @@ def _cast_splits(nodes: list[Any], plan: dict[str, dict[str, Any]]) -> list[Spee
             entry = plan.get(low, {})
             reason = str(entry.get("reason", ""))
             fix = f"run both in the same precision: `mpinfer convert --low-node '{low}'` or `--keep-node '{keep}'`."
-            if reason and reason not in _FOLLOWING:
+            fp32_node = cons if to == _FLOAT else prod
+            if _adds_attention_mask(fp32_node, producer, masks):
+                fix = (f"convert the model again with this mpinfer: '{fp32_node.name}' adds an attention mask built "
+                       "from a huge negative constant, which mpinfer rewrites to the low format's safe lowest "
+                       "(plan reason rewrite:mask), so the mask-add, the Softmax and this MatMul all run low.")
+            elif reason and reason not in _FOLLOWING:
                 detail = str(entry.get("detail", "")).rstrip(".")
                 fix = (f"keep both FP32 (`mpinfer convert --keep-node '{keep}'`): the plan keeps '{low}' FP32 "
                        f"({reason}{': ' + detail if detail else ''}), so it should not go to low precision.")
@@ -165,6 +178,48 @@ def _cast_splits(nodes: list[Any], plan: dict[str, dict[str, Any]]) -> list[Spee
                 )
             )
     return hints
+
+
+def _mask_constants(nodes: list[Any], initializers: Sequence[Any]) -> set[str]:
+    """Float constants holding an attention mask's minus infinity (a finite value at or below MASK_SENTINEL)."""
+    from onnx import TensorProto, numpy_helper
+
+    from mpinfer.precision.masks import MASK_SENTINEL
+
+    floats = (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16)
+    tensors = [(t.name, t) for t in initializers if t.data_type in floats]
+    for n in nodes:
+        if n.op_type == "Constant" and n.output:
+            value = next((a.t for a in n.attribute if a.name == "value"), None)
+            if value is not None and value.data_type in floats:
+                tensors.append((n.output[0], value))
+    out = set()
+    for name, t in tensors:
+        if 0 < int(np.prod(t.dims)) <= MASK_CONST_MAX_ELEMENTS or not t.dims:
+            arr = numpy_helper.to_array(t).astype(np.float32)
+            finite = arr[np.isfinite(arr)]
+            if finite.size and float(finite.min()) <= MASK_SENTINEL:
+                out.add(name)
+    return out
+
+
+def _adds_attention_mask(node: Any, producer: dict[str, Any], masks: set[str]) -> bool:
+    """Whether ``node`` is an Add one of whose inputs comes from a mask constant through mask-path ops."""
+    from mpinfer.precision.masks import MASK_PATH_OPS
+
+    if node.op_type != "Add" or not masks:
+        return False
+    todo, seen = list(node.input), set()
+    while todo:
+        name = todo.pop()
+        if name in masks:
+            return True
+        src = producer.get(name)
+        if name in seen or src is None or src.op_type not in MASK_PATH_OPS:
+            continue
+        seen.add(name)
+        todo.extend(i for i in src.input if i)
+    return False
 
 
 def precision_summary(model: Any, candidate_path: str | Path) -> dict[str, Any]:

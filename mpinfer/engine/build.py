@@ -243,6 +243,8 @@ def build_engine(cfg: BuildConfig) -> BuildResult:
         MpinferError: For bad input, a missing backend, a GPU too old for the model's precisions, or a
             failed build (no file is written in any of these cases).
     """
+    from mpinfer.claim import claim_outputs
+
     c = _check_inputs(cfg)
     cfg = replace(cfg, shapes=c.shapes)
     low = {p for p in c.precisions if p.is_low}
@@ -253,16 +255,16 @@ def build_engine(cfg: BuildConfig) -> BuildResult:
             "(run mpinfer convert first for a mixed-precision engine)"
         )
     build = _build_tensorrt if c.backend is Backend.TENSORRT else _build_onnxruntime
-    sections, gpu, more = build(cfg, c, low)
-    notes += more
-    for note in notes:
-        logger.warning(note)
     side = sidecar_path(c.output)
-    try:
-        write_json_atomic(side, _sidecar(cfg, c, sections, gpu, notes))
-    except Exception:
-        c.output.unlink(missing_ok=True)
-        raise
+    # engine, its data and its sidecar: claimed before the build, published together (both or neither)
+    with claim_outputs([c.output, data_file(c.output), side], force=cfg.force) as claim:
+        staged = replace(c, output=claim.stage(c.output))
+        sections, gpu, more = build(cfg, staged, low)
+        notes += more
+        for note in notes:
+            logger.warning(note)
+        write_json_atomic(claim.stage(side), _sidecar(cfg, staged, sections, gpu, notes))
+        claim.publish()
     return BuildResult(path=c.output, sidecar=side, backend=c.backend, reason=c.reason, notes=tuple(notes))
 
 

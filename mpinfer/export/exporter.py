@@ -354,11 +354,20 @@ def export_onnx(cfg: ExportConfig) -> ExportResult:
         ExportError: Every exporter tried failed.
         AccuracyMismatchError: Parity torch vs ONNX Runtime above tolerance.
     """
-    import onnx
-    import torch
+    from mpinfer.claim import claim_outputs
 
     _check_config(cfg)
     out, sidecar = _check_outputs(cfg)
+    # model, data and sidecar: claimed before the work, published together (the data file goes with the model)
+    with claim_outputs([out, data_file(out), sidecar], force=cfg.force, replaceable=[data_file(out)]) as claim:
+        return _export(cfg, claim, out, sidecar)
+
+
+def _export(cfg: ExportConfig, claim: Any, out: Path, sidecar: Path) -> ExportResult:
+    """export_onnx's work, with its outputs claimed (written under ``claim.stage``, then published)."""
+    import onnx
+    import torch
+
     loaded = load_model(cfg.source, cfg.weights, trust_weights=cfg.trust_weights)
     # a causal LM takes and returns its KV cache (mpinfer.export.kv), unless --no-past or --input says otherwise
     loaded = with_kv_cache(loaded) if cfg.past and not cfg.inputs else loaded
@@ -381,35 +390,35 @@ def export_onnx(cfg: ExportConfig) -> ExportResult:
         ["output"] if len(ref) == 1 else [f"output_{i}" for i in range(len(ref))])
     if len(out_names) != len(ref):
         raise InvalidInputError(format_message("Output names", f"{len(out_names)} names", f"{len(ref)} outputs"))
-    with tempfile.TemporaryDirectory(prefix=".mpinfer-export-", dir=out.parent if out.parent.exists() else None) as td:
-        tmp = Path(td)
-        path, exporter, why = _run_exporters(cfg, loaded, args, specs, out_names, tmp)
-        model = _post_process(path, specs, loaded, exporter)
-        from mpinfer.modelio import default_opset, save_onnx
+    tmp = claim.scratch()  # the exporters' scratch files: in the claim's staging folder, removed with it
+    path, exporter, why = _run_exporters(cfg, loaded, args, specs, out_names, tmp)
+    model = _post_process(path, specs, loaded, exporter)
+    from mpinfer.modelio import default_opset, save_onnx
 
-        checked = save_onnx(model, tmp / "checked.onnx")
-        try:
-            onnx.checker.check_model(str(checked), full_check=True)
-        except Exception as err:  # checker raises ValidationError / InferenceError
-            raise ExportError(f"The {exporter} exporter produced a model onnx.checker rejects: {err}. "
-                              "Hint: try the other --exporter or another --opset.") from err
-        parity = check_parity(loaded.module, checked, specs, out_names, runs=cfg.parity_runs,
-                              atol=cfg.atol, rtol=cfg.rtol)
-        if not parity.passed:
-            raise AccuracyMismatchError(
-                f"Parity torch vs ONNX Runtime failed for '{cfg.source}' ({exporter} exporter): "
-                f"{parity.worst_summary()} exceeds atol={cfg.atol}, rtol={cfg.rtol}. "
-                "Hint: try the other --exporter; nothing was written.")
-        opset = default_opset(model)
-        save_onnx(model, out)
+    checked = save_onnx(model, tmp / "checked.onnx")
+    try:
+        onnx.checker.check_model(str(checked), full_check=True)
+    except Exception as err:  # checker raises ValidationError / InferenceError
+        raise ExportError(f"The {exporter} exporter produced a model onnx.checker rejects: {err}. "
+                          "Hint: try the other --exporter or another --opset.") from err
+    parity = check_parity(loaded.module, checked, specs, out_names, runs=cfg.parity_runs,
+                          atol=cfg.atol, rtol=cfg.rtol)
+    if not parity.passed:
+        raise AccuracyMismatchError(
+            f"Parity torch vs ONNX Runtime failed for '{cfg.source}' ({exporter} exporter): "
+            f"{parity.worst_summary()} exceeds atol={cfg.atol}, rtol={cfg.rtol}. "
+            "Hint: try the other --exporter; nothing was written.")
+    opset = default_opset(model)
+    save_onnx(model, claim.stage(out))
     info = {
         "schema_version": 1, "mpinfer_version": __version__, "source": loaded.description,
         "exporter": exporter, "fallback_reason": why, "opset": opset,
-        "ir_version": int(onnx.load(str(out), load_external_data=False).ir_version),
+        "ir_version": int(onnx.load(str(claim.stage(out)), load_external_data=False).ir_version),
         "torch_version": torch.__version__, "onnx_version": onnx.__version__,
         "inputs": [str(s) for s in specs], "outputs": out_names,
         "tolerance": {"atol": cfg.atol, "rtol": cfg.rtol}, "parity": parity.to_dict(),
     }
-    write_json_atomic(sidecar, info)
+    write_json_atomic(claim.stage(sidecar), info)
+    claim.publish()  # model, data and sidecar: both or neither
     logger.info("exported %s with %s (opset %d); parity max abs %.3g", out, exporter, opset, parity.max_abs)
     return ExportResult(out, sidecar, exporter, opset, parity, why, list(specs))

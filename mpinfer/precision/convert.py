@@ -144,6 +144,9 @@ def convert_precision(cfg: ConvertConfig) -> ConvertResult:
     With a budget (or the default floor), the model as written is verified on every calibration sample
     (``verify_samples``) before anything is written, and nodes go back to FP32 until the budget holds.
 
+    The model, its external data and its plan are claimed before any work (a second run on the same output
+    fails at once) and published as one unit: both or neither.
+
     Args:
         cfg: The conversion settings.
 
@@ -151,10 +154,24 @@ def convert_precision(cfg: ConvertConfig) -> ConvertResult:
         The output model path, the plan path and the plan.
 
     Raises:
-        MpinferError: For bad input (model, data, budget, plan), or a budget the model cannot meet on the
-            calibration data (AccuracyMismatchError); nothing is written then.
+        MpinferError: For bad input (model, data, budget, plan), a budget the model cannot meet on the
+            calibration data (AccuracyMismatchError), or an output another run is writing; nothing is written
+            then.
         InternalError: If the rewritten model fails the validity gate (a bug); nothing is written.
     """
+    from mpinfer.claim import claim_outputs
+    from mpinfer.fileio import check_output_path
+    from mpinfer.modelio import data_file
+
+    out = check_output_path(cfg.output, [cfg.model, cfg.plan, cfg.keep_fp32_from], force=cfg.force)
+    plan_out = plan_path_for(out)
+    rewrites_plan = cfg.plan is None or Path(cfg.plan).resolve() != plan_out.resolve()
+    with claim_outputs([out, data_file(out), *([plan_out] if rewrites_plan else [])], force=cfg.force) as claim:
+        return _convert(cfg, claim)
+
+
+def _convert(cfg: ConvertConfig, claim: Any) -> ConvertResult:
+    """convert_precision's work, with its outputs claimed (written under ``claim.stage``, then published)."""
     from mpinfer.fileio import check_output_path
     from mpinfer.modelio import require_file
     from mpinfer.precision.apply import apply_plan
@@ -208,9 +225,10 @@ def convert_precision(cfg: ConvertConfig) -> ConvertResult:
         plan.summary["verification"] = verification
     plan.opset = info.opsets.get("") or None  # what the plan was made for (and is applied at)
     _warn_opset_blocked(plan.nodes, info, opts.precision)
-    _write_model(result.model, out, info, source=Path(cfg.model), large=large)
+    _write_model(result.model, claim.stage(out), info, source=Path(cfg.model), large=large)
     if not in_place:
-        plan.save(plan_out)
+        plan.save(claim.stage(plan_out))
+    claim.publish()  # model, data and plan: both or neither
     logger.info(
         "convert: %d/%d nodes in %s, %d casts, %.1fs",
         plan.summary["nodes_low"],
@@ -236,6 +254,9 @@ class _Planned:
 def _reapply(cfg: ConvertConfig, opts: Options, info: Any, sha: str) -> _Planned:
     """The plan of ``--plan``, with explicit ``--keep-io-types``/``--opset`` applied to it."""
     plan = _read_plan(cfg, info, sha)
+    from mpinfer.precision.planner import rewrite_planned_masks
+
+    rewrite_planned_masks(info, plan.nodes, plan.precision)  # the attention masks the plan rewrites
     plan.keep_io_types = opts.keep_io_types
     expected, search_cost = plan.summary.get("expected_error", {}), plan.summary.get("search")
     edited = plan.mark_edits()
@@ -296,7 +317,7 @@ def _load(cfg: ConvertConfig, opts: Options) -> tuple[Any, str, bool]:
 
 
 def _write_model(model: Any, out: Path, info: Any, *, source: Path, large: bool) -> None:
-    """Gate and write the converted model (large models: weights streamed to external data)."""
+    """Gate and write the converted model at ``out``, a staged path (large models: weights streamed to data)."""
     from mpinfer.modelio import save_onnx
 
     if large:
@@ -315,28 +336,15 @@ def _uses_external_data(model: Any) -> bool:
 
 
 def _save_gated(model: Any, out: Path, source: Path) -> None:
-    """Large models: save next to ``out`` in a temp folder, gate the saved file, then move it into place."""
-    import os
-    import shutil
-
-    from mpinfer.fileio import make_temp_dir
+    """Large models: save at ``out`` (a staged path, published by the caller's claim), then gate the saved file."""
     from mpinfer.modelio import data_file, ir_version_for, save_with_external_data
     from mpinfer.precision.validate import gate
 
-    tmp = make_temp_dir(out)
-    try:
-        path = tmp / out.name
-        data_name = data_file(out).name
-        model.ir_version = ir_version_for(model)
-        # Saved in place: onnx writes each tensor to the data file and drops it from memory as it goes.
-        save_with_external_data(model, path, data_name)
-        model.Clear()
-        gate(None, baseline_path=source, stage="apply", path=path)
-        if (tmp / data_name).exists():
-            os.replace(tmp / data_name, out.parent / data_name)
-        os.replace(path, out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    model.ir_version = ir_version_for(model)
+    # Saved in place: onnx writes each tensor to the data file and drops it from memory as it goes.
+    save_with_external_data(model, out, data_file(out).name)
+    model.Clear()
+    gate(None, baseline_path=source, stage="apply", path=out)
 
 
 def _read_plan(cfg: ConvertConfig, info: Any, sha: str) -> PrecisionPlan:

@@ -299,6 +299,8 @@ class GraphEmulator:
         if node.op_type not in CONTROL_FLOW or domain:
             if not domain and node.op_type in self._kernels:
                 kernel = self._kernels[node.op_type]  # type: ignore[assignment]
+            elif f"{domain}::{node.op_type}" in self._kernels:  # contrib ops mpinfer runs (com.microsoft)
+                kernel = self._kernels[f"{domain}::{node.op_type}"]  # type: ignore[assignment]
             elif reference_available(domain, node.op_type, info.opset):
                 kernel = reference_kernel
                 self._fallback[address] = node.op_type

@@ -24,6 +24,11 @@ DEFAULT_DOMAINS = ("", "ai.onnx")
 # Inputs that stay FP32 even when their node runs in low precision: coordinates and scale factors, where
 # FP16 rounding moves pixels (onnxconverter-common writes FP16 Resize scales, which ORT then refuses).
 PINNED_INPUTS: dict[str, tuple[int, ...]] = {"Resize": (1, 2)}
+# Contrib ops (no ONNX schema) that may run low: (inputs, outputs) of their type T. The others (mean and inverse
+# standard deviation, type U) stay float32.
+CONTRIB_SLOTS: dict[tuple[str, str], tuple[tuple[int, ...], tuple[int, ...]]] = {
+    ("com.microsoft", "SkipLayerNormalization"): ((0, 1, 2, 3, 4), (0, 3)),
+}
 # Inputs that carry shapes, axes, sizes or counts: whatever computes them is index-like, never converted.
 SHAPE_INPUTS: dict[str, tuple[int, ...]] = {
     "Reshape": (1,),
@@ -223,6 +228,10 @@ class GraphInfo:
         float_in = [i for i, n in enumerate(node.input) if n and self.types.get(n) == FLOAT]
         float_out = [i for i, n in enumerate(node.output) if n and self.types.get(n) == FLOAT]
         out = Slots(has_float=bool(float_in or float_out))
+        contrib = CONTRIB_SLOTS.get((node.domain, node.op_type)) if schema is None else None
+        if contrib is not None:
+            out.inputs = [i for i in float_in if i in contrib[0]]
+            out.outputs = [i for i in float_out if i in contrib[1]]
         if not out.has_float or schema is None:
             return out
         in_params = _formal(schema.inputs, len(node.input))

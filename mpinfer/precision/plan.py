@@ -37,7 +37,9 @@ FP32_REASONS = frozenset(
         "custom-domain",
     }
 )
-LOW_REASONS = frozenset({"rule:fp16-safe", "user:low-op", "user:low-node"})
+LOW_REASONS = frozenset(
+    {"rule:fp16-safe", "rule:fp32-accumulate", "rewrite:mask", "user:low-op", "user:low-node"}
+)
 # Every reason a plan node may carry: those, the ones that allow either precision, and a hand edit.
 REASON_CODES = FP32_REASONS | LOW_REASONS | {"rule:follow", "rule:index-like", "user:plan"}
 

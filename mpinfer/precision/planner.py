@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mpinfer.precision.graphinfo import FLOAT, GraphInfo
+from mpinfer.precision.masks import REASON as MASK_REASON
+from mpinfer.precision.masks import MaskSite, find_mask_sites, mask_tensors, rewrite_masks
 from mpinfer.precision.plan import NodeDecision, counts_as_float, precisions_digest
 from mpinfer.precision.resolve import resolve_precisions
 from mpinfer.precision.rules import Decision, Kind, NodeClassifier, RuleContext, default_rules, shape_subgraph
@@ -90,9 +92,13 @@ def check_overrides(info: GraphInfo, options: RuleOptions) -> None:
 
 
 def classify_nodes(
-    info: GraphInfo, precision: Precision, options: RuleOptions, stats: Mapping[str, Any] | None = None
+    info: GraphInfo,
+    precision: Precision,
+    options: RuleOptions,
+    stats: Mapping[str, Any] | None = None,
+    masks: Sequence[MaskSite] = (),
 ) -> dict[str, Decision]:
-    """Rule verdict per node address."""
+    """Rule verdict per node address (``masks``: the attention masks to rewrite, from ``find_mask_sites``)."""
     rules = default_rules(
         keep_ops=options.keep_ops,
         low_ops=options.low_ops,
@@ -100,7 +106,14 @@ def classify_nodes(
         low_nodes=options.low_nodes,
         overflow_nodes=options.overflow_nodes,
     )
-    ctx = RuleContext(info=info, precision=precision, index_like=shape_subgraph(info), stats=stats)
+    ctx = RuleContext(
+        info=info,
+        precision=precision,
+        index_like=shape_subgraph(info),
+        stats=stats,
+        mask_sites={site.node: site for site in masks},
+        mask_tensors=mask_tensors(masks),
+    )
     return NodeClassifier(rules).classify(ctx)
 
 
@@ -136,10 +149,27 @@ def rule_plan(
     keep_io_types: bool = True,
     stats: Mapping[str, Any] | None = None,
 ) -> tuple[dict[str, Decision], list[NodeDecision]]:
-    """Classify, resolve follow-ops, and return verdicts and plan entries."""
-    decisions = classify_nodes(info, precision, options, stats)
+    """Classify, resolve follow-ops, and return verdicts and plan entries.
+
+    The attention masks the plan rewrites (reason ``rewrite:mask``) are rewritten in ``info.model`` in place,
+    so that the search and the rewrite of the graph see them: ``info`` must hold a model of the caller's own.
+    """
+    sites = find_mask_sites(info, precision, stats)
+    decisions = classify_nodes(info, precision, options, stats, sites)
+    rewrite_masks(info, sites, [a for a, d in decisions.items() if d.reason == MASK_REASON])
     precisions = resolve_precisions(info, decisions, precision, keep_io_types=keep_io_types)
     return decisions, decisions_to_nodes(info, decisions, precisions, stats)
+
+
+def rewrite_planned_masks(info: GraphInfo, nodes: Sequence[NodeDecision], precision: Precision) -> int:
+    """Re-apply a plan's mask rewrites to ``info.model`` (in place): the sites whose entry names a ``mask_value``.
+
+    Deleting ``mask_value`` from a node's numbers in the plan file keeps that mask's original constant.
+    """
+    planned = [n.name for n in nodes if "mask_value" in n.stats]
+    if not planned:
+        return 0
+    return rewrite_masks(info, find_mask_sites(info, precision), planned)
 
 
 def summarize(

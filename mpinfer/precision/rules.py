@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from mpinfer.modelio import NodeRef
-from mpinfer.precision.graphinfo import DEFAULT_DOMAINS, FLOAT, SHAPE_INPUTS, GraphInfo
+from mpinfer.precision.graphinfo import CONTRIB_SLOTS, DEFAULT_DOMAINS, FLOAT, SHAPE_INPUTS, GraphInfo
 from mpinfer.precision.tensorstats import sum_of_squares
 from mpinfer.specs import Precision
 
@@ -158,6 +158,10 @@ class RuleContext:
     index_like: set[str]
     stats: Mapping[str, Any] | None = None
     weight_stats: dict[str, dict[str, float]] = field(default_factory=dict)
+    # Additive attention masks rewritten to the low format's safe lowest (mpinfer.precision.masks): the
+    # node reading each mask constant, and every tensor carrying a mask (its calibrated range is the mask's).
+    mask_sites: Mapping[str, Any] = field(default_factory=dict)
+    mask_tensors: frozenset[str] = frozenset()
 
 
 class NodeRule(abc.ABC):
@@ -220,6 +224,8 @@ class DomainRule(NodeRule):
     def decide(self, ref: NodeRef, ctx: RuleContext) -> Decision | None:
         """The verdict for ``ref``, or None when the rule does not apply."""
         node = ref.node
+        if (node.domain, node.op_type) in CONTRIB_SLOTS:
+            return None  # a contrib op mpinfer knows (its float slots and its strict kernel)
         if node.domain not in DEFAULT_DOMAINS and node.domain != "ai.onnx.ml":
             return Decision(Kind.KEEP, "custom-domain", f"op {node.op_type} of custom domain '{node.domain}'")
         if ctx.info.schema(node) is None:
@@ -328,7 +334,7 @@ class ActivationRangeRule(NodeRule):
             return None
         node = ref.node
         for name in list(node.output) + list(node.input):
-            if not name or ctx.info.types.get(name) != FLOAT or ctx.info.is_const(name):
+            if not name or ctx.info.types.get(name) != FLOAT or ctx.info.is_const(name) or name in ctx.mask_tensors:
                 continue
             prefix = ref.address[: len(ref.address) - len(node.name)]
             st = ctx.stats.get(name) if not prefix else (ctx.stats.get(prefix + name) or ctx.stats.get(name))
@@ -394,6 +400,84 @@ class EmbeddingRule(NodeRule):
                 Kind.LOW, "rule:fp16-safe", "embedding lookup: the table is stored in low precision"
             )
         return None
+
+
+class ShapeReadRule(NodeRule):
+    """Shape and Size read only their input's dimensions: they follow it, so they never need a Cast of it."""
+
+    def decide(self, ref: NodeRef, ctx: RuleContext) -> Decision | None:
+        """The verdict for ``ref``, or None when the rule does not apply."""
+        if ref.node.op_type in ("Shape", "Size") and ref.node.domain in DEFAULT_DOMAINS:
+            return Decision(
+                Kind.FOLLOW, "rule:follow", f"{ref.node.op_type} reads only the dimensions of its input"
+            )
+        return None
+
+
+class MaskRule(NodeRule):
+    """The node reading an additive attention mask's minus infinity runs low, its constant rewritten.
+
+    See :mod:`mpinfer.precision.masks`: the constant becomes the low format's safe lowest value, so the mask, the
+    mask-add and the Softmax input fit the low format and masked positions still get probability 0.
+    """
+
+    def decide(self, ref: NodeRef, ctx: RuleContext) -> Decision | None:
+        """The verdict for ``ref``, or None when the rule does not apply."""
+        site = ctx.mask_sites.get(ref.address)
+        if site is None:
+            return None
+        return Decision(
+            Kind.LOW,
+            "rewrite:mask",
+            site.detail(ctx.precision),
+            {"mask_lowest": site.lowest, "mask_value": site.value},
+        )
+
+
+# Ops whose definition (or every GPU kernel, for Softmax) computes its statistics in float32 whatever the I/O
+# dtype: with low inputs and outputs only the rounding of the inputs and of the result remains. The value is
+# the attribute that names the accumulation type (float32 when 1) and its default, or None.
+FP32_ACCUMULATING_OPS: dict[str, tuple[str, int] | None] = {
+    "LayerNormalization": ("stash_type", 1),
+    "RMSNormalization": ("stash_type", 1),
+    "Softmax": None,
+    "LogSoftmax": None,
+    "SkipLayerNormalization": None,  # com.microsoft: ONNX Runtime's kernels keep mean and variance in float32
+}
+
+
+class Fp32AccumulationRule(NodeRule):
+    """Normalizations and softmax that accumulate in float32 run low when calibration shows their range fits.
+
+    ONNX's ``LayerNormalization`` and ``RMSNormalization`` compute mean and variance in ``stash_type``
+    (float32 by default) even with FP16 inputs, and the softmax kernels of TensorRT and ONNX Runtime's CUDA
+    provider keep their max and sum in float32. Such an op is unsafe only when its input or output leaves the
+    low format's range, which the range rules (asked first) check on the calibration statistics. Without
+    calibration there is nothing to check, and the torch.amp policy (FP32) stands.
+    """
+
+    def decide(self, ref: NodeRef, ctx: RuleContext) -> Decision | None:
+        """The verdict for ``ref``, or None when the rule does not apply."""
+        node = ref.node
+        known = node.domain in DEFAULT_DOMAINS or (node.domain, node.op_type) in CONTRIB_SLOTS
+        if node.op_type not in FP32_ACCUMULATING_OPS or not known or not ctx.stats:
+            return None
+        attr = FP32_ACCUMULATING_OPS[node.op_type]
+        if attr is not None:
+            stash = next((a.i for a in node.attribute if a.name == attr[0]), attr[1])
+            if stash != 1:
+                return None
+        x = node.input[0] if node.input else ""
+        prefix = ref.address[: len(ref.address) - len(node.name)]
+        if x not in ctx.mask_tensors and ctx.stats.get(prefix + x) is None and ctx.stats.get(x) is None:
+            return None
+        how = "with stash_type=1 computes its mean and variance" if attr else "kernels keep their statistics"
+        return Decision(
+            Kind.LOW,
+            "rule:fp32-accumulate",
+            f"{node.op_type} {how} in float32; the calibrated range of its input and output fits "
+            f"{ctx.precision.value.upper()}",
+        )
 
 
 class OpPolicyRule(NodeRule):
@@ -476,10 +560,13 @@ def default_rules(
         UserOpRule(keep_ops, low_ops),
         SchemaRule(),
         QuantizedOpRule(),
+        ShapeReadRule(),
+        MaskRule(),
         WeightRangeRule(),
         ActivationRangeRule(),
         IndexLikeRule(),
         EmbeddingRule(),
+        Fp32AccumulationRule(),
         OpPolicyRule(),
     ]
 

@@ -96,6 +96,9 @@ class SearchOutcome:
     # ORT numerics: (precisions, ApplyResult) of the last candidate that met the budget, which ONNX Runtime
     # loaded and ran; the final apply reuses it when the plan's precisions are the same.
     verified: tuple[dict[str, Precision], Any] | None = None
+    # The outputs the search treated as class scores (given, or guessed once on the reference): a later
+    # verification passes them to its ModelAccumulator so it judges top-k on the same outputs.
+    class_outputs: list[str] | None = None
 
 
 @dataclass
@@ -659,7 +662,7 @@ def search_plan(
     )
     final = _finalize(nodes, groups if measured else [], chosen)
     verified = ver.passing if ver.passing and ver.passing[0] == {n.name: n.precision for n in final} else None
-    return SearchOutcome(final, summary_figures(metrics, ver.budget), cost, verified)
+    return SearchOutcome(final, summary_figures(metrics, ver.budget), cost, verified, ver.class_outputs)
 
 
 def _reference(

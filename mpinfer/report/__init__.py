@@ -6,15 +6,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mpinfer.compare.result import ComparisonResult
 from mpinfer.errors import InvalidInputError, format_message
+
+if TYPE_CHECKING:
+    from mpinfer.claim import OutputClaim
 
 logger = logging.getLogger(__name__)
 
@@ -55,24 +59,29 @@ def write_report(
     formats: Sequence[str] = ("html", "md", "json"),
     *,
     force: bool = False,
+    claim: OutputClaim | None = None,
 ) -> dict[str, Path]:
     """Write the report files into ``out_dir`` (``index.html``, ``report.md``, ``report.json``).
 
-    Every path is checked before anything is written, and each file is written atomically.
+    Every path is checked before anything is written, and the files are published together (all or none).
 
     Args:
         result_or_dict: The result, or its ``to_dict()`` form.
         out_dir: Folder to write into (created if missing).
         formats: Any of ``html``, ``md``, ``json``.
         force: Overwrite existing report files.
+        claim: The files' claim when the caller took it before its work (``compare --report``); None: claimed
+            here.
 
     Returns:
         Format → written path.
 
     Raises:
         InvalidInputError: For an unknown format, or existing files without ``force``.
+        OutputBusyError: Another run is writing these files.
     """
-    from mpinfer.fileio import check_output_path, write_text_atomic
+    from mpinfer.claim import claim_outputs
+    from mpinfer.fileio import check_output_path
 
     result = _as_result(result_or_dict)
     unknown = [f for f in formats if f not in FILE_NAMES]
@@ -83,8 +92,13 @@ def write_report(
         raise InvalidInputError(format_message(f"Report folder '{out_dir}'", "an existing file", "a folder"))
     paths = {f: check_output_path(folder / FILE_NAMES[f], force=force) for f in formats}
     texts = {f: render(result, f) for f in formats}  # render all before writing any
-    for f, p in paths.items():
-        write_text_atomic(p, texts[f])
+    with contextlib.ExitStack() as stack:
+        if claim is None:
+            claim = stack.enter_context(claim_outputs(list(paths.values()), force=force))
+        for f, p in paths.items():
+            claim.stage(p).write_text(texts[f], encoding="utf-8")
+        claim.publish()  # every format or none
+    for p in paths.values():
         logger.info("wrote %s", p)
     return paths
 

@@ -22,6 +22,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from mpinfer.claim import claim_outputs
 from mpinfer.errors import BackendUnavailableError, InvalidInputError, MpinferError, format_message
 from mpinfer.fileio import make_dirs
 from mpinfer.specs import Precision
@@ -148,9 +149,12 @@ class AmpTrainer:
         """
         with ck.preserved_global_rng():
             self.dist = init_distributed(self.config.device)
+            # the run folder is claimed (rank 0): a second run into it fails at once, naming this one
+            claim = claim_outputs([self.config.output]) if self.dist.is_main else contextlib.nullcontext()
             try:
-                self._setup()
-                return self._run(stop_after_epoch)
+                with claim:
+                    self._setup()
+                    return self._run(stop_after_epoch)
             finally:
                 if self.monitor is not None:
                     self.monitor.close()

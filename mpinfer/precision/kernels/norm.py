@@ -2,8 +2,10 @@
 
 Sums accumulate in float32 and are rounded once (the accumulator of a GPU reduction is float32; its result is
 stored in the low dtype). Element-wise sub-steps (x - mean, the square, + eps, sqrt, the divide, the scale
-and shift) are each rounded, so a LayerNorm or ReduceSumSquare over values near 300 overflows FP16 exactly
-as a FP16 kernel storing those intermediates would.
+and shift) are each rounded, so a ReduceSumSquare over values near 300 overflows FP16 exactly as a FP16
+kernel storing those intermediates would. LayerNormalization and RMSNormalization honour ``stash_type``: with
+the default 1 their statistics and the normalized value are float32 (as the ONNX definition and the fused GPU
+kernels compute them) and only the normalized value, the scale and the shift are rounded.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from mpinfer.precision.kernels.numerics import NodeInfo, Numerics, UnsupportedVariant
+from mpinfer.specs import Precision
 
 
 def _axes(n: NodeInfo, x: list[Any], ndim: int) -> tuple[int, ...] | None:
@@ -133,12 +136,23 @@ def _normalize(v: np.ndarray, axes: tuple[int, ...], eps: float, num: Numerics) 
     return r(d / std), mean, r(np.float32(1.0) / std)
 
 
+def _stash(n: NodeInfo, num: Numerics) -> Numerics:
+    """The numerics of a normalization's statistics: float32 when ``stash_type`` is 1 (the default), else the node's.
+
+    ONNX's LayerNormalization and RMSNormalization cast the input to ``stash_type`` and compute the mean, the
+    variance, the inverse deviation and the normalized value in it; only that result is cast back to the input
+    type (then scaled and shifted in it).
+    """
+    return Numerics(Precision.FP32) if num.low and int(n.get("stash_type", 1)) == 1 else num
+
+
 def layer_norm(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
-    """LayerNormalization over axes [axis, rank)."""
+    """LayerNormalization over axes [axis, rank): statistics in ``stash_type``, scale and shift in the node's type."""
     v = x[0]
     axis = int(n.get("axis", -1)) % v.ndim
     axes = tuple(range(axis, v.ndim))
-    y, mean, inv = _normalize(v, axes, n.get("epsilon", 1e-5), num)
+    y, mean, inv = _normalize(v, axes, n.get("epsilon", 1e-5), _stash(n, num))
+    y = num.r(y)
     if len(x) > 1 and x[1] is not None:
         y = num.r(y * x[1])
     if len(x) > 2 and x[2] is not None:
@@ -147,13 +161,33 @@ def layer_norm(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
 
 
 def rms_norm(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
-    """RMSNormalization (opset 23): x / sqrt(mean(x^2) + eps) * scale, each step rounded."""
+    """RMSNormalization (opset 23): x / sqrt(mean(x^2) + eps) in ``stash_type``, then * scale in the node's type."""
     v = x[0]
     axis = int(n.get("axis", -1)) % v.ndim
-    r = num.r
+    r = _stash(n, num).r
     ms = r(np.mean(r(v * v), axis=tuple(range(axis, v.ndim)), keepdims=True, dtype=np.float32))
     rms = r(np.sqrt(r(ms + np.float32(n.get("epsilon", 1e-5)))))
-    return [(r(v / rms) * x[1]).astype(v.dtype, copy=False)]
+    return [(num.r(r(v / rms)) * x[1]).astype(v.dtype, copy=False)]
+
+
+def skip_layer_norm(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
+    """com.microsoft SkipLayerNormalization: s = input + skip (+ bias), then LayerNorm(s) over the last axis.
+
+    The sum is rounded (it is also the optional 4th output); mean and variance are float32 as in ONNX Runtime's
+    kernels. Outputs: y, mean, inverse standard deviation, the sum.
+    """
+    v, skip, gamma = x[0], x[1], x[2]
+    beta = x[3] if len(x) > 3 else None
+    bias = x[4] if len(x) > 4 else None
+    total = num.r(v + skip)
+    if bias is not None:
+        total = num.r(total + bias)
+    stats = Numerics(Precision.FP32) if num.low else num
+    y, mean, inv = _normalize(total, (total.ndim - 1,), n.get("epsilon", 1e-12), stats)
+    y = num.r(num.r(y) * gamma)
+    if beta is not None:
+        y = y + beta
+    return [y.astype(v.dtype, copy=False), mean, inv, total.astype(v.dtype, copy=False)]
 
 
 def batch_norm(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
@@ -234,6 +268,7 @@ KERNELS = {
     "Softmax": softmax,
     "LogSoftmax": log_softmax,
     "LayerNormalization": layer_norm,
+    "com.microsoft::SkipLayerNormalization": skip_layer_norm,
     "RMSNormalization": rms_norm,
     "BatchNormalization": batch_norm,
     "InstanceNormalization": instance_norm,
