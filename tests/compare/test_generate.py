@@ -90,6 +90,7 @@ def test_cli_export_convert_with_prompts_and_budget_then_compare_generate(tmp_pa
     assert r.exit_code == 0, r.output
     plan = json.loads((tmp_path / "m.fp16.plan.json").read_text())
     assert plan["calibration"]["kind"] == "prompts" and plan["calibration"]["samples"] == 6 * 5
+    assert "range:overflow" not in plan["summary"]["reasons"]  # the attention masks were rewritten, not kept FP32
     r = invoke("compare", m32, m16, "--data", prompts, "--generate", TOKENS, "--no-divergence", "--report", report)
     assert r.exit_code == 0, r.output
     assert "Generation (greedy, ONNX Runtime)" in r.output and "decode tokens/s" in r.output
