@@ -440,13 +440,15 @@ def _verify_inputs(
     cfg: ConvertConfig, opts: Options, decisions: Any, feeds: Any, stats: Any, calib_info: dict | None
 ) -> tuple:
     """What :func:`mpinfer.precision.verify.verify_and_repair` needs: settings, verdicts, data, kept FP32 outputs."""
-    from mpinfer.precision.verify import VerifySettings
+    from mpinfer.precision.verify import RUN_BYTES_LIMIT, RUN_ROWS, VerifySettings
 
     limit = opts.verify_samples
     calibrated = (calib_info or {}).get("samples")
     if cfg.calibration in (None, "random") and cfg.max_batches is None and calibrated:
         limit = min(limit or calibrated, calibrated)  # generated data: the samples calibration read
+    per_sample = getattr(stats, "sample_bytes", None)
     settings = VerifySettings(
+        run_rows=max(1, min(RUN_ROWS, RUN_BYTES_LIMIT // per_sample)) if per_sample else RUN_ROWS,
         budget=opts.budget or "",
         precision=opts.precision,
         numerics=opts.numerics,
@@ -456,7 +458,6 @@ def _verify_inputs(
         class_outputs=_class_outputs(cfg),
         progress=cfg.progress,
     )
-    per_sample = getattr(stats, "sample_bytes", None)
     rank_rows = max(1, SEARCH_BYTES_LIMIT // per_sample) if per_sample else None
     return settings, decisions, feeds, getattr(stats, "reference_outputs", None), rank_rows
 

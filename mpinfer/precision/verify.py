@@ -31,6 +31,11 @@ from mpinfer.specs import Precision
 
 logger = logging.getLogger(__name__)
 
+# Samples per run of the candidate: consecutive calibration batches are joined up to this many (and at most
+# RUN_BYTES_LIMIT of FP32 tensors). The numpy emulator's cost per node is mostly fixed: 64 samples a run verify
+# transformer_small twice as fast as 16; more add memory, not speed.
+RUN_ROWS = 64
+RUN_BYTES_LIMIT = 512 * 2**20
 # Rounds of "move the worst groups back to FP32 and verify again"; group counts double each round, so this
 # covers 2**MAX_REPAIR_ROUNDS groups before the last round takes every group back to FP32.
 MAX_REPAIR_ROUNDS = 12
@@ -47,6 +52,7 @@ class VerifySettings:
     samples: int | None = None
     default_budget: bool = False
     class_outputs: tuple[str, ...] | None = None
+    run_rows: int = 0
     progress: bool = True
 
 
@@ -158,6 +164,62 @@ def iter_samples(feeds: Any, model: Any, limit: int | None) -> Iterator[tuple[di
         seen += rows
 
 
+def _runs(
+    feeds: Any, model: Any, settings: VerifySettings, known: Sequence[Mapping[str, np.ndarray]] | None, names: list[str]
+) -> Iterator[tuple[dict[str, np.ndarray], int, dict[str, np.ndarray] | None]]:
+    """The runs of a verification: consecutive batches joined up to ``settings.run_rows`` samples.
+
+    Batches join only along axis 0 with the same trailing shapes; each run comes with calibration's FP32 outputs
+    for it when it kept them all (else None).
+    """
+    pending: list[tuple[dict[str, np.ndarray], int, Any]] = []
+    axis0 = _joinable(model)
+    for index, (batch, rows) in enumerate(iter_samples(feeds, model, settings.samples)):
+        kept = known[index] if known is not None and index < len(known) else None
+        if kept is not None and (not set(names) <= set(kept) or any(_rows(kept[n]) != rows for n in names)):
+            kept = None  # a cut batch (calibration kept the whole one), or outputs it did not keep
+        full = sum(p[1] for p in pending) + rows > settings.run_rows
+        if pending and (not axis0 or full or not _same(pending, batch)):
+            yield _join(pending, names)
+            pending = []
+        pending.append((batch, rows, kept))
+    if pending:
+        yield _join(pending, names)
+
+
+def _rows(value: Any) -> int:
+    return len(value) if np.ndim(value) else 1
+
+
+def _joinable(model: Any) -> bool:
+    """True when every graph input holds its samples along axis 0 (a symbolic first dim), so batches join."""
+    from mpinfer.data.feeds import sample_axes
+    from mpinfer.specs import specs_from_onnx
+
+    specs = specs_from_onnx(model)
+    axes = sample_axes(specs)
+    return bool(specs) and all(axes[s.name] == 0 and isinstance(s.shape[0], str) for s in specs)
+
+
+def _same(pending: list[tuple[dict[str, np.ndarray], int, Any]], batch: Mapping[str, np.ndarray]) -> bool:
+    first = pending[0][0]
+    return set(first) == set(batch) and all(np.shape(first[k])[1:] == np.shape(batch[k])[1:] for k in batch)
+
+
+def _join(
+    pending: list[tuple[dict[str, np.ndarray], int, Any]], names: list[str]
+) -> tuple[dict[str, np.ndarray], int, dict[str, np.ndarray] | None]:
+    if len(pending) == 1:
+        return pending[0]
+    batch = {k: np.concatenate([p[0][k] for p in pending]) for k in pending[0][0]}
+    rows = sum(p[1] for p in pending)
+    refs = [p[2] for p in pending]
+    kept = None
+    if all(r is not None for r in refs) and all(_rows(r[n]) == p[1] for r, p in zip(refs, pending) for n in names):
+        kept = {n: np.concatenate([r[n] for r in refs]) for n in names}
+    return batch, rows, kept
+
+
 # -- one verification pass -------------------------------------------------------------------------------------
 def verify_model(
     candidate: Any,
@@ -194,11 +256,8 @@ def verify_model(
     worst: tuple[float, dict[str, np.ndarray] | None] = (-1.0, None)
     with progress_bar("Verifying", enabled=settings.progress) as bar:
         task = bar.add_task("", total=None)
-        for index, (batch, rows) in enumerate(iter_samples(feeds, reference, settings.samples)):
+        for batch, rows, kept in _runs(feeds, reference, settings, known_reference, names):
             fingerprint_update(hashers, batch)
-            kept = known_reference[index] if known_reference is not None and index < len(known_reference) else None
-            if kept is not None and (_rows_of(kept, floats) != rows or not set(names) <= set(kept)):
-                kept = None  # a cut batch (calibration kept the whole one), or outputs it did not keep
             ref = kept if kept is not None else dict(zip(names, ref_sess.run(names, dict(batch)), strict=True))
             cand = run(batch)
             lab = labels[samples : samples + rows] if labels is not None and samples + rows <= len(labels) else None
@@ -220,11 +279,6 @@ def verify_model(
         worst_batch=worst[1],
         wall_s=round(time.perf_counter() - start, 3),
     )
-
-
-def _rows_of(outputs: Mapping[str, np.ndarray], names: Sequence[str]) -> int | None:
-    lens = {len(outputs[n]) for n in names if n in outputs and np.ndim(outputs[n])}
-    return lens.pop() if len(lens) == 1 else None
 
 
 def _candidate_runner(candidate: Any, settings: VerifySettings) -> Any:
