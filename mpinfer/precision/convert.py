@@ -231,6 +231,7 @@ class _Planned:
     search_cost: dict[str, Any] | None = None
     verified: tuple | None = None
     verify: Any = None  # (VerifySettings, decisions, feeds, known FP32 outputs, rank rows)
+    verify_given: Any = None  # (low nodes, outputs per search batch) of the candidate the search measured last
 
 
 def _reapply(cfg: ConvertConfig, opts: Options, info: Any, sha: str) -> _Planned:
@@ -262,8 +263,13 @@ def _verify(made: _Planned, info: Any, result: Any, nodes: list[NodeDecision]) -
 
     settings, decisions, feeds, known, rank_rows = made.verify
     start = time.perf_counter()
+    given = None
+    low = {n.name: n.precision for n in nodes if n.precision.is_low}
+    if made.verify_given is not None and made.verify_given[0] == low:
+        given = made.verify_given[1]  # the model as applied is the candidate the search measured
     repaired = verify_and_repair(
-        info, nodes, result, decisions, feeds, settings, known_reference=known, rank_rows=rank_rows
+        info, nodes, result, decisions, feeds, settings, known_reference=known, rank_rows=rank_rows,
+        known_candidate=given,
     )
     record = verification_record(repaired.verification, settings, repaired)
     record["wall_s"] = round(time.perf_counter() - start, 3)  # every pass and the repairs' ranking
@@ -420,6 +426,9 @@ def _make_plan(cfg: ConvertConfig, opts: Options, model: Any, info: Any, sha: st
         )
         made.search_cost["samples"] = _rows(model, search_feeds)
         made.verify = _verify_inputs(cfg, opts, decisions, feeds, stats, calib_info)
+        if outcome.outputs is not None and getattr(search_feeds, "whole", False):
+            # the search measured the final plan on its samples: the verification takes those outputs
+            made.verify_given = ({n.name: n.precision for n in nodes if n.precision.is_low}, outcome.outputs)
     elif feeds is not None:
         from mpinfer.precision.search import measure_plan
 
@@ -480,6 +489,7 @@ class _SearchRows:
 
     batches: list[dict[str, Any]]
     labels: Any = None
+    whole: bool = True  # the first calibration batches as they are (none cut)
 
     def __iter__(self) -> Any:
         return iter(self.batches)
@@ -530,7 +540,7 @@ def _search_data(
             "searching on the first %d sample(s): their FP32 tensors come to %.1f GB (%d would hold %.1f)",
             taken, taken * per_sample / 1e9, opts.search_samples, opts.search_samples * per_sample / 1e9,
         )
-    return _SearchRows(chosen, getattr(feeds, "labels", None)), refs, tensors
+    return _SearchRows(chosen, getattr(feeds, "labels", None), whole=not cut), refs, tensors
 
 
 def _calibrate(

@@ -144,7 +144,7 @@ def test_the_fingerprint_does_not_depend_on_the_batch_size(grown, tmp_path):
     src, data = grown
     a = _convert(src, data, tmp_path / "a.onnx", batch_size=16).plan.summary["verification"]
     b = _convert(src, data, tmp_path / "b.onnx", batch_size=20).plan.summary["verification"]
-    assert a["fingerprint"] == b["fingerprint"] and a["batches"] != b["batches"]
+    assert a["fingerprint"] == b["fingerprint"] and a["samples"] == b["samples"] == 128
 
 
 # -- options resolved once -------------------------------------------------------------------------------------
@@ -283,3 +283,27 @@ def test_pipeline_convert_table_takes_the_knobs_and_budget_none(grown, tmp_path)
                     'budget = "none"\n')
     plan = json.loads(run_pipeline(toml).artefacts["plan"].read_text())
     assert plan["budget"] is None and "verification" not in plan["summary"]
+
+
+def test_the_search_samples_are_not_run_again_when_the_plan_is_the_searched_candidate(grown, tmp_path, monkeypatch):
+    """The search measured the final candidate on its 32 samples: the verification runs the other 96 only, and its
+    figures are those of all 128 (compare on the same data reproduces them)."""
+    from mpinfer.backends.strict import StrictRunner
+
+    ran = []
+    real = StrictRunner._infer
+
+    def counting(self, feeds):
+        ran.append(len(feeds["x"]))
+        return real(self, feeds)
+
+    monkeypatch.setattr(StrictRunner, "_infer", counting)
+    src, data = grown
+    res = _convert(src, data, tmp_path / "o.onnx", budget="max_abs<=1e-2")
+    assert res.plan.summary["verification"]["samples"] == 128 and res.plan.summary["nodes_low"] == 5
+    assert sum(ran) == 96
+    ran.clear()
+    result = _compare(src, res.output, data, "max_abs<=1e-2")
+    want, got = res.plan.summary["verification"]["figures"]["y"], result.candidates[0].outputs[0].values
+    for metric in ("max_abs", "cosine", "cosine_min"):
+        assert math.isclose(want[metric], got[metric], rel_tol=4 * EPS32 * 128, abs_tol=4 * EPS32 * 10.0), metric
