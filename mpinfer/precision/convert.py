@@ -375,6 +375,9 @@ def _make_plan(cfg: ConvertConfig, opts: Options, model: Any, info: Any, sha: st
     from mpinfer.precision.overflow import overflow_nodes
     from mpinfer.precision.planner import RuleOptions, check_overrides, rule_plan
 
+    if opts.default_budget and not any(o.type.tensor_type.elem_type in (1, 10, 11, 16) for o in model.graph.output):
+        logger.info("No float outputs: the default floor (%s) has nothing to measure; none applied.", opts.budget)
+        opts = replace(opts, budget=None, default_budget=False)
     overflow = overflow_nodes(model, cfg.keep_fp32_from) if cfg.keep_fp32_from else {}
     options = RuleOptions(cfg.keep_ops, cfg.low_ops, cfg.keep_nodes, cfg.low_nodes, overflow)
     check_overrides(info, options)

@@ -25,11 +25,12 @@ from mpinfer.specs import Precision
 # them (about log2(groups) runs) and, with strict numerics, keeps every FP32 tensor of them for its incremental
 # runs, so its cost and memory grow with this count; the final verification then covers every sample.
 DEFAULT_SEARCH_SAMPLES = 32
-# The budget convert applies with calibration data and no --budget (docs/convert.md, "The default floor"):
-# every output keeps cosine >= 0.999 against FP32 on the calibration data and no NaN/Inf appears where FP32
-# is finite (the metrics core fails every metric then). Healthy FP16 conversions of the repo's models sit
-# above 0.9999; below 0.999 an output has lost real information (compare's default check is the same).
-DEFAULT_BUDGET = "cosine>=0.999"
+# The budget convert applies with calibration data and no --budget (docs/convert.md, "The default floor"): on
+# every output, every calibration sample keeps cosine >= 0.999 against FP32 (the worst sample, not the mean: one
+# ruined sample among hundreds must not pass), and no NaN/Inf appears where FP32 is finite. The repo's models
+# convert to (almost) all FP16 with their worst sample at cosine 0.99999+ (bench/verify_cost.py); below 0.999
+# an output has lost real information (compare's default check uses the same 0.999).
+DEFAULT_BUDGET = "cosine_min>=0.999,nonfinite<=0"
 # ``--budget none``: no budget at all, not even the default floor.
 NO_BUDGET = "none"
 NUMERICS = ("strict", "ort")

@@ -13,6 +13,7 @@ from onnx import helper
 
 from mpinfer.errors import AccuracyMismatchError, InvalidInputError
 from mpinfer.precision import ConvertConfig, convert_precision
+from mpinfer.precision.options import DEFAULT_BUDGET
 from mpinfer.specs import Precision
 from tests.conftest import assert_user_error
 from tests.precision.graphs import fvi, init, make, rng_w, save
@@ -105,7 +106,7 @@ def test_the_default_floor_applies_with_data_and_is_said(grown, tmp_path, invoke
     text = " ".join(r.output.split())
     assert "the default floor" in text and "--budget none" in text and "verified on 128 samples" in text
     plan = json.loads((tmp_path / "a.plan.json").read_text())
-    assert plan["budget"] == "cosine>=0.999" and plan["summary"]["verification"]["default_budget"] is True
+    assert plan["budget"] == DEFAULT_BUDGET and plan["summary"]["verification"]["default_budget"] is True
     # --budget none opts out; --calibration none has no data, hence no floor; random data: no floor
     cases = {
         "b": ("--calibration", data, "--budget", "none"),
@@ -307,3 +308,15 @@ def test_the_search_samples_are_not_run_again_when_the_plan_is_the_searched_cand
     want, got = res.plan.summary["verification"]["figures"]["y"], result.candidates[0].outputs[0].values
     for metric in ("max_abs", "cosine", "cosine_min"):
         assert math.isclose(want[metric], got[metric], rel_tol=4 * EPS32 * 128, abs_tol=4 * EPS32 * 10.0), metric
+
+
+def test_the_default_floor_skips_a_model_without_float_outputs(tmp_path):
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["h"], name="fc"),
+        helper.make_node("ArgMax", ["h"], ["y"], name="argmax", axis=1, keepdims=0),
+    ]
+    model = make(nodes, [fvi("x", ["N", 16])], [fvi("y", ["N"], 7)], [init("w", rng_w(16, 8))])
+    src = save(model, tmp_path / "m.onnx")
+    np.savez(tmp_path / "d.npz", x=np.random.default_rng(0).standard_normal((16, 16)).astype(np.float32))
+    res = _convert(src, tmp_path / "d.npz", tmp_path / "o.onnx")
+    assert res.plan.budget is None and "verification" not in res.plan.summary
