@@ -382,22 +382,25 @@ def verify_and_repair(
         take = ranked if rounds + 1 >= MAX_REPAIR_ROUNDS else ranked[: 2**rounds]
         back = {a for g in take for a in g.members}
         demoted.extend(sorted(back))
-        detail = (
-            f"kept FP32 by the final verification on {ver.samples} samples: "
-            f"its group broke the budget ({'; '.join(ver.failures[:2])})"
-        )
-        nodes = [
-            NodeDecision(n.name, n.op_type, Precision.FP32, "sensitivity", detail, dict(n.stats))
-            if n.name in back
-            else n
-            for n in nodes
-        ]
+        nodes = _to_fp32(nodes, back, ver)
         rounds += 1
         result, nodes = apply_validated(info, nodes, settings.precision, keep_io_types=settings.keep_io_types)
         ver = verify_model(result.model, info.model, feeds, settings, known_reference=known_reference)
         spent += ver.wall_s
         _log(ver, settings, rounds)
     return Repaired(result, nodes, ver, rounds, demoted, round(spent, 3))
+
+
+def _to_fp32(nodes: list[NodeDecision], back: set[str], ver: Verification) -> list[NodeDecision]:
+    """The plan entries with ``back`` moved to FP32, saying the final verification did it and why."""
+    detail = (
+        f"kept FP32 by the final verification on {ver.samples} samples: "
+        f"its group broke the budget ({'; '.join(ver.failures[:2])})"
+    )
+    return [
+        NodeDecision(n.name, n.op_type, Precision.FP32, "sensitivity", detail, dict(n.stats)) if n.name in back else n
+        for n in nodes
+    ]
 
 
 def _first_rows(model: Any, batch: Mapping[str, np.ndarray] | None, rows: int | None) -> Any:
