@@ -14,12 +14,15 @@ explicit value can be told from a default. :func:`resolve_options` is the one pl
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from mpinfer.errors import InvalidInputError, format_message
 from mpinfer.specs import Precision
+
+logger = logging.getLogger(__name__)
 
 # The samples the budget search reads by default: two batches of 16. The search verifies each candidate on
 # them (about log2(groups) runs) and, with strict numerics, keeps every FP32 tensor of them for its incremental
@@ -107,6 +110,12 @@ def resolve_options(cfg: Any, plan: Any = None) -> Options:
         budget = None
     elif budget is None and has_real_data(cfg.calibration):
         budget, default = DEFAULT_BUDGET, True
+        if precision is Precision.BF16 and numerics == "ort":
+            logger.warning(
+                "No default floor for --precision bf16 with --numerics ort: ONNX Runtime's CPU provider cannot "
+                "run BF16 MatMul/Conv to verify it. Use --numerics strict (the default) to have it verified."
+            )
+            budget, default = None, False
     elif budget is not None and not budget.strip():
         budget = None
     return Options(

@@ -320,3 +320,32 @@ def test_the_default_floor_skips_a_model_without_float_outputs(tmp_path):
     np.savez(tmp_path / "d.npz", x=np.random.default_rng(0).standard_normal((16, 16)).astype(np.float32))
     res = _convert(src, tmp_path / "d.npz", tmp_path / "o.onnx")
     assert res.plan.budget is None and "verification" not in res.plan.summary
+
+
+def test_ort_numerics_verify_with_onnx_runtime_and_compare_reproduces_them(grown, tmp_path):
+    from mpinfer.compare import CompareConfig, compare_models
+
+    src, data = grown
+    res = _convert(src, data, tmp_path / "o.onnx", budget="max_abs<=1e-2", numerics="ort")
+    ver = res.plan.summary["verification"]
+    assert ver["numerics"] == "ort" and ver["samples"] == 128 and ver["passed"]
+    result = compare_models(CompareConfig(baseline=str(src), candidates=(str(res.output),), data=str(data),
+                                          checks="max_abs<=1e-2", numerics="ort", divergence=False,
+                                          show_progress=False))
+    got = result.candidates[0].outputs[0].values
+    for metric in ("max_abs", "cosine", "cosine_min"):
+        want = ver["figures"]["y"][metric]
+        assert math.isclose(want, got[metric], rel_tol=4 * EPS32 * 128, abs_tol=4 * EPS32 * 10.0), metric
+
+
+def test_bf16_with_ort_numerics_gets_no_floor_it_could_not_verify(grown, caplog, tmp_path):
+    from mpinfer.precision.options import resolve_options
+
+    src, data = grown
+    opts = resolve_options(ConvertConfig(model=src, output=Path("o.onnx"), calibration=str(data),
+                                         precision=Precision.BF16, numerics="ort"))
+    assert opts.budget is None and "No default floor" in caplog.text
+    with pytest.raises(InvalidInputError, match="--numerics strict"):
+        convert_precision(ConvertConfig(model=src, output=tmp_path / "o.onnx", calibration=str(data),
+                                        precision=Precision.BF16, numerics="ort", budget="cosine>=0.99"))
+    assert not (tmp_path / "o.onnx").exists()
