@@ -229,6 +229,8 @@ def parse_checks(text: str) -> Checks:
             value = float(m.group(3))
         except ValueError as err:
             raise InvalidInputError(format_message(f"Check '{raw}'", f"value '{m.group(3)}'", "a number")) from err
+        if math.isnan(value):
+            raise InvalidInputError(format_message(f"Check '{raw}'", "the value nan", "a number (nan meets nothing)"))
         if colon and not selector.strip():
             raise InvalidInputError(format_message(f"Check '{raw}'", "an empty output name before ':'",
                                                    "OUTPUT:metric<op>number, or no ':' for every output"))

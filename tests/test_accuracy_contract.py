@@ -205,3 +205,11 @@ def test_pipeline_tables_take_class_outputs_and_the_one_grammar():
     stages["convert"].check({"model": "a.onnx", "class_outputs": [], "budget": "snr>=40,rel<=0.01"})
     with pytest.raises(InvalidInputError, match=r"\[compare\] checks.*unknown metric 'top1x'"):
         stages["compare"].check({"baseline": "a.onnx", "candidates": ["b.onnx"], "checks": "top1x>=1"})
+
+
+def test_report_check_takes_selectors_and_refuses_unknown_outputs(lm, tmp_path, invoke):
+    model, data, _ = lm
+    r = invoke("compare", model, model, "--data", data, "--no-divergence", "--report", tmp_path / "rep", "--quiet")
+    assert r.exit_code == 0, r.output
+    assert invoke("report", tmp_path / "rep", "--check", "logits:top1>=0.999,logits:cosine_min>=0.999").exit_code == 0
+    assert_user_error(invoke("report", tmp_path / "rep", "--check", "probs:top1>=0.9"), r"unknown output 'probs'")

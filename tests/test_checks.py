@@ -80,7 +80,9 @@ def test_unknown_output_lists_the_models_outputs():
     parse_checks("logits:top1>=0.9,cosine>=0.9").check_outputs(["logits", "boxes"])
 
 
-@pytest.mark.parametrize("text", ["cosine=>0.9", "cosine>=abc", "cosine", ",", "", ":cosine>=1", "top0>=1"])
+@pytest.mark.parametrize(
+    "text", ["cosine=>0.9", "cosine>=abc", "cosine", ",", "", ":cosine>=1", "top0>=1", "top101>=1", "cosine>=nan"]
+)
 def test_malformed_checks(text):
     with pytest.raises(InvalidInputError, match="Check"):
         parse_checks(text)

@@ -453,6 +453,9 @@ def _search(
     )
     made.search_cost["samples"] = count_rows(model, search_feeds)
     made.verify = verify_inputs(cfg, opts, decisions, feeds, stats, calib_info)
+    if cfg.class_outputs is None and outcome.class_outputs is not None:  # top-k on the outputs the search judged
+        settings = replace(made.verify[0], class_outputs=tuple(outcome.class_outputs))
+        made.verify = (settings, *made.verify[1:])
     if outcome.outputs is not None and getattr(search_feeds, "whole", False):
         # the search measured the final plan on its samples: the verification takes those outputs
         made.verify_given = ({n.name: n.precision for n in nodes if n.precision.is_low}, outcome.outputs)

@@ -99,6 +99,9 @@ class SearchOutcome:
     # The final plan's outputs on the search batches (one dict per batch), when the search measured that very
     # candidate on all of them; the final verification takes them instead of running those samples again.
     outputs: list[dict[str, np.ndarray]] | None = None
+    # The outputs the search treated as class scores (given, or guessed once on the reference): a later
+    # verification passes them to its ModelAccumulator so it judges top-k on the same outputs.
+    class_outputs: list[str] | None = None
 
 
 @dataclass
@@ -669,7 +672,9 @@ def search_plan(
     verified = ver.passing if ver.passing and ver.passing[0] == {n.name: n.precision for n in final} else None
     final_low = {n.name: n.precision for n in final if n.precision.is_low}
     outputs = ver.passing_outputs[1] if ver.passing_outputs and ver.passing_outputs[0] == final_low else None
-    return SearchOutcome(final, summary_figures(metrics, ver.budget), cost, verified, outputs)
+    return SearchOutcome(
+        final, summary_figures(metrics, ver.budget), cost, verified, outputs=outputs, class_outputs=ver.class_outputs
+    )
 
 
 def _reference(

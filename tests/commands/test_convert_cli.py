@@ -243,7 +243,7 @@ def test_unmeetable_budget(invoke, model_path, tmp_path):
 
 def test_unknown_budget_metric(invoke, model_path, tmp_path):
     r = invoke("convert", model_path, "--budget", "psnr>=40", "-o", tmp_path / "o.onnx")
-    assert_user_error(r, "unknown metric 'psnr'")
+    assert_user_error(r, "Check 'psnr>=40': received unknown metric 'psnr'")
 
 
 def test_output_exists_needs_force(invoke, model_path, tmp_path):
