@@ -219,6 +219,7 @@ def test_api_defaults_mean_not_given():
 
 
 def test_the_report_sets_the_plans_figures_beside_compares_and_flags_a_mismatch(grown, tmp_path):
+    from mpinfer.report.html import render_html
     from mpinfer.report.markdown import render_markdown
     from mpinfer.report.plan_check import plan_check
 
@@ -230,6 +231,7 @@ def test_the_report_sets_the_plans_figures_beside_compares_and_flags_a_mismatch(
     notes, rows = plan_check(result, cand)
     assert {r[1] for r in rows} == {"max_abs", "cosine", "cosine_min"} and all(r[-1] == "match" for r in rows)
     assert "### Plan said / measured" in render_markdown(result)
+    assert "<h3>Plan said / measured</h3>" in render_html(result)
     # a plan whose figures are not what this model gives on this data: flagged
     plan = json.loads(res.plan_path.read_text())
     plan["summary"]["verification"]["figures"]["y"]["max_abs"] *= 3
