@@ -50,7 +50,7 @@ class ConvertConfig:
             Conv, pooling and most activations take bfloat16; None = as it is (BF16 still raises it to 13).
             With ``plan``: None = the plan's opset.
         force: Overwrite the output; re-plan an already-FP16 model.
-        seed: Seed for random calibration data.
+        seed: Seed for random calibration data; None = 0.
         max_batches: Cap on calibration batches.
         batch_size: Calibration batch size.
         dims: Sizes of symbolic dims for random calibration data (``{"height": 48}``).
@@ -78,7 +78,7 @@ class ConvertConfig:
     keep_io_types: bool | None = None
     opset: int | None = None
     force: bool = False
-    seed: int = 0
+    seed: int | None = None
     max_batches: int | None = None
     batch_size: int | None = None
     dims: Mapping[str, int] = field(default_factory=dict)

@@ -9,7 +9,8 @@ explicit value can be told from a default. :func:`resolve_options` is the one pl
 * re-applying a plan (``--plan``): the plan's precision, ``keep_io_types`` and opset, unless given. An
   explicit ``--keep-io-types``/``--no-keep-io-types`` or ``--opset`` that differs from the plan's is applied
   and the plan written with the output says so; ``--precision`` that differs is refused (the plan's node
-  decisions were made for its own precision); options that only shape planning are refused with ``--plan``.
+  decisions were made for its own precision); options that only shape planning (data, budget, numerics, search
+  and verification samples, class outputs, overflow.json) are refused with ``--plan``.
 """
 
 from __future__ import annotations
@@ -138,6 +139,13 @@ def _resolve_with_plan(cfg: Any, plan: Any, numerics: str, search: int) -> Optio
         "--search-samples": cfg.search_samples,
         "--verify-samples": cfg.verify_samples,
         "--budget": cfg.budget,
+        "--class-outputs": cfg.class_outputs,
+        "--keep-fp32-from": cfg.keep_fp32_from,
+        "--seed": cfg.seed,
+        "--max-batches": cfg.max_batches,
+        "--batch-size": cfg.batch_size,
+        "--dim": cfg.dims or None,
+        "--image-preprocess": cfg.image_preprocess,
     }
     given = [flag for flag, value in planning.items() if value is not None]
     if given:

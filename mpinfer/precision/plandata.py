@@ -194,7 +194,7 @@ def _load_feeds(cfg: Any, model: Any) -> Any:
         specs_from_onnx(model),
         batch_size=cfg.batch_size,
         num_batches=cfg.max_batches,
-        seed=cfg.seed,
+        seed=cfg.seed if cfg.seed is not None else 0,
         dims=cfg.dims,
         image_preprocess=cfg.image_preprocess,
     )

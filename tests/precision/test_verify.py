@@ -199,7 +199,8 @@ def test_a_plan_re_applied_in_place_refuses_options_that_change_it(planned, invo
 @pytest.mark.parametrize(
     ("flag", "value"),
     [("--calibration", "random"), ("--numerics", "ort"), ("--search-samples", "8"), ("--verify-samples", "8"),
-     ("--budget", "cosine>=0.9")],
+     ("--budget", "cosine>=0.9"), ("--seed", "1"), ("--batch-size", "4"), ("--max-batches", "2"),
+     ("--dim", "N=4"), ("--class-outputs", "y")],
 )
 def test_planning_options_with_a_plan_are_refused_not_dropped(planned, tmp_path, invoke, flag, value):
     src, plan = planned
