@@ -352,3 +352,15 @@ def test_bf16_with_ort_numerics_gets_no_floor_it_could_not_verify(grown, caplog,
         convert_precision(ConvertConfig(model=src, output=tmp_path / "o.onnx", calibration=str(data),
                                         precision=Precision.BF16, numerics="ort", budget="cosine>=0.99"))
     assert not (tmp_path / "o.onnx").exists()
+
+
+def test_the_cli_knobs_and_the_console_line(grown, tmp_path, invoke):
+    src, data = grown
+    r = invoke("convert", src, "--calibration", data, "--budget", "max_abs<=1e-2", "--search-samples", "8",
+               "--verify-samples", "40", "-o", tmp_path / "o.onnx")
+    assert r.exit_code == 0, r.output
+    text = " ".join(r.output.split())
+    assert "searched on 8 samples, verified on 40 samples (strict numerics): max_abs=" in text
+    assert "budget max_abs<=1e-2 met" in text
+    r = invoke("convert", src, "--calibration", data, "--verify-samples", "0", "-o", tmp_path / "p.onnx")
+    assert r.exit_code == 2 and "--verify-samples" in r.output  # a usage error, from click
