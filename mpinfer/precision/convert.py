@@ -383,6 +383,7 @@ def _make_plan(cfg: ConvertConfig, opts: Options, model: Any, info: Any, sha: st
     if opts.default_budget and not any(o.type.tensor_type.elem_type in (1, 10, 11, 16) for o in model.graph.output):
         logger.info("No float outputs: the default floor (%s) has nothing to measure; none applied.", opts.budget)
         opts = replace(opts, budget=None, default_budget=False)
+    opts = _floor_numerics(opts, model)
     overflow = overflow_nodes(model, cfg.keep_fp32_from) if cfg.keep_fp32_from else {}
     options = RuleOptions(cfg.keep_ops, cfg.low_ops, cfg.keep_nodes, cfg.low_nodes, overflow)
     check_overrides(info, options)
@@ -460,6 +461,32 @@ def _search(
         # the search measured the final plan on its samples: the verification takes those outputs
         made.verify_given = ({n.name: n.precision for n in nodes if n.precision.is_low}, outcome.outputs)
     return nodes
+
+
+def _floor_numerics(opts: Options, model: Any) -> Options:
+    """The default floor's numerics on a model strict emulation cannot run (custom-domain ops).
+
+    ONNX Runtime numerics verify it then (FP16; BF16 has none on the CPU provider: no floor), said in a warning.
+    An explicit budget is refused there by the search, which names ``--numerics ort``.
+    """
+    from mpinfer.precision.emulate import GraphEmulator
+
+    if not opts.default_budget or opts.numerics != "strict":
+        return opts
+    missing = GraphEmulator(model).unsupported_ops()
+    if not missing:
+        return opts
+    if opts.precision is Precision.BF16:
+        logger.warning(
+            "No default floor: strict emulation cannot run %s and ONNX Runtime's CPU provider has no BF16 "
+            "MatMul/Conv to verify it with.", ", ".join(sorted(missing))
+        )
+        return replace(opts, budget=None, default_budget=False)
+    logger.warning(
+        "The default floor is verified with ONNX Runtime numerics: strict emulation cannot run %s (ORT's CPU "
+        "provider computes many FP16 ops in FP32 and understates the error a GPU shows).", ", ".join(sorted(missing))
+    )
+    return replace(opts, numerics="ort")
 
 
 def _class_outputs(cfg: ConvertConfig) -> tuple[str, ...] | None:

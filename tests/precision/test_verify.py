@@ -364,3 +364,21 @@ def test_the_cli_knobs_and_the_console_line(grown, tmp_path, invoke):
     assert "budget max_abs<=1e-2 met" in text
     r = invoke("convert", src, "--calibration", data, "--verify-samples", "0", "-o", tmp_path / "p.onnx")
     assert r.exit_code == 2 and "--verify-samples" in r.output  # a usage error, from click
+
+
+def test_the_default_floor_on_a_model_strict_emulation_cannot_run_is_verified_with_onnx_runtime(tmp_path, caplog):
+    """A com.microsoft contrib op (an ORT-optimized model): no strict kernel, so the floor uses ORT numerics."""
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["h"], name="fc"),
+        helper.make_node("Gelu", ["h"], ["y"], name="gelu", domain="com.microsoft"),
+    ]
+    graph = helper.make_graph(nodes, "g", [fvi("x", ["N", 16])], [fvi("y", ["N", 8])], [init("w", rng_w(16, 8))])
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    model = helper.make_model(graph, opset_imports=opsets)
+    model.ir_version = 8
+    src = save(model, tmp_path / "m.onnx")
+    np.savez(tmp_path / "d.npz", x=np.random.default_rng(0).standard_normal((32, 16)).astype(np.float32))
+    res = _convert(src, tmp_path / "d.npz", tmp_path / "o.onnx")
+    ver = res.plan.summary["verification"]
+    assert ver["numerics"] == "ort" and ver["default_budget"] and ver["samples"] == 32
+    assert "verified with ONNX Runtime numerics" in caplog.text
