@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from mpinfer.errors import InvalidInputError, format_message
+from mpinfer.errors import InternalError, InvalidInputError, format_message
 from mpinfer.precision.plan import NodeDecision, PrecisionPlan
 from mpinfer.specs import DEFAULT_DIM_SIZE, Precision
 
@@ -437,6 +437,11 @@ def _calibrate(
                 )
             )
         return None, None, None
+    from mpinfer.precision.calibrate import check_data_fits
+
+    why = check_data_fits(model, user_data=not _own_data(cfg))
+    if why is not None:
+        return _rules_only(cfg, why, "pass --calibration none to plan by rules only without this warning")
     specs = specs_from_onnx(model)
     feeds = load_feeds(
         cfg.calibration,
@@ -484,8 +489,20 @@ def _calibrate(
     except BackendUnavailableError as err:
         logger.warning("Calibration skipped (range rules off): %s", err)
         return None, feeds, info
+    except InternalError as err:  # the emulator fails on mpinfer's own data (an axis index drawn out of range)
+        if not (feeds.is_random and _own_data(cfg)):
+            raise
+        hint = random_data_hint(specs, getattr(feeds, "guessed_dims", ()))
+        return _rules_only(cfg, f"mpinfer's own random data cannot be run ({err})",
+                           "pass --calibration with real inputs" + (f", {hint}" if hint else ""))
     except InvalidInputError as err:
+        from mpinfer.precision.calibrate import FeedsRejectedError
+
         guessed = getattr(feeds, "guessed_dims", ())
+        if isinstance(err, FeedsRejectedError) and feeds.is_random and _own_data(cfg):
+            why = f"ONNX Runtime rejects mpinfer's own random data at {err.where} ({err.reason[:200]})"
+            hint = random_data_hint(specs, guessed)
+            return _rules_only(cfg, why, "pass --calibration with real inputs" + (f", {hint}" if hint else ""))
         if not guessed:
             raise
         raise InvalidInputError(
@@ -493,6 +510,32 @@ def _calibrate(
             "Pass --dim NAME=N with the sizes the model is used at, or real data.)"
         ) from err
     return stats, feeds, info
+
+
+def _own_data(cfg: ConvertConfig) -> bool:
+    """True when calibration uses mpinfer's own seeded random data (the user gave none)."""
+    return cfg.calibration is None or str(cfg.calibration) == "random" or str(cfg.calibration).startswith("random:")
+
+
+def _rules_only(cfg: ConvertConfig, why: str, advice: str) -> tuple[None, None, None]:
+    """No calibration after all: plan by rules only, with a warning (a budget needs data: refused)."""
+    if cfg.budget:
+        raise InvalidInputError(format_message("--budget", f"no usable calibration data: {why}",
+                                               "data the model accepts", advice))
+    logger.warning("Calibration skipped: %s. Planning by rules only (no range statistics, no measured error). "
+                   "Hint: %s.", why, advice)
+    return None, None, None
+
+
+def random_data_hint(specs: Any, guessed: Any) -> str:
+    """What shapes mpinfer's random data: ``--dim`` for guessed sizes, ``--input-range`` for integer inputs."""
+    parts = []
+    if guessed:
+        parts.append(f"or --dim NAME=N for the sizes it guessed ({', '.join(guessed)} set to {DEFAULT_DIM_SIZE})")
+    ints = [s.name for s in specs if s.dtype.kind in "iu"]
+    if ints:
+        parts.append(f"or --input-range NAME=LO..HI for integer input(s) {', '.join(ints[:5])}")
+    return ", ".join(parts)
 
 
 def replace_config(cfg: ConvertConfig, **changes: Any) -> ConvertConfig:

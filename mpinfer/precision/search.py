@@ -767,5 +767,5 @@ def measure_plan(
     else:
         refs = [emu.run(batch, None).outputs for batch in taken]
     outs = [emu.run(batch, low).outputs for batch in taken]
-    names = [n for n, v in refs[0].items() if np.asarray(v).dtype.kind == "f"]
+    names = [n for n, v in refs[0].items() if isinstance(v, np.ndarray) and v.dtype.kind == "f"]  # no sequences
     return {k: _clean(v) for k, v in output_metrics(refs, outs, names).items()}
