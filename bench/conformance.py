@@ -29,7 +29,7 @@ import logging
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -69,14 +69,18 @@ class Tally:
         return self.counts()["ok"] / max(1, len(self.results))
 
 
-def runnable_cases(select: Callable[[int, Any], bool] | None = None) -> list[Any]:
-    """The float cases that ONNX Runtime runs in FP32 and the ONNX checker accepts (sorted by name)."""
+def runnable_cases(sample: int | None = None) -> list[Any]:
+    """The float cases that ONNX Runtime runs in FP32 and the ONNX checker accepts (sorted by name).
+
+    ``sample``: those among a deterministic spread of this many float cases (:func:`sample_cases`).
+    """
     import onnx
 
     from tests.precision.conformance import _feeds, _ort, float_cases
 
     out = []
-    for case in float_cases():
+    cases = float_cases()
+    for case in sample_cases(cases, sample) if sample else cases:
         try:
             onnx.checker.check_model(case.model, full_check=True)
             with np.errstate(all="ignore"):
@@ -84,7 +88,7 @@ def runnable_cases(select: Callable[[int, Any], bool] | None = None) -> list[Any
         except Exception:  # noqa: BLE001 - ORT lacks this op/variant, or the checker refuses it
             continue
         out.append(case)
-    return out if select is None else [c for i, c in enumerate(out) if select(i, c)]
+    return out
 
 
 def sample_cases(cases: Sequence[Any], n: int) -> list[Any]:
@@ -219,12 +223,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--only", help="cases whose name contains this text")
     p.add_argument("-v", "--verbose", action="store_true", help="list every run that is not ok")
     args = p.parse_args(argv)
-    cases = runnable_cases()
-    print(f"{len(cases)} float cases that ONNX Runtime runs in FP32 and the checker accepts")
+    cases = runnable_cases(args.sample)
+    print(f"{len(cases)} float cases that ONNX Runtime runs in FP32 and the checker accepts"
+          + (f" (among a spread of {args.sample})" if args.sample else ""))
     if args.only:
         cases = [c for c in cases if args.only in c.name]
-    if args.sample:
-        cases = sample_cases(cases, args.sample)
     tallies = run_conformance(cases, [m for m in args.mode.split(",") if m])
     for t in tallies.values():
         print(format_tally(t))
