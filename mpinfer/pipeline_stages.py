@@ -489,6 +489,8 @@ BUILD_LOOSE_TYPES: dict[str, Any] = {
 VALUE_PARSERS = {
     ("convert", "budget"): ("mpinfer.precision.budget", "parse_budget"),
     ("compare", "checks"): ("mpinfer.compare.checks", "parse_checks"),
+    ("convert", "input_ranges"): ("mpinfer.data", "parse_input_ranges"),
+    ("compare", "input_ranges"): ("mpinfer.data", "parse_input_ranges"),
 }
 
 

@@ -67,6 +67,13 @@ from mpinfer.modelio import MAX_OPSET
 )
 @click.option("--dim", "dims", multiple=True, help="Size of a symbolic dim for random data, e.g. height=48.")
 @click.option(
+    "--input-range",
+    "input_ranges",
+    multiple=True,
+    metavar="NAME=LO..HI",
+    help="Value range of an input's random data, e.g. input_ids=0..30522 (integers: LO to HI-1).",
+)
+@click.option(
     "--image-preprocess",
     metavar="SPEC",
     help="For a --calibration folder of images: size=HxW,mean=a/b/c,std=a/b/c,scale=255,layout=nchw|nhwc,"
@@ -94,6 +101,7 @@ def convert(
     max_batches: int | None,
     batch_size: int | None,
     dims: tuple[str, ...],
+    input_ranges: tuple[str, ...],
     image_preprocess: str | None,
 ) -> None:
     """Convert an FP32 ONNX model to mixed FP16/BF16, keeping FP32 exactly where it is needed.
@@ -131,6 +139,7 @@ def convert(
         batch_size=batch_size,
         dims=parse_dims(dims),
         image_preprocess=image_preprocess,
+        input_ranges=input_ranges,
         progress=not quiet,
     )
     result = convert_precision(cfg)

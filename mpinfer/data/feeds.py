@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -333,6 +333,7 @@ def load_feeds(
     seed: int = 0,
     dims: Mapping[str, int] | None = None,
     image_preprocess: str | ImagePreprocess | None = None,
+    input_ranges: Sequence[str] | Mapping[str, Sequence[float]] | None = None,
 ) -> FeedSource:
     """Open a data source for a model with the given input specs.
 
@@ -344,6 +345,7 @@ def load_feeds(
         seed: Seed for random data.
         dims: Sizes for symbolic dims of random data (``{"seq": 32}``).
         image_preprocess: Preprocessing for an image folder.
+        input_ranges: Value ranges of random data per input (``["ids=0..1000"]``), over the model's own.
 
     Returns:
         A FeedSource (iterable of batches).
@@ -352,6 +354,8 @@ def load_feeds(
         InvalidInputError: For a missing source, wrong names/dtypes/shapes, NaN/Inf or empty data.
     """
     _check_dim_names(specs, dims or {})
+    if input_ranges:
+        specs = _with_ranges(specs, parse_input_ranges(input_ranges))
     bs = batch_size or DEFAULT_BATCH_SIZE
     if batch_size is not None and batch_size <= 0:
         raise InvalidInputError(format_message("Batch size", batch_size, "a positive integer"))
@@ -397,6 +401,33 @@ def load_feeds(
                                            "one of those", "or pass 'random'"))
 
 
+def parse_input_ranges(items: Sequence[str] | Mapping[str, Sequence[float]]) -> dict[str, tuple[float, float]]:
+    """Parse ``ids=0..1000`` items (``--input-range``) into ``{"ids": (0, 1000)}``; integers draw from ``[lo, hi)``.
+
+    Raises:
+        InvalidInputError: For a malformed item.
+    """
+    if isinstance(items, Mapping):
+        items = [f"{k}={v[0]}..{v[1]}" for k, v in items.items()]
+    out = {}
+    for item in items:
+        key, sep, value = str(item).partition("=")
+        if not sep or not key.strip():
+            raise InvalidInputError(format_message("--input-range", repr(item), "name=lo..hi, e.g. input_ids=0..30522"))
+        out[key.strip()] = parse_range(value, what=f"--input-range {key.strip()}")
+    return out
+
+
+def _with_ranges(specs: Sequence[TensorSpec], ranges: Mapping[str, tuple[float, float]]) -> list[TensorSpec]:
+    """The specs with the given value ranges (every name an input of the model)."""
+    names = [s.name for s in specs]
+    unknown = [n for n in ranges if n not in names]
+    if unknown:
+        got = ", ".join(repr(n) for n in unknown) + " (no such input)"
+        raise InvalidInputError(format_message("--input-range", got, "one of " + ", ".join(repr(n) for n in names)))
+    return [replace(s, value_range=ranges[s.name]) if s.name in ranges else s for s in specs]
+
+
 def parse_dims(items: Sequence[str]) -> dict[str, int]:
     """Parse ``seq=32`` items into ``{"seq": 32}``.
 
@@ -418,6 +449,7 @@ __all__ = [
     "fixed_batch",
     "load_feeds",
     "parse_dims",
+    "parse_input_ranges",
     "parse_range",
     "random_batch",
     "read_npz",

@@ -60,6 +60,7 @@ class ConvertConfig:
         dims: Sizes of symbolic dims for random calibration data (``{"height": 48}``).
         image_preprocess: Preprocessing of a calibration folder of images (``size=HxW,mean=..,std=..,mode=L``;
             :class:`mpinfer.data.ImagePreprocess`).
+        input_ranges: Value ranges of random calibration data per input, ``("input_ids=0..30522",)``.
         search_batches: Calibration batches the budget search evaluates.
         progress: Show progress bars.
     """
@@ -84,6 +85,7 @@ class ConvertConfig:
     batch_size: int | None = None
     dims: Mapping[str, int] = field(default_factory=dict)
     image_preprocess: str | None = None
+    input_ranges: tuple[str, ...] = ()
     search_batches: int = 2
     progress: bool = True
 
@@ -451,6 +453,7 @@ def _calibrate(
         seed=cfg.seed,
         dims=cfg.dims,
         image_preprocess=cfg.image_preprocess,
+        input_ranges=cfg.input_ranges,
     )
     if feeds.is_random:
         logger.warning(

@@ -10,9 +10,12 @@ import re
 
 import numpy as np
 import onnx
+import pytest
 from onnx import TensorProto, helper
 
 from mpinfer.data import load_feeds
+from mpinfer.errors import InvalidInputError
+from mpinfer.pipeline import run_pipeline
 from mpinfer.specs import specs_from_onnx
 from tests.conftest import assert_user_error
 from tests.precision.graphs import fvi, init, make, rng_w, save
@@ -119,3 +122,30 @@ def test_sequence_values_are_planned_around(invoke, tmp_path, caplog):
     assert "input(s) 's' (seq(tensor(float))) are not tensors" in caplog.text and "rules only" in caplog.text
     bad = invoke("convert", src, "--calibration", tmp_path / "d.npz", "-o", tmp_path / "t.onnx")
     assert_user_error(bad, r"non-tensor input\(s\) 's' \(seq\(tensor\(float\)\)\).*--calibration none")
+
+
+def test_input_range_sets_an_integer_inputs_random_values(invoke, tmp_path, caplog):
+    src = save(_expand(), tmp_path / "m.onnx")
+    with caplog.at_level("WARNING", logger="mpinfer"):
+        r = invoke("convert", src, "--input-range", "shape=1..2", "-o", tmp_path / "o.onnx")
+    assert r.exit_code == 0, r.output
+    assert "Calibration skipped" not in caplog.text  # [1, 1] broadcasts: the model takes every batch
+    assert json.loads((tmp_path / "o.plan.json").read_text())["calibration"]["kind"] == "random"
+    c = invoke("compare", src, tmp_path / "o.onnx", "--input-range", "shape=1..2", "--num-batches", "1")
+    assert c.exit_code == 0, c.output
+    assert_user_error(invoke("convert", src, "--input-range", "shap=1..2", "-o", tmp_path / "p.onnx"),
+                      r"--input-range: received 'shap' \(no such input\), expected one of 'x', 'shape'")
+    assert_user_error(invoke("convert", src, "--input-range", "shape=2", "-o", tmp_path / "p.onnx"),
+                      r"low\.\.high")
+
+
+def test_input_ranges_in_the_pipeline_toml(tmp_path):
+    save(_expand(), tmp_path / "m.onnx")
+    toml = tmp_path / "p.toml"
+    toml.write_text('[pipeline]\nwork_dir = "w"\n[convert]\nmodel = "m.onnx"\ninput_ranges = ["shape=1..2"]\n')
+    run_pipeline(toml)
+    [plan] = list((tmp_path / "w").rglob("*.plan.json"))
+    assert json.loads(plan.read_text())["calibration"]["kind"] == "random"
+    toml.write_text('[pipeline]\nwork_dir = "v"\n[convert]\nmodel = "m.onnx"\ninput_ranges = ["shape=1"]\n')
+    with pytest.raises(InvalidInputError, match=r"\[convert\] input_ranges = \['shape=1'\]: .*low\.\.high"):
+        run_pipeline(toml)
