@@ -16,6 +16,7 @@ from typing import Any
 
 from mpinfer.errors import InternalError, InvalidInputError, format_message
 from mpinfer.precision.plan import NodeDecision, PrecisionPlan
+from mpinfer.precision.quantized import warn_quantized
 from mpinfer.specs import DEFAULT_DIM_SIZE, Precision
 
 logger = logging.getLogger(__name__)
@@ -366,6 +367,7 @@ def _make_plan(
         calibration=calib_info,
         mpinfer_version=__version__,
     )
+    warn_quantized(plan.nodes)  # an int8/QDQ model: say what was left as it was, and why
     return plan, expected, search_cost, verified
 
 
