@@ -508,6 +508,15 @@ def _calibrate(
             why = f"ONNX Runtime rejects mpinfer's own random data at {err.where} ({err.reason[:200]})"
             hint = random_data_hint(specs, guessed)
             return _rules_only(cfg, why, "pass --calibration with real inputs" + (f", {hint}" if hint else ""))
+        if isinstance(err, FeedsRejectedError) and not feeds.is_random:  # the user's data: name it
+            raise InvalidInputError(
+                format_message(
+                    f"Calibration data '{cfg.calibration}'",
+                    f"a batch ONNX Runtime rejected at {err.where} ({err.reason[:300]})",
+                    "values and shapes the model accepts",
+                    "check the values of integer inputs (shapes, indices) and each input's layout (README: Data)",
+                )
+            ) from err
         if not guessed:
             raise
         raise InvalidInputError(
