@@ -494,36 +494,34 @@ def _calibrate(
     except BackendUnavailableError as err:
         logger.warning("Calibration skipped (range rules off): %s", err)
         return None, feeds, info
-    except InternalError as err:  # the emulator fails on mpinfer's own data (an axis index drawn out of range)
-        if not (feeds.is_random and _own_data(cfg)):
-            raise
-        hint = random_data_hint(specs, getattr(feeds, "guessed_dims", ()))
-        return _rules_only(cfg, f"mpinfer's own random data cannot be run ({err})",
-                           "pass --calibration with real inputs" + (f", {hint}" if hint else ""))
-    except InvalidInputError as err:
-        from mpinfer.precision.calibrate import FeedsRejectedError
-
-        guessed = getattr(feeds, "guessed_dims", ())
-        if isinstance(err, FeedsRejectedError) and feeds.is_random and _own_data(cfg):
-            why = f"ONNX Runtime rejects mpinfer's own random data at {err.where} ({err.reason[:200]})"
-            hint = random_data_hint(specs, guessed)
-            return _rules_only(cfg, why, "pass --calibration with real inputs" + (f", {hint}" if hint else ""))
-        if isinstance(err, FeedsRejectedError) and not feeds.is_random:  # the user's data: name it
-            raise InvalidInputError(
-                format_message(
-                    f"Calibration data '{cfg.calibration}'",
-                    f"a batch ONNX Runtime rejected at {err.where} ({err.reason[:300]})",
-                    "values and shapes the model accepts",
-                    "check the values of integer inputs (shapes, indices) and each input's layout (README: Data)",
-                )
-            ) from err
-        if not guessed:
-            raise
-        raise InvalidInputError(
-            f"{err} (The random data's sizes were guesses: {', '.join(guessed)} set to {DEFAULT_DIM_SIZE}. "
-            "Pass --dim NAME=N with the sizes the model is used at, or real data.)"
-        ) from err
+    except (InternalError, InvalidInputError) as err:
+        return _calibration_failed(cfg, err, feeds, specs)
     return stats, feeds, info
+
+
+def _calibration_failed(cfg: ConvertConfig, err: Exception, feeds: Any, specs: Any) -> tuple[None, None, None]:
+    """Calibration could not run the model on its data.
+
+    mpinfer's own random data (the user gave none): plan by rules only, with a warning naming the node and what
+    to pass. The user's data: a user error naming it (ONNX Runtime's refusal), or the error as it is.
+    """
+    from mpinfer.precision.calibrate import FeedsRejectedError
+
+    if feeds.is_random and _own_data(cfg):
+        why = (f"ONNX Runtime rejects mpinfer's own random data at {err.where} ({err.reason[:200]})"
+               if isinstance(err, FeedsRejectedError) else f"mpinfer's own random data cannot be run ({err})")
+        hint = random_data_hint(specs, getattr(feeds, "guessed_dims", ()))
+        return _rules_only(cfg, why, "pass --calibration with real inputs" + (f", {hint}" if hint else ""))
+    if isinstance(err, FeedsRejectedError):  # the user's data: name it
+        raise InvalidInputError(
+            format_message(
+                f"Calibration data '{cfg.calibration}'",
+                f"a batch ONNX Runtime rejected at {err.where} ({err.reason[:300]})",
+                "values and shapes the model accepts",
+                "check the values of integer inputs (shapes, indices) and each input's layout (README: Data)",
+            )
+        ) from err
+    raise err
 
 
 def _own_data(cfg: ConvertConfig) -> bool:
