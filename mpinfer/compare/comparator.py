@@ -50,6 +50,7 @@ class CompareConfig:
         batch_size: Samples per batch of the data.
         num_batches: Cap on the batches compared.
         dims: Sizes for symbolic dims of random data, ``("seq=32",)``.
+        input_ranges: Value ranges of random data per input, ``("input_ids=0..30522",)``.
         image_preprocess: Preprocessing of a ``data`` folder of images (``size=HxW,mean=..,std=..,mode=L``).
         divergence: Locate the node where the error jumps (ONNX baseline and candidate).
         divergence_batches: Batches used for it.
@@ -73,6 +74,7 @@ class CompareConfig:
     num_batches: int | None = None
     dims: tuple[str, ...] = ()
     image_preprocess: str | None = None
+    input_ranges: tuple[str, ...] = ()
     divergence: bool = True
     divergence_batches: int = DIVERGENCE_BATCHES
     seed: int = 0
@@ -404,6 +406,7 @@ def compare_models(config: CompareConfig) -> ComparisonResult:
             seed=config.seed,
             dims=parse_dims(config.dims),
             image_preprocess=config.image_preprocess,
+            input_ranges=config.input_ranges,
         )
         _check_label_metrics(checks, feeds.labels is not None, config)
         from mpinfer.precision.verify import FingerprintedFeeds
