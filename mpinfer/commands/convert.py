@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from mpinfer.commands import memory_limit_option
 from mpinfer.metrics import parse_class_outputs
 from mpinfer.modelio import MAX_OPSET
 
@@ -72,6 +73,7 @@ from mpinfer.modelio import MAX_OPSET
     "with --plan, the plan's).",
 )
 @click.option("--force", is_flag=True, help="Overwrite the output; re-plan an already-FP16 model.")
+@memory_limit_option
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed for random calibration data.")
 @click.option("--max-batches", type=click.IntRange(min=1), help="Cap on calibration batches.")
 @click.option(
@@ -108,6 +110,7 @@ def convert(
     batch_size: int | None,
     dims: tuple[str, ...],
     image_preprocess: str | None,
+    memory_limit: str | None,
 ) -> None:
     """Convert an FP32 ONNX model to mixed FP16/BF16, keeping FP32 exactly where it is needed.
 
@@ -146,6 +149,7 @@ def convert(
         dims=parse_dims(dims),
         image_preprocess=image_preprocess,
         progress=not quiet,
+        memory_limit=memory_limit,
     )
     result = convert_precision(cfg)
     if not quiet:

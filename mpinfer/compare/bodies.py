@@ -3,8 +3,8 @@
 onnxruntime can only return main-graph tensors, so body tensors come from the strict emulator: the baseline
 runs in FP32 and the candidate with each node in its input dtype (``follow_input_dtypes``), on the same
 batches. An ``observe`` callback sees every body tensor under its qualified name (``If_3/then_branch/`` +
-name). Per batch the baseline's observations are held (at most :data:`BODY_BYTES_LIMIT` bytes) and each is
-paired with the candidate's observation of the same name and occurrence (a Loop body tensor is seen once per
+name). Per batch the baseline's observations are held (at most the memory budget's ``body`` slice,
+:mod:`mpinfer.memory`) and each is paired with the candidate's observation of the same name and occurrence (a Loop body tensor is seen once per
 iteration), then freed; only the running sums of :class:`~mpinfer.compare.divergence.TensorAcc` are kept.
 """
 
@@ -19,13 +19,11 @@ from typing import Any
 import numpy as np
 
 from mpinfer.compare.divergence import SKIP_OPS, TensorAcc
+from mpinfer.memory import current_budget
 from mpinfer.precision.kernels.numerics import is_float
 
 logger = logging.getLogger(__name__)
 
-# Baseline body tensors held per batch until the candidate's run pairs them: bounds the memory of Loops with
-# many iterations; observations past it are not compared (and counted).
-BODY_BYTES_LIMIT = 256 * 2**20
 
 
 @dataclass
@@ -67,6 +65,7 @@ class _Pairing:
         self.seen: dict[str, int] = {}
         self.nbytes = 0
         self.dropped = 0
+        self.limit = current_budget().body
 
     def observe_baseline(self, prefix: str, name: str, value: Any) -> None:
         key = prefix + name
@@ -75,7 +74,8 @@ class _Pairing:
         if not is_float(value):
             self.not_float.add(key)  # booleans, indices, sequences: nothing to compare
             return
-        if self.nbytes + value.nbytes > BODY_BYTES_LIMIT:
+        # held until the candidate's run pairs them: bounds Loops with many iterations; past it, not compared
+        if self.nbytes + value.nbytes > self.limit:
             self.dropped += 1
             self.held.setdefault(key, []).append(None)  # keeps the occurrence count; never compared
             return

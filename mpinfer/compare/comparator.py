@@ -18,6 +18,7 @@ from mpinfer.backends import Runner, open_runner
 from mpinfer.checks import DEFAULT_CHECKS, Checks, parse_checks
 from mpinfer.compare.result import CandidateResult, ComparisonResult, LatencyResult, OutputMetrics
 from mpinfer.errors import InvalidInputError, ModelLoadError, MpinferError, format_message
+from mpinfer.memory import budgeted
 from mpinfer.metrics import ModelAccumulator, OutputAccumulator, check_output_names, guess_class_output
 from mpinfer.specs import TensorSpec, is_float_dtype
 
@@ -55,6 +56,8 @@ class CompareConfig:
         divergence_batches: Batches used for it.
         seed: Seed for random data.
         show_progress: Show rich progress bars.
+        memory_limit: ``--memory-limit`` (a size or a share of the available memory; :mod:`mpinfer.memory`);
+            None = the default budget.
     """
 
     baseline: str
@@ -77,6 +80,7 @@ class CompareConfig:
     divergence_batches: int = DIVERGENCE_BATCHES
     seed: int = 0
     show_progress: bool = True
+    memory_limit: str | int | None = None
 
     def __post_init__(self) -> None:
         """Accept ``pathlib.Path`` models and data (as the README's API example passes them)."""
@@ -370,6 +374,7 @@ def _check_label_metrics(checks: Checks, has_labels: bool, cfg: CompareConfig) -
         )
 
 
+@budgeted
 def compare_models(config: CompareConfig) -> ComparisonResult:
     """Compare one baseline with one or more candidates on the same data.
 

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from mpinfer.compare.result import Divergence, NodeError
+from mpinfer.memory import current_budget
 
 if TYPE_CHECKING:
     from mpinfer.compare.bodies import BodyCoverage
@@ -34,8 +35,6 @@ CHUNK_SIZE = 64
 # The strict emulator recomputes the whole graph per chunk, so it takes bigger chunks (one batch's tensors);
 # only the baseline's values are held (the candidate's are compared as the emulator computes them).
 STRICT_CHUNK_SIZE = 512
-# ... and a chunk's tensors come to at most this many bytes per model run (sizes from a one-sample probe).
-CHUNK_BYTES = 256 * 2**20
 # A node's output relative error must reach 1 % to count as a jump (FP16 rounding alone gives ~1e-3).
 JUMP_MIN_ERROR = 1e-2
 # ... and be at least 10x the error already present in its inputs.
@@ -205,7 +204,9 @@ def measure_tensors(
 
     accs = {n: TensorAcc() for n in names}
     size = STRICT_CHUNK_SIZE if strict else CHUNK_SIZE
-    chunks = pack_chunks(names, tensor_bytes(base, names, batches, providers), size, CHUNK_BYTES)
+    # a chunk's tensors come to at most the budget's divergence slice per model run (sizes from a one-sample probe)
+    limit = current_budget().divergence_chunk
+    chunks = pack_chunks(names, tensor_bytes(base, names, batches, providers), size, limit)
     emu = None
     if strict:
         from mpinfer.precision.emulate import GraphEmulator

@@ -27,6 +27,7 @@ import numpy as np
 
 from mpinfer.backends.base import check_feeds
 from mpinfer.errors import InvalidInputError, ModelLoadError, format_message
+from mpinfer.memory import current_budget
 from mpinfer.precision.graphinfo import FLOAT
 from mpinfer.precision.tensorstats import (
     BF16_MIN_NORMAL,
@@ -68,18 +69,18 @@ RANDOM_DATA_WARNING = (
 # Models with more weight bytes than this are calibrated from a temporary external-data copy, so the
 # per-chunk session models are graph-only protos instead of full copies of the weights.
 IN_MEMORY_LIMIT = 256 * 2**20
-# Tensors fetched per pass of ONNX Runtime over the data (bytes bound the memory: ``CALL_BYTES_LIMIT``).
+# Tensors fetched per pass of ONNX Runtime over the data (bytes bound the memory: the budget's calibration_call).
 MAX_OUTPUTS_PER_SESSION = 4096
-# ``capture_tensors`` keeps the captured batches' tensors only when they come to at most this many bytes in all
-# (projected from the first batch's first chunk on): they are held while the other batches and passes run, on top
-# of calibration's own working set; above it the caller computes them again later, when calibration's memory is
-# free (layout_cdla at 800x608: ~0.85 GB a batch).
-CAPTURE_TENSORS_LIMIT = 512 * 2**20
-# One ONNX Runtime call returns at most about this many bytes of tensors, sized from a one-sample probe: a graph
-# whose tensors come to more per sample takes several passes, a batch whose tensors come to more runs in slices
-# of its samples (statistics do not depend on how the samples are grouped). PP-OCRv4's text detector at 640x640
-# returns ~0.7 GB of tensors per image: a batch of 16 in one call peaked at 7.6 GB.
-CALL_BYTES_LIMIT = 512 * 2**20
+# Two slices of the memory budget (:mod:`mpinfer.memory`) size calibration:
+# * ``capture``: ``capture_tensors`` keeps the captured batches' tensors only when they come to at most this many
+#   bytes in all (projected from the first batch's first chunk on): they are held while the other batches and
+#   passes run, on top of calibration's own working set; above it the caller computes them again later, when
+#   calibration's memory is free (layout_cdla at 800x608: ~0.85 GB a batch).
+# * ``calibration_call``: one ONNX Runtime call returns at most about this many bytes of tensors, sized from a
+#   one-sample probe: a graph whose tensors come to more per sample takes several passes, a batch whose tensors
+#   come to more runs in slices of its samples (statistics do not depend on how the samples are grouped).
+#   PP-OCRv4's text detector at 640x640 returns ~0.7 GB of tensors per image: a batch of 16 in one call peaked at
+#   7.6 GB.
 
 _FLOAT_TYPES = (1, 10, 11, 16)  # FLOAT, FLOAT16, DOUBLE, BFLOAT16
 
@@ -98,7 +99,7 @@ class CalibrationStats(Mapping[str, TensorStats]):
             else None: the budget search compares its candidates with these instead of running the FP32
             model again.
         reference_tensors: With ``capture_tensors``: every FLOAT main-graph tensor ONNX Runtime computed for
-            those batches (one dict per batch), else None (also above ``CAPTURE_TENSORS_LIMIT``): the strict
+            those batches (one dict per batch), else None (also above the memory budget's ``capture`` slice): the strict
             emulator's FP32 reference run takes them instead of computing them (:meth:`GraphEmulator.run`
             ``known``).
         sample_bytes: Bytes of the main-graph tensors ONNX Runtime computes for one sample (from the probe), or
@@ -332,7 +333,7 @@ class _Passes:
     """Which tensors each pass over the data fetches, and how many samples one call of it may take.
 
     Sized from one probe call that fetches every tensor for one sample (for a batch that cannot be cut: the
-    whole batch, which then counts as one sample): a pass holds tensors of at most ``CALL_BYTES_LIMIT`` bytes
+    whole batch, which then counts as one sample): a pass holds tensors of at most the calibration_call slice
     per sample (and at most ``MAX_OUTPUTS_PER_SESSION`` of them), and a call takes as many samples as keep it
     under that limit.
     """
@@ -358,10 +359,11 @@ class _Passes:
         shapes = {n: tuple(np.shape(v)) for n, v in sample.items()}
         shapes.update((n, tuple(np.shape(v))) for n, v in zip(names, values, strict=True))
         del values
-        chunks = pack_chunks(names, sizes, MAX_OUTPUTS_PER_SESSION, CALL_BYTES_LIMIT)
+        call = current_budget().calibration_call
+        chunks = pack_chunks(names, sizes, MAX_OUTPUTS_PER_SESSION, call)
         size_of = dict(zip(names, sizes, strict=True))
         totals = [sum(size_of[n] for n in chunk) for chunk in chunks]
-        per_call = [max(1, CALL_BYTES_LIMIT // max(1, t)) for t in totals]
+        per_call = [max(1, call // max(1, t)) for t in totals]
         return cls(chunks, per_call, sum(sizes), sessions, sess if len(chunks) == 1 else None, shapes)
 
     def session(self, index: int) -> Any:
@@ -382,9 +384,9 @@ def calibrate(
 ) -> CalibrationStats:
     """FP32 reference run over ``feeds`` collecting per-tensor statistics, one batch at a time.
 
-    Main-graph tensors come from ONNX Runtime: one call fetches tensors of at most ``CALL_BYTES_LIMIT``
-    bytes, sized by a one-sample probe (several passes over the data when one sample's tensors come to more,
-    slices of each batch's samples when a whole batch's do; one session alive at a time); tensors inside
+    Main-graph tensors come from ONNX Runtime: one call fetches tensors of at most the memory budget's
+    ``calibration_call`` bytes, sized by a one-sample probe (several passes over the data when one sample's
+    tensors come to more, slices of each batch's samples when a whole batch's do; one session alive at a time); tensors inside
     If/Loop/Scan bodies, and tensors whose type cannot be inferred, come from the numpy emulator.
 
     Args:
@@ -395,7 +397,7 @@ def calibrate(
             (``CalibrationStats.reference_outputs``).
         capture_tensors: Also keep every FLOAT main-graph tensor of those batches
             (``CalibrationStats.reference_tensors``; they are computed anyway, so this costs memory only), up
-            to ``CAPTURE_TENSORS_LIMIT`` bytes in all (beyond it, none: ``reference_tensors`` is None).
+            to the memory budget's ``capture`` bytes in all (beyond it, none: ``reference_tensors`` is None).
         types: Element types of the model's tensors when the caller has inferred them (``GraphInfo.types``
             of this same model): shape inference is then not run again.
         max_bytes: Stop reading batches once the tensors of those read come to this many bytes (from the
@@ -432,7 +434,7 @@ def calibrate(
         feeds = [first, *feeds] if passes > 1 else itertools.chain([first], feeds)
     logger.info("calibrating %d tensors in %d pass(es) over the data", len(known) + len(unknown), passes)
     outputs = {vi.name for vi in model.graph.output} & set(known)
-    limit = CAPTURE_TENSORS_LIMIT
+    limit = current_budget().capture
     wanted = (outputs | {n for n in known if types.get(n) == FLOAT}) if capture_tensors else outputs
     captured: list[dict[str, np.ndarray]] = []
     stop_after: int | None = None  # batches read, once max_bytes is reached

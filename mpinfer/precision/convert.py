@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from mpinfer.errors import InvalidInputError, format_message
+from mpinfer.memory import budgeted
 from mpinfer.precision.plan import NodeDecision, PrecisionPlan
 from mpinfer.specs import DEFAULT_DIM_SIZE, Precision
 
@@ -23,14 +24,6 @@ logger = logging.getLogger(__name__)
 NUMERICS = ("strict", "ort")
 # Calibration source meaning "no data at all": rules only, no range statistics, no search.
 NO_CALIBRATION = "none"
-# Default random calibration data (no --calibration, no --max-batches) stops after the batch whose FP32 tensors
-# bring the total past this many bytes.
-RANDOM_CALIBRATION_BYTES = 4 * 2**30
-# The budget search keeps the FP32 tensors of the samples it verifies on (strict numerics: every tensor, for its
-# incremental runs): at most about this many bytes of them, from calibration's bytes per sample. Fewer batches
-# above it, or the first samples of the first batch (PP-OCRv4's recognizer: 200 MB a sample; 32 samples peaked
-# at 8.3 GB).
-SEARCH_BYTES_LIMIT = 2 * 2**30
 
 
 @dataclass(frozen=True)
@@ -65,6 +58,8 @@ class ConvertConfig:
             :class:`mpinfer.data.ImagePreprocess`).
         search_batches: Calibration batches the budget search evaluates.
         progress: Show progress bars.
+        memory_limit: ``--memory-limit`` (a size or a share of the available memory; :mod:`mpinfer.memory`);
+            None = the default budget.
     """
 
     model: Path
@@ -90,6 +85,7 @@ class ConvertConfig:
     image_preprocess: str | None = None
     search_batches: int = 2
     progress: bool = True
+    memory_limit: str | int | None = None
 
 
 @dataclass(frozen=True)
@@ -136,6 +132,7 @@ def _check_config(cfg: ConvertConfig) -> None:
         parse_checks(cfg.budget)
 
 
+@budgeted
 def convert_precision(cfg: ConvertConfig) -> ConvertResult:
     """Convert an FP32 ONNX model to mixed precision and write it with its plan.
 
@@ -389,11 +386,18 @@ class _SearchRows:
 
 
 def _search_data(cfg: ConvertConfig, model: Any, feeds: Any, stats: Any) -> tuple[Any, Any, Any]:
-    """The search's data and calibration's FP32 reference for it, bounded by ``SEARCH_BYTES_LIMIT``.
+    """The search's data and calibration's FP32 reference for it, bounded by the memory budget's search slice.
 
-    Also the samples the plan's expected error is measured on without a budget.
+    The search keeps the FP32 tensors of the samples it verifies on (strict numerics: every tensor, for its
+    incremental runs): at most the slice's bytes of them, from calibration's bytes per sample. Fewer batches
+    above it, or the first samples of the first batch (PP-OCRv4's recognizer: 200 MB a sample; 32 samples peaked
+    at 8.3 GB). Also the samples the plan's expected error is measured on without a budget.
     """
     import itertools
+
+    from mpinfer.memory import current_budget
+
+    limit = current_budget().search
 
     refs, tensors = getattr(stats, "reference_outputs", None), getattr(stats, "reference_tensors", None)
     per_sample = getattr(stats, "sample_bytes", None)
@@ -404,14 +408,14 @@ def _search_data(cfg: ConvertConfig, model: Any, feeds: Any, stats: Any) -> tupl
     slicer = BatchSlicer(model)
     batches = list(itertools.islice(feeds, cfg.search_batches))
     rows = [slicer.rows(b) for b in batches]
-    if not batches or sum(rows) * per_sample <= SEARCH_BYTES_LIMIT:
+    if not batches or sum(rows) * per_sample <= limit:
         return feeds, refs, tensors
     keep = 1  # whole batches while they fit, else the first samples of the first
-    while keep < len(batches) and sum(rows[: keep + 1]) * per_sample <= SEARCH_BYTES_LIMIT:
+    while keep < len(batches) and sum(rows[: keep + 1]) * per_sample <= limit:
         keep += 1
     chosen = batches[:keep]
-    if sum(rows[:keep]) * per_sample > SEARCH_BYTES_LIMIT and rows[0] > 1:
-        n = max(1, min(rows[0], SEARCH_BYTES_LIMIT // per_sample))
+    if sum(rows[:keep]) * per_sample > limit and rows[0] > 1:
+        n = max(1, min(rows[0], limit // per_sample))
         chosen = [slicer.slice(batches[0], 0, n)]
         refs = tensors = None  # calibration's reference holds whole batches
     samples = sum(slicer.rows(b) for b in chosen)
@@ -434,6 +438,7 @@ def _calibrate(
 ) -> tuple[Any, Any, dict[str, Any] | None]:
     """Calibration statistics, the feeds (for the search) and a description for the plan."""
     from mpinfer.data import load_feeds
+    from mpinfer.memory import current_budget
     from mpinfer.specs import specs_from_onnx
 
     if cfg.calibration == NO_CALIBRATION:
@@ -478,8 +483,8 @@ def _calibrate(
         # reference run takes them instead of computing them).
         capture = cfg.search_batches if cfg.budget else 1
         tensors = bool(cfg.budget) and cfg.numerics != "ort"
-        # Default random data stops at RANDOM_CALIBRATION_BYTES of tensors: more random samples add little, and a
-        # detector at 640x640 computes ~0.7 GB of tensors per image (its 8 default batches took 2 minutes).
+        # Default random data stops at the memory budget's random_calibration bytes of tensors: more random samples
+        # add little, and a detector at 640x640 computes ~0.7 GB of tensors per image (8 batches took 2 minutes).
         bounded = cfg.calibration in (None, "random") and cfg.max_batches is None
         stats = calibrate(
             model,
@@ -488,7 +493,7 @@ def _calibrate(
             capture_batches=capture,
             capture_tensors=tensors,
             types=types,
-            max_bytes=RANDOM_CALIBRATION_BYTES if bounded else None,
+            max_bytes=current_budget().random_calibration if bounded else None,
         )
         info["samples"] = int(stats.source.get("samples", info["samples"]))
     except BackendUnavailableError as err:

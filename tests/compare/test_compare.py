@@ -11,6 +11,7 @@ from onnx import TensorProto, helper, numpy_helper
 from mpinfer.compare import CompareConfig, ComparisonResult, compare_models
 from mpinfer.compare.hints import precision_summary, speed_hints
 from mpinfer.errors import InvalidInputError, ModelLoadError
+from tests.budget import set_slice
 
 
 def _cfg(base, *cands, **kw):
@@ -433,7 +434,7 @@ def test_divergence_chunks_are_sized_by_bytes(mlp_files, monkeypatch):
     chunks = pack_chunks(names, sizes, dv.CHUNK_SIZE, limit)
     assert len(chunks) > 1 and [n for c in chunks for n in c] == names
     assert all(sum(sizes[names.index(n)] for n in c) <= limit for c in chunks)
-    monkeypatch.setattr(dv, "CHUNK_BYTES", limit)
+    set_slice(monkeypatch, "divergence_chunk", limit)
     chunked = dv.measure_tensors(base, cand, names, batches, providers, strict=True)
     assert chunked.keys() == whole.keys()
     for n in whole:
