@@ -1,11 +1,11 @@
 """Body coverage for the divergence: the tensors inside If/Loop/Scan bodies.
 
-onnxruntime can only return main-graph tensors, so body tensors come from the strict emulator: the baseline
-runs in FP32 and the candidate with each node in its input dtype (``follow_input_dtypes``), on the same
-batches. An ``observe`` callback sees every body tensor under its qualified name (``If_3/then_branch/`` +
-name). Per batch the baseline's observations are held (at most the memory budget's ``body`` slice,
-:mod:`mpinfer.memory`) and each is paired with the candidate's observation of the same name and occurrence (a Loop body tensor is seen once per
-iteration), then freed; only the running sums of :class:`~mpinfer.compare.divergence.TensorAcc` are kept.
+onnxruntime can only return main-graph tensors, so body tensors come from the strict emulator: the baseline runs in FP32
+and the candidate with each node in its input dtype (``follow_input_dtypes``), on the same batches. An ``observe``
+callback sees every body tensor under its qualified name (``If_3/then_branch/`` + name). Per batch the baseline's
+observations are held (at most the memory budget's ``body`` slice, :mod:`mpinfer.memory`) and each is paired with the
+candidate's observation of the same name and occurrence (a Loop body tensor is seen once per iteration), then freed;
+only the running sums of :class:`~mpinfer.compare.divergence.TensorAcc` are kept.
 """
 
 from __future__ import annotations

@@ -385,8 +385,8 @@ def calibrate(
     """FP32 reference run over ``feeds`` collecting per-tensor statistics, one batch at a time.
 
     Main-graph tensors come from ONNX Runtime: one call fetches tensors of at most the memory budget's
-    ``calibration_call`` bytes, sized by a one-sample probe (several passes over the data when one sample's
-    tensors come to more, slices of each batch's samples when a whole batch's do; one session alive at a time); tensors inside
+    ``calibration_call`` bytes, sized by a one-sample probe (several passes over the data when one sample's tensors come
+    to more, slices of each batch's samples when a whole batch's do; one session alive at a time); tensors inside
     If/Loop/Scan bodies, and tensors whose type cannot be inferred, come from the numpy emulator.
 
     Args:

@@ -363,8 +363,8 @@ def _sample_bytes(model, batch):
 
 
 def test_batches_above_the_call_limit_run_in_slices_with_the_same_statistics(exported, monkeypatch):
-    """A batch whose tensors exceed the budget's calibration_call slice is fetched a few samples at a time (a
-    640x640 detector returns ~0.7 GB per image): the statistics do not depend on how the samples are grouped, and the reference
+    """A batch whose tensors exceed the budget's calibration_call slice is fetched a few samples at a time (a 640x640
+    detector returns ~0.7 GB per image): the statistics do not depend on how the samples are grouped, and the reference
     outputs come from a run of the whole batch."""
     import mpinfer.precision.calibrate as cal
 
