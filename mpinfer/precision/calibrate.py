@@ -205,9 +205,10 @@ class _Sessions:
     session's model is then a graph-only proto (a few KB) pointing at that data file.
     """
 
-    def __init__(self, model: Any, types: Mapping[str, int]) -> None:
+    def __init__(self, model: Any, types: Mapping[str, int], base_dir: str = "") -> None:
         self._model = model
         self._types = types
+        self._base_dir = base_dir  # external weights stay in the model's folder: sessions memory-map them
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         if _weight_bytes(model) > IN_MEMORY_LIMIT:
             import onnx
@@ -230,7 +231,7 @@ class _Sessions:
         del m.graph.output[:]
         m.graph.output.extend(helper.make_tensor_value_info(n, self._types[n], None) for n in names)
         if self._tmp is None:
-            return ort_session(m)
+            return ort_session(m, base_dir=self._base_dir or None)
         path = Path(self._tmp.name) / "outputs.onnx"  # next to model.onnx.data, which it references
         path.write_bytes(m.SerializeToString())
         return ort_session(path)
@@ -381,6 +382,7 @@ def calibrate(
     capture_tensors: bool = False,
     types: Mapping[str, int] | None = None,
     max_bytes: int | None = None,
+    base_dir: str = "",
 ) -> CalibrationStats:
     """FP32 reference run over ``feeds`` collecting per-tensor statistics, one batch at a time.
 
@@ -402,6 +404,8 @@ def calibrate(
             of this same model): shape inference is then not run again.
         max_bytes: Stop reading batches once the tensors of those read come to this many bytes (from the
             probe's bytes per sample; at least one batch). For generated data, where more samples add little.
+        base_dir: The model file's folder when its weights are external (``model`` is the graph alone): ONNX
+            Runtime and the emulator memory-map them from there instead of holding a copy.
 
     Returns:
         The statistics of every float tensor: graph inputs, node outputs, and tensors in subgraph bodies.
@@ -424,11 +428,11 @@ def calibrate(
     first = next(iter(feeds), None)
     if first is not None:
         check_feeds(first, specs_from_onnx(model), where="calibration")  # names the input, before ORT's words
-    sessions = _Sessions(model, types)
+    sessions = _Sessions(model, types, base_dir)
     plan = _Passes.probe(sessions, names, first, slicer) if names and first is not None else None
     if plan is None and names and first is not None:  # ONNX Runtime cannot load it: the emulator computes all
         unknown = unknown + names
-    first_pass = _FirstPass(model, unknown)
+    first_pass = _FirstPass(model, unknown, base_dir)
     passes = len(plan.chunks) if plan else 1
     if one_shot and first is not None:  # the probe took its first batch; several passes read it all again
         feeds = [first, *feeds] if passes > 1 else itertools.chain([first], feeds)
@@ -520,7 +524,7 @@ def calibrate(
 class _FirstPass:
     """What the first pass over the data does besides ONNX Runtime: checks, inputs, bodies, counts."""
 
-    def __init__(self, model: Any, emulated: list[str]) -> None:
+    def __init__(self, model: Any, emulated: list[str], base_dir: str = "") -> None:
         self.collector = StatsCollector()
         self.batches = self.samples = 0
         self._specs = specs_from_onnx(model)
@@ -531,7 +535,7 @@ class _FirstPass:
         if has_bodies or emulated:
             from mpinfer.precision.emulate import GraphEmulator
 
-            self._emulator = GraphEmulator(model)
+            self._emulator = GraphEmulator(model, base_dir=base_dir)
 
     def check(self, batch: Mapping[str, np.ndarray]) -> None:
         """Names, dtypes and shapes against the model's inputs: a clear message naming the input."""

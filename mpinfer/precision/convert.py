@@ -6,10 +6,12 @@ plan, apply it, gate the result, write model and plan atomically.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import logging
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -148,8 +150,6 @@ def convert_precision(cfg: ConvertConfig) -> ConvertResult:
     """
     from mpinfer.fileio import check_output_path
     from mpinfer.modelio import require_file
-    from mpinfer.precision.apply import apply_plan
-    from mpinfer.precision.planner import summarize
 
     start = time.perf_counter()
     _check_config(cfg)
@@ -187,23 +187,15 @@ def convert_precision(cfg: ConvertConfig) -> ConvertResult:
             )
     else:
         plan, expected, search_cost, verified = _make_plan(cfg, info.model, info, sha)
-    if large:
-        result = apply_plan(info.model, info, plan.precisions(), cfg.precision, keep_io_types=plan.keep_io_types)
-    else:
+        gc.collect()  # the search's emulator and its rounded weights (reference cycles) go before the rewrite
+    with _staging(out, large) as stage:
+        # External weights: the candidate is written (streamed, tensor by tensor) into a temporary folder beside the
+        # output and gated there, like a small model in memory; the gated files are then moved into place.
+        staged = (stage / out.name, Path(cfg.model)) if stage is not None else None
         result, plan.nodes = apply_validated(
-            info, plan.nodes, cfg.precision, keep_io_types=plan.keep_io_types, verified=verified
+            info, plan.nodes, cfg.precision, keep_io_types=plan.keep_io_types, verified=verified, staged=staged
         )
-    plan.summary = summarize(
-        info,
-        plan.nodes,
-        cast_count=result.cast_count,
-        converted_weights=result.converted_weights,
-        expected_error=expected,
-        search=search_cost,
-    )
-    plan.opset = info.opsets.get("") or None  # what the plan was made for (and is applied at)
-    _warn_opset_blocked(plan.nodes, info, cfg.precision)
-    _write_model(result.model, out, info, source=Path(cfg.model), large=large)
+        _finish(cfg, plan, info, result, expected, search_cost, out, stage)
     if cfg.plan is None or Path(cfg.plan).resolve() != plan_out.resolve():
         plan.save(plan_out)
     logger.info(
@@ -217,69 +209,74 @@ def convert_precision(cfg: ConvertConfig) -> ConvertResult:
     return ConvertResult(out, plan_out, plan)
 
 
+def _finish(
+    cfg: ConvertConfig, plan: PrecisionPlan, info: Any, result: Any, expected: Any, search_cost: Any, out: Path,
+    stage: Path | None,
+) -> None:
+    """The plan's summary, the opset warning, and the model written (moved into place from ``stage``)."""
+    from mpinfer.precision.planner import summarize
+
+    plan.summary = summarize(
+        info,
+        plan.nodes,
+        cast_count=result.cast_count,
+        converted_weights=result.converted_weights,
+        expected_error=expected,
+        search=search_cost,
+    )
+    plan.opset = info.opsets.get("") or None  # what the plan was made for (and is applied at)
+    _warn_opset_blocked(plan.nodes, info, cfg.precision)
+    _write_model(result.model, out, stage)
+
+
 def _load(cfg: ConvertConfig) -> tuple[Any, str, bool]:
     """Load, check and name the model; returns its GraphInfo, sha256 and whether weights stay external."""
     from mpinfer.fileio import sha256_file
-    from mpinfer.modelio import load_onnx, name_nodes
+    from mpinfer.modelio import load_onnx, name_nodes, uses_external_data
     from mpinfer.precision.graphinfo import GraphInfo
     from mpinfer.precision.normalize import check_not_low, ensure_opset
 
+    # External weights stay where they are: calibration's ONNX Runtime sessions and the strict emulator memory-map
+    # them from the model's folder, so the proto in memory is the graph alone however big the weights.
     model: Any = load_onnx(cfg.model, load_external_data=False)
-    large = _uses_external_data(model)
+    large = uses_external_data(model)
     base_dir = str(Path(cfg.model).resolve().parent)
-    if large and cfg.calibration != NO_CALIBRATION:
-        from onnx.external_data_helper import load_external_data_for_model
-
-        load_external_data_for_model(model, base_dir)  # the reference run needs the weights in memory
-        large = False
     sha = sha256_file(cfg.model)
     model = check_not_low(model, str(cfg.model), force=cfg.force)
     model = ensure_opset(name_nodes(model), cfg.precision, opset=cfg.opset)
     return GraphInfo(model, base_dir=base_dir if large else None), sha, large
 
 
-def _write_model(model: Any, out: Path, info: Any, *, source: Path, large: bool) -> None:
-    """Gate and write the converted model (large models: weights streamed to external data)."""
-    from mpinfer.modelio import save_onnx
-
-    if large:
-        from onnx.external_data_helper import load_external_data_for_model
-
-        load_external_data_for_model(model, info.base_dir)  # the FP32 weights that stayed FP32
-        _save_gated(model, out, source)
-    else:
-        save_onnx(model, out)  # already through the validity gate (apply_validated)
-
-
-def _uses_external_data(model: Any) -> bool:
-    from onnx.external_data_helper import uses_external_data
-
-    return any(uses_external_data(t) for t in model.graph.initializer)
-
-
-def _save_gated(model: Any, out: Path, source: Path) -> None:
-    """Large models: save next to ``out`` in a temp folder, gate the saved file, then move it into place."""
+def _write_model(model: Any, out: Path, stage: Path | None) -> None:
+    """Write the gated model: saved whole, or (external weights) its staged files moved into place."""
     import os
+
+    from mpinfer.modelio import data_file, save_onnx
+
+    if stage is None:
+        save_onnx(model, out)  # already through the validity gate (apply_validated)
+        return
+    data = data_file(out).name
+    if (stage / data).exists():
+        os.replace(stage / data, out.parent / data)
+    os.replace(stage / out.name, out)
+
+
+@contextlib.contextmanager
+def _staging(out: Path, large: bool) -> Iterator[Path | None]:
+    """A temporary folder beside ``out`` for a model with external weights (removed after), else None."""
     import shutil
 
     from mpinfer.fileio import make_temp_dir
-    from mpinfer.modelio import data_file, ir_version_for, save_with_external_data
-    from mpinfer.precision.validate import gate
 
-    tmp = make_temp_dir(out)
+    if not large:
+        yield None
+        return
+    stage = make_temp_dir(out)
     try:
-        path = tmp / out.name
-        data_name = data_file(out).name
-        model.ir_version = ir_version_for(model)
-        # Saved in place: onnx writes each tensor to the data file and drops it from memory as it goes.
-        save_with_external_data(model, path, data_name)
-        model.Clear()
-        gate(None, baseline_path=source, stage="apply", path=path)
-        if (tmp / data_name).exists():
-            os.replace(tmp / data_name, out.parent / data_name)
-        os.replace(path, out)
+        yield stage
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(stage, ignore_errors=True)
 
 
 def _read_plan(cfg: ConvertConfig, info: Any, sha: str) -> PrecisionPlan:
@@ -317,7 +314,7 @@ def _make_plan(
     overflow = overflow_nodes(model, cfg.keep_fp32_from) if cfg.keep_fp32_from else {}
     options = RuleOptions(cfg.keep_ops, cfg.low_ops, cfg.keep_nodes, cfg.low_nodes, overflow)
     check_overrides(info, options)
-    stats, feeds, calib_info = _calibrate(cfg, model, info.types)
+    stats, feeds, calib_info = _calibrate(cfg, model, info.types, base_dir=info.base_dir)
     if stats is not None and stats.sample_shapes:
         info.observe_shapes(stats.sample_shapes)  # FLOPs at the sizes the data has, not 1 per unknown dim
     decisions, nodes = rule_plan(info, cfg.precision, options, keep_io_types=cfg.keep_io_types, stats=stats)
@@ -353,7 +350,9 @@ def _make_plan(
         from mpinfer.precision.search import measure_plan
 
         measured, refs, _ = _search_data(replace(cfg, search_batches=1), model, feeds, stats)
-        expected = measure_plan(model, nodes, measured, reference_outputs=refs, class_outputs=_class_outputs(cfg))
+        expected = measure_plan(
+            model, nodes, measured, reference_outputs=refs, class_outputs=_class_outputs(cfg), base_dir=info.base_dir
+        )
         _warn_broken(expected, nodes)
     plan = PrecisionPlan(
         source_path=str(cfg.model),
@@ -434,9 +433,12 @@ def _search_data(cfg: ConvertConfig, model: Any, feeds: Any, stats: Any) -> tupl
 
 
 def _calibrate(
-    cfg: ConvertConfig, model: Any, types: Mapping[str, int] | None = None
+    cfg: ConvertConfig, model: Any, types: Mapping[str, int] | None = None, *, base_dir: str = ""
 ) -> tuple[Any, Any, dict[str, Any] | None]:
-    """Calibration statistics, the feeds (for the search) and a description for the plan."""
+    """Calibration statistics, the feeds (for the search) and a description for the plan.
+
+    ``base_dir``: the model file's folder when its weights stay external (they are memory-mapped from there).
+    """
     from mpinfer.data import load_feeds
     from mpinfer.memory import current_budget
     from mpinfer.specs import specs_from_onnx
@@ -494,6 +496,7 @@ def _calibrate(
             capture_tensors=tensors,
             types=types,
             max_bytes=current_budget().random_calibration if bounded else None,
+            base_dir=base_dir,
         )
         info["samples"] = int(stats.source.get("samples", info["samples"]))
     except BackendUnavailableError as err:
@@ -657,6 +660,7 @@ def apply_validated(
     *,
     keep_io_types: bool = True,
     verified: tuple[dict[str, Precision], Any] | None = None,
+    staged: tuple[Path, Path] | None = None,
 ) -> tuple[Any, list[NodeDecision]]:
     """Apply the plan and pass the validity gate; nodes ONNX Runtime refuses in low precision go FP32.
 
@@ -667,6 +671,11 @@ def apply_validated(
     ``verified``: (precisions, ApplyResult) of a candidate the search already applied and ONNX Runtime
     loaded and ran (same model, same ``keep_io_types``); when the plan's precisions are those, that result is
     taken as it is and only the checker and strict type inference run on it.
+
+    ``staged``: (where to write, the input model's file) for a model whose weights are external: each candidate
+    is written there (:func:`mpinfer.modelio.save_streamed`, tensor by tensor) and the gate checks that file (the
+    checker and type inference on the path, ONNX Runtime loading it with its weights memory-mapped); the result's
+    model then points at the written data file.
 
     Returns:
         The ApplyResult and the (possibly updated) plan entries.
@@ -679,9 +688,16 @@ def apply_validated(
 
     for _ in range(MAX_RUNTIME_REPAIRS + 1):
         precisions = {n.name: n.precision for n in nodes}
-        if verified is not None and verified[0] == precisions:
+        if verified is not None and verified[0] == precisions and staged is None:
             result = verified[1]
             failures = validity_failures(result.model, baseline_model=info.model, checks=OFFLINE_CHECKS)
+        elif staged is not None:
+            from mpinfer.modelio import data_file, save_streamed
+
+            result = apply_plan(info.model, info, precisions, precision, keep_io_types=keep_io_types)
+            path, source = staged
+            save_streamed(result.model, path, data_file(path).name, info.base_dir)
+            failures = validity_failures(None, baseline_path=source, path=path)
         else:
             result = apply_plan(info.model, info, precisions, precision, keep_io_types=keep_io_types)
             failures = validity_failures(result.model, baseline_model=info.model)
