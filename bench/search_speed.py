@@ -7,7 +7,7 @@ so its speed is never measured. Here both tools get the same FP32 model (exporte
 so both must search:
 
 * ``mpinfer-ort`` / ``mpinfer-strict``: ``convert_precision(ConvertConfig(budget="max_abs<=T",
-  numerics=...))``, the calibration .npz as one batch (``batch_size`` = its samples, ``search_batches=1``);
+  numerics=...))``, the calibration .npz as one batch (``batch_size`` = its samples, ``search_samples`` = its samples);
 * ``occ-auto``: ``auto_convert_mixed_precision(model, feeds, validate_fn=..., keep_io_types=True)`` on the
   same samples; ``validate_fn`` is the same criterion on its ONNX Runtime (CPU) outputs.
 
@@ -441,7 +441,7 @@ def run_tool(tool: str, src: Path, dst: Path, cal: Path, info: Path, max_abs: fl
             budget=f"max_abs<={max_abs:g}",
             numerics=tool.split("-", 1)[1],
             batch_size=samples,
-            search_batches=1,
+            search_samples=samples,
             force=True,
             progress=False,
         )

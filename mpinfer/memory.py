@@ -43,12 +43,16 @@ SHARES: Final[dict[str, int]] = {
     "calibration_call": 24,
     # calibration's captured FP32 tensors of the first batches, kept for the strict search (0.5 GiB)
     "capture": 24,
+    # graph outputs of calibration's later batches, kept as the final verification's FP32 reference (256 MiB)
+    "capture_outputs": 48,
     # default random calibration data stops once its FP32 tensors come to this many bytes (4 GiB; streamed, so
     # this bounds time more than memory)
     "random_calibration": 3,
     # FP32 tensors of the samples the budget search verifies on (2 GiB: PP-OCRv4's recognizer, 200 MB a sample,
     # peaked at 8.3 GB with 32 samples)
     "search": 6,
+    # FP32 tensors of one run of the final verification (consecutive batches joined up to it; 512 MiB)
+    "verify_run": 24,
     # the strict emulator's cache of weights rounded to FP16/BF16 (beyond it they are rounded per node as it runs)
     "weight_cache": 8,
     # the ONNX Runtime probe model of the search (a second copy of every converted weight; 0.5 GiB)
@@ -128,6 +132,11 @@ class MemoryBudget:
         return self.slice("capture")
 
     @property
+    def capture_outputs(self) -> int:
+        """Calibration's kept graph outputs of the later batches (the final verification's reference)."""
+        return self.slice("capture_outputs")
+
+    @property
     def random_calibration(self) -> int:
         """Bytes of FP32 tensors after which default random calibration data stops."""
         return self.slice("random_calibration")
@@ -136,6 +145,11 @@ class MemoryBudget:
     def search(self) -> int:
         """FP32 tensors of the samples the budget search verifies on."""
         return self.slice("search")
+
+    @property
+    def verify_run(self) -> int:
+        """FP32 tensors of one run of convert's final verification."""
+        return self.slice("verify_run")
 
     @property
     def weight_cache(self) -> int:

@@ -26,16 +26,11 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
-# Histogram resolution: 40 bins per decade bounds a quantile's relative error by 10**(1/40) - 1 ≈ 5.9 %.
-BINS_PER_DECADE = 40
-# Histogram range in decades: errors below 1e-12 are "tiny" (below FP32 resolution of O(1) values), errors
-# above 1e12 are "huge" (overflowed or diverged).
-LO_DECADE, HI_DECADE = -12, 12
+from mpinfer.histogram import LogHistogram
+
 # Added to |baseline| in the relative error so exact zeros in the baseline do not divide by zero.
 REL_EPS = 1e-6
 # An output is guessed to hold class scores when its last dim has between 2 and this many classes (a large
@@ -43,6 +38,8 @@ REL_EPS = 1e-6
 MAX_CLASSES = 262_144
 # The largest K of a topK metric: ranks are counted up to here (top-100 of a vocabulary is already generous).
 MAX_TOPK = 100
+# Values converted to float64 at a time (whole samples): bounds the metrics' temporaries to some 100 MB.
+CHUNK_ELEMENTS = 1 << 20
 # The top-k figures every class-score output reports (any other K up to MAX_TOPK when a check names it).
 DEFAULT_TOPK = (1, 5)
 # A row of softmax probabilities sums to 1 within this (float32 rounding of up to MAX_CLASSES terms stays
@@ -149,90 +146,10 @@ def guess_class_output(name: str, baseline: np.ndarray) -> bool:
         return False
     if any(w.startswith(NOT_CLASS_WORDS) for w in name_words(name)):
         return False
-    finite = b[np.isfinite(b)]
-    if finite.size and float(finite.min()) >= 0.0 and float(finite.max()) <= 1.0:
+    if b.size and float(b.min()) >= 0.0 and float(b.max()) <= 1.0:  # NaN compares false: not probabilities
         sums = np.nansum(b.reshape(-1, b.shape[-1]).astype(np.float64), axis=1)
         return bool(np.all(np.abs(sums - 1.0) <= SOFTMAX_SUM_TOL))
     return True
-
-
-@dataclass
-class LogHistogram:
-    """Counts of non-negative values in log-spaced bins, plus zero, tiny, huge and infinite buckets."""
-
-    counts: np.ndarray = field(
-        default_factory=lambda: np.zeros((HI_DECADE - LO_DECADE) * BINS_PER_DECADE, np.int64)
-    )
-    zeros: int = 0
-    tiny: int = 0
-    huge: int = 0
-
-    def add(self, values: np.ndarray, infinite: int = 0) -> None:
-        """Add finite non-negative values, and ``infinite`` extra values counted as huge."""
-        v = values.ravel()
-        nz = v[v > 0]
-        self.zeros += int(v.size - nz.size)
-        self.huge += int(infinite)
-        if nz.size == 0:
-            return
-        idx = np.floor((np.log10(nz) - LO_DECADE) * BINS_PER_DECADE).astype(np.int64)
-        self.tiny += int(np.count_nonzero(idx < 0))
-        self.huge += int(np.count_nonzero(idx >= self.counts.size))
-        idx = idx[(idx >= 0) & (idx < self.counts.size)]
-        self.counts += np.bincount(idx, minlength=self.counts.size)
-
-    @property
-    def total(self) -> int:
-        """Number of values added."""
-        return int(self.zeros + self.tiny + self.huge + self.counts.sum())
-
-    def quantile(self, q: float) -> float:
-        """Estimate the q-quantile (0 <= q <= 1), interpolating log-linearly inside a bin."""
-        n = self.total
-        if n == 0:
-            return float("nan")
-        rank = q * (n - 1)
-        if rank < self.zeros:
-            return 0.0
-        seen = self.zeros + self.tiny
-        if rank < seen:
-            return 10.0**LO_DECADE
-        cum = np.cumsum(self.counts)
-        i = int(np.searchsorted(cum, rank - seen, side="right"))
-        if i >= self.counts.size:
-            return float("inf")
-        before = seen + (cum[i - 1] if i > 0 else 0)
-        frac = (rank - before + 0.5) / max(int(self.counts[i]), 1)
-        return float(10.0 ** (LO_DECADE + (i + min(max(frac, 0.0), 1.0)) / BINS_PER_DECADE))
-
-    def with_zeros(self, extra: int) -> LogHistogram:
-        """A copy with ``extra`` more zeros (the error of samples assumed perfect)."""
-        return LogHistogram(self.counts.copy(), self.zeros + int(extra), self.tiny, self.huge)
-
-    def to_dict(self) -> dict[str, Any]:
-        """Sparse JSON form."""
-        nz = np.nonzero(self.counts)[0]
-        return {
-            "lo_decade": LO_DECADE,
-            "bins_per_decade": BINS_PER_DECADE,
-            "zeros": self.zeros,
-            "tiny": self.tiny,
-            "huge": self.huge,
-            "bins": [[int(i), int(self.counts[i])] for i in nz],
-        }
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> LogHistogram:
-        """Inverse of :meth:`to_dict`."""
-        h = cls(zeros=int(d.get("zeros", 0)), tiny=int(d.get("tiny", 0)), huge=int(d.get("huge", 0)))
-        for i, c in d.get("bins", []):
-            if 0 <= int(i) < h.counts.size:
-                h.counts[int(i)] = int(c)
-        return h
-
-    def edges(self) -> np.ndarray:
-        """Bin edges (values), for plotting."""
-        return 10.0 ** (LO_DECADE + np.arange(self.counts.size + 1) / BINS_PER_DECADE)
 
 
 def _as_samples(a: np.ndarray) -> np.ndarray:
@@ -247,19 +164,34 @@ def _cosines(bc: np.ndarray, b2: np.ndarray, c2: np.ndarray) -> np.ndarray:
     return np.where(den > 0, bc / safe, np.where((b2 == 0) & (c2 == 0), 1.0, 0.0))
 
 
+def _comparable(a: np.ndarray) -> np.ndarray:
+    """Class scores in a dtype numpy compares natively (bfloat16 and other extension floats as float32)."""
+    return a if a.dtype.kind == "f" else a.astype(np.float32)
+
+
+def _argmax(rows: np.ndarray) -> np.ndarray:
+    """Per row, the index of the first largest value; NaN is never the largest."""
+    nan = np.isnan(rows)
+    return (np.where(nan, -np.inf, rows) if nan.any() else rows).argmax(axis=1)
+
+
 def rank_of_reference_top(ref: np.ndarray, cand: np.ndarray) -> np.ndarray:
     """Per row (``[rows, classes]``), the rank of the baseline's top class in the candidate's descending order.
 
     The baseline's top class is its first largest value (NaN never is). The rank counts the candidate's values
     above it and its equals at lower indices (a stable descending sort; a NaN candidate value ranks last), so
-    rank 0 is exactly ``argmax(candidate) == argmax(baseline)`` and ``rank < K`` is a top-K hit.
+    rank 0 is exactly ``argmax(candidate) == argmax(baseline)`` and ``rank < K`` is a top-K hit. Compared in
+    the arrays' own dtype (exact); ties are looked at only in the rows that have any.
     """
-    ref_nan = np.isnan(ref)
-    top = (np.where(ref_nan, -np.inf, ref) if ref_nan.any() else ref).argmax(axis=1)
+    top = _argmax(ref)
     c = np.where(np.isnan(cand), -np.inf, cand) if np.isnan(cand).any() else cand
     value = c[np.arange(len(c)), top][:, None]
-    before = np.arange(c.shape[1]) < top[:, None]
-    return (c > value).sum(axis=1) + ((c == value) & before).sum(axis=1)
+    rank = np.count_nonzero(c > value, axis=1)
+    tied = np.nonzero(np.count_nonzero(c == value, axis=1) > 1)[0]
+    if tied.size:
+        before = np.arange(c.shape[1]) < top[tied, None]
+        rank[tied] += np.count_nonzero((c[tied] == value[tied]) & before, axis=1)
+    return rank
 
 
 class OutputAccumulator:
@@ -314,21 +246,29 @@ class OutputAccumulator:
         b_in, c_in = np.asarray(baseline), np.asarray(candidate)
         if self.shape is None:
             self._first(b_in, c_in)
-        b, c = b_in.astype(np.float64, copy=False), c_in.astype(np.float64, copy=False)
-        s = self.s
-        s["elements"] += b.size
+        self.s["elements"] += b_in.size
         if self.integer:
-            s["equal"] += int(np.count_nonzero(b_in == c_in))
+            self.s["equal"] += int(np.count_nonzero(b_in == c_in))
+        if self.classes:
+            self._update_classes(b_in, c_in, labels)
+        if b_in.ndim == 0:
+            self._update_chunk(b_in, c_in)
+            return
+        # whole samples at a time, about CHUNK_ELEMENTS values: the float64 temporaries stay small
+        step = max(1, CHUNK_ELEMENTS // max(1, b_in.size // max(1, len(b_in))))
+        for lo in range(0, len(b_in), step):
+            self._update_chunk(b_in[lo : lo + step], c_in[lo : lo + step])
+
+    def _update_chunk(self, b_in: np.ndarray, c_in: np.ndarray) -> None:
+        b, c = b_in.astype(np.float64, copy=False), c_in.astype(np.float64, copy=False)
         fin_b, fin_c = np.isfinite(b), np.isfinite(c)
         bad = ok = None
         if not (fin_b.all() and fin_c.all()):
-            s["nan"] += int(np.count_nonzero(np.isnan(c)))
-            s["inf"] += int(np.count_nonzero(np.isinf(c)))
+            self.s["nan"] += int(np.count_nonzero(np.isnan(c)))
+            self.s["inf"] += int(np.count_nonzero(np.isinf(c)))
             bad, ok = fin_b & ~fin_c, fin_b & fin_c
             b, c = np.where(ok, b, 0.0), np.where(ok, c, 0.0)
         self._update_sums(b, c, bad, ok)
-        if self.classes:
-            self._update_classes(b_in, c_in, bad, labels)
 
     def _update_sums(self, b: np.ndarray, c: np.ndarray, bad: np.ndarray | None, ok: np.ndarray | None) -> None:
         s = self.s
@@ -362,23 +302,20 @@ class OutputAccumulator:
             self.hist_abs.add(a, infinite=nonfinite)
             self.hist_rel.add(rel, infinite=nonfinite)
 
-    def _update_classes(
-        self, b_in: np.ndarray, c_in: np.ndarray, bad: np.ndarray | None, labels: np.ndarray | None
-    ) -> None:
+    def _update_classes(self, b_in: np.ndarray, c_in: np.ndarray, labels: np.ndarray | None) -> None:
         classes = b_in.shape[-1]
-        b = b_in.reshape(-1, classes).astype(np.float64, copy=False)
-        c = c_in.reshape(-1, classes).astype(np.float64, copy=False)
+        b, c = _comparable(b_in).reshape(-1, classes), _comparable(c_in).reshape(-1, classes)
         rank = np.minimum(rank_of_reference_top(b, c), MAX_TOPK)
-        if bad is not None:
-            rank = np.where(bad.reshape(-1, classes).any(axis=1), MAX_TOPK, rank)
+        if not np.isfinite(c).all():  # a row with NaN/Inf where the baseline is finite is a miss
+            rank = np.where((np.isfinite(b) & ~np.isfinite(c)).any(axis=1), MAX_TOPK, rank)
         self.rank_counts += np.bincount(rank, minlength=MAX_TOPK + 1)
         self.s["rows"] += len(rank)
         if labels is None or b_in.ndim != 2 or len(labels) != b_in.shape[0]:
             return
         lab = np.asarray(labels).reshape(-1).astype(np.int64)
         self.s["labeled"] += lab.size
-        self.s["correct_b"] += int(np.count_nonzero(np.where(np.isnan(b), -np.inf, b).argmax(axis=1) == lab))
-        self.s["correct_c"] += int(np.count_nonzero(np.where(np.isnan(c), -np.inf, c).argmax(axis=1) == lab))
+        self.s["correct_b"] += int(np.count_nonzero(_argmax(b) == lab))
+        self.s["correct_c"] += int(np.count_nonzero(_argmax(c) == lab))
 
     def finalize(self) -> dict[str, float | None]:
         """The metric values (see :data:`METRIC_DOCS`); None where a metric does not apply to this output."""

@@ -310,6 +310,9 @@ def _run_convert(plan: StagePlan, out: Path) -> StageOutput:
     if plan_path.is_file():
         stats = json.loads(plan_path.read_text(encoding="utf-8")).get("summary") or {}
         summary.update({k: v for k, v in stats.items() if isinstance(v, (int, float))})
+        verified = stats.get("verification") or {}
+        if verified:  # what the guarantee covers: the search's slice and every verified sample
+            summary.update(searched_samples=verified.get("searched_samples"), verified_samples=verified["samples"])
     return StageOutput({"onnx_low": Path(result.output), "plan": plan_path}, summary)
 
 
@@ -487,7 +490,7 @@ BUILD_LOOSE_TYPES: dict[str, Any] = {
 # Values the stages parse from strings, parsed again before any stage runs: a typo in the last stage's table
 # fails at once, not after training. (stage, key) -> (module, parser)
 VALUE_PARSERS = {
-    ("convert", "budget"): ("mpinfer.checks", "parse_checks"),
+    ("convert", "budget"): ("mpinfer.precision.options", "check_budget"),  # the check grammar, or "none"
     ("compare", "checks"): ("mpinfer.checks", "parse_checks"),
 }
 

@@ -8,9 +8,8 @@ import numpy as np
 import pytest
 
 from mpinfer.errors import InvalidInputError
+from mpinfer.histogram import BINS_PER_DECADE, LogHistogram
 from mpinfer.metrics import (
-    BINS_PER_DECADE,
-    LogHistogram,
     ModelAccumulator,
     OutputAccumulator,
     guess_class_output,
@@ -238,3 +237,21 @@ def test_histogram_quantiles_never_exceed_the_exact_max():
     acc.update(b, b + np.float32(0.001061))
     v = acc.finalize()
     assert v["p99_abs"] <= v["max_abs"] and v["median_abs"] <= v["max_abs"]
+
+
+def test_chunked_batches_give_the_same_figures(monkeypatch):
+    """A batch is converted to float64 a few samples at a time: every figure is the one-chunk figure."""
+    import mpinfer.metrics as metrics
+
+    rng = np.random.default_rng(4)
+    b = rng.standard_normal((7, 3, 12)).astype(np.float32)
+    c = (b + 0.01 * rng.standard_normal(b.shape)).astype(np.float16)
+    c[5, 1, 2] = np.nan
+    whole = OutputAccumulator("logits")
+    whole.update(b, c)
+    monkeypatch.setattr(metrics, "CHUNK_ELEMENTS", 40)  # about one sample (36 values) per chunk
+    chunked = OutputAccumulator("logits")
+    chunked.update(b, c)
+    for key, v in whole.finalize().items():
+        got = chunked.finalize()[key]
+        assert (v is None and got is None) or got == pytest.approx(v, rel=_tol(b.size)), key

@@ -9,6 +9,7 @@ import click
 from mpinfer.commands import memory_limit_option
 from mpinfer.metrics import parse_class_outputs
 from mpinfer.modelio import MAX_OPSET
+from mpinfer.precision.options import DEFAULT_BUDGET, DEFAULT_SEARCH_SAMPLES
 
 
 @click.command("convert")
@@ -20,7 +21,11 @@ from mpinfer.modelio import MAX_OPSET
     required=True,
     help="Converted model; the plan is written next to it as <name>.plan.json.",
 )
-@click.option("--precision", type=click.Choice(["fp16", "bf16"]), default="fp16", show_default=True)
+@click.option(
+    "--precision",
+    type=click.Choice(["fp16", "bf16"]),
+    help="Low precision (default fp16; with --plan, the plan's: a different one is refused).",
+)
 @click.option(
     "--calibration",
     help="Data for the reference run: .npz, folder, random[:N], or none (rules only). "
@@ -29,7 +34,9 @@ from mpinfer.modelio import MAX_OPSET
 @click.option(
     "--budget",
     help='Accuracy budget, e.g. "cosine>=0.9999,top1>=0.999,max_abs<=1e-2" or "logits:top1>=0.99,boxes:max_abs<=0.5" '
-    "(the check grammar of `mpinfer compare --check`; metrics defined in docs/compare.md).",
+    "(the check grammar of `mpinfer compare --check`; metrics defined in docs/compare.md), verified on every "
+    "calibration sample before anything is written. Default with calibration data: the floor \"" + DEFAULT_BUDGET
+    + '"; "none": no budget.',
 )
 @click.option(
     "--class-outputs",
@@ -56,15 +63,13 @@ from mpinfer.modelio import MAX_OPSET
 @click.option(
     "--numerics",
     type=click.Choice(["strict", "ort"]),
-    default="strict",
-    show_default=True,
-    help="Numerics that verify search candidates: strict FP16/BF16 emulation or ONNX Runtime.",
+    help="Numerics that verify search candidates and the final model: strict FP16/BF16 emulation (default) or "
+    "ONNX Runtime.",
 )
 @click.option(
     "--keep-io-types/--no-keep-io-types",
-    default=True,
-    show_default=True,
-    help="Keep graph inputs and outputs FP32.",
+    default=None,
+    help="Keep graph inputs and outputs FP32 (default: keep; with --plan, the plan's, and a given one is applied).",
 )
 @click.option(
     "--opset",
@@ -79,6 +84,17 @@ from mpinfer.modelio import MAX_OPSET
 @click.option(
     "--batch-size", type=click.IntRange(min=1), help="Calibration samples per batch (default 16, or the model's)."
 )
+@click.option(
+    "--search-samples",
+    type=click.IntRange(min=1),
+    help=f"Calibration samples the budget search reads (default {DEFAULT_SEARCH_SAMPLES}; fewer when their FP32 "
+    "tensors are large). The final verification reads all of them.",
+)
+@click.option(
+    "--verify-samples",
+    type=click.IntRange(min=1),
+    help="Calibration samples the final verification reads (default: all).",
+)
 @click.option("--dim", "dims", multiple=True, help="Size of a symbolic dim for random data, e.g. height=48.")
 @click.option(
     "--image-preprocess",
@@ -91,7 +107,7 @@ def convert(
     ctx: click.Context,
     model: Path,
     output: Path,
-    precision: str,
+    precision: str | None,
     calibration: str | None,
     budget: str | None,
     class_outputs: tuple[str, ...] | None,
@@ -101,13 +117,15 @@ def convert(
     low_ops: tuple[str, ...],
     low_nodes: tuple[str, ...],
     keep_fp32_from: Path | None,
-    numerics: str,
-    keep_io_types: bool,
+    numerics: str | None,
+    keep_io_types: bool | None,
     opset: int | None,
     force: bool,
     seed: int,
     max_batches: int | None,
     batch_size: int | None,
+    search_samples: int | None,
+    verify_samples: int | None,
     dims: tuple[str, ...],
     image_preprocess: str | None,
     memory_limit: str | None,
@@ -129,7 +147,7 @@ def convert(
     cfg = ConvertConfig(
         model=model,
         output=output,
-        precision=Precision.parse(precision),
+        precision=Precision.parse(precision) if precision is not None else None,
         calibration=calibration,
         budget=budget,
         class_outputs=class_outputs,
@@ -146,6 +164,8 @@ def convert(
         seed=seed,
         max_batches=max_batches,
         batch_size=batch_size,
+        search_samples=search_samples,
+        verify_samples=verify_samples,
         dims=parse_dims(dims),
         image_preprocess=image_preprocess,
         progress=not quiet,
@@ -176,8 +196,9 @@ def _print_summary(result: object, plan_in: Path | None = None) -> None:
     kept = {k: v for k, v in s.get("reasons", {}).items()}
     table.add_row("reasons", ", ".join(f"{k}: {v}" for k, v in kept.items()))
     if s.get("expected_error"):
+        searched = (s.get("search") or {}).get("samples")
         table.add_row(
-            "expected error",
+            f"search figures ({searched} samples)" if searched else "expected error",
             ", ".join(
                 f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in s["expected_error"].items()
             ),
@@ -190,8 +211,29 @@ def _print_summary(result: object, plan_in: Path | None = None) -> None:
         )
     console = Console()
     console.print(table)
+    line = verification_line(plan)
+    if line:
+        console.print(line)
     written = result.plan_path  # type: ignore[attr-defined]
     if plan_in is not None and Path(plan_in).resolve() == Path(written).resolve():
         console.print(f"wrote {result.output} (plan {written}: applied as it is, not rewritten)")  # type: ignore[attr-defined]
     else:
         console.print(f"wrote {result.output} and {written}")  # type: ignore[attr-defined]
+
+
+def verification_line(plan: object) -> str | None:
+    """``searched on N samples, verified on M samples (strict numerics): cosine=…`` (None: nothing verified)."""
+    from mpinfer.precision.verify import budget_figures
+
+    ver = plan.summary.get("verification")  # type: ignore[attr-defined]
+    if not ver:
+        return None
+    worst = budget_figures(ver["budget"], ver["figures"])
+    figures = ", ".join(f"{k}={v:.6g}" for k, v in worst.items())
+    searched = ver.get("searched_samples")
+    head = f"searched on {searched} samples, verified" if searched else "verified"
+    budget = f"the default floor {ver['budget']} (--budget none to skip it)" if ver.get("default_budget") else (
+        f"budget {ver['budget']}"
+    )
+    moved = f"; {ver['moved_to_fp32']} node(s) moved back to FP32 to meet it" if ver.get("moved_to_fp32") else ""
+    return f"{head} on {ver['samples']} samples ({ver['numerics']} numerics): {figures} — {budget} met{moved}"

@@ -410,7 +410,10 @@ def compare_models(config: CompareConfig) -> ComparisonResult:
             image_preprocess=config.image_preprocess,
         )
         _check_label_metrics(checks, feeds.labels is not None, config)
-        accs, kept = _run_batches(config, baseline, cands, feeds, out_names, checks)
+        from mpinfer.precision.verify import FingerprintedFeeds
+
+        hashed = FingerprintedFeeds(feeds)  # the data's fingerprint, to set beside a plan's verified figures
+        accs, kept = _run_batches(config, baseline, cands, hashed, out_names, checks)
         results = [_candidate_result(config, c, cands[c], accs[c], out_names, checks, kept) for c in cands]
         latency = _latency(config, baseline, cands, kept[0]) if config.latency else None
         base_info = {
@@ -432,6 +435,7 @@ def compare_models(config: CompareConfig) -> ComparisonResult:
             "batches": len(feeds),
             "samples": feeds.num_samples,
             "labels": feeds.labels is not None,
+            "fingerprint": hashed.fingerprint(),
         },
         environment=_environment(config),
         latency=latency,

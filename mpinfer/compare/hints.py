@@ -231,6 +231,7 @@ def _summary_from_plan(plan_path: Path) -> dict[str, Any] | None:
             "cast_count": summ.get("cast_count"),
             "counts": dict(plan_counts),
             "reasons": dict(Counter(str(n.get("reason")) for n in plan["nodes"])),
+            "verification": summ.get("verification"),  # what convert verified: report sets it beside compare's
         }
     except (OSError, ValueError, KeyError, TypeError) as err:
         logger.warning("plan file '%s' is unreadable (%s); counting from the model", plan_path, err)

@@ -81,6 +81,10 @@ MAX_OUTPUTS_PER_SESSION = 4096
 #   come to more runs in slices of its samples (statistics do not depend on how the samples are grouped).
 #   PP-OCRv4's text detector at 640x640 returns ~0.7 GB of tensors per image: a batch of 16 in one call peaked at
 #   7.6 GB.
+# * ``capture_outputs``: ``capture_outputs`` keeps the graph outputs of the batches after the captured ones while
+#   they come to at most this many bytes: convert's final verification takes them as its FP32 reference instead
+#   of running the model again (outputs are small next to the tensors calibration computes anyway; a segmentation
+#   map is not).
 
 _FLOAT_TYPES = (1, 10, 11, 16)  # FLOAT, FLOAT16, DOUBLE, BFLOAT16
 
@@ -383,6 +387,7 @@ def calibrate(
     types: Mapping[str, int] | None = None,
     max_bytes: int | None = None,
     base_dir: str = "",
+    capture_outputs: int = 0,
 ) -> CalibrationStats:
     """FP32 reference run over ``feeds`` collecting per-tensor statistics, one batch at a time.
 
@@ -406,6 +411,10 @@ def calibrate(
             probe's bytes per sample; at least one batch). For generated data, where more samples add little.
         base_dir: The model file's folder when its weights are external (``model`` is the graph alone): ONNX
             Runtime and the emulator memory-map them from there instead of holding a copy.
+        capture_outputs: Keep the float graph outputs of this many first batches too (at least
+            ``capture_batches``; the later ones up to the memory budget's ``capture_outputs``
+            bytes):
+            ``reference_outputs`` then holds them all.
 
     Returns:
         The statistics of every float tensor: graph inputs, node outputs, and tensors in subgraph bodies.
@@ -441,6 +450,8 @@ def calibrate(
     limit = current_budget().capture
     wanted = (outputs | {n for n in known if types.get(n) == FLOAT}) if capture_tensors else outputs
     captured: list[dict[str, np.ndarray]] = []
+    # batches whose outputs are kept (bytes permitting; only in one pass, where a call returns every output)
+    keep_until = max(capture_batches, capture_outputs if passes == 1 else 0)
     stop_after: int | None = None  # batches read, once max_bytes is reached
     read = 0
     with (
@@ -456,17 +467,22 @@ def calibrate(
                     break
                 if index == 0 and b:  # the first batch was checked before the probe
                     first_pass.check(batch)
-                if b < capture_batches and index == 0:
+                if b < keep_until and index == 0:
                     captured.append({})
                 if sess is not None and plan is not None:  # before the emulator: data it rejects gets ORT's words
-                    keep = captured[b] if b < capture_batches else None
+                    keep = captured[b] if b < min(keep_until, len(captured)) else None
                     chunk, per_call, rows = plan.chunks[index], plan.rows_per_call[index], slicer.rows(batch)
                     if rows <= per_call:
-                        _run_chunk(sess, chunk, batch, first_pass.collector, keep, wanted)
+                        _run_chunk(sess, chunk, batch, first_pass.collector, keep,
+                                   wanted if b < capture_batches else outputs)
                     else:  # too many bytes for one call: slices of samples, and the outputs from a run of their own
                         for row in range(0, rows, per_call):
                             _run_chunk(sess, chunk, slicer.slice(batch, row, row + per_call), first_pass.collector)
-                        if keep is not None and index == 0:
+                        if keep is not None and index == 0 and b >= capture_batches:
+                            out_names = sorted(outputs)
+                            values = _run(sessions.session(out_names), out_names, batch)
+                            keep.update((n, np.asarray(v, np.float32)) for n, v in zip(out_names, values, strict=True))
+                        elif keep is not None and index == 0:
                             wanted = outputs  # a batch above the call limit is above the capture limit too
                             captured = _outputs_only(captured, outputs)
                             keep = captured[b]
@@ -475,7 +491,11 @@ def calibrate(
                             keep.update((n, np.asarray(v, np.float32)) for n, v in zip(out_names, values, strict=True))
                     # the bytes all captured batches and passes will hold, projected from those run so far
                     done, total = index * capture_batches + b + 1, passes * capture_batches
-                    if keep is not None and wanted is not outputs and _nbytes(captured) * total > limit * done:
+                    if b >= capture_batches and keep is not None and index == 0:
+                        if _nbytes(captured[capture_batches:]) > current_budget().capture_outputs:
+                            captured.pop()  # above the outputs' limit: the later batches' outputs are not kept
+                            keep_until = b
+                    elif keep is not None and wanted is not outputs and _nbytes(captured) * total > limit * done:
                         logger.debug("captured tensors above %d bytes: keeping outputs only", limit)
                         wanted = outputs
                         captured = _outputs_only(captured, outputs)
@@ -504,7 +524,7 @@ def calibrate(
         # Copies: ONNX Runtime's output arrays are views that keep the session's whole memory arena alive.
         reference = [{n: np.array(c[n], np.float32) for n in floats} for c in captured]
         if capture_tensors and wanted is not outputs:
-            tensors = [{n: v for n, v in c.items() if types.get(n) == FLOAT} for c in captured]
+            tensors = [{n: v for n, v in c.items() if types.get(n) == FLOAT} for c in captured[:capture_batches]]
     logger.info(
         "calibrated %d tensors over %d batches in %.1fs",
         len(results),

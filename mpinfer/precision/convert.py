@@ -16,16 +16,19 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from mpinfer.errors import InvalidInputError, format_message
-from mpinfer.memory import budgeted
+from mpinfer.errors import AccuracyMismatchError, InvalidInputError, format_message
+from mpinfer.memory import budgeted, current_budget
+from mpinfer.precision.options import NO_CALIBRATION, Options, resolve_options
 from mpinfer.precision.plan import NodeDecision, PrecisionPlan
 from mpinfer.specs import DEFAULT_DIM_SIZE, Precision
 
 logger = logging.getLogger(__name__)
 
-NUMERICS = ("strict", "ort")
-# Calibration source meaning "no data at all": rules only, no range statistics, no search.
-NO_CALIBRATION = "none"
+# Default random calibration data (no --calibration, no --max-batches) stops after the batch whose FP32 tensors
+# bring the total past the memory budget's ``random_calibration`` bytes (:mod:`mpinfer.memory`). The budget search
+# keeps the FP32 tensors of the samples it verifies on (strict numerics: every tensor, for its incremental runs):
+# at most the budget's ``search`` bytes of them, from calibration's bytes per sample; fewer samples above it
+# (PP-OCRv4's recognizer: 200 MB a sample; 32 samples peaked at 8.3 GB).
 
 
 @dataclass(frozen=True)
@@ -35,19 +38,22 @@ class ConvertConfig:
     Attributes:
         model: The FP32 .onnx file.
         output: Where to write the converted model (the plan goes next to it).
-        precision: FP16 or BF16.
+        precision: FP16 or BF16; None = FP16 (with ``plan``: the plan's; a different one is refused).
         calibration: Data for the reference run (.npz, folder, ``random[:N]``, ``none``); None = seeded
             random data from the input specs (with a warning).
         budget: Accuracy budget in the check grammar of :mod:`mpinfer.checks`, e.g.
-            ``cosine>=0.9999,logits:top1>=0.999``; None = rules and ranges only.
+            ``cosine>=0.9999,logits:top1>=0.999``, verified on every calibration sample before anything is
+            written; None = the default floor (``options.DEFAULT_BUDGET``) with real calibration data, none with
+            random data; ``"none"`` = no budget at all.
         class_outputs: The outputs that hold class scores (top-k applies to them alone); None guesses each
             (:func:`mpinfer.metrics.guess_class_output`), ``()`` says none does.
         plan: Re-apply this plan file instead of planning.
         keep_ops / low_ops: Op types forced FP32 / low.
         keep_nodes / low_nodes: Node-address regexes forced FP32 / low.
         keep_fp32_from: An overflow.json from ``mpinfer train``: its modules stay FP32.
-        numerics: ``strict`` (GraphEmulator) or ``ort`` (ONNX Runtime) for verifying candidates.
-        keep_io_types: Graph inputs/outputs stay FP32.
+        numerics: ``strict`` (GraphEmulator) or ``ort`` (ONNX Runtime) for verifying candidates; None = strict.
+        keep_io_types: Graph inputs/outputs stay FP32; None = True (with ``plan``: the plan's; a different
+            value is applied and recorded in the plan written beside the output).
         opset: Upgrade the model to this default-domain opset first (ONNX's version converter), e.g. 22, where
             Conv, pooling and most activations take bfloat16; None = as it is (BF16 still raises it to 13).
             With ``plan``: None = the plan's opset.
@@ -58,7 +64,9 @@ class ConvertConfig:
         dims: Sizes of symbolic dims for random calibration data (``{"height": 48}``).
         image_preprocess: Preprocessing of a calibration folder of images (``size=HxW,mean=..,std=..,mode=L``;
             :class:`mpinfer.data.ImagePreprocess`).
-        search_batches: Calibration batches the budget search evaluates.
+        search_samples: Calibration samples the budget search reads (None = ``DEFAULT_SEARCH_SAMPLES``, fewer
+            when their FP32 tensors pass the memory budget's ``search`` slice).
+        verify_samples: Calibration samples the final verification reads (None = all of them).
         progress: Show progress bars.
         memory_limit: ``--memory-limit`` (a size or a share of the available memory; :mod:`mpinfer.memory`);
             None = the default budget.
@@ -66,7 +74,7 @@ class ConvertConfig:
 
     model: Path
     output: Path
-    precision: Precision = Precision.FP16
+    precision: Precision | None = None
     calibration: str | None = None
     budget: str | None = None
     class_outputs: tuple[str, ...] | None = None
@@ -76,8 +84,8 @@ class ConvertConfig:
     low_ops: tuple[str, ...] = ()
     low_nodes: tuple[str, ...] = ()
     keep_fp32_from: Path | None = None
-    numerics: str = "strict"
-    keep_io_types: bool = True
+    numerics: str | None = None
+    keep_io_types: bool | None = None
     opset: int | None = None
     force: bool = False
     seed: int = 0
@@ -85,7 +93,8 @@ class ConvertConfig:
     batch_size: int | None = None
     dims: Mapping[str, int] = field(default_factory=dict)
     image_preprocess: str | None = None
-    search_batches: int = 2
+    search_samples: int | None = None
+    verify_samples: int | None = None
     progress: bool = True
     memory_limit: str | int | None = None
 
@@ -105,12 +114,10 @@ def plan_path_for(output: Path) -> Path:
     return output.with_name(name + ".plan.json")
 
 
-def _check_config(cfg: ConvertConfig) -> None:
-    if not cfg.precision.is_low:
-        raise InvalidInputError(format_message("--precision", cfg.precision.value, "fp16 or bf16"))
-    if cfg.numerics not in NUMERICS:
-        raise InvalidInputError(format_message("--numerics", repr(cfg.numerics), "strict or ort"))
-    if cfg.precision is Precision.BF16 and cfg.numerics == "ort" and cfg.budget:
+def _check_config(cfg: ConvertConfig, opts: Options) -> None:
+    if not opts.precision.is_low:
+        raise InvalidInputError(format_message("--precision", opts.precision.value, "fp16 or bf16"))
+    if opts.precision is Precision.BF16 and opts.numerics == "ort" and opts.budget and not opts.default_budget:
         raise InvalidInputError(
             format_message(
                 "--numerics ort with --precision bf16",
@@ -119,24 +126,27 @@ def _check_config(cfg: ConvertConfig) -> None:
                 "ONNX Runtime's CPU provider has no BF16 MatMul/Conv; BF16 is checked only through strict emulation",
             )
         )
-    if cfg.plan is not None and (cfg.budget or cfg.keep_ops or cfg.low_ops or cfg.keep_nodes or cfg.low_nodes):
+    if cfg.plan is not None and (cfg.keep_ops or cfg.low_ops or cfg.keep_nodes or cfg.low_nodes):
         raise InvalidInputError(
             format_message(
                 "--plan",
-                "together with planning options (--budget/--keep-*/--low-*)",
+                "together with planning options (--keep-*/--low-*)",
                 "--plan alone",
                 'edit the plan\'s "precision" fields instead, or re-plan without --plan',
             )
         )
-    if cfg.budget:
+    if opts.budget:
         from mpinfer.checks import parse_checks
 
-        parse_checks(cfg.budget)
+        parse_checks(opts.budget)
 
 
 @budgeted
 def convert_precision(cfg: ConvertConfig) -> ConvertResult:
     """Convert an FP32 ONNX model to mixed precision and write it with its plan.
+
+    With a budget (or the default floor), the model as written is verified on every calibration sample
+    (``verify_samples``) before anything is written, and nodes go back to FP32 until the budget holds.
 
     Args:
         cfg: The conversion settings.
@@ -145,14 +155,15 @@ def convert_precision(cfg: ConvertConfig) -> ConvertResult:
         The output model path, the plan path and the plan.
 
     Raises:
-        MpinferError: For bad input (model, data, budget, plan); nothing is written then.
+        MpinferError: For bad input (model, data, budget, plan), or a budget the model cannot meet on the
+            calibration data (AccuracyMismatchError); nothing is written then.
         InternalError: If the rewritten model fails the validity gate (a bug); nothing is written.
     """
     from mpinfer.fileio import check_output_path
     from mpinfer.modelio import require_file
+    from mpinfer.precision.options import refuse_in_place_changes
 
     start = time.perf_counter()
-    _check_config(cfg)
     out = check_output_path(cfg.output, [cfg.model, cfg.plan, cfg.keep_fp32_from], force=cfg.force)
     if out.suffix != ".onnx":
         raise InvalidInputError(format_message(f"Output '{cfg.output}'", f"suffix '{out.suffix}'", "'.onnx'",
@@ -163,57 +174,49 @@ def convert_precision(cfg: ConvertConfig) -> ConvertResult:
     inputs_data = external_data_files(cfg.model) if Path(cfg.model).is_file() else []
     check_output_path(data_file(out), [cfg.model, *inputs_data], force=cfg.force)
     plan_out = plan_path_for(out)
+    loaded = None
     if cfg.plan is not None:
         require_file(cfg.plan, "Plan")
-        # The plan's precision wins (the CLI's --precision default is fp16), and its opset unless one is given.
         loaded = PrecisionPlan.load(cfg.plan)
-        cfg = replace(cfg, precision=loaded.precision, opset=cfg.opset if cfg.opset is not None else loaded.opset)
-    if cfg.plan is None or Path(cfg.plan).resolve() != plan_out.resolve():  # (re-applied in place: not rewritten)
+    opts = resolve_options(cfg, loaded)  # the one place defaults, the plan and explicit options meet
+    _check_config(cfg, opts)
+    if cfg.plan is not None:
+        refuse_in_place_changes(opts, cfg.plan, plan_out)
+    in_place = cfg.plan is not None and Path(cfg.plan).resolve() == plan_out.resolve()
+    if not in_place:  # (re-applied in place: not rewritten)
         # an existing plan may hold a user's edits: replaced only with --force, like the model beside it
         check_output_path(plan_out, [cfg.model, cfg.keep_fp32_from], force=cfg.force)
-    info, sha, large = _load(cfg)
-    verified = None
-    if cfg.plan is not None:
-        plan = _read_plan(cfg, info, sha)
-        expected, search_cost = plan.summary.get("expected_error", {}), plan.summary.get("search")
-        edited = plan.mark_edits()
-        if edited is not None:  # its numbers are the plan's as written: not this model's
-            expected, search_cost = {}, None
-            logger.warning(
-                "Plan '%s' was edited since `mpinfer convert` wrote it (%s): its expected error and search cost "
-                "were for the plan as written and are dropped; measure this model with `mpinfer compare`.",
-                cfg.plan,
-                f"{len(edited)} node(s) now 'user:plan', e.g. {', '.join(edited[:3])}" if edited else "precisions",
-            )
-    else:
-        plan, expected, search_cost, verified = _make_plan(cfg, info.model, info, sha)
-        gc.collect()  # the search's emulator and its rounded weights (reference cycles) go before the rewrite
+    info, sha, large = _load(cfg, opts)
+    made = _reapply(cfg, opts, info, sha) if cfg.plan is not None else _make_plan(cfg, opts, info.model, info, sha)
+    gc.collect()  # the search's emulator and its rounded weights (reference cycles) go before the rewrite
+    plan = made.plan
     with _staging(out, large) as stage:
-        # External weights: the candidate is written (streamed, tensor by tensor) into a temporary folder beside the
-        # output and gated there, like a small model in memory; the gated files are then moved into place.
+        # External weights: each candidate is written (streamed, tensor by tensor) into a temporary folder beside
+        # the output and gated and verified there, like a small model in memory; the files are then moved into place.
         staged = (stage / out.name, Path(cfg.model)) if stage is not None else None
         result, plan.nodes = apply_validated(
-            info, plan.nodes, cfg.precision, keep_io_types=plan.keep_io_types, verified=verified, staged=staged
+            info, plan.nodes, opts.precision, keep_io_types=plan.keep_io_types, verified=made.verified, staged=staged
         )
-        _finish(cfg, plan, info, result, expected, search_cost, out, stage)
-    if cfg.plan is None or Path(cfg.plan).resolve() != plan_out.resolve():
+        verification = None
+        if made.verify is not None:
+            result, plan.nodes, verification = _verify(made, info, result, plan.nodes, staged)
+        _summarize(plan, info, result, made, verification, opts)
+        _write_model(result.model, out, stage)
+    if not in_place:
         plan.save(plan_out)
     logger.info(
         "convert: %d/%d nodes in %s, %d casts, %.1fs",
         plan.summary["nodes_low"],
         plan.summary["nodes_total"],
-        cfg.precision.value,
+        opts.precision.value,
         result.cast_count,
         time.perf_counter() - start,
     )
     return ConvertResult(out, plan_out, plan)
 
 
-def _finish(
-    cfg: ConvertConfig, plan: PrecisionPlan, info: Any, result: Any, expected: Any, search_cost: Any, out: Path,
-    stage: Path | None,
-) -> None:
-    """The plan's summary, the opset warning, and the model written (moved into place from ``stage``)."""
+def _summarize(plan: PrecisionPlan, info: Any, result: Any, made: _Planned, verification: Any, opts: Options) -> None:
+    """The plan's summary, its opset, and the warning for ops the opset keeps FP32."""
     from mpinfer.precision.planner import summarize
 
     plan.summary = summarize(
@@ -221,15 +224,79 @@ def _finish(
         plan.nodes,
         cast_count=result.cast_count,
         converted_weights=result.converted_weights,
-        expected_error=expected,
-        search=search_cost,
+        expected_error=made.expected,
+        search=made.search_cost,
     )
+    if verification is not None:
+        plan.summary["verification"] = verification
     plan.opset = info.opsets.get("") or None  # what the plan was made for (and is applied at)
-    _warn_opset_blocked(plan.nodes, info, cfg.precision)
-    _write_model(result.model, out, stage)
+    _warn_opset_blocked(plan.nodes, info, opts.precision)
 
 
-def _load(cfg: ConvertConfig) -> tuple[Any, str, bool]:
+@dataclass
+class _Planned:
+    """A plan before it is applied, with what the final verification needs (``verify``: None = no budget)."""
+
+    plan: PrecisionPlan
+    expected: dict[str, Any] = field(default_factory=dict)
+    search_cost: dict[str, Any] | None = None
+    verified: tuple | None = None
+    verify: Any = None  # (VerifySettings, decisions, feeds, known FP32 outputs, rank rows)
+    verify_given: Any = None  # (low nodes, outputs per search batch) of the candidate the search measured last
+
+
+def _reapply(cfg: ConvertConfig, opts: Options, info: Any, sha: str) -> _Planned:
+    """The plan of ``--plan``, with explicit ``--keep-io-types``/``--opset`` applied to it."""
+    plan = _read_plan(cfg, info, sha)
+    plan.keep_io_types = opts.keep_io_types
+    expected, search_cost = plan.summary.get("expected_error", {}), plan.summary.get("search")
+    edited = plan.mark_edits()
+    if edited is not None or opts.changed:  # its numbers are the plan's as written: not this model's
+        expected, search_cost = {}, None
+        logger.warning(
+            "Plan '%s' %s since `mpinfer convert` wrote it (%s): its expected error and search cost "
+            "were for the plan as written and are dropped; measure this model with `mpinfer compare`.",
+            cfg.plan,
+            "was edited" if edited is not None else "is applied with changed options",
+            f"{len(edited)} node(s) now 'user:plan', e.g. {', '.join(edited[:3])}"
+            if edited
+            else ("precisions" if edited is not None else ", ".join(f"{k}={v}" for k, v in opts.changed.items())),
+        )
+    if opts.changed:
+        plan.summary.pop("verification", None)
+        plan.calibration = dict(plan.calibration or {}, applied_with=dict(opts.changed))
+    return _Planned(plan, expected, search_cost)
+
+
+def _verify(
+    made: _Planned, info: Any, result: Any, nodes: list[NodeDecision], staged: tuple[Path, Path] | None = None
+) -> tuple[Any, list, dict]:
+    """The final verification on the calibration data, repairing the plan until the budget holds.
+
+    ``staged``: see :func:`apply_validated` (the candidate as written there is what is verified).
+    """
+    from mpinfer.precision.verify import verification_record, verify_and_repair
+
+    settings, decisions, feeds, known, rank_rows = made.verify
+    start = time.perf_counter()
+    given = None
+    low = {n.name: n.precision for n in nodes if n.precision.is_low}
+    if made.verify_given is not None and made.verify_given[0] == low:
+        given = made.verify_given[1]  # the model as applied is the candidate the search measured
+    repaired = verify_and_repair(
+        info, nodes, result, decisions, feeds, settings, known_reference=known, rank_rows=rank_rows,
+        known_candidate=given, staged=staged,
+    )
+    record = verification_record(repaired.verification, settings, repaired)
+    record["wall_s"] = round(time.perf_counter() - start, 3)  # every pass and the repairs' ranking
+    if made.search_cost is not None:
+        record["searched_samples"] = made.search_cost.get("samples")
+    if repaired.rounds:  # the search's figures were for the candidate the verification rejected
+        made.expected = {}
+    return repaired.result, repaired.nodes, record
+
+
+def _load(cfg: ConvertConfig, opts: Options) -> tuple[Any, str, bool]:
     """Load, check and name the model; returns its GraphInfo, sha256 and whether weights stay external."""
     from mpinfer.fileio import sha256_file
     from mpinfer.modelio import load_onnx, name_nodes, uses_external_data
@@ -243,7 +310,7 @@ def _load(cfg: ConvertConfig) -> tuple[Any, str, bool]:
     base_dir = str(Path(cfg.model).resolve().parent)
     sha = sha256_file(cfg.model)
     model = check_not_low(model, str(cfg.model), force=cfg.force)
-    model = ensure_opset(name_nodes(model), cfg.precision, opset=cfg.opset)
+    model = ensure_opset(name_nodes(model), opts.precision, opset=opts.opset)
     return GraphInfo(model, base_dir=base_dir if large else None), sha, large
 
 
@@ -303,69 +370,116 @@ def _read_plan(cfg: ConvertConfig, info: Any, sha: str) -> PrecisionPlan:
     return plan
 
 
-def _make_plan(
-    cfg: ConvertConfig, model: Any, info: Any, sha: str
-) -> tuple[PrecisionPlan, dict, dict | None, tuple | None]:
-    """The plan, its expected error, the search cost, and the search's last verified candidate (or None)."""
+def _make_plan(cfg: ConvertConfig, opts: Options, model: Any, info: Any, sha: str) -> _Planned:
+    """The plan, its expected error, the search cost, and what the final verification needs."""
     from mpinfer import __version__
     from mpinfer.precision.overflow import overflow_nodes
     from mpinfer.precision.planner import RuleOptions, check_overrides, rule_plan
 
+    if opts.default_budget and not any(o.type.tensor_type.elem_type in (1, 10, 11, 16) for o in model.graph.output):
+        logger.info("No float outputs: the default floor (%s) has nothing to measure; none applied.", opts.budget)
+        opts = replace(opts, budget=None, default_budget=False)
     overflow = overflow_nodes(model, cfg.keep_fp32_from) if cfg.keep_fp32_from else {}
     options = RuleOptions(cfg.keep_ops, cfg.low_ops, cfg.keep_nodes, cfg.low_nodes, overflow)
     check_overrides(info, options)
-    stats, feeds, calib_info = _calibrate(cfg, model, info.types, base_dir=info.base_dir)
+    stats, feeds, calib_info = _calibrate(cfg, opts, model, info.types, base_dir=info.base_dir)
     if stats is not None and stats.sample_shapes:
         info.observe_shapes(stats.sample_shapes)  # FLOPs at the sizes the data has, not 1 per unknown dim
-    decisions, nodes = rule_plan(info, cfg.precision, options, keep_io_types=cfg.keep_io_types, stats=stats)
+    decisions, nodes = rule_plan(info, opts.precision, options, keep_io_types=opts.keep_io_types, stats=stats)
     foreign = sorted({f"{n.op_type} ({n.reason})" for n in nodes if n.reason in ("unknown-op", "custom-domain")})
     if foreign:
         logger.warning("Kept FP32 (mpinfer cannot know what they compute): %s", ", ".join(foreign))
-    expected: dict[str, Any] = {}
-    search_cost = verified = None
-    if cfg.budget and feeds is not None:
+    made = _Planned(PrecisionPlan(
+        source_path=str(cfg.model),
+        source_sha256=sha,
+        precision=opts.precision,
+        numerics=opts.numerics,
+        keep_io_types=opts.keep_io_types,
+        nodes=[],
+        budget=opts.budget,
+        calibration=calib_info,
+        mpinfer_version=__version__,
+    ))
+    if opts.budget and feeds is not None:
         from mpinfer.precision.search import SearchConfig, search_plan
 
-        search_feeds, refs, tensors = _search_data(cfg, model, feeds, stats)
-        outcome = search_plan(
-            model,
-            info,
-            decisions,
-            nodes,
-            search_feeds,
-            reference_outputs=refs,
-            reference_tensors=tensors,
-            cfg=SearchConfig(
-                budget=cfg.budget,
-                precision=cfg.precision,
-                numerics=cfg.numerics,
-                class_outputs=_class_outputs(cfg),
-                keep_io_types=cfg.keep_io_types,
-                batches=cfg.search_batches,
-                progress=cfg.progress,
-            ),
+        search_feeds, refs, tensors = _search_data(opts, model, feeds, stats)
+        search_cfg = SearchConfig(
+            budget=opts.budget,
+            precision=opts.precision,
+            numerics=opts.numerics,
+            class_outputs=_class_outputs(cfg),
+            keep_io_types=opts.keep_io_types,
+            batches=len(search_feeds) if isinstance(search_feeds, _SearchRows) else _MANY,
+            progress=cfg.progress,
         )
-        nodes, expected, search_cost, verified = outcome.nodes, outcome.expected_error, outcome.cost, outcome.verified
+        try:
+            outcome = search_plan(
+                model, info, decisions, nodes, search_feeds, reference_outputs=refs, reference_tensors=tensors,
+                cfg=search_cfg,
+            )
+        except AccuracyMismatchError as err:
+            if not opts.default_budget:
+                raise
+            raise AccuracyMismatchError(
+                f"{err} (No --budget was given: '{opts.budget}' is the default floor on the calibration data; "
+                "pass --budget none to skip it.)"
+            ) from err
+        nodes, made.expected, made.search_cost, made.verified = (
+            outcome.nodes, outcome.expected_error, outcome.cost, outcome.verified
+        )
+        made.search_cost["samples"] = _rows(model, search_feeds)
+        made.verify = _verify_inputs(cfg, opts, decisions, feeds, stats, calib_info)
+        if outcome.outputs is not None and getattr(search_feeds, "whole", False):
+            # the search measured the final plan on its samples: the verification takes those outputs
+            made.verify_given = ({n.name: n.precision for n in nodes if n.precision.is_low}, outcome.outputs)
     elif feeds is not None:
         from mpinfer.precision.search import measure_plan
 
-        measured, refs, _ = _search_data(replace(cfg, search_batches=1), model, feeds, stats)
-        expected = measure_plan(
+        measured, refs, _ = _search_data(replace(opts, search_samples=1), model, feeds, stats, whole_batch=True)
+        made.expected = measure_plan(
             model, nodes, measured, reference_outputs=refs, class_outputs=_class_outputs(cfg), base_dir=info.base_dir
         )
-        _warn_broken(expected, nodes)
-    plan = PrecisionPlan(
-        source_path=str(cfg.model),
-        source_sha256=sha,
-        precision=cfg.precision,
-        numerics=cfg.numerics,
-        keep_io_types=cfg.keep_io_types,
-        nodes=list(nodes),
-        budget=cfg.budget,
-        calibration=calib_info,
-        mpinfer_version=__version__,
+        _warn_broken(made.expected, nodes)
+    made.plan.nodes = list(nodes)
+    return made
+
+
+# SearchConfig.batches for "every batch of the feeds given" (the feeds are already the search's slice).
+_MANY = 2**31
+
+
+def _verify_inputs(
+    cfg: ConvertConfig, opts: Options, decisions: Any, feeds: Any, stats: Any, calib_info: dict | None
+) -> tuple:
+    """What :func:`mpinfer.precision.verify.verify_and_repair` needs: settings, verdicts, data, kept FP32 outputs."""
+    from mpinfer.precision.verify import RUN_ROWS, VerifySettings
+
+    limit = opts.verify_samples
+    calibrated = (calib_info or {}).get("samples")
+    if cfg.calibration in (None, "random") and cfg.max_batches is None and calibrated:
+        limit = min(limit or calibrated, calibrated)  # generated data: the samples calibration read
+    per_sample = getattr(stats, "sample_bytes", None)
+    settings = VerifySettings(
+        run_rows=max(1, min(RUN_ROWS, current_budget().verify_run // per_sample)) if per_sample else RUN_ROWS,
+        budget=opts.budget or "",
+        precision=opts.precision,
+        numerics=opts.numerics,
+        keep_io_types=opts.keep_io_types,
+        samples=limit,
+        default_budget=opts.default_budget,
+        class_outputs=_class_outputs(cfg),
+        progress=cfg.progress,
     )
-    return plan, expected, search_cost, verified
+    rank_rows = max(1, current_budget().search // per_sample) if per_sample else None
+    return settings, decisions, feeds, getattr(stats, "reference_outputs", None), rank_rows
+
+
+def _rows(model: Any, batches: Any) -> int:
+    from mpinfer.precision.calibrate import BatchSlicer
+
+    slicer = BatchSlicer(model)
+    return sum(slicer.rows(b) for b in batches)
 
 
 def _class_outputs(cfg: ConvertConfig) -> tuple[str, ...] | None:
@@ -375,76 +489,76 @@ def _class_outputs(cfg: ConvertConfig) -> tuple[str, ...] | None:
 
 @dataclass
 class _SearchRows:
-    """The samples the budget search verifies on when calibration's first batches hold too many bytes."""
+    """The samples the budget search verifies on: the first ``--search-samples`` of the calibration data."""
 
     batches: list[dict[str, Any]]
     labels: Any = None
+    whole: bool = True  # the first calibration batches as they are (none cut)
 
     def __iter__(self) -> Any:
         return iter(self.batches)
 
+    def __len__(self) -> int:
+        return len(self.batches)
 
-def _search_data(cfg: ConvertConfig, model: Any, feeds: Any, stats: Any) -> tuple[Any, Any, Any]:
-    """The search's data and calibration's FP32 reference for it, bounded by the memory budget's search slice.
 
-    The search keeps the FP32 tensors of the samples it verifies on (strict numerics: every tensor, for its
-    incremental runs): at most the slice's bytes of them, from calibration's bytes per sample. Fewer batches
-    above it, or the first samples of the first batch (PP-OCRv4's recognizer: 200 MB a sample; 32 samples peaked
-    at 8.3 GB). Also the samples the plan's expected error is measured on without a budget.
+def _search_data(
+    opts: Options, model: Any, feeds: Any, stats: Any, *, whole_batch: bool = False
+) -> tuple[Any, Any, Any]:
+    """The search's samples and calibration's FP32 reference for them.
+
+    The first ``opts.search_samples`` samples (``whole_batch``: the whole batches that hold them), fewer when
+    their FP32 tensors pass the memory budget's ``search`` bytes. Also the samples the plan's expected error is measured
+    on without a budget.
     """
-    import itertools
-
-    from mpinfer.memory import current_budget
-
-    limit = current_budget().search
+    from mpinfer.precision.calibrate import BatchSlicer
 
     refs, tensors = getattr(stats, "reference_outputs", None), getattr(stats, "reference_tensors", None)
     per_sample = getattr(stats, "sample_bytes", None)
-    if not per_sample:
-        return feeds, refs, tensors
-    from mpinfer.precision.calibrate import BatchSlicer
-
+    cap = max(1, current_budget().search // per_sample) if per_sample else None
+    want = opts.search_samples if cap is None else min(opts.search_samples, cap)
     slicer = BatchSlicer(model)
-    batches = list(itertools.islice(feeds, cfg.search_batches))
-    rows = [slicer.rows(b) for b in batches]
-    if not batches or sum(rows) * per_sample <= limit:
+    chosen: list[dict[str, Any]] = []
+    taken, cut = 0, False
+    for batch in feeds:
+        if taken >= want:
+            break
+        rows = slicer.rows(batch)
+        stop = rows if taken + rows <= want else want - taken
+        if whole_batch:
+            stop = rows if cap is None else max(1, min(rows, cap - taken))
+        if stop < rows:
+            batch, rows, cut = slicer.slice(batch, 0, stop), stop, True
+        chosen.append(batch)
+        taken += rows
+    if not chosen:
         return feeds, refs, tensors
-    keep = 1  # whole batches while they fit, else the first samples of the first
-    while keep < len(batches) and sum(rows[: keep + 1]) * per_sample <= limit:
-        keep += 1
-    chosen = batches[:keep]
-    if sum(rows[:keep]) * per_sample > limit and rows[0] > 1:
-        n = max(1, min(rows[0], limit // per_sample))
-        chosen = [slicer.slice(batches[0], 0, n)]
+    if cut:
         refs = tensors = None  # calibration's reference holds whole batches
-    samples = sum(slicer.rows(b) for b in chosen)
-    logger.info(
-        "measuring the plan on the first %d sample(s): their FP32 tensors come to %.1f GB (%d would hold %.1f)",
-        samples,
-        samples * per_sample / 1e9,
-        sum(rows),
-        sum(rows) * per_sample / 1e9,
-    )
     if refs is not None:
-        refs = refs[:keep]
+        refs = refs[: len(chosen)] if len(refs) >= len(chosen) else None
     if tensors is not None:
-        tensors = tensors[:keep]
-    return _SearchRows(chosen, getattr(feeds, "labels", None)), refs, tensors
+        tensors = tensors[: len(chosen)] if len(tensors) >= len(chosen) else None
+    if per_sample and cap is not None and cap < opts.search_samples and not whole_batch:
+        logger.info(
+            "searching on the first %d sample(s): their FP32 tensors come to %.1f GB (%d would hold %.1f)",
+            taken, taken * per_sample / 1e9, opts.search_samples, opts.search_samples * per_sample / 1e9,
+        )
+    return _SearchRows(chosen, getattr(feeds, "labels", None), whole=not cut), refs, tensors
 
 
 def _calibrate(
-    cfg: ConvertConfig, model: Any, types: Mapping[str, int] | None = None, *, base_dir: str = ""
+    cfg: ConvertConfig, opts: Options, model: Any, types: Mapping[str, int] | None = None, *, base_dir: str = ""
 ) -> tuple[Any, Any, dict[str, Any] | None]:
     """Calibration statistics, the feeds (for the search) and a description for the plan.
 
     ``base_dir``: the model file's folder when its weights stay external (they are memory-mapped from there).
     """
     from mpinfer.data import load_feeds
-    from mpinfer.memory import current_budget
     from mpinfer.specs import specs_from_onnx
 
     if cfg.calibration == NO_CALIBRATION:
-        if cfg.budget:
+        if opts.budget:
             raise InvalidInputError(
                 format_message(
                     "--budget with --calibration none",
@@ -483,10 +597,10 @@ def _calibrate(
         # The FP32 reference of the search (or, without a budget, of the plan's expected error) is the calibration
         # run's first batches: their outputs, and with a strict search every float32 tensor (the emulator's
         # reference run takes them instead of computing them).
-        capture = cfg.search_batches if cfg.budget else 1
-        tensors = bool(cfg.budget) and cfg.numerics != "ort"
-        # Default random data stops at the memory budget's random_calibration bytes of tensors: more random samples
-        # add little, and a detector at 640x640 computes ~0.7 GB of tensors per image (8 batches took 2 minutes).
+        capture = _batches_for(model, feeds, opts.search_samples) if opts.budget else 1
+        tensors = bool(opts.budget) and opts.numerics != "ort"
+        # Default random data stops at the budget's random_calibration bytes of tensors: more random samples add
+        # little, and a detector at 640x640 computes ~0.7 GB of tensors per image (8 default batches took 2 minutes).
         bounded = cfg.calibration in (None, "random") and cfg.max_batches is None
         stats = calibrate(
             model,
@@ -497,6 +611,8 @@ def _calibrate(
             types=types,
             max_bytes=current_budget().random_calibration if bounded else None,
             base_dir=base_dir,
+            # the final verification's FP32 reference: every batch's outputs, while they are few bytes
+            capture_outputs=_MANY if opts.budget else 0,
         )
         info["samples"] = int(stats.source.get("samples", info["samples"]))
     except BackendUnavailableError as err:
@@ -511,6 +627,17 @@ def _calibrate(
             "Pass --dim NAME=N with the sizes the model is used at, or real data.)"
         ) from err
     return stats, feeds, info
+
+
+def _batches_for(model: Any, feeds: Any, samples: int) -> int:
+    """Batches of ``feeds`` that hold the first ``samples`` samples (from the first batch's size)."""
+    import math
+
+    from mpinfer.precision.calibrate import BatchSlicer
+
+    first = next(iter(feeds), None)
+    rows = BatchSlicer(model).rows(first) if first is not None else 1
+    return max(1, math.ceil(samples / max(rows, 1)))
 
 
 def replace_config(cfg: ConvertConfig, **changes: Any) -> ConvertConfig:

@@ -96,6 +96,9 @@ class SearchOutcome:
     # ORT numerics: (precisions, ApplyResult) of the last candidate that met the budget, which ONNX Runtime
     # loaded and ran; the final apply reuses it when the plan's precisions are the same.
     verified: tuple[dict[str, Precision], Any] | None = None
+    # The final plan's outputs on the search batches (one dict per batch), when the search measured that very
+    # candidate on all of them; the final verification takes them instead of running those samples again.
+    outputs: list[dict[str, np.ndarray]] | None = None
 
 
 @dataclass
@@ -136,6 +139,9 @@ class _Verifier:
         self.fp32_acc: ModelAccumulator | None = None
         self.class_outputs: list[str] | None = None if cfg.class_outputs is None else list(cfg.class_outputs)
         self.passing: tuple[dict[str, Precision], Any] | None = None  # see SearchOutcome.verified
+        # The low nodes and outputs (per search batch) of the last candidate measured on every sample that met the
+        # budget: the final verification takes them for these samples when the plan is that candidate.
+        self.passing_outputs: tuple[dict[str, Precision], list[dict[str, np.ndarray]]] | None = None
         # Screening: per-sample hardness over the search samples (batches concatenated),
         # the worst relative error each sample showed in a full verification; None until one ran, or
         # when the samples cannot be split (see _screen_rows). ``screened``: candidates rejected early.
@@ -213,8 +219,10 @@ class _Verifier:
                 outs.append(run.outputs)
         metrics = self.compare(outs)
         self._update_hardness(outs)
-        if self.cfg.numerics == "ort" and self.budget.met(metrics):
-            self.passing = (precisions, applied)
+        if self.budget.met(metrics):
+            self.passing_outputs = (dict(low), outs)
+            if self.cfg.numerics == "ort":
+                self.passing = (precisions, applied)
         return metrics
 
     def compare(self, outs: list[dict[str, np.ndarray]]) -> dict[str, dict[str, float | None]]:
@@ -461,6 +469,22 @@ def _local_error(model: Any, info: GraphInfo, group: _Group, refs: list[Any], lo
     return relative_l2(noise, signal), len(group.members) * len(refs)
 
 
+def group_errors(
+    info: GraphInfo, groups: Sequence[_Group], batches: Sequence[Mapping[str, np.ndarray]], low: Precision
+) -> dict[str, float]:
+    """Each group's local error (run alone in ``low`` on the FP32 tensors of ``batches``), by anchor.
+
+    Groups in control-flow bodies are left out, and so is every group when the emulator cannot run the model.
+    """
+    from mpinfer.precision.emulate import GraphEmulator
+
+    emu = GraphEmulator(info.model, base_dir=info.base_dir)
+    if not batches or emu.unsupported_ops():
+        return {}
+    refs = [emu.run(dict(b), None, keep=True) for b in batches]
+    return {g.anchor: _local_error(info.model, info, g, refs, low)[0] for g in groups if not g.in_body}
+
+
 def _measure(
     model: Any, info: GraphInfo, groups: Sequence[_Group], ver: _Verifier, cfg: SearchConfig, bar: Any
 ) -> None:
@@ -643,7 +667,9 @@ def search_plan(
     )
     final = _finalize(nodes, groups if measured else [], chosen)
     verified = ver.passing if ver.passing and ver.passing[0] == {n.name: n.precision for n in final} else None
-    return SearchOutcome(final, summary_figures(metrics, ver.budget), cost, verified)
+    final_low = {n.name: n.precision for n in final if n.precision.is_low}
+    outputs = ver.passing_outputs[1] if ver.passing_outputs and ver.passing_outputs[0] == final_low else None
+    return SearchOutcome(final, summary_figures(metrics, ver.budget), cost, verified, outputs)
 
 
 def _reference(

@@ -7,6 +7,8 @@ from typing import Any
 
 from mpinfer.compare.result import ComparisonResult
 from mpinfer.report import tables
+from mpinfer.report.plan_check import HEADERS as PLAN_HEADERS
+from mpinfer.report.plan_check import plan_check
 
 
 def _table(title: str, headers: list[str], rows: list[list[str]]) -> Any:
@@ -97,6 +99,11 @@ def render_console(result: ComparisonResult, console: Any = None) -> None:
             console.print(_table("Nodes adding the most error", tables.NODE_HEADERS, rows))
         if cand.precision:
             console.print("Precision: " + escape(tables.precision_line(cand)))
+        said_notes, said_rows = plan_check(result, cand)
+        for note in said_notes:
+            console.print(("[bold red]" if note.startswith("MISMATCH") else "") + escape(note))
+        if said_rows:
+            console.print(_table("Plan said / measured", PLAN_HEADERS, said_rows))
         for hint in cand.hints:
             # escaped whole: a '[' in the message and a ']' in the fix must not pair up into a tag
             console.print("[yellow]speed hint[/] " + escape(f"({hint.kind}) {hint.message} Fix: {hint.fix}"))

@@ -5,6 +5,8 @@ from __future__ import annotations
 from mpinfer.compare.result import ComparisonResult
 from mpinfer.metrics import METRIC_DOCS
 from mpinfer.report import tables
+from mpinfer.report.plan_check import HEADERS as PLAN_HEADERS
+from mpinfer.report.plan_check import plan_check
 
 
 def md_escape(text: str) -> str:
@@ -63,6 +65,10 @@ def render_markdown(result: ComparisonResult) -> str:
             lines += [""] + md_table(tables.NODE_HEADERS, tables.node_rows(cand))
         if cand.precision:
             lines += ["### Precision", "", md_escape(tables.precision_line(cand)), ""]
+        said_notes, said_rows = plan_check(result, cand)
+        if said_rows:
+            lines += ["### Plan said / measured", ""] + [f"- {md_escape(n)}" for n in said_notes] + [""]
+            lines += md_table(PLAN_HEADERS, said_rows)
         if cand.hints:
             lines += ["### Speed hints", ""]
             lines += [

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from mpinfer.compare.result import ComparisonResult
-from mpinfer.metrics import LogHistogram
+from mpinfer.histogram import LogHistogram
 
 # Figure resolution: sharp on screen, a few tens of KB per plot.
 DPI = 90

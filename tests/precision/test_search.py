@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import warnings
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +15,7 @@ from onnx import helper
 from mpinfer.checks import parse_checks
 from mpinfer.errors import AccuracyMismatchError
 from mpinfer.precision import ConvertConfig, convert_precision
+from mpinfer.precision.options import resolve_options
 from mpinfer.specs import Precision
 from tests.budget import set_slice
 from tests.precision.graphs import fvi, init, make, rng_w, save
@@ -381,7 +383,8 @@ def test_expected_error_without_a_budget_compares_with_calibrations_outputs(tmp_
     monkeypatch.setattr(cal_mod, "calibrate", recording)
     src = save(model, tmp_path / "c.onnx")
     res = convert_precision(
-        ConvertConfig(model=src, output=tmp_path / "o.onnx", calibration=str(_npz(tmp_path / "d.npz")), progress=False)
+        ConvertConfig(model=src, output=tmp_path / "o.onnx", calibration=str(_npz(tmp_path / "d.npz")), budget="none",
+                      progress=False)
     )
     ((batches, tensors, outputs),) = kept
     assert batches == 1 and not tensors and outputs is not None and len(outputs) == 1
@@ -465,14 +468,17 @@ def test_search_data_is_bounded_by_bytes(tmp_path, monkeypatch):
     stats = calibrate(model, feeds, progress=False, capture_batches=2, capture_tensors=True)
     per = stats.sample_bytes
     assert per and per == sum(4 * 16 for n in model.graph.node for o in n.output)  # 9 float tensors of 16 a sample
-    cfg = ConvertConfig(model=Path("m.onnx"), output=Path("o.onnx"), search_batches=2)
-    same = conv._search_data(cfg, model, feeds, stats)
-    assert same == (feeds, stats.reference_outputs, stats.reference_tensors)
-    set_slice(monkeypatch, "search", 20 * per)  # one batch of 16 fits, two do not
-    got, refs, tensors = conv._search_data(cfg, model, feeds, stats)
-    assert [len(b["x"]) for b in got] == [16] and len(refs) == len(tensors) == 1
+    opts = resolve_options(ConvertConfig(model=Path("m.onnx"), output=Path("o.onnx"), search_samples=32))
+    got, refs, tensors = conv._search_data(opts, model, feeds, stats)
+    assert [len(b["x"]) for b in got] == [16, 16] and (refs, tensors) == (stats.reference_outputs,
+                                                                          stats.reference_tensors)
+    got, refs, tensors = conv._search_data(replace(opts, search_samples=16), model, feeds, stats)
+    assert [len(b["x"]) for b in got] == [16] and len(refs) == len(tensors) == 1  # --search-samples 16
+    set_slice(monkeypatch, "search", 20 * per)  # one batch of 16 fits, two do not: 20 samples
+    got, refs, tensors = conv._search_data(opts, model, feeds, stats)
+    assert [len(b["x"]) for b in got] == [16, 4] and refs is None and tensors is None
     set_slice(monkeypatch, "search", 5 * per)  # not even one batch: its first 5 samples
-    got, refs, tensors = conv._search_data(cfg, model, feeds, stats)
+    got, refs, tensors = conv._search_data(opts, model, feeds, stats)
     (batch,) = list(got)
     np.testing.assert_array_equal(batch["x"], data["x"][:5])
     assert refs is None and tensors is None and list(got.labels[:5]) == [0, 1, 2, 3, 0]
@@ -480,8 +486,9 @@ def test_search_data_is_bounded_by_bytes(tmp_path, monkeypatch):
         ConvertConfig(model=save(model, tmp_path / "m.onnx"), output=tmp_path / "o.onnx", calibration=str(path),
                       batch_size=16, budget="max_abs<=1e-3,accuracy>=0", progress=False)
     )
-    assert res.plan.summary["expected_error"]["max_abs"] <= 1e-3 and onnx.load(str(res.output)).graph.node
-    assert res.plan.summary["search"]["batches"] == 1  # the 5 samples the limit leaves
+    assert res.plan.summary["verification"]["figures"]["y"]["max_abs"] <= 1e-3 and onnx.load(str(res.output)).graph.node
+    assert res.plan.summary["search"]["samples"] == 5  # the 5 samples the limit leaves
+    assert res.plan.summary["verification"]["samples"] == 32  # the guarantee reads them all
 
 
 def test_expected_error_without_a_budget_is_measured_on_the_bounded_samples(tmp_path, monkeypatch):
@@ -499,6 +506,7 @@ def test_expected_error_without_a_budget_is_measured_on_the_bounded_samples(tmp_
     src = save(chain(4), tmp_path / "m.onnx")
     set_slice(monkeypatch, "search", 6 * 576)  # 576 bytes of tensors a sample: 6 samples
     res = convert_precision(
-        ConvertConfig(model=src, output=tmp_path / "o.onnx", calibration=str(path), batch_size=16, progress=False)
+        ConvertConfig(model=src, output=tmp_path / "o.onnx", calibration=str(path), batch_size=16, budget="none",
+                      progress=False)
     )
     assert [len(b["x"]) for b in seen[0]] == [6] and res.plan.summary["expected_error"]["max_abs"] > 0

@@ -1,0 +1,183 @@
+"""Convert's options resolved once: what the user gave, the plan being re-applied, and the defaults.
+
+``ConvertConfig`` fields that have a default in the CLI (``--precision``, ``--keep-io-types``,
+``--numerics``, ``--budget``, ``--search-samples``, ``--verify-samples``) are None when not given, so an
+explicit value can be told from a default. :func:`resolve_options` is the one place they become values:
+
+* planning: the defaults below, and with real calibration data and no ``--budget`` the default floor
+  (:data:`DEFAULT_BUDGET`); ``--budget none`` opts out;
+* re-applying a plan (``--plan``): the plan's precision, ``keep_io_types`` and opset, unless given. An
+  explicit ``--keep-io-types``/``--no-keep-io-types`` or ``--opset`` that differs from the plan's is applied
+  and the plan written with the output says so; ``--precision`` that differs is refused (the plan's node
+  decisions were made for its own precision); options that only shape planning are refused with ``--plan``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mpinfer.errors import InvalidInputError, format_message
+from mpinfer.specs import Precision
+
+# The samples the budget search reads by default: two batches of 16. The search verifies each candidate on
+# them (about log2(groups) runs) and, with strict numerics, keeps every FP32 tensor of them for its incremental
+# runs, so its cost and memory grow with this count; the final verification then covers every sample.
+DEFAULT_SEARCH_SAMPLES = 32
+# The budget convert applies with calibration data and no --budget (docs/convert.md, "The default floor"): on
+# every output, every calibration sample keeps cosine >= 0.999 against FP32 (the worst sample, not the mean: one
+# ruined sample among hundreds must not pass), and no NaN/Inf appears where FP32 is finite. The repo's models
+# convert to (almost) all FP16 with their worst sample at cosine 0.99999+ (bench/verify_cost.py); below 0.999
+# an output has lost real information (compare's default check uses the same 0.999).
+DEFAULT_BUDGET = "cosine_min>=0.999,nonfinite<=0"
+# ``--budget none``: no budget at all, not even the default floor.
+NO_BUDGET = "none"
+NUMERICS = ("strict", "ort")
+# Calibration source meaning "no data at all": rules only, no range statistics, no search.
+NO_CALIBRATION = "none"
+
+
+@dataclass(frozen=True)
+class Options:
+    """Convert's settings after :func:`resolve_options`: every default applied, every conflict settled.
+
+    Attributes:
+        precision: FP16 or BF16.
+        keep_io_types: Graph inputs/outputs stay FP32.
+        numerics: ``strict`` or ``ort``.
+        opset: The opset to upgrade to first, or None.
+        budget: The budget the plan must meet on the calibration data, or None (no budget at all).
+        default_budget: True when ``budget`` is the default floor (no ``--budget`` given).
+        search_samples: Samples the budget search reads.
+        verify_samples: Samples the final verification reads (None: all).
+        changed: With ``--plan``: the plan fields an explicit option changed (``{"keep_io_types": False}``).
+    """
+
+    precision: Precision
+    keep_io_types: bool
+    numerics: str
+    opset: int | None
+    budget: str | None
+    default_budget: bool
+    search_samples: int
+    verify_samples: int | None
+    changed: dict[str, Any]
+
+
+def check_budget(text: str) -> None:
+    """Refuse a malformed ``--budget`` (``none`` is no budget; anything else is the check grammar).
+
+    Raises:
+        InvalidInputError: From :func:`mpinfer.checks.parse_checks`.
+    """
+    if text.strip().lower() != NO_BUDGET:
+        from mpinfer.checks import parse_checks
+
+        parse_checks(text)
+
+
+def has_real_data(calibration: str | None) -> bool:
+    """True for user data (a file or folder), not generated random data and not ``none``."""
+    if calibration is None:
+        return False
+    text = calibration.strip().lower()
+    return text != NO_CALIBRATION and text != "random" and not text.startswith("random:")
+
+
+def resolve_options(cfg: Any, plan: Any = None) -> Options:
+    """Resolve ``cfg`` (a ConvertConfig) against the re-applied ``plan`` (or None) and the defaults.
+
+    Raises:
+        InvalidInputError: An explicit option that conflicts with the plan, or options that mean nothing
+            with ``--plan``.
+    """
+    numerics = cfg.numerics if cfg.numerics is not None else "strict"
+    if numerics not in NUMERICS:
+        raise InvalidInputError(format_message("--numerics", repr(numerics), "strict or ort"))
+    search = cfg.search_samples if cfg.search_samples is not None else DEFAULT_SEARCH_SAMPLES
+    for flag, value in (("--search-samples", search), ("--verify-samples", cfg.verify_samples)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise InvalidInputError(format_message(flag, repr(value), "a number of samples >= 1"))
+    if plan is not None:
+        return _resolve_with_plan(cfg, plan, numerics, search)
+    precision = cfg.precision if cfg.precision is not None else Precision.FP16
+    budget, default = cfg.budget, False
+    if budget is not None and budget.strip().lower() == NO_BUDGET:
+        budget = None
+    elif budget is None and has_real_data(cfg.calibration):
+        budget, default = DEFAULT_BUDGET, True
+    elif budget is not None and not budget.strip():
+        budget = None
+    return Options(
+        precision=precision,
+        keep_io_types=cfg.keep_io_types if cfg.keep_io_types is not None else True,
+        numerics=numerics,
+        opset=cfg.opset,
+        budget=budget,
+        default_budget=default,
+        search_samples=search,
+        verify_samples=cfg.verify_samples,
+        changed={},
+    )
+
+
+def _resolve_with_plan(cfg: Any, plan: Any, numerics: str, search: int) -> Options:
+    planning = {
+        "--calibration": cfg.calibration,
+        "--numerics": cfg.numerics,
+        "--search-samples": cfg.search_samples,
+        "--verify-samples": cfg.verify_samples,
+        "--budget": cfg.budget,
+    }
+    given = [flag for flag, value in planning.items() if value is not None]
+    if given:
+        raise InvalidInputError(
+            format_message(
+                "--plan",
+                f"together with {'/'.join(given)}, which only shape planning",
+                "--plan alone (with --keep-io-types/--opset if you want those changed)",
+                "re-plan without --plan to use them, or measure the model with `mpinfer compare`",
+            )
+        )
+    if cfg.precision is not None and cfg.precision is not plan.precision:
+        raise InvalidInputError(
+            format_message(
+                f"--precision {cfg.precision.value}",
+                f"a plan made for {plan.precision.value} ('{cfg.plan}')",
+                f"--precision {plan.precision.value} or no --precision",
+                "the plan's node decisions were made for its own precision: re-plan without --plan "
+                f"for {cfg.precision.value}",
+            )
+        )
+    changed: dict[str, Any] = {}
+    keep_io = plan.keep_io_types
+    if cfg.keep_io_types is not None and cfg.keep_io_types != plan.keep_io_types:
+        keep_io = changed["keep_io_types"] = bool(cfg.keep_io_types)
+    if cfg.opset is not None and cfg.opset != plan.opset:
+        changed["opset"] = cfg.opset
+    return Options(
+        precision=plan.precision,
+        keep_io_types=keep_io,
+        numerics=numerics,
+        opset=cfg.opset if cfg.opset is not None else plan.opset,
+        budget=None,
+        default_budget=False,
+        search_samples=search,
+        verify_samples=None,
+        changed=changed,
+    )
+
+
+def refuse_in_place_changes(options: Options, plan_path: Path, plan_out: Path) -> None:
+    """A plan re-applied in place is an input and is not rewritten: options that change it are refused there."""
+    if options.changed and Path(plan_path).resolve() == Path(plan_out).resolve():
+        flags = ", ".join(f"{k}={v}" for k, v in options.changed.items())
+        raise InvalidInputError(
+            format_message(
+                f"--plan '{plan_path}'",
+                f"options that change the plan ({flags}) while it is re-applied in place",
+                "an -o whose plan file is not the input plan",
+                "write the output elsewhere (its plan records the change), or edit the plan file",
+            )
+        )

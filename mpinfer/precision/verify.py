@@ -1,0 +1,490 @@
+"""Final verification: the model as written, on every calibration sample, against the FP32 reference.
+
+The budget search reads a slice of the calibration data (``--search-samples``); the guarantee never does.
+After the search, :func:`verify_and_repair` streams every calibration sample (or ``--verify-samples``),
+batch by batch, through the converted model exactly as it will be written, under the chosen numerics
+(strict emulation: :class:`mpinfer.backends.strict.StrictRunner`; or ONNX Runtime), against the FP32
+model run by ONNX Runtime — the same computation ``mpinfer compare --numerics strict|ort`` does. Only the
+running sums of the metrics core are kept, never the outputs, so memory is one batch whatever the data.
+
+When the budget fails, the groups of low nodes that contribute most (their local error, measured on the
+batch the candidate got most wrong) go back to FP32 — 1, 2, 4, ... of them — and the new candidate is
+verified again, until the budget holds. If it fails even with every group FP32 (what stays low then is the
+user's ``--low-*`` overrides and the casts at kept low I/O), convert raises and writes nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mpinfer.errors import AccuracyMismatchError, format_message
+from mpinfer.precision.plan import NodeDecision
+from mpinfer.specs import Precision
+
+logger = logging.getLogger(__name__)
+
+# Samples per run of the candidate: consecutive calibration batches are joined up to this many (and at most the
+# memory budget's ``verify_run`` bytes of FP32 tensors). The numpy emulator's cost per node is mostly fixed: 64
+# samples a run verify transformer_small twice as fast as 16; more add memory, not speed.
+RUN_ROWS = 64
+# Rounds of "move the worst groups back to FP32 and verify again"; group counts double each round, so this
+# covers 2**MAX_REPAIR_ROUNDS groups before the last round takes every group back to FP32.
+MAX_REPAIR_ROUNDS = 12
+
+
+@dataclass(frozen=True)
+class VerifySettings:
+    """What the final verification checks, on which data and under which numerics."""
+
+    budget: str
+    precision: Precision
+    numerics: str = "strict"
+    keep_io_types: bool = True
+    samples: int | None = None
+    default_budget: bool = False
+    class_outputs: tuple[str, ...] | None = None
+    run_rows: int = 0
+    progress: bool = True
+
+
+@dataclass
+class Verification:
+    """The outcome of one verification pass over the data.
+
+    Attributes:
+        figures: Output name → metric → value (None where a metric does not apply), over every verified sample.
+        samples: Samples verified.
+        batches: Batches verified.
+        numerics: ``strict`` or ``ort``.
+        fingerprint: ``sha256:<hex>`` over the verified feed arrays (see :func:`fingerprint_update`).
+        failures: The budget terms the figures break (empty: the budget holds).
+        worst_batch: The batch the candidate got most wrong (kept for ranking the groups to repair).
+        wall_s: Seconds the pass took.
+    """
+
+    figures: dict[str, dict[str, float | None]]
+    samples: int
+    batches: int
+    numerics: str
+    fingerprint: str
+    failures: list[str] = field(default_factory=list)
+    worst_batch: dict[str, np.ndarray] | None = field(default=None, repr=False)
+    wall_s: float = 0.0
+
+    @property
+    def passed(self) -> bool:
+        """True when the budget holds on every verified sample."""
+        return not self.failures
+
+
+# -- the metrics (the one place verification computes them: the metrics core) ------------------------------------
+def _accumulator(names: Sequence[str], settings: VerifySettings) -> Any:
+    """An empty :class:`mpinfer.metrics.ModelAccumulator` set up as ``mpinfer compare`` sets up its own."""
+    from mpinfer.checks import parse_checks
+    from mpinfer.metrics import ModelAccumulator
+
+    return ModelAccumulator(names, class_outputs=settings.class_outputs, topk=parse_checks(settings.budget).topk)
+
+
+def budget_failures(budget_text: str, figures: Mapping[str, Mapping[str, float | None]]) -> list[str]:
+    """The budget checks ``figures`` break (``"max_abs<=0.001 on 'y' (got 0.0074)"``)."""
+    from mpinfer.checks import parse_checks
+
+    return parse_checks(budget_text).failures(figures)
+
+
+# -- data ------------------------------------------------------------------------------------------------------
+def fingerprint_update(hashers: dict[str, Any], batch: Mapping[str, np.ndarray]) -> None:
+    """Add one batch to per-input sha256 hashers (the bytes of each input, in order, batch after batch)."""
+    for name, value in batch.items():
+        arr = np.ascontiguousarray(value)
+        if name not in hashers:
+            hashers[name] = (hashlib.sha256(), str(arr.dtype), tuple(arr.shape[1:]))
+        hashers[name][0].update(arr.data.cast("B") if arr.size else b"")
+
+
+def fingerprint_digest(hashers: Mapping[str, Any]) -> str:
+    """``sha256:<hex>`` of the inputs' names, dtypes, per-sample shapes and byte digests (batching-independent)."""
+    top = hashlib.sha256()
+    for name in sorted(hashers):
+        h, dtype, shape = hashers[name]
+        top.update(f"{name}|{dtype}|{shape}|{h.hexdigest()}\n".encode())
+    return "sha256:" + top.hexdigest()
+
+
+class FingerprintedFeeds:
+    """Feeds that fingerprint the batches read through them (``mpinfer compare`` records the data it compared on).
+
+    Everything else (``labels``, ``description``, ``len``...) is the wrapped feeds'.
+    """
+
+    def __init__(self, feeds: Any) -> None:
+        self._feeds = feeds
+        self._hashers: dict[str, Any] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._feeds, name)
+
+    def __len__(self) -> int:
+        return len(self._feeds)
+
+    def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
+        self._hashers = {}
+        for batch in self._feeds:
+            fingerprint_update(self._hashers, batch)
+            yield batch
+
+    def fingerprint(self) -> str:
+        """``sha256:<hex>`` of the batches of the last pass (same as the plan's for the same samples)."""
+        return fingerprint_digest(self._hashers)
+
+
+def iter_samples(feeds: Any, model: Any, limit: int | None) -> Iterator[tuple[dict[str, np.ndarray], int]]:
+    """The batches of ``feeds`` up to ``limit`` samples (the last one cut), each with its sample count."""
+    from mpinfer.precision.calibrate import BatchSlicer
+
+    slicer = BatchSlicer(model)
+    seen = 0
+    for batch in feeds:
+        if limit is not None and seen >= limit:
+            return
+        rows = slicer.rows(batch)
+        if limit is not None and seen + rows > limit:
+            batch, rows = slicer.slice(batch, 0, limit - seen), limit - seen
+        yield batch, rows
+        seen += rows
+
+
+def _runs(
+    feeds: Any,
+    model: Any,
+    settings: VerifySettings,
+    known: Sequence[Mapping[str, np.ndarray]] | None,
+    names: list[str],
+    given: Sequence[Mapping[str, np.ndarray]] | None = None,
+) -> Iterator[tuple[dict[str, np.ndarray], int, Any, Any]]:
+    """The runs of a verification: consecutive batches joined up to ``settings.run_rows`` samples.
+
+    Batches join only along axis 0 with the same trailing shapes. Each run comes with calibration's FP32 outputs
+    for it when it kept them all (else None), and the candidate's outputs when ``given`` holds them (the search
+    measured this very candidate on those batches; else None).
+    """
+    pending: list[tuple[dict[str, np.ndarray], int, Any, Any]] = []
+    axis0 = _joinable(model)
+    for index, (batch, rows) in enumerate(iter_samples(feeds, model, settings.samples)):
+        kept = known[index] if known is not None and index < len(known) else None
+        if kept is not None and (not set(names) <= set(kept) or any(_rows(kept[n]) != rows for n in names)):
+            kept = None  # a cut batch (calibration kept the whole one), or outputs it did not keep
+        out = given[index] if given is not None and index < len(given) else None
+        if out is not None and (kept is None or any(_rows(out[n]) != rows for n in names)):
+            out = None  # measured against the same reference only
+        full = sum(p[1] for p in pending) + rows > settings.run_rows
+        if pending and (not axis0 or full or not _same(pending, batch) or (out is None) != (pending[0][3] is None)):
+            yield _join(pending, names)
+            pending = []
+        pending.append((batch, rows, kept, out))
+    if pending:
+        yield _join(pending, names)
+
+
+def _rows(value: Any) -> int:
+    return len(value) if np.ndim(value) else 1
+
+
+def _joinable(model: Any) -> bool:
+    """True when every graph input holds its samples along axis 0 (a symbolic first dim), so batches join."""
+    from mpinfer.data.feeds import sample_axes
+    from mpinfer.specs import specs_from_onnx
+
+    specs = specs_from_onnx(model)
+    axes = sample_axes(specs)
+    return bool(specs) and all(axes[s.name] == 0 and isinstance(s.shape[0], str) for s in specs)
+
+
+def _same(pending: list[tuple[dict[str, np.ndarray], int, Any, Any]], batch: Mapping[str, np.ndarray]) -> bool:
+    first = pending[0][0]
+    return set(first) == set(batch) and all(np.shape(first[k])[1:] == np.shape(batch[k])[1:] for k in batch)
+
+
+def _join(pending: list[tuple[dict[str, np.ndarray], int, Any, Any]], names: list[str]) -> tuple[Any, int, Any, Any]:
+    if len(pending) == 1:
+        return pending[0]
+    batch = {k: np.concatenate([p[0][k] for p in pending]) for k in pending[0][0]}
+
+    def joined(slot: int) -> dict[str, np.ndarray] | None:
+        parts: list[Any] = [p[slot] for p in pending]
+        if any(x is None for x in parts) or any(_rows(x[n]) != p[1] for x, p in zip(parts, pending) for n in names):
+            return None
+        return {n: np.concatenate([x[n] for x in parts]) for n in names}
+
+    return batch, sum(p[1] for p in pending), joined(2), joined(3)
+
+
+# -- one verification pass -------------------------------------------------------------------------------------
+def verify_model(
+    candidate: Any,
+    reference: Any,
+    feeds: Any,
+    settings: VerifySettings,
+    *,
+    known_reference: Sequence[Mapping[str, np.ndarray]] | None = None,
+    known_candidate: Sequence[Mapping[str, np.ndarray]] | None = None,
+    reference_dir: str = "",
+    candidate_path: Path | None = None,
+) -> Verification:
+    """Stream the data through ``candidate`` (as written) and the FP32 ``reference``; check the budget.
+
+    Args:
+        candidate: The converted ``onnx.ModelProto``, as it will be written.
+        reference: The FP32 ``onnx.ModelProto`` it was converted from.
+        feeds: The calibration batches (re-iterable), with ``labels`` when the data has them.
+        settings: Budget, numerics and the sample limit.
+        known_reference: FP32 outputs of the first batches when calibration kept them (taken, not recomputed).
+        known_candidate: ``candidate``'s outputs on the first batches when the search measured it there (taken,
+            not recomputed; only where ``known_reference`` holds those batches too).
+        reference_dir: The folder ``reference``'s external weights are relative to (memory-mapped from there).
+        candidate_path: ``candidate`` as written to a file (external weights): the runner loads that file, its
+            weights memory-mapped, instead of the proto.
+
+    Returns:
+        The figures per output, what was verified, and the failures.
+    """
+    from mpinfer.modelio import ort_session
+    from mpinfer.progress import progress_bar
+
+    start = time.perf_counter()
+    ref_sess = ort_session(reference, base_dir=reference_dir or None)
+    names = [o.name for o in reference.graph.output]
+    floats = [o.name for o in reference.graph.output if o.type.tensor_type.elem_type in (1, 10, 11, 16)]
+    run = _candidate_runner(candidate if candidate_path is None else candidate_path, settings)
+    figures = _accumulator(names, settings)
+    hashers: dict[str, Any] = {}
+    labels = getattr(feeds, "labels", None)
+    samples = batches = 0
+    worst: tuple[float, dict[str, np.ndarray] | None] = (-1.0, None)
+    with progress_bar("Verifying", enabled=settings.progress) as bar:
+        task = bar.add_task("", total=None)
+        for batch, rows, kept, given in _runs(feeds, reference, settings, known_reference, names, known_candidate):
+            fingerprint_update(hashers, batch)
+            ref = kept if kept is not None else dict(zip(names, ref_sess.run(names, dict(batch)), strict=True))
+            cand = given if given is not None else run(batch)
+            lab = labels[samples : samples + rows] if labels is not None and samples + rows <= len(labels) else None
+            figures.update(ref, cand, lab)
+            score = _batch_error(ref, cand, floats)
+            if score > worst[0]:
+                worst = (score, batch)
+            samples += rows
+            batches += 1
+            bar.advance(task)
+    figs = figures.finalize()
+    return Verification(
+        figures=figs,
+        samples=samples,
+        batches=batches,
+        numerics=settings.numerics,
+        fingerprint=fingerprint_digest(hashers),
+        failures=budget_failures(settings.budget, figs),
+        worst_batch=worst[1],
+        wall_s=round(time.perf_counter() - start, 3),
+    )
+
+
+def _candidate_runner(candidate: Any, settings: VerifySettings) -> Any:
+    """``batch → outputs`` of the converted model, as ``mpinfer compare --numerics`` runs it on a CPU."""
+    if settings.numerics == "strict":
+        from mpinfer.backends.strict import StrictRunner
+
+        runner: Any = StrictRunner(candidate, name="candidate")
+    else:
+        from mpinfer.backends.ort import OrtRunner
+
+        runner = OrtRunner(candidate, device="cpu", name="candidate")
+    runner.activate()
+    return runner.infer
+
+
+def _batch_error(ref: Mapping[str, np.ndarray], cand: Mapping[str, np.ndarray], names: Sequence[str]) -> float:
+    """How wrong a batch is, to pick the one to rank groups on: the worst relative L2 error of its outputs."""
+    from mpinfer.metrics import relative_l2
+
+    worst = 0.0
+    for name in names:
+        r, c = np.asarray(ref[name], np.float64), np.asarray(cand[name], np.float64)
+        ok = np.isfinite(r)
+        if not np.isfinite(c[ok]).all():
+            return math.inf
+        d = c[ok] - r[ok]
+        worst = max(worst, relative_l2(float(np.dot(d, d)), float(np.dot(r[ok], r[ok]))))
+    return worst
+
+
+# -- verify, and repair until the budget holds -------------------------------------------------------------------
+@dataclass
+class Repaired:
+    """The verified candidate: its ApplyResult, plan entries and the last verification."""
+
+    result: Any
+    nodes: list[NodeDecision]
+    verification: Verification
+    rounds: int = 0
+    demoted: list[str] = field(default_factory=list)
+    wall_s: float = 0.0  # every verification pass, repairs included
+
+
+def verify_and_repair(
+    info: Any,
+    nodes: list[NodeDecision],
+    result: Any,
+    decisions: Mapping[str, Any],
+    feeds: Any,
+    settings: VerifySettings,
+    *,
+    known_reference: Sequence[Mapping[str, np.ndarray]] | None = None,
+    rank_rows: int | None = None,
+    known_candidate: Sequence[Mapping[str, np.ndarray]] | None = None,
+    staged: tuple[Path, Path] | None = None,
+) -> Repaired:
+    """Verify the applied candidate on the data; move the worst groups back to FP32 until the budget holds.
+
+    Args:
+        info: The FP32 model's GraphInfo (``info.model`` is the reference).
+        nodes: The plan entries ``result`` was applied from.
+        result: Their ApplyResult (``result.model`` is the model as it will be written).
+        decisions: The rule verdicts per node (which nodes the user forced).
+        feeds: The calibration batches.
+        settings: Budget, numerics, samples.
+        known_reference: FP32 outputs of the first batches, when calibration kept them.
+        rank_rows: At most this many samples of the worst batch rank the groups (their FP32 tensors are kept).
+        known_candidate: ``result.model``'s outputs on the first batches (the search's), for the first pass.
+        staged: (file, input model file) for external weights: every candidate is written to the file and verified
+            from it (:func:`mpinfer.precision.convert.apply_validated`).
+
+    Returns:
+        The candidate that meets the budget, its plan entries and its verification.
+
+    Raises:
+        AccuracyMismatchError: The budget fails even with every node it may change in FP32.
+    """
+    from mpinfer.precision.convert import apply_validated
+    from mpinfer.precision.search import build_groups
+
+    where = {"reference_dir": info.base_dir, "candidate_path": staged[0] if staged is not None else None}
+    ver = verify_model(
+        result.model, info.model, feeds, settings, known_reference=known_reference, known_candidate=known_candidate,
+        **where,
+    )
+    _log(ver, settings, 0)
+    rounds, demoted, spent = 0, list[str](), ver.wall_s
+    while not ver.passed:
+        groups = build_groups(info, nodes, decisions)
+        if not groups or rounds >= MAX_REPAIR_ROUNDS:
+            raise _unrecoverable(ver, settings, demoted)
+        ranked = _rank(info, groups, _first_rows(info.model, ver.worst_batch, rank_rows), settings.precision)
+        take = ranked if rounds + 1 >= MAX_REPAIR_ROUNDS else ranked[: 2**rounds]
+        back = {a for g in take for a in g.members}
+        demoted.extend(sorted(back))
+        detail = (
+            f"kept FP32 by the final verification on {ver.samples} samples: "
+            f"its group broke the budget ({'; '.join(ver.failures[:2])})"
+        )
+        nodes = [
+            NodeDecision(n.name, n.op_type, Precision.FP32, "sensitivity", detail, dict(n.stats))
+            if n.name in back
+            else n
+            for n in nodes
+        ]
+        rounds += 1
+        result, nodes = apply_validated(
+            info, nodes, settings.precision, keep_io_types=settings.keep_io_types, staged=staged
+        )
+        ver = verify_model(result.model, info.model, feeds, settings, known_reference=known_reference, **where)
+        spent += ver.wall_s
+        _log(ver, settings, rounds)
+    return Repaired(result, nodes, ver, rounds, demoted, round(spent, 3))
+
+
+def _first_rows(model: Any, batch: Mapping[str, np.ndarray] | None, rows: int | None) -> Any:
+    from mpinfer.precision.calibrate import BatchSlicer
+
+    if batch is None or rows is None:
+        return batch
+    slicer = BatchSlicer(model)
+    return batch if slicer.rows(batch) <= rows else slicer.slice(batch, 0, rows)
+
+
+def _rank(info: Any, groups: list[Any], batch: Mapping[str, np.ndarray] | None, precision: Precision) -> list[Any]:
+    """The groups, the one that contributes most error first: local error on the worst batch, then FLOPs."""
+    from mpinfer.precision.search import group_errors
+
+    errors = group_errors(info, groups, [batch] if batch is not None else [], precision)
+    return sorted(groups, key=lambda g: (-errors.get(g.anchor, 0.0), -g.flops, g.anchor))
+
+
+def _unrecoverable(ver: Verification, settings: VerifySettings, demoted: list[str]) -> AccuracyMismatchError:
+    what = "the default floor" if settings.default_budget else f"Budget '{settings.budget}'"
+    hint = (
+        "pass a looser --budget, or --budget none to skip the floor"
+        if settings.default_budget
+        else "loosen the budget, or drop some --low-op/--low-node overrides"
+    )
+    return AccuracyMismatchError(
+        format_message(
+            what[0].upper() + what[1:],
+            f"missed on {ver.samples} calibration samples ({ver.numerics} numerics) even with every node it may "
+            f"change in FP32 ({len(demoted)} moved back): " + "; ".join(ver.failures[:4]),
+            "a budget the model can meet (only --low-* overrides and casts at low I/O stay low)",
+            hint + "; nothing was written",
+        )
+    )
+
+
+def _log(ver: Verification, settings: VerifySettings, rounds: int) -> None:
+    logger.info(
+        "verify%s: %d samples (%s numerics) in %.1fs: %s",
+        f" (repair round {rounds})" if rounds else "",
+        ver.samples,
+        ver.numerics,
+        ver.wall_s,
+        "budget met" if ver.passed else "; ".join(ver.failures[:3]),
+    )
+
+
+def budget_figures(budget_text: str, figures: Mapping[str, Mapping[str, float | None]]) -> dict[str, float]:
+    """The budget's metrics, worst over the outputs (for the console line)."""
+    from mpinfer.checks import parse_checks
+    from mpinfer.metrics import worst_values
+
+    worst = worst_values(figures)
+    return {m: worst[m] for m in sorted(parse_checks(budget_text).metrics) if m in worst}
+
+
+def verification_record(ver: Verification, settings: VerifySettings, repaired: Repaired) -> dict[str, Any]:
+    """The plan's ``summary.verification``: figures per output, samples, numerics, data fingerprint."""
+    return {
+        "budget": settings.budget,
+        "default_budget": settings.default_budget,
+        "numerics": ver.numerics,
+        "samples": ver.samples,
+        "batches": ver.batches,
+        "fingerprint": ver.fingerprint,
+        "figures": {o: {k: _clean(v) for k, v in m.items()} for o, m in ver.figures.items()},
+        "passed": ver.passed,
+        "repair_rounds": repaired.rounds,
+        "moved_to_fp32": len(repaired.demoted),
+        "wall_s": repaired.wall_s,
+    }
+
+
+def _clean(v: Any) -> Any:
+    if isinstance(v, float) and not math.isfinite(v):
+        return str(v)
+    return v

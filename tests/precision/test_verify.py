@@ -1,0 +1,322 @@
+"""Convert's guarantee: the budget verified on every calibration sample, the default floor, visible knobs,
+and explicit options that conflict with a re-applied plan."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from onnx import helper
+
+from mpinfer.errors import AccuracyMismatchError, InvalidInputError
+from mpinfer.precision import ConvertConfig, convert_precision
+from mpinfer.precision.options import DEFAULT_BUDGET
+from mpinfer.specs import Precision
+from tests.conftest import assert_user_error
+from tests.precision.graphs import fvi, init, make, rng_w, save
+
+EPS32 = float(np.finfo(np.float32).eps)
+
+
+def growing_mlp() -> object:
+    """A 3-layer MLP x[N,16] -> 32 -> 32 -> y[N,8]."""
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["h1"], name="fc1"),
+        helper.make_node("Relu", ["h1"], ["r1"], name="relu1"),
+        helper.make_node("MatMul", ["r1", "w2"], ["h2"], name="fc2"),
+        helper.make_node("Relu", ["h2"], ["r2"], name="relu2"),
+        helper.make_node("MatMul", ["r2", "w3"], ["y"], name="fc3"),
+    ]
+    inits = [init("w1", rng_w(16, 32)), init("w2", rng_w(32, 32, seed=1)), init("w3", rng_w(32, 8, seed=2))]
+    return make(nodes, [fvi("x", ["N", 16])], [fvi("y", ["N", 8])], inits)
+
+
+def growing_data(path: Path, n: int = 128) -> Path:
+    """128 samples: the first 32 small, the rest 200x larger (data sorted by file name or time looks like this)."""
+    x = np.random.default_rng(0).standard_normal((n, 16)).astype(np.float32)
+    x[:32] *= 0.01
+    x[32:] *= 2.0
+    np.savez(path, x=x)
+    return path
+
+
+@pytest.fixture
+def grown(tmp_path):
+    return save(growing_mlp(), tmp_path / "m.onnx"), growing_data(tmp_path / "cal.npz")
+
+
+def _convert(src, data, out, **kw):
+    return convert_precision(ConvertConfig(model=src, output=out, calibration=str(data), progress=False, **kw))
+
+
+def _compare(src, out, data, checks):
+    from mpinfer.compare import CompareConfig, compare_models
+
+    return compare_models(
+        CompareConfig(baseline=str(src), candidates=(str(out),), data=str(data), checks=checks, numerics="strict",
+                      divergence=False, show_progress=False)
+    )
+
+
+def test_the_budget_holds_on_every_calibration_sample_not_only_the_searched_ones(grown, tmp_path):
+    src, data = grown
+    budget = "max_abs<=1e-3"
+    # the search alone, on the first 32 (small) samples, would pass the whole FP16 candidate
+    res = _convert(src, data, tmp_path / "o.onnx", budget=budget)
+    ver = res.plan.summary["verification"]
+    assert ver["samples"] == 128 and ver["searched_samples"] == 32 and ver["numerics"] == "strict"
+    assert ver["passed"] and ver["moved_to_fp32"] > 0 and ver["fingerprint"].startswith("sha256:")
+    assert all(n["reason"] != "user:plan" for n in res.plan.to_dict()["nodes"])
+    # compare on the same data and numerics measures what the plan says, and the budget holds there
+    result = _compare(src, res.output, data, budget)
+    assert bool(result)
+    (cand,) = result.candidates
+    measured = {o.name: o.values for o in cand.outputs}
+    scale = 4 * EPS32 * 10.0  # a few float32 ulps at the outputs' magnitude (|y| < 10 here)
+    for out, figures in ver["figures"].items():
+        for metric in ("max_abs", "mean_abs", "cosine", "snr_db"):
+            want, got = figures[metric], measured[out][metric]
+            assert math.isclose(want, got, rel_tol=4 * EPS32 * 128, abs_tol=scale), (metric, want, got)
+
+
+def test_without_verification_the_same_budget_would_not_hold(grown, tmp_path):
+    """The case the verification exists for: what the search alone writes breaks the budget on all the data."""
+    src, data = grown
+    res = _convert(src, data, tmp_path / "o.onnx", budget="max_abs<=1e-3", verify_samples=32)
+    assert res.plan.summary["verification"]["samples"] == 32  # --verify-samples: the searched ones only
+    assert res.plan.summary["nodes_low"] == 5
+    assert not _compare(src, res.output, data, "max_abs<=1e-3")
+
+
+def test_a_budget_even_fp32_of_what_may_change_misses_is_refused_and_nothing_is_written(grown, tmp_path):
+    src, data = grown
+    out = tmp_path / "o.onnx"
+    with pytest.raises(AccuracyMismatchError, match="even with every node it may change in FP32"):
+        _convert(src, data, out, budget="max_abs<=1e-4", low_ops=("MatMul",))
+    assert not out.exists() and not (tmp_path / "o.plan.json").exists()
+
+
+def test_the_default_floor_applies_with_data_and_is_said(grown, tmp_path, invoke):
+    src, data = grown
+    r = invoke("convert", src, "--calibration", data, "-o", tmp_path / "a.onnx")
+    assert r.exit_code == 0, r.output
+    text = " ".join(r.output.split())
+    assert "the default floor" in text and "--budget none" in text and "verified on 128 samples" in text
+    plan = json.loads((tmp_path / "a.plan.json").read_text())
+    assert plan["budget"] == DEFAULT_BUDGET and plan["summary"]["verification"]["default_budget"] is True
+    # --budget none opts out; --calibration none has no data, hence no floor; random data: no floor
+    cases = {
+        "b": ("--calibration", data, "--budget", "none"),
+        "c": ("--calibration", "none"),
+        "d": ("--calibration", "random:32"),
+    }
+    for name, extra in cases.items():
+        args = ["convert", src, *extra, "-o", tmp_path / f"{name}.onnx"]
+        r = invoke(*args)
+        assert r.exit_code == 0, r.output
+        plan = json.loads((tmp_path / f"{name}.plan.json").read_text())
+        assert plan["budget"] is None and "verification" not in plan["summary"]
+
+
+def test_the_default_floor_refuses_a_broken_conversion(tmp_path):
+    """Inputs that overflow FP16 in a forced-low MatMul: the floor cannot be met, nothing is written."""
+    src = save(growing_mlp(), tmp_path / "m.onnx")
+    np.savez(tmp_path / "big.npz", x=(np.random.default_rng(1).standard_normal((16, 16)) * 1e5).astype(np.float32))
+    with pytest.raises(AccuracyMismatchError, match="default floor"):
+        _convert(src, tmp_path / "big.npz", tmp_path / "o.onnx", low_ops=("MatMul",))
+    assert not (tmp_path / "o.onnx").exists()
+
+
+def test_search_and_verify_samples_are_visible_knobs(grown, tmp_path):
+    src, data = grown
+    res = _convert(src, data, tmp_path / "o.onnx", budget="cosine>=0.99", search_samples=8, verify_samples=40)
+    s = res.plan.summary
+    assert s["search"]["samples"] == 8 and s["verification"]["samples"] == 40
+    other = _convert(src, data, tmp_path / "p.onnx", budget="cosine>=0.99", search_samples=8, verify_samples=41)
+    assert other.plan.summary["verification"]["fingerprint"] != s["verification"]["fingerprint"]
+    with pytest.raises(InvalidInputError, match="--search-samples"):
+        _convert(src, data, tmp_path / "q.onnx", search_samples=0)
+
+
+def test_the_fingerprint_does_not_depend_on_the_batch_size(grown, tmp_path):
+    src, data = grown
+    a = _convert(src, data, tmp_path / "a.onnx", batch_size=16).plan.summary["verification"]
+    b = _convert(src, data, tmp_path / "b.onnx", batch_size=20).plan.summary["verification"]
+    assert a["fingerprint"] == b["fingerprint"] and a["samples"] == b["samples"] == 128
+
+
+# -- options resolved once -------------------------------------------------------------------------------------
+@pytest.fixture
+def planned(grown, tmp_path):
+    src, data = grown
+    res = _convert(src, data, tmp_path / "p" / "m.fp16.onnx", budget="none")
+    return src, res.plan_path
+
+
+def test_an_explicit_precision_that_conflicts_with_the_plan_is_refused(planned, tmp_path, invoke):
+    src, plan = planned
+    r = invoke("convert", src, "--plan", plan, "--precision", "bf16", "-o", tmp_path / "x.onnx")
+    assert_user_error(r, r"--precision bf16.*plan made for fp16")
+    assert not (tmp_path / "x.onnx").exists()
+    same = invoke("convert", src, "--plan", plan, "--precision", "fp16", "-o", tmp_path / "y.onnx")
+    assert same.exit_code == 0, same.output  # the plan's own precision: nothing to settle
+
+
+def test_an_explicit_keep_io_types_is_applied_and_recorded(planned, tmp_path, invoke):
+    import onnx
+
+    src, plan = planned
+    r = invoke("convert", src, "--plan", plan, "--no-keep-io-types", "-o", tmp_path / "x.onnx")
+    assert r.exit_code == 0, r.output
+    written = json.loads((tmp_path / "x.plan.json").read_text())
+    assert written["keep_io_types"] is False and written["calibration"]["applied_with"] == {"keep_io_types": False}
+    model = onnx.load(str(tmp_path / "x.onnx"))
+    assert model.graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT16
+    # the plan as it is (no option): its own keep_io_types
+    r = invoke("convert", src, "--plan", plan, "-o", tmp_path / "y.onnx")
+    assert onnx.load(str(tmp_path / "y.onnx")).graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT
+
+
+def test_an_explicit_opset_is_applied_and_recorded(planned, tmp_path, invoke):
+    src, plan = planned
+    r = invoke("convert", src, "--plan", plan, "--opset", "21", "-o", tmp_path / "x.onnx")
+    assert r.exit_code == 0, r.output
+    assert json.loads((tmp_path / "x.plan.json").read_text())["opset"] == 21
+
+
+def test_a_plan_re_applied_in_place_refuses_options_that_change_it(planned, invoke):
+    src, plan = planned
+    out = plan.with_name("m.fp16.onnx")
+    before = plan.read_bytes()
+    r = invoke("convert", src, "--plan", plan, "--no-keep-io-types", "-o", out, "--force")
+    assert_user_error(r, "re-applied in place")
+    assert plan.read_bytes() == before
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [("--calibration", "random"), ("--numerics", "ort"), ("--search-samples", "8"), ("--verify-samples", "8"),
+     ("--budget", "cosine>=0.9")],
+)
+def test_planning_options_with_a_plan_are_refused_not_dropped(planned, tmp_path, invoke, flag, value):
+    src, plan = planned
+    r = invoke("convert", src, "--plan", plan, flag, value, "-o", tmp_path / "x.onnx")
+    assert_user_error(r, flag)
+
+
+def test_api_defaults_mean_not_given():
+    from mpinfer.precision.options import DEFAULT_SEARCH_SAMPLES, resolve_options
+
+    cfg = ConvertConfig(model=Path("m.onnx"), output=Path("o.onnx"))
+    assert cfg.precision is None and cfg.keep_io_types is None and cfg.numerics is None
+    opts = resolve_options(cfg)
+    assert opts.precision is Precision.FP16 and opts.keep_io_types and opts.numerics == "strict"
+    assert opts.search_samples == DEFAULT_SEARCH_SAMPLES and opts.verify_samples is None and opts.budget is None
+    assert resolve_options(ConvertConfig(model=Path("m"), output=Path("o"), calibration="d.npz")).default_budget
+
+
+def test_the_report_sets_the_plans_figures_beside_compares_and_flags_a_mismatch(grown, tmp_path):
+    from mpinfer.report.markdown import render_markdown
+    from mpinfer.report.plan_check import plan_check
+
+    src, data = grown
+    res = _convert(src, data, tmp_path / "o.onnx", budget="max_abs<=1e-2,cosine_min>=0.999")
+    result = _compare(src, res.output, data, "max_abs<=1e-2")
+    (cand,) = result.candidates
+    assert result.data["fingerprint"] == res.plan.summary["verification"]["fingerprint"]
+    notes, rows = plan_check(result, cand)
+    assert {r[1] for r in rows} == {"max_abs", "cosine", "cosine_min"} and all(r[-1] == "match" for r in rows)
+    assert "### Plan said / measured" in render_markdown(result)
+    # a plan whose figures are not what this model gives on this data: flagged
+    plan = json.loads(res.plan_path.read_text())
+    plan["summary"]["verification"]["figures"]["y"]["max_abs"] *= 3
+    res.plan_path.write_text(json.dumps(plan))
+    result = _compare(src, res.output, data, "max_abs<=1e-2")
+    notes, rows = plan_check(result, result.candidates[0])
+    assert [r[-1] for r in rows if r[1] == "max_abs"] == ["MISMATCH"] and any("MISMATCH" in n for n in notes)
+    # other data: not compared, said so
+    np.savez(tmp_path / "other.npz", x=np.ones((8, 16), np.float32))
+    result = _compare(src, res.output, tmp_path / "other.npz", "max_abs<=1e-2")
+    notes, rows = plan_check(result, result.candidates[0])
+    assert {r[-1] for r in rows} == {"other data"} and any("not comparable" in n for n in notes)
+
+
+def test_calibration_keeps_every_batchs_outputs_for_the_verification(grown):
+    """capture_outputs: the FP32 outputs of every batch (the verification's reference), tensors of the first only."""
+    import onnx
+
+    from mpinfer.data import load_feeds
+    from mpinfer.precision.calibrate import calibrate
+    from mpinfer.specs import specs_from_onnx
+    from tests.precision.graphs import run_ort
+
+    src, data = grown
+    model = onnx.load(str(src))
+    feeds = load_feeds(str(data), specs_from_onnx(model), batch_size=16)
+    stats = calibrate(model, feeds, progress=False, capture_batches=2, capture_tensors=True, capture_outputs=100)
+    assert len(stats.reference_outputs) == 8 and len(stats.reference_tensors) == 2
+    for batch, kept in zip(feeds, stats.reference_outputs, strict=True):
+        (want,) = run_ort(model, batch)
+        # the same ONNX Runtime computation of the same batch: a few float32 ulps of the largest output, scaled by
+        # the longest dot product (32) for a reordered sum
+        atol = 4 * EPS32 * float(np.abs(want).max()) * math.sqrt(32)
+        np.testing.assert_allclose(kept["y"], want, rtol=0, atol=atol)
+
+
+def test_pipeline_convert_table_takes_the_knobs_and_budget_none(grown, tmp_path):
+    from mpinfer.pipeline import run_pipeline
+
+    src, data = grown
+    toml = tmp_path / "p.toml"
+    toml.write_text(
+        f'[pipeline]\nwork_dir = "w"\n[convert]\nmodel = "{src.name}"\ncalibration = "{data.name}"\n'
+        'budget = "max_abs<=1e-2"\nsearch_samples = 8\nverify_samples = 48\n'
+    )
+    result = run_pipeline(toml)
+    plan = json.loads(result.artefacts["plan"].read_text())
+    assert plan["summary"]["search"]["samples"] == 8 and plan["summary"]["verification"]["samples"] == 48
+    (stage,) = [s for s in result.stages if s.name == "convert"]
+    assert stage.summary["verified_samples"] == 48 and stage.summary["searched_samples"] == 8
+    toml.write_text(f'[pipeline]\nwork_dir = "w2"\n[convert]\nmodel = "{src.name}"\ncalibration = "{data.name}"\n'
+                    'budget = "none"\n')
+    plan = json.loads(run_pipeline(toml).artefacts["plan"].read_text())
+    assert plan["budget"] is None and "verification" not in plan["summary"]
+
+
+def test_the_search_samples_are_not_run_again_when_the_plan_is_the_searched_candidate(grown, tmp_path, monkeypatch):
+    """The search measured the final candidate on its 32 samples: the verification runs the other 96 only, and its
+    figures are those of all 128 (compare on the same data reproduces them)."""
+    from mpinfer.backends.strict import StrictRunner
+
+    ran = []
+    real = StrictRunner._infer
+
+    def counting(self, feeds):
+        ran.append(len(feeds["x"]))
+        return real(self, feeds)
+
+    monkeypatch.setattr(StrictRunner, "_infer", counting)
+    src, data = grown
+    res = _convert(src, data, tmp_path / "o.onnx", budget="max_abs<=1e-2")
+    assert res.plan.summary["verification"]["samples"] == 128 and res.plan.summary["nodes_low"] == 5
+    assert sum(ran) == 96
+    ran.clear()
+    result = _compare(src, res.output, data, "max_abs<=1e-2")
+    want, got = res.plan.summary["verification"]["figures"]["y"], result.candidates[0].outputs[0].values
+    for metric in ("max_abs", "cosine", "cosine_min"):
+        assert math.isclose(want[metric], got[metric], rel_tol=4 * EPS32 * 128, abs_tol=4 * EPS32 * 10.0), metric
+
+
+def test_the_default_floor_skips_a_model_without_float_outputs(tmp_path):
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["h"], name="fc"),
+        helper.make_node("ArgMax", ["h"], ["y"], name="argmax", axis=1, keepdims=0),
+    ]
+    model = make(nodes, [fvi("x", ["N", 16])], [fvi("y", ["N"], 7)], [init("w", rng_w(16, 8))])
+    src = save(model, tmp_path / "m.onnx")
+    np.savez(tmp_path / "d.npz", x=np.random.default_rng(0).standard_normal((16, 16)).astype(np.float32))
+    res = _convert(src, tmp_path / "d.npz", tmp_path / "o.onnx")
+    assert res.plan.budget is None and "verification" not in res.plan.summary
