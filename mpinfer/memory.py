@@ -245,8 +245,30 @@ __all__ = [
     "current_budget",
     "default_budget",
     "parse_size",
+    "release_memory",
     "use_budget",
 ]
+
+
+def release_memory() -> None:
+    """Free what a finished phase left: reference cycles, and the C heap's free pages given back to the system.
+
+    glibc keeps freed blocks of a process's heap for reuse (its threshold for mapping big blocks on their own grows
+    after the first are freed), so converted weights dropped after the rewrite still count in the resident size
+    while ONNX Runtime maps the next model; ``malloc_trim`` returns them. A no-op where there is no glibc.
+    """
+    import ctypes
+    import ctypes.util
+    import gc
+
+    gc.collect()
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name) if name else None
+        if libc is not None and hasattr(libc, "malloc_trim"):
+            libc.malloc_trim(0)
+    except OSError:
+        pass
 
 
 C = TypeVar("C")

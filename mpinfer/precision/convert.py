@@ -7,7 +7,6 @@ plan, apply it, gate the result, write model and plan atomically.
 from __future__ import annotations
 
 import contextlib
-import gc
 import logging
 import time
 from collections import Counter
@@ -17,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from mpinfer.errors import AccuracyMismatchError, InvalidInputError, format_message
-from mpinfer.memory import budgeted, current_budget
+from mpinfer.memory import budgeted, current_budget, release_memory
 from mpinfer.precision.options import NO_CALIBRATION, Options, resolve_options
 from mpinfer.precision.plan import NodeDecision, PrecisionPlan
 from mpinfer.specs import DEFAULT_DIM_SIZE, Precision
@@ -188,7 +187,7 @@ def convert_precision(cfg: ConvertConfig) -> ConvertResult:
         check_output_path(plan_out, [cfg.model, cfg.keep_fp32_from], force=cfg.force)
     info, sha, large = _load(cfg, opts)
     made = _reapply(cfg, opts, info, sha) if cfg.plan is not None else _make_plan(cfg, opts, info.model, info, sha)
-    gc.collect()  # the search's emulator and its rounded weights (reference cycles) go before the rewrite
+    release_memory()  # the search's emulator and its rounded weights (reference cycles) go before the rewrite
     plan = made.plan
     with _staging(out, large) as stage:
         # External weights: each candidate is written (streamed, tensor by tensor) into a temporary folder beside
@@ -199,6 +198,7 @@ def convert_precision(cfg: ConvertConfig) -> ConvertResult:
         )
         verification = None
         if made.verify is not None:
+            release_memory()  # the rewrite's converted weights, now in the staged file
             result, plan.nodes, verification = _verify(made, info, result, plan.nodes, staged)
         _summarize(plan, info, result, made, verification, opts)
         _write_model(result.model, out, stage)

@@ -262,7 +262,7 @@ def verify_model(
     from mpinfer.progress import progress_bar
 
     start = time.perf_counter()
-    ref_sess = ort_session(reference, base_dir=reference_dir or None)
+    ref_sess: Any = None  # opened for the first batch calibration kept no FP32 outputs of (often none)
     names = [o.name for o in reference.graph.output]
     floats = [o.name for o in reference.graph.output if o.type.tensor_type.elem_type in (1, 10, 11, 16)]
     run = _candidate_runner(candidate if candidate_path is None else candidate_path, settings)
@@ -275,6 +275,8 @@ def verify_model(
         task = bar.add_task("", total=None)
         for batch, rows, kept, given in _runs(feeds, reference, settings, known_reference, names, known_candidate):
             fingerprint_update(hashers, batch)
+            if kept is None and ref_sess is None:
+                ref_sess = ort_session(reference, base_dir=reference_dir or None)
             ref = kept if kept is not None else dict(zip(names, ref_sess.run(names, dict(batch)), strict=True))
             cand = given if given is not None else run(batch)
             lab = labels[samples : samples + rows] if labels is not None and samples + rows <= len(labels) else None
