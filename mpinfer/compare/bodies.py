@@ -104,13 +104,16 @@ class _Pairing:
         self.held.clear()
 
 
-def measure_body_tensors(base: Any, cand: Any, batches: Sequence[Mapping[str, np.ndarray]]) -> BodyCoverage:
+def measure_body_tensors(
+    base: Any, cand: Any, batches: Sequence[Mapping[str, np.ndarray]], dirs: tuple[str, str] = ("", "")
+) -> BodyCoverage:
     """Accumulate the error of every body tensor both models share, over the batches (and Loop iterations).
 
     Args:
         base: The FP32 model (nodes named).
         cand: The converted model (same node and tensor names).
         batches: The divergence batches.
+        dirs: The folders of the two models' external weights (memory-mapped per node).
 
     Returns:
         The accumulated errors by qualified name (``Loop_2/body/Add_1_out``), what was not compared and why.
@@ -129,7 +132,8 @@ def measure_body_tensors(base: Any, cand: Any, batches: Sequence[Mapping[str, np
         "candidate_only_tensors": len(cand_names - base_all),
         "baseline_only_tensors": len(base_names) - len(shared),
     }
-    eb, ec = GraphEmulator(base), GraphEmulator(cand, follow_input_dtypes=True)
+    eb = GraphEmulator(base, base_dir=dirs[0])
+    ec = GraphEmulator(cand, follow_input_dtypes=True, base_dir=dirs[1])
     unsupported = sorted(eb.unsupported_ops() | ec.unsupported_ops())
     if unsupported:
         cov.notes.append(_skip_note(f"the strict emulator cannot run {', '.join(unsupported)}"))

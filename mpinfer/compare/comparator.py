@@ -414,7 +414,7 @@ def compare_models(config: CompareConfig) -> ComparisonResult:
 
         hashed = FingerprintedFeeds(feeds)  # the data's fingerprint, to set beside a plan's verified figures
         accs, kept = _run_batches(config, baseline, cands, hashed, out_names, checks)
-        results = [_candidate_result(config, c, cands[c], accs[c], out_names, checks, kept) for c in cands]
+        results = [_candidate_result(config, c, cands[c], accs[c], out_names, checks) for c in cands]
         latency = _latency(config, baseline, cands, kept[0]) if config.latency else None
         base_info = {
             "name": config.baseline,
@@ -422,6 +422,9 @@ def compare_models(config: CompareConfig) -> ComparisonResult:
             "runner": baseline.describe(),
             "size_bytes": model_size(config.baseline),
         }
+    for result in results:  # after the runners are closed: the divergence opens sessions of its own
+        if result.path.lower().endswith(".onnx"):
+            _onnx_extras(config, result, kept)
     notes = _notes(feeds.is_random, result_runners=[c.runner for c in results], latency=latency is not None)
     logger.info("compare finished in %.1f s", time.perf_counter() - t0)
     return ComparisonResult(
@@ -451,7 +454,6 @@ def _candidate_result(
     accs: ModelAccumulator,
     out_names: Sequence[str],
     checks: Checks,
-    kept: list[dict[str, Any]],
 ) -> CandidateResult:
     outputs = []
     for o in out_names:
@@ -472,8 +474,6 @@ def _candidate_result(
         name=name, path=name, runner=runner.describe(), outputs=outputs, size_bytes=model_size(name)
     )
     result.evaluate(checks)
-    if name.lower().endswith(".onnx"):
-        _onnx_extras(cfg, result, kept)
     return result
 
 
@@ -482,7 +482,7 @@ def _onnx_extras(cfg: CompareConfig, result: CandidateResult, kept: list[dict[st
     from mpinfer.compare.hints import precision_summary, speed_hints
     from mpinfer.modelio import load_onnx
 
-    model = load_onnx(result.path)
+    model = load_onnx(result.path, load_external_data=False)  # the graph: hints and counts read no weights
     result.precision = precision_summary(model, result.path)
     result.hints = speed_hints(model, load_plan_nodes(result.path))
     if cfg.divergence and cfg.baseline.lower().endswith(".onnx"):
