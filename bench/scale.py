@@ -106,7 +106,7 @@ def run_step(args: list[str], root: Path, memory_limit: str | None) -> dict:
         args = [*args, "--memory-limit", memory_limit]
     env = {**os.environ, "PYTHONPATH": str(root), "PYTHONDONTWRITEBYTECODE": "1"}
     start = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-c", wrapper, *args], env=env, stderr=subprocess.PIPE,
+    proc = subprocess.run([sys.executable, "-c", wrapper, *args], env=env, cwd=root, stderr=subprocess.PIPE,
                           stdout=subprocess.DEVNULL, text=True, check=False)
     wall = time.perf_counter() - start
     hwm = [line for line in proc.stderr.splitlines() if line.startswith("VmHWM")]
