@@ -96,7 +96,7 @@ class _Graph:
     inputs: list[str]
     outputs: list[str]
     output_types: list[int]
-    initializers: dict[str, np.ndarray]
+    initializers: dict[str, Any]  # arrays, or _External weights mapped when a node reads them
     outer_reads: set[str]
 
 
