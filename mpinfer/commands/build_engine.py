@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from mpinfer.commands import memory_limit_option
 from mpinfer.engine.config import DEFAULT_OPT_LEVEL, MAX_OPT_LEVEL
 
 
@@ -60,6 +61,7 @@ from mpinfer.engine.config import DEFAULT_OPT_LEVEL, MAX_OPT_LEVEL
     "with external data).",
 )
 @click.option("--force", is_flag=True, help="Overwrite an existing engine.")
+@memory_limit_option
 @click.pass_context
 def build_engine(
     ctx: click.Context,
@@ -74,6 +76,7 @@ def build_engine(
     device: str,
     output: Path | None,
     force: bool,
+    memory_limit: str | None,
 ) -> None:
     """Build an engine from an ONNX model (strongly typed: precisions come from the graph).
 
@@ -98,6 +101,7 @@ def build_engine(
             "weak_precisions": weak,
             "device": device,
             "force": force,
+            "memory_limit": memory_limit,
         }
     )
     result = build(cfg)

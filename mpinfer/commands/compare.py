@@ -9,6 +9,7 @@ from pathlib import Path
 
 import click
 
+from mpinfer.commands import memory_limit_option
 from mpinfer.metrics import METRIC_DOCS, parse_class_outputs
 
 logger = logging.getLogger(__name__)
@@ -124,6 +125,7 @@ def _warn_latency_options(ctx: click.Context) -> None:
     show_default=True,
     help="Batches the per-layer divergence compares (both models run once per batch per 64 tensors).",
 )
+@memory_limit_option
 @click.option("--quiet", is_flag=True, help="No progress bars or tables; only the verdict.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report JSON to stdout (for scripts).")
 @click.pass_context
@@ -151,6 +153,7 @@ def compare(
     image_preprocess: str | None,
     divergence: bool,
     divergence_batches: int,
+    memory_limit: str | None,
     quiet: bool,
     as_json: bool,
 ) -> object:
@@ -192,6 +195,7 @@ def compare(
         divergence=divergence,
         divergence_batches=divergence_batches,
         show_progress=not (quiet or as_json),
+        memory_limit=memory_limit,
     )
     from mpinfer.compare.generate import generate_compare, generate_config
 

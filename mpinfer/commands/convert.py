@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from mpinfer.commands import memory_limit_option
 from mpinfer.metrics import parse_class_outputs
 from mpinfer.modelio import MAX_OPSET
 from mpinfer.precision.options import DEFAULT_BUDGET, DEFAULT_SEARCH_SAMPLES
@@ -77,6 +78,7 @@ from mpinfer.precision.options import DEFAULT_BUDGET, DEFAULT_SEARCH_SAMPLES
     "with --plan, the plan's).",
 )
 @click.option("--force", is_flag=True, help="Overwrite the output; re-plan an already-FP16 model.")
+@memory_limit_option
 @click.option("--seed", type=int, help="Seed for random calibration data (default 0).")
 @click.option("--max-batches", type=click.IntRange(min=1), help="Cap on calibration batches.")
 @click.option(
@@ -134,6 +136,7 @@ def convert(
     dims: tuple[str, ...],
     input_ranges: tuple[str, ...],
     image_preprocess: str | None,
+    memory_limit: str | None,
 ) -> object:
     """Convert an FP32 ONNX model to mixed FP16/BF16, keeping FP32 exactly where it is needed.
 
@@ -175,6 +178,7 @@ def convert(
         image_preprocess=image_preprocess,
         input_ranges=input_ranges,
         progress=not quiet,
+        memory_limit=memory_limit,
     )
     result = convert_precision(cfg)
     if not quiet:

@@ -40,6 +40,7 @@ from mpinfer.engine.sidecar import (
 )
 from mpinfer.errors import BackendUnavailableError, InvalidInputError, format_message
 from mpinfer.fileio import check_output_path, sha256_file, write_json_atomic
+from mpinfer.memory import budgeted
 from mpinfer.modelio import data_file
 from mpinfer.specs import Precision, specs_from_onnx
 
@@ -230,6 +231,7 @@ def _build_onnxruntime(
     return {"onnxruntime": section, "io": io}, gpu, notes
 
 
+@budgeted
 def build_engine(cfg: BuildConfig) -> BuildResult:
     """Build a TensorRT or ONNX Runtime engine from an ONNX model and write ``<engine>.json`` beside it.
 

@@ -166,7 +166,7 @@ class _Verifier:
         if self._emulator_opened:
             return
         self._emulator_opened = True
-        self.emu = _open_emulator(self.model, self.cfg)
+        self.emu = _open_emulator(self.model, self.cfg, self.info.base_dir)
         if self.emu is not None:
             seeds = known if known is not None and len(known) == len(self.batches) else [None] * len(self.batches)
             self.refs = [self.emu.run(b, None, keep=True, known=k) for b, k in zip(self.batches, seeds, strict=True)]
@@ -177,7 +177,7 @@ class _Verifier:
             if self.ort_ref is None:
                 from mpinfer.modelio import ort_session
 
-                sess = ort_session(self.model)
+                sess = ort_session(self.model, base_dir=self.info.base_dir or None)
                 self.ort_ref = [self._ort_run(sess, b) for b in self.batches]
             return self.ort_ref
         return [r.outputs for r in self.refs]
@@ -198,7 +198,7 @@ class _Verifier:
             applied = apply_plan(
                 self.model, self.info, precisions, self.cfg.precision, keep_io_types=self.cfg.keep_io_types
             )
-            sess = ort_session(applied.model)
+            sess = ort_session(applied.model, base_dir=self.info.base_dir or None)
 
             def run_rows(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
                 self.evaluations += len(self.info.nodes)
@@ -457,7 +457,7 @@ def _local_error(model: Any, info: GraphInfo, group: _Group, refs: list[Any], lo
         return 0.0, 0
     sub, outs = built
     feeds_names = [vi.name for vi in sub.graph.input]
-    emu = GraphEmulator(sub)
+    emu = GraphEmulator(sub, base_dir=info.base_dir)
     noise = signal = 0.0
     for ref in refs:
         run = emu.run({n: ref.tensors[n] for n in feeds_names}, {a: low for a in group.members})
@@ -481,7 +481,7 @@ def group_errors(
     """
     from mpinfer.precision.emulate import GraphEmulator
 
-    emu = GraphEmulator(info.model)
+    emu = GraphEmulator(info.model, base_dir=info.base_dir)
     if not batches or emu.unsupported_ops():
         return {}
     refs = [emu.run(dict(b), None, keep=True) for b in batches]
@@ -567,10 +567,10 @@ def _labels_for(feeds: Any, batches: list[dict[str, np.ndarray]], budget: Checks
     return np.asarray(labels)[:n]
 
 
-def _open_emulator(model: Any, cfg: SearchConfig) -> Any:
+def _open_emulator(model: Any, cfg: SearchConfig, base_dir: str = "") -> Any:
     from mpinfer.precision.emulate import GraphEmulator
 
-    emu = GraphEmulator(model)
+    emu = GraphEmulator(model, base_dir=base_dir)
     missing = emu.unsupported_ops()
     if missing and cfg.numerics == "strict":
         raise InvalidInputError(
@@ -836,19 +836,22 @@ def measure_plan(
     batches: int = 1,
     reference_outputs: list[dict[str, np.ndarray]] | None = None,
     class_outputs: tuple[str, ...] | None = None,
+    base_dir: str = "",
 ) -> dict[str, Any]:
     """Expected error of a plan without a budget: strict emulation of the plan vs the FP32 reference.
 
     ``reference_outputs``: the FP32 model's float outputs on the first ``batches`` batches when the caller has
     them (calibration keeps them), else the emulator computes them. ``class_outputs``: the outputs top-k reads
-    (None: guessed). The figures are the metrics core's (:func:`summary_figures`).
+    (None: guessed). The figures are the metrics core's (:func:`summary_figures`). ``base_dir``: the model file's
+    folder when its weights are external (memory-mapped from there).
 
     Returns an empty dict when the emulator cannot run the model (the plan is still valid).
     """
     from mpinfer.errors import BackendUnavailableError
 
     try:
-        emu = _open_emulator(model, SearchConfig(budget="cosine>=0", precision=Precision.FP16, numerics="ort"))
+        probe = SearchConfig(budget="cosine>=0", precision=Precision.FP16, numerics="ort")
+        emu = _open_emulator(model, probe, base_dir)
     except BackendUnavailableError:
         return {}
     if emu is None:

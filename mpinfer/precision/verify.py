@@ -21,6 +21,7 @@ import math
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -31,11 +32,10 @@ from mpinfer.specs import Precision
 
 logger = logging.getLogger(__name__)
 
-# Samples per run of the candidate: consecutive calibration batches are joined up to this many (and at most
-# RUN_BYTES_LIMIT of FP32 tensors). The numpy emulator's cost per node is mostly fixed: 64 samples a run verify
-# transformer_small twice as fast as 16; more add memory, not speed.
+# Samples per run of the candidate: consecutive calibration batches are joined up to this many (and at most the
+# memory budget's ``verify_run`` bytes of FP32 tensors). The numpy emulator's cost per node is mostly fixed: 64
+# samples a run verify transformer_small twice as fast as 16; more add memory, not speed.
 RUN_ROWS = 64
-RUN_BYTES_LIMIT = 512 * 2**20
 # Rounds of "move the worst groups back to FP32 and verify again"; group counts double each round, so this
 # covers 2**MAX_REPAIR_ROUNDS groups before the last round takes every group back to FP32.
 MAX_REPAIR_ROUNDS = 12
@@ -238,6 +238,8 @@ def verify_model(
     *,
     known_reference: Sequence[Mapping[str, np.ndarray]] | None = None,
     known_candidate: Sequence[Mapping[str, np.ndarray]] | None = None,
+    reference_dir: str = "",
+    candidate_path: Path | None = None,
 ) -> Verification:
     """Stream the data through ``candidate`` (as written) and the FP32 ``reference``; check the budget.
 
@@ -249,6 +251,9 @@ def verify_model(
         known_reference: FP32 outputs of the first batches when calibration kept them (taken, not recomputed).
         known_candidate: ``candidate``'s outputs on the first batches when the search measured it there (taken,
             not recomputed; only where ``known_reference`` holds those batches too).
+        reference_dir: The folder ``reference``'s external weights are relative to (memory-mapped from there).
+        candidate_path: ``candidate`` as written to a file (external weights): the runner loads that file, its
+            weights memory-mapped, instead of the proto.
 
     Returns:
         The figures per output, what was verified, and the failures.
@@ -257,10 +262,10 @@ def verify_model(
     from mpinfer.progress import progress_bar
 
     start = time.perf_counter()
-    ref_sess = ort_session(reference)
+    ref_sess: Any = None  # opened for the first batch calibration kept no FP32 outputs of (often none)
     names = [o.name for o in reference.graph.output]
     floats = [o.name for o in reference.graph.output if o.type.tensor_type.elem_type in (1, 10, 11, 16)]
-    run = _candidate_runner(candidate, settings)
+    run = _candidate_runner(candidate if candidate_path is None else candidate_path, settings)
     figures = _accumulator(names, settings)
     hashers: dict[str, Any] = {}
     labels = getattr(feeds, "labels", None)
@@ -270,6 +275,8 @@ def verify_model(
         task = bar.add_task("", total=None)
         for batch, rows, kept, given in _runs(feeds, reference, settings, known_reference, names, known_candidate):
             fingerprint_update(hashers, batch)
+            if kept is None and ref_sess is None:
+                ref_sess = ort_session(reference, base_dir=reference_dir or None)
             ref = kept if kept is not None else dict(zip(names, ref_sess.run(names, dict(batch)), strict=True))
             cand = given if given is not None else run(batch)
             lab = labels[samples : samples + rows] if labels is not None and samples + rows <= len(labels) else None
@@ -346,6 +353,7 @@ def verify_and_repair(
     known_reference: Sequence[Mapping[str, np.ndarray]] | None = None,
     rank_rows: int | None = None,
     known_candidate: Sequence[Mapping[str, np.ndarray]] | None = None,
+    staged: tuple[Path, Path] | None = None,
 ) -> Repaired:
     """Verify the applied candidate on the data; move the worst groups back to FP32 until the budget holds.
 
@@ -359,6 +367,8 @@ def verify_and_repair(
         known_reference: FP32 outputs of the first batches, when calibration kept them.
         rank_rows: At most this many samples of the worst batch rank the groups (their FP32 tensors are kept).
         known_candidate: ``result.model``'s outputs on the first batches (the search's), for the first pass.
+        staged: (file, input model file) for external weights: every candidate is written to the file and verified
+            from it (:func:`mpinfer.precision.convert.apply_validated`).
 
     Returns:
         The candidate that meets the budget, its plan entries and its verification.
@@ -369,8 +379,10 @@ def verify_and_repair(
     from mpinfer.precision.convert import apply_validated
     from mpinfer.precision.search import build_groups
 
+    where = {"reference_dir": info.base_dir, "candidate_path": staged[0] if staged is not None else None}
     ver = verify_model(
-        result.model, info.model, feeds, settings, known_reference=known_reference, known_candidate=known_candidate
+        result.model, info.model, feeds, settings, known_reference=known_reference, known_candidate=known_candidate,
+        **where,
     )
     _log(ver, settings, 0)
     rounds, demoted, spent = 0, list[str](), ver.wall_s
@@ -395,8 +407,10 @@ def verify_and_repair(
         demoted.extend(sorted(back))
         nodes = _to_fp32(nodes, back, ver)
         rounds += 1
-        result, nodes = apply_validated(info, nodes, settings.precision, keep_io_types=settings.keep_io_types)
-        ver = verify_model(result.model, info.model, feeds, settings, known_reference=known_reference)
+        result, nodes = apply_validated(
+            info, nodes, settings.precision, keep_io_types=settings.keep_io_types, staged=staged
+        )
+        ver = verify_model(result.model, info.model, feeds, settings, known_reference=known_reference, **where)
         spent += ver.wall_s
         _log(ver, settings, rounds)
     return Repaired(result, nodes, ver, rounds, demoted, round(spent, 3))
