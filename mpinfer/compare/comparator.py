@@ -55,6 +55,8 @@ class CompareConfig:
         divergence_batches: Batches used for it.
         seed: Seed for random data.
         show_progress: Show rich progress bars.
+        generate: Decoders with a KV cache: greedily generate this many tokens for every prompt of ``data``
+            with each model (:mod:`mpinfer.compare.generate`); its figures are checkable (``token_agreement``...).
     """
 
     baseline: str
@@ -77,6 +79,7 @@ class CompareConfig:
     divergence_batches: int = DIVERGENCE_BATCHES
     seed: int = 0
     show_progress: bool = True
+    generate: int | None = None
 
     def __post_init__(self) -> None:
         """Accept ``pathlib.Path`` models and data (as the README's API example passes them)."""
@@ -95,6 +98,11 @@ def _validate_config(cfg: CompareConfig) -> Checks:
     from mpinfer.backends import is_torch_spec
 
     checks = parse_checks(cfg.checks if cfg.checks and cfg.checks.strip() else DEFAULT_CHECKS)
+    if checks.generation and not cfg.generate:
+        raise InvalidInputError(format_message(
+            "--check", ", ".join(str(c) for c in checks.generation), "generation checks together with --generate N",
+            "generation figures come from greedy decoding: add --generate N (generate = N in pipeline.toml) and "
+            "--data prompts.npz"))
     if not cfg.candidates:
         raise InvalidInputError(format_message("Candidates", "none", "at least one model to compare"))
     for cand in cfg.candidates:
@@ -386,6 +394,9 @@ def compare_models(config: CompareConfig) -> ComparisonResult:
     from mpinfer.data import load_feeds, parse_dims
 
     checks = _validate_config(config)
+    from mpinfer.compare.generate import attach_generation, generate_config
+
+    generation = generate_config(config, config.generate) if config.generate else None  # checked before any run
     t0 = time.perf_counter()
     with contextlib.ExitStack() as stack:
         baseline = _activate(stack, config.baseline, "Baseline", config)
@@ -420,7 +431,7 @@ def compare_models(config: CompareConfig) -> ComparisonResult:
         }
     notes = _notes(feeds.is_random, result_runners=[c.runner for c in results], latency=latency is not None)
     logger.info("compare finished in %.1f s", time.perf_counter() - t0)
-    return ComparisonResult(
+    result = ComparisonResult(
         baseline=base_info,
         candidates=results,
         checks=[str(c) for c in checks],
@@ -438,6 +449,9 @@ def compare_models(config: CompareConfig) -> ComparisonResult:
         notes=notes,
         created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     )
+    if generation is not None:  # after the sessions above are closed: one model open at a time
+        attach_generation(result, generation, checks)
+    return result
 
 
 def _candidate_result(

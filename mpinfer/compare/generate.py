@@ -245,6 +245,21 @@ def generate_compare(cfg: GenerateConfig) -> list[GenerationResult]:
     return results
 
 
+def attach_generation(result: Any, cfg: GenerateConfig, checks: Any) -> None:
+    """Generate with every candidate of ``result`` (a ComparisonResult) and check the figures with the rest.
+
+    The figures go into ``result.data["generation"]`` (one :meth:`GenerationResult.to_dict` per candidate)
+    and each candidate's ``generation`` (what ``generate:``/generation checks read); ``checks`` are evaluated
+    again with them.
+    """
+    gens = generate_compare(cfg)
+    result.data["generation"] = [g.to_dict() for g in gens]
+    by_path = {g.candidate: g.metrics() for g in gens}
+    for cand in result.candidates:
+        cand.generation = by_path.get(cand.path)
+        cand.evaluate(checks)
+
+
 def _specs(path: str) -> list[Any]:
     from mpinfer.modelio import load_onnx
     from mpinfer.specs import specs_from_onnx
