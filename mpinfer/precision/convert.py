@@ -171,7 +171,12 @@ def _convert(cfg: ConvertConfig, claim: Any) -> ConvertResult:
     out, plan_out = _check_outputs(cfg)
     opts, in_place = _resolve(cfg, plan_out)
     info, sha, large = _load(cfg, opts)
+    from mpinfer.precision.genbudget import split_generation_budget
+
+    opts, generation = split_generation_budget(cfg, opts, info.model)  # token_agreement... verified by decoding
     made = _reapply(cfg, opts, info, sha) if cfg.plan is not None else _make_plan(cfg, opts, info.model, info, sha)
+    if generation is not None and made.verify is not None:
+        made.verify = (replace(made.verify[0], generation=generation), *made.verify[1:])
     plan = made.plan
     if large:
         result = apply_plan(info.model, info, plan.precisions(), opts.precision, keep_io_types=plan.keep_io_types)
