@@ -42,7 +42,8 @@ def _warn_latency_options(ctx: click.Context) -> None:
 @click.command(
     epilog="Checks: [OUTPUT:]METRIC OP NUMBER, comma-separated; without OUTPUT: every output the metric applies "
     "to. Metrics: " + ", ".join(METRIC_DOCS) + ", any topK (aliases snr, rel, acc). Operators: >= <= > < ==. "
-    "Definitions: docs/compare.md."
+    "Generation figures (token_agreement ... ppl_ratio) are model-level, plain or as generate:METRIC, and need "
+    "--generate N. Definitions: docs/compare.md."
 )
 @click.argument("baseline")
 @click.argument("candidates", nargs=-1, required=True)
