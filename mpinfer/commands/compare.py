@@ -43,7 +43,8 @@ def _warn_latency_options(ctx: click.Context) -> None:
 @click.command(
     epilog="Checks: [OUTPUT:]METRIC OP NUMBER, comma-separated; without OUTPUT: every output the metric applies "
     "to. Metrics: " + ", ".join(METRIC_DOCS) + ", any topK (aliases snr, rel, acc). Operators: >= <= > < ==. "
-    "Definitions: docs/compare.md."
+    "Generation figures (token_agreement ... ppl_ratio) are model-level, plain or as generate:METRIC, and need "
+    "--generate N. Definitions: docs/compare.md."
 )
 @click.argument("baseline")
 @click.argument("candidates", nargs=-1, required=True)
@@ -196,19 +197,15 @@ def compare(
         divergence_batches=divergence_batches,
         show_progress=not (quiet or as_json),
         memory_limit=memory_limit,
+        generate=generate_tokens,
     )
-    from mpinfer.compare.generate import generate_compare, generate_config
-
-    generation = generate_config(config, generate_tokens) if generate_tokens else None
     with contextlib.ExitStack() as stack:
         claim = None
         if report_dir is not None:  # claimed before the comparison: a second run on the folder fails at once
             from mpinfer.claim import claim_outputs
 
             claim = stack.enter_context(claim_outputs([report_dir / n for n in FILE_NAMES.values()], force=force))
-        result = compare_models(config)
-        if generation is not None:  # into the report (data.generation)
-            result.data["generation"] = [g.to_dict() for g in generate_compare(generation)]
+        result = compare_models(config)  # with --generate: data.generation, checkable (token_agreement...)
         paths = write_report(result, report_dir, force=force, claim=claim) if report_dir is not None else {}
     if as_json:
         click.echo(json.dumps(result.to_dict(), indent=2))

@@ -245,6 +245,15 @@ def verification_line(plan: object) -> str | None:
     budget = f"the default floor {ver['budget']} (--budget none to skip it)" if ver.get("default_budget") else (
         f"budget {ver['budget']}"
     )
+    gen = ver.get("generation")
+    if gen:  # the budget's generation checks: greedy decoding of the calibration prompts (ONNX Runtime)
+        from mpinfer.checks import parse_checks
+
+        got = ", ".join(f"{m}={gen['figures'][m]:.6g}" for m in sorted(parse_checks(gen["budget"]).metrics)
+                        if m in gen.get("figures", {}))
+        figures += (f"; greedy generation of {gen['prompts']} prompts x {gen['tokens']} tokens "
+                    f"({gen['numerics']}): {got}")
+        budget += f",{gen['budget']}"
     moved = f"; {ver['moved_to_fp32']} node(s) moved back to FP32 to meet it" if ver.get("moved_to_fp32") else ""
     verdict = "met" if ver.get("passed", True) else "NOT verifiable (see the warning above)"
     return f"{head} on {ver['samples']} samples ({ver['numerics']} numerics): {figures} — {budget} {verdict}{moved}"

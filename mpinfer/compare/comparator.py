@@ -59,6 +59,8 @@ class CompareConfig:
         show_progress: Show rich progress bars.
         memory_limit: ``--memory-limit`` (a size or a share of the available memory; :mod:`mpinfer.memory`);
             None = the default budget.
+        generate: Decoders with a KV cache: greedily generate this many tokens for every prompt of ``data``
+            with each model (:mod:`mpinfer.compare.generate`); its figures are checkable (``token_agreement``...).
     """
 
     baseline: str
@@ -83,6 +85,7 @@ class CompareConfig:
     seed: int = 0
     show_progress: bool = True
     memory_limit: str | int | None = None
+    generate: int | None = None
 
     def __post_init__(self) -> None:
         """Accept ``pathlib.Path`` models and data (as the README's API example passes them)."""
@@ -101,6 +104,11 @@ def _validate_config(cfg: CompareConfig) -> Checks:
     from mpinfer.backends import is_torch_spec
 
     checks = parse_checks(cfg.checks if cfg.checks and cfg.checks.strip() else DEFAULT_CHECKS)
+    if checks.generation and not cfg.generate:
+        raise InvalidInputError(format_message(
+            "--check", ", ".join(str(c) for c in checks.generation), "generation checks together with --generate N",
+            "generation figures come from greedy decoding: add --generate N (generate = N in pipeline.toml) and "
+            "--data prompts.npz"))
     if not cfg.candidates:
         raise InvalidInputError(format_message("Candidates", "none", "at least one model to compare"))
     for cand in cfg.candidates:
@@ -486,6 +494,9 @@ def compare_models(config: CompareConfig) -> ComparisonResult:
     from mpinfer.data import load_feeds, parse_dims
 
     checks = _validate_config(config)
+    from mpinfer.compare.generate import attach_generation, generate_config
+
+    generation = generate_config(config, config.generate) if config.generate else None  # checked before any run
     t0 = time.perf_counter()
     with contextlib.ExitStack() as stack:
         sequential = _one_at_a_time(config)
@@ -525,7 +536,7 @@ def compare_models(config: CompareConfig) -> ComparisonResult:
             _onnx_extras(config, result, kept)
     notes = _notes(feeds.is_random, result_runners=[c.runner for c in results], latency=latency is not None)
     logger.info("compare finished in %.1f s", time.perf_counter() - t0)
-    return ComparisonResult(
+    comparison = ComparisonResult(
         baseline=base_info,
         candidates=results,
         checks=[str(c) for c in checks],
@@ -543,6 +554,9 @@ def compare_models(config: CompareConfig) -> ComparisonResult:
         notes=notes,
         created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     )
+    if generation is not None:  # after the sessions above are closed: one model open at a time
+        attach_generation(comparison, generation, checks)
+    return comparison
 
 
 def _candidate_result(

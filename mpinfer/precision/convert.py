@@ -178,8 +178,13 @@ def _convert(cfg: ConvertConfig, claim: Any) -> ConvertResult:
     out, plan_out = _check_outputs(cfg)
     opts, in_place = _resolve(cfg, plan_out)
     info, sha, large = _load(cfg, opts)
+    from mpinfer.precision.genbudget import split_generation_budget
+
+    opts, generation = split_generation_budget(cfg, opts, info.model)  # token_agreement... verified by decoding
     made = _reapply(cfg, opts, info, sha) if cfg.plan is not None else _make_plan(cfg, opts, info.model, info, sha)
     release_memory()  # the search's emulator and its rounded weights (reference cycles) go before the rewrite
+    if generation is not None and made.verify is not None:
+        made.verify = (replace(made.verify[0], generation=generation), *made.verify[1:])
     plan = made.plan
     # External weights: each candidate is written (streamed, tensor by tensor) at the claim's staged path and gated
     # and verified there, like a small model in memory; publishing moves model and data into place.

@@ -54,6 +54,7 @@ class VerifySettings:
     class_outputs: tuple[str, ...] | None = None
     run_rows: int = 0
     progress: bool = True
+    generation: Any = None  # the budget's generation checks (mpinfer.precision.genbudget.GenerationBudget)
 
 
 @dataclass
@@ -288,7 +289,7 @@ def verify_model(
             batches += 1
             bar.advance(task)
     figs = figures.finalize()
-    return Verification(
+    return _with_generation(candidate, settings, Verification(
         figures=figs,
         samples=samples,
         batches=batches,
@@ -297,7 +298,25 @@ def verify_model(
         failures=budget_failures(settings.budget, figs),
         worst_batch=worst[1],
         wall_s=round(time.perf_counter() - start, 3),
-    )
+    ))
+
+
+def _with_generation(candidate: Any, settings: VerifySettings, ver: Verification) -> Verification:
+    """The budget's generation checks, once the outputs meet theirs: greedy decoding of the calibration prompts.
+
+    Their figures join ``ver.figures`` under ``generate`` and their failures ``ver.failures``, so the repair
+    loop and the plan treat them as any budget term (see :mod:`mpinfer.precision.genbudget`).
+    """
+    if settings.generation is None or not ver.passed:
+        return ver
+    from mpinfer.metrics import GENERATION_OUTPUT
+
+    start = time.perf_counter()
+    figures, failures = settings.generation.verify(candidate)
+    ver.figures[GENERATION_OUTPUT] = dict(figures)
+    ver.failures += failures
+    ver.wall_s = round(ver.wall_s + time.perf_counter() - start, 3)
+    return ver
 
 
 def _candidate_runner(candidate: Any, settings: VerifySettings) -> Any:
@@ -446,7 +465,8 @@ def _rank(info: Any, groups: list[Any], batch: Mapping[str, np.ndarray] | None, 
 
 
 def _unrecoverable(ver: Verification, settings: VerifySettings, demoted: list[str]) -> AccuracyMismatchError:
-    what = "the default floor" if settings.default_budget else f"Budget '{settings.budget}'"
+    budget = settings.budget + (f",{settings.generation.text}" if settings.generation is not None else "")
+    what = "the default floor" if settings.default_budget else f"Budget '{budget}'"
     hint = (
         "pass a looser --budget, or --budget none to skip the floor"
         if settings.default_budget
@@ -497,6 +517,7 @@ def verification_record(ver: Verification, settings: VerifySettings, repaired: R
         "repair_rounds": repaired.rounds,
         "moved_to_fp32": len(repaired.demoted),
         "wall_s": repaired.wall_s,
+        **({"generation": settings.generation.describe()} if settings.generation is not None else {}),
     }
 
 

@@ -47,10 +47,8 @@ def generation_latency_rows(result: ComparisonResult) -> list[list[str]]:
     return rows
 
 
-def markdown_lines(result: ComparisonResult) -> list[str]:
-    """The Markdown section (empty without --generate)."""
-    from mpinfer.report.markdown import md_table
-
+def markdown_lines(result: ComparisonResult, md_table: Callable[[list[str], list[list[str]]], list[str]]) -> list[str]:
+    """The Markdown section, tables drawn by ``md_table`` (the report's own); empty without --generate."""
     if not generation_of(result):
         return []
     lines = ["## Generation (greedy, ONNX Runtime)", ""] + md_table(GENERATION_HEADERS, generation_rows(result))

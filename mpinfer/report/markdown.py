@@ -81,7 +81,7 @@ def render_markdown(result: ComparisonResult) -> str:
         lines += [f"- `{n}`: {tables.runner_line(info)}" for n, info in result.latency.runners.items()] + [""]
     from mpinfer.report.generation import markdown_lines
 
-    lines += markdown_lines(result)
+    lines += markdown_lines(result, md_table)
     lines += ["## Metric definitions", ""] + [f"- `{k}`: {v}" for k, v in METRIC_DOCS.items()]
     lines += [
         "",
