@@ -44,8 +44,11 @@ def pitch_eval(ref, got) -> dict:  # noqa: ANN001 - onnxruntime sessions
     a, b = ref.run(None, x), got.run(None, x)
     sa = np.concatenate([o.reshape(-1) for o in a]) > 0.5
     sb = np.concatenate([o.reshape(-1) for o in b]) > 0.5
-    return {"agree": float((sa & sb).sum() / max(1, (sa | sb).sum())), "cells": int(sa.sum()),
-            "max_abs": max(float(np.abs(p - q).max()) for p, q in zip(a, b, strict=True))}
+    return {
+        "agree": float((sa & sb).sum() / max(1, (sa | sb).sum())),
+        "cells": int(sa.sum()),
+        "max_abs": max(float(np.abs(p - q).max()) for p, q in zip(a, b, strict=True)),
+    }
 
 
 def dnsmos_eval(ref, got) -> dict:  # noqa: ANN001 - onnxruntime sessions

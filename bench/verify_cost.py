@@ -12,8 +12,12 @@ Models: ``digits_cnn`` (calibration/digits.npz, 256 real samples), ``mlp``, ``re
 ``transformer_small:<depth>`` (depth 8: over 500 nodes), exported with TorchScript at opset 17, fed seeded
 random .npz data (token ids for the transformer).
 
+With ``--published layout,orientation,ocr_rec,vad,pitch,dnsmos``: bench/published.py's models instead (downloaded
+once into its cache), on its task calibration data and batch sizes. Each child's peak RSS and its FP32 node list
+(``runs.jsonl`` in ``--out``) come with the figures.
+
     PYTHONPATH=$PWD .venv/bin/python bench/verify_cost.py --before /work/main [--models digits_cnn,mlp]
-        [--numerics strict] [--budget "cosine>=0.999"] [--out bench/out/verify_cost]
+        [--published layout,vad] [--numerics strict] [--budget "cosine>=0.999"] [--out bench/out/verify_cost]
 """
 
 from __future__ import annotations
