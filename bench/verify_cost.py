@@ -12,8 +12,12 @@ Models: ``digits_cnn`` (calibration/digits.npz, 256 real samples), ``mlp``, ``re
 ``transformer_small:<depth>`` (depth 8: over 500 nodes), exported with TorchScript at opset 17, fed seeded
 random .npz data (token ids for the transformer).
 
+With ``--published layout,orientation,ocr_rec,vad,pitch,dnsmos``: bench/published.py's models instead (downloaded
+once into its cache), on its task calibration data and batch sizes. Each child's peak RSS and its FP32 node list
+(``runs.jsonl`` in ``--out``) come with the figures.
+
     PYTHONPATH=$PWD .venv/bin/python bench/verify_cost.py --before /work/main [--models digits_cnn,mlp]
-        [--numerics strict] [--budget "cosine>=0.999"] [--out bench/out/verify_cost]
+        [--published layout,vad] [--numerics strict] [--budget "cosine>=0.999"] [--out bench/out/verify_cost]
 """
 
 from __future__ import annotations
@@ -51,10 +55,14 @@ except ImportError:
 start, cpu = time.perf_counter(), time.process_time()
 res = convert_precision(ConvertConfig(model=Path(args["model"]), output=Path(args["output"]),
                         calibration=args["data"], budget=args["budget"], numerics=args["numerics"], force=True,
-                        progress=False))
+                        progress=False, batch_size=args.get("batch_size")))
 wall, cpu = time.perf_counter() - start, time.process_time() - cpu
 s = res.plan.summary
+import resource
 print(json.dumps({"wall_s": wall, "cpu_s": cpu, "verify_cpu_s": spent["cpu"],
+                  "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                  "fp32_nodes": sorted(f"{n.name} ({n.op_type}: {n.reason})" for n in res.plan.nodes
+                                       if not n.precision.is_low),
                   "low_share_flops": s.get("low_share_flops"), "verification": s.get("verification"),
                   "search": s.get("search")}))
 """
@@ -96,8 +104,27 @@ def export(name: str, out: Path) -> tuple[Path, Path]:
     return path, npz
 
 
-def run(tree: Path, model: Path, data: Path, out: Path, budget: str | None, numerics: str) -> dict:
-    args = {"model": str(model), "output": str(out), "data": str(data), "budget": budget, "numerics": numerics}
+def published_cases(names: str, out: Path) -> list[tuple[str, Path, Path, int | None]]:
+    """bench/published.py's models and task calibration data: (name, model, calibration .npz, batch size)."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import published
+
+    models = published.fetch()
+    tasks = published.tasks(models)
+    cases = []
+    for name in names.split(","):
+        task = tasks[name]
+        npz = out / f"{name}.cal.npz"
+        if not npz.exists():
+            np.savez(npz, **task.calibration())
+        cases.append((name, models[name], npz, task.batch_size))
+    return cases
+
+
+def run(tree: Path, model: Path, data: Path, out: Path, budget: str | None, numerics: str,
+        batch_size: int | None = None) -> dict:
+    args = {"model": str(model), "output": str(out), "data": str(data), "budget": budget, "numerics": numerics,
+            "batch_size": batch_size}
     proc = subprocess.run([sys.executable, "-c", CHILD, json.dumps(args)], capture_output=True, text=True,
                           env={"PYTHONPATH": str(tree), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"}, check=False)
     if proc.returncode:
@@ -107,7 +134,7 @@ def run(tree: Path, model: Path, data: Path, out: Path, budget: str | None, nume
 
 def row(name: str, tag: str, before: dict, after: dict) -> str:
     if "error" in after or "error" in before:
-        return f"| {name} | {tag} | {before.get('error', '')} | {after.get('error', '')} | | | | | |"
+        return f"| {name} | {tag} | {before.get('error', '')} | {after.get('error', '')} | | | | | | |"
     ver = after.get("verification") or {}
     share = ver.get("wall_s", 0.0) / after["wall_s"] if after["wall_s"] else 0.0
     cpu_share = after.get("verify_cpu_s", 0.0) / after["cpu_s"] if after.get("cpu_s") else 0.0
@@ -124,7 +151,8 @@ def row(name: str, tag: str, before: dict, after: dict) -> str:
         f"{after['cpu_s']:.2f} | {after['wall_s'] / before['wall_s']:.2f}x / {after['cpu_s'] / before['cpu_s']:.2f}x "
         f"| {share:.0%} / {cpu_share:.0%} ({ver.get('samples', 0)} samples) "
         f"| {before.get('low_share_flops', 0):.1%} → {after.get('low_share_flops', 0):.1%} "
-        f"| {ver.get('moved_to_fp32', 0)} | {measured} |"
+        f"| {ver.get('moved_to_fp32', 0)} | {measured} "
+        f"| {before.get('rss_mb', 0):.0f} / {after.get('rss_mb', 0):.0f} |"
     )
 
 
@@ -132,6 +160,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--before", type=Path, required=True, help="mpinfer checkout before the final verification")
     p.add_argument("--models", default="digits_cnn,mlp,resnet_small,transformer_small:8")
+    p.add_argument("--published", default="", help="bench/published.py models instead (e.g. layout,vad), "
+                   "on their task calibration data")
     p.add_argument("--numerics", default="strict")
     p.add_argument("--budget", default="cosine>=0.999")
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "verify_cost")
@@ -139,16 +169,19 @@ def main() -> None:
     a.out.mkdir(parents=True, exist_ok=True)
     print(f"budget {a.budget!r}, {a.numerics} numerics; convert seconds (imports excluded), OMP_NUM_THREADS=1")
     print("| model | run | before s (wall / CPU) | after s (wall / CPU) | after/before | verification share "
-          "(wall / CPU) | FP16 FLOPs before → after | moved to FP32 | verified (worst output) |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for name in a.models.split(","):
-        model, data = export(name, a.out)
-        before = run(a.before, model, data, a.out / "before.onnx", a.budget, a.numerics)
-        after = run(ROOT, model, data, a.out / "after.onnx", a.budget, a.numerics)
-        print(row(name, "--budget", before, after), flush=True)
-        before = run(a.before, model, data, a.out / "before.onnx", None, a.numerics)
-        after = run(ROOT, model, data, a.out / "after.onnx", None, a.numerics)
-        print(row(name, "no --budget (floor)", before, after), flush=True)
+          "(wall / CPU) | FP16 FLOPs before → after | moved to FP32 | verified (worst output) | peak RSS MB (before / "
+          "after) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    cases = (published_cases(a.published, a.out) if a.published
+             else [(name, *export(name, a.out), None) for name in a.models.split(",")])
+    for name, model, data, batch in cases:
+        for tag, budget in (("--budget", a.budget), ("no --budget (floor)", None)):
+            before = run(a.before, model, data, a.out / "before.onnx", budget, a.numerics, batch)
+            after = run(ROOT, model, data, a.out / "after.onnx", budget, a.numerics, batch)
+            print(row(name, tag, before, after), flush=True)
+            log = a.out / "runs.jsonl"
+            with log.open("a") as f:
+                f.write(json.dumps({"model": name, "run": tag, "before": before, "after": after}) + "\n")
 
 
 if __name__ == "__main__":

@@ -454,8 +454,9 @@ def _search(
     if cfg.class_outputs is None and outcome.class_outputs is not None:  # top-k on the outputs the search judged
         settings = replace(made.verify[0], class_outputs=tuple(outcome.class_outputs))
         made.verify = (settings, *made.verify[1:])
-    if outcome.outputs is not None and getattr(search_feeds, "whole", False):
-        # the search measured the final plan on its samples: the verification takes those outputs
+    if outcome.outputs is not None:
+        # the search measured the final plan on its samples: the verification takes those outputs (a batch the
+        # search read only the first rows of is split there: verify._split)
         made.verify_given = ({n.name: n.precision for n in nodes if n.precision.is_low}, outcome.outputs)
     return nodes
 

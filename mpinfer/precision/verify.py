@@ -181,20 +181,45 @@ def _runs(
     """
     pending: list[tuple[dict[str, np.ndarray], int, Any, Any]] = []
     axis0 = _joinable(model)
-    for index, (batch, rows) in enumerate(iter_samples(feeds, model, settings.samples)):
+    for index, (whole, whole_rows) in enumerate(iter_samples(feeds, model, settings.samples)):
         kept = known[index] if known is not None and index < len(known) else None
-        if kept is not None and (not set(names) <= set(kept) or any(_rows(kept[n]) != rows for n in names)):
+        if kept is not None and (not set(names) <= set(kept) or any(_rows(kept[n]) != whole_rows for n in names)):
             kept = None  # a cut batch (calibration kept the whole one), or outputs it did not keep
         out = given[index] if given is not None and index < len(given) else None
-        if out is not None and (kept is None or any(_rows(out[n]) != rows for n in names)):
-            out = None  # measured against the same reference only
-        full = sum(p[1] for p in pending) + rows > settings.run_rows
-        if pending and (not axis0 or full or not _same(pending, batch) or (out is None) != (pending[0][3] is None)):
-            yield _join(pending, names)
-            pending = []
-        pending.append((batch, rows, kept, out))
+        for batch, rows, ref, cand in _split(model, whole, whole_rows, kept, out, names, axis0):
+            full = sum(p[1] for p in pending) + rows > settings.run_rows
+            joins = (cand is None) == (pending[0][3] is None) if pending else True
+            if pending and (not axis0 or full or not _same(pending, batch) or not joins):
+                yield _join(pending, names)
+                pending = []
+            pending.append((batch, rows, ref, cand))
     if pending:
         yield _join(pending, names)
+
+
+def _split(
+    model: Any, batch: dict[str, np.ndarray], rows: int, kept: Any, out: Any, names: list[str], axis0: bool
+) -> list[tuple[dict[str, np.ndarray], int, Any, Any]]:
+    """One batch as (batch, rows, FP32 outputs, candidate outputs) pieces.
+
+    The candidate's outputs are used only against the same reference (``kept``). When the search measured
+    the candidate on the first rows of this batch only (its slice ended inside it), the batch splits: those
+    rows take the search's outputs, the rest are run — every sample is still verified, none twice.
+    """
+    if out is None or kept is None:
+        return [(batch, rows, kept, None)]
+    head = {_rows(out[n]) for n in names}
+    if head == {rows}:
+        return [(batch, rows, kept, out)]
+    if not axis0 or len(head) != 1 or not 0 < min(head) < rows:
+        return [(batch, rows, kept, None)]
+    from mpinfer.precision.calibrate import BatchSlicer
+
+    cut, slicer = min(head), BatchSlicer(model)
+    return [
+        (slicer.slice(batch, 0, cut), cut, {n: kept[n][:cut] for n in names}, out),
+        (slicer.slice(batch, cut, rows), rows - cut, {n: kept[n][cut:] for n in names}, None),
+    ]
 
 
 def _rows(value: Any) -> int:

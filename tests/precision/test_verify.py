@@ -313,6 +313,30 @@ def test_the_search_samples_are_not_run_again_when_the_plan_is_the_searched_cand
         assert math.isclose(want[metric], got[metric], rel_tol=4 * EPS32 * 128, abs_tol=4 * EPS32 * 10.0), metric
 
 
+def test_a_batch_the_search_read_in_part_runs_only_its_other_rows(grown, tmp_path, monkeypatch):
+    """Search slice 40 of batches of 16: the search measured the candidate on 16 + 16 + the first 8 of the third
+    batch; the verification runs the third batch's other 8 and the rest (88 samples), and still reads all 128."""
+    from mpinfer.backends.strict import StrictRunner
+
+    ran = []
+    real = StrictRunner._infer
+
+    def counting(self, feeds):
+        ran.append(len(feeds["x"]))
+        return real(self, feeds)
+
+    monkeypatch.setattr(StrictRunner, "_infer", counting)
+    src, data = grown
+    res = _convert(src, data, tmp_path / "o.onnx", budget="max_abs<=1e-2", batch_size=16, search_samples=40)
+    ver = res.plan.summary["verification"]
+    assert ver["samples"] == 128 and res.plan.summary["search"]["samples"] == 40
+    assert sum(ran) == 88
+    result = _compare(src, res.output, data, "max_abs<=1e-2")
+    want, got = ver["figures"]["y"], result.candidates[0].outputs[0].values
+    for metric in ("max_abs", "cosine", "cosine_min"):
+        assert math.isclose(want[metric], got[metric], rel_tol=4 * EPS32 * 128, abs_tol=4 * EPS32 * 10.0), metric
+
+
 def test_the_default_floor_skips_a_model_without_float_outputs(tmp_path):
     nodes = [
         helper.make_node("MatMul", ["x", "w"], ["h"], name="fc"),
