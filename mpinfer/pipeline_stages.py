@@ -25,7 +25,8 @@ from typing import Any
 
 from mpinfer.errors import InvalidInputError, MpinferError, format_message
 from mpinfer.fileio import write_json_atomic, write_text_atomic
-from mpinfer.pipeline import (
+from mpinfer.specs import Precision
+from mpinfer.stage import (
     ARTEFACT_DIR,
     STATE_FILE,
     Stage,
@@ -34,7 +35,6 @@ from mpinfer.pipeline import (
     StagePlan,
     unknown_key_error,
 )
-from mpinfer.specs import Precision
 
 logger = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ runs in FP32 and the candidate with each node in its input dtype (``follow_input
 batches. An ``observe`` callback sees every body tensor under its qualified name (``If_3/then_branch/`` +
 name). Per batch the baseline's observations are held (at most :data:`BODY_BYTES_LIMIT` bytes) and each is
 paired with the candidate's observation of the same name and occurrence (a Loop body tensor is seen once per
-iteration), then freed; only the running sums of :class:`~mpinfer.compare.divergence.TensorAcc` are kept.
+iteration), then freed; only the running sums of :class:`~mpinfer.compare.tensoracc.TensorAcc` are kept.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from mpinfer.compare.divergence import SKIP_OPS, TensorAcc
+from mpinfer.compare.tensoracc import SKIP_OPS, TensorAcc
 from mpinfer.precision.kernels.numerics import is_float
 
 logger = logging.getLogger(__name__)

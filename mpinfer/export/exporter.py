@@ -29,6 +29,7 @@ from mpinfer import __version__
 from mpinfer.errors import AccuracyMismatchError, ExportError, InvalidInputError, format_message
 from mpinfer.export.kv import with_kv_cache
 from mpinfer.export.loader import LoadedModel, bind_hf_inputs, load_model, split_source
+from mpinfer.export.outputs import flatten_outputs
 from mpinfer.export.parity import ParityReport, check_parity
 from mpinfer.fileio import check_output_path, write_json_atomic
 from mpinfer.modelio import data_file
@@ -134,15 +135,6 @@ def _to_torch(batch: dict[str, np.ndarray], specs: Sequence[TensorSpec]) -> tupl
     import torch
 
     return tuple(torch.from_numpy(np.ascontiguousarray(batch[s.name])) for s in specs)
-
-
-def flatten_outputs(out: Any) -> list[Any]:
-    """Flatten a model's (nested) outputs into a list of tensors."""
-    import torch
-    from torch.utils._pytree import tree_flatten
-
-    leaves, _ = tree_flatten(out)
-    return [x for x in leaves if isinstance(x, torch.Tensor)]
 
 
 @contextlib.contextmanager

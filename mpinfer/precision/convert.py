@@ -17,6 +17,7 @@ from typing import Any
 from mpinfer.errors import AccuracyMismatchError, InvalidInputError, format_message
 from mpinfer.precision.options import NO_CALIBRATION, Options, resolve_options
 from mpinfer.precision.plan import NodeDecision, PrecisionPlan
+from mpinfer.precision.validate import apply_validated
 from mpinfer.specs import DEFAULT_DIM_SIZE, Precision
 
 logger = logging.getLogger(__name__)
@@ -764,69 +765,6 @@ def _warn_opset_blocked(nodes: list[NodeDecision], info: Any, precision: Precisi
             min(beyond.values()),
             MAX_OPSET,
         )
-
-
-# Rounds of "ONNX Runtime refuses these low nodes: keep them FP32 and re-apply" before giving up.
-MAX_RUNTIME_REPAIRS = 4
-
-
-def apply_validated(
-    info: Any,
-    nodes: list[NodeDecision],
-    precision: Precision,
-    *,
-    keep_io_types: bool = True,
-    verified: tuple[dict[str, Precision], Any] | None = None,
-) -> tuple[Any, list[NodeDecision]]:
-    """Apply the plan and pass the validity gate; nodes ONNX Runtime refuses in low precision go FP32.
-
-    Only a failure of the ONNX Runtime load alone (the ONNX checker and strict type inference pass, so the
-    model is valid ONNX) is repaired: ONNX Runtime's kernels or function bodies lack the dtype (BF16
-    mostly). The nodes it points at are kept FP32 with the reason recorded, and the plan is applied again.
-
-    ``verified``: (precisions, ApplyResult) of a candidate the search already applied and ONNX Runtime
-    loaded and ran (same model, same ``keep_io_types``); when the plan's precisions are those, that result is
-    taken as it is and only the checker and strict type inference run on it.
-
-    Returns:
-        The ApplyResult and the (possibly updated) plan entries.
-
-    Raises:
-        InternalError: Any other validity failure, or one that repairs do not fix.
-    """
-    from mpinfer.precision.apply import apply_plan
-    from mpinfer.precision.validate import OFFLINE_CHECKS, raise_invalid, runtime_suspects, validity_failures
-
-    for _ in range(MAX_RUNTIME_REPAIRS + 1):
-        precisions = {n.name: n.precision for n in nodes}
-        if verified is not None and verified[0] == precisions:
-            result = verified[1]
-            failures = validity_failures(result.model, baseline_model=info.model, checks=OFFLINE_CHECKS)
-        else:
-            result = apply_plan(info.model, info, precisions, precision, keep_io_types=keep_io_types)
-            failures = validity_failures(result.model, baseline_model=info.model)
-        if not failures:
-            return result, nodes
-        runtime_only = all(f.check == "onnxruntime" for f in failures)
-        low = {n.name for n in nodes if n.precision.is_low}
-        suspects = runtime_suspects(failures[0], info, low) if runtime_only else set()
-        if not suspects:
-            break
-        logger.warning(
-            "ONNX Runtime refuses %d node(s) in %s; keeping them FP32: %s",
-            len(suspects),
-            precision.value,
-            ", ".join(sorted(suspects)[:5]),
-        )
-        detail = f"ONNX Runtime refuses it in {precision.value}: " + failures[0].message.strip()[:160]
-        nodes = [
-            NodeDecision(n.name, n.op_type, Precision.FP32, "rule:keep-fp32", detail, n.stats)
-            if n.name in suspects
-            else n
-            for n in nodes
-        ]
-    raise_invalid(failures, "apply")
-    raise AssertionError("unreachable: raise_invalid raises for a non-empty list")
 
 
 __all__ = [

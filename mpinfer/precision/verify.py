@@ -27,6 +27,7 @@ import numpy as np
 
 from mpinfer.errors import AccuracyMismatchError, format_message
 from mpinfer.precision.plan import NodeDecision
+from mpinfer.precision.validate import apply_validated
 from mpinfer.specs import Precision
 
 logger = logging.getLogger(__name__)
@@ -298,7 +299,6 @@ def verify_and_repair(
     Raises:
         AccuracyMismatchError: The budget fails even with every node it may change in FP32.
     """
-    from mpinfer.precision.convert import apply_validated
     from mpinfer.precision.search import build_groups
 
     ver = verify_model(result.model, info.model, feeds, settings, known_reference=known_reference)

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from mpinfer.compare.result import ComparisonResult
+from mpinfer.report.mdtext import md_table
 from mpinfer.report.tables import fmt
 
 GENERATION_HEADERS = ["candidate", "tokens", "token agreement", "first divergence (mean / min)",
@@ -49,8 +50,6 @@ def generation_latency_rows(result: ComparisonResult) -> list[list[str]]:
 
 def markdown_lines(result: ComparisonResult) -> list[str]:
     """The Markdown section (empty without --generate)."""
-    from mpinfer.report.markdown import md_table
-
     if not generation_of(result):
         return []
     lines = ["## Generation (greedy, ONNX Runtime)", ""] + md_table(GENERATION_HEADERS, generation_rows(result))

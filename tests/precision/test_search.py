@@ -165,6 +165,8 @@ def test_ort_search_final_model_is_its_verified_candidate_and_equals_reapplying_
     """With ORT numerics the last candidate that met the budget was applied and run already: the output is
     that model (no second apply), byte-identical to re-applying the written plan."""
     import mpinfer.precision.apply as apply_mod
+    import mpinfer.precision.search as search_mod
+    import mpinfer.precision.validate as validate_mod
 
     calls = []
     real = apply_mod.apply_plan
@@ -173,7 +175,8 @@ def test_ort_search_final_model_is_its_verified_candidate_and_equals_reapplying_
         calls.append(1)
         return real(*args, **kw)
 
-    monkeypatch.setattr(apply_mod, "apply_plan", counting)
+    for mod in (apply_mod, search_mod, validate_mod):  # every module that binds the name
+        monkeypatch.setattr(mod, "apply_plan", counting, raising=False)
     src, res = _convert_chain(tmp_path, 4, "cosine>=0.999", numerics="ort")
     s = res.plan.summary["search"]
     assert s["verifications"] == 1 and len(calls) == 1  # the one verification; the final model reuses it
