@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from mpinfer.errors import AccuracyMismatchError, InvalidInputError, format_message
+from mpinfer.precision.evaluators import evaluator_class
 from mpinfer.precision.options import NO_CALIBRATION, Options, resolve_options
 from mpinfer.precision.plan import NodeDecision, PrecisionPlan
 from mpinfer.precision.validate import apply_validated
@@ -115,10 +116,11 @@ def plan_path_for(output: Path) -> Path:
 def _check_config(cfg: ConvertConfig, opts: Options) -> None:
     if not opts.precision.is_low:
         raise InvalidInputError(format_message("--precision", opts.precision.value, "fp16 or bf16"))
-    if opts.precision is Precision.BF16 and opts.numerics == "ort" and opts.budget and not opts.default_budget:
+    evaluator = evaluator_class(opts.numerics)
+    if opts.precision is Precision.BF16 and not evaluator.supports_bf16 and opts.budget and not opts.default_budget:
         raise InvalidInputError(
             format_message(
-                "--numerics ort with --precision bf16",
+                f"--numerics {opts.numerics} with --precision bf16",
                 "a request to verify BF16 with ONNX Runtime",
                 "--numerics strict",
                 "ONNX Runtime's CPU provider has no BF16 MatMul/Conv; BF16 is checked only through strict emulation",
@@ -590,7 +592,7 @@ def _calibrate(
         # run's first batches: their outputs, and with a strict search every float32 tensor (the emulator's
         # reference run takes them instead of computing them).
         capture = _batches_for(model, feeds, opts.search_samples) if opts.budget else 1
-        tensors = bool(opts.budget) and opts.numerics != "ort"
+        tensors = bool(opts.budget) and evaluator_class(opts.numerics).wants_fp32_tensors
         # Default random data stops at RANDOM_CALIBRATION_BYTES of tensors: more random samples add little, and a
         # detector at 640x640 computes ~0.7 GB of tensors per image (its 8 default batches took 2 minutes).
         bounded = cfg.calibration in (None, "random") and cfg.max_batches is None

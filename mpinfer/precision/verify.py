@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from mpinfer.errors import AccuracyMismatchError, format_message
+from mpinfer.precision.evaluators import evaluator_class
 from mpinfer.precision.plan import NodeDecision
 from mpinfer.precision.validate import apply_validated
 from mpinfer.specs import Precision
@@ -187,7 +188,7 @@ def verify_model(
     ref_sess = ort_session(reference)
     names = [o.name for o in reference.graph.output]
     floats = [o.name for o in reference.graph.output if o.type.tensor_type.elem_type in (1, 10, 11, 16)]
-    run = _candidate_runner(candidate, settings)
+    run = evaluator_class(settings.numerics).model_runner(candidate)
     figures = _accumulator(names, settings)
     hashers: dict[str, Any] = {}
     labels = getattr(feeds, "labels", None)
@@ -226,20 +227,6 @@ def verify_model(
 def _rows_of(outputs: Mapping[str, np.ndarray], names: Sequence[str]) -> int | None:
     lens = {len(outputs[n]) for n in names if n in outputs and np.ndim(outputs[n])}
     return lens.pop() if len(lens) == 1 else None
-
-
-def _candidate_runner(candidate: Any, settings: VerifySettings) -> Any:
-    """``batch → outputs`` of the converted model, as ``mpinfer compare --numerics`` runs it on a CPU."""
-    if settings.numerics == "strict":
-        from mpinfer.backends.strict import StrictRunner
-
-        runner: Any = StrictRunner(candidate, name="candidate")
-    else:
-        from mpinfer.backends.ort import OrtRunner
-
-        runner = OrtRunner(candidate, device="cpu", name="candidate")
-    runner.activate()
-    return runner.infer
 
 
 def _batch_error(ref: Mapping[str, np.ndarray], cand: Mapping[str, np.ndarray], names: Sequence[str]) -> float:
