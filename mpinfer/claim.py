@@ -29,20 +29,26 @@ import errno
 import json
 import logging
 import os
-import re
 import shlex
 import shutil
 import socket
 import sys
 import tempfile
 import time
-import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from mpinfer.errors import InvalidInputError, format_message
-from mpinfer.fileio import TEMP_SUFFIX, check_writable_location, make_dirs, make_temp_dir, temp_prefix, user_file_mode
+from mpinfer.fileio import (
+    TEMP_SUFFIX,
+    check_writable_location,
+    make_dirs,
+    make_temp_dir,
+    pid_alive,
+    sweep_temps,
+    user_file_mode,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -67,23 +73,6 @@ def command_line() -> str:
     if argv[0].endswith(("__main__.py", "/mpinfer")) or argv[0] == "-m":
         argv[0] = "mpinfer"
     return " ".join(shlex.quote(a) for a in argv)
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether process ``pid`` exists on this host and is not a zombie (a killed, unreaped child is gone)."""
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # another user's live process
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
-            return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
 
 
 def _try_flock(fd: int) -> bool:
@@ -169,8 +158,11 @@ def _stale(info: dict[str, Any] | None, fd: int) -> bool:
     return not pid_alive(int(info["pid"]))
 
 
-def _acquire(output: Path, info: dict[str, Any]) -> _Lock:
-    """Create (or reclaim) ``output``'s lock file; raise OutputBusyError when a live run holds it."""
+def _acquire(output: Path, info: dict[str, Any], told: set[Any]) -> _Lock:
+    """Create (or reclaim) ``output``'s lock file; raise OutputBusyError when a live run holds it.
+
+    A reclaimed lock is logged once per gone process (``told`` holds the pids already named).
+    """
     path = lock_path(output)
     for _ in range(100):  # a lock released and re-created under us: look again
         try:
@@ -194,7 +186,11 @@ def _acquire(output: Path, info: dict[str, Any]) -> _Lock:
         if not _same_file(fd, path):
             os.close(fd)
             continue
-        logger.warning("Reclaimed the lock of '%s' left by %s, which is gone", output, _describe(old))
+        holder = (old or {}).get("pid")
+        if holder not in told:
+            told.add(holder)
+            logger.warning("Took over the outputs of %s, which is gone: '%s'", _describe(old),
+                           "', '".join((old or {}).get("outputs") or [str(output)]))
         lock = _Lock(output, fd, info)
         lock.record()
         _finish_publish(old)
@@ -266,67 +262,6 @@ def _finish_publish(old: dict[str, Any] | None) -> None:
         done.append(d.name)
     if done:
         logger.warning("Completed the publish that %s was killed in: %s", _describe(old), ", ".join(done))
-
-
-_TEMP_NAME = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)\.[A-Za-z0-9_]+" + re.escape(TEMP_SUFFIX) + "$")
-
-
-def sweep_temps(output: Path) -> list[Path]:
-    """Remove the temporaries of ``output`` left by processes that are gone; say so; return what went.
-
-    Only names of the form ``.<name>.<pid>.<random>.tmp`` are considered, and only those whose pid is not a live
-    process on this host (this process's own are kept).
-    """
-    removed = []
-    try:
-        entries = list(output.parent.iterdir())
-    except OSError:
-        return []
-    for entry in entries:
-        m = _TEMP_NAME.match(entry.name)
-        if m is None or m["name"] not in (output.name, output.name + LOCK_SUFFIX):  # its temporary lock too
-            continue
-        pid = int(m["pid"])
-        if pid == os.getpid() or pid_alive(pid):
-            continue
-        size = _size(entry)
-        if entry.is_dir() and not entry.is_symlink():
-            shutil.rmtree(entry, ignore_errors=True)
-        else:
-            entry.unlink(missing_ok=True)
-        logger.warning("Removed '%s' (%s), a temporary of '%s' left by pid %d, which is gone",
-                       entry, _human(size), output.name, pid)
-        removed.append(entry)
-    return removed
-
-
-def discard(path: Path) -> None:
-    """Remove the file or folder ``path`` all at once: renamed to a temporary name first, then deleted.
-
-    A process killed while deleting leaves a temporary (swept by the next run), never half of ``path``.
-    """
-    if not path.exists() and not path.is_symlink():
-        return
-    gone = path.with_name(f"{temp_prefix(path)}{uuid.uuid4().hex[:8]}{TEMP_SUFFIX}")
-    os.rename(path, gone)
-    if gone.is_dir() and not gone.is_symlink():
-        shutil.rmtree(gone, ignore_errors=True)
-    else:
-        gone.unlink(missing_ok=True)
-
-
-def _size(path: Path) -> int:
-    if path.is_file() or path.is_symlink():
-        return path.lstat().st_size
-    return sum(p.lstat().st_size for p in path.rglob("*") if p.is_file())
-
-
-def _human(n: int) -> str:
-    for unit in ("bytes", "KB", "MB", "GB"):
-        if n < 1000 or unit == "GB":
-            return f"{n} {unit}" if unit == "bytes" else f"{n:.0f} {unit}"
-        n /= 1000  # type: ignore[assignment]
-    return f"{n} bytes"  # pragma: no cover
 
 
 class OutputClaim:
@@ -478,6 +413,7 @@ def claim_outputs(
         "outputs": [str(p) for p in paths],
     }
     locks: list[_Lock] = []
+    told: set[Any] = set()
     made: list[Path] = []  # folders this claim created: removed again when nothing was published into them
     claim = None
     try:
@@ -485,7 +421,7 @@ def claim_outputs(
             check_writable_location(p.parent, p)  # (a file in the way, a read-only place: the usual message)
             made += _missing_folders(p.parent)
             make_dirs(p.parent, p)
-            locks.append(_acquire(p, info))
+            locks.append(_acquire(p, info, told))
         for p in paths:
             sweep_temps(p)
         claim = OutputClaim(paths, locks, force, [Path(p).resolve() for p in replaceable])

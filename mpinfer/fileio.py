@@ -1,8 +1,10 @@
-"""Atomic writes and output-path checks shared by every stage.
+"""Atomic writes, temporaries and output-path checks shared by every stage.
 
 Every file mpinfer writes goes through here: it is written to a temporary file in the same folder and
 renamed into place, so a crash or an error never leaves a half-written file, and an input file is never
-overwritten.
+overwritten. Temporaries carry their owner's pid (:func:`temp_prefix`), so :func:`sweep_temps` can remove
+those of processes that are gone. Outputs of a command are claimed and published as one unit by
+:mod:`mpinfer.claim`.
 """
 
 from __future__ import annotations
@@ -10,13 +12,19 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import logging
 import os
+import re
+import shutil
 import tempfile
+import uuid
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 from mpinfer.errors import InvalidInputError, MpinferError, format_message
+
+logger = logging.getLogger(__name__)
 
 # Suffix of every temporary file and folder (after the owner's pid and a random part, see temp_prefix).
 TEMP_SUFFIX = ".tmp"
@@ -138,7 +146,7 @@ def temp_prefix(dest: str | os.PathLike[str]) -> str:
     """The name every temporary file or folder of ``dest`` starts with: ``.<name>.<pid>.`` (then random, ``.tmp``).
 
     The owner's pid in the name lets a later run tell a leftover of a killed process (swept, see
-    :func:`mpinfer.claim.sweep_temps`) from the work of a live one (never touched).
+    :func:`sweep_temps`) from the work of a live one (never touched).
     """
     return f".{Path(dest).name}.{os.getpid()}."
 
@@ -282,3 +290,81 @@ def sha256_file(path: str | os.PathLike[str]) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists on this host and is not a zombie (a killed, unreaped child is gone)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's live process
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+_TEMP_NAME = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)\.[A-Za-z0-9_]+" + re.escape(TEMP_SUFFIX) + "$")
+
+
+def sweep_temps(output: Path) -> list[Path]:
+    """Remove the temporaries of ``output`` left by processes that are gone; say so; return what went.
+
+    Only names of the form ``.<name>.<pid>.<random>.tmp`` are considered, and only those whose pid is not a live
+    process on this host (this process's own are kept).
+    """
+    removed = []
+    try:
+        entries = list(output.parent.iterdir())
+    except OSError:
+        return []
+    for entry in entries:
+        m = _TEMP_NAME.match(entry.name)
+        if m is None or m["name"] not in (output.name, f"{output.name}.lock"):  # its temporary lock file too
+            continue
+        pid = int(m["pid"])
+        if pid == os.getpid() or pid_alive(pid):
+            continue
+        size = _size(entry)
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
+        logger.warning("Removed '%s' (%s), a temporary of '%s' left by pid %d, which is gone",
+                       entry, _human(size), output.name, pid)
+        removed.append(entry)
+    return removed
+
+
+def discard(path: Path) -> None:
+    """Remove the file or folder ``path`` all at once: renamed to a temporary name first, then deleted.
+
+    A process killed while deleting leaves a temporary (swept by the next run), never half of ``path``.
+    """
+    if not path.exists() and not path.is_symlink():
+        return
+    gone = path.with_name(f"{temp_prefix(path)}{uuid.uuid4().hex[:8]}{TEMP_SUFFIX}")
+    os.rename(path, gone)
+    if gone.is_dir() and not gone.is_symlink():
+        shutil.rmtree(gone, ignore_errors=True)
+    else:
+        gone.unlink(missing_ok=True)
+
+
+def _size(path: Path) -> int:
+    if path.is_file() or path.is_symlink():
+        return path.lstat().st_size
+    return sum(p.lstat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def _human(n: int) -> str:
+    for unit in ("bytes", "KB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n} {unit}" if unit == "bytes" else f"{n:.0f} {unit}"
+        n /= 1000  # type: ignore[assignment]
+    return f"{n} bytes"  # pragma: no cover

@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from mpinfer import __version__
-from mpinfer.claim import claim_outputs, discard, sweep_temps
+from mpinfer.claim import claim_outputs
 from mpinfer.errors import InvalidInputError, MpinferError, format_message
-from mpinfer.fileio import make_dirs, sha256_file, write_json_atomic
+from mpinfer.fileio import discard, make_dirs, sha256_file, sweep_temps, write_json_atomic
 from mpinfer.pipeline_stages import default_stages
 from mpinfer.stage import (
     ARTEFACT_DIR,
@@ -325,23 +325,38 @@ def run_pipeline(
     work_dir = (root / str(meta.get("work_dir", "out/pipeline"))).resolve()
     make_dirs(work_dir, f"[pipeline] work_dir {work_dir}")
     with claim_outputs([work_dir]):  # a second run on this work_dir fails at once, naming this one
-        state_path = work_dir / STATE_FILE
-        state = _load_state(state_path)
-        artefacts: dict[str, Path] = {}
-        runs: list[StageRun] = []
-        for name, stage in registry.items():
-            if name not in doc:
-                continue
-            ctx = StageContext(root=root, work_dir=work_dir, section=dict(doc[name]), artefacts=dict(artefacts))
-            try:
-                run = _settle(stage, ctx, state, state_path, force=force)
-            except KeyboardInterrupt as err:
-                raise PipelineInterrupted(_interrupted(path, runs, stage, state_path)) from err
-            artefacts.update(run.artefacts)
-            runs.append(run)
-            if on_stage is not None:
-                on_stage(run)
-    return PipelineResult(tuple(runs), work_dir, state_path)
+        runs = _run_stages(path, doc, registry, root, work_dir, force=force, on_stage=on_stage)
+    return PipelineResult(tuple(runs), work_dir, work_dir / STATE_FILE)
+
+
+def _run_stages(
+    path: Path,
+    doc: Mapping[str, Any],
+    registry: Mapping[str, Stage],
+    root: Path,
+    work_dir: Path,
+    *,
+    force: bool,
+    on_stage: Callable[[StageRun], None] | None,
+) -> list[StageRun]:
+    """Settle every configured stage in order; Ctrl-C becomes PipelineInterrupted saying what was kept."""
+    state_path = work_dir / STATE_FILE
+    state = _load_state(state_path)
+    artefacts: dict[str, Path] = {}
+    runs: list[StageRun] = []
+    for name, stage in registry.items():
+        if name not in doc:
+            continue
+        ctx = StageContext(root=root, work_dir=work_dir, section=dict(doc[name]), artefacts=dict(artefacts))
+        try:
+            run = _settle(stage, ctx, state, state_path, force=force)
+        except KeyboardInterrupt as err:
+            raise PipelineInterrupted(_interrupted(path, runs, stage, state_path)) from err
+        artefacts.update(run.artefacts)
+        runs.append(run)
+        if on_stage is not None:
+            on_stage(run)
+    return runs
 
 
 class PipelineInterrupted(KeyboardInterrupt):

@@ -165,9 +165,13 @@ def make_config(cls: type, values: Mapping[str, Any], where: str) -> Any:
     except TypeError as err:  # a required key is missing: name it as the table's key, not the class's argument
         missing = [f.name for f in fields.values() if f.name not in kwargs and f.default is dataclasses.MISSING
                    and f.default_factory is dataclasses.MISSING]
+        if not missing:
+            raise InvalidInputError(
+                format_message(f"Pipeline table [{where}]", str(err), "values its keys take")
+            ) from err
         raise InvalidInputError(
-            format_message(f"Pipeline table [{where}]", f"no {', '.join(missing) or 'valid'} key(s)",
-                           f"the key(s) {', '.join(missing)}" if missing else f"keys among {sorted(fields)}")
+            format_message(f"Pipeline table [{where}]", f"no {', '.join(repr(k) for k in missing)}",
+                           " and ".join(f"{k} = ... in [{where}]" for k in missing))
         ) from err
 
 

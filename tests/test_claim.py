@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from mpinfer.claim import OutputBusyError, claim_outputs, lock_path, pid_alive, sweep_temps
+from mpinfer.claim import OutputBusyError, claim_outputs, lock_path
 from mpinfer.errors import InvalidInputError
+from mpinfer.fileio import pid_alive, sweep_temps
 
 ROOT = Path(__file__).resolve().parents[1]
 

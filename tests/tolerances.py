@@ -23,10 +23,11 @@ test should keep the bound small against the change it exists to detect (say so 
 
 Whole networks (tens of chained reductions, normalisations between them) make the worst case too loose to
 tell FP32 from FP16 arithmetic. :func:`network_atol` uses the statistical bound instead: the rounding errors
-of a reordered sum are independent, zero-mean and at most ``u`` relative each, so their sum has a standard
-deviation of at most ``u sqrt(n / 3)`` times the magnitude, and ``stages`` chained reductions add in
-quadrature; the tolerance is 10 such standard deviations (``10 eps sqrt(n stages)`` times the magnitude, a
-margin no run reaches by chance). :func:`onnx_reductions` reads ``n`` and ``stages`` off an ONNX graph.
+of a reordered sum are independent, zero-mean and at most ``u`` relative each (uniform: a standard deviation
+of ``u / sqrt(3)``), so one evaluation strays by a standard deviation of at most ``u sqrt(n / 3)`` times the
+magnitude, two evaluations differ by ``sqrt(2)`` times that, and ``stages`` chained reductions add in
+quadrature. The tolerance ``10 eps sqrt(n stages)`` times the magnitude is about 24 such standard
+deviations: no run reaches it by chance. :func:`onnx_reductions` reads ``n`` and ``stages`` off an ONNX graph.
 """
 
 from __future__ import annotations
@@ -163,8 +164,8 @@ def torch_reorder_atol(module: Any, *inputs: Any, **kwargs: Any) -> float:
     Hooks on its Linear and Conv layers give each one's reduction length (``in_features``, ``C_in/groups *
     kernel``) and ``max(|x| @ |W|^T + |b|)``, the sum of absolute terms its outputs round at (the same layer run
     on absolute values); the bound uses the longest reduction, the largest magnitude and one stage per layer.
-    For networks whose normalisations see inputs of unit spread (a LayerNorm input that is a large common
-    offset plus a small spread multiplies the rounding by the offset over the spread: avoid such weights).
+    Valid where normalisations see inputs of about unit spread: a LayerNorm input that is a large common offset
+    plus a small spread multiplies the rounding by offset / spread (avoid such weights in a test).
     """
     import torch
 

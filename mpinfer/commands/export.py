@@ -50,6 +50,8 @@ def export(ctx: click.Context, source: str, output: Path, weights: Path | None, 
     if not ctx.obj.get("quiet"):
         why = f" (fallback: {res.fallback_reason})" if res.fallback_reason else ""
         click.echo(f"Exported {res.path} with the {res.exporter} exporter, opset {res.opset}{why}")
-        click.echo(f"Parity torch vs ONNX Runtime over {len(res.parity.runs)} inputs: "
-                   f"max abs error {res.parity.max_abs:.3g} -> {res.sidecar}")
+        runs = [r.label for r in res.parity.runs if r.label]
+        what = (f"a prefill and {len(runs) - 1} decode steps (KV cache)" if runs and runs[0] == "prefill"
+                else f"{len(res.parity.runs)} inputs")
+        click.echo(f"Parity torch vs ONNX Runtime over {what}: max abs error {res.parity.max_abs:.3g} -> {res.sidecar}")
     return res

@@ -143,7 +143,7 @@ def _cast_splits(
         for i in n.input:
             consumers.setdefault(i, []).append(n)
     hints = []
-    masks = _mask_constants(nodes, initializers)
+    consts = _float_constants(nodes, initializers)
     for cast in (n for n in nodes if n.op_type == "Cast" and n.input):
         prod = producer.get(cast.input[0])
         if prod is None or prod.op_type not in _FUSIBLE:
@@ -158,7 +158,7 @@ def _cast_splits(
             reason = str(entry.get("reason", ""))
             fix = f"run both in the same precision: `mpinfer convert --low-node '{low}'` or `--keep-node '{keep}'`."
             fp32_node = cons if to == _FLOAT else prod
-            if _adds_attention_mask(fp32_node, producer, masks):
+            if _adds_attention_mask(fp32_node, producer, consts):
                 fix = (f"convert the model again with this mpinfer: '{fp32_node.name}' adds an attention mask built "
                        "from a huge negative constant, which mpinfer rewrites to the low format's safe lowest "
                        "(plan reason rewrite:mask), so the mask-add, the Softmax and this MatMul all run low.")
@@ -180,45 +180,52 @@ def _cast_splits(
     return hints
 
 
-def _mask_constants(nodes: list[Any], initializers: Sequence[Any]) -> set[str]:
-    """Float constants holding an attention mask's minus infinity (a finite value at or below MASK_SENTINEL)."""
-    from onnx import TensorProto, numpy_helper
-
-    from mpinfer.precision.masks import MASK_SENTINEL
+def _float_constants(nodes: list[Any], initializers: Sequence[Any]) -> dict[str, Any]:
+    """Name -> TensorProto of the float initializers and Constant values (read only when a hint asks)."""
+    from onnx import TensorProto
 
     floats = (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16)
-    tensors = [(t.name, t) for t in initializers if t.data_type in floats]
+    out = {t.name: t for t in initializers if t.data_type in floats}
     for n in nodes:
         if n.op_type == "Constant" and n.output:
             value = next((a.t for a in n.attribute if a.name == "value"), None)
             if value is not None and value.data_type in floats:
-                tensors.append((n.output[0], value))
-    out = set()
-    for name, t in tensors:
-        if 0 < int(np.prod(t.dims)) <= MASK_CONST_MAX_ELEMENTS or not t.dims:
-            arr = numpy_helper.to_array(t).astype(np.float32)
-            finite = arr[np.isfinite(arr)]
-            if finite.size and float(finite.min()) <= MASK_SENTINEL:
-                out.add(name)
+                out[n.output[0]] = value
     return out
 
 
-def _adds_attention_mask(node: Any, producer: dict[str, Any], masks: set[str]) -> bool:
+def _is_mask_constant(tensor: Any) -> bool:
+    """A constant holding an attention mask's minus infinity (a finite value at or below MASK_SENTINEL)."""
+    from onnx import numpy_helper
+
+    from mpinfer.precision.masks import MASK_SENTINEL
+
+    if int(np.prod(tensor.dims)) > MASK_CONST_MAX_ELEMENTS:
+        return False
+    arr = numpy_helper.to_array(tensor).astype(np.float32)
+    finite = arr[np.isfinite(arr)]
+    return bool(finite.size) and float(finite.min()) <= MASK_SENTINEL
+
+
+def _adds_attention_mask(node: Any, producer: dict[str, Any], consts: dict[str, Any]) -> bool:
     """Whether ``node`` is an Add one of whose inputs comes from a mask constant through mask-path ops."""
     from mpinfer.precision.masks import MASK_PATH_OPS
 
-    if node.op_type != "Add" or not masks:
+    if node.op_type != "Add":
         return False
     todo, seen = list(node.input), set()
     while todo:
         name = todo.pop()
-        if name in masks:
-            return True
-        src = producer.get(name)
-        if name in seen or src is None or src.op_type not in MASK_PATH_OPS:
+        if name in seen:
             continue
         seen.add(name)
-        todo.extend(i for i in src.input if i)
+        if name in consts:
+            if _is_mask_constant(consts[name]):
+                return True
+            continue
+        src = producer.get(name)
+        if src is not None and src.op_type in MASK_PATH_OPS:
+            todo.extend(i for i in src.input if i)
     return False
 
 

@@ -99,9 +99,9 @@ class MaskSite:
     def detail(self, precision: Precision) -> str:
         """The plan's sentence for this rewrite."""
         return (
-            f"additive attention mask: constant '{self.const}' holds {self.lowest:.4g} as minus infinity, "
-            f"beyond {precision.value.upper()}'s range; rewritten to {self.value:.6g} ({precision.value.upper()}'s "
-            f"safe lowest), so masked positions still get probability 0 in {', '.join(self.softmax[:3])}"
+            f"additive attention mask: constant '{self.const}' holds {self.lowest:.4g} as minus infinity; rewritten "
+            f"to {self.value:.6g} ({precision.value.upper()}'s safe lowest), so masked positions still get "
+            f"probability 0 in {', '.join(self.softmax[:3])}"
             + (" ..." if len(self.softmax) > 3 else "")
         )
 
@@ -114,7 +114,10 @@ def safe_lowest(precision: Precision) -> float:
 def find_mask_sites(
     info: GraphInfo, precision: Precision, stats: Mapping[str, Any] | None = None
 ) -> list[MaskSite]:
-    """The mask constants of the main graph that ``precision`` cannot hold, each at the node reading it.
+    """The mask constants of the main graph below ``precision``'s safe lowest, each at the node reading it.
+
+    A constant already at the safe lowest (rewritten by an earlier call) is found again, so planning twice
+    gives the same plan.
 
     Args:
         info: The graph.
@@ -231,7 +234,7 @@ def _sentinel(info: GraphInfo, name: str, value: float) -> float | None:
     if not finite.size:
         return None
     lowest = float(finite.min())
-    return lowest if lowest <= MASK_SENTINEL and lowest < value else None
+    return lowest if lowest <= MASK_SENTINEL and lowest <= value else None  # (== value: rewritten already)
 
 
 def _constant_value_attr(info: GraphInfo, name: str) -> Any:

@@ -84,11 +84,13 @@ def test_cli_export_convert_with_prompts_and_budget_then_compare_generate(tmp_pa
     m32, m16, report = tmp_path / "m.onnx", tmp_path / "m.fp16.onnx", tmp_path / "report"
     r = invoke("export", folder, "-o", m32)
     assert r.exit_code == 0, r.output
+    assert "over a prefill and 3 decode steps (KV cache)" in r.output
     assert "past_key_values.0.key" in {i.name for i in onnx.load(str(m32)).graph.input}
     r = invoke("convert", m32, "-o", m16, "--calibration", f"prompts:{prompts}:steps=4", "--budget", "cosine>=0.99")
     assert r.exit_code == 0, r.output
     plan = json.loads((tmp_path / "m.fp16.plan.json").read_text())
     assert plan["calibration"]["kind"] == "prompts" and plan["calibration"]["samples"] == 6 * 5
+    assert "range:overflow" not in plan["summary"]["reasons"]  # the attention masks were rewritten, not kept FP32
     r = invoke("compare", m32, m16, "--data", prompts, "--generate", TOKENS, "--no-divergence", "--report", report)
     assert r.exit_code == 0, r.output
     assert "Generation (greedy, ONNX Runtime)" in r.output and "decode tokens/s" in r.output

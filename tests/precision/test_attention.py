@@ -323,3 +323,13 @@ def test_skip_layer_norm_goes_low_with_calibration(tmp_path):
     tol = 4 * FP16_EPS * np.sqrt(D) * np.abs(ref).max()
     np.testing.assert_allclose(got, ref, atol=tol)
     np.testing.assert_allclose(strict, ref, atol=tol)
+
+
+def test_planning_twice_gives_the_same_plan():
+    """rule_plan rewrites the mask in its model; a second plan of that model finds the same site."""
+    info = GraphInfo(name_nodes(_attention()))
+    stats = {"scores": {"absmax": 6.0}, "masked": {"absmax": F32_LOWEST}, "probs": {"absmax": 1.0}}
+    first = [(n.name, n.precision, n.reason) for n in rule_plan(info, Precision.FP16, RuleOptions(), stats=stats)[1]]
+    second = [(n.name, n.precision, n.reason) for n in rule_plan(info, Precision.FP16, RuleOptions(), stats=stats)[1]]
+    assert first == second
+    assert ("mask_add", Precision.FP16, "rule:follow") in first

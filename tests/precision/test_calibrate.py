@@ -260,12 +260,15 @@ def test_many_tensors_take_several_passes_with_the_same_result(exported, monkeyp
     several = calibrate(model, iter(batches), progress=False)  # a one-shot iterator, read once per pass
     assert set(several) == set(one_pass) and len(one_pass) > 20
     assert several.source["batches"] == 2
+    n, stages = onnx_reductions(model)
     for name in one_pass:  # ORT fuses differently when other tensors are outputs: float noise only
         a, b = several[name], one_pass[name]
         assert a.count == b.count and a.finite == b.finite, name
+        # absolute noise at the tensor's scale (a value near zero, min_nonzero, moves as much as a large one)
+        tol = network_atol(n=n, stages=stages, magnitude=max(b.absmax, 1.0))
         for key in ("absmax", "mean_abs", "min_nonzero", "fp16_overflow_frac", "fp16_subnormal_frac"):
             want = getattr(b, key)
-            assert getattr(a, key) == (want if want is None else pytest.approx(want, rel=1e-3, abs=1e-6)), key
+            assert getattr(a, key) == (want if want is None else pytest.approx(want, rel=0, abs=tol)), key
         assert a.p999 == pytest.approx(b.p999, rel=0.07), name
 
 
@@ -280,8 +283,10 @@ def test_big_models_are_calibrated_from_an_external_data_copy(exported, monkeypa
     external = calibrate(model, [feeds], progress=False)
     assert model.SerializeToString() == before  # the caller's model is not modified
     assert set(external) == set(in_memory)
+    n, stages = onnx_reductions(model)  # three outputs a session: onnxruntime fuses otherwise
     for name in in_memory:
-        assert external[name].absmax == pytest.approx(in_memory[name].absmax, rel=1e-5), name
+        tol = network_atol(n=n, stages=stages, magnitude=max(in_memory[name].absmax, 1.0))
+        assert external[name].absmax == pytest.approx(in_memory[name].absmax, rel=0, abs=tol), name
         assert external[name].count == in_memory[name].count
 
 
@@ -382,13 +387,15 @@ def test_batches_above_the_call_limit_run_in_slices_with_the_same_statistics(exp
     sliced = calibrate(model, batches, progress=False, capture_batches=1, capture_tensors=True)
     assert rows == [1, 2, 2, 2, 6, 2, 2, 2]  # probe; batch 0 in slices, its outputs alone; batch 1 in slices
     assert set(sliced) == set(whole) and len(whole) > 10
+    n, stages = onnx_reductions(model)  # other batch sizes: onnxruntime may pick other kernels
     for name in whole:
         a, b = sliced[name], whole[name]
-        assert a.count == b.count and a.absmax == pytest.approx(b.absmax, rel=1e-5), name
-        assert a.mean_abs == pytest.approx(b.mean_abs, rel=1e-4), name
+        tol = network_atol(n=n, stages=stages, magnitude=max(b.absmax, 1.0))
+        assert a.count == b.count and a.absmax == pytest.approx(b.absmax, rel=0, abs=tol), name
+        assert a.mean_abs == pytest.approx(b.mean_abs, rel=0, abs=tol), name
     out = model.graph.output[0].name
     want = ort_run(model, batches[0])[out]
-    np.testing.assert_allclose(sliced.reference_outputs[0][out], want, rtol=1e-5, atol=1e-6)
+    assert_onnx_outputs_close(sliced.reference_outputs[0][out], want, model)
     assert sliced.reference_tensors is None and whole.reference_tensors is not None  # over the capture limit too
 
 
