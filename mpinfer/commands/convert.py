@@ -6,9 +6,13 @@ from pathlib import Path
 
 import click
 
+from mpinfer.data import parse_dims
 from mpinfer.metrics import parse_class_outputs
 from mpinfer.modelio import MAX_OPSET
+from mpinfer.precision import ConvertConfig, convert_precision
 from mpinfer.precision.options import DEFAULT_BUDGET, DEFAULT_SEARCH_SAMPLES
+from mpinfer.precision.verify import budget_figures
+from mpinfer.specs import Precision
 
 
 @click.command("convert")
@@ -136,10 +140,6 @@ def convert(
       mpinfer convert out/model.onnx --plan out/model.fp16.plan.json -o out/model.fp16.onnx
       mpinfer convert out/model.onnx --precision bf16 --keep-op Softmax --keep-node 'head/.*' -o out/m.bf16.onnx
     """  # noqa: D301
-    from mpinfer.data import parse_dims
-    from mpinfer.precision import ConvertConfig, convert_precision
-    from mpinfer.specs import Precision
-
     quiet = bool((ctx.obj or {}).get("quiet"))
     cfg = ConvertConfig(
         model=model,
@@ -220,8 +220,6 @@ def _print_summary(result: object, plan_in: Path | None = None) -> None:
 
 def verification_line(plan: object) -> str | None:
     """``searched on N samples, verified on M samples (strict numerics): cosine=…`` (None: nothing verified)."""
-    from mpinfer.precision.verify import budget_figures
-
     ver = plan.summary.get("verification")  # type: ignore[attr-defined]
     if not ver:
         return None

@@ -19,6 +19,8 @@ from typing import Any
 import numpy as np
 
 from mpinfer.compare.tensoracc import SKIP_OPS, TensorAcc
+from mpinfer.errors import BackendUnavailableError
+from mpinfer.precision.emulate import GraphEmulator
 from mpinfer.precision.kernels.numerics import is_float
 
 logger = logging.getLogger(__name__)
@@ -115,9 +117,6 @@ def measure_body_tensors(base: Any, cand: Any, batches: Sequence[Mapping[str, np
     Returns:
         The accumulated errors by qualified name (``Loop_2/body/Add_1_out``), what was not compared and why.
     """
-    from mpinfer.errors import BackendUnavailableError
-    from mpinfer.precision.emulate import GraphEmulator
-
     cov = BodyCoverage()
     base_names = _body_tensors(base, skip_ops=True)
     if not base_names:

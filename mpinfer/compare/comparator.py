@@ -14,11 +14,21 @@ from typing import Any
 
 import numpy as np
 
-from mpinfer.backends import Runner, open_runner
+import mpinfer
+from mpinfer.backends import Runner, is_torch_spec, open_runner
+from mpinfer.backends.torch_runner import TorchRunner
 from mpinfer.checks import DEFAULT_CHECKS, Checks, parse_checks
+from mpinfer.compare.divergence import find_divergence, load_plan_nodes
+from mpinfer.compare.hints import precision_summary, speed_hints
+from mpinfer.compare.latency import measure_latency
 from mpinfer.compare.result import CandidateResult, ComparisonResult, LatencyResult, OutputMetrics
+from mpinfer.data import load_feeds, parse_dims
+from mpinfer.data.feeds import fixed_batch, sample_axes
 from mpinfer.errors import InvalidInputError, ModelLoadError, MpinferError, format_message
-from mpinfer.metrics import ModelAccumulator, OutputAccumulator, check_output_names, guess_class_output
+from mpinfer.metrics import LABEL_METRICS, ModelAccumulator, OutputAccumulator, check_output_names, guess_class_output
+from mpinfer.modelio import data_file, load_onnx
+from mpinfer.precision.verify import FingerprintedFeeds
+from mpinfer.progress import progress_bar
 from mpinfer.specs import TensorSpec, is_float_dtype
 
 logger = logging.getLogger(__name__)
@@ -92,7 +102,6 @@ class CompareConfig:
 
 
 def _validate_config(cfg: CompareConfig) -> Checks:
-    from mpinfer.backends import is_torch_spec
 
     checks = parse_checks(cfg.checks if cfg.checks and cfg.checks.strip() else DEFAULT_CHECKS)
     if not cfg.candidates:
@@ -254,7 +263,6 @@ def _specs_of(baseline: Runner, candidates: Mapping[str, Runner], cfg: CompareCo
 
 
 def _output_names(baseline: Runner, candidates: Mapping[str, Runner]) -> list[str]:
-    from mpinfer.backends.torch_runner import TorchRunner
 
     first = next(iter(candidates.values()))
     if isinstance(baseline, TorchRunner) and not baseline.output_names():
@@ -266,7 +274,6 @@ def _output_names(baseline: Runner, candidates: Mapping[str, Runner]) -> list[st
 
 
 def _iter_progress(feeds: Any, show: bool) -> Iterator[dict[str, np.ndarray]]:
-    from mpinfer.progress import progress_bar
 
     with progress_bar("compare", enabled=show) as progress:
         task = progress.add_task("batches", total=len(feeds))
@@ -356,8 +363,6 @@ def _labeled_outputs(labels: np.ndarray, bout: Mapping[str, np.ndarray], rows: i
 
 def _check_label_metrics(checks: Checks, has_labels: bool, cfg: CompareConfig) -> None:
     """Refuse, before any batch runs, a check against labels on data without ``_labels``."""
-    from mpinfer.metrics import LABEL_METRICS
-
     needs = [str(c) for c in checks if c.metric in LABEL_METRICS]
     if needs and not has_labels:
         raise InvalidInputError(
@@ -383,8 +388,6 @@ def compare_models(config: CompareConfig) -> ComparisonResult:
         InvalidInputError: Mismatched models or data, bad data, unknown checks.
         ModelLoadError: A model that cannot be loaded (named in the message).
     """
-    from mpinfer.data import load_feeds, parse_dims
-
     checks = _validate_config(config)
     t0 = time.perf_counter()
     with contextlib.ExitStack() as stack:
@@ -406,7 +409,6 @@ def compare_models(config: CompareConfig) -> ComparisonResult:
             image_preprocess=config.image_preprocess,
         )
         _check_label_metrics(checks, feeds.labels is not None, config)
-        from mpinfer.precision.verify import FingerprintedFeeds
 
         hashed = FingerprintedFeeds(feeds)  # the data's fingerprint, to set beside a plan's verified figures
         accs, kept = _run_batches(config, baseline, cands, hashed, out_names, checks)
@@ -474,9 +476,6 @@ def _candidate_result(
 
 
 def _onnx_extras(cfg: CompareConfig, result: CandidateResult, kept: list[dict[str, Any]]) -> None:
-    from mpinfer.compare.divergence import find_divergence, load_plan_nodes
-    from mpinfer.compare.hints import precision_summary, speed_hints
-    from mpinfer.modelio import load_onnx
 
     model = load_onnx(result.path)
     result.precision = precision_summary(model, result.path)
@@ -495,8 +494,6 @@ def _onnx_extras(cfg: CompareConfig, result: CandidateResult, kept: list[dict[st
 def _latency(
     cfg: CompareConfig, baseline: Runner, cands: Mapping[str, Runner], sample: Mapping[str, np.ndarray]
 ) -> LatencyResult:
-    from mpinfer.compare.latency import measure_latency
-    from mpinfer.data.feeds import fixed_batch, sample_axes
 
     runners = {cfg.baseline: baseline, **cands}
     specs = baseline.input_specs()
@@ -553,7 +550,6 @@ def model_size(path_or_spec: str) -> int | None:
     """Bytes on disk of a model file plus its external data files (None for a torch spec)."""
     from pathlib import Path
 
-    from mpinfer.modelio import data_file
 
     p = Path(path_or_spec)
     if not p.is_file():
@@ -585,7 +581,6 @@ def _environment(cfg: CompareConfig) -> dict[str, Any]:
 
     import onnxruntime
 
-    import mpinfer
 
     env = {
         "mpinfer": mpinfer.__version__,

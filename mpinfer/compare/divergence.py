@@ -22,9 +22,15 @@ from typing import Any
 
 import numpy as np
 
+from mpinfer.backends.ort import resolve_providers
 from mpinfer.compare.bodies import BodyCoverage, body_graphs, measure_body_tensors
 from mpinfer.compare.result import Divergence, NodeError
 from mpinfer.compare.tensoracc import SKIP_OPS, TensorAcc
+from mpinfer.modelio import iter_nodes, load_onnx, name_nodes, ort_session
+from mpinfer.precision.calibrate import BatchSlicer, pack_chunks
+from mpinfer.precision.emulate import GraphEmulator
+from mpinfer.progress import progress_bar
+from mpinfer.specs import is_float_dtype
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +54,6 @@ def _precision_of(dtype: str) -> str:
 
 
 def _shared_tensors(base: Any, cand: Any) -> tuple[list[str], dict[str, int]]:
-    from mpinfer.modelio import iter_nodes
 
     cand_main = {o for n in cand.graph.node for o in n.output if o}
     base_main = [o for n in base.graph.node if n.op_type not in SKIP_OPS for o in n.output if o]
@@ -74,7 +79,6 @@ def _with_outputs(model: Any, names: Sequence[str]) -> Any:
 
 
 def _accumulate(accs: Mapping[str, TensorAcc], name: str, b: Any, c: Any) -> None:
-    from mpinfer.specs import is_float_dtype
 
     if c is not None and is_float_dtype(np.asarray(b).dtype) and is_float_dtype(np.asarray(c).dtype):
         accs[name].update(b, c)
@@ -102,9 +106,6 @@ def tensor_bytes(
     (Shape inference misses exactly the big ones: a speech model's attention scores behind reshapes it cannot
     follow.) A batch that cannot be cut into samples is probed whole.
     """
-    from mpinfer.modelio import ort_session
-    from mpinfer.precision.calibrate import BatchSlicer
-
     if not batches or not names:
         return [0] * len(names)
     feeds = max(batches, key=lambda b: sum(np.asarray(v).nbytes for v in b.values()))
@@ -131,16 +132,11 @@ def measure_tensors(
     strict FP16/BF16 emulator (which compares each chunk tensor as it computes it and keeps none). The extra
     outputs decide what onnxruntime fuses, so the chunking is part of the result: keep it stable.
     """
-    from mpinfer.modelio import ort_session
-    from mpinfer.precision.calibrate import pack_chunks
-    from mpinfer.progress import progress_bar
-
     accs = {n: TensorAcc() for n in names}
     size = STRICT_CHUNK_SIZE if strict else CHUNK_SIZE
     chunks = pack_chunks(names, tensor_bytes(base, names, batches, providers), size, CHUNK_BYTES)
     emu = None
     if strict:
-        from mpinfer.precision.emulate import GraphEmulator
 
         emu = GraphEmulator(cand, follow_input_dtypes=True)
     with progress_bar(enabled=show_progress) as progress:
@@ -356,9 +352,6 @@ def find_divergence(
     Returns:
         The Divergence (nodes in graph order, ranking by added error, the first jump).
     """
-    from mpinfer.backends.ort import resolve_providers
-    from mpinfer.modelio import load_onnx, name_nodes
-
     t0 = time.perf_counter()
     base, cand = name_nodes(load_onnx(baseline)), name_nodes(load_onnx(candidate))
     shared, skipped = _shared_tensors(base, cand)

@@ -28,6 +28,8 @@ import numpy as np
 
 from mpinfer.data.decode import KvLayout, Prompts, greedy_decode, kv_layout, load_prompts, ort_run_fn
 from mpinfer.errors import InvalidInputError, format_message
+from mpinfer.modelio import load_onnx, ort_session
+from mpinfer.specs import specs_from_onnx
 
 logger = logging.getLogger(__name__)
 
@@ -126,8 +128,6 @@ class _Model:
 
     def open(self, providers: Sequence[str]) -> _Model:
         """Start the session (the model's memory is held from here until :meth:`close`)."""
-        from mpinfer.modelio import ort_session
-
         self.run = ort_run_fn(ort_session(self.path, providers=list(providers) or None), self.layout.output_names)
         return self
 
@@ -246,8 +246,6 @@ def generate_compare(cfg: GenerateConfig) -> list[GenerationResult]:
 
 
 def _specs(path: str) -> list[Any]:
-    from mpinfer.modelio import load_onnx
-    from mpinfer.specs import specs_from_onnx
 
     return specs_from_onnx(load_onnx(Path(path), load_external_data=False))
 

@@ -13,7 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from mpinfer.modelio import NodeRef, iter_graphs, iter_nodes
+from mpinfer.errors import ModelLoadError
+from mpinfer.modelio import NodeRef, iter_graphs, iter_nodes, ort_log_level, ort_session, small_enough_to_size
 
 logger = logging.getLogger(__name__)
 
@@ -174,8 +175,6 @@ class GraphInfo:
             return
         import onnx
 
-        from mpinfer.errors import ModelLoadError
-        from mpinfer.modelio import ort_log_level, ort_session
 
         query = onnx.ModelProto()
         query.CopyFrom(model)
@@ -342,8 +341,6 @@ DETACH_BYTES = 1 << 20
 
 def _in_memory(model: Any) -> bool:
     """No external data, and small enough to serialize."""
-    from mpinfer.modelio import small_enough_to_size
-
     return small_enough_to_size(model) and not any(
         t.data_location == 1 for g in iter_graphs(model.graph) for t in g.initializer  # TensorProto.EXTERNAL
     )

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mpinfer.checks import parse_checks
 from mpinfer.errors import InvalidInputError, format_message
 from mpinfer.specs import Precision
 
@@ -71,7 +72,6 @@ def check_budget(text: str) -> None:
         InvalidInputError: From :func:`mpinfer.checks.parse_checks`.
     """
     if text.strip().lower() != NO_BUDGET:
-        from mpinfer.checks import parse_checks
 
         parse_checks(text)
 

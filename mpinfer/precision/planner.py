@@ -8,12 +8,21 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from mpinfer.errors import InvalidInputError, format_message
 from mpinfer.precision.graphinfo import FLOAT, GraphInfo
 from mpinfer.precision.masks import REASON as MASK_REASON
 from mpinfer.precision.masks import MaskSite, find_mask_sites, mask_tensors, rewrite_masks
 from mpinfer.precision.plan import NodeDecision, counts_as_float, precisions_digest
 from mpinfer.precision.resolve import resolve_precisions
-from mpinfer.precision.rules import Decision, Kind, NodeClassifier, RuleContext, default_rules, shape_subgraph
+from mpinfer.precision.rules import (
+    Decision,
+    Kind,
+    NodeClassifier,
+    RuleContext,
+    compile_pattern,
+    default_rules,
+    shape_subgraph,
+)
 from mpinfer.specs import Precision
 
 logger = logging.getLogger(__name__)
@@ -41,8 +50,6 @@ def check_overrides(info: GraphInfo, options: RuleOptions) -> None:
 
     from onnx import defs
 
-    from mpinfer.errors import InvalidInputError, format_message
-    from mpinfer.precision.rules import compile_pattern
 
     for what, keep, low in (("op type", options.keep_ops, options.low_ops), ("node pattern", options.keep_nodes,
                                                                              options.low_nodes)):

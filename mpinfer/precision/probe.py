@@ -19,7 +19,10 @@ from typing import Any
 
 import numpy as np
 
+from mpinfer.errors import ModelLoadError
 from mpinfer.metrics import relative_l2
+from mpinfer.modelio import ort_session
+from mpinfer.precision.apply import apply_plan
 from mpinfer.precision.graphinfo import GraphInfo
 from mpinfer.specs import Precision
 
@@ -109,7 +112,6 @@ def build_probe(info: GraphInfo, groups: Sequence[Any], low: Precision) -> tuple
     """
     from onnx import TensorProto, helper
 
-    from mpinfer.precision.apply import apply_plan
 
     model = info.model
     if model.ByteSize() > MAX_PROBE_BYTES or info.base_dir:
@@ -167,9 +169,6 @@ def probe_errors(info: GraphInfo, groups: Sequence[Any], batches: Sequence[dict]
     Groups the probe cannot copy, or whose FP32 reference is not finite, are left out of ``errors`` (the
     caller measures them another way); a group whose low copy overflows gets ``inf``.
     """
-    from mpinfer.errors import ModelLoadError
-    from mpinfer.modelio import ort_session
-
     built = build_probe(info, groups, low)
     if built is None:
         return ProbeResult({}, 0)

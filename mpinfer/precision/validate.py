@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from mpinfer.errors import InternalError
-from mpinfer.modelio import ort_log_level
+from mpinfer.modelio import ort_log_level, save_onnx, small_enough_to_size
 from mpinfer.precision.apply import apply_plan
 from mpinfer.precision.plan import NodeDecision
 from mpinfer.specs import Precision
@@ -58,12 +58,9 @@ def run_checks(model: Any, checks: tuple[str, ...] = CHECKS) -> list[GateFailure
     Returns:
         The failures (empty when valid).
     """
-    from mpinfer.modelio import small_enough_to_size
-
     if small_enough_to_size(model):
         return _run(model, None, checks)
     with tempfile.TemporaryDirectory(prefix="mpinfer-gate-") as td:
-        from mpinfer.modelio import save_onnx
 
         path = save_onnx(model, Path(td) / "model.onnx", external_data=True)
         return _run(None, path, checks)

@@ -25,10 +25,16 @@ from typing import Any
 
 import numpy as np
 
+from mpinfer.checks import parse_checks
 from mpinfer.errors import AccuracyMismatchError, format_message
+from mpinfer.metrics import ModelAccumulator, relative_l2, worst_values
+from mpinfer.modelio import ort_session
+from mpinfer.precision.calibrate import BatchSlicer
 from mpinfer.precision.evaluators import evaluator_class
 from mpinfer.precision.plan import NodeDecision
+from mpinfer.precision.search import build_groups, group_errors
 from mpinfer.precision.validate import apply_validated
+from mpinfer.progress import progress_bar
 from mpinfer.specs import Precision
 
 logger = logging.getLogger(__name__)
@@ -85,16 +91,11 @@ class Verification:
 # -- the metrics (the one place verification computes them: the metrics core) ------------------------------------
 def _accumulator(names: Sequence[str], settings: VerifySettings) -> Any:
     """An empty :class:`mpinfer.metrics.ModelAccumulator` set up as ``mpinfer compare`` sets up its own."""
-    from mpinfer.checks import parse_checks
-    from mpinfer.metrics import ModelAccumulator
-
     return ModelAccumulator(names, class_outputs=settings.class_outputs, topk=parse_checks(settings.budget).topk)
 
 
 def budget_failures(budget_text: str, figures: Mapping[str, Mapping[str, float | None]]) -> list[str]:
     """The budget checks ``figures`` break (``"max_abs<=0.001 on 'y' (got 0.0074)"``)."""
-    from mpinfer.checks import parse_checks
-
     return parse_checks(budget_text).failures(figures)
 
 
@@ -146,8 +147,6 @@ class FingerprintedFeeds:
 
 def iter_samples(feeds: Any, model: Any, limit: int | None) -> Iterator[tuple[dict[str, np.ndarray], int]]:
     """The batches of ``feeds`` up to ``limit`` samples (the last one cut), each with its sample count."""
-    from mpinfer.precision.calibrate import BatchSlicer
-
     slicer = BatchSlicer(model)
     seen = 0
     for batch in feeds:
@@ -181,9 +180,6 @@ def verify_model(
     Returns:
         The figures per output, what was verified, and the failures.
     """
-    from mpinfer.modelio import ort_session
-    from mpinfer.progress import progress_bar
-
     start = time.perf_counter()
     ref_sess = ort_session(reference)
     names = [o.name for o in reference.graph.output]
@@ -231,8 +227,6 @@ def _rows_of(outputs: Mapping[str, np.ndarray], names: Sequence[str]) -> int | N
 
 def _batch_error(ref: Mapping[str, np.ndarray], cand: Mapping[str, np.ndarray], names: Sequence[str]) -> float:
     """How wrong a batch is, to pick the one to rank groups on: the worst relative L2 error of its outputs."""
-    from mpinfer.metrics import relative_l2
-
     worst = 0.0
     for name in names:
         r, c = np.asarray(ref[name], np.float64), np.asarray(cand[name], np.float64)
@@ -286,8 +280,6 @@ def verify_and_repair(
     Raises:
         AccuracyMismatchError: The budget fails even with every node it may change in FP32.
     """
-    from mpinfer.precision.search import build_groups
-
     ver = verify_model(result.model, info.model, feeds, settings, known_reference=known_reference)
     _log(ver, settings, 0)
     rounds, demoted, spent = 0, list[str](), ver.wall_s
@@ -318,7 +310,6 @@ def verify_and_repair(
 
 
 def _first_rows(model: Any, batch: Mapping[str, np.ndarray] | None, rows: int | None) -> Any:
-    from mpinfer.precision.calibrate import BatchSlicer
 
     if batch is None or rows is None:
         return batch
@@ -328,8 +319,6 @@ def _first_rows(model: Any, batch: Mapping[str, np.ndarray] | None, rows: int | 
 
 def _rank(info: Any, groups: list[Any], batch: Mapping[str, np.ndarray] | None, precision: Precision) -> list[Any]:
     """The groups, the one that contributes most error first: local error on the worst batch, then FLOPs."""
-    from mpinfer.precision.search import group_errors
-
     errors = group_errors(info, groups, [batch] if batch is not None else [], precision)
     return sorted(groups, key=lambda g: (-errors.get(g.anchor, 0.0), -g.flops, g.anchor))
 
@@ -365,9 +354,6 @@ def _log(ver: Verification, settings: VerifySettings, rounds: int) -> None:
 
 def budget_figures(budget_text: str, figures: Mapping[str, Mapping[str, float | None]]) -> dict[str, float]:
     """The budget's metrics, worst over the outputs (for the console line)."""
-    from mpinfer.checks import parse_checks
-    from mpinfer.metrics import worst_values
-
     worst = worst_values(figures)
     return {m: worst[m] for m in sorted(parse_checks(budget_text).metrics) if m in worst}
 

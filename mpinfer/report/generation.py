@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from mpinfer.compare.result import ComparisonResult
+from mpinfer.report.console import FILE_WIDTH
 from mpinfer.report.mdtext import md_table
 from mpinfer.report.tables import fmt
 
@@ -74,7 +75,6 @@ def print_console(result: ComparisonResult, console: Any = None) -> None:
     if not generation_of(result):
         return
     if console is None:
-        from mpinfer.report.console import FILE_WIDTH
 
         console = Console()
         if not console.is_terminal and "COLUMNS" not in os.environ:
