@@ -398,16 +398,7 @@ def compare_models(config: CompareConfig) -> ComparisonResult:
         checks.check_outputs(out_names)
         if config.class_outputs is not None:
             check_output_names(config.class_outputs, out_names, "--class-outputs")
-        feeds = load_feeds(
-            config.data,
-            specs,
-            model=config.baseline,  # decodes prompts for a KV-cache model (mpinfer.data.decode)
-            batch_size=config.batch_size,
-            num_batches=config.num_batches,
-            seed=config.seed,
-            dims=parse_dims(config.dims),
-            image_preprocess=config.image_preprocess,
-        )
+        feeds = _open_data(config, specs)
         _check_label_metrics(checks, feeds.labels is not None, config)
 
         hashed = FingerprintedFeeds(feeds)  # the data's fingerprint, to set beside a plan's verified figures
@@ -426,20 +417,39 @@ def compare_models(config: CompareConfig) -> ComparisonResult:
         baseline=base_info,
         candidates=results,
         checks=[str(c) for c in checks],
-        data={
-            "source": config.data or "random",
-            "kind": feeds.kind,
-            "description": feeds.description,
-            "batches": len(feeds),
-            "samples": feeds.num_samples,
-            "labels": feeds.labels is not None,
-            "fingerprint": hashed.fingerprint(),
-        },
+        data=_data_record(config, feeds, hashed),
         environment=_environment(config),
         latency=latency,
         notes=notes,
         created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     )
+
+
+def _open_data(config: CompareConfig, specs: Any) -> Any:
+    """The comparison's batches, from the options as the CLI names them."""
+    return load_feeds(
+        config.data,
+        specs,
+        model=config.baseline,  # decodes prompts for a KV-cache model (mpinfer.data.decode)
+        batch_size=config.batch_size,
+        num_batches=config.num_batches,
+        seed=config.seed,
+        dims=parse_dims(config.dims),
+        image_preprocess=config.image_preprocess,
+    )
+
+
+def _data_record(config: CompareConfig, feeds: Any, hashed: FingerprintedFeeds) -> dict[str, Any]:
+    """What the result says about the data compared on (with the fingerprint of the batches read)."""
+    return {
+        "source": config.data or "random",
+        "kind": feeds.kind,
+        "description": feeds.description,
+        "batches": len(feeds),
+        "samples": feeds.num_samples,
+        "labels": feeds.labels is not None,
+        "fingerprint": hashed.fingerprint(),
+    }
 
 
 def _candidate_result(

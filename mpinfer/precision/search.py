@@ -450,28 +450,43 @@ def search_plan(
     groups = build_groups(info, nodes, decisions)
     members = {a for g in groups for a in g.members}
     forced = {n.name: n.precision for n in nodes if n.precision.is_low and n.name not in members}
-    measured = False
+    accepted, metrics, measured = _choose_groups(groups, forced, ver, cfg)
+    cost = _cost(ver, groups, accepted, measured, time.perf_counter() - start)
+    final = _finalize(nodes, groups if measured else [], {a for g in accepted for a in g.members})
+    verified = ver.passing if ver.passing and ver.passing[0] == {n.name: n.precision for n in final} else None
+    return SearchOutcome(final, summary_figures(metrics, ver.budget), cost, verified, ver.class_outputs)
+
+
+def _choose_groups(
+    groups: list[_Group], forced: Mapping[str, Precision], ver: _Verifier, cfg: SearchConfig
+) -> tuple[list[_Group], dict[str, dict[str, float | None]], bool]:
+    """The groups that stay low, the metrics of that candidate, and whether the groups were measured.
+
+    The whole candidate first: when it meets the budget there is nothing to search, and the sensitivity pass
+    (and, with ORT numerics, the emulator's FP32 reference run) is skipped. Else the groups are ranked by
+    FLOPs per unit of local error and the largest passing prefix is bisected for.
+    """
     with progress_bar(enabled=cfg.progress) as bar:
         task = bar.add_task("verify", total=None)
-        # The whole candidate first: when it meets the budget there is nothing to search, and the
-        # sensitivity pass (and, with ORT numerics, the emulator's FP32 reference run) is skipped.
         metrics = ver.metrics(_low_of(groups, forced, cfg.precision))
         bar.advance(task)
-        accepted = list(groups)
-        if not ver.budget.met(metrics):
-            measured = True
-            _measure(groups, ver, bar)
-            order = sorted(
-                (g for g in groups if math.isfinite(g.error)), key=lambda g: -g.flops / max(g.error, ERROR_FLOOR)
-            )
-            # Groups whose local error is not finite (overflow) left the order: the rest may pass whole.
-            rest = ver.metrics(_low_of(order, forced, cfg.precision)) if len(order) < len(groups) else metrics
-            bar.advance(task)
-            if ver.budget.met(rest):
-                accepted, metrics = order, rest
-            else:
-                accepted, metrics = _bisect(order, forced, ver, bar, task, cfg)
-    chosen = {a for g in accepted for a in g.members}
+        if ver.budget.met(metrics):
+            return list(groups), metrics, False
+        _measure(groups, ver, bar)
+        order = sorted(
+            (g for g in groups if math.isfinite(g.error)), key=lambda g: -g.flops / max(g.error, ERROR_FLOOR)
+        )
+        # Groups whose local error is not finite (overflow) left the order: the rest may pass whole.
+        rest = ver.metrics(_low_of(order, forced, cfg.precision)) if len(order) < len(groups) else metrics
+        bar.advance(task)
+        if ver.budget.met(rest):
+            return order, rest, True
+        accepted, metrics = _bisect(order, forced, ver, bar, task, cfg)
+        return accepted, metrics, True
+
+
+def _cost(ver: _Verifier, groups: list[_Group], accepted: list[_Group], measured: bool, wall: float) -> dict:
+    """The search's cost for the plan summary (and the log line that says it)."""
     cost = {
         "node_evaluations": int(ver.ev.evaluations),
         "verifications": int(ver.verifications),
@@ -480,9 +495,9 @@ def search_plan(
         "groups": len(groups),
         "groups_low": len(accepted),
         "batches": len(ver.batches),
-        "wall_s": round(time.perf_counter() - start, 3),
-        "numerics": cfg.numerics,
-        "model_nodes": len(info.nodes),
+        "wall_s": round(wall, 3),
+        "numerics": ver.cfg.numerics,
+        "model_nodes": len(ver.info.nodes),
         # False: the whole rule candidate met the budget, so no group was measured or bisected.
         "searched": measured,
     }
@@ -494,9 +509,7 @@ def search_plan(
         ver.ev.evaluations,
         cost["wall_s"],
     )
-    final = _finalize(nodes, groups if measured else [], chosen)
-    verified = ver.passing if ver.passing and ver.passing[0] == {n.name: n.precision for n in final} else None
-    return SearchOutcome(final, summary_figures(metrics, ver.budget), cost, verified, ver.class_outputs)
+    return cost
 
 
 def _reference(
