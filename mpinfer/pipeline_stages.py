@@ -334,7 +334,6 @@ def _run_convert(plan: StagePlan, out: Path) -> StageOutput:
 def _machine_facts(backend: str) -> dict[str, Any]:
     import onnxruntime as ort
 
-
     gpu = gpu_info(0) if cuda_usable() or backend == "tensorrt" else None
     facts: dict[str, Any] = {
         "onnxruntime": ort.__version__,

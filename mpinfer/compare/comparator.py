@@ -560,7 +560,6 @@ def model_size(path_or_spec: str) -> int | None:
     """Bytes on disk of a model file plus its external data files (None for a torch spec)."""
     from pathlib import Path
 
-
     p = Path(path_or_spec)
     if not p.is_file():
         return None
@@ -590,7 +589,6 @@ def _environment(cfg: CompareConfig) -> dict[str, Any]:
     import sys
 
     import onnxruntime
-
 
     env = {
         "mpinfer": mpinfer.__version__,

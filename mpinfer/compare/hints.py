@@ -200,7 +200,6 @@ def _is_mask_constant(tensor: Any) -> bool:
     """A constant holding an attention mask's minus infinity (a finite value at or below MASK_SENTINEL)."""
     from onnx import numpy_helper
 
-
     if int(np.prod(tensor.dims)) > MASK_CONST_MAX_ELEMENTS:
         return False
     arr = numpy_helper.to_array(tensor).astype(np.float32)
@@ -231,7 +230,6 @@ def _adds_attention_mask(node: Any, producer: dict[str, Any], consts: dict[str, 
 def precision_summary(model: Any, candidate_path: str | Path) -> dict[str, Any]:
     """FP16/BF16 share and cast count, from the plan file when present, else counted from the model."""
     from onnx import TensorProto
-
 
     plan_path = Path(str(candidate_path)[: -len(".onnx")] + ".plan.json")
     from_plan = _summary_from_plan(plan_path) if plan_path.is_file() else None

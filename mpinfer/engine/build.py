@@ -168,7 +168,6 @@ class _Checked:
 def _check_inputs(cfg: BuildConfig) -> _Checked:
     from onnx.external_data_helper import uses_external_data
 
-
     cfg.validate()
     model_path = require_file(cfg.model, "ONNX model")
     model = load_onnx(model_path, load_external_data=False)

@@ -130,7 +130,6 @@ def _tensorrt_runner(path: Path, sidecar: dict[str, Any] | None, device: str) ->
 def _ort_runner(path: Path, sidecar: dict[str, Any] | None, device: str) -> Runner:
     import onnxruntime as ort
 
-
     settings = dict((sidecar or {}).get("onnxruntime") or {"providers": ["CPUExecutionProvider"]})
     built_cuda = "CUDAExecutionProvider" in settings.get("providers", [])
     if device == "cpu" and built_cuda or device.startswith("cuda") and not built_cuda:

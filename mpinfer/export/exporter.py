@@ -282,13 +282,11 @@ def onnx_opset(path: Path) -> int:
     """The default-domain opset of the ONNX file at ``path`` (0 when it imports none)."""
     import onnx
 
-
     return default_opset(onnx.load(str(path), load_external_data=False))
 
 
 def _post_process(path: Path, specs: Sequence[TensorSpec], loaded: LoadedModel, exporter: str) -> Any:
     import onnx
-
 
     model = name_nodes(load_onnx(path))
     ranges = {s.name: list(s.value_range) for s in specs if s.value_range is not None}

@@ -215,7 +215,6 @@ def check_kv_parity(module: Any, onnx_path: Path, layout: Any, specs: Sequence[T
     """
     import torch
 
-
     sess = ort_session(onnx_path)
     names = layout.output_names
     refs: list[list[np.ndarray]] = []

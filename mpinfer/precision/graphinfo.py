@@ -175,7 +175,6 @@ class GraphInfo:
             return
         import onnx
 
-
         query = onnx.ModelProto()
         query.CopyFrom(model)
         del query.graph.output[:]

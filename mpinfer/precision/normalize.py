@@ -193,7 +193,6 @@ def ensure_opset(model: Any, precision: Precision, *, opset: int | None = None) 
         return model
     from onnx import version_converter
 
-
     why = "--opset" if opset is not None and opset >= needed else f"{precision.value.upper()} needs it"
     try:
         out = version_converter.convert_version(model, target)

@@ -112,7 +112,6 @@ def build_probe(info: GraphInfo, groups: Sequence[Any], low: Precision) -> tuple
     """
     from onnx import TensorProto, helper
 
-
     model = info.model
     if model.ByteSize() > MAX_PROBE_BYTES or info.base_dir:
         return None
