@@ -81,7 +81,7 @@ from mpinfer.specs import Precision
     "with --plan, the plan's).",
 )
 @click.option("--force", is_flag=True, help="Overwrite the output; re-plan an already-FP16 model.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed for random calibration data.")
+@click.option("--seed", type=int, help="Seed for random calibration data (default 0).")
 @click.option("--max-batches", type=click.IntRange(min=1), help="Cap on calibration batches.")
 @click.option(
     "--batch-size", type=click.IntRange(min=1), help="Calibration samples per batch (default 16, or the model's)."
@@ -123,7 +123,7 @@ def convert(
     keep_io_types: bool | None,
     opset: int | None,
     force: bool,
-    seed: int,
+    seed: int | None,
     max_batches: int | None,
     batch_size: int | None,
     search_samples: int | None,

@@ -7,7 +7,10 @@ Hints:
 * ``cast-split``: a Cast between a producer and a consumer a GPU engine would fuse (Conv→Relu,
   MatMul→Add, ...), so the pair runs as two kernels plus a cast. With the candidate's plan beside it, a node
   the plan keeps FP32 for a reason of its own (range, a keep rule, the search, the user) is never proposed for
-  FP16: the hint then offers only the FP32 side, and says why.
+  FP16: the hint then offers only the FP32 side, and says why. An Add kept FP32 only because it adds an
+  attention mask built from a huge negative constant (a model converted before mpinfer rewrote such masks) is
+  never a reason to keep the MatMul beside it FP32: the hint says to convert again, which rewrites the mask
+  (``rewrite:mask``).
 """
 
 from __future__ import annotations

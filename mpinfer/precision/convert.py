@@ -15,22 +15,14 @@ from pathlib import Path
 from typing import Any
 
 from mpinfer.errors import AccuracyMismatchError, InvalidInputError, format_message
-from mpinfer.precision.evaluators import evaluator_class
+from mpinfer.precision.evaluators import OrtEvaluator, evaluator_class
 from mpinfer.precision.options import NO_CALIBRATION, Options, resolve_options
 from mpinfer.precision.plan import NodeDecision, PrecisionPlan
+from mpinfer.precision.plandata import MANY, SearchRows, calibrate_for_plan, count_rows, search_data, verify_inputs
 from mpinfer.precision.validate import apply_validated
-from mpinfer.specs import DEFAULT_DIM_SIZE, Precision
+from mpinfer.specs import Precision
 
 logger = logging.getLogger(__name__)
-
-# Default random calibration data (no --calibration, no --max-batches) stops after the batch whose FP32 tensors
-# bring the total past this many bytes.
-RANDOM_CALIBRATION_BYTES = 4 * 2**30
-# The budget search keeps the FP32 tensors of the samples it verifies on (strict numerics: every tensor, for its
-# incremental runs): at most about this many bytes of them, from calibration's bytes per sample. Fewer batches
-# above it, or the first samples of the first batch (PP-OCRv4's recognizer: 200 MB a sample; 32 samples peaked
-# at 8.3 GB).
-SEARCH_BYTES_LIMIT = 2 * 2**30
 
 
 @dataclass(frozen=True)
@@ -60,7 +52,7 @@ class ConvertConfig:
             Conv, pooling and most activations take bfloat16; None = as it is (BF16 still raises it to 13).
             With ``plan``: None = the plan's opset.
         force: Overwrite the output; re-plan an already-FP16 model.
-        seed: Seed for random calibration data.
+        seed: Seed for random calibration data; None = 0.
         max_batches: Cap on calibration batches.
         batch_size: Calibration batch size.
         dims: Sizes of symbolic dims for random calibration data (``{"height": 48}``).
@@ -88,7 +80,7 @@ class ConvertConfig:
     keep_io_types: bool | None = None
     opset: int | None = None
     force: bool = False
-    seed: int = 0
+    seed: int | None = None
     max_batches: int | None = None
     batch_size: int | None = None
     dims: Mapping[str, int] = field(default_factory=dict)
@@ -175,35 +167,12 @@ def convert_precision(cfg: ConvertConfig) -> ConvertResult:
 
 def _convert(cfg: ConvertConfig, claim: Any) -> ConvertResult:
     """convert_precision's work, with its outputs claimed (written under ``claim.stage``, then published)."""
-    from mpinfer.fileio import check_output_path
-    from mpinfer.modelio import require_file
     from mpinfer.precision.apply import apply_plan
-    from mpinfer.precision.options import refuse_in_place_changes
     from mpinfer.precision.planner import summarize
 
     start = time.perf_counter()
-    out = check_output_path(cfg.output, [cfg.model, cfg.plan, cfg.keep_fp32_from], force=cfg.force)
-    if out.suffix != ".onnx":
-        raise InvalidInputError(format_message(f"Output '{cfg.output}'", f"suffix '{out.suffix}'", "'.onnx'",
-                                               "its plan is written beside it as <name>.plan.json"))
-    from mpinfer.modelio import data_file, external_data_files
-
-    # the output's external data file: never the input's own (a model may keep its weights in "<out>.data")
-    inputs_data = external_data_files(cfg.model) if Path(cfg.model).is_file() else []
-    check_output_path(data_file(out), [cfg.model, *inputs_data], force=cfg.force)
-    plan_out = plan_path_for(out)
-    loaded = None
-    if cfg.plan is not None:
-        require_file(cfg.plan, "Plan")
-        loaded = PrecisionPlan.load(cfg.plan)
-    opts = resolve_options(cfg, loaded)  # the one place defaults, the plan and explicit options meet
-    _check_config(cfg, opts)
-    if cfg.plan is not None:
-        refuse_in_place_changes(opts, cfg.plan, plan_out)
-    in_place = cfg.plan is not None and Path(cfg.plan).resolve() == plan_out.resolve()
-    if not in_place:  # (re-applied in place: not rewritten)
-        # an existing plan may hold a user's edits: replaced only with --force, like the model beside it
-        check_output_path(plan_out, [cfg.model, cfg.keep_fp32_from], force=cfg.force)
+    out, plan_out = _check_outputs(cfg)
+    opts, in_place = _resolve(cfg, plan_out)
     info, sha, large = _load(cfg, opts)
     made = _reapply(cfg, opts, info, sha) if cfg.plan is not None else _make_plan(cfg, opts, info.model, info, sha)
     plan = made.plan
@@ -243,6 +212,42 @@ def _convert(cfg: ConvertConfig, claim: Any) -> ConvertResult:
     return ConvertResult(out, plan_out, plan)
 
 
+def _check_outputs(cfg: ConvertConfig) -> tuple[Path, Path]:
+    """The output model and its plan path, refused when they would overwrite an input (or exist, without force)."""
+    from mpinfer.fileio import check_output_path
+    from mpinfer.modelio import data_file, external_data_files
+
+    out = check_output_path(cfg.output, [cfg.model, cfg.plan, cfg.keep_fp32_from], force=cfg.force)
+    if out.suffix != ".onnx":
+        raise InvalidInputError(format_message(f"Output '{cfg.output}'", f"suffix '{out.suffix}'", "'.onnx'",
+                                               "its plan is written beside it as <name>.plan.json"))
+    # the output's external data file: never the input's own (a model may keep its weights in "<out>.data")
+    inputs_data = external_data_files(cfg.model) if Path(cfg.model).is_file() else []
+    check_output_path(data_file(out), [cfg.model, *inputs_data], force=cfg.force)
+    return out, plan_path_for(out)
+
+
+def _resolve(cfg: ConvertConfig, plan_out: Path) -> tuple[Options, bool]:
+    """The options resolved against the defaults and ``--plan``; whether the plan is re-applied in place."""
+    from mpinfer.fileio import check_output_path
+    from mpinfer.modelio import require_file
+    from mpinfer.precision.options import refuse_in_place_changes
+
+    loaded = None
+    if cfg.plan is not None:
+        require_file(cfg.plan, "Plan")
+        loaded = PrecisionPlan.load(cfg.plan)
+    opts = resolve_options(cfg, loaded)  # the one place defaults, the plan and explicit options meet
+    _check_config(cfg, opts)
+    if cfg.plan is not None:
+        refuse_in_place_changes(opts, cfg.plan, plan_out)
+    in_place = cfg.plan is not None and Path(cfg.plan).resolve() == plan_out.resolve()
+    if not in_place:  # (re-applied in place: not rewritten)
+        # an existing plan may hold a user's edits: replaced only with --force, like the model beside it
+        check_output_path(plan_out, [cfg.model, cfg.keep_fp32_from], force=cfg.force)
+    return opts, in_place
+
+
 @dataclass
 class _Planned:
     """A plan before it is applied, with what the final verification needs (``verify``: None = no budget)."""
@@ -252,6 +257,7 @@ class _Planned:
     search_cost: dict[str, Any] | None = None
     verified: tuple | None = None
     verify: Any = None  # (VerifySettings, decisions, feeds, known FP32 outputs, rank rows)
+    verify_given: Any = None  # (low nodes, outputs per search batch) of the candidate the search measured last
 
 
 def _reapply(cfg: ConvertConfig, opts: Options, info: Any, sha: str) -> _Planned:
@@ -286,8 +292,13 @@ def _verify(made: _Planned, info: Any, result: Any, nodes: list[NodeDecision]) -
 
     settings, decisions, feeds, known, rank_rows = made.verify
     start = time.perf_counter()
+    given = None
+    low = {n.name: n.precision for n in nodes if n.precision.is_low}
+    if made.verify_given is not None and made.verify_given[0] == low:
+        given = made.verify_given[1]  # the model as applied is the candidate the search measured
     repaired = verify_and_repair(
-        info, nodes, result, decisions, feeds, settings, known_reference=known, rank_rows=rank_rows
+        info, nodes, result, decisions, feeds, settings, known_reference=known, rank_rows=rank_rows,
+        known_candidate=given,
     )
     record = verification_record(repaired.verification, settings, repaired)
     record["wall_s"] = round(time.perf_counter() - start, 3)  # every pass and the repairs' ranking
@@ -380,10 +391,14 @@ def _make_plan(cfg: ConvertConfig, opts: Options, model: Any, info: Any, sha: st
     from mpinfer.precision.overflow import overflow_nodes
     from mpinfer.precision.planner import RuleOptions, check_overrides, rule_plan
 
+    if opts.default_budget and not any(o.type.tensor_type.elem_type in (1, 10, 11, 16) for o in model.graph.output):
+        logger.info("No float outputs: the default floor (%s) has nothing to measure; none applied.", opts.budget)
+        opts = replace(opts, budget=None, default_budget=False)
+    opts = _floor_numerics(opts, model)
     overflow = overflow_nodes(model, cfg.keep_fp32_from) if cfg.keep_fp32_from else {}
     options = RuleOptions(cfg.keep_ops, cfg.low_ops, cfg.keep_nodes, cfg.low_nodes, overflow)
     check_overrides(info, options)
-    stats, feeds, calib_info = _calibrate(cfg, opts, model, info.types)
+    stats, feeds, calib_info = calibrate_for_plan(cfg, opts, model, info.types)
     if stats is not None and stats.sample_shapes:
         info.observe_shapes(stats.sample_shapes)  # FLOPs at the sizes the data has, not 1 per unknown dim
     decisions, nodes = rule_plan(info, opts.precision, options, keep_io_types=opts.keep_io_types, stats=stats)
@@ -402,39 +417,11 @@ def _make_plan(cfg: ConvertConfig, opts: Options, model: Any, info: Any, sha: st
         mpinfer_version=__version__,
     ))
     if opts.budget and feeds is not None:
-        from mpinfer.precision.search import SearchConfig, search_plan
-
-        search_feeds, refs, tensors = _search_data(opts, model, feeds, stats)
-        search_cfg = SearchConfig(
-            budget=opts.budget,
-            precision=opts.precision,
-            numerics=opts.numerics,
-            class_outputs=_class_outputs(cfg),
-            keep_io_types=opts.keep_io_types,
-            batches=len(search_feeds) if isinstance(search_feeds, _SearchRows) else _MANY,
-            progress=cfg.progress,
-        )
-        try:
-            outcome = search_plan(
-                model, info, decisions, nodes, search_feeds, reference_outputs=refs, reference_tensors=tensors,
-                cfg=search_cfg,
-            )
-        except AccuracyMismatchError as err:
-            if not opts.default_budget:
-                raise
-            raise AccuracyMismatchError(
-                f"{err} (No --budget was given: '{opts.budget}' is the default floor on the calibration data; "
-                "pass --budget none to skip it.)"
-            ) from err
-        nodes, made.expected, made.search_cost, made.verified = (
-            outcome.nodes, outcome.expected_error, outcome.cost, outcome.verified
-        )
-        made.search_cost["samples"] = _rows(model, search_feeds)
-        made.verify = _verify_inputs(cfg, opts, decisions, feeds, stats, calib_info)
+        nodes = _search(cfg, opts, info, decisions, nodes, (feeds, stats, calib_info), made)
     elif feeds is not None:
         from mpinfer.precision.search import measure_plan
 
-        measured, refs, _ = _search_data(replace(opts, search_samples=1), model, feeds, stats, whole_batch=True)
+        measured, refs, _ = search_data(replace(opts, search_samples=1), model, feeds, stats, whole_batch=True)
         made.expected = measure_plan(
             model, nodes, measured, reference_outputs=refs, class_outputs=_class_outputs(cfg)
         )
@@ -443,194 +430,79 @@ def _make_plan(cfg: ConvertConfig, opts: Options, model: Any, info: Any, sha: st
     return made
 
 
-# SearchConfig.batches for "every batch of the feeds given" (the feeds are already the search's slice).
-_MANY = 2**31
+def _search(
+    cfg: ConvertConfig, opts: Options, info: Any, decisions: Any, nodes: list[NodeDecision], data: tuple, made: _Planned
+) -> list[NodeDecision]:
+    """The budget search on the first ``--search-samples``; fills ``made`` (figures, cost, verification inputs)."""
+    from mpinfer.precision.search import SearchConfig, search_plan
 
-
-def _verify_inputs(
-    cfg: ConvertConfig, opts: Options, decisions: Any, feeds: Any, stats: Any, calib_info: dict | None
-) -> tuple:
-    """What :func:`mpinfer.precision.verify.verify_and_repair` needs: settings, verdicts, data, kept FP32 outputs."""
-    from mpinfer.precision.verify import VerifySettings
-
-    limit = opts.verify_samples
-    calibrated = (calib_info or {}).get("samples")
-    if cfg.calibration in (None, "random") and cfg.max_batches is None and calibrated:
-        limit = min(limit or calibrated, calibrated)  # generated data: the samples calibration read
-    settings = VerifySettings(
+    feeds, stats, calib_info = data
+    model = info.model
+    search_feeds, refs, tensors = search_data(opts, model, feeds, stats)
+    search_cfg = SearchConfig(
         budget=opts.budget or "",
         precision=opts.precision,
         numerics=opts.numerics,
-        keep_io_types=opts.keep_io_types,
-        samples=limit,
-        default_budget=opts.default_budget,
         class_outputs=_class_outputs(cfg),
+        keep_io_types=opts.keep_io_types,
+        batches=len(search_feeds) if isinstance(search_feeds, SearchRows) else MANY,
         progress=cfg.progress,
     )
-    per_sample = getattr(stats, "sample_bytes", None)
-    rank_rows = max(1, SEARCH_BYTES_LIMIT // per_sample) if per_sample else None
-    return settings, decisions, feeds, getattr(stats, "reference_outputs", None), rank_rows
+    try:
+        outcome = search_plan(
+            model, info, decisions, nodes, search_feeds, reference_outputs=refs, reference_tensors=tensors,
+            cfg=search_cfg,
+        )
+    except AccuracyMismatchError as err:
+        if not opts.default_budget:
+            raise
+        raise AccuracyMismatchError(
+            f"{err} (No --budget was given: '{opts.budget}' is the default floor on the calibration data; "
+            "pass --budget none to skip it.)"
+        ) from err
+    nodes, made.expected, made.search_cost, made.verified = (
+        outcome.nodes, outcome.expected_error, outcome.cost, outcome.verified
+    )
+    made.search_cost["samples"] = count_rows(model, search_feeds)
+    made.verify = verify_inputs(cfg, opts, decisions, feeds, stats, calib_info)
+    if cfg.class_outputs is None and outcome.class_outputs is not None:  # top-k on the outputs the search judged
+        settings = replace(made.verify[0], class_outputs=tuple(outcome.class_outputs))
+        made.verify = (settings, *made.verify[1:])
+    if outcome.outputs is not None and getattr(search_feeds, "whole", False):
+        # the search measured the final plan on its samples: the verification takes those outputs
+        made.verify_given = ({n.name: n.precision for n in nodes if n.precision.is_low}, outcome.outputs)
+    return nodes
 
 
-def _rows(model: Any, batches: Any) -> int:
-    from mpinfer.precision.calibrate import BatchSlicer
+def _floor_numerics(opts: Options, model: Any) -> Options:
+    """The default floor's numerics on a model strict emulation cannot run (custom-domain ops).
 
-    slicer = BatchSlicer(model)
-    return sum(slicer.rows(b) for b in batches)
+    ONNX Runtime numerics verify it then (FP16; BF16 has none on the CPU provider: no floor), said in a warning.
+    An explicit budget is refused there by the search, which names ``--numerics ort``.
+    """
+    from mpinfer.precision.emulate import GraphEmulator
+
+    if not opts.default_budget or not evaluator_class(opts.numerics).emulated:
+        return opts
+    missing = GraphEmulator(model).unsupported_ops()
+    if not missing:
+        return opts
+    if opts.precision is Precision.BF16:
+        logger.warning(
+            "No default floor: strict emulation cannot run %s and ONNX Runtime's CPU provider has no BF16 "
+            "MatMul/Conv to verify it with.", ", ".join(sorted(missing))
+        )
+        return replace(opts, budget=None, default_budget=False)
+    logger.warning(
+        "The default floor is verified with ONNX Runtime numerics: strict emulation cannot run %s (ORT's CPU "
+        "provider computes many FP16 ops in FP32 and understates the error a GPU shows).", ", ".join(sorted(missing))
+    )
+    return replace(opts, numerics=OrtEvaluator.name)
 
 
 def _class_outputs(cfg: ConvertConfig) -> tuple[str, ...] | None:
     """``class_outputs`` as a tuple (a pipeline.toml gives a list), None when not given."""
     return None if cfg.class_outputs is None else tuple(cfg.class_outputs)
-
-
-@dataclass
-class _SearchRows:
-    """The samples the budget search verifies on: the first ``--search-samples`` of the calibration data."""
-
-    batches: list[dict[str, Any]]
-    labels: Any = None
-
-    def __iter__(self) -> Any:
-        return iter(self.batches)
-
-    def __len__(self) -> int:
-        return len(self.batches)
-
-
-def _search_data(
-    opts: Options, model: Any, feeds: Any, stats: Any, *, whole_batch: bool = False
-) -> tuple[Any, Any, Any]:
-    """The search's samples and calibration's FP32 reference for them.
-
-    The first ``opts.search_samples`` samples (``whole_batch``: the whole batches that hold them), fewer when
-    their FP32 tensors pass ``SEARCH_BYTES_LIMIT`` bytes. Also the samples the plan's expected error is measured
-    on without a budget.
-    """
-    from mpinfer.precision.calibrate import BatchSlicer
-
-    refs, tensors = getattr(stats, "reference_outputs", None), getattr(stats, "reference_tensors", None)
-    per_sample = getattr(stats, "sample_bytes", None)
-    cap = max(1, SEARCH_BYTES_LIMIT // per_sample) if per_sample else None
-    want = opts.search_samples if cap is None else min(opts.search_samples, cap)
-    slicer = BatchSlicer(model)
-    chosen: list[dict[str, Any]] = []
-    taken, cut = 0, False
-    for batch in feeds:
-        if taken >= want:
-            break
-        rows = slicer.rows(batch)
-        stop = rows if taken + rows <= want else want - taken
-        if whole_batch:
-            stop = rows if cap is None else max(1, min(rows, cap - taken))
-        if stop < rows:
-            batch, rows, cut = slicer.slice(batch, 0, stop), stop, True
-        chosen.append(batch)
-        taken += rows
-    if not chosen:
-        return feeds, refs, tensors
-    if cut:
-        refs = tensors = None  # calibration's reference holds whole batches
-    if refs is not None:
-        refs = refs[: len(chosen)] if len(refs) >= len(chosen) else None
-    if tensors is not None:
-        tensors = tensors[: len(chosen)] if len(tensors) >= len(chosen) else None
-    if per_sample and cap is not None and cap < opts.search_samples and not whole_batch:
-        logger.info(
-            "searching on the first %d sample(s): their FP32 tensors come to %.1f GB (%d would hold %.1f)",
-            taken, taken * per_sample / 1e9, opts.search_samples, opts.search_samples * per_sample / 1e9,
-        )
-    return _SearchRows(chosen, getattr(feeds, "labels", None)), refs, tensors
-
-
-def _calibrate(
-    cfg: ConvertConfig, opts: Options, model: Any, types: Mapping[str, int] | None = None
-) -> tuple[Any, Any, dict[str, Any] | None]:
-    """Calibration statistics, the feeds (for the search) and a description for the plan."""
-    from mpinfer.data import load_feeds
-    from mpinfer.specs import specs_from_onnx
-
-    if cfg.calibration == NO_CALIBRATION:
-        if opts.budget:
-            raise InvalidInputError(
-                format_message(
-                    "--budget with --calibration none",
-                    "no data",
-                    "calibration data (or random)",
-                    "drop --calibration none",
-                )
-            )
-        return None, None, None
-    specs = specs_from_onnx(model)
-    feeds = load_feeds(
-        cfg.calibration,
-        specs,
-        model=cfg.model,  # the FP32 file decodes calibration prompts (mpinfer.data.decode)
-        batch_size=cfg.batch_size,
-        num_batches=cfg.max_batches,
-        seed=cfg.seed,
-        dims=cfg.dims,
-        image_preprocess=cfg.image_preprocess,
-    )
-    if feeds.is_random:
-        logger.warning(
-            "%s: using %s from the input specs. Range rules and the budget search then reflect random "
-            "inputs, not your data; pass real data (an .npz of inputs) as calibration.",
-            "No calibration data" if cfg.calibration is None else "Random calibration data",
-            feeds.description,
-        )
-    info = {"source": feeds.description, "kind": feeds.kind, "samples": int(feeds.num_samples)}
-    try:
-        from mpinfer.precision.calibrate import calibrate
-    except ImportError:
-        logger.warning("Calibration statistics are unavailable in this build; range rules are skipped.")
-        return None, feeds, info
-    from mpinfer.errors import BackendUnavailableError
-
-    try:
-        # The FP32 reference of the search (or, without a budget, of the plan's expected error) is the calibration
-        # run's first batches: their outputs, and with a strict search every float32 tensor (the emulator's
-        # reference run takes them instead of computing them).
-        capture = _batches_for(model, feeds, opts.search_samples) if opts.budget else 1
-        tensors = bool(opts.budget) and evaluator_class(opts.numerics).wants_fp32_tensors
-        # Default random data stops at RANDOM_CALIBRATION_BYTES of tensors: more random samples add little, and a
-        # detector at 640x640 computes ~0.7 GB of tensors per image (its 8 default batches took 2 minutes).
-        bounded = cfg.calibration in (None, "random") and cfg.max_batches is None
-        stats = calibrate(
-            model,
-            feeds,
-            progress=cfg.progress,
-            capture_batches=capture,
-            capture_tensors=tensors,
-            types=types,
-            max_bytes=RANDOM_CALIBRATION_BYTES if bounded else None,
-            # the final verification's FP32 reference: every batch's outputs, while they are few bytes
-            capture_outputs=_MANY if opts.budget else 0,
-        )
-        info["samples"] = int(stats.source.get("samples", info["samples"]))
-    except BackendUnavailableError as err:
-        logger.warning("Calibration skipped (range rules off): %s", err)
-        return None, feeds, info
-    except InvalidInputError as err:
-        guessed = getattr(feeds, "guessed_dims", ())
-        if not guessed:
-            raise
-        raise InvalidInputError(
-            f"{err} (The random data's sizes were guesses: {', '.join(guessed)} set to {DEFAULT_DIM_SIZE}. "
-            "Pass --dim NAME=N with the sizes the model is used at, or real data.)"
-        ) from err
-    return stats, feeds, info
-
-
-def _batches_for(model: Any, feeds: Any, samples: int) -> int:
-    """Batches of ``feeds`` that hold the first ``samples`` samples (from the first batch's size)."""
-    import math
-
-    from mpinfer.precision.calibrate import BatchSlicer
-
-    first = next(iter(feeds), None)
-    rows = BatchSlicer(model).rows(first) if first is not None else 1
-    return max(1, math.ceil(samples / max(rows, 1)))
 
 
 def replace_config(cfg: ConvertConfig, **changes: Any) -> ConvertConfig:

@@ -66,12 +66,14 @@ class Evaluator(Protocol):
 
     Class attributes say what the numerics can do: ``name`` (the ``--numerics`` value), ``supports_bf16``
     (verifies BF16 candidates), ``wants_fp32_tensors`` (takes every FP32 tensor of calibration's run as its
-    reference, so calibration keeps them).
+    reference, so calibration keeps them), ``emulated`` (runs on the strict emulator, so a model with ops it
+    has no kernels for cannot be verified with it).
     """
 
     name: ClassVar[str]
     supports_bf16: ClassVar[bool]
     wants_fp32_tensors: ClassVar[bool]
+    emulated: ClassVar[bool]
     evaluations: int  # node evaluations so far: the search's cost figure
 
     def reference(self) -> list[Outputs]:
@@ -183,6 +185,7 @@ class StrictEvaluator:
     name: ClassVar[str] = "strict"
     supports_bf16: ClassVar[bool] = True
     wants_fp32_tensors: ClassVar[bool] = True
+    emulated: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -304,6 +307,7 @@ class _AppliedEvaluator:
     name: ClassVar[str]
     supports_bf16: ClassVar[bool] = False
     wants_fp32_tensors: ClassVar[bool] = False
+    emulated: ClassVar[bool] = False
 
     def __init__(
         self,

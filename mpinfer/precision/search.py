@@ -96,6 +96,9 @@ class SearchOutcome:
     # ORT numerics: (precisions, ApplyResult) of the last candidate that met the budget, which ONNX Runtime
     # loaded and ran; the final apply reuses it when the plan's precisions are the same.
     verified: tuple[dict[str, Precision], Any] | None = None
+    # The final plan's outputs on the search batches (one dict per batch), when the search measured that very
+    # candidate on all of them; the final verification takes them instead of running those samples again.
+    outputs: list[dict[str, np.ndarray]] | None = None
     # The outputs the search treated as class scores (given, or guessed once on the reference): a later
     # verification passes them to its ModelAccumulator so it judges top-k on the same outputs.
     class_outputs: list[str] | None = None
@@ -132,6 +135,9 @@ class _Verifier:
         self.fp32_acc: ModelAccumulator | None = None
         self.class_outputs: list[str] | None = None if cfg.class_outputs is None else list(cfg.class_outputs)
         self.passing: tuple[dict[str, Precision], Any] | None = None  # see SearchOutcome.verified
+        # The low nodes and outputs (per search batch) of the last candidate measured on every sample that met the
+        # budget: the final verification takes them for these samples when the plan is that candidate.
+        self.passing_outputs: tuple[dict[str, Precision], list[dict[str, np.ndarray]]] | None = None
         # Screening: per-sample hardness over the search samples (batches concatenated),
         # the worst relative error each sample showed in a full verification; None until one ran, or
         # when the samples cannot be split (see _screen_rows). ``screened``: candidates rejected early.
@@ -159,9 +165,11 @@ class _Verifier:
         outs = cand.outputs()
         metrics = self.compare(outs)
         self._update_hardness(outs)
-        verified = cand.verified()
-        if verified is not None and self.budget.met(metrics):
-            self.passing = verified
+        if self.budget.met(metrics):
+            self.passing_outputs = (dict(low), outs)
+            verified = cand.verified()
+            if verified is not None:
+                self.passing = verified
         return metrics
 
     def compare(self, outs: list[dict[str, np.ndarray]]) -> dict[str, dict[str, float | None]]:
@@ -454,7 +462,11 @@ def search_plan(
     cost = _cost(ver, groups, accepted, measured, time.perf_counter() - start)
     final = _finalize(nodes, groups if measured else [], {a for g in accepted for a in g.members})
     verified = ver.passing if ver.passing and ver.passing[0] == {n.name: n.precision for n in final} else None
-    return SearchOutcome(final, summary_figures(metrics, ver.budget), cost, verified, ver.class_outputs)
+    final_low = {n.name: n.precision for n in final if n.precision.is_low}
+    outputs = ver.passing_outputs[1] if ver.passing_outputs and ver.passing_outputs[0] == final_low else None
+    return SearchOutcome(
+        final, summary_figures(metrics, ver.budget), cost, verified, outputs=outputs, class_outputs=ver.class_outputs
+    )
 
 
 def _choose_groups(

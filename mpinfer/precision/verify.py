@@ -39,6 +39,11 @@ from mpinfer.specs import Precision
 
 logger = logging.getLogger(__name__)
 
+# Samples per run of the candidate: consecutive calibration batches are joined up to this many (and at most
+# RUN_BYTES_LIMIT of FP32 tensors). The numpy emulator's cost per node is mostly fixed: 64 samples a run verify
+# transformer_small twice as fast as 16; more add memory, not speed.
+RUN_ROWS = 64
+RUN_BYTES_LIMIT = 512 * 2**20
 # Rounds of "move the worst groups back to FP32 and verify again"; group counts double each round, so this
 # covers 2**MAX_REPAIR_ROUNDS groups before the last round takes every group back to FP32.
 MAX_REPAIR_ROUNDS = 12
@@ -55,6 +60,7 @@ class VerifySettings:
     samples: int | None = None
     default_budget: bool = False
     class_outputs: tuple[str, ...] | None = None
+    run_rows: int = 0
     progress: bool = True
 
 
@@ -159,6 +165,71 @@ def iter_samples(feeds: Any, model: Any, limit: int | None) -> Iterator[tuple[di
         seen += rows
 
 
+def _runs(
+    feeds: Any,
+    model: Any,
+    settings: VerifySettings,
+    known: Sequence[Mapping[str, np.ndarray]] | None,
+    names: list[str],
+    given: Sequence[Mapping[str, np.ndarray]] | None = None,
+) -> Iterator[tuple[dict[str, np.ndarray], int, Any, Any]]:
+    """The runs of a verification: consecutive batches joined up to ``settings.run_rows`` samples.
+
+    Batches join only along axis 0 with the same trailing shapes. Each run comes with calibration's FP32 outputs
+    for it when it kept them all (else None), and the candidate's outputs when ``given`` holds them (the search
+    measured this very candidate on those batches; else None).
+    """
+    pending: list[tuple[dict[str, np.ndarray], int, Any, Any]] = []
+    axis0 = _joinable(model)
+    for index, (batch, rows) in enumerate(iter_samples(feeds, model, settings.samples)):
+        kept = known[index] if known is not None and index < len(known) else None
+        if kept is not None and (not set(names) <= set(kept) or any(_rows(kept[n]) != rows for n in names)):
+            kept = None  # a cut batch (calibration kept the whole one), or outputs it did not keep
+        out = given[index] if given is not None and index < len(given) else None
+        if out is not None and (kept is None or any(_rows(out[n]) != rows for n in names)):
+            out = None  # measured against the same reference only
+        full = sum(p[1] for p in pending) + rows > settings.run_rows
+        if pending and (not axis0 or full or not _same(pending, batch) or (out is None) != (pending[0][3] is None)):
+            yield _join(pending, names)
+            pending = []
+        pending.append((batch, rows, kept, out))
+    if pending:
+        yield _join(pending, names)
+
+
+def _rows(value: Any) -> int:
+    return len(value) if np.ndim(value) else 1
+
+
+def _joinable(model: Any) -> bool:
+    """True when every graph input holds its samples along axis 0 (a symbolic first dim), so batches join."""
+    from mpinfer.data.feeds import sample_axes
+    from mpinfer.specs import specs_from_onnx
+
+    specs = specs_from_onnx(model)
+    axes = sample_axes(specs)
+    return bool(specs) and all(axes[s.name] == 0 and isinstance(s.shape[0], str) for s in specs)
+
+
+def _same(pending: list[tuple[dict[str, np.ndarray], int, Any, Any]], batch: Mapping[str, np.ndarray]) -> bool:
+    first = pending[0][0]
+    return set(first) == set(batch) and all(np.shape(first[k])[1:] == np.shape(batch[k])[1:] for k in batch)
+
+
+def _join(pending: list[tuple[dict[str, np.ndarray], int, Any, Any]], names: list[str]) -> tuple[Any, int, Any, Any]:
+    if len(pending) == 1:
+        return pending[0]
+    batch = {k: np.concatenate([p[0][k] for p in pending]) for k in pending[0][0]}
+
+    def joined(slot: int) -> dict[str, np.ndarray] | None:
+        parts: list[Any] = [p[slot] for p in pending]
+        if any(x is None for x in parts) or any(_rows(x[n]) != p[1] for x, p in zip(parts, pending) for n in names):
+            return None
+        return {n: np.concatenate([x[n] for x in parts]) for n in names}
+
+    return batch, sum(p[1] for p in pending), joined(2), joined(3)
+
+
 # -- one verification pass -------------------------------------------------------------------------------------
 def verify_model(
     candidate: Any,
@@ -167,6 +238,7 @@ def verify_model(
     settings: VerifySettings,
     *,
     known_reference: Sequence[Mapping[str, np.ndarray]] | None = None,
+    known_candidate: Sequence[Mapping[str, np.ndarray]] | None = None,
 ) -> Verification:
     """Stream the data through ``candidate`` (as written) and the FP32 ``reference``; check the budget.
 
@@ -176,6 +248,8 @@ def verify_model(
         feeds: The calibration batches (re-iterable), with ``labels`` when the data has them.
         settings: Budget, numerics and the sample limit.
         known_reference: FP32 outputs of the first batches when calibration kept them (taken, not recomputed).
+        known_candidate: ``candidate``'s outputs on the first batches when the search measured it there (taken,
+            not recomputed; only where ``known_reference`` holds those batches too).
 
     Returns:
         The figures per output, what was verified, and the failures.
@@ -192,13 +266,10 @@ def verify_model(
     worst: tuple[float, dict[str, np.ndarray] | None] = (-1.0, None)
     with progress_bar("Verifying", enabled=settings.progress) as bar:
         task = bar.add_task("", total=None)
-        for index, (batch, rows) in enumerate(iter_samples(feeds, reference, settings.samples)):
+        for batch, rows, kept, given in _runs(feeds, reference, settings, known_reference, names, known_candidate):
             fingerprint_update(hashers, batch)
-            kept = known_reference[index] if known_reference is not None and index < len(known_reference) else None
-            if kept is not None and (_rows_of(kept, floats) != rows or not set(names) <= set(kept)):
-                kept = None  # a cut batch (calibration kept the whole one), or outputs it did not keep
             ref = kept if kept is not None else dict(zip(names, ref_sess.run(names, dict(batch)), strict=True))
-            cand = run(batch)
+            cand = given if given is not None else run(batch)
             lab = labels[samples : samples + rows] if labels is not None and samples + rows <= len(labels) else None
             figures.update(ref, cand, lab)
             score = _batch_error(ref, cand, floats)
@@ -220,9 +291,6 @@ def verify_model(
     )
 
 
-def _rows_of(outputs: Mapping[str, np.ndarray], names: Sequence[str]) -> int | None:
-    lens = {len(outputs[n]) for n in names if n in outputs and np.ndim(outputs[n])}
-    return lens.pop() if len(lens) == 1 else None
 
 
 def _batch_error(ref: Mapping[str, np.ndarray], cand: Mapping[str, np.ndarray], names: Sequence[str]) -> float:
@@ -261,6 +329,7 @@ def verify_and_repair(
     *,
     known_reference: Sequence[Mapping[str, np.ndarray]] | None = None,
     rank_rows: int | None = None,
+    known_candidate: Sequence[Mapping[str, np.ndarray]] | None = None,
 ) -> Repaired:
     """Verify the applied candidate on the data; move the worst groups back to FP32 until the budget holds.
 
@@ -273,6 +342,7 @@ def verify_and_repair(
         settings: Budget, numerics, samples.
         known_reference: FP32 outputs of the first batches, when calibration kept them.
         rank_rows: At most this many samples of the worst batch rank the groups (their FP32 tensors are kept).
+        known_candidate: ``result.model``'s outputs on the first batches (the search's), for the first pass.
 
     Returns:
         The candidate that meets the budget, its plan entries and its verification.
@@ -280,7 +350,9 @@ def verify_and_repair(
     Raises:
         AccuracyMismatchError: The budget fails even with every node it may change in FP32.
     """
-    ver = verify_model(result.model, info.model, feeds, settings, known_reference=known_reference)
+    ver = verify_model(
+        result.model, info.model, feeds, settings, known_reference=known_reference, known_candidate=known_candidate
+    )
     _log(ver, settings, 0)
     rounds, demoted, spent = 0, list[str](), ver.wall_s
     while not ver.passed:
@@ -291,22 +363,25 @@ def verify_and_repair(
         take = ranked if rounds + 1 >= MAX_REPAIR_ROUNDS else ranked[: 2**rounds]
         back = {a for g in take for a in g.members}
         demoted.extend(sorted(back))
-        detail = (
-            f"kept FP32 by the final verification on {ver.samples} samples: "
-            f"its group broke the budget ({'; '.join(ver.failures[:2])})"
-        )
-        nodes = [
-            NodeDecision(n.name, n.op_type, Precision.FP32, "sensitivity", detail, dict(n.stats))
-            if n.name in back
-            else n
-            for n in nodes
-        ]
+        nodes = _to_fp32(nodes, back, ver)
         rounds += 1
         result, nodes = apply_validated(info, nodes, settings.precision, keep_io_types=settings.keep_io_types)
         ver = verify_model(result.model, info.model, feeds, settings, known_reference=known_reference)
         spent += ver.wall_s
         _log(ver, settings, rounds)
     return Repaired(result, nodes, ver, rounds, demoted, round(spent, 3))
+
+
+def _to_fp32(nodes: list[NodeDecision], back: set[str], ver: Verification) -> list[NodeDecision]:
+    """The plan entries with ``back`` moved to FP32, saying the final verification did it and why."""
+    detail = (
+        f"kept FP32 by the final verification on {ver.samples} samples: "
+        f"its group broke the budget ({'; '.join(ver.failures[:2])})"
+    )
+    return [
+        NodeDecision(n.name, n.op_type, Precision.FP32, "sensitivity", detail, dict(n.stats)) if n.name in back else n
+        for n in nodes
+    ]
 
 
 def _first_rows(model: Any, batch: Mapping[str, np.ndarray] | None, rows: int | None) -> Any:

@@ -9,6 +9,8 @@ from mpinfer.compare.result import CandidateResult, ComparisonResult
 from mpinfer.metrics import METRIC_DOCS
 from mpinfer.report import plots, tables
 from mpinfer.report.generation import html_parts
+from mpinfer.report.plan_check import HEADERS as PLAN_HEADERS
+from mpinfer.report.plan_check import plan_check
 
 _CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px auto;max-width:1100px;
@@ -128,6 +130,10 @@ def _candidate_section(result: ComparisonResult, cand: object) -> str:
             out.append(_table(tables.NODE_HEADERS, rows))
     if cand.precision:
         out.append(f"<h3>Precision</h3><p>{_e(tables.precision_line(cand))}</p>")
+    said_notes, said_rows = plan_check(result, cand)
+    if said_rows:
+        out += ["<h3>Plan said / measured</h3>", *(f"<p>{_e(n)}</p>" for n in said_notes)]
+        out.append(_table(PLAN_HEADERS, said_rows))
     if cand.hints:
         out.append(
             "<h3>Speed hints</h3>"

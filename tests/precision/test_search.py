@@ -462,7 +462,7 @@ def test_search_data_is_bounded_by_bytes(tmp_path, monkeypatch):
     then on the first samples of the first (with labels to match); below it, on calibration's batches as they are."""
     import onnx
 
-    import mpinfer.precision.convert as conv
+    import mpinfer.precision.plandata as conv
     from mpinfer.data import load_feeds
     from mpinfer.precision.calibrate import calibrate
     from mpinfer.specs import specs_from_onnx
@@ -476,16 +476,16 @@ def test_search_data_is_bounded_by_bytes(tmp_path, monkeypatch):
     per = stats.sample_bytes
     assert per and per == sum(4 * 16 for n in model.graph.node for o in n.output)  # 9 float tensors of 16 a sample
     opts = resolve_options(ConvertConfig(model=Path("m.onnx"), output=Path("o.onnx"), search_samples=32))
-    got, refs, tensors = conv._search_data(opts, model, feeds, stats)
+    got, refs, tensors = conv.search_data(opts, model, feeds, stats)
     assert [len(b["x"]) for b in got] == [16, 16] and (refs, tensors) == (stats.reference_outputs,
                                                                           stats.reference_tensors)
-    got, refs, tensors = conv._search_data(replace(opts, search_samples=16), model, feeds, stats)
+    got, refs, tensors = conv.search_data(replace(opts, search_samples=16), model, feeds, stats)
     assert [len(b["x"]) for b in got] == [16] and len(refs) == len(tensors) == 1  # --search-samples 16
     monkeypatch.setattr(conv, "SEARCH_BYTES_LIMIT", 20 * per)  # one batch of 16 fits, two do not: 20 samples
-    got, refs, tensors = conv._search_data(opts, model, feeds, stats)
+    got, refs, tensors = conv.search_data(opts, model, feeds, stats)
     assert [len(b["x"]) for b in got] == [16, 4] and refs is None and tensors is None
     monkeypatch.setattr(conv, "SEARCH_BYTES_LIMIT", 5 * per)  # not even one batch: its first 5 samples
-    got, refs, tensors = conv._search_data(opts, model, feeds, stats)
+    got, refs, tensors = conv.search_data(opts, model, feeds, stats)
     (batch,) = list(got)
     np.testing.assert_array_equal(batch["x"], data["x"][:5])
     assert refs is None and tensors is None and list(got.labels[:5]) == [0, 1, 2, 3, 0]
@@ -499,7 +499,7 @@ def test_search_data_is_bounded_by_bytes(tmp_path, monkeypatch):
 
 
 def test_expected_error_without_a_budget_is_measured_on_the_bounded_samples(tmp_path, monkeypatch):
-    import mpinfer.precision.convert as conv
+    import mpinfer.precision.plandata as conv
     import mpinfer.precision.search as search
 
     seen = []

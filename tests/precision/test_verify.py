@@ -13,6 +13,7 @@ from onnx import helper
 
 from mpinfer.errors import AccuracyMismatchError, InvalidInputError
 from mpinfer.precision import ConvertConfig, convert_precision
+from mpinfer.precision.options import DEFAULT_BUDGET
 from mpinfer.specs import Precision
 from tests.conftest import assert_user_error
 from tests.precision.graphs import fvi, init, make, rng_w, save
@@ -105,7 +106,7 @@ def test_the_default_floor_applies_with_data_and_is_said(grown, tmp_path, invoke
     text = " ".join(r.output.split())
     assert "the default floor" in text and "--budget none" in text and "verified on 128 samples" in text
     plan = json.loads((tmp_path / "a.plan.json").read_text())
-    assert plan["budget"] == "cosine>=0.999" and plan["summary"]["verification"]["default_budget"] is True
+    assert plan["budget"] == DEFAULT_BUDGET and plan["summary"]["verification"]["default_budget"] is True
     # --budget none opts out; --calibration none has no data, hence no floor; random data: no floor
     cases = {
         "b": ("--calibration", data, "--budget", "none"),
@@ -144,7 +145,7 @@ def test_the_fingerprint_does_not_depend_on_the_batch_size(grown, tmp_path):
     src, data = grown
     a = _convert(src, data, tmp_path / "a.onnx", batch_size=16).plan.summary["verification"]
     b = _convert(src, data, tmp_path / "b.onnx", batch_size=20).plan.summary["verification"]
-    assert a["fingerprint"] == b["fingerprint"] and a["batches"] != b["batches"]
+    assert a["fingerprint"] == b["fingerprint"] and a["samples"] == b["samples"] == 128
 
 
 # -- options resolved once -------------------------------------------------------------------------------------
@@ -198,7 +199,8 @@ def test_a_plan_re_applied_in_place_refuses_options_that_change_it(planned, invo
 @pytest.mark.parametrize(
     ("flag", "value"),
     [("--calibration", "random"), ("--numerics", "ort"), ("--search-samples", "8"), ("--verify-samples", "8"),
-     ("--budget", "cosine>=0.9")],
+     ("--budget", "cosine>=0.9"), ("--seed", "1"), ("--batch-size", "4"), ("--max-batches", "2"),
+     ("--dim", "N=4"), ("--class-outputs", "y")],
 )
 def test_planning_options_with_a_plan_are_refused_not_dropped(planned, tmp_path, invoke, flag, value):
     src, plan = planned
@@ -218,6 +220,7 @@ def test_api_defaults_mean_not_given():
 
 
 def test_the_report_sets_the_plans_figures_beside_compares_and_flags_a_mismatch(grown, tmp_path):
+    from mpinfer.report.html import render_html
     from mpinfer.report.markdown import render_markdown
     from mpinfer.report.plan_check import plan_check
 
@@ -229,6 +232,7 @@ def test_the_report_sets_the_plans_figures_beside_compares_and_flags_a_mismatch(
     notes, rows = plan_check(result, cand)
     assert {r[1] for r in rows} == {"max_abs", "cosine", "cosine_min"} and all(r[-1] == "match" for r in rows)
     assert "### Plan said / measured" in render_markdown(result)
+    assert "<h3>Plan said / measured</h3>" in render_html(result)
     # a plan whose figures are not what this model gives on this data: flagged
     plan = json.loads(res.plan_path.read_text())
     plan["summary"]["verification"]["figures"]["y"]["max_abs"] *= 3
@@ -283,3 +287,98 @@ def test_pipeline_convert_table_takes_the_knobs_and_budget_none(grown, tmp_path)
                     'budget = "none"\n')
     plan = json.loads(run_pipeline(toml).artefacts["plan"].read_text())
     assert plan["budget"] is None and "verification" not in plan["summary"]
+
+
+def test_the_search_samples_are_not_run_again_when_the_plan_is_the_searched_candidate(grown, tmp_path, monkeypatch):
+    """The search measured the final candidate on its 32 samples: the verification runs the other 96 only, and its
+    figures are those of all 128 (compare on the same data reproduces them)."""
+    from mpinfer.backends.strict import StrictRunner
+
+    ran = []
+    real = StrictRunner._infer
+
+    def counting(self, feeds):
+        ran.append(len(feeds["x"]))
+        return real(self, feeds)
+
+    monkeypatch.setattr(StrictRunner, "_infer", counting)
+    src, data = grown
+    res = _convert(src, data, tmp_path / "o.onnx", budget="max_abs<=1e-2")
+    assert res.plan.summary["verification"]["samples"] == 128 and res.plan.summary["nodes_low"] == 5
+    assert sum(ran) == 96
+    ran.clear()
+    result = _compare(src, res.output, data, "max_abs<=1e-2")
+    want, got = res.plan.summary["verification"]["figures"]["y"], result.candidates[0].outputs[0].values
+    for metric in ("max_abs", "cosine", "cosine_min"):
+        assert math.isclose(want[metric], got[metric], rel_tol=4 * EPS32 * 128, abs_tol=4 * EPS32 * 10.0), metric
+
+
+def test_the_default_floor_skips_a_model_without_float_outputs(tmp_path):
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["h"], name="fc"),
+        helper.make_node("ArgMax", ["h"], ["y"], name="argmax", axis=1, keepdims=0),
+    ]
+    model = make(nodes, [fvi("x", ["N", 16])], [fvi("y", ["N"], 7)], [init("w", rng_w(16, 8))])
+    src = save(model, tmp_path / "m.onnx")
+    np.savez(tmp_path / "d.npz", x=np.random.default_rng(0).standard_normal((16, 16)).astype(np.float32))
+    res = _convert(src, tmp_path / "d.npz", tmp_path / "o.onnx")
+    assert res.plan.budget is None and "verification" not in res.plan.summary
+
+
+def test_ort_numerics_verify_with_onnx_runtime_and_compare_reproduces_them(grown, tmp_path):
+    from mpinfer.compare import CompareConfig, compare_models
+
+    src, data = grown
+    res = _convert(src, data, tmp_path / "o.onnx", budget="max_abs<=1e-2", numerics="ort")
+    ver = res.plan.summary["verification"]
+    assert ver["numerics"] == "ort" and ver["samples"] == 128 and ver["passed"]
+    result = compare_models(CompareConfig(baseline=str(src), candidates=(str(res.output),), data=str(data),
+                                          checks="max_abs<=1e-2", numerics="ort", divergence=False,
+                                          show_progress=False))
+    got = result.candidates[0].outputs[0].values
+    for metric in ("max_abs", "cosine", "cosine_min"):
+        want = ver["figures"]["y"][metric]
+        assert math.isclose(want, got[metric], rel_tol=4 * EPS32 * 128, abs_tol=4 * EPS32 * 10.0), metric
+
+
+def test_bf16_with_ort_numerics_gets_no_floor_it_could_not_verify(grown, caplog, tmp_path):
+    from mpinfer.precision.options import resolve_options
+
+    src, data = grown
+    opts = resolve_options(ConvertConfig(model=src, output=Path("o.onnx"), calibration=str(data),
+                                         precision=Precision.BF16, numerics="ort"))
+    assert opts.budget is None and "No default floor" in caplog.text
+    with pytest.raises(InvalidInputError, match="--numerics strict"):
+        convert_precision(ConvertConfig(model=src, output=tmp_path / "o.onnx", calibration=str(data),
+                                        precision=Precision.BF16, numerics="ort", budget="cosine>=0.99"))
+    assert not (tmp_path / "o.onnx").exists()
+
+
+def test_the_cli_knobs_and_the_console_line(grown, tmp_path, invoke):
+    src, data = grown
+    r = invoke("convert", src, "--calibration", data, "--budget", "max_abs<=1e-2", "--search-samples", "8",
+               "--verify-samples", "40", "-o", tmp_path / "o.onnx")
+    assert r.exit_code == 0, r.output
+    text = " ".join(r.output.split())
+    assert "searched on 8 samples, verified on 40 samples (strict numerics): max_abs=" in text
+    assert "budget max_abs<=1e-2 met" in text
+    r = invoke("convert", src, "--calibration", data, "--verify-samples", "0", "-o", tmp_path / "p.onnx")
+    assert r.exit_code == 2 and "--verify-samples" in r.output  # a usage error, from click
+
+
+def test_the_default_floor_on_a_model_strict_emulation_cannot_run_is_verified_with_onnx_runtime(tmp_path, caplog):
+    """A com.microsoft contrib op (an ORT-optimized model): no strict kernel, so the floor uses ORT numerics."""
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["h"], name="fc"),
+        helper.make_node("Gelu", ["h"], ["y"], name="gelu", domain="com.microsoft"),
+    ]
+    graph = helper.make_graph(nodes, "g", [fvi("x", ["N", 16])], [fvi("y", ["N", 8])], [init("w", rng_w(16, 8))])
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    model = helper.make_model(graph, opset_imports=opsets)
+    model.ir_version = 8
+    src = save(model, tmp_path / "m.onnx")
+    np.savez(tmp_path / "d.npz", x=np.random.default_rng(0).standard_normal((32, 16)).astype(np.float32))
+    res = _convert(src, tmp_path / "d.npz", tmp_path / "o.onnx")
+    ver = res.plan.summary["verification"]
+    assert ver["numerics"] == "ort" and ver["default_budget"] and ver["samples"] == 32
+    assert "verified with ONNX Runtime numerics" in caplog.text

@@ -1,0 +1,221 @@
+"""The calibration data convert plans with: calibration for the plan, the search's slice, the verification's inputs.
+
+Split from :mod:`mpinfer.precision.convert` (the orchestrator): what reads the data and how much of it each step
+keeps.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from mpinfer.errors import InvalidInputError, format_message
+from mpinfer.precision.evaluators import evaluator_class
+from mpinfer.precision.options import NO_CALIBRATION, Options
+from mpinfer.specs import DEFAULT_DIM_SIZE
+
+logger = logging.getLogger(__name__)
+
+# Default random calibration data (no --calibration, no --max-batches) stops after the batch whose FP32 tensors
+# bring the total past this many bytes.
+RANDOM_CALIBRATION_BYTES = 4 * 2**30
+# The budget search keeps the FP32 tensors of the samples it verifies on (strict numerics: every tensor, for its
+# incremental runs): at most about this many bytes of them, from calibration's bytes per sample. Fewer batches
+# above it, or the first samples of the first batch (PP-OCRv4's recognizer: 200 MB a sample; 32 samples peaked
+# at 8.3 GB).
+SEARCH_BYTES_LIMIT = 2 * 2**30
+
+
+# SearchConfig.batches for "every batch of the feeds given" (the feeds are already the search's slice).
+MANY = 2**31
+
+
+def verify_inputs(
+    cfg: Any, opts: Options, decisions: Any, feeds: Any, stats: Any, calib_info: dict | None
+) -> tuple:
+    """What :func:`mpinfer.precision.verify.verify_and_repair` needs: settings, verdicts, data, kept FP32 outputs."""
+    from mpinfer.precision.verify import RUN_BYTES_LIMIT, RUN_ROWS, VerifySettings
+
+    limit = opts.verify_samples
+    calibrated = (calib_info or {}).get("samples")
+    if cfg.calibration in (None, "random") and cfg.max_batches is None and calibrated:
+        limit = min(limit or calibrated, calibrated)  # generated data: the samples calibration read
+    per_sample = getattr(stats, "sample_bytes", None)
+    settings = VerifySettings(
+        run_rows=max(1, min(RUN_ROWS, RUN_BYTES_LIMIT // per_sample)) if per_sample else RUN_ROWS,
+        budget=opts.budget or "",
+        precision=opts.precision,
+        numerics=opts.numerics,
+        keep_io_types=opts.keep_io_types,
+        samples=limit,
+        default_budget=opts.default_budget,
+        class_outputs=None if cfg.class_outputs is None else tuple(cfg.class_outputs),
+        progress=cfg.progress,
+    )
+    rank_rows = max(1, SEARCH_BYTES_LIMIT // per_sample) if per_sample else None
+    return settings, decisions, feeds, getattr(stats, "reference_outputs", None), rank_rows
+
+
+def count_rows(model: Any, batches: Any) -> int:
+    """Samples in ``batches`` (along each input's sample axis)."""
+    from mpinfer.precision.calibrate import BatchSlicer
+
+    slicer = BatchSlicer(model)
+    return sum(slicer.rows(b) for b in batches)
+
+
+@dataclass
+class SearchRows:
+    """The samples the budget search verifies on: the first ``--search-samples`` of the calibration data."""
+
+    batches: list[dict[str, Any]]
+    labels: Any = None
+    whole: bool = True  # the first calibration batches as they are (none cut)
+
+    def __iter__(self) -> Any:
+        return iter(self.batches)
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+
+def search_data(
+    opts: Options, model: Any, feeds: Any, stats: Any, *, whole_batch: bool = False
+) -> tuple[Any, Any, Any]:
+    """The search's samples and calibration's FP32 reference for them.
+
+    The first ``opts.search_samples`` samples (``whole_batch``: the whole batches that hold them), fewer when
+    their FP32 tensors pass ``SEARCH_BYTES_LIMIT`` bytes. Also the samples the plan's expected error is measured
+    on without a budget.
+    """
+    from mpinfer.precision.calibrate import BatchSlicer
+
+    refs, tensors = getattr(stats, "reference_outputs", None), getattr(stats, "reference_tensors", None)
+    per_sample = getattr(stats, "sample_bytes", None)
+    cap = max(1, SEARCH_BYTES_LIMIT // per_sample) if per_sample else None
+    want = opts.search_samples if cap is None else min(opts.search_samples, cap)
+    slicer = BatchSlicer(model)
+    chosen: list[dict[str, Any]] = []
+    taken, cut = 0, False
+    for batch in feeds:
+        if taken >= want:
+            break
+        rows = slicer.rows(batch)
+        stop = rows if taken + rows <= want else want - taken
+        if whole_batch:
+            stop = rows if cap is None else max(1, min(rows, cap - taken))
+        if stop < rows:
+            batch, rows, cut = slicer.slice(batch, 0, stop), stop, True
+        chosen.append(batch)
+        taken += rows
+    if not chosen:
+        return feeds, refs, tensors
+    if cut:
+        refs = tensors = None  # calibration's reference holds whole batches
+    if refs is not None:
+        refs = refs[: len(chosen)] if len(refs) >= len(chosen) else None
+    if tensors is not None:
+        tensors = tensors[: len(chosen)] if len(tensors) >= len(chosen) else None
+    if per_sample and cap is not None and cap < opts.search_samples and not whole_batch:
+        logger.info(
+            "searching on the first %d sample(s): their FP32 tensors come to %.1f GB (%d would hold %.1f)",
+            taken, taken * per_sample / 1e9, opts.search_samples, opts.search_samples * per_sample / 1e9,
+        )
+    return SearchRows(chosen, getattr(feeds, "labels", None), whole=not cut), refs, tensors
+
+
+def calibrate_for_plan(
+    cfg: Any, opts: Options, model: Any, types: Mapping[str, int] | None = None
+) -> tuple[Any, Any, dict[str, Any] | None]:
+    """Calibration statistics, the feeds (for the search) and a description for the plan."""
+    if cfg.calibration == NO_CALIBRATION:
+        if opts.budget:
+            raise InvalidInputError(
+                format_message(
+                    "--budget with --calibration none",
+                    "no data",
+                    "calibration data (or random)",
+                    "drop --calibration none",
+                )
+            )
+        return None, None, None
+    feeds = _load_feeds(cfg, model)
+    info = {"source": feeds.description, "kind": feeds.kind, "samples": int(feeds.num_samples)}
+    try:
+        from mpinfer.precision.calibrate import calibrate
+    except ImportError:
+        logger.warning("Calibration statistics are unavailable in this build; range rules are skipped.")
+        return None, feeds, info
+    from mpinfer.errors import BackendUnavailableError
+
+    try:
+        # The FP32 reference of the search (or, without a budget, of the plan's expected error) is the calibration
+        # run's first batches: their outputs, and with a strict search every float32 tensor (the emulator's
+        # reference run takes them instead of computing them).
+        capture = batches_for(model, feeds, opts.search_samples) if opts.budget else 1
+        tensors = bool(opts.budget) and evaluator_class(opts.numerics).wants_fp32_tensors
+        # Default random data stops at RANDOM_CALIBRATION_BYTES of tensors: more random samples add little, and a
+        # detector at 640x640 computes ~0.7 GB of tensors per image (its 8 default batches took 2 minutes).
+        bounded = cfg.calibration in (None, "random") and cfg.max_batches is None
+        stats = calibrate(
+            model,
+            feeds,
+            progress=cfg.progress,
+            capture_batches=capture,
+            capture_tensors=tensors,
+            types=types,
+            max_bytes=RANDOM_CALIBRATION_BYTES if bounded else None,
+            # the final verification's FP32 reference: every batch's outputs, while they are few bytes
+            capture_outputs=MANY if opts.budget else 0,
+        )
+        info["samples"] = int(stats.source.get("samples", info["samples"]))
+    except BackendUnavailableError as err:
+        logger.warning("Calibration skipped (range rules off): %s", err)
+        return None, feeds, info
+    except InvalidInputError as err:
+        guessed = getattr(feeds, "guessed_dims", ())
+        if not guessed:
+            raise
+        raise InvalidInputError(
+            f"{err} (The random data's sizes were guesses: {', '.join(guessed)} set to {DEFAULT_DIM_SIZE}. "
+            "Pass --dim NAME=N with the sizes the model is used at, or real data.)"
+        ) from err
+    return stats, feeds, info
+
+
+def _load_feeds(cfg: Any, model: Any) -> Any:
+    """The calibration feeds (a warning for random data)."""
+    from mpinfer.data import load_feeds
+    from mpinfer.specs import specs_from_onnx
+
+    feeds = load_feeds(
+        cfg.calibration,
+        specs_from_onnx(model),
+        model=cfg.model,  # the FP32 file decodes calibration prompts (mpinfer.data.decode)
+        batch_size=cfg.batch_size,
+        num_batches=cfg.max_batches,
+        seed=cfg.seed if cfg.seed is not None else 0,
+        dims=cfg.dims,
+        image_preprocess=cfg.image_preprocess,
+    )
+    if feeds.is_random:
+        logger.warning(
+            "%s: using %s from the input specs. Range rules and the budget search then reflect random "
+            "inputs, not your data; pass real data (an .npz of inputs) as calibration.",
+            "No calibration data" if cfg.calibration is None else "Random calibration data",
+            feeds.description,
+        )
+    return feeds
+
+
+def batches_for(model: Any, feeds: Any, samples: int) -> int:
+    """Batches of ``feeds`` that hold the first ``samples`` samples (from the first batch's size)."""
+    import math
+
+    from mpinfer.precision.calibrate import BatchSlicer
+
+    first = next(iter(feeds), None)
+    rows = BatchSlicer(model).rows(first) if first is not None else 1
+    return max(1, math.ceil(samples / max(rows, 1)))
