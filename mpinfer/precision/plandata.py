@@ -11,10 +11,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from mpinfer.errors import InvalidInputError, format_message
+from mpinfer.data import load_feeds
+from mpinfer.errors import BackendUnavailableError, InvalidInputError, format_message
+from mpinfer.precision.calibrate import BatchSlicer
 from mpinfer.precision.evaluators import evaluator_class
 from mpinfer.precision.options import NO_CALIBRATION, Options
-from mpinfer.specs import DEFAULT_DIM_SIZE
+from mpinfer.precision.verify import RUN_BYTES_LIMIT, RUN_ROWS, VerifySettings
+from mpinfer.specs import DEFAULT_DIM_SIZE, specs_from_onnx
 
 logger = logging.getLogger(__name__)
 
@@ -36,8 +39,6 @@ def verify_inputs(
     cfg: Any, opts: Options, decisions: Any, feeds: Any, stats: Any, calib_info: dict | None
 ) -> tuple:
     """What :func:`mpinfer.precision.verify.verify_and_repair` needs: settings, verdicts, data, kept FP32 outputs."""
-    from mpinfer.precision.verify import RUN_BYTES_LIMIT, RUN_ROWS, VerifySettings
-
     limit = opts.verify_samples
     calibrated = (calib_info or {}).get("samples")
     if cfg.calibration in (None, "random") and cfg.max_batches is None and calibrated:
@@ -60,8 +61,6 @@ def verify_inputs(
 
 def count_rows(model: Any, batches: Any) -> int:
     """Samples in ``batches`` (along each input's sample axis)."""
-    from mpinfer.precision.calibrate import BatchSlicer
-
     slicer = BatchSlicer(model)
     return sum(slicer.rows(b) for b in batches)
 
@@ -90,8 +89,6 @@ def search_data(
     their FP32 tensors pass ``SEARCH_BYTES_LIMIT`` bytes. Also the samples the plan's expected error is measured
     on without a budget.
     """
-    from mpinfer.precision.calibrate import BatchSlicer
-
     refs, tensors = getattr(stats, "reference_outputs", None), getattr(stats, "reference_tensors", None)
     per_sample = getattr(stats, "sample_bytes", None)
     cap = max(1, SEARCH_BYTES_LIMIT // per_sample) if per_sample else None
@@ -148,7 +145,6 @@ def calibrate_for_plan(
     except ImportError:
         logger.warning("Calibration statistics are unavailable in this build; range rules are skipped.")
         return None, feeds, info
-    from mpinfer.errors import BackendUnavailableError
 
     try:
         # The FP32 reference of the search (or, without a budget, of the plan's expected error) is the calibration
@@ -187,9 +183,6 @@ def calibrate_for_plan(
 
 def _load_feeds(cfg: Any, model: Any) -> Any:
     """The calibration feeds (a warning for random data)."""
-    from mpinfer.data import load_feeds
-    from mpinfer.specs import specs_from_onnx
-
     feeds = load_feeds(
         cfg.calibration,
         specs_from_onnx(model),
@@ -213,8 +206,6 @@ def _load_feeds(cfg: Any, model: Any) -> Any:
 def batches_for(model: Any, feeds: Any, samples: int) -> int:
     """Batches of ``feeds`` that hold the first ``samples`` samples (from the first batch's size)."""
     import math
-
-    from mpinfer.precision.calibrate import BatchSlicer
 
     first = next(iter(feeds), None)
     rows = BatchSlicer(model).rows(first) if first is not None else 1

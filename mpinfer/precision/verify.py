@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from mpinfer.checks import parse_checks
+from mpinfer.data.feeds import sample_axes
 from mpinfer.errors import AccuracyMismatchError, format_message
 from mpinfer.metrics import ModelAccumulator, relative_l2, worst_values
 from mpinfer.modelio import ort_session
@@ -35,7 +36,7 @@ from mpinfer.precision.plan import NodeDecision
 from mpinfer.precision.search import build_groups, group_errors
 from mpinfer.precision.validate import apply_validated
 from mpinfer.progress import progress_bar
-from mpinfer.specs import Precision
+from mpinfer.specs import Precision, specs_from_onnx
 
 logger = logging.getLogger(__name__)
 
@@ -203,9 +204,6 @@ def _rows(value: Any) -> int:
 
 def _joinable(model: Any) -> bool:
     """True when every graph input holds its samples along axis 0 (a symbolic first dim), so batches join."""
-    from mpinfer.data.feeds import sample_axes
-    from mpinfer.specs import specs_from_onnx
-
     specs = specs_from_onnx(model)
     axes = sample_axes(specs)
     return bool(specs) and all(axes[s.name] == 0 and isinstance(s.shape[0], str) for s in specs)
