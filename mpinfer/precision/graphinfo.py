@@ -232,6 +232,13 @@ class GraphInfo:
             out.outputs = [i for i in float_out if i in contrib[1]]
         if not out.has_float or schema is None:
             return out
+        self._schema_slots(node, schema, low_type, float_in, float_out, out)
+        return out
+
+    def _schema_slots(
+        self, node: Any, schema: Any, low_type: int, float_in: list[int], float_out: list[int], out: Slots
+    ) -> None:
+        """Fill ``out`` from the schema: the float slots whose type variable allows ``low_type`` (else blocked)."""
         in_params = _formal(schema.inputs, len(node.input))
         out_params = _formal(schema.outputs, len(node.output))
         allowed = {c.type_param_str: set(c.allowed_type_strs) for c in schema.type_constraints}
@@ -244,12 +251,11 @@ class GraphInfo:
                 f"{node.op_type} (opset {self.opset_of(node)}) has no "
                 f"{low_str[7:-1]} type for its float tensors"
             )
-            return out
+            return
         out.inputs = [i for i in float_in if in_params[i] in lowered and i not in pinned]
         out.outputs = [i for i in float_out if out_params[i] in lowered]
         if not out.inputs and not out.outputs:
             out.blocked = f"{node.op_type} has only fixed-type float tensors"
-        return out
 
     # -- values ---------------------------------------------------------------------------------------
     def const_array(self, name: str) -> np.ndarray | None:
