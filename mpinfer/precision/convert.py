@@ -15,10 +15,12 @@ from pathlib import Path
 from typing import Any
 
 from mpinfer.errors import AccuracyMismatchError, InvalidInputError, format_message
+from mpinfer.precision.apply import apply_plan
 from mpinfer.precision.evaluators import OrtEvaluator, evaluator_class
 from mpinfer.precision.options import NO_CALIBRATION, Options, resolve_options
 from mpinfer.precision.plan import NodeDecision, PrecisionPlan
 from mpinfer.precision.plandata import MANY, SearchRows, calibrate_for_plan, count_rows, search_data, verify_inputs
+from mpinfer.precision.planner import summarize
 from mpinfer.precision.validate import apply_validated
 from mpinfer.specs import Precision
 
@@ -166,37 +168,21 @@ def convert_precision(cfg: ConvertConfig) -> ConvertResult:
 
 
 def _convert(cfg: ConvertConfig, claim: Any) -> ConvertResult:
-    """convert_precision's work, with its outputs claimed (written under ``claim.stage``, then published)."""
-    from mpinfer.precision.apply import apply_plan
-    from mpinfer.precision.planner import summarize
+    """convert_precision's work, with its outputs claimed (written under ``claim.stage``, then published).
 
+    The recipe: resolve the options, load, plan (rules → calibrate → search, or the ``--plan`` re-applied),
+    apply behind the validity gate, verify on every sample (repairing), summarise, write.
+    """
     start = time.perf_counter()
     out, plan_out = _check_outputs(cfg)
     opts, in_place = _resolve(cfg, plan_out)
     info, sha, large = _load(cfg, opts)
     made = _reapply(cfg, opts, info, sha) if cfg.plan is not None else _make_plan(cfg, opts, info.model, info, sha)
-    plan = made.plan
-    if large:
-        result = apply_plan(info.model, info, plan.precisions(), opts.precision, keep_io_types=plan.keep_io_types)
-    else:
-        result, plan.nodes = apply_validated(
-            info, plan.nodes, opts.precision, keep_io_types=plan.keep_io_types, verified=made.verified
-        )
+    result = _apply(made, info, opts.precision, large=large)
     verification = None
     if made.verify is not None:
-        result, plan.nodes, verification = _verify(made, info, result, plan.nodes)
-    plan.summary = summarize(
-        info,
-        plan.nodes,
-        cast_count=result.cast_count,
-        converted_weights=result.converted_weights,
-        expected_error=made.expected,
-        search=made.search_cost,
-    )
-    if verification is not None:
-        plan.summary["verification"] = verification
-    plan.opset = info.opsets.get("") or None  # what the plan was made for (and is applied at)
-    _warn_opset_blocked(plan.nodes, info, opts.precision)
+        result, made.plan.nodes, verification = _verify(made, info, result, made.plan.nodes)
+    plan = _summarize(made, info, result, verification, opts.precision)
     _write_model(result.model, claim.stage(out), info, source=Path(cfg.model), large=large)
     if not in_place:
         plan.save(claim.stage(plan_out))
@@ -210,6 +196,37 @@ def _convert(cfg: ConvertConfig, claim: Any) -> ConvertResult:
         time.perf_counter() - start,
     )
     return ConvertResult(out, plan_out, plan)
+
+
+def _apply(made: _Planned, info: Any, precision: Precision, *, large: bool) -> Any:
+    """The plan applied; behind the validity gate (ORT refusals go FP32 in ``made.plan``) unless the model is large."""
+    plan = made.plan
+    if large:
+        return apply_plan(info.model, info, plan.precisions(), precision, keep_io_types=plan.keep_io_types)
+    result, plan.nodes = apply_validated(
+        info, plan.nodes, precision, keep_io_types=plan.keep_io_types, verified=made.verified
+    )
+    return result
+
+
+def _summarize(
+    made: _Planned, info: Any, result: Any, verification: dict | None, precision: Precision
+) -> PrecisionPlan:
+    """The plan's summary (shares, casts, expected error, search cost, verification) and opset, set in place."""
+    plan = made.plan
+    plan.summary = summarize(
+        info,
+        plan.nodes,
+        cast_count=result.cast_count,
+        converted_weights=result.converted_weights,
+        expected_error=made.expected,
+        search=made.search_cost,
+    )
+    if verification is not None:
+        plan.summary["verification"] = verification
+    plan.opset = info.opsets.get("") or None  # what the plan was made for (and is applied at)
+    _warn_opset_blocked(plan.nodes, info, precision)
+    return plan
 
 
 def _check_outputs(cfg: ConvertConfig) -> tuple[Path, Path]:
