@@ -24,7 +24,7 @@ from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
-from mpinfer.backends.ort import OrtRunner
+from mpinfer.backends.ort import OrtRunner, cuda_usable
 from mpinfer.backends.strict import StrictRunner
 from mpinfer.backends.trt_runner import TrtRunner
 from mpinfer.engine.config import Backend, BuildConfig, ShapeProfile
@@ -445,13 +445,11 @@ class OrtCudaEvaluator(OrtEvaluator):
     @classmethod
     def session(cls, model: Any) -> Runner:
         """An ONNX Runtime session on the CUDA provider; refused where onnxruntime has none."""
-        import onnxruntime as ort
-
-        if "CUDAExecutionProvider" not in ort.get_available_providers():
+        if not cuda_usable():  # never a silent fall back to the CPU provider: that would be other numerics
             raise BackendUnavailableError(
                 format_message(
                     "--numerics ort-cuda",
-                    "an ONNX Runtime without the CUDA provider",
+                    "an ONNX Runtime without a usable CUDA provider (or no visible GPU)",
                     "onnxruntime-gpu with a visible GPU",
                     "install onnxruntime-gpu, or use --numerics ort",
                 )

@@ -11,10 +11,11 @@ import pytest
 from onnx import helper
 
 import mpinfer.precision as precision_pkg
-from mpinfer.errors import InvalidInputError
+from mpinfer.errors import BackendUnavailableError, InvalidInputError
 from mpinfer.precision.apply import apply_plan
 from mpinfer.precision.evaluators import (
     EVALUATORS,
+    OrtCudaEvaluator,
     OrtEvaluator,
     StrictEvaluator,
     TensorRtEvaluator,
@@ -159,3 +160,25 @@ def test_tensorrt_evaluator_runs_candidates_as_strongly_typed_engines(setup):
         # FP16 kernels on both sides, summed in another order: the FP16 reorder bound.
         atol = network_atol(np.float16, n=WIDTH, stages=LAYERS, magnitude=float(np.abs(o["y"]).max()))
         assert t["y"].dtype == np.float32 and np.abs(t["y"] - o["y"]).max() <= atol
+
+
+def test_tensorrt_profile_spans_every_symbolic_dim_and_keeps_fixed_ones():
+    model = make(
+        [helper.make_node("Add", ["a", "b"], ["y"], name="add")],
+        [fvi("a", ["N", 3, "T"]), fvi("b", [1, 3, 1])],
+        [fvi("y", ["N", 3, "T"])],
+    )
+    profiles = {p.name: p for p in TensorRtEvaluator._profile(model)}
+    top = TensorRtEvaluator.max_rows
+    assert (profiles["a"].min, profiles["a"].opt, profiles["a"].max) == ((1, 3, 1), (top, 3, top), (top, 3, top))
+    assert profiles["b"].min == profiles["b"].max == (1, 3, 1)
+
+
+def test_ort_cuda_numerics_are_refused_without_a_usable_cuda_provider(setup):
+    from mpinfer.backends.ort import cuda_usable
+
+    model, info, batches = setup
+    if cuda_usable():
+        pytest.skip("onnxruntime's CUDA provider and a GPU are here")
+    with pytest.raises(BackendUnavailableError, match="ort-cuda"):
+        OrtCudaEvaluator(model, info, batches, Precision.FP16).reference()
