@@ -492,6 +492,8 @@ BUILD_LOOSE_TYPES: dict[str, Any] = {
 VALUE_PARSERS = {
     ("convert", "budget"): ("mpinfer.precision.options", "check_budget"),  # the check grammar, or "none"
     ("compare", "checks"): ("mpinfer.checks", "parse_checks"),
+    ("convert", "input_ranges"): ("mpinfer.data", "parse_input_ranges"),
+    ("compare", "input_ranges"): ("mpinfer.data", "parse_input_ranges"),
 }
 
 

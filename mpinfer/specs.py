@@ -120,6 +120,8 @@ class TensorSpec:
         dtype: Numpy dtype.
         value_range: ``(low, high)`` for generated data; integers draw from ``[low, high)``.
         dim_sizes: Example size for symbolic dims named in the spec (``batch=4``).
+        graph_sizes: Sizes the graph fixes for symbolic dims (a recurrent state of fixed size fixes the batch):
+            random data takes them over its default batch size.
     """
 
     name: str
@@ -127,6 +129,7 @@ class TensorSpec:
     dtype: np.dtype
     value_range: tuple[float, float] | None = None
     dim_sizes: Mapping[str, int] = field(default_factory=dict)
+    graph_sizes: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def is_integer(self) -> bool:
@@ -295,12 +298,16 @@ def specs_from_onnx(model: object) -> list[TensorSpec]:
     (:func:`dim_symbol`; one name each: two inputs' unnamed dims at the same position need not be the same
     size). Value ranges come from the
     model's ``mpinfer.input_ranges`` metadata entry when export wrote one, example sizes of symbolic dims
-    (``dim_sizes``) from its ``mpinfer.dim_sizes`` entry.
+    (``dim_sizes``) from its ``mpinfer.dim_sizes`` entry. An integer input without a range there that indexes
+    something of N entries gets ``[0, N)`` (:func:`mpinfer.inputhints.index_ranges`), and a dim a recurrent
+    state fixes gets its size in ``graph_sizes`` (:func:`mpinfer.inputhints.pinned_dims`).
     """
     import json
 
     import onnx
     from onnx import helper
+
+    from mpinfer.inputhints import index_ranges, pinned_dims
 
     assert isinstance(model, onnx.ModelProto)
     init_names = {i.name for i in model.graph.initializer}
@@ -315,6 +322,8 @@ def specs_from_onnx(model: object) -> list[TensorSpec]:
 
     ranges = entry("mpinfer.input_ranges")
     sizes = {k: int(v) for k, v in entry("mpinfer.dim_sizes").items() if isinstance(v, int) and v > 0}
+    derived: dict[str, Any] = index_ranges(model)
+    pinned = pinned_dims(model)
     specs = []
     for vi in model.graph.input:
         if vi.name in init_names:
@@ -326,11 +335,12 @@ def specs_from_onnx(model: object) -> list[TensorSpec]:
             dtype = np.dtype(np.float32)
         shape: list[Dim] = []
         for i, d in enumerate(tt.shape.dim):
-            if d.HasField("dim_value") and d.dim_value > 0:
+            if d.HasField("dim_value") and d.dim_value >= 0:  # 0: an empty dim, as static as any
                 shape.append(int(d.dim_value))
             else:
                 shape.append(dim_symbol(vi.name, i, d.dim_param if d.HasField("dim_param") else None))
-        rng = ranges.get(vi.name)
+        rng = ranges.get(vi.name) or derived.get(vi.name)
         known = {d: sizes[d] for d in shape if isinstance(d, str) and d in sizes}
-        specs.append(TensorSpec(vi.name, tuple(shape), dtype, tuple(rng) if rng else None, known))  # type: ignore[arg-type]
+        fixed = {d: pinned[(vi.name, i)] for i, d in enumerate(shape) if isinstance(d, str) and (vi.name, i) in pinned}
+        specs.append(TensorSpec(vi.name, tuple(shape), dtype, tuple(rng) if rng else None, known, fixed))  # type: ignore[arg-type]
     return specs

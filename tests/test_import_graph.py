@@ -92,12 +92,7 @@ def test_the_cycle_finder_finds_a_cycle():
     assert cycles({"a": {"b"}, "b": set()}) == []
 
 
-# Being broken on a branch that waits for data/feeds.py's pending changes (issue 21); remove when it is.
-PENDING = [["mpinfer.data.decode", "mpinfer.data.feeds"]]
-
-
 def test_no_import_cycles_between_mpinfer_modules():
     graph = import_graph()
     assert len(graph) > 50  # the walk saw the package
-    found = [c for c in cycles(graph) if c not in PENDING]
-    assert found == [], "import cycles (break them by moving the shared code into its own module)"
+    assert cycles(graph) == [], "import cycles (break them by moving the shared code into its own module)"

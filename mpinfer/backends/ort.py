@@ -117,7 +117,7 @@ class OrtRunner(Runner):
             )
             known = by_name.get(i.name)
             specs.append(TensorSpec(i.name, shape, dtype, known.value_range if known else None,
-                                    dict(known.dim_sizes) if known else {}))
+                                    dict(known.dim_sizes) if known else {}, dict(known.graph_sizes) if known else {}))
         return specs
 
     def input_specs(self) -> list[TensorSpec]:

@@ -111,6 +111,8 @@ def _warn_latency_options(ctx: click.Context) -> None:
 )
 @click.option("--num-batches", type=click.IntRange(min=1), help="Compare at most this many batches.")
 @click.option("--dim", "dims", multiple=True, help="Size of a symbolic dim for random data, e.g. seq=32.")
+@click.option("--input-range", "input_ranges", multiple=True, metavar="NAME=LO..HI",
+              help="Value range of an input's random data, e.g. input_ids=0..30522 (integers: LO to HI-1).")
 @click.option(
     "--image-preprocess",
     metavar="SPEC",
@@ -152,6 +154,7 @@ def compare(
     batch_size: int | None,
     num_batches: int | None,
     dims: tuple[str, ...],
+    input_ranges: tuple[str, ...],
     image_preprocess: str | None,
     divergence: bool,
     divergence_batches: int,
@@ -188,6 +191,7 @@ def compare(
         num_batches=num_batches,
         dims=dims,
         image_preprocess=image_preprocess,
+        input_ranges=input_ranges,
         divergence=divergence,
         divergence_batches=divergence_batches,
         show_progress=not (quiet or as_json),

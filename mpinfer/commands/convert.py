@@ -99,6 +99,13 @@ from mpinfer.specs import Precision
 )
 @click.option("--dim", "dims", multiple=True, help="Size of a symbolic dim for random data, e.g. height=48.")
 @click.option(
+    "--input-range",
+    "input_ranges",
+    multiple=True,
+    metavar="NAME=LO..HI",
+    help="Value range of an input's random data, e.g. input_ids=0..30522 (integers: LO to HI-1).",
+)
+@click.option(
     "--image-preprocess",
     metavar="SPEC",
     help="For a --calibration folder of images: size=HxW,mean=a/b/c,std=a/b/c,scale=255,layout=nchw|nhwc,"
@@ -129,6 +136,7 @@ def convert(
     search_samples: int | None,
     verify_samples: int | None,
     dims: tuple[str, ...],
+    input_ranges: tuple[str, ...],
     image_preprocess: str | None,
 ) -> object:
     """Convert an FP32 ONNX model to mixed FP16/BF16, keeping FP32 exactly where it is needed.
@@ -165,6 +173,7 @@ def convert(
         verify_samples=verify_samples,
         dims=parse_dims(dims),
         image_preprocess=image_preprocess,
+        input_ranges=input_ranges,
         progress=not quiet,
     )
     result = convert_precision(cfg)
@@ -231,4 +240,5 @@ def verification_line(plan: object) -> str | None:
         f"budget {ver['budget']}"
     )
     moved = f"; {ver['moved_to_fp32']} node(s) moved back to FP32 to meet it" if ver.get("moved_to_fp32") else ""
-    return f"{head} on {ver['samples']} samples ({ver['numerics']} numerics): {figures} — {budget} met{moved}"
+    verdict = "met" if ver.get("passed", True) else "NOT verifiable (see the warning above)"
+    return f"{head} on {ver['samples']} samples ({ver['numerics']} numerics): {figures} — {budget} {verdict}{moved}"

@@ -60,6 +60,7 @@ class CompareConfig:
         batch_size: Samples per batch of the data.
         num_batches: Cap on the batches compared.
         dims: Sizes for symbolic dims of random data, ``("seq=32",)``.
+        input_ranges: Value ranges of random data per input, ``("input_ids=0..30522",)``.
         image_preprocess: Preprocessing of a ``data`` folder of images (``size=HxW,mean=..,std=..,mode=L``).
         divergence: Locate the node where the error jumps (ONNX baseline and candidate).
         divergence_batches: Batches used for it.
@@ -83,6 +84,7 @@ class CompareConfig:
     num_batches: int | None = None
     dims: tuple[str, ...] = ()
     image_preprocess: str | None = None
+    input_ranges: tuple[str, ...] = ()
     divergence: bool = True
     divergence_batches: int = DIVERGENCE_BATCHES
     seed: int = 0
@@ -436,6 +438,7 @@ def _open_data(config: CompareConfig, specs: Any) -> Any:
         seed=config.seed,
         dims=parse_dims(config.dims),
         image_preprocess=config.image_preprocess,
+        input_ranges=config.input_ranges,
     )
 
 

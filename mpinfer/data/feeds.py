@@ -15,15 +15,17 @@ Batches are produced lazily: one batch of one file is in memory at a time.
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
+from mpinfer.data import decode
+from mpinfer.data.layout import FileLayout, file_layout, fixed_batch, sample_axes, split_batches, take_samples
+from mpinfer.data.source import FeedSource, read_npz
 from mpinfer.errors import InvalidInputError, format_message
-from mpinfer.specs import DEFAULT_DIM_SIZE, TensorSpec, batch_symbols, parse_range, unnamed_dim
+from mpinfer.specs import DEFAULT_DIM_SIZE, TensorSpec, batch_symbols, parse_range
 
 logger = logging.getLogger(__name__)
 
@@ -86,45 +88,6 @@ class ImagePreprocess:
         return cls(**kw)  # type: ignore[arg-type]
 
 
-@dataclass
-class FeedSource:
-    """An iterable of batches plus what it is, for logs and reports.
-
-    Attributes:
-        kind: ``random``, ``npz``, ``npy`` or ``images``.
-        description: Human-readable origin.
-        specs: The model inputs the batches are for.
-        labels: Side data (``_labels`` in an .npz) aligned with samples, when present.
-        guessed_dims: Random data only: the symbolic dims sized by the bare default (no --dim, no batch),
-            as ``"'h' (input 'x')"``.
-    """
-
-    kind: str
-    description: str
-    specs: Sequence[TensorSpec]
-    _factory: object
-    num_batches: int
-    num_samples: int
-    labels: np.ndarray | None = None
-    side: dict[str, np.ndarray] = field(default_factory=dict)
-    guessed_dims: tuple[str, ...] = ()
-
-    def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
-        return self._factory()  # type: ignore[operator, no-any-return]
-
-    def __len__(self) -> int:
-        return self.num_batches
-
-    def first(self) -> dict[str, np.ndarray]:
-        """The first batch."""
-        return next(iter(self))
-
-    @property
-    def is_random(self) -> bool:
-        """True for generated data (statistics from it say little about real inputs)."""
-        return self.kind == "random"
-
-
 def random_batch(specs: Sequence[TensorSpec], rng: np.random.Generator,
                  dims: Mapping[str, int] | None = None) -> dict[str, np.ndarray]:
     """One batch of random data that respects each spec's dtype, range and dims."""
@@ -179,7 +142,8 @@ def _check_dim_names(specs: Sequence[TensorSpec], dims: Mapping[str, int]) -> No
 def _random_source(specs: Sequence[TensorSpec], num_batches: int, batch_size: int | None, seed: int,
                    dims: Mapping[str, int] | None) -> FeedSource:
     bs = batch_size or DEFAULT_BATCH_SIZE
-    all_dims = {**_batch_dims(specs, bs), **(dims or {})}
+    pinned = {d: n for s in specs for d, n in s.graph_sizes.items()}  # a fixed-size state fixes the batch
+    all_dims = {**_batch_dims(specs, bs), **pinned, **(dims or {})}
     guessed = _guessed_dims(specs, all_dims)
     if guessed:
         logger.warning(
@@ -199,149 +163,6 @@ def _random_source(specs: Sequence[TensorSpec], num_batches: int, batch_size: in
     n = specs[0].concrete_shape(all_dims)[0] if specs and specs[0].shape else 1
     return FeedSource("random", f"seeded random data (seed {seed}, {num_batches} batches)", specs, gen,
                       num_batches, num_batches * n, guessed_dims=tuple(guessed))
-
-
-def sample_axes(
-    specs: Sequence[TensorSpec], arrays: Mapping[str, np.ndarray] | None = None
-) -> dict[str, int | None]:
-    """The axis of each input that holds samples in data files, or None for an input fed whole with every batch.
-
-    Inputs whose first dim is symbolic hold samples on it, and their names are the batch dims; another input
-    holds samples on the first dim with one of those names (a recurrent state ``[2, batch, 128]`` on axis 1)
-    or, having none, is fed whole (a scalar sample rate, a fixed table). When no input has a symbolic first
-    dim, every input with a first dim holds samples there (a model with a fixed batch size).
-
-    With the data's ``arrays``, a state whose dims have no names (``[2, ?, 128]`` beside ``input [?, ?]``)
-    holds samples on its one unnamed dim whose size is the others' sample count (several samples, and no
-    other unnamed dim of that size); otherwise it is fed whole.
-    """
-    batch_names = batch_symbols(specs)
-    out: dict[str, int | None] = {}
-    for s in specs:
-        if not s.shape:
-            out[s.name] = None
-        elif not batch_names or isinstance(s.shape[0], str):
-            out[s.name] = 0
-        else:
-            out[s.name] = next((i for i, d in enumerate(s.shape) if d in batch_names), None)
-    if arrays is not None:
-        counts = {np.shape(arrays[n])[a] for n, a in out.items() if a is not None and n in arrays}
-        n = counts.pop() if len(counts) == 1 else 0
-        for s in specs:
-            if out[s.name] is not None or not s.shape or s.name not in arrays or n < 2:
-                continue
-            shape = np.shape(arrays[s.name])
-            axes = [
-                i for i, d in enumerate(s.shape) if d == unnamed_dim(s.name, i) and i < len(shape) and shape[i] == n
-            ]
-            if len(axes) == 1 and len(shape) == len(s.shape):
-                out[s.name] = axes[0]
-    return out
-
-
-def _validate_arrays(arrays: Mapping[str, np.ndarray], specs: Sequence[TensorSpec], origin: str) -> None:
-    names = [s.name for s in specs]
-    present = [k for k in arrays if not k.startswith("_")]
-    missing = [n for n in names if n not in arrays]
-    extra = [k for k in present if k not in names]
-    if missing or extra:
-        raise InvalidInputError(
-            format_message(
-                f"Data '{origin}'", f"arrays {sorted(present)}", f"one array per model input {names}",
-                ("missing: " + ", ".join(missing) + "; " if missing else "")
-                + ("not model inputs: " + ", ".join(extra) + "; " if extra else "")
-                + "name side data with a leading '_' (e.g. _labels)",
-            )
-        )
-    counts = set()
-    axes = sample_axes(specs, arrays)
-    for spec in specs:
-        arr = arrays[spec.name]
-        axis = axes[spec.name]
-        if arr.size == 0 or arr.ndim == 0 and len(spec.shape) > 0:
-            raise InvalidInputError(format_message(f"Data '{origin}': input '{spec.name}'", "an empty array",
-                                                   "at least one sample"))
-        if arr.dtype != spec.dtype:
-            raise InvalidInputError(
-                format_message(f"Data '{origin}': input '{spec.name}'", f"dtype {arr.dtype}",
-                               f"{spec.dtype}", f"save it as {spec.dtype} (e.g. arr.astype(np.{spec.dtype}))")
-            )
-        # the sample axis may hold any count (batches are cut to the batch size); every other fixed dim must match
-        want = list(arr.shape)
-        if axis is not None and len(arr.shape) == len(spec.shape):
-            want[axis] = spec.concrete_shape()[axis]
-        if len(arr.shape) != len(spec.shape) or not spec.matches(want):
-            layout = ("fed whole with every batch" if axis is None
-                      else f"with samples on axis {axis}" if axis else "with samples on the first axis")
-            raise InvalidInputError(
-                format_message(f"Data '{origin}': input '{spec.name}'", f"shape {tuple(arr.shape)}",
-                               f"{tuple(spec.shape)} {layout}",
-                               "str dims are dynamic; fixed dims must match")
-            )
-        if arr.dtype.kind == "f" and not np.all(np.isfinite(arr)):
-            bad = int(np.size(arr) - np.count_nonzero(np.isfinite(arr)))
-            raise InvalidInputError(
-                format_message(f"Data '{origin}': input '{spec.name}'", f"{bad} NaN/Inf values",
-                               "finite values only", "clean the data; NaN would poison every statistic")
-            )
-        if axis is not None:
-            counts.add(arr.shape[axis])
-    if len(counts) > 1:
-        raise InvalidInputError(format_message(f"Data '{origin}'", f"sample counts {sorted(counts)}",
-                                               "the same number of samples for every input"))
-
-
-def take_samples(value: np.ndarray, axis: int | None, start: int, stop: int) -> np.ndarray:
-    """Samples ``start:stop`` of ``value`` along its sample ``axis`` (contiguous); the whole value when None."""
-    if axis is None:
-        return value
-    return np.ascontiguousarray(value[(slice(None),) * axis + (slice(start, stop),)])
-
-
-def fixed_batch(specs: Sequence[TensorSpec]) -> int | None:
-    """The model's fixed batch size: the first dim of its inputs when none of them is symbolic."""
-    if batch_symbols(specs):
-        return None
-    return next((s.shape[0] for s in specs if s.shape and isinstance(s.shape[0], int)), None)
-
-
-def _sample_count(arrays: Mapping[str, np.ndarray], specs: Sequence[TensorSpec]) -> int:
-    """Samples in a file: the sample axis of its first input that has one (1 when every input is fed whole)."""
-    for name, axis in sample_axes(specs, arrays).items():
-        if axis is not None:
-            return int(arrays[name].shape[axis])
-    return 1
-
-
-def _split(arrays: Mapping[str, np.ndarray], specs: Sequence[TensorSpec], batch_size: int,
-           limit: int | None) -> Iterator[dict[str, np.ndarray]]:
-    n = _sample_count(arrays, specs)
-    axes = sample_axes(specs, arrays)
-    fixed = fixed_batch(specs)
-    step = fixed or batch_size
-    count = 0
-    for start in range(0, n, step):
-        if limit is not None and count >= limit:
-            return
-        if fixed and start + step > n:
-            return  # a model with a fixed batch dim cannot take a short last batch
-        yield {s.name: take_samples(arrays[s.name], axes[s.name], start, start + step) for s in specs}
-        count += 1
-
-
-def read_npz(path: Path) -> dict[str, np.ndarray]:
-    """Every array of an ``.npz`` file (no pickles), with a clear error for a file that is not one."""
-    import zipfile
-
-    if not zipfile.is_zipfile(path):  # np.load would call any other file "pickled (object) data"
-        raise InvalidInputError(format_message(f"Data file '{path}'", "a file that is not a valid .npz (no zip "
-                                               "archive)", "an .npz written by numpy.savez"))
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            return {k: z[k] for k in z.files}
-    except (OSError, ValueError, zipfile.BadZipFile) as err:
-        raise InvalidInputError(format_message(f"Data file '{path}'", f"an unreadable .npz ({err})",
-                                               "an .npz written by numpy.savez")) from err
 
 
 def check_labels(labels: np.ndarray, num_samples: int, origin: str) -> np.ndarray:
@@ -377,15 +198,15 @@ def _array_source(kind: str, desc: str, loader: object, files: list[Path], specs
     # Validate and count up front, one file at a time, then stream.
     total, nb = 0, 0
     labels = []
-    step = fixed_batch(specs) or batch_size
+    layouts: list[FileLayout] = []
     for f in files:
         arrays = loader(f)  # type: ignore[operator]
-        _validate_arrays(arrays, specs, str(f))
-        n = _sample_count(arrays, specs)
-        total += n
-        nb += n // step if fixed_batch(specs) else math.ceil(n / step)
+        layout = file_layout(arrays, specs, str(f))
+        layouts.append(layout)
+        total += layout.samples
+        nb += layout.batches(batch_size)
         if "_labels" in arrays:
-            labels.append(check_labels(np.asarray(arrays["_labels"]), n, str(f)))
+            labels.append(check_labels(np.asarray(arrays["_labels"]), layout.samples, str(f)))
     if labels and len(labels) != len(files):
         raise InvalidInputError(
             format_message(f"Data '{desc}'", f"_labels in {len(labels)} of {len(files)} files",
@@ -396,8 +217,8 @@ def _array_source(kind: str, desc: str, loader: object, files: list[Path], specs
 
     def gen() -> Iterator[dict[str, np.ndarray]]:
         left = num_batches
-        for f in files:
-            for batch in _split(loader(f), specs, batch_size, left):  # type: ignore[operator]
+        for f, layout in zip(files, layouts, strict=True):
+            for batch in split_batches(loader(f), specs, layout, batch_size, left):  # type: ignore[operator]
                 yield batch
                 if left is not None:
                     left -= 1
@@ -461,6 +282,7 @@ def load_feeds(
     seed: int = 0,
     dims: Mapping[str, int] | None = None,
     image_preprocess: str | ImagePreprocess | None = None,
+    input_ranges: Sequence[str] | Mapping[str, Sequence[float]] | None = None,
 ) -> FeedSource:
     """Open a data source for a model with the given input specs.
 
@@ -474,6 +296,7 @@ def load_feeds(
         seed: Seed for random data.
         dims: Sizes for symbolic dims of random data (``{"seq": 32}``).
         image_preprocess: Preprocessing for an image folder.
+        input_ranges: Value ranges of random data per input (``["ids=0..1000"]``), over the model's own.
 
     Returns:
         A FeedSource (iterable of batches).
@@ -481,17 +304,15 @@ def load_feeds(
     Raises:
         InvalidInputError: For a missing source, wrong names/dtypes/shapes, NaN/Inf or empty data.
     """
-    if not specs:
-        raise InvalidInputError("The model has no inputs to feed.")
     _check_dim_names(specs, dims or {})
+    if input_ranges:
+        specs = _with_ranges(specs, parse_input_ranges(input_ranges))
     bs = batch_size or DEFAULT_BATCH_SIZE
     if batch_size is not None and batch_size <= 0:
         raise InvalidInputError(format_message("Batch size", batch_size, "a positive integer"))
     if num_batches is not None and num_batches < 1:
         raise InvalidInputError(format_message("Number of batches", num_batches, "a positive integer",
                                                "omit it to use every batch of the data"))
-    from mpinfer.data import decode
-
     if decode.wants_decode(source, specs):
         return decode.decode_source(str(source), specs, model, batch_size=bs, num_batches=num_batches)
     dims = decode.kv_dims(specs, dims)
@@ -507,7 +328,7 @@ def load_feeds(
                 raise InvalidInputError(format_message("Data source", repr(text), "random:N with N >= 1 batches",
                                                        "e.g. random:8"))
             n = min(n, num_batches) if num_batches is not None else n
-        return _random_source(specs, n, batch_size, seed, dims)
+        return _random_source(specs, n if specs else 1, batch_size, seed, dims)  # no inputs: one run is all
     path = Path(source)
     if not path.exists():
         raise InvalidInputError(format_message(f"Data '{source}'", "no such file or folder",
@@ -534,6 +355,33 @@ def load_feeds(
                                            "one of those", "or pass 'random'"))
 
 
+def parse_input_ranges(items: Sequence[str] | Mapping[str, Sequence[float]]) -> dict[str, tuple[float, float]]:
+    """Parse ``ids=0..1000`` items (``--input-range``) into ``{"ids": (0, 1000)}``; integers draw from ``[lo, hi)``.
+
+    Raises:
+        InvalidInputError: For a malformed item.
+    """
+    if isinstance(items, Mapping):
+        items = [f"{k}={v[0]}..{v[1]}" for k, v in items.items()]
+    out = {}
+    for item in items:
+        key, sep, value = str(item).partition("=")
+        if not sep or not key.strip():
+            raise InvalidInputError(format_message("--input-range", repr(item), "name=lo..hi, e.g. input_ids=0..30522"))
+        out[key.strip()] = parse_range(value, what=f"--input-range {key.strip()}")
+    return out
+
+
+def _with_ranges(specs: Sequence[TensorSpec], ranges: Mapping[str, tuple[float, float]]) -> list[TensorSpec]:
+    """The specs with the given value ranges (every name an input of the model)."""
+    names = [s.name for s in specs]
+    unknown = [n for n in ranges if n not in names]
+    if unknown:
+        got = ", ".join(repr(n) for n in unknown) + " (no such input)"
+        raise InvalidInputError(format_message("--input-range", got, "one of " + ", ".join(repr(n) for n in names)))
+    return [replace(s, value_range=ranges[s.name]) if s.name in ranges else s for s in specs]
+
+
 def parse_dims(items: Sequence[str]) -> dict[str, int]:
     """Parse ``seq=32`` items into ``{"seq": 32}``.
 
@@ -549,4 +397,16 @@ def parse_dims(items: Sequence[str]) -> dict[str, int]:
     return out
 
 
-__all__ = ["FeedSource", "ImagePreprocess", "load_feeds", "parse_dims", "parse_range", "random_batch", "read_npz"]
+__all__ = [
+    "FeedSource",
+    "ImagePreprocess",
+    "fixed_batch",
+    "load_feeds",
+    "parse_dims",
+    "parse_input_ranges",
+    "parse_range",
+    "random_batch",
+    "read_npz",
+    "sample_axes",
+    "take_samples",
+]

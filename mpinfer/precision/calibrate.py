@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import re
 import tempfile
 import time
 from collections.abc import Container, Iterable, Iterator, Mapping, Sequence, Sized
@@ -51,9 +52,13 @@ __all__ = [
     "BatchSlicer",
     "pack_chunks",
     "CalibrationStats",
+    "FeedsRejectedError",
     "StatsCollector",
     "TensorStats",
     "calibrate",
+    "check_data_fits",
+    "non_tensor_inputs",
+    "type_text",
 ]
 
 logger = logging.getLogger(__name__)
@@ -258,17 +263,101 @@ def _weight_bytes(model: Any) -> int:
     return sum(len(t.raw_data) + 4 * len(t.float_data) for t in model.graph.initializer)
 
 
+class FeedsRejectedError(InvalidInputError):
+    """ONNX Runtime refused to run the model on a batch of calibration feeds.
+
+    Attributes:
+        node: The node ONNX Runtime names (``AffineGrid_0``), or ``""``.
+        op_type: Its op type, or ``""``.
+        reason: ONNX Runtime's own words.
+    """
+
+    def __init__(self, message: str, node: str = "", op_type: str = "", reason: str = "") -> None:
+        super().__init__(message)
+        self.node, self.op_type, self.reason = node, op_type, reason
+
+    @property
+    def where(self) -> str:
+        """``node 'AffineGrid_0' (AffineGrid)``, or ``the model`` when ONNX Runtime names no node."""
+        if not self.op_type:
+            return "the model"
+        return f"node '{self.node}' ({self.op_type})" if self.node else f"a {self.op_type} node"
+
+
+# ONNX Runtime names the failing node as "... while running AffineGrid node. Name:'AffineGrid_0' Status Message: ..."
+_ORT_NODE = re.compile(r"running (\w+) node\. Name:'([^']*)'(?: Status Message: (.*))?", re.S)
+
+
 def _run(sess: Any, names: list[str], batch: Mapping[str, np.ndarray]) -> list[np.ndarray]:
     try:
         return list(sess.run(names, dict(batch)))
     except Exception as err:  # onnxruntime raises its own exception types
-        raise InvalidInputError(
+        text = str(err)
+        m = _ORT_NODE.search(text)
+        op, node, reason = (m.group(1), m.group(2), (m.group(3) or text).strip()) if m else ("", "", text)
+        where = f" at node '{node}' ({op})" if node else f" at a {op} node" if op else ""
+        raise FeedsRejectedError(
             format_message(
                 "Calibration feeds",
-                f"a batch ONNX Runtime rejected ({err})",
+                f"a batch ONNX Runtime rejected{where} ({reason})",
                 "arrays matching the model's inputs",
-            )
+            ),
+            node,
+            op,
+            reason,
         ) from err
+
+
+def non_tensor_inputs(model: Any) -> dict[str, str]:
+    """Graph inputs that are not dense tensors (sequences, optionals, sparse tensors, maps): name -> type."""
+    inits = {t.name for t in model.graph.initializer}
+    out = {}
+    for vi in model.graph.input:
+        if vi.name not in inits and vi.type.WhichOneof("value") != "tensor_type":
+            out[vi.name] = type_text(vi.type)
+    return out
+
+
+def type_text(t: Any) -> str:
+    """An ONNX ``TypeProto`` as ONNX writes it: ``seq(tensor(float))``, ``optional(tensor(int64))``."""
+    from onnx import helper
+
+    kind = t.WhichOneof("value")
+    if kind in ("tensor_type", "sparse_tensor_type"):
+        elem = getattr(t, kind).elem_type
+        name = helper.tensor_dtype_to_string(elem).split(".")[-1].lower() if elem else "?"
+        return f"{'sparse_tensor' if kind == 'sparse_tensor_type' else 'tensor'}({name})"
+    if kind in ("sequence_type", "optional_type"):
+        return f"{'seq' if kind == 'sequence_type' else 'optional'}({type_text(getattr(t, kind).elem_type)})"
+    if kind == "map_type":
+        key = helper.tensor_dtype_to_string(t.map_type.key_type).split(".")[-1].lower()
+        return f"map({key}, {type_text(t.map_type.value_type)})"
+    return str(kind or "no type")
+
+
+def check_data_fits(model: Any, user_data: bool) -> str | None:
+    """Whether calibration can feed this model: None, or why it plans by rules only (mpinfer's own data).
+
+    Calibration data holds tensors: a model with a sequence, optional or sparse input cannot be fed from an
+    .npz or from random tensors.
+
+    Raises:
+        InvalidInputError: For the user's own data, naming the input.
+    """
+    odd = non_tensor_inputs(model)
+    if not odd:
+        return None
+    listed = ", ".join(f"'{n}' ({t})" for n, t in odd.items())
+    if user_data:
+        raise InvalidInputError(
+            format_message(
+                "--calibration",
+                f"data for a model with non-tensor input(s) {listed}",
+                "a model whose inputs are all tensors",
+                "calibration data holds one array per input; convert with `--calibration none` (rules only)",
+            )
+        )
+    return f"input(s) {listed} are not tensors, and calibration data holds one array per input"
 
 
 def _run_chunk(
@@ -570,6 +659,8 @@ def _observer(collector: StatsCollector, main_names: set[str]) -> Any:
     """Emulator observer collecting every body tensor (qualified name) and the listed main-graph tensors."""
 
     def observe(prefix: str, name: str, value: np.ndarray) -> None:
+        if not isinstance(value, np.ndarray):
+            return  # a sequence or an optional: planned around, never measured
         if prefix or name in main_names:
             collector.update(prefix + name, value)
 

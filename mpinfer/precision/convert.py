@@ -21,6 +21,7 @@ from mpinfer.precision.options import NO_CALIBRATION, Options, resolve_options
 from mpinfer.precision.plan import NodeDecision, PrecisionPlan
 from mpinfer.precision.plandata import MANY, SearchRows, calibrate_for_plan, count_rows, search_data, verify_inputs
 from mpinfer.precision.planner import summarize
+from mpinfer.precision.quantized import warn_quantized
 from mpinfer.precision.validate import apply_validated
 from mpinfer.specs import Precision
 
@@ -63,6 +64,7 @@ class ConvertConfig:
         search_samples: Calibration samples the budget search reads (None = ``DEFAULT_SEARCH_SAMPLES``, fewer
             when their FP32 tensors pass ``SEARCH_BYTES_LIMIT``).
         verify_samples: Calibration samples the final verification reads (None = all of them).
+        input_ranges: Value ranges of random calibration data per input, ``("input_ids=0..30522",)``.
         progress: Show progress bars.
     """
 
@@ -89,6 +91,7 @@ class ConvertConfig:
     image_preprocess: str | None = None
     search_samples: int | None = None
     verify_samples: int | None = None
+    input_ranges: tuple[str, ...] = ()
     progress: bool = True
 
 
@@ -444,6 +447,7 @@ def _make_plan(cfg: ConvertConfig, opts: Options, model: Any, info: Any, sha: st
         )
         _warn_broken(made.expected, nodes)
     made.plan.nodes = list(nodes)
+    warn_quantized(made.plan.nodes)  # an int8/QDQ model: say what was left as it was, and why
     return made
 
 

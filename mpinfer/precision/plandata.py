@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from mpinfer.data import load_feeds
-from mpinfer.errors import BackendUnavailableError, InvalidInputError, format_message
-from mpinfer.precision.calibrate import BatchSlicer
+from mpinfer.errors import BackendUnavailableError, InternalError, InvalidInputError, format_message
+from mpinfer.precision.calibrate import BatchSlicer, FeedsRejectedError, check_data_fits
 from mpinfer.precision.evaluators import evaluator_class
 from mpinfer.precision.options import NO_CALIBRATION, Options
 from mpinfer.precision.verify import RUN_BYTES_LIMIT, RUN_ROWS, VerifySettings
@@ -138,6 +138,9 @@ def calibrate_for_plan(
                 )
             )
         return None, None, None
+    why = check_data_fits(model, user_data=not own_data(cfg))
+    if why is not None:
+        return _rules_only(opts, why, "pass --calibration none to plan by rules only without this warning")
     feeds = _load_feeds(cfg, model)
     info = {"source": feeds.description, "kind": feeds.kind, "samples": int(feeds.num_samples)}
     try:
@@ -170,15 +173,60 @@ def calibrate_for_plan(
     except BackendUnavailableError as err:
         logger.warning("Calibration skipped (range rules off): %s", err)
         return None, feeds, info
-    except InvalidInputError as err:
-        guessed = getattr(feeds, "guessed_dims", ())
-        if not guessed:
-            raise
-        raise InvalidInputError(
-            f"{err} (The random data's sizes were guesses: {', '.join(guessed)} set to {DEFAULT_DIM_SIZE}. "
-            "Pass --dim NAME=N with the sizes the model is used at, or real data.)"
-        ) from err
+    except (InternalError, InvalidInputError) as err:
+        return _calibration_failed(cfg, opts, err, feeds, specs_from_onnx(model))
     return stats, feeds, info
+
+
+def _calibration_failed(
+    cfg: Any, opts: Options, err: Exception, feeds: Any, specs: Any
+) -> tuple[None, None, None]:
+    """Calibration could not run the model on its data.
+
+    mpinfer's own random data (the user gave none): plan by rules only, with a warning naming the node and what
+    to pass. The user's data: a user error naming it (ONNX Runtime's refusal), or the error as it is.
+    """
+    if feeds.is_random and own_data(cfg):
+        why = (f"ONNX Runtime rejects mpinfer's own random data at {err.where} ({err.reason[:200]})"
+               if isinstance(err, FeedsRejectedError) else f"mpinfer's own random data cannot be run ({err})")
+        hint = random_data_hint(specs, getattr(feeds, "guessed_dims", ()))
+        return _rules_only(opts, why, "pass --calibration with real inputs" + (f", {hint}" if hint else ""))
+    if isinstance(err, FeedsRejectedError):  # the user's data: name it
+        raise InvalidInputError(
+            format_message(
+                f"Calibration data '{cfg.calibration}'",
+                f"a batch ONNX Runtime rejected at {err.where} ({err.reason[:300]})",
+                "values and shapes the model accepts",
+                "check the values of integer inputs (shapes, indices) and each input's layout (README: Data)",
+            )
+        ) from err
+    raise err
+
+
+def own_data(cfg: Any) -> bool:
+    """True when calibration uses mpinfer's own seeded random data (the user gave none)."""
+    return cfg.calibration is None or str(cfg.calibration) == "random" or str(cfg.calibration).startswith("random:")
+
+
+def _rules_only(opts: Options, why: str, advice: str) -> tuple[None, None, None]:
+    """No calibration after all: plan by rules only, with a warning (a budget needs data: refused)."""
+    if opts.budget:
+        raise InvalidInputError(format_message("--budget", f"no usable calibration data: {why}",
+                                               "data the model accepts", advice))
+    logger.warning("Calibration skipped: %s. Planning by rules only (no range statistics, no measured error). "
+                   "Hint: %s.", why, advice)
+    return None, None, None
+
+
+def random_data_hint(specs: Any, guessed: Any) -> str:
+    """What shapes mpinfer's random data: ``--dim`` for guessed sizes, ``--input-range`` for integer inputs."""
+    parts = []
+    if guessed:
+        parts.append(f"or --dim NAME=N for the sizes it guessed ({', '.join(guessed)} set to {DEFAULT_DIM_SIZE})")
+    ints = [s.name for s in specs if s.dtype.kind in "iu"]
+    if ints:
+        parts.append(f"or --input-range NAME=LO..HI for integer input(s) {', '.join(ints[:5])}")
+    return ", ".join(parts)
 
 
 def _load_feeds(cfg: Any, model: Any) -> Any:
@@ -192,6 +240,7 @@ def _load_feeds(cfg: Any, model: Any) -> Any:
         seed=cfg.seed if cfg.seed is not None else 0,
         dims=cfg.dims,
         image_preprocess=cfg.image_preprocess,
+        input_ranges=cfg.input_ranges,
     )
     if feeds.is_random:
         logger.warning(

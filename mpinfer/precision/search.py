@@ -710,7 +710,8 @@ def measure_plan(
     else:
         refs = [emu.run(batch, None).outputs for batch in taken]
     outs = [emu.run(batch, low).outputs for batch in taken]
-    acc = ModelAccumulator(list(outs[0]), class_outputs=class_outputs, quantiles=False)
+    names = [n for n, v in outs[0].items() if isinstance(v, np.ndarray)]  # sequence values: no figures
+    acc = ModelAccumulator(names, class_outputs=class_outputs, quantiles=False)
     for ref, out in zip(refs, outs, strict=True):
         acc.update(ref, out)
     return summary_figures(acc.finalize())

@@ -355,6 +355,17 @@ def verify_and_repair(
     rounds, demoted, spent = 0, list[str](), ver.wall_s
     while not ver.passed:
         groups = build_groups(info, nodes, decisions)
+        if not groups and settings.default_budget and not any(n.precision.is_low for n in nodes):
+            # Nothing is low any more (no user override either): what the floor still sees is the evaluator's own
+            # FP32 arithmetic against ONNX Runtime's (e.g. -inf vs float32's lowest at masked positions), not
+            # precision the conversion lost. A floor is a safety net, not a budget the user asked for: say so.
+            logger.warning(
+                "The default floor (%s) cannot be verified on this model: with no node left in low precision, "
+                "%s numerics still differ from FP32 ONNX Runtime (%s). Kept as planned; "
+                "check the model with `mpinfer compare`, or pass --budget to make it a requirement.",
+                settings.budget, ver.numerics, "; ".join(ver.failures[:2]),
+            )
+            break
         if not groups or rounds >= MAX_REPAIR_ROUNDS:
             raise _unrecoverable(ver, settings, demoted)
         ranked = _rank(info, groups, _first_rows(info.model, ver.worst_batch, rank_rows), settings.precision)

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from mpinfer.data.feeds import read_npz
+from mpinfer.data.source import read_npz
 from mpinfer.errors import InvalidInputError, format_message
 
 logger = logging.getLogger(__name__)

@@ -71,7 +71,7 @@ def test_image_folder_with_preprocessing(tmp_path):
         ({"x": np.zeros((2, 1, 8, 8), np.float64)}, "dtype float64.*expected float32"),
         ({"x": np.zeros((2, 8, 8), np.float32)}, r"shape \(2, 8, 8\)"),
         ({"x": np.zeros((0, 1, 8, 8), np.float32)}, "empty"),
-        ({"x": np.full((2, 1, 8, 8), np.nan, np.float32)}, "NaN/Inf"),
+        ({"x": np.full((2, 1, 8, 8), np.nan, np.float32)}, "128 NaN values"),
     ],
 )
 def test_bad_data_names_the_problem(tmp_path, arrays, pattern):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from mpinfer.precision.kernels import attention, elementwise, linalg, norm, pool, recurrent, tensor
+from mpinfer.precision.kernels import attention, elementwise, linalg, norm, pool, quant, recurrent, tensor
 from mpinfer.precision.kernels.fallback import reference_available, reference_kernel
 from mpinfer.precision.kernels.numerics import (
     NodeInfo,
@@ -17,7 +17,7 @@ from mpinfer.precision.kernels.numerics import (
 def kernel_table() -> dict[str, object]:
     """A fresh op type -> kernel mapping (ai.onnx domain)."""
     table: dict[str, object] = {}
-    for mod in (attention, elementwise, linalg, norm, pool, recurrent, tensor):
+    for mod in (attention, elementwise, linalg, norm, pool, quant, recurrent, tensor):
         table.update(mod.KERNELS)
     return table
 
