@@ -1,11 +1,21 @@
-"""Scale: convert a > 2 GB random-weights model end to end and report peak memory / model size.
+"""Scale: a > 2 GB random-weights model through convert, compare and build-engine; peak memory / model size.
 
 The model (a stack of MatMul + Add + Relu layers, 9 x 8192x8192 FP32 weights = 2.4 GB) is written straight
-to ONNX external data, layer by layer, so building it never holds it in memory. ``mpinfer convert`` then
-runs in a subprocess (``--calibration none``: rules and weight ranges only) and reports its peak RSS
-(VmHWM).
+to ONNX external data, layer by layer, so building it never holds it in memory. Each step then runs as
+``mpinfer`` in a subprocess of its own, one at a time, and reports its wall time and peak RSS (VmHWM of the
+worker, printed at exit) as a multiple of the FP32 model's size:
 
-    PYTHONPATH=$PWD .venv/bin/python bench/scale.py [--layers 9] [--width 8192] [--out DIR]
+* ``convert-none``: ``convert --calibration none`` (rules and weight ranges only);
+* ``convert``: ``convert --calibration random:16 --budget "cosine>=0.999"`` (calibration, the budget search and
+  the final verification on every calibration sample);
+* ``compare``: ``compare`` of the FP32 model with that output on ``random:16``;
+* ``build-engine``: ``build-engine --backend onnxruntime`` of that output.
+
+    PYTHONPATH=$PWD .venv/bin/python bench/scale.py [--layers 9] [--width 8192] [--out DIR] [--steps ...]
+        [--root TREE]       # the mpinfer source tree to run (default this one): an older checkout, for before/after
+        [--memory-limit SIZE]
+
+A ~0.6 GB version (``--layers 9 --width 4096``) shows the same ratios minus the interpreter's fixed ~0.1 GB.
 """
 
 from __future__ import annotations
@@ -22,6 +32,8 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
+STEPS = ("convert-none", "convert", "compare", "build-engine")
+BUDGET = "cosine>=0.999"
 
 
 def build(folder: Path, layers: int, width: int) -> Path:
@@ -67,60 +79,72 @@ def build(folder: Path, layers: int, width: int) -> Path:
     return path
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--layers", type=int, default=9)
-    p.add_argument("--width", type=int, default=8192)
-    p.add_argument("--out", type=Path, default=None)
-    args = p.parse_args()
-    folder = args.out or Path(tempfile.mkdtemp(prefix="mpinfer-scale-"))
-    folder.mkdir(parents=True, exist_ok=True)
-    start = time.perf_counter()
-    src = build(folder, args.layers, args.width)
-    size = src.stat().st_size + (folder / "model.onnx.data").stat().st_size
-    print(f"built {src} ({size / 1e9:.2f} GB) in {time.perf_counter() - start:.0f}s", flush=True)
-    out = folder / "model.fp16.onnx"
+def step_args(step: str, src: Path, folder: Path) -> list[str]:
+    """The mpinfer command line of ``step``."""
+    low = folder / "model.fp16.onnx"
+    if step == "convert-none":
+        return ["convert", str(src), "--calibration", "none", "-o", str(folder / "model.rules.onnx"), "--force"]
+    if step == "convert":
+        return ["convert", str(src), "--calibration", "random:16", "--budget", BUDGET, "-o", str(low), "--force"]
+    if step == "compare":
+        return ["compare", str(src), str(low), "--data", "random:16", "--quiet"]
+    if step == "build-engine":
+        return ["build-engine", str(low), "--backend", "onnxruntime", "-o", str(folder / "model.fp16.ort.onnx"),
+                "--force"]
+    raise ValueError(step)
+
+
+def run_step(args: list[str], root: Path, memory_limit: str | None) -> dict:
+    """Run ``mpinfer ARGS`` from ``root`` in a subprocess; its exit status, wall time and peak RSS (VmHWM)."""
     # VmHWM (peak RSS of this address space) printed at exit; ru_maxrss would include the forking parent.
     wrapper = (
         "import atexit, sys; from pathlib import Path; atexit.register(lambda: print(next(l for l in "
         "Path('/proc/self/status').read_text().splitlines() if l.startswith('VmHWM')), file=sys.stderr)); "
         "from mpinfer.cli import main; main()"
     )
-    cmd = [
-        sys.executable,
-        "-c",
-        wrapper,
-        "convert",
-        str(src),
-        "--calibration",
-        "none",
-        "-o",
-        str(out),
-        "--force",
-    ]
+    if memory_limit:
+        args = [*args, "--memory-limit", memory_limit]
+    env = {**os.environ, "PYTHONPATH": str(root), "PYTHONDONTWRITEBYTECODE": "1"}
     start = time.perf_counter()
-    proc = subprocess.Popen(
-        cmd, env={**os.environ, "PYTHONPATH": str(ROOT)}, stderr=subprocess.PIPE, text=True
-    )
-    _, status, usage = os.wait4(proc.pid, 0)
+    proc = subprocess.run([sys.executable, "-c", wrapper, *args], env=env, cwd=root, stderr=subprocess.PIPE,
+                          stdout=subprocess.DEVNULL, text=True, check=False)
     wall = time.perf_counter() - start
-    err = proc.stderr.read() if proc.stderr else ""
-    del usage
-    hwm = [line for line in err.splitlines() if line.startswith("VmHWM")]
-    peak = int(hwm[-1].split()[1]) * 1024 if hwm else -1
-    out_size = out.stat().st_size + sum(f.stat().st_size for f in folder.glob("model.fp16.onnx.data"))
-    result = {
-        "model_bytes": size,
-        "output_bytes": out_size,
-        "exit": os.waitstatus_to_exitcode(status),
-        "wall_s": round(wall, 1),
-        "peak_rss_bytes": peak,
-        "peak_over_model_size": round(peak / size, 3),
-    }
-    if result["exit"]:
-        result["error"] = err.strip().splitlines()[-1:] if err else []
-    print(json.dumps(result, indent=1))
-    (folder / "scale.json").write_text(json.dumps(result, indent=1))
+    hwm = [line for line in proc.stderr.splitlines() if line.startswith("VmHWM")]
+    out = {"exit": proc.returncode, "wall_s": round(wall, 1), "peak_rss_bytes": int(hwm[-1].split()[1]) * 1024
+           if hwm else -1}
+    if proc.returncode:
+        out["error"] = proc.stderr.strip().splitlines()[-3:]
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--layers", type=int, default=9)
+    p.add_argument("--width", type=int, default=8192)
+    p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--steps", nargs="+", choices=STEPS, default=list(STEPS))
+    p.add_argument("--root", type=Path, default=ROOT, help="mpinfer source tree to run (default: this one)")
+    p.add_argument("--memory-limit", default=None, help="--memory-limit for every step (default: mpinfer's)")
+    args = p.parse_args()
+    folder = args.out or Path(tempfile.mkdtemp(prefix="mpinfer-scale-"))
+    folder.mkdir(parents=True, exist_ok=True)
+    src = folder / "model.onnx"
+    if not (src.is_file() and (folder / "model.onnx.data").is_file()):
+        start = time.perf_counter()
+        build(folder, args.layers, args.width)
+        print(f"built {src} in {time.perf_counter() - start:.0f}s", flush=True)
+    size = src.stat().st_size + (folder / "model.onnx.data").stat().st_size
+    print(f"model: {size / 1e9:.2f} GB, mpinfer from {args.root}", flush=True)
+    results: dict = {"model_bytes": size, "root": str(args.root), "steps": {}}
+    for step in args.steps:
+        r = run_step(step_args(step, src, folder), args.root, args.memory_limit)
+        r["peak_over_model_size"] = round(r["peak_rss_bytes"] / size, 3)
+        results["steps"][step] = r
+        print(f"{step:>13}: exit {r['exit']}, {r['wall_s']:7.1f} s, peak RSS {r['peak_rss_bytes'] / 1e9:5.2f} GB "
+              f"= {r['peak_over_model_size']:.2f}x the FP32 model{'  ' + str(r.get('error')) if 'error' in r else ''}",
+              flush=True)
+    print(json.dumps(results, indent=1))
+    (folder / "scale.json").write_text(json.dumps(results, indent=1))
 
 
 if __name__ == "__main__":

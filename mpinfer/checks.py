@@ -13,6 +13,12 @@ A check list is comma-separated checks, each ``[OUTPUT:]METRIC OP NUMBER``::
   output ``output:0``). Without it the check applies to every output the metric applies to, and the worst
   output decides (each must pass).
 
+* Generation figures (``token_agreement``, ``first_divergence``, ``ppl_ratio``, ... of
+  :data:`mpinfer.metrics.GENERATION_METRICS`) belong to the model, not to an output: write them plain
+  (``token_agreement>=0.95``) or with the selector ``generate:`` (``generate:ppl_ratio<=1.02``); either way
+  they read the figures of greedy generation (``compare --generate N``; ``convert --budget`` on a decoder with
+  a KV cache and prompt calibration) and print as ``generate:METRIC``.
+
 A metric that does not apply to an output (``top1`` on an output that is not class scores, ``match`` on a float
 output) is not applicable there. A check applicable to no output it selects fails, saying why (never a silent
 pass); NaN fails every check.
@@ -27,7 +33,16 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from mpinfer.errors import InvalidInputError, format_message
-from mpinfer.metrics import LABEL_METRICS, METRIC_DOCS, is_class_metric, is_metric, topk_of
+from mpinfer.metrics import (
+    GENERATION_METRICS,
+    GENERATION_OUTPUT,
+    LABEL_METRICS,
+    METRIC_DOCS,
+    is_class_metric,
+    is_generation_metric,
+    is_metric,
+    topk_of,
+)
 
 # compare's checks when none are given: a healthy FP16 model keeps cosine above ~0.9999; below 0.999 an output
 # has lost real information, and a NaN/Inf where FP32 was finite is always a defect.
@@ -89,8 +104,8 @@ class Check:
         return margin / scale if math.isfinite(margin) else math.copysign(math.inf, margin)
 
     def selected(self, per_output: Mapping[str, Mapping[str, float | None]]) -> dict[str, float | None]:
-        """Output → this check's metric value, over the outputs the check selects."""
-        names = list(per_output) if self.output is None else [self.output]
+        """Output → this check's metric value, over the outputs the check selects (generation: model-level)."""
+        names = [n for n in per_output if n != GENERATION_OUTPUT] if self.output is None else [self.output]
         return {n: per_output.get(n, {}).get(self.metric) for n in names}
 
 
@@ -119,6 +134,16 @@ class Checks:
     def topk(self) -> tuple[int, ...]:
         """The K of every topK metric the checks name."""
         return tuple(sorted({k for c in self.items if (k := topk_of(c.metric)) is not None}))
+
+    @property
+    def generation(self) -> tuple[Check, ...]:
+        """The checks on generation figures (model-level; they need greedy generation to be measured)."""
+        return tuple(c for c in self.items if c.output == GENERATION_OUTPUT)
+
+    def without_generation(self) -> Checks | None:
+        """The checks on the outputs alone (None when every check is a generation check)."""
+        rest = tuple(c for c in self.items if c.output != GENERATION_OUTPUT)
+        return Checks(rest, ",".join(str(c) for c in rest)) if rest else None
 
     @property
     def metrics(self) -> frozenset[str]:
@@ -158,7 +183,7 @@ class Checks:
             InvalidInputError: Naming the check and listing the model's outputs.
         """
         for c in self.items:
-            if c.output is not None and c.output not in names:
+            if c.output is not None and c.output != GENERATION_OUTPUT and c.output not in names:
                 raise InvalidInputError(
                     format_message(
                         f"Check '{c}'",
@@ -179,6 +204,8 @@ class Checks:
 
 def not_applicable_reason(check: Check, per_output: Mapping[str, Mapping[str, float | None]]) -> str:
     """Why ``check`` has no value on the outputs it selects."""
+    if check.output == GENERATION_OUTPUT and check.output not in per_output:
+        return "no generation figures: they come from greedy generation (compare --generate N)"
     if check.output is not None and check.output not in per_output:
         return f"output '{check.output}' was not compared"
     one = check.output is not None
@@ -196,6 +223,27 @@ def not_applicable_reason(check: Check, per_output: Mapping[str, Mapping[str, fl
     if metric in ("match", "mismatch"):
         return f"{who} {'is not' if one else 'is'} an integer or boolean output"
     return f"{who} {'has no' if one else 'has'} values to compute it on"
+
+
+def _selector(raw: str, selector: str | None, metric: str) -> str | None:
+    """A check's output selector: ``generate`` for every generation figure, refused on anything else.
+
+    Raises:
+        InvalidInputError: A generation figure with an output selector, or ``generate:`` with a per-output metric.
+    """
+    if is_generation_metric(metric):
+        if selector not in (None, GENERATION_OUTPUT):
+            raise InvalidInputError(format_message(
+                f"Check '{raw}'", f"the output selector '{selector}:' on a generation figure",
+                f"{metric} plain or {GENERATION_OUTPUT}:{metric}",
+                "generation figures belong to the whole model (greedy decoding), not to one output"))
+        return GENERATION_OUTPUT
+    if selector == GENERATION_OUTPUT:
+        raise InvalidInputError(format_message(
+            f"Check '{raw}'", f"'{GENERATION_OUTPUT}:' with the per-output metric '{metric}'",
+            "a generation figure after generate: (" + ", ".join(sorted(GENERATION_METRICS)) + ")",
+            "leave the selector out to check every output"))
+    return selector
 
 
 def parse_checks(text: str) -> Checks:
@@ -234,7 +282,7 @@ def parse_checks(text: str) -> Checks:
         if colon and not selector.strip():
             raise InvalidInputError(format_message(f"Check '{raw}'", "an empty output name before ':'",
                                                    "OUTPUT:metric<op>number, or no ':' for every output"))
-        items.append(Check(selector.strip() if colon else None, metric, m.group(2), value))
+        items.append(Check(_selector(raw, selector.strip() if colon else None, metric), metric, m.group(2), value))
     if not items:
         raise InvalidInputError(format_message("Checks", repr(text), "at least one check", f"e.g. {_EXAMPLE}"))
     return Checks(tuple(items), text)

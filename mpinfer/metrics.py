@@ -77,10 +77,34 @@ METRIC_DOCS: dict[str, str] = {
     "accuracy": "candidate top-1 accuracy against the data's _labels (class scores, one row per sample)",
     "baseline_accuracy": "baseline top-1 accuracy against the data's _labels",
     "accuracy_drop": "baseline accuracy - candidate accuracy",
+    # Generation figures (compare --generate N, convert --budget on a KV-cache decoder with prompts): one value
+    # per model, not per output; the check selector for them is GENERATION_OUTPUT ("generate:") or none.
+    "token_agreement": "share of (prompt, step) where the candidate's next token, fed the baseline's greedy "
+    "continuation (teacher forcing), is the baseline's (generation; pooled over prompts)",
+    "first_divergence": "index of the first generated token where the candidate's own greedy continuation "
+    "differs from the baseline's (N if none), mean over prompts (generation)",
+    "first_divergence_min": "first_divergence of the worst prompt (generation; min over prompts)",
+    "step_cosine_min": "cosine of the two models' next-token logits per step (teacher-forced), mean over "
+    "prompts, worst step (generation)",
+    "step_cosine_mean": "the per-step logits cosine averaged over steps and prompts (generation)",
+    "ppl_baseline": "the baseline's perplexity on its own greedy continuation (generation; pooled over prompts)",
+    "ppl_candidate": "the candidate's perplexity on the baseline's greedy continuation (generation; pooled)",
+    "ppl_ratio": "ppl_candidate / ppl_baseline (generation; 1 is the same)",
 }
+# The figures of greedy generation: model-level, one value per candidate (see GENERATION_OUTPUT).
+GENERATION_METRICS = frozenset({
+    "token_agreement", "first_divergence", "first_divergence_min", "step_cosine_min", "step_cosine_mean",
+    "ppl_baseline", "ppl_candidate", "ppl_ratio",
+})  # fmt: skip
+# The name generation figures go by where checks read per-output values: ``generate:token_agreement>=0.95``
+# selects them explicitly; a check without a selector (``token_agreement>=0.95``) finds them there too.
+GENERATION_OUTPUT = "generate"
 HIGHER_IS_BETTER: dict[str, bool] = {
     **dict.fromkeys(METRIC_DOCS, False),
     **dict.fromkeys(("cosine", "cosine_min", "snr_db", "top1", "top5", "match", "accuracy", "baseline_accuracy"), True),
+    **dict.fromkeys(
+        ("token_agreement", "first_divergence", "first_divergence_min", "step_cosine_min", "step_cosine_mean"), True
+    ),
 }
 # Metrics measured against the data's ``_labels``: they need labelled data.
 LABEL_METRICS = frozenset({"accuracy", "baseline_accuracy", "accuracy_drop"})
@@ -115,6 +139,21 @@ def higher_is_better(metric: str) -> bool:
 def is_class_metric(metric: str) -> bool:
     """True for the metrics that exist only on class-score outputs (topK, accuracy)."""
     return metric in CLASS_METRICS or topk_of(metric) is not None
+
+
+def is_generation_metric(metric: str) -> bool:
+    """True for the figures of greedy generation (:data:`GENERATION_METRICS`), model-level."""
+    return metric in GENERATION_METRICS
+
+
+def with_generation(
+    per_output: Mapping[str, Mapping[str, float | None]], generation: Mapping[str, float] | None
+) -> dict[str, Mapping[str, float | None]]:
+    """Per-output values plus the generation figures under :data:`GENERATION_OUTPUT` (as checks read them)."""
+    out = dict(per_output)
+    if generation:
+        out[GENERATION_OUTPUT] = dict(generation)
+    return out
 
 
 def relative_l2(noise: float, signal: float) -> float:

@@ -274,6 +274,62 @@ def save_with_external_data(model: onnx.ModelProto, path: Path, data_name: str) 
     onnx.save_model(model, str(path))
 
 
+# Tensors of at least this many bytes start at a multiple of it in a streamed data file, so ONNX Runtime can
+# memory-map them (it maps an external tensor only at an offset aligned to the page size).
+DATA_ALIGNMENT = 4096
+# Bytes copied per step when a weight moves from the input's data file to the output's.
+COPY_CHUNK_BYTES = 64 * 2**20
+
+
+def save_streamed(
+    model: onnx.ModelProto, path: str | os.PathLike[str], data_name: str, base_dir: str | os.PathLike[str] = ""
+) -> Path:
+    """Write ``model`` and its weights to ``path`` + ``data_name`` beside it, one tensor at a time.
+
+    For models whose weights are external (``base_dir``: the folder their data is relative to) or too big to hold
+    twice: each initializer of at least EXTERNAL_DATA_SIZE_THRESHOLD bytes goes to the data file, copied in
+    chunks from its external file or moved out of the proto (whose ``raw_data`` is then cleared), so the proto
+    left in ``model`` is the graph alone, pointing at the new data file. Not atomic: ``path`` is a fresh file in
+    a temporary folder (the caller renames it into place).
+    """
+    import numpy as np
+    import onnx
+    from onnx.external_data_helper import load_external_data_for_tensor
+    from onnx.external_data_helper import uses_external_data as external
+
+    out = Path(path)
+    with open(out.parent / data_name, "wb") as f:
+        for graph in iter_graphs(model.graph):
+            for tensor in graph.initializer:
+                if external(tensor) and tensor.data_type in _MAPPABLE:
+                    raw = np.asarray(tensor_array(tensor, base_dir)).reshape(-1).view(np.uint8)
+                elif external(tensor):  # bfloat16, strings, ...: their bytes as they are
+                    load_external_data_for_tensor(tensor, str(base_dir))
+                    raw = np.frombuffer(tensor.raw_data, np.uint8)
+                elif tensor.HasField("raw_data") and len(tensor.raw_data) >= EXTERNAL_DATA_SIZE_THRESHOLD:
+                    raw = np.frombuffer(tensor.raw_data, np.uint8)
+                else:
+                    continue
+                offset = f.tell()
+                if raw.nbytes >= DATA_ALIGNMENT and offset % DATA_ALIGNMENT:
+                    f.write(b"\0" * (DATA_ALIGNMENT - offset % DATA_ALIGNMENT))
+                    offset = f.tell()
+                for start in range(0, raw.nbytes, COPY_CHUNK_BYTES):
+                    f.write(raw[start : start + COPY_CHUNK_BYTES].tobytes())
+                del raw
+                tensor.ClearField("raw_data")
+                del tensor.external_data[:]
+                tensor.data_location = onnx.TensorProto.EXTERNAL
+                entries = (("location", data_name), ("offset", str(offset)), ("length", str(f.tell() - offset)))
+                for key, value in entries:
+                    tensor.external_data.add(key=key, value=value)
+    if not (out.parent / data_name).stat().st_size:
+        (out.parent / data_name).unlink()  # every tensor small: a self-contained model
+    model.ir_version = ir_version_for(model)
+    out.write_bytes(model.SerializeToString())
+    return out
+
+
 def small_enough_to_size(model: onnx.ModelProto) -> bool:
     """True when the proto can be serialized whole (under 2 GiB of tensor data).
 
@@ -360,11 +416,17 @@ def ort_log_level() -> int:
 
 
 def ort_session(
-    model: onnx.ModelProto | str | os.PathLike[str], providers: list[str] | None = None, options: Any = None
+    model: onnx.ModelProto | str | os.PathLike[str],
+    providers: list[str] | None = None,
+    options: Any = None,
+    *,
+    base_dir: str | os.PathLike[str] | None = None,
 ) -> Any:
     """Create an onnxruntime InferenceSession from a ModelProto or path (CPU unless told otherwise).
 
     ``options`` is an ``onnxruntime.SessionOptions`` (default: logging at :func:`ort_log_level`).
+    ``base_dir``: the folder a ModelProto's external data is relative to (the model file's folder): ONNX Runtime
+    memory-maps the weights from there, the proto stays graph-only (no copy of the weights).
 
     Raises:
         ModelLoadError: If onnxruntime refuses the model.
@@ -379,6 +441,9 @@ def ort_session(
     providers = providers or ["CPUExecutionProvider"]
     try:
         if isinstance(model, onnx.ModelProto):
+            if base_dir and uses_external_data(model) and small_enough_to_size(model):
+                so.add_session_config_entry("session.model_external_initializers_file_folder_path", str(base_dir))
+                return ort.InferenceSession(model.SerializeToString(), so, providers=providers)
             if small_enough_to_size(model):
                 return ort.InferenceSession(model.SerializeToString(), so, providers=providers)
             with tempfile.TemporaryDirectory() as td:
@@ -387,6 +452,42 @@ def ort_session(
         return ort.InferenceSession(str(model), so, providers=providers)
     except Exception as err:  # onnxruntime raises its own Fail/InvalidGraph/... types
         raise ModelLoadError(f"ONNX Runtime could not load the model: {err}") from err
+
+
+def uses_external_data(model: onnx.ModelProto) -> bool:
+    """True when some tensor of ``model`` (bodies included) keeps its data in an external file."""
+    from onnx.external_data_helper import uses_external_data as external
+
+    return any(external(t) for t in _all_tensors(model))
+
+
+# Element types whose external bytes are the numpy array as it is (little-endian, no packing): memory-mapped.
+_MAPPABLE = {1: "<f4", 2: "u1", 3: "i1", 4: "<u2", 5: "<i2", 6: "<i4", 7: "<i8", 9: "?", 10: "<f2", 11: "<f8",
+             12: "<u4", 13: "<u8"}
+
+
+def tensor_array(tensor: onnx.TensorProto, base_dir: str | os.PathLike[str] = "") -> Any:
+    """``tensor``'s values as a numpy array; external data is memory-mapped read-only, not read.
+
+    The mapping lives as long as the array (and its views): pages are read when touched and belong to the page
+    cache, so a weight held only while a node runs costs no memory after it. Other tensors (embedded data,
+    packed or big-endian types) come from ``onnx.numpy_helper.to_array``.
+    """
+    import numpy as np
+    from onnx import numpy_helper
+    from onnx.external_data_helper import uses_external_data as external
+
+    dtype = _MAPPABLE.get(tensor.data_type)
+    if not external(tensor) or dtype is None:
+        return numpy_helper.to_array(tensor, str(base_dir))
+    info = {e.key: e.value for e in tensor.external_data}
+    shape = tuple(int(d) for d in tensor.dims)
+    count = int(np.prod(shape, dtype=np.int64))
+    if count == 0:
+        return numpy_helper.to_array(tensor, str(base_dir))
+    path = Path(base_dir) / info["location"]
+    arr = np.memmap(path, dtype=np.dtype(dtype), mode="r", offset=int(info.get("offset") or 0), shape=(count,))
+    return arr.view(np.ndarray).reshape(shape)  # a plain ndarray (its base keeps the mapping open)
 
 
 def require_file(path: str | os.PathLike[str], what: str) -> Path:

@@ -12,6 +12,7 @@ import logging
 import os
 import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -72,8 +73,12 @@ class StrictRunner(Runner):
     def _activate(self) -> None:
 
         start = time.perf_counter()
-        proto = load_onnx(self._model) if isinstance(self._model, (str, os.PathLike)) else self._model
-        emulator = GraphEmulator(proto, follow_input_dtypes=True)
+        base_dir = ""
+        if isinstance(self._model, (str, os.PathLike)):  # external weights: memory-mapped per node, never loaded
+            proto, base_dir = load_onnx(self._model, load_external_data=False), str(Path(self._model).resolve().parent)
+        else:
+            proto = self._model
+        emulator = GraphEmulator(proto, follow_input_dtypes=True, base_dir=base_dir)
         missing = emulator.unsupported_ops()
         if missing:
             raise BackendUnavailableError(

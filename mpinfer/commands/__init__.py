@@ -2,3 +2,21 @@
 
 Each command parses options into one config object and calls one public API function.
 """
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def memory_limit_option(f: F) -> F:
+    """``--memory-limit SIZE`` (:mod:`mpinfer.memory`), shared by convert, compare and build-engine."""
+    import click
+
+    return click.option(  # type: ignore[no-any-return]
+        "--memory-limit",
+        metavar="SIZE",
+        help="Most memory the run holds besides the memory-mapped weights, e.g. 8GB, 6GiB or 40% (of the "
+        "available memory); every batch, chunk and cache is sized from it. Default: 50% of the available "
+        "memory, at most 12 GB.",
+    )(f)

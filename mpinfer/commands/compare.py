@@ -10,8 +10,8 @@ from pathlib import Path
 import click
 
 from mpinfer.claim import claim_outputs
+from mpinfer.commands import memory_limit_option
 from mpinfer.compare import CompareConfig, compare_models
-from mpinfer.compare.generate import generate_compare, generate_config
 from mpinfer.fileio import check_output_path
 from mpinfer.metrics import METRIC_DOCS, parse_class_outputs
 from mpinfer.report import FILE_NAMES, write_report
@@ -49,7 +49,8 @@ def _warn_latency_options(ctx: click.Context) -> None:
 @click.command(
     epilog="Checks: [OUTPUT:]METRIC OP NUMBER, comma-separated; without OUTPUT: every output the metric applies "
     "to. Metrics: " + ", ".join(METRIC_DOCS) + ", any topK (aliases snr, rel, acc). Operators: >= <= > < ==. "
-    "Definitions: docs/compare.md."
+    "Generation figures (token_agreement ... ppl_ratio) are model-level, plain or as generate:METRIC, and need "
+    "--generate N. Definitions: docs/compare.md."
 )
 @click.argument("baseline")
 @click.argument("candidates", nargs=-1, required=True)
@@ -131,6 +132,7 @@ def _warn_latency_options(ctx: click.Context) -> None:
     show_default=True,
     help="Batches the per-layer divergence compares (both models run once per batch per 64 tensors).",
 )
+@memory_limit_option
 @click.option("--quiet", is_flag=True, help="No progress bars or tables; only the verdict.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report JSON to stdout (for scripts).")
 @click.pass_context
@@ -158,6 +160,7 @@ def compare(
     image_preprocess: str | None,
     divergence: bool,
     divergence_batches: int,
+    memory_limit: str | None,
     quiet: bool,
     as_json: bool,
 ) -> object:
@@ -195,17 +198,14 @@ def compare(
         divergence=divergence,
         divergence_batches=divergence_batches,
         show_progress=not (quiet or as_json),
+        memory_limit=memory_limit,
+        generate=generate_tokens,
     )
-
-    generation = generate_config(config, generate_tokens) if generate_tokens else None
     with contextlib.ExitStack() as stack:
         claim = None
         if report_dir is not None:  # claimed before the comparison: a second run on the folder fails at once
-
             claim = stack.enter_context(claim_outputs([report_dir / n for n in FILE_NAMES.values()], force=force))
-        result = compare_models(config)
-        if generation is not None:  # into the report (data.generation)
-            result.data["generation"] = [g.to_dict() for g in generate_compare(generation)]
+        result = compare_models(config)  # with --generate: data.generation, checkable (token_agreement...)
         paths = write_report(result, report_dir, force=force, claim=claim) if report_dir is not None else {}
     if as_json:
         click.echo(json.dumps(result.to_dict(), indent=2))

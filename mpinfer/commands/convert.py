@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from mpinfer.commands import memory_limit_option
 from mpinfer.data import parse_dims
 from mpinfer.metrics import parse_class_outputs
 from mpinfer.modelio import MAX_OPSET
@@ -81,6 +82,7 @@ from mpinfer.specs import Precision
     "with --plan, the plan's).",
 )
 @click.option("--force", is_flag=True, help="Overwrite the output; re-plan an already-FP16 model.")
+@memory_limit_option
 @click.option("--seed", type=int, help="Seed for random calibration data (default 0).")
 @click.option("--max-batches", type=click.IntRange(min=1), help="Cap on calibration batches.")
 @click.option(
@@ -138,6 +140,7 @@ def convert(
     dims: tuple[str, ...],
     input_ranges: tuple[str, ...],
     image_preprocess: str | None,
+    memory_limit: str | None,
 ) -> object:
     """Convert an FP32 ONNX model to mixed FP16/BF16, keeping FP32 exactly where it is needed.
 
@@ -175,6 +178,7 @@ def convert(
         image_preprocess=image_preprocess,
         input_ranges=input_ranges,
         progress=not quiet,
+        memory_limit=memory_limit,
     )
     result = convert_precision(cfg)
     if not quiet:
@@ -239,6 +243,15 @@ def verification_line(plan: object) -> str | None:
     budget = f"the default floor {ver['budget']} (--budget none to skip it)" if ver.get("default_budget") else (
         f"budget {ver['budget']}"
     )
+    gen = ver.get("generation")
+    if gen:  # the budget's generation checks: greedy decoding of the calibration prompts (ONNX Runtime)
+        from mpinfer.checks import parse_checks
+
+        got = ", ".join(f"{m}={gen['figures'][m]:.6g}" for m in sorted(parse_checks(gen["budget"]).metrics)
+                        if m in gen.get("figures", {}))
+        figures += (f"; greedy generation of {gen['prompts']} prompts x {gen['tokens']} tokens "
+                    f"({gen['numerics']}): {got}")
+        budget += f",{gen['budget']}"
     moved = f"; {ver['moved_to_fp32']} node(s) moved back to FP32 to meet it" if ver.get("moved_to_fp32") else ""
     verdict = "met" if ver.get("passed", True) else "NOT verifiable (see the warning above)"
     return f"{head} on {ver['samples']} samples ({ver['numerics']} numerics): {figures} — {budget} {verdict}{moved}"

@@ -1,11 +1,11 @@
 """Body coverage for the divergence: the tensors inside If/Loop/Scan bodies.
 
-onnxruntime can only return main-graph tensors, so body tensors come from the strict emulator: the baseline
-runs in FP32 and the candidate with each node in its input dtype (``follow_input_dtypes``), on the same
-batches. An ``observe`` callback sees every body tensor under its qualified name (``If_3/then_branch/`` +
-name). Per batch the baseline's observations are held (at most :data:`BODY_BYTES_LIMIT` bytes) and each is
-paired with the candidate's observation of the same name and occurrence (a Loop body tensor is seen once per
-iteration), then freed; only the running sums of :class:`~mpinfer.compare.tensoracc.TensorAcc` are kept.
+onnxruntime can only return main-graph tensors, so body tensors come from the strict emulator: the baseline runs in FP32
+and the candidate with each node in its input dtype (``follow_input_dtypes``), on the same batches. An ``observe``
+callback sees every body tensor under its qualified name (``If_3/then_branch/`` + name). Per batch the baseline's
+observations are held (at most the memory budget's ``body`` slice, :mod:`mpinfer.memory`) and each is paired with the
+candidate's observation of the same name and occurrence (a Loop body tensor is seen once per iteration), then freed;
+only the running sums of :class:`~mpinfer.compare.tensoracc.TensorAcc` are kept.
 """
 
 from __future__ import annotations
@@ -20,14 +20,12 @@ import numpy as np
 
 from mpinfer.compare.tensoracc import SKIP_OPS, TensorAcc
 from mpinfer.errors import BackendUnavailableError
+from mpinfer.memory import current_budget
 from mpinfer.precision.emulate import GraphEmulator
 from mpinfer.precision.kernels.numerics import is_float
 
 logger = logging.getLogger(__name__)
 
-# Baseline body tensors held per batch until the candidate's run pairs them: bounds the memory of Loops with
-# many iterations; observations past it are not compared (and counted).
-BODY_BYTES_LIMIT = 256 * 2**20
 
 
 @dataclass
@@ -69,6 +67,7 @@ class _Pairing:
         self.seen: dict[str, int] = {}
         self.nbytes = 0
         self.dropped = 0
+        self.limit = current_budget().body
 
     def observe_baseline(self, prefix: str, name: str, value: Any) -> None:
         key = prefix + name
@@ -77,7 +76,8 @@ class _Pairing:
         if not is_float(value):
             self.not_float.add(key)  # booleans, indices, sequences: nothing to compare
             return
-        if self.nbytes + value.nbytes > BODY_BYTES_LIMIT:
+        # held until the candidate's run pairs them: bounds Loops with many iterations; past it, not compared
+        if self.nbytes + value.nbytes > self.limit:
             self.dropped += 1
             self.held.setdefault(key, []).append(None)  # keeps the occurrence count; never compared
             return
@@ -106,13 +106,16 @@ class _Pairing:
         self.held.clear()
 
 
-def measure_body_tensors(base: Any, cand: Any, batches: Sequence[Mapping[str, np.ndarray]]) -> BodyCoverage:
+def measure_body_tensors(
+    base: Any, cand: Any, batches: Sequence[Mapping[str, np.ndarray]], dirs: tuple[str, str] = ("", "")
+) -> BodyCoverage:
     """Accumulate the error of every body tensor both models share, over the batches (and Loop iterations).
 
     Args:
         base: The FP32 model (nodes named).
         cand: The converted model (same node and tensor names).
         batches: The divergence batches.
+        dirs: The folders of the two models' external weights (memory-mapped per node).
 
     Returns:
         The accumulated errors by qualified name (``Loop_2/body/Add_1_out``), what was not compared and why.
@@ -128,7 +131,8 @@ def measure_body_tensors(base: Any, cand: Any, batches: Sequence[Mapping[str, np
         "candidate_only_tensors": len(cand_names - base_all),
         "baseline_only_tensors": len(base_names) - len(shared),
     }
-    eb, ec = GraphEmulator(base), GraphEmulator(cand, follow_input_dtypes=True)
+    eb = GraphEmulator(base, base_dir=dirs[0])
+    ec = GraphEmulator(cand, follow_input_dtypes=True, base_dir=dirs[1])
     unsupported = sorted(eb.unsupported_ops() | ec.unsupported_ops())
     if unsupported:
         cov.notes.append(_skip_note(f"the strict emulator cannot run {', '.join(unsupported)}"))

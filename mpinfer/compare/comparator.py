@@ -19,12 +19,14 @@ from mpinfer.backends import Runner, is_torch_spec, open_runner
 from mpinfer.backends.torch_runner import TorchRunner
 from mpinfer.checks import DEFAULT_CHECKS, Checks, parse_checks
 from mpinfer.compare.divergence import find_divergence, load_plan_nodes
+from mpinfer.compare.generate import attach_generation, generate_config
 from mpinfer.compare.hints import precision_summary, speed_hints
 from mpinfer.compare.latency import measure_latency
 from mpinfer.compare.result import CandidateResult, ComparisonResult, LatencyResult, OutputMetrics
 from mpinfer.data import load_feeds, parse_dims
 from mpinfer.data.feeds import fixed_batch, sample_axes
 from mpinfer.errors import InvalidInputError, ModelLoadError, MpinferError, format_message
+from mpinfer.memory import budgeted
 from mpinfer.metrics import LABEL_METRICS, ModelAccumulator, OutputAccumulator, check_output_names, guess_class_output
 from mpinfer.modelio import data_file, load_onnx
 from mpinfer.precision.verify import FingerprintedFeeds
@@ -66,6 +68,10 @@ class CompareConfig:
         divergence_batches: Batches used for it.
         seed: Seed for random data.
         show_progress: Show rich progress bars.
+        memory_limit: ``--memory-limit`` (a size or a share of the available memory; :mod:`mpinfer.memory`);
+            None = the default budget.
+        generate: Decoders with a KV cache: greedily generate this many tokens for every prompt of ``data``
+            with each model (:mod:`mpinfer.compare.generate`); its figures are checkable (``token_agreement``...).
     """
 
     baseline: str
@@ -89,6 +95,8 @@ class CompareConfig:
     divergence_batches: int = DIVERGENCE_BATCHES
     seed: int = 0
     show_progress: bool = True
+    memory_limit: str | int | None = None
+    generate: int | None = None
 
     def __post_init__(self) -> None:
         """Accept ``pathlib.Path`` models and data (as the README's API example passes them)."""
@@ -106,6 +114,11 @@ class CompareConfig:
 def _validate_config(cfg: CompareConfig) -> Checks:
 
     checks = parse_checks(cfg.checks if cfg.checks and cfg.checks.strip() else DEFAULT_CHECKS)
+    if checks.generation and not cfg.generate:
+        raise InvalidInputError(format_message(
+            "--check", ", ".join(str(c) for c in checks.generation), "generation checks together with --generate N",
+            "generation figures come from greedy decoding: add --generate N (generate = N in pipeline.toml) and "
+            "--data prompts.npz"))
     if not cfg.candidates:
         raise InvalidInputError(format_message("Candidates", "none", "at least one model to compare"))
     for cand in cfg.candidates:
@@ -143,12 +156,23 @@ def _validate_config(cfg: CompareConfig) -> Checks:
     return checks
 
 
-def _activate(stack: contextlib.ExitStack, spec: str, role: str, cfg: CompareConfig) -> Runner:
-    """Open and activate one runner, naming the model in any load error."""
+def _activate(
+    stack: contextlib.ExitStack, spec: str, role: str, cfg: CompareConfig, sequential: bool = False
+) -> Runner:
+    """Open and activate one runner, naming the model in any load error.
+
+    ``sequential``: the runner is activated alone, its specs and output names kept, and deactivated; it is
+    activated once more for its pass over the data.
+    """
     try:
         runner = open_runner(
             spec, device=cfg.device, numerics=cfg.numerics if role == "Candidate" else "ort", name=spec
         )
+        if sequential:  # one model in memory at a time: loaded for its specs, again for its pass over the data
+            runner.activate()
+            remembered = _Remembered(runner)
+            runner.deactivate()
+            return remembered  # type: ignore[return-value]  # a Runner to every caller
         stack.enter_context(runner)
     except MpinferError as err:
         raise ModelLoadError(_with_hint(f"{role} '{spec}' could not be loaded: {err}", spec, role, cfg)) from err
@@ -156,6 +180,43 @@ def _activate(stack: contextlib.ExitStack, spec: str, role: str, cfg: CompareCon
         message = f"{role} '{spec}' could not be loaded: {type(err).__name__}: {err}"
         raise ModelLoadError(_with_hint(message, spec, role, cfg)) from err
     return runner
+
+
+# Models on disk above this share of the memory budget are compared one at a time (baseline first, its outputs
+# kept, then each candidate), not all loaded at once: with ONNX Runtime's CPU provider an FP16 candidate's
+# session holds FP32 copies of its weights, so baseline + candidate came to twice the FP32 model.
+ONE_AT_A_TIME_SHARE = 4
+
+
+def _one_at_a_time(cfg: CompareConfig) -> bool:
+    """Whether the models are big enough next to the memory budget to run one at a time.
+
+    ONNX files only, and not with latency (which runs every model on the same batch).
+    """
+    from mpinfer.memory import current_budget
+
+    specs = (cfg.baseline, *cfg.candidates)
+    if cfg.latency or not all(str(s).lower().endswith(".onnx") for s in specs):
+        return False
+    return sum(model_size(s) or 0 for s in specs) > current_budget().limit // ONE_AT_A_TIME_SHARE
+
+
+class _Remembered:
+    """A runner whose specs and output names stay known while it is inactive (compared one model at a time)."""
+
+    def __init__(self, runner: Runner) -> None:
+        self.runner = runner
+        self.specs = runner.input_specs()
+        self.names = runner.output_names()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.runner, name)
+
+    def input_specs(self) -> list[TensorSpec]:
+        return list(self.specs)
+
+    def output_names(self) -> list[str]:
+        return list(self.names)
 
 
 def _with_hint(message: str, spec: str, role: str, cfg: CompareConfig) -> str:
@@ -307,6 +368,8 @@ def _run_batches(
     checks: Checks,
 ) -> tuple[dict[str, ModelAccumulator], list[dict[str, Any]]]:
     accs = {c: ModelAccumulator(out_names, class_outputs=cfg.class_outputs, topk=checks.topk) for c in candidates}
+    if not baseline.is_active:
+        return _run_one_at_a_time(cfg, baseline, candidates, feeds, out_names, accs)
     kept: list[dict[str, np.ndarray]] = []
     offset = 0
     labels = feeds.labels
@@ -334,6 +397,49 @@ def _run_batches(
                 "check the batch size against the number of samples",
             )
         )
+    return accs, kept
+
+
+def _run_one_at_a_time(
+    cfg: CompareConfig,
+    baseline: Any,
+    candidates: Mapping[str, Any],
+    feeds: Any,
+    out_names: Sequence[str],
+    accs: dict[str, ModelAccumulator],
+) -> tuple[dict[str, ModelAccumulator], list[dict[str, Any]]]:
+    """:func:`_run_batches` with one model loaded at a time.
+
+    The baseline's outputs of every batch are kept, then each candidate runs over the same batches and is
+    compared with them.
+    """
+    labels = feeds.labels
+    bouts: list[dict[str, np.ndarray]] = []
+    labs: list[Any] = []
+    kept: list[dict[str, np.ndarray]] = []
+    labeled: set[str] = set()
+    offset = 0
+    with baseline.runner:
+        for index, batch in enumerate(_iter_progress(feeds, cfg.show_progress)):
+            n = next(iter(batch.values())).shape[0] if batch else 0
+            labs.append(labels[offset : offset + n] if labels is not None and offset + n <= len(labels) else None)
+            offset += n
+            bouts.append({k: np.array(v) for k, v in _infer(baseline.runner, batch, f"Baseline '{cfg.baseline}'",
+                                                              index).items()})
+            if index == 0 and labels is not None:
+                labeled = _labeled_outputs(labels, bouts[0], n, cfg)
+            if len(kept) < max(cfg.divergence_batches, 1):
+                kept.append(batch)
+    if not kept:
+        raise InvalidInputError(format_message(f"Data '{cfg.data or 'random'}'", "no batches",
+                                               "at least one batch of samples"))
+    for cname, runner in candidates.items():
+        with runner.runner:
+            for index, batch in enumerate(feeds):
+                cout = _infer(runner.runner, batch, f"Candidate '{cname}'", index)
+                _check_batch_outputs(bouts[index], cout, cname)
+                for o in out_names:
+                    accs[cname].outputs[o].update(bouts[index][o], cout[o], labs[index] if o in labeled else None)
     return accs, kept
 
 
@@ -377,6 +483,7 @@ def _check_label_metrics(checks: Checks, has_labels: bool, cfg: CompareConfig) -
         )
 
 
+@budgeted
 def compare_models(config: CompareConfig) -> ComparisonResult:
     """Compare one baseline with one or more candidates on the same data.
 
@@ -391,10 +498,12 @@ def compare_models(config: CompareConfig) -> ComparisonResult:
         ModelLoadError: A model that cannot be loaded (named in the message).
     """
     checks = _validate_config(config)
+    generation = generate_config(config, config.generate) if config.generate else None  # checked before any run
     t0 = time.perf_counter()
     with contextlib.ExitStack() as stack:
-        baseline = _activate(stack, config.baseline, "Baseline", config)
-        cands = {c: _activate(stack, c, "Candidate", config) for c in config.candidates}
+        sequential = _one_at_a_time(config)
+        baseline = _activate(stack, config.baseline, "Baseline", config, sequential)
+        cands = {c: _activate(stack, c, "Candidate", config, sequential) for c in config.candidates}
         specs = _specs_of(baseline, cands, config)
         out_names = _output_names(baseline, cands)
         checks.check_outputs(out_names)
@@ -405,7 +514,7 @@ def compare_models(config: CompareConfig) -> ComparisonResult:
 
         hashed = FingerprintedFeeds(feeds)  # the data's fingerprint, to set beside a plan's verified figures
         accs, kept = _run_batches(config, baseline, cands, hashed, out_names, checks)
-        results = [_candidate_result(config, c, cands[c], accs[c], out_names, checks, kept) for c in cands]
+        results = [_candidate_result(config, c, cands[c], accs[c], out_names, checks) for c in cands]
         latency = _latency(config, baseline, cands, kept[0]) if config.latency else None
         base_info = {
             "name": config.baseline,
@@ -413,9 +522,12 @@ def compare_models(config: CompareConfig) -> ComparisonResult:
             "runner": baseline.describe(),
             "size_bytes": model_size(config.baseline),
         }
+    for result in results:  # after the runners are closed: the divergence opens sessions of its own
+        if result.path.lower().endswith(".onnx"):
+            _onnx_extras(config, result, kept)
     notes = _notes(feeds.is_random, result_runners=[c.runner for c in results], latency=latency is not None)
     logger.info("compare finished in %.1f s", time.perf_counter() - t0)
-    return ComparisonResult(
+    comparison = ComparisonResult(
         baseline=base_info,
         candidates=results,
         checks=[str(c) for c in checks],
@@ -425,6 +537,9 @@ def compare_models(config: CompareConfig) -> ComparisonResult:
         notes=notes,
         created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     )
+    if generation is not None:  # after the sessions above are closed: one model open at a time
+        attach_generation(comparison, generation, checks)
+    return comparison
 
 
 def _open_data(config: CompareConfig, specs: Any) -> Any:
@@ -462,7 +577,6 @@ def _candidate_result(
     accs: ModelAccumulator,
     out_names: Sequence[str],
     checks: Checks,
-    kept: list[dict[str, Any]],
 ) -> CandidateResult:
     outputs = []
     for o in out_names:
@@ -483,14 +597,12 @@ def _candidate_result(
         name=name, path=name, runner=runner.describe(), outputs=outputs, size_bytes=model_size(name)
     )
     result.evaluate(checks)
-    if name.lower().endswith(".onnx"):
-        _onnx_extras(cfg, result, kept)
     return result
 
 
 def _onnx_extras(cfg: CompareConfig, result: CandidateResult, kept: list[dict[str, Any]]) -> None:
 
-    model = load_onnx(result.path)
+    model = load_onnx(result.path, load_external_data=False)  # the graph: hints and counts read no weights
     result.precision = precision_summary(model, result.path)
     result.hints = speed_hints(model, load_plan_nodes(result.path))
     if cfg.divergence and cfg.baseline.lower().endswith(".onnx"):

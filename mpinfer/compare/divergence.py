@@ -26,7 +26,8 @@ from mpinfer.backends.ort import resolve_providers
 from mpinfer.compare.bodies import BodyCoverage, body_graphs, measure_body_tensors
 from mpinfer.compare.result import Divergence, NodeError
 from mpinfer.compare.tensoracc import SKIP_OPS, TensorAcc
-from mpinfer.modelio import iter_nodes, load_onnx, name_nodes, ort_session
+from mpinfer.memory import current_budget
+from mpinfer.modelio import iter_nodes, load_onnx, name_nodes, ort_session, uses_external_data
 from mpinfer.precision.calibrate import BatchSlicer, pack_chunks
 from mpinfer.precision.emulate import GraphEmulator
 from mpinfer.progress import progress_bar
@@ -39,8 +40,6 @@ CHUNK_SIZE = 64
 # The strict emulator recomputes the whole graph per chunk, so it takes bigger chunks (one batch's tensors);
 # only the baseline's values are held (the candidate's are compared as the emulator computes them).
 STRICT_CHUNK_SIZE = 512
-# ... and a chunk's tensors come to at most this many bytes per model run (sizes from a one-sample probe).
-CHUNK_BYTES = 256 * 2**20
 # A node's output relative error must reach 1 % to count as a jump (FP16 rounding alone gives ~1e-3).
 JUMP_MIN_ERROR = 1e-2
 # ... and be at least 10x the error already present in its inputs.
@@ -99,7 +98,12 @@ def _strict_pass(
 
 
 def tensor_bytes(
-    model: Any, names: Sequence[str], batches: Sequence[Mapping[str, np.ndarray]], providers: list[str]
+    model: Any,
+    names: Sequence[str],
+    batches: Sequence[Mapping[str, np.ndarray]],
+    providers: list[str],
+    *,
+    base_dir: str = "",
 ) -> list[int]:
     """Bytes of each named tensor for the largest batch: one probe run on its first sample, times its samples.
 
@@ -112,7 +116,7 @@ def tensor_bytes(
     slicer = BatchSlicer(model)
     rows = slicer.rows(feeds)
     sample = slicer.slice(feeds, 0, 1) if rows > 1 else feeds
-    sess = ort_session(_with_outputs(model, names), providers)
+    sess = ort_session(_with_outputs(model, names), providers, base_dir=base_dir or None)
     return [np.asarray(v).nbytes * rows for v in sess.run(list(names), dict(sample))]
 
 
@@ -125,24 +129,28 @@ def measure_tensors(
     *,
     strict: bool = False,
     show_progress: bool = False,
+    dirs: tuple[str, str] = ("", ""),
 ) -> dict[str, TensorAcc]:
     """Run both models with ``names`` as extra outputs, chunk by chunk, and accumulate per-tensor error.
 
     The baseline always runs in onnxruntime (FP32); the candidate in onnxruntime or, with ``strict``, in the
     strict FP16/BF16 emulator (which compares each chunk tensor as it computes it and keeps none). The extra
-    outputs decide what onnxruntime fuses, so the chunking is part of the result: keep it stable.
+    outputs decide what onnxruntime fuses, so the chunking is part of the result: keep it stable. ``dirs``: the
+    folders the baseline's and the candidate's external weights are in (memory-mapped from there, never loaded).
     """
     accs = {n: TensorAcc() for n in names}
     size = STRICT_CHUNK_SIZE if strict else CHUNK_SIZE
-    chunks = pack_chunks(names, tensor_bytes(base, names, batches, providers), size, CHUNK_BYTES)
+    # a chunk's tensors come to at most the budget's divergence slice per model run (sizes from a one-sample probe)
+    limit = current_budget().divergence_chunk
+    chunks = pack_chunks(names, tensor_bytes(base, names, batches, providers, base_dir=dirs[0]), size, limit)
     emu = None
     if strict:
 
-        emu = GraphEmulator(cand, follow_input_dtypes=True)
+        emu = GraphEmulator(cand, follow_input_dtypes=True, base_dir=dirs[1])
     with progress_bar(enabled=show_progress) as progress:
         task = progress.add_task("divergence: intermediate tensors", total=len(chunks) * len(batches))
         for chunk in chunks:
-            sb: Any = ort_session(_with_outputs(base, chunk), providers)
+            sb: Any = ort_session(_with_outputs(base, chunk), providers, base_dir=dirs[0] or None)
             if emu is not None:
                 for feeds in batches:
                     _strict_pass(emu, chunk, sb.run(chunk, dict(feeds)), feeds, accs)
@@ -154,7 +162,7 @@ def measure_tensors(
             # Copies: ONNX Runtime's output arrays are views that keep the session's whole arena alive.
             kept = [[np.array(v) for v in sb.run(chunk, dict(feeds))] for feeds in batches]
             del sb
-            sc: Any = ort_session(_with_outputs(cand, chunk), providers)
+            sc: Any = ort_session(_with_outputs(cand, chunk), providers, base_dir=dirs[1] or None)
             for feeds in batches:
                 rb, rc = kept.pop(0), sc.run(chunk, dict(feeds))
                 for n, b, c in zip(chunk, rb, rc, strict=True):
@@ -186,16 +194,19 @@ def rank_nodes(
     return nodes
 
 
-def weight_errors(base: Any, cand: Any) -> dict[tuple[str, str], float]:
+def weight_errors(base: Any, cand: Any, dirs: tuple[str, str] = ("", "")) -> dict[tuple[str, str], float]:
     """Rounding error of each FP32 constant the candidate holds, under the same name, in FP16/BF16.
 
-    Constants are initializers and Constant nodes, bodies included; keys are the ranking's scopes (body prefix,
-    name); the error is relative L2. An FP32 node that reads such a value (through the candidate's Cast back
-    to FP32) starts from that error: it is the node's input error, not error the node adds. (A low-precision
-    node's own weight rounding is part of what running it low costs: it stays in its added error.)
+    Constants are initializers and Constant nodes, bodies included; keys are the ranking's scopes (body prefix, name);
+    the error is relative L2 (external weights memory-mapped from ``dirs``, one pair at a time). An FP32 node that reads
+    such a value (through the candidate's Cast back to FP32) starts from that error: it is the node's input error, not
+    error the node adds. (A low-precision node's own weight rounding is part of what running it low costs: it stays in
+    its added error.)
     """
     import onnx
-    from onnx import TensorProto, numpy_helper
+    from onnx import TensorProto
+
+    from mpinfer.modelio import tensor_array
 
     def constants(graph: Any, prefix: str, out: dict[tuple[str, str], Any]) -> dict[tuple[str, str], Any]:
         out.update(((prefix, t.name), t) for t in graph.initializer)
@@ -215,7 +226,7 @@ def weight_errors(base: Any, cand: Any) -> dict[tuple[str, str], float]:
         if t.data_type != TensorProto.FLOAT or c is None:
             continue
         acc = TensorAcc()
-        acc.update(numpy_helper.to_array(t), numpy_helper.to_array(c).astype(np.float32))
+        acc.update(np.asarray(tensor_array(t, dirs[0])), np.asarray(tensor_array(c, dirs[1])).astype(np.float32))
         errors[key] = acc.error
     return errors
 
@@ -353,14 +364,22 @@ def find_divergence(
         The Divergence (nodes in graph order, ranking by added error, the first jump).
     """
     t0 = time.perf_counter()
-    base, cand = name_nodes(load_onnx(baseline)), name_nodes(load_onnx(candidate))
+    # external weights stay on disk: sessions and the emulator memory-map them from each model's folder
+    base = name_nodes(load_onnx(baseline, load_external_data=False))
+    cand = name_nodes(load_onnx(candidate, load_external_data=False))
+    dirs = (
+        str(Path(baseline).resolve().parent) if uses_external_data(base) else "",
+        str(Path(candidate).resolve().parent) if uses_external_data(cand) else "",
+    )
     shared, skipped = _shared_tensors(base, cand)
     providers = resolve_providers(device)
     strict = numerics == "strict"
-    accs = measure_tensors(base, cand, shared, batches, providers, strict=strict, show_progress=show_progress)
-    bodies = _cover_bodies(base, cand, batches, skipped)
+    accs = measure_tensors(
+        base, cand, shared, batches, providers, strict=strict, show_progress=show_progress, dirs=dirs
+    )
+    bodies = _cover_bodies(base, cand, batches, skipped, dirs)
     nodes = rank_nodes(
-        base, accs, load_plan_nodes(candidate), bodies.accs if bodies else None, weight_errors(base, cand)
+        base, accs, load_plan_nodes(candidate), bodies.accs if bodies else None, weight_errors(base, cand, dirs)
     )
     outputs = {o.name for o in base.graph.output}
     blind = [] if any(t not in outputs for t in accs) or (bodies and bodies.accs) else [
@@ -402,12 +421,16 @@ def find_divergence(
 
 
 def _cover_bodies(
-    base: Any, cand: Any, batches: Sequence[Mapping[str, np.ndarray]], skipped: dict[str, int]
+    base: Any,
+    cand: Any,
+    batches: Sequence[Mapping[str, np.ndarray]],
+    skipped: dict[str, int],
+    dirs: tuple[str, str] = ("", ""),
 ) -> BodyCoverage | None:
     """Body tensors through the strict emulator (None without bodies); updates the ``skipped`` counts."""
     if not skipped.get("subgraph_nodes"):
         return None
-    cov = measure_body_tensors(base, cand, batches)
+    cov = measure_body_tensors(base, cand, batches, dirs)
     for key, count in cov.skipped.items():
         skipped[key] = skipped.get(key, 0) + count
     if cov.accs:  # body nodes none of whose float outputs was compared (a branch not taken, say)

@@ -113,20 +113,24 @@ class GenerateConfig:
     providers: tuple[str, ...] = ()
 
 
-class _Model:
-    """A decoder with its KV layout; its ONNX Runtime session opens on :meth:`open` (one model at a time)."""
+class Decoder:
+    """A decoder with its KV layout; its ONNX Runtime session opens on :meth:`open` (one model at a time).
 
-    def __init__(self, path: str) -> None:
+    ``path`` is an ONNX file, or an ``onnx.ModelProto`` (convert's candidate as it will be written).
+    """
+
+    def __init__(self, path: Any, what: str = "--generate") -> None:
         layout = kv_layout(_specs(path))
         if layout is None:
-            raise InvalidInputError(format_message(f"--generate with '{path}'", "a model without a KV cache",
+            name = path if isinstance(path, (str, Path)) else "the model"
+            raise InvalidInputError(format_message(f"{what} with '{name}'", "a model without a KV cache",
                                                    "decoders exported with past_key_values.*/present.*",
                                                    "mpinfer export of a causal LM folder adds it (unless --no-past)"))
         self.path = path
         self.layout: KvLayout = layout
         self.run: Any = None
 
-    def open(self, providers: Sequence[str]) -> _Model:
+    def open(self, providers: Sequence[str]) -> Decoder:
         """Start the session (the model's memory is held from here until :meth:`close`)."""
         self.run = ort_run_fn(ort_session(self.path, providers=list(providers) or None), self.layout.output_names)
         return self
@@ -174,7 +178,7 @@ def first_divergence(ref: np.ndarray, cand: np.ndarray) -> list[int]:
     return [int(np.argmax(row)) if row.any() else int(ref.shape[1]) for row in differ]
 
 
-def time_decode(model: _Model, prompts: Prompts, tokens: int, batch: int) -> dict[str, float]:
+def time_decode(model: Decoder, prompts: Prompts, tokens: int, batch: int) -> dict[str, float]:
     """Median prefill ms and decode tokens/s of ``batch`` prompts (tiled when fewer) over a few runs."""
     reps = -(-batch // prompts.count)
     ids = np.tile(prompts.input_ids, (reps, 1))[:batch]
@@ -192,6 +196,19 @@ def time_decode(model: _Model, prompts: Prompts, tokens: int, batch: int) -> dic
     return {"prefill_ms": 1000 * float(np.median(prefill)), "decode_tokens_per_s": rate}
 
 
+def measure_candidate(cand: Decoder, ref: DecodeRun, prompts: Prompts, tokens: int, batch: int, *,
+                      name: str) -> GenerationResult:
+    """The generation figures of one open candidate against the baseline's decode ``ref`` (no latency)."""
+    free = cand.decode(prompts, tokens, batch)
+    forced = cand.decode(prompts, tokens, batch, forced=ref.tokens)
+    return GenerationResult(
+        candidate=name, tokens=tokens, prompts=prompts.count,
+        first_divergence=first_divergence(ref.tokens, free.tokens),
+        token_agreement=float(np.mean(forced.tokens == ref.tokens)),
+        step_cosine=step_cosines(ref.logits, forced.logits),
+        ppl_baseline=perplexity(ref.logits, ref.tokens), ppl_candidate=perplexity(forced.logits, ref.tokens))
+
+
 def check_generate(cfg: GenerateConfig) -> Prompts:
     """Check the models (each with a KV cache) and read the prompts, before any model runs.
 
@@ -201,7 +218,7 @@ def check_generate(cfg: GenerateConfig) -> Prompts:
     if cfg.tokens < 1:
         raise InvalidInputError(format_message("--generate", cfg.tokens, "a number of tokens >= 1"))
     for path in (cfg.baseline, *cfg.candidates):
-        _Model(path)
+        Decoder(path)
     vocab = next((int(s.value_range[1]) for s in _specs(cfg.baseline) if s.name == "input_ids" and s.value_range),
                  None)
     if str(cfg.prompts).startswith("random"):
@@ -222,31 +239,41 @@ def generate_compare(cfg: GenerateConfig) -> list[GenerationResult]:
     prompts = check_generate(cfg)
     start = time.perf_counter()
     sizes = cfg.latency_batch_sizes or tuple(sorted({1, min(DEFAULT_LATENCY_BATCH, prompts.count)}))
-    base = _Model(cfg.baseline).open(cfg.providers)
+    base = Decoder(cfg.baseline).open(cfg.providers)
     ref = base.decode(prompts, cfg.tokens, cfg.batch_size)
     base_latency = {b: time_decode(base, prompts, cfg.tokens, b) for b in sizes}
     base.close()
     results = []
     for path in cfg.candidates:
-        cand = _Model(path).open(cfg.providers)
-        free = cand.decode(prompts, cfg.tokens, cfg.batch_size)
-        forced = cand.decode(prompts, cfg.tokens, cfg.batch_size, forced=ref.tokens)
-        results.append(GenerationResult(
-            candidate=path, tokens=cfg.tokens, prompts=prompts.count,
-            first_divergence=first_divergence(ref.tokens, free.tokens),
-            token_agreement=float(np.mean(forced.tokens == ref.tokens)),
-            step_cosine=step_cosines(ref.logits, forced.logits),
-            ppl_baseline=perplexity(ref.logits, ref.tokens), ppl_candidate=perplexity(forced.logits, ref.tokens),
-            latency={b: {"baseline": base_latency[b], "candidate": time_decode(cand, prompts, cfg.tokens, b)}
-                     for b in sizes}))
+        cand = Decoder(path).open(cfg.providers)
+        res = measure_candidate(cand, ref, prompts, cfg.tokens, cfg.batch_size, name=path)
+        res.latency = {b: {"baseline": base_latency[b], "candidate": time_decode(cand, prompts, cfg.tokens, b)}
+                       for b in sizes}
+        results.append(res)
         cand.close()
     logger.info("generation of %d tokens for %d prompts with %d model(s) took %.1f s", cfg.tokens, prompts.count,
                 1 + len(cfg.candidates), time.perf_counter() - start)
     return results
 
 
-def _specs(path: str) -> list[Any]:
+def attach_generation(result: Any, cfg: GenerateConfig, checks: Any) -> None:
+    """Generate with every candidate of ``result`` (a ComparisonResult) and check the figures with the rest.
 
+    The figures go into ``result.data["generation"]`` (one :meth:`GenerationResult.to_dict` per candidate)
+    and each candidate's ``generation`` (what ``generate:``/generation checks read); ``checks`` are evaluated
+    again with them.
+    """
+    gens = generate_compare(cfg)
+    result.data["generation"] = [g.to_dict() for g in gens]
+    by_path = {g.candidate: g.metrics() for g in gens}
+    for cand in result.candidates:
+        cand.generation = by_path.get(cand.path)
+        cand.evaluate(checks)
+
+
+def _specs(path: Any) -> list[Any]:
+    if not isinstance(path, (str, Path)):  # a ModelProto
+        return specs_from_onnx(path)
     return specs_from_onnx(load_onnx(Path(path), load_external_data=False))
 
 

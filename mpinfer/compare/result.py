@@ -127,6 +127,13 @@ class CandidateResult:
     precision: dict[str, Any] | None = None
     hints: list[SpeedHint] = field(default_factory=list)
     size_bytes: int | None = None
+    generation: dict[str, float] | None = None  # compare --generate: the model-level generation figures
+
+    def per_output(self) -> dict[str, Any]:
+        """Output → metric → value, with the generation figures under ``generate`` (as checks read them)."""
+        from mpinfer.metrics import with_generation
+
+        return with_generation({o.name: o.values for o in self.outputs}, self.generation)
 
     @property
     def passed(self) -> bool:
@@ -135,7 +142,7 @@ class CandidateResult:
 
     def evaluate(self, checks: Checks) -> None:
         """(Re)compute :attr:`checks` for the given thresholds; a check applicable to no output it selects fails."""
-        per_output = {o.name: o.values for o in self.outputs}
+        per_output = self.per_output()
         self.checks = []
         for c in checks:
             values = c.selected(per_output)
@@ -212,6 +219,11 @@ class ComparisonResult:
         checks = parse_checks(text if text and text.strip() else DEFAULT_CHECKS)
         names = list(dict.fromkeys(o.name for c in self.candidates for o in c.outputs))
         checks.check_outputs(names)
+        if checks.generation and not any(c.generation for c in self.candidates):
+            raise InvalidInputError(format_message(
+                "--check", ", ".join(str(c) for c in checks.generation),
+                "generation checks on a report without generation figures",
+                "the comparison ran without --generate N; run mpinfer compare --generate N --data prompts.npz"))
         new = ComparisonResult.from_dict(self.to_dict())
         new.checks = [str(c) for c in checks]
         for cand in new.candidates:
@@ -318,6 +330,7 @@ def _from_dict(d: dict[str, Any]) -> ComparisonResult:
                 precision=c.get("precision"),
                 size_bytes=c.get("size_bytes"),
                 hints=[SpeedHint(**h) for h in c.get("hints", [])],
+                generation=c.get("generation"),
             )
         )
     lat = d.get("latency")

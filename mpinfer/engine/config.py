@@ -18,6 +18,7 @@ from typing import Any
 
 from mpinfer.data.feeds import DEFAULT_BATCH_SIZE
 from mpinfer.errors import InvalidInputError, format_message
+from mpinfer.memory import parse_size
 from mpinfer.specs import Precision, TensorSpec, batch_symbols, parse_enum
 
 # TensorRT's own default builder optimization level (IBuilderConfig.builder_optimization_level): a good
@@ -30,20 +31,6 @@ _SHAPES_HINT = (
     "write name:min,opt,max with shapes like 1x3x64x64, e.g. "
     "\"x:1x3x64x64,8x3x64x64,32x3x64x64\"; separate inputs with ';'"
 )
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*$", re.IGNORECASE)
-_SIZE_UNITS = {
-    "b": 1,
-    "kb": 10**3,
-    "mb": 10**6,
-    "gb": 10**9,
-    "tb": 10**12,
-    "kib": 2**10,
-    "mib": 2**20,
-    "gib": 2**30,
-    "tib": 2**40,
-}
-
-
 class Backend(str, enum.Enum):
     """Which engine ``build-engine`` produces."""
 
@@ -276,31 +263,6 @@ def _example_profile(spec: TensorSpec) -> str:
     return f"{spec.name}:{shape(1)},{shape(8)},{shape(32)}"
 
 
-def parse_size(text: str | int, what: str = "Size") -> int:
-    """Parse a memory size (``4GiB``, ``512MiB``, ``1GB``, ``1048576``) into bytes.
-
-    Raises:
-        InvalidInputError: If malformed or not positive.
-    """
-    if isinstance(text, int):
-        value = text
-    else:
-        m = _SIZE_RE.match(str(text))
-        if not m:
-            raise InvalidInputError(
-                format_message(
-                    what,
-                    repr(text),
-                    "a number with an optional unit",
-                    "e.g. 4GiB, 512MiB, 2GB or a byte count",
-                )
-            )
-        value = int(float(m.group(1)) * _SIZE_UNITS[(m.group(2) or "B").lower()])
-    if value <= 0:
-        raise InvalidInputError(format_message(what, repr(text), "a positive size"))
-    return value
-
-
 @dataclass(frozen=True)
 class BuildConfig:
     """Settings of one ``build-engine`` run.
@@ -317,6 +279,8 @@ class BuildConfig:
         device: ``auto``, ``cpu``, ``cuda`` or ``cuda:N``.
         force: Overwrite an existing output.
         plan: Precision plan to summarise in the sidecar (default: ``<model stem>.plan.json`` if present).
+        memory_limit: ``--memory-limit`` (a size or a share of the available memory; :mod:`mpinfer.memory`);
+            None = the default budget.
     """
 
     model: Path
@@ -330,6 +294,7 @@ class BuildConfig:
     device: str = "auto"
     force: bool = False
     plan: Path | None = None
+    memory_limit: str | int | None = None
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> BuildConfig:

@@ -97,6 +97,9 @@ def _optimise(model_path: Path, tmp: Path, level: str, entries: dict[str, str], 
     so.log_severity_level = ort_log_level()
     so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, level)
     so.optimized_model_filepath = str(tmp)
+    # The saved graph is what this session is for: no packed copies of the weights for kernels it never runs
+    # (they doubled the peak memory of a build; a session loading the engine packs them itself).
+    so.add_session_config_entry("session.disable_prepacking", "1")
     for key, value in entries.items():
         so.add_session_config_entry(key, value)
     logger.info("Optimising %s for %s (%s) ...", model_path, providers[0], level)

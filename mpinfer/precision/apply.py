@@ -60,8 +60,10 @@ def to_low_tensor(tensor: Any, low: Precision, base_dir: str = "") -> Any:
     """A TensorProto with the same name and shape in the low dtype (external data read from ``base_dir``)."""
     from onnx import numpy_helper
 
-    arr = numpy_helper.to_array(tensor, base_dir)
-    out = numpy_helper.from_array(low_array(arr, low), tensor.name)
+    from mpinfer.modelio import tensor_array
+
+    arr = tensor_array(tensor, base_dir)  # external data memory-mapped: read once, never held in FP32
+    out = numpy_helper.from_array(low_array(np.asarray(arr), low), tensor.name)
     return out
 
 

@@ -28,6 +28,7 @@ import numpy as np
 
 from mpinfer.backends.base import check_feeds
 from mpinfer.errors import InvalidInputError, ModelLoadError, format_message
+from mpinfer.memory import current_budget
 from mpinfer.precision.graphinfo import FLOAT
 from mpinfer.precision.tensorstats import (
     BF16_MIN_NORMAL,
@@ -73,22 +74,22 @@ RANDOM_DATA_WARNING = (
 # Models with more weight bytes than this are calibrated from a temporary external-data copy, so the
 # per-chunk session models are graph-only protos instead of full copies of the weights.
 IN_MEMORY_LIMIT = 256 * 2**20
-# Tensors fetched per pass of ONNX Runtime over the data (bytes bound the memory: ``CALL_BYTES_LIMIT``).
+# Tensors fetched per pass of ONNX Runtime over the data (bytes bound the memory: the budget's calibration_call).
 MAX_OUTPUTS_PER_SESSION = 4096
-# ``capture_tensors`` keeps the captured batches' tensors only when they come to at most this many bytes in all
-# (projected from the first batch's first chunk on): they are held while the other batches and passes run, on top
-# of calibration's own working set; above it the caller computes them again later, when calibration's memory is
-# free (layout_cdla at 800x608: ~0.85 GB a batch).
-CAPTURE_TENSORS_LIMIT = 512 * 2**20
-# One ONNX Runtime call returns at most about this many bytes of tensors, sized from a one-sample probe: a graph
-# whose tensors come to more per sample takes several passes, a batch whose tensors come to more runs in slices
-# of its samples (statistics do not depend on how the samples are grouped). PP-OCRv4's text detector at 640x640
-# returns ~0.7 GB of tensors per image: a batch of 16 in one call peaked at 7.6 GB.
-CALL_BYTES_LIMIT = 512 * 2**20
-# ``capture_outputs`` keeps the graph outputs of the batches after the captured ones while they come to at most
-# this many bytes: convert's final verification takes them as its FP32 reference instead of running the model
-# again (outputs are small next to the tensors calibration computes anyway; a segmentation map is not).
-CAPTURE_OUTPUTS_LIMIT = 256 * 2**20
+# Two slices of the memory budget (:mod:`mpinfer.memory`) size calibration:
+# * ``capture``: ``capture_tensors`` keeps the captured batches' tensors only when they come to at most this many
+#   bytes in all (projected from the first batch's first chunk on): they are held while the other batches and
+#   passes run, on top of calibration's own working set; above it the caller computes them again later, when
+#   calibration's memory is free (layout_cdla at 800x608: ~0.85 GB a batch).
+# * ``calibration_call``: one ONNX Runtime call returns at most about this many bytes of tensors, sized from a
+#   one-sample probe: a graph whose tensors come to more per sample takes several passes, a batch whose tensors
+#   come to more runs in slices of its samples (statistics do not depend on how the samples are grouped).
+#   PP-OCRv4's text detector at 640x640 returns ~0.7 GB of tensors per image: a batch of 16 in one call peaked at
+#   7.6 GB.
+# * ``capture_outputs``: ``capture_outputs`` keeps the graph outputs of the batches after the captured ones while
+#   they come to at most this many bytes: convert's final verification takes them as its FP32 reference instead
+#   of running the model again (outputs are small next to the tensors calibration computes anyway; a segmentation
+#   map is not).
 
 _FLOAT_TYPES = (1, 10, 11, 16)  # FLOAT, FLOAT16, DOUBLE, BFLOAT16
 
@@ -107,7 +108,7 @@ class CalibrationStats(Mapping[str, TensorStats]):
             else None: the budget search compares its candidates with these instead of running the FP32
             model again.
         reference_tensors: With ``capture_tensors``: every FLOAT main-graph tensor ONNX Runtime computed for
-            those batches (one dict per batch), else None (also above ``CAPTURE_TENSORS_LIMIT``): the strict
+            those batches (one dict per batch), else None (also above the memory budget's ``capture`` slice): the strict
             emulator's FP32 reference run takes them instead of computing them (:meth:`GraphEmulator.run`
             ``known``).
         sample_bytes: Bytes of the main-graph tensors ONNX Runtime computes for one sample (from the probe), or
@@ -213,9 +214,10 @@ class _Sessions:
     session's model is then a graph-only proto (a few KB) pointing at that data file.
     """
 
-    def __init__(self, model: Any, types: Mapping[str, int]) -> None:
+    def __init__(self, model: Any, types: Mapping[str, int], base_dir: str = "") -> None:
         self._model = model
         self._types = types
+        self._base_dir = base_dir  # external weights stay in the model's folder: sessions memory-map them
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         if _weight_bytes(model) > IN_MEMORY_LIMIT:
             import onnx
@@ -238,7 +240,7 @@ class _Sessions:
         del m.graph.output[:]
         m.graph.output.extend(helper.make_tensor_value_info(n, self._types[n], None) for n in names)
         if self._tmp is None:
-            return ort_session(m)
+            return ort_session(m, base_dir=self._base_dir or None)
         path = Path(self._tmp.name) / "outputs.onnx"  # next to model.onnx.data, which it references
         path.write_bytes(m.SerializeToString())
         return ort_session(path)
@@ -425,7 +427,7 @@ class _Passes:
     """Which tensors each pass over the data fetches, and how many samples one call of it may take.
 
     Sized from one probe call that fetches every tensor for one sample (for a batch that cannot be cut: the
-    whole batch, which then counts as one sample): a pass holds tensors of at most ``CALL_BYTES_LIMIT`` bytes
+    whole batch, which then counts as one sample): a pass holds tensors of at most the calibration_call slice
     per sample (and at most ``MAX_OUTPUTS_PER_SESSION`` of them), and a call takes as many samples as keep it
     under that limit.
     """
@@ -451,10 +453,11 @@ class _Passes:
         shapes = {n: tuple(np.shape(v)) for n, v in sample.items()}
         shapes.update((n, tuple(np.shape(v))) for n, v in zip(names, values, strict=True))
         del values
-        chunks = pack_chunks(names, sizes, MAX_OUTPUTS_PER_SESSION, CALL_BYTES_LIMIT)
+        call = current_budget().calibration_call
+        chunks = pack_chunks(names, sizes, MAX_OUTPUTS_PER_SESSION, call)
         size_of = dict(zip(names, sizes, strict=True))
         totals = [sum(size_of[n] for n in chunk) for chunk in chunks]
-        per_call = [max(1, CALL_BYTES_LIMIT // max(1, t)) for t in totals]
+        per_call = [max(1, call // max(1, t)) for t in totals]
         return cls(chunks, per_call, sum(sizes), sessions, sess if len(chunks) == 1 else None, shapes)
 
     def session(self, index: int) -> Any:
@@ -472,13 +475,14 @@ def calibrate(
     capture_tensors: bool = False,
     types: Mapping[str, int] | None = None,
     max_bytes: int | None = None,
+    base_dir: str = "",
     capture_outputs: int = 0,
 ) -> CalibrationStats:
     """FP32 reference run over ``feeds`` collecting per-tensor statistics, one batch at a time.
 
-    Main-graph tensors come from ONNX Runtime: one call fetches tensors of at most ``CALL_BYTES_LIMIT``
-    bytes, sized by a one-sample probe (several passes over the data when one sample's tensors come to more,
-    slices of each batch's samples when a whole batch's do; one session alive at a time); tensors inside
+    Main-graph tensors come from ONNX Runtime: one call fetches tensors of at most the memory budget's
+    ``calibration_call`` bytes, sized by a one-sample probe (several passes over the data when one sample's tensors come
+    to more, slices of each batch's samples when a whole batch's do; one session alive at a time); tensors inside
     If/Loop/Scan bodies, and tensors whose type cannot be inferred, come from the numpy emulator.
 
     Args:
@@ -489,13 +493,16 @@ def calibrate(
             (``CalibrationStats.reference_outputs``).
         capture_tensors: Also keep every FLOAT main-graph tensor of those batches
             (``CalibrationStats.reference_tensors``; they are computed anyway, so this costs memory only), up
-            to ``CAPTURE_TENSORS_LIMIT`` bytes in all (beyond it, none: ``reference_tensors`` is None).
+            to the memory budget's ``capture`` bytes in all (beyond it, none: ``reference_tensors`` is None).
         types: Element types of the model's tensors when the caller has inferred them (``GraphInfo.types``
             of this same model): shape inference is then not run again.
         max_bytes: Stop reading batches once the tensors of those read come to this many bytes (from the
             probe's bytes per sample; at least one batch). For generated data, where more samples add little.
+        base_dir: The model file's folder when its weights are external (``model`` is the graph alone): ONNX
+            Runtime and the emulator memory-map them from there instead of holding a copy.
         capture_outputs: Keep the float graph outputs of this many first batches too (at least
-            ``capture_batches``; the later ones up to ``CAPTURE_OUTPUTS_LIMIT`` bytes):
+            ``capture_batches``; the later ones up to the memory budget's ``capture_outputs``
+            bytes):
             ``reference_outputs`` then holds them all.
 
     Returns:
@@ -519,17 +526,17 @@ def calibrate(
     first = next(iter(feeds), None)
     if first is not None:
         check_feeds(first, specs_from_onnx(model), where="calibration")  # names the input, before ORT's words
-    sessions = _Sessions(model, types)
+    sessions = _Sessions(model, types, base_dir)
     plan = _Passes.probe(sessions, names, first, slicer) if names and first is not None else None
     if plan is None and names and first is not None:  # ONNX Runtime cannot load it: the emulator computes all
         unknown = unknown + names
-    first_pass = _FirstPass(model, unknown)
+    first_pass = _FirstPass(model, unknown, base_dir)
     passes = len(plan.chunks) if plan else 1
     if one_shot and first is not None:  # the probe took its first batch; several passes read it all again
         feeds = [first, *feeds] if passes > 1 else itertools.chain([first], feeds)
     logger.info("calibrating %d tensors in %d pass(es) over the data", len(known) + len(unknown), passes)
     outputs = {vi.name for vi in model.graph.output} & set(known)
-    limit = CAPTURE_TENSORS_LIMIT
+    limit = current_budget().capture
     wanted = (outputs | {n for n in known if types.get(n) == FLOAT}) if capture_tensors else outputs
     captured: list[dict[str, np.ndarray]] = []
     # batches whose outputs are kept (bytes permitting; only in one pass, where a call returns every output)
@@ -574,7 +581,7 @@ def calibrate(
                     # the bytes all captured batches and passes will hold, projected from those run so far
                     done, total = index * capture_batches + b + 1, passes * capture_batches
                     if b >= capture_batches and keep is not None and index == 0:
-                        if _nbytes(captured[capture_batches:]) > CAPTURE_OUTPUTS_LIMIT:
+                        if _nbytes(captured[capture_batches:]) > current_budget().capture_outputs:
                             captured.pop()  # above the outputs' limit: the later batches' outputs are not kept
                             keep_until = b
                     elif keep is not None and wanted is not outputs and _nbytes(captured) * total > limit * done:
@@ -626,7 +633,7 @@ def calibrate(
 class _FirstPass:
     """What the first pass over the data does besides ONNX Runtime: checks, inputs, bodies, counts."""
 
-    def __init__(self, model: Any, emulated: list[str]) -> None:
+    def __init__(self, model: Any, emulated: list[str], base_dir: str = "") -> None:
         self.collector = StatsCollector()
         self.batches = self.samples = 0
         self._specs = specs_from_onnx(model)
@@ -637,7 +644,7 @@ class _FirstPass:
         if has_bodies or emulated:
             from mpinfer.precision.emulate import GraphEmulator
 
-            self._emulator = GraphEmulator(model)
+            self._emulator = GraphEmulator(model, base_dir=base_dir)
 
     def check(self, batch: Mapping[str, np.ndarray]) -> None:
         """Names, dtypes and shapes against the model's inputs: a clear message naming the input."""

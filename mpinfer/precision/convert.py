@@ -15,9 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from mpinfer.errors import AccuracyMismatchError, InvalidInputError, format_message
-from mpinfer.precision.apply import apply_plan
+from mpinfer.memory import budgeted, release_memory
+from mpinfer.modelio import save_onnx
 from mpinfer.precision.evaluators import OrtEvaluator, evaluator_class
-from mpinfer.precision.options import NO_CALIBRATION, Options, resolve_options
+from mpinfer.precision.genbudget import split_generation_budget
+from mpinfer.precision.options import Options, resolve_options
 from mpinfer.precision.plan import NodeDecision, PrecisionPlan
 from mpinfer.precision.plandata import MANY, SearchRows, calibrate_for_plan, count_rows, search_data, verify_inputs
 from mpinfer.precision.planner import summarize
@@ -62,10 +64,12 @@ class ConvertConfig:
         image_preprocess: Preprocessing of a calibration folder of images (``size=HxW,mean=..,std=..,mode=L``;
             :class:`mpinfer.data.ImagePreprocess`).
         search_samples: Calibration samples the budget search reads (None = ``DEFAULT_SEARCH_SAMPLES``, fewer
-            when their FP32 tensors pass ``SEARCH_BYTES_LIMIT``).
+            when their FP32 tensors pass the memory budget's ``search`` slice).
         verify_samples: Calibration samples the final verification reads (None = all of them).
         input_ranges: Value ranges of random calibration data per input, ``("input_ids=0..30522",)``.
         progress: Show progress bars.
+        memory_limit: ``--memory-limit`` (a size or a share of the available memory; :mod:`mpinfer.memory`);
+            None = the default budget.
     """
 
     model: Path
@@ -93,6 +97,7 @@ class ConvertConfig:
     verify_samples: int | None = None
     input_ranges: tuple[str, ...] = ()
     progress: bool = True
+    memory_limit: str | int | None = None
 
 
 @dataclass(frozen=True)
@@ -138,6 +143,7 @@ def _check_config(cfg: ConvertConfig, opts: Options) -> None:
         parse_checks(opts.budget)
 
 
+@budgeted
 def convert_precision(cfg: ConvertConfig) -> ConvertResult:
     """Convert an FP32 ONNX model to mixed precision and write it with its plan.
 
@@ -180,13 +186,22 @@ def _convert(cfg: ConvertConfig, claim: Any) -> ConvertResult:
     out, plan_out = _check_outputs(cfg)
     opts, in_place = _resolve(cfg, plan_out)
     info, sha, large = _load(cfg, opts)
+    opts, generation = split_generation_budget(cfg, opts, info.model)  # token_agreement... verified by decoding
     made = _reapply(cfg, opts, info, sha) if cfg.plan is not None else _make_plan(cfg, opts, info.model, info, sha)
-    result = _apply(made, info, opts.precision, large=large)
+    release_memory()  # the search's emulator and its rounded weights (reference cycles) go before the rewrite
+    if generation is not None and made.verify is not None:
+        made.verify = (replace(made.verify[0], generation=generation), *made.verify[1:])
+    # External weights: each candidate is written (streamed, tensor by tensor) at the claim's staged path and gated
+    # and verified there, like a small model in memory; publishing moves model and data into place.
+    staged = (claim.stage(out), Path(cfg.model)) if large else None
+    result = _apply(made, info, opts.precision, staged=staged)
     verification = None
     if made.verify is not None:
-        result, made.plan.nodes, verification = _verify(made, info, result, made.plan.nodes)
+        release_memory()  # the rewrite's converted weights, now in the staged file
+        result, made.plan.nodes, verification = _verify(made, info, result, made.plan.nodes, staged)
     plan = _summarize(made, info, result, verification, opts.precision)
-    _write_model(result.model, claim.stage(out), info, source=Path(cfg.model), large=large)
+    if staged is None:
+        save_onnx(result.model, claim.stage(out))  # already through the validity gate (apply_validated)
     if not in_place:
         plan.save(claim.stage(plan_out))
     claim.publish()  # model, data and plan: both or neither
@@ -201,13 +216,14 @@ def _convert(cfg: ConvertConfig, claim: Any) -> ConvertResult:
     return ConvertResult(out, plan_out, plan)
 
 
-def _apply(made: _Planned, info: Any, precision: Precision, *, large: bool) -> Any:
-    """The plan applied; behind the validity gate (ORT refusals go FP32 in ``made.plan``) unless the model is large."""
+def _apply(made: _Planned, info: Any, precision: Precision, *, staged: tuple[Path, Path] | None) -> Any:
+    """The plan applied behind the validity gate (ORT refusals go FP32 in ``made.plan``).
+
+    ``staged``: (where to write, the input model's file) for external weights, see :func:`apply_validated`.
+    """
     plan = made.plan
-    if large:
-        return apply_plan(info.model, info, plan.precisions(), precision, keep_io_types=plan.keep_io_types)
     result, plan.nodes = apply_validated(
-        info, plan.nodes, precision, keep_io_types=plan.keep_io_types, verified=made.verified
+        info, plan.nodes, precision, keep_io_types=plan.keep_io_types, verified=made.verified, staged=staged
     )
     return result
 
@@ -306,8 +322,13 @@ def _reapply(cfg: ConvertConfig, opts: Options, info: Any, sha: str) -> _Planned
     return _Planned(plan, expected, search_cost)
 
 
-def _verify(made: _Planned, info: Any, result: Any, nodes: list[NodeDecision]) -> tuple[Any, list, dict]:
-    """The final verification on the calibration data, repairing the plan until the budget holds."""
+def _verify(
+    made: _Planned, info: Any, result: Any, nodes: list[NodeDecision], staged: tuple[Path, Path] | None = None
+) -> tuple[Any, list, dict]:
+    """The final verification on the calibration data, repairing the plan until the budget holds.
+
+    ``staged``: see :func:`apply_validated` (the candidate as written there is what is verified).
+    """
     from mpinfer.precision.verify import verification_record, verify_and_repair
 
     settings, decisions, feeds, known, rank_rows = made.verify
@@ -318,7 +339,7 @@ def _verify(made: _Planned, info: Any, result: Any, nodes: list[NodeDecision]) -
         given = made.verify_given[1]  # the model as applied is the candidate the search measured
     repaired = verify_and_repair(
         info, nodes, result, decisions, feeds, settings, known_reference=known, rank_rows=rank_rows,
-        known_candidate=given,
+        known_candidate=given, staged=staged,
     )
     record = verification_record(repaired.verification, settings, repaired)
     record["wall_s"] = round(time.perf_counter() - start, 3)  # every pass and the repairs' ranking
@@ -332,53 +353,19 @@ def _verify(made: _Planned, info: Any, result: Any, nodes: list[NodeDecision]) -
 def _load(cfg: ConvertConfig, opts: Options) -> tuple[Any, str, bool]:
     """Load, check and name the model; returns its GraphInfo, sha256 and whether weights stay external."""
     from mpinfer.fileio import sha256_file
-    from mpinfer.modelio import load_onnx, name_nodes
+    from mpinfer.modelio import load_onnx, name_nodes, uses_external_data
     from mpinfer.precision.graphinfo import GraphInfo
     from mpinfer.precision.normalize import check_not_low, ensure_opset
 
+    # External weights stay where they are: calibration's ONNX Runtime sessions and the strict emulator memory-map
+    # them from the model's folder, so the proto in memory is the graph alone however big the weights.
     model: Any = load_onnx(cfg.model, load_external_data=False)
-    large = _uses_external_data(model)
+    large = uses_external_data(model)
     base_dir = str(Path(cfg.model).resolve().parent)
-    if large and cfg.calibration != NO_CALIBRATION:
-        from onnx.external_data_helper import load_external_data_for_model
-
-        load_external_data_for_model(model, base_dir)  # the reference run needs the weights in memory
-        large = False
     sha = sha256_file(cfg.model)
     model = check_not_low(model, str(cfg.model), force=cfg.force)
     model = ensure_opset(name_nodes(model), opts.precision, opset=opts.opset)
     return GraphInfo(model, base_dir=base_dir if large else None), sha, large
-
-
-def _write_model(model: Any, out: Path, info: Any, *, source: Path, large: bool) -> None:
-    """Gate and write the converted model at ``out``, a staged path (large models: weights streamed to data)."""
-    from mpinfer.modelio import save_onnx
-
-    if large:
-        from onnx.external_data_helper import load_external_data_for_model
-
-        load_external_data_for_model(model, info.base_dir)  # the FP32 weights that stayed FP32
-        _save_gated(model, out, source)
-    else:
-        save_onnx(model, out)  # already through the validity gate (apply_validated)
-
-
-def _uses_external_data(model: Any) -> bool:
-    from onnx.external_data_helper import uses_external_data
-
-    return any(uses_external_data(t) for t in model.graph.initializer)
-
-
-def _save_gated(model: Any, out: Path, source: Path) -> None:
-    """Large models: save at ``out`` (a staged path, published by the caller's claim), then gate the saved file."""
-    from mpinfer.modelio import data_file, ir_version_for, save_with_external_data
-    from mpinfer.precision.validate import gate
-
-    model.ir_version = ir_version_for(model)
-    # Saved in place: onnx writes each tensor to the data file and drops it from memory as it goes.
-    save_with_external_data(model, out, data_file(out).name)
-    model.Clear()
-    gate(None, baseline_path=source, stage="apply", path=out)
 
 
 def _read_plan(cfg: ConvertConfig, info: Any, sha: str) -> PrecisionPlan:
@@ -418,7 +405,7 @@ def _make_plan(cfg: ConvertConfig, opts: Options, model: Any, info: Any, sha: st
     overflow = overflow_nodes(model, cfg.keep_fp32_from) if cfg.keep_fp32_from else {}
     options = RuleOptions(cfg.keep_ops, cfg.low_ops, cfg.keep_nodes, cfg.low_nodes, overflow)
     check_overrides(info, options)
-    stats, feeds, calib_info = calibrate_for_plan(cfg, opts, model, info.types)
+    stats, feeds, calib_info = calibrate_for_plan(cfg, opts, model, info.types, base_dir=info.base_dir or "")
     if stats is not None and stats.sample_shapes:
         info.observe_shapes(stats.sample_shapes)  # FLOPs at the sizes the data has, not 1 per unknown dim
     decisions, nodes = rule_plan(info, opts.precision, options, keep_io_types=opts.keep_io_types, stats=stats)
@@ -443,7 +430,7 @@ def _make_plan(cfg: ConvertConfig, opts: Options, model: Any, info: Any, sha: st
 
         measured, refs, _ = search_data(replace(opts, search_samples=1), model, feeds, stats, whole_batch=True)
         made.expected = measure_plan(
-            model, nodes, measured, reference_outputs=refs, class_outputs=_class_outputs(cfg)
+            model, nodes, measured, reference_outputs=refs, class_outputs=_class_outputs(cfg), base_dir=info.base_dir
         )
         _warn_broken(made.expected, nodes)
     made.plan.nodes = list(nodes)

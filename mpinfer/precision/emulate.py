@@ -96,7 +96,7 @@ class _Graph:
     inputs: list[str]
     outputs: list[str]
     output_types: list[int]
-    initializers: dict[str, np.ndarray]
+    initializers: dict[str, Any]  # arrays, or _External weights mapped when a node reads them
     outer_reads: set[str]
 
 
@@ -111,11 +111,16 @@ class GraphEmulator:
 
     Args:
         model: The ``onnx.ModelProto`` (not modified; unnamed nodes get ``name_nodes`` addresses).
+        base_dir: The model file's folder, for weights kept in external data: they are memory-mapped when a node
+            reads them (:func:`mpinfer.modelio.tensor_array`) and unmapped after, never all held at once; their
+            FP16/BF16 roundings are cached up to the memory budget's ``weight_cache`` slice, the rest rounded per
+            node as it runs.
         follow_input_dtypes: Nodes not named in ``low`` compute in the dtype of their float inputs
             (FP16 inputs -> FP16 arithmetic) instead of FP32; this is how a converted model is run.
     """
 
-    def __init__(self, model: Any, *, follow_input_dtypes: bool = False) -> None:
+    def __init__(self, model: Any, *, follow_input_dtypes: bool = False, base_dir: str = "") -> None:
+        from mpinfer.memory import current_budget
         from mpinfer.modelio import iter_nodes, name_nodes
 
         addresses = [ref.address for ref in iter_nodes(model.graph)]  # type: ignore[attr-defined]
@@ -131,6 +136,9 @@ class GraphEmulator:
         self._unsupported: set[str] = set()
         self._fallback: dict[str, str] = {}
         self._rounded: dict[tuple[str, Precision], np.ndarray] = {}
+        self._rounded_bytes = 0
+        self._cache_limit = current_budget().weight_cache
+        self._base_dir = base_dir
         self._main = self._compile(model.graph, "", top=True)
         self._last_use = _last_uses(self._main)
 
@@ -262,8 +270,12 @@ class GraphEmulator:
     # -- compilation ------------------------------------------------------------------------------
     def _compile(self, graph: Any, prefix: str, *, top: bool = False) -> _Graph:
         from onnx import numpy_helper
+        from onnx.external_data_helper import uses_external_data
 
-        inits = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+        inits = {
+            t.name: _External(t, self._base_dir) if uses_external_data(t) else numpy_helper.to_array(t)
+            for t in graph.initializer
+        }
         inputs = [vi.name for vi in graph.input]
         steps = []
         for index, node in enumerate(_toposort(graph, inits)):
@@ -343,7 +355,8 @@ class GraphEmulator:
                     return Precision.FP16 if v.dtype == np.float16 else Precision.BF16
         return Precision.FP32
 
-    def _load(self, step: _Step, ins: list[Any], num: Numerics) -> list[Any]:
+    def _load(self, step: _Step, ins: list[Any], num: Numerics, weights: set[int]) -> list[Any]:
+        """The inputs rounded to the node's precision; ``weights``: positions holding main-graph initializers."""
         skip = SKIP_ROUNDING.get(step.info.op_type, ())
         out = []
         for i, v in enumerate(ins):
@@ -351,15 +364,29 @@ class GraphEmulator:
                 out.append(v)
             elif i in skip:
                 out.append(v.astype(np.float32) if is_low_float(v) else v)
-            elif num.low and self._main.initializers.get(step.inputs[i]) is v:
-                key = (step.inputs[i], num.precision)  # weights are rounded once, not on every run
-                cached = self._rounded.get(key)
-                if cached is None:
-                    cached = self._rounded[key] = num.load(v)  # type: ignore[arg-type]
-                out.append(cached)
+            elif num.low and i in weights:
+                out.append(self._rounded_weight(step.inputs[i], v, num))
             else:
                 out.append(num.load(v))
         return out
+
+    def _rounded_weight(self, name: str, value: np.ndarray, num: Numerics) -> np.ndarray:
+        """A weight as a low node reads it (rounded, held in float32).
+
+        FP32 weights are rounded once and cached in the low dtype itself (half the bytes of the float32 they are
+        read as, widened per node as it runs) while the cache stays within the budget's ``weight_cache`` slice;
+        past it they are rounded on every run. ``num.store`` then ``num.load`` is bit for bit ``num.load``.
+        """
+        if value.dtype != np.float32:
+            return num.load(value)
+        key = (name, num.precision)
+        cached = self._rounded.get(key)
+        if cached is None:
+            cached = num.store(value)
+            if self._rounded_bytes + cached.nbytes <= self._cache_limit:
+                self._rounded[key] = cached
+                self._rounded_bytes += cached.nbytes
+        return num.load(cached)
 
     def _exec_step(
         self,
@@ -371,11 +398,15 @@ class GraphEmulator:
     ) -> None:
         info = step.info
         try:
-            ins = [scope[name] if name else None for name in step.inputs]
+            raw = [scope[name] if name else None for name in step.inputs]
         except KeyError as err:
             raise InternalError(
                 f"Strict emulation: node '{info.address}' reads tensor {err} that no node produced"
             ) from err
+        inits = self._main.initializers
+        weights = {i for i, v in enumerate(raw) if v is not None and v is inits.get(step.inputs[i])}
+        ins = [_resolved(v) for v in raw]
+        del raw
         prec = self._precision(step, ins, state)
         num = self._numerics[prec]
         try:
@@ -395,7 +426,7 @@ class GraphEmulator:
                     )
                 )
             else:
-                loaded = self._load(step, ins, num)
+                loaded = self._load(step, ins, num, weights)
                 try:
                     outs = step.kernel(info, num, loaded)
                 except UnsupportedVariant:
@@ -437,7 +468,7 @@ class GraphEmulator:
         values = [v for n in names if isinstance(v := known.get(n), np.ndarray) and v.dtype == np.float32]
         if not names or len(values) < len(names):
             return False
-        if self._precision(step, [env.get(i) for i in step.inputs], state) is not Precision.FP32:
+        if self._precision(step, [_resolved(env.get(i)) for i in step.inputs], state) is not Precision.FP32:
             return False
         for name, value in zip(names, values, strict=True):
             env[name] = value
@@ -450,7 +481,7 @@ class GraphEmulator:
 
         out = {}
         for name, elem in zip(self._main.outputs, self._main.output_types, strict=False):
-            value = env[name]
+            value = _resolved(env[name])
             if is_float(value) and elem:
                 want = np.dtype(helper.tensor_dtype_to_np_dtype(elem))
                 if want != value.dtype and is_float_dtype(want):
@@ -469,7 +500,7 @@ class GraphEmulator:
         if state.observe is not None:
             for name, value in bindings.items():
                 state.observe(graph.prefix, name, value)
-        return [scope[o] for o in graph.outputs]
+        return [_resolved(scope[o]) for o in graph.outputs]
 
     def _control(
         self, step: _Step, ins: list[Any], scope: Mapping[str, Any], state: _State
@@ -478,6 +509,25 @@ class GraphEmulator:
             return self._body(body, bindings, scope, state)
 
         return CONTROL_FLOW_KERNELS[step.info.op_type](step.info, step.bodies, ins, run_body)
+
+
+class _External:
+    """A weight kept in external data: memory-mapped each time a node reads it, unmapped when the node is done."""
+
+    __slots__ = ("base_dir", "tensor")
+
+    def __init__(self, tensor: Any, base_dir: str) -> None:
+        self.tensor, self.base_dir = tensor, base_dir
+
+    def array(self) -> np.ndarray:
+        from mpinfer.modelio import tensor_array
+
+        return np.asarray(tensor_array(self.tensor, self.base_dir))
+
+
+def _resolved(value: Any) -> Any:
+    """``value``, or the array of an external weight."""
+    return value.array() if isinstance(value, _External) else value
 
 
 def _toposort(graph: Any, inits: Mapping[str, Any]) -> list[Any]:

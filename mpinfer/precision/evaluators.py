@@ -97,13 +97,15 @@ class Evaluator(Protocol):
 
 
 # -- strict emulation ------------------------------------------------------------------------------------------
-def open_emulator(model: Any, *, required: bool) -> GraphEmulator | None:
+def open_emulator(model: Any, *, required: bool, base_dir: str = "") -> GraphEmulator | None:
     """The strict emulator of ``model``; None when it has ops the emulator cannot run and ``required`` is False.
+
+    ``base_dir``: the model file's folder when its weights stay external (memory-mapped from there).
 
     Raises:
         InvalidInputError: ``required`` and the model has ops without strict kernels.
     """
-    emu = GraphEmulator(model)
+    emu = GraphEmulator(model, base_dir=base_dir)
     missing = emu.unsupported_ops()
     if missing and required:
         raise InvalidInputError(
@@ -127,7 +129,7 @@ def local_error(model: Any, info: GraphInfo, group: Any, refs: list[Any], low: P
         return 0.0, 0
     sub, outs = built
     feeds_names = [vi.name for vi in sub.graph.input]
-    emu = GraphEmulator(sub)
+    emu = GraphEmulator(sub, base_dir=info.base_dir)
     noise = signal = 0.0
     for ref in refs:
         run = emu.run({n: ref.tensors[n] for n in feeds_names}, {a: low for a in group.members})
@@ -157,7 +159,7 @@ class _EmulatorRefs:
         if self.opened:
             return
         self.opened = True
-        self.emu = open_emulator(self.model, required=self.required)
+        self.emu = open_emulator(self.model, required=self.required, base_dir=self.info.base_dir)
         if self.emu is not None:
             seeds = known if known is not None and len(known) == len(self.batches) else [None] * len(self.batches)
             self.refs = [self.emu.run(b, None, keep=True, known=k) for b, k in zip(self.batches, seeds, strict=True)]
@@ -339,14 +341,17 @@ class _AppliedEvaluator:
         self._extra = value - self._emu.evaluations
 
     @classmethod
-    def session(cls, model: Any) -> Runner:
-        """``batch → outputs`` (floats as float32) of ``model`` in this runtime."""
+    def session(cls, model: Any, base_dir: str = "") -> Runner:
+        """``batch → outputs`` (floats as float32) of ``model`` in this runtime.
+
+        ``base_dir``: the model file's folder when its weights stay external (memory-mapped from there).
+        """
         raise NotImplementedError
 
     def reference(self) -> list[Outputs]:
         """The FP32 model run by this runtime (or the outputs calibration kept)."""
         if self._ref is None:
-            run = self.session(self.model)
+            run = self.session(self.model, self.info.base_dir)
             self._ref = [run(b) for b in self.batches]
         return self._ref
 
@@ -354,7 +359,7 @@ class _AppliedEvaluator:
         """The plan applied (as it would be written) and loaded into a session of this runtime."""
         precisions = {a: low.get(a, Precision.FP32) for a in self.info.by_address}
         applied = apply_plan(self.model, self.info, precisions, self.precision, keep_io_types=self.keep_io_types)
-        return _AppliedCandidate(self, precisions, applied, self.session(applied.model))
+        return _AppliedCandidate(self, precisions, applied, self.session(applied.model, self.info.base_dir))
 
     def screen_rows(self, hardest: Callable[[], np.ndarray | None]) -> np.ndarray | None:
         """The hardest samples: a session runs any subset at the cost of its rows."""
@@ -421,9 +426,9 @@ class OrtEvaluator(_AppliedEvaluator):
         return float32_outputs(names, sess.run(names, dict(batch)))
 
     @classmethod
-    def session(cls, model: Any) -> Runner:
+    def session(cls, model: Any, base_dir: str = "") -> Runner:
         """An ONNX Runtime session on :attr:`providers`."""
-        sess = ort_session(model, providers=list(cls.providers))
+        sess = ort_session(model, providers=list(cls.providers), base_dir=base_dir or None)
         return lambda batch: cls.ort_run(sess, batch)
 
     @classmethod
@@ -443,7 +448,7 @@ class OrtCudaEvaluator(OrtEvaluator):
     device: ClassVar[str] = "cuda"
 
     @classmethod
-    def session(cls, model: Any) -> Runner:
+    def session(cls, model: Any, base_dir: str = "") -> Runner:
         """An ONNX Runtime session on the CUDA provider; refused where onnxruntime has none."""
         if not cuda_usable():  # never a silent fall back to the CPU provider: that would be other numerics
             raise BackendUnavailableError(
@@ -454,7 +459,7 @@ class OrtCudaEvaluator(OrtEvaluator):
                     "install onnxruntime-gpu, or use --numerics ort",
                 )
             )
-        return super().session(model)
+        return super().session(model, base_dir)
 
 
 class TensorRtEvaluator(_AppliedEvaluator):
@@ -474,8 +479,9 @@ class TensorRtEvaluator(_AppliedEvaluator):
     max_rows: ClassVar[int] = 64
 
     @classmethod
-    def session(cls, model: Any) -> Runner:
+    def session(cls, model: Any, base_dir: str = "") -> Runner:
         """A strongly typed engine of ``model`` built in a temporary folder, loaded on the GPU."""
+        del base_dir  # the model is written whole (weights included) into the temporary folder
         gpu = require_gpu(f"cuda:{cls.device_index}", "TensorRT numerics")
         with tempfile.TemporaryDirectory(prefix="mpinfer-trt-eval-") as folder:
             onnx_path, engine_path = Path(folder) / "candidate.onnx", Path(folder) / "candidate.engine"

@@ -259,11 +259,13 @@ class GraphInfo:
 
     # -- values ---------------------------------------------------------------------------------------
     def const_array(self, name: str) -> np.ndarray | None:
-        """The value of an initializer or a Constant node's output, else None."""
+        """The value of an initializer (external data: memory-mapped, read-only) or a Constant output, else None."""
         from onnx import numpy_helper
 
+        from mpinfer.modelio import tensor_array
+
         if name in self.initializers:
-            return numpy_helper.to_array(self.initializers[name], self.base_dir)
+            return np.asarray(tensor_array(self.initializers[name], self.base_dir))
         addr = self.producer.get(name)
         if addr is not None:
             node = self.by_address[addr].node

@@ -13,23 +13,17 @@ from typing import Any
 
 from mpinfer.data import load_feeds
 from mpinfer.errors import BackendUnavailableError, InternalError, InvalidInputError, format_message
+from mpinfer.memory import current_budget
 from mpinfer.precision.calibrate import BatchSlicer, FeedsRejectedError, check_data_fits
 from mpinfer.precision.evaluators import evaluator_class
 from mpinfer.precision.options import NO_CALIBRATION, Options
-from mpinfer.precision.verify import RUN_BYTES_LIMIT, RUN_ROWS, VerifySettings
+from mpinfer.precision.verify import RUN_ROWS, VerifySettings
 from mpinfer.specs import DEFAULT_DIM_SIZE, specs_from_onnx
 
 logger = logging.getLogger(__name__)
 
-# Default random calibration data (no --calibration, no --max-batches) stops after the batch whose FP32 tensors
-# bring the total past this many bytes.
-RANDOM_CALIBRATION_BYTES = 4 * 2**30
-# The budget search keeps the FP32 tensors of the samples it verifies on (strict numerics: every tensor, for its
-# incremental runs): at most about this many bytes of them, from calibration's bytes per sample. Fewer batches
-# above it, or the first samples of the first batch (PP-OCRv4's recognizer: 200 MB a sample; 32 samples peaked
-# at 8.3 GB).
-SEARCH_BYTES_LIMIT = 2 * 2**30
-
+# Memory: random calibration data stops at the budget's ``random_calibration`` bytes of FP32 tensors, the search
+# keeps at most its ``search`` bytes of them and a verification run its ``verify_run`` bytes (:mod:`mpinfer.memory`).
 
 # SearchConfig.batches for "every batch of the feeds given" (the feeds are already the search's slice).
 MANY = 2**31
@@ -45,7 +39,7 @@ def verify_inputs(
         limit = min(limit or calibrated, calibrated)  # generated data: the samples calibration read
     per_sample = getattr(stats, "sample_bytes", None)
     settings = VerifySettings(
-        run_rows=max(1, min(RUN_ROWS, RUN_BYTES_LIMIT // per_sample)) if per_sample else RUN_ROWS,
+        run_rows=max(1, min(RUN_ROWS, current_budget().verify_run // per_sample)) if per_sample else RUN_ROWS,
         budget=opts.budget or "",
         precision=opts.precision,
         numerics=opts.numerics,
@@ -55,7 +49,7 @@ def verify_inputs(
         class_outputs=None if cfg.class_outputs is None else tuple(cfg.class_outputs),
         progress=cfg.progress,
     )
-    rank_rows = max(1, SEARCH_BYTES_LIMIT // per_sample) if per_sample else None
+    rank_rows = max(1, current_budget().search // per_sample) if per_sample else None
     return settings, decisions, feeds, getattr(stats, "reference_outputs", None), rank_rows
 
 
@@ -86,12 +80,12 @@ def search_data(
     """The search's samples and calibration's FP32 reference for them.
 
     The first ``opts.search_samples`` samples (``whole_batch``: the whole batches that hold them), fewer when
-    their FP32 tensors pass ``SEARCH_BYTES_LIMIT`` bytes. Also the samples the plan's expected error is measured
+    their FP32 tensors pass the memory budget's ``search`` bytes. Also the samples the plan's expected error is measured
     on without a budget.
     """
     refs, tensors = getattr(stats, "reference_outputs", None), getattr(stats, "reference_tensors", None)
     per_sample = getattr(stats, "sample_bytes", None)
-    cap = max(1, SEARCH_BYTES_LIMIT // per_sample) if per_sample else None
+    cap = max(1, current_budget().search // per_sample) if per_sample else None
     want = opts.search_samples if cap is None else min(opts.search_samples, cap)
     slicer = BatchSlicer(model)
     chosen: list[dict[str, Any]] = []
@@ -124,9 +118,12 @@ def search_data(
 
 
 def calibrate_for_plan(
-    cfg: Any, opts: Options, model: Any, types: Mapping[str, int] | None = None
+    cfg: Any, opts: Options, model: Any, types: Mapping[str, int] | None = None, *, base_dir: str = ""
 ) -> tuple[Any, Any, dict[str, Any] | None]:
-    """Calibration statistics, the feeds (for the search) and a description for the plan."""
+    """Calibration statistics, the feeds (for the search) and a description for the plan.
+
+    ``base_dir``: the model file's folder when its weights stay external (they are memory-mapped from there).
+    """
     if cfg.calibration == NO_CALIBRATION:
         if opts.budget:
             raise InvalidInputError(
@@ -155,8 +152,8 @@ def calibrate_for_plan(
         # reference run takes them instead of computing them).
         capture = batches_for(model, feeds, opts.search_samples) if opts.budget else 1
         tensors = bool(opts.budget) and evaluator_class(opts.numerics).wants_fp32_tensors
-        # Default random data stops at RANDOM_CALIBRATION_BYTES of tensors: more random samples add little, and a
-        # detector at 640x640 computes ~0.7 GB of tensors per image (its 8 default batches took 2 minutes).
+        # Default random data stops at the budget's random_calibration bytes of tensors: more random samples add
+        # little, and a detector at 640x640 computes ~0.7 GB of tensors per image (8 default batches took 2 min).
         bounded = cfg.calibration in (None, "random") and cfg.max_batches is None
         stats = calibrate(
             model,
@@ -165,7 +162,8 @@ def calibrate_for_plan(
             capture_batches=capture,
             capture_tensors=tensors,
             types=types,
-            max_bytes=RANDOM_CALIBRATION_BYTES if bounded else None,
+            max_bytes=current_budget().random_calibration if bounded else None,
+            base_dir=base_dir,
             # the final verification's FP32 reference: every batch's outputs, while they are few bytes
             capture_outputs=MANY if opts.budget else 0,
         )

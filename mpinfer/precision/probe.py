@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from mpinfer.errors import ModelLoadError
+from mpinfer.memory import current_budget
 from mpinfer.metrics import relative_l2
 from mpinfer.modelio import ort_session
 from mpinfer.precision.apply import apply_plan
@@ -29,8 +30,6 @@ from mpinfer.specs import Precision
 logger = logging.getLogger(__name__)
 
 PREFIX = "__mpinfer_probe"
-# Above this the probe (a second copy of every converted weight) is not built; the emulator measures instead.
-MAX_PROBE_BYTES = 512 * 1024 * 1024
 
 
 @dataclass
@@ -124,7 +123,8 @@ def build_probe(info: GraphInfo, groups: Sequence[Any], low: Precision) -> tuple
     from onnx import TensorProto, helper
 
     model = info.model
-    if model.ByteSize() > MAX_PROBE_BYTES or info.base_dir:
+    # above the budget's probe slice (a second copy of every converted weight) the emulator measures instead
+    if info.base_dir or model.ByteSize() > current_budget().probe:
         return None
     nodes: list[Any] = list(model.graph.node)
     inits: list[Any] = list(model.graph.initializer)

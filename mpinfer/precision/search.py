@@ -354,7 +354,7 @@ def group_errors(
 
     Groups in control-flow bodies are left out, and so is every group when the emulator cannot run the model.
     """
-    emu = GraphEmulator(info.model)
+    emu = GraphEmulator(info.model, base_dir=info.base_dir)
     if not batches or emu.unsupported_ops():
         return {}
     refs = [emu.run(dict(b), None, keep=True) for b in batches]
@@ -686,17 +686,19 @@ def measure_plan(
     batches: int = 1,
     reference_outputs: list[dict[str, np.ndarray]] | None = None,
     class_outputs: tuple[str, ...] | None = None,
+    base_dir: str = "",
 ) -> dict[str, Any]:
     """Expected error of a plan without a budget: strict emulation of the plan vs the FP32 reference.
 
     ``reference_outputs``: the FP32 model's float outputs on the first ``batches`` batches when the caller has
     them (calibration keeps them), else the emulator computes them. ``class_outputs``: the outputs top-k reads
-    (None: guessed). The figures are the metrics core's (:func:`summary_figures`).
+    (None: guessed). The figures are the metrics core's (:func:`summary_figures`). ``base_dir``: the model file's
+    folder when its weights are external (memory-mapped from there).
 
     Returns an empty dict when the emulator cannot run the model (the plan is still valid).
     """
     try:
-        emu = evaluators.open_emulator(model, required=False)
+        emu = evaluators.open_emulator(model, required=False, base_dir=base_dir)
     except BackendUnavailableError:
         return {}
     if emu is None:

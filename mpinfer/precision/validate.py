@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from mpinfer.errors import InternalError
-from mpinfer.modelio import ort_log_level, save_onnx, small_enough_to_size
+from mpinfer.modelio import data_file, ort_log_level, save_onnx, save_streamed, small_enough_to_size
 from mpinfer.precision.apply import apply_plan
 from mpinfer.precision.plan import NodeDecision
 from mpinfer.specs import Precision
@@ -232,6 +232,7 @@ def apply_validated(
     *,
     keep_io_types: bool = True,
     verified: tuple[dict[str, Precision], Any] | None = None,
+    staged: tuple[Path, Path] | None = None,
 ) -> tuple[Any, list[NodeDecision]]:
     """Apply the plan and pass the validity gate; nodes ONNX Runtime refuses in low precision go FP32.
 
@@ -243,6 +244,11 @@ def apply_validated(
     loaded and ran (same model, same ``keep_io_types``); when the plan's precisions are those, that result is
     taken as it is and only the checker and strict type inference run on it.
 
+    ``staged``: (where to write, the input model's file) for a model whose weights are external: each candidate
+    is written there (:func:`mpinfer.modelio.save_streamed`, tensor by tensor) and the gate checks that file (the
+    checker and type inference on the path, ONNX Runtime loading it with its weights memory-mapped); the result's
+    model then points at the written data file.
+
     Returns:
         The ApplyResult and the (possibly updated) plan entries.
 
@@ -251,9 +257,14 @@ def apply_validated(
     """
     for _ in range(MAX_RUNTIME_REPAIRS + 1):
         precisions = {n.name: n.precision for n in nodes}
-        if verified is not None and verified[0] == precisions:
+        if verified is not None and verified[0] == precisions and staged is None:
             result = verified[1]
             failures = validity_failures(result.model, baseline_model=info.model, checks=OFFLINE_CHECKS)
+        elif staged is not None:
+            result = apply_plan(info.model, info, precisions, precision, keep_io_types=keep_io_types)
+            path, source = staged
+            save_streamed(result.model, path, data_file(path).name, info.base_dir)
+            failures = validity_failures(None, baseline_path=source, path=path)
         else:
             result = apply_plan(info.model, info, precisions, precision, keep_io_types=keep_io_types)
             failures = validity_failures(result.model, baseline_model=info.model)

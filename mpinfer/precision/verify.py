@@ -21,6 +21,7 @@ import math
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -28,7 +29,7 @@ import numpy as np
 from mpinfer.checks import parse_checks
 from mpinfer.data.feeds import sample_axes
 from mpinfer.errors import AccuracyMismatchError, format_message
-from mpinfer.metrics import ModelAccumulator, relative_l2, worst_values
+from mpinfer.metrics import GENERATION_OUTPUT, ModelAccumulator, relative_l2, worst_values
 from mpinfer.modelio import ort_session
 from mpinfer.precision.calibrate import BatchSlicer
 from mpinfer.precision.evaluators import evaluator_class
@@ -40,11 +41,10 @@ from mpinfer.specs import Precision, specs_from_onnx
 
 logger = logging.getLogger(__name__)
 
-# Samples per run of the candidate: consecutive calibration batches are joined up to this many (and at most
-# RUN_BYTES_LIMIT of FP32 tensors). The numpy emulator's cost per node is mostly fixed: 64 samples a run verify
-# transformer_small twice as fast as 16; more add memory, not speed.
+# Samples per run of the candidate: consecutive calibration batches are joined up to this many (and at most the
+# memory budget's ``verify_run`` bytes of FP32 tensors). The numpy emulator's cost per node is mostly fixed: 64
+# samples a run verify transformer_small twice as fast as 16; more add memory, not speed.
 RUN_ROWS = 64
-RUN_BYTES_LIMIT = 512 * 2**20
 # Rounds of "move the worst groups back to FP32 and verify again"; group counts double each round, so this
 # covers 2**MAX_REPAIR_ROUNDS groups before the last round takes every group back to FP32.
 MAX_REPAIR_ROUNDS = 12
@@ -63,6 +63,7 @@ class VerifySettings:
     class_outputs: tuple[str, ...] | None = None
     run_rows: int = 0
     progress: bool = True
+    generation: Any = None  # the budget's generation checks (mpinfer.precision.genbudget.GenerationBudget)
 
 
 @dataclass
@@ -237,6 +238,8 @@ def verify_model(
     *,
     known_reference: Sequence[Mapping[str, np.ndarray]] | None = None,
     known_candidate: Sequence[Mapping[str, np.ndarray]] | None = None,
+    reference_dir: str = "",
+    candidate_path: Path | None = None,
 ) -> Verification:
     """Stream the data through ``candidate`` (as written) and the FP32 ``reference``; check the budget.
 
@@ -248,15 +251,18 @@ def verify_model(
         known_reference: FP32 outputs of the first batches when calibration kept them (taken, not recomputed).
         known_candidate: ``candidate``'s outputs on the first batches when the search measured it there (taken,
             not recomputed; only where ``known_reference`` holds those batches too).
+        reference_dir: The folder ``reference``'s external weights are relative to (memory-mapped from there).
+        candidate_path: ``candidate`` as written to a file (external weights): the runner loads that file, its
+            weights memory-mapped, instead of the proto.
 
     Returns:
         The figures per output, what was verified, and the failures.
     """
     start = time.perf_counter()
-    ref_sess = ort_session(reference)
+    ref_sess: Any = None  # opened for the first batch calibration kept no FP32 outputs of (often none)
     names = [o.name for o in reference.graph.output]
     floats = [o.name for o in reference.graph.output if o.type.tensor_type.elem_type in (1, 10, 11, 16)]
-    run = evaluator_class(settings.numerics).model_runner(candidate)
+    run = evaluator_class(settings.numerics).model_runner(candidate if candidate_path is None else candidate_path)
     figures = _accumulator(names, settings)
     hashers: dict[str, Any] = {}
     labels = getattr(feeds, "labels", None)
@@ -266,6 +272,8 @@ def verify_model(
         task = bar.add_task("", total=None)
         for batch, rows, kept, given in _runs(feeds, reference, settings, known_reference, names, known_candidate):
             fingerprint_update(hashers, batch)
+            if kept is None and ref_sess is None:
+                ref_sess = ort_session(reference, base_dir=reference_dir or None)
             ref = kept if kept is not None else dict(zip(names, ref_sess.run(names, dict(batch)), strict=True))
             cand = given if given is not None else run(batch)
             lab = labels[samples : samples + rows] if labels is not None and samples + rows <= len(labels) else None
@@ -277,7 +285,7 @@ def verify_model(
             batches += 1
             bar.advance(task)
     figs = figures.finalize()
-    return Verification(
+    return _with_generation(candidate, settings, Verification(
         figures=figs,
         samples=samples,
         batches=batches,
@@ -286,7 +294,23 @@ def verify_model(
         failures=budget_failures(settings.budget, figs),
         worst_batch=worst[1],
         wall_s=round(time.perf_counter() - start, 3),
-    )
+    ))
+
+
+def _with_generation(candidate: Any, settings: VerifySettings, ver: Verification) -> Verification:
+    """The budget's generation checks, once the outputs meet theirs: greedy decoding of the calibration prompts.
+
+    Their figures join ``ver.figures`` under ``generate`` and their failures ``ver.failures``, so the repair
+    loop and the plan treat them as any budget term (see :mod:`mpinfer.precision.genbudget`).
+    """
+    if settings.generation is None or not ver.passed:
+        return ver
+    start = time.perf_counter()
+    figures, failures = settings.generation.verify(candidate)
+    ver.figures[GENERATION_OUTPUT] = dict(figures)
+    ver.failures += failures
+    ver.wall_s = round(ver.wall_s + time.perf_counter() - start, 3)
+    return ver
 
 
 
@@ -328,6 +352,7 @@ def verify_and_repair(
     known_reference: Sequence[Mapping[str, np.ndarray]] | None = None,
     rank_rows: int | None = None,
     known_candidate: Sequence[Mapping[str, np.ndarray]] | None = None,
+    staged: tuple[Path, Path] | None = None,
 ) -> Repaired:
     """Verify the applied candidate on the data; move the worst groups back to FP32 until the budget holds.
 
@@ -341,6 +366,8 @@ def verify_and_repair(
         known_reference: FP32 outputs of the first batches, when calibration kept them.
         rank_rows: At most this many samples of the worst batch rank the groups (their FP32 tensors are kept).
         known_candidate: ``result.model``'s outputs on the first batches (the search's), for the first pass.
+        staged: (file, input model file) for external weights: every candidate is written to the file and verified
+            from it (:func:`mpinfer.precision.validate.apply_validated`).
 
     Returns:
         The candidate that meets the budget, its plan entries and its verification.
@@ -348,8 +375,10 @@ def verify_and_repair(
     Raises:
         AccuracyMismatchError: The budget fails even with every node it may change in FP32.
     """
+    where = {"reference_dir": info.base_dir, "candidate_path": staged[0] if staged is not None else None}
     ver = verify_model(
-        result.model, info.model, feeds, settings, known_reference=known_reference, known_candidate=known_candidate
+        result.model, info.model, feeds, settings, known_reference=known_reference, known_candidate=known_candidate,
+        **where,
     )
     _log(ver, settings, 0)
     rounds, demoted, spent = 0, list[str](), ver.wall_s
@@ -374,8 +403,10 @@ def verify_and_repair(
         demoted.extend(sorted(back))
         nodes = _to_fp32(nodes, back, ver)
         rounds += 1
-        result, nodes = apply_validated(info, nodes, settings.precision, keep_io_types=settings.keep_io_types)
-        ver = verify_model(result.model, info.model, feeds, settings, known_reference=known_reference)
+        result, nodes = apply_validated(
+            info, nodes, settings.precision, keep_io_types=settings.keep_io_types, staged=staged
+        )
+        ver = verify_model(result.model, info.model, feeds, settings, known_reference=known_reference, **where)
         spent += ver.wall_s
         _log(ver, settings, rounds)
     return Repaired(result, nodes, ver, rounds, demoted, round(spent, 3))
@@ -408,7 +439,8 @@ def _rank(info: Any, groups: list[Any], batch: Mapping[str, np.ndarray] | None, 
 
 
 def _unrecoverable(ver: Verification, settings: VerifySettings, demoted: list[str]) -> AccuracyMismatchError:
-    what = "the default floor" if settings.default_budget else f"Budget '{settings.budget}'"
+    budget = settings.budget + (f",{settings.generation.text}" if settings.generation is not None else "")
+    what = "the default floor" if settings.default_budget else f"Budget '{budget}'"
     hint = (
         "pass a looser --budget, or --budget none to skip the floor"
         if settings.default_budget
@@ -456,6 +488,7 @@ def verification_record(ver: Verification, settings: VerifySettings, repaired: R
         "repair_rounds": repaired.rounds,
         "moved_to_fp32": len(repaired.demoted),
         "wall_s": repaired.wall_s,
+        **({"generation": settings.generation.describe()} if settings.generation is not None else {}),
     }
 
 

@@ -11,6 +11,7 @@ from onnx import TensorProto, helper, numpy_helper
 from mpinfer.compare import CompareConfig, ComparisonResult, compare_models
 from mpinfer.compare.hints import precision_summary, speed_hints
 from mpinfer.errors import InvalidInputError, ModelLoadError
+from tests.budget import set_slice
 from tests.tolerances import network_atol, onnx_reductions, reorder_atol
 
 
@@ -437,7 +438,7 @@ def test_divergence_chunks_are_sized_by_bytes(mlp_files, monkeypatch):
     chunks = pack_chunks(names, sizes, dv.CHUNK_SIZE, limit)
     assert len(chunks) > 1 and [n for c in chunks for n in c] == names
     assert all(sum(sizes[names.index(n)] for n in c) <= limit for c in chunks)
-    monkeypatch.setattr(dv, "CHUNK_BYTES", limit)
+    set_slice(monkeypatch, "divergence_chunk", limit)
     chunked = dv.measure_tensors(base, cand, names, batches, providers, strict=True)
     assert chunked.keys() == whole.keys()
     # the chunks change what onnxruntime fuses in the FP32 baseline, which moves each relative error by up to
@@ -447,3 +448,37 @@ def test_divergence_chunks_are_sized_by_bytes(mlp_files, monkeypatch):
         tol = network_atol(n=depth, stages=stages, magnitude=1.0) * (1 + whole[n].error)
         assert chunked[n].error == pytest.approx(whole[n].error, rel=0, abs=tol), n
     assert pack_chunks(["a", "b"], [10, 1], 64, 5) == [["a"], ["b"]]  # a tensor above the limit: alone
+
+
+def test_big_models_are_compared_one_at_a_time_with_the_same_figures(tmp_path, monkeypatch):
+    """Above the budget's share the baseline runs over the data first (its outputs kept), then each candidate: the
+    same figures as with every model loaded at once, and never two models' sessions alive together."""
+    import mpinfer.compare.comparator as comparator
+    from mpinfer import memory
+    from mpinfer.backends.ort import OrtRunner
+    from mpinfer.precision import ConvertConfig, convert_precision
+    from tests.precision.graphs import mlp, save
+
+    src = save(mlp(), tmp_path / "m.onnx")
+    low = convert_precision(ConvertConfig(model=src, output=tmp_path / "m.fp16.onnx", calibration="none",
+                                          progress=False)).output
+    cfg = CompareConfig(baseline=str(src), candidates=(str(low),), data="random:4", show_progress=False)
+    together = compare_models(cfg)
+    alive, most = [0], [0]
+    activate, deactivate = OrtRunner._activate, OrtRunner._deactivate
+
+    def counted(method, step):
+        def run(self):
+            method(self)
+            alive[0] += step
+            most[0] = max(most[0], alive[0])
+        return run
+
+    monkeypatch.setattr(OrtRunner, "_activate", counted(activate, 1))
+    monkeypatch.setattr(OrtRunner, "_deactivate", counted(deactivate, -1))
+    monkeypatch.setattr(memory, "default_budget", lambda: memory.MemoryBudget(comparator.ONE_AT_A_TIME_SHARE))
+    apart = compare_models(cfg)
+    assert most[0] == 1 and alive[0] == 0
+    for a, b in zip(together.candidates[0].outputs, apart.candidates[0].outputs, strict=True):
+        assert a.values == b.values
+    assert bool(apart) == bool(together)

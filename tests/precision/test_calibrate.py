@@ -20,6 +20,7 @@ from mpinfer.precision.calibrate import (
     calibrate,
 )
 from mpinfer.specs import parse_tensor_spec, specs_from_onnx
+from tests.budget import set_slice
 from tests.precision.numerics_graphs import make_model, ort_run
 from tests.tolerances import assert_onnx_outputs_close, network_atol, onnx_reductions, reorder_atol
 
@@ -215,8 +216,8 @@ def test_captured_tensors_are_every_float32_tensor_onnxruntime_computed(exported
             assert got[k].dtype == np.float32
             assert_onnx_outputs_close(got[k], want[k], model, err_msg=k)
     assert calibrate(model, batches, progress=False, capture_batches=1).reference_tensors is None
-    # Above CAPTURE_TENSORS_LIMIT bytes calibration keeps the outputs only (the emulator computes the rest)
-    monkeypatch.setattr(cal, "CAPTURE_TENSORS_LIMIT", sum(got[k].nbytes for k in floats) - 1)
+    # Above the budget's capture slice calibration keeps the outputs only (the emulator computes the rest)
+    set_slice(monkeypatch, "capture", sum(got[k].nbytes for k in floats) - 1)
     stats = calibrate(model, batches, progress=False, capture_batches=1, capture_tensors=True)
     assert stats.reference_tensors is None and stats.reference_outputs is not None
 
@@ -371,8 +372,8 @@ def _sample_bytes(model, batch):
 
 
 def test_batches_above_the_call_limit_run_in_slices_with_the_same_statistics(exported, monkeypatch):
-    """A batch whose tensors exceed CALL_BYTES_LIMIT is fetched a few samples at a time (a 640x640 detector
-    returns ~0.7 GB per image): the statistics do not depend on how the samples are grouped, and the reference
+    """A batch whose tensors exceed the budget's calibration_call slice is fetched a few samples at a time (a 640x640
+    detector returns ~0.7 GB per image): the statistics do not depend on how the samples are grouped, and the reference
     outputs come from a run of the whole batch."""
     import mpinfer.precision.calibrate as cal
 
@@ -383,7 +384,7 @@ def test_batches_above_the_call_limit_run_in_slices_with_the_same_statistics(exp
     rows = []
     run = cal._run
     monkeypatch.setattr(cal, "_run", lambda s, names, b: rows.append(len(next(iter(b.values())))) or run(s, names, b))
-    monkeypatch.setattr(cal, "CALL_BYTES_LIMIT", 2 * _sample_bytes(model, batches[0]))  # one pass, 2 samples a call
+    set_slice(monkeypatch, "calibration_call", 2 * _sample_bytes(model, batches[0]))  # one pass, 2 samples a call
     sliced = calibrate(model, batches, progress=False, capture_batches=1, capture_tensors=True)
     assert rows == [1, 2, 2, 2, 6, 2, 2, 2]  # probe; batch 0 in slices, its outputs alone; batch 1 in slices
     assert set(sliced) == set(whole) and len(whole) > 10
@@ -419,7 +420,6 @@ def test_max_bytes_stops_after_the_batch_that_reaches_it(exported):
 
 def test_slices_cut_a_state_input_along_its_batch_axis(monkeypatch):
     """A recurrent state [2, batch, 4] is cut on axis 1 with the samples of x [batch, 4]; a scalar goes whole."""
-    import mpinfer.precision.calibrate as cal
 
     nodes = [
         helper.make_node("ReduceSum", ["s", "axis0"], ["h"], keepdims=0),
@@ -436,7 +436,7 @@ def test_slices_cut_a_state_input_along_its_batch_axis(monkeypatch):
     batch = {"x": rng.random((6, 4), dtype=np.float32), "s": rng.random((2, 6, 4), dtype=np.float32),
              "k": np.array(3.0, np.float32)}
     whole = calibrate(model, [batch], progress=False, capture_batches=1)
-    monkeypatch.setattr(cal, "CALL_BYTES_LIMIT", 40)  # h, a and y: 3 x 16 bytes a sample; one sample a call
+    set_slice(monkeypatch, "calibration_call", 40)  # h, a and y: 3 x 16 bytes a sample; one sample a call
     sliced = calibrate(model, [batch], progress=False, capture_batches=1)
     for name in ("h", "a", "y"):
         assert sliced[name].count == whole[name].count == 24

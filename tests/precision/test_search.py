@@ -17,6 +17,7 @@ from mpinfer.errors import AccuracyMismatchError
 from mpinfer.precision import ConvertConfig, convert_precision
 from mpinfer.precision.options import resolve_options
 from mpinfer.specs import Precision
+from tests.budget import set_slice
 from tests.precision.graphs import fvi, init, make, rng_w, save
 from tests.tolerances import eps, network_atol
 
@@ -458,7 +459,7 @@ def test_search_decides_nodes_inside_control_flow_bodies(tmp_path, numerics, lim
 
 
 def test_search_data_is_bounded_by_bytes(tmp_path, monkeypatch):
-    """The budget search keeps its samples' FP32 tensors: above SEARCH_BYTES_LIMIT it verifies on fewer batches,
+    """The budget search keeps its samples' FP32 tensors: above the budget's search slice it verifies on fewer batches,
     then on the first samples of the first (with labels to match); below it, on calibration's batches as they are."""
     import onnx
 
@@ -481,10 +482,10 @@ def test_search_data_is_bounded_by_bytes(tmp_path, monkeypatch):
                                                                           stats.reference_tensors)
     got, refs, tensors = conv.search_data(replace(opts, search_samples=16), model, feeds, stats)
     assert [len(b["x"]) for b in got] == [16] and len(refs) == len(tensors) == 1  # --search-samples 16
-    monkeypatch.setattr(conv, "SEARCH_BYTES_LIMIT", 20 * per)  # one batch of 16 fits, two do not: 20 samples
+    set_slice(monkeypatch, "search", 20 * per)  # one batch of 16 fits, two do not: 20 samples
     got, refs, tensors = conv.search_data(opts, model, feeds, stats)
     assert [len(b["x"]) for b in got] == [16, 4] and refs is None and tensors is None
-    monkeypatch.setattr(conv, "SEARCH_BYTES_LIMIT", 5 * per)  # not even one batch: its first 5 samples
+    set_slice(monkeypatch, "search", 5 * per)  # not even one batch: its first 5 samples
     got, refs, tensors = conv.search_data(opts, model, feeds, stats)
     (batch,) = list(got)
     np.testing.assert_array_equal(batch["x"], data["x"][:5])
@@ -499,7 +500,6 @@ def test_search_data_is_bounded_by_bytes(tmp_path, monkeypatch):
 
 
 def test_expected_error_without_a_budget_is_measured_on_the_bounded_samples(tmp_path, monkeypatch):
-    import mpinfer.precision.plandata as conv
     import mpinfer.precision.search as search
 
     seen = []
@@ -512,7 +512,7 @@ def test_expected_error_without_a_budget_is_measured_on_the_bounded_samples(tmp_
     monkeypatch.setattr(search, "measure_plan", spy)
     path = _npz(tmp_path / "cal.npz")
     src = save(chain(4), tmp_path / "m.onnx")
-    monkeypatch.setattr(conv, "SEARCH_BYTES_LIMIT", 6 * 576)  # 576 bytes of tensors a sample: 6 samples
+    set_slice(monkeypatch, "search", 6 * 576)  # 576 bytes of tensors a sample: 6 samples
     res = convert_precision(
         ConvertConfig(model=src, output=tmp_path / "o.onnx", calibration=str(path), batch_size=16, budget="none",
                       progress=False)

@@ -1,0 +1,126 @@
+"""Generation checks in ``convert --budget``: greedy decoding of the calibration prompts, candidate vs FP32.
+
+A budget may hold generation figures (``token_agreement>=0.95``, ``ppl_ratio<=1.02``: the model-level metrics
+of :data:`mpinfer.metrics.GENERATION_METRICS`). They apply to a decoder with a KV cache calibrated from prompts
+(``--calibration prompts:FILE[:steps=N]``, or an .npz of ``input_ids`` for a KV model). The budget search and
+the per-output verification read the rest of the budget (or, when the budget holds generation checks only,
+the floor :data:`OUTPUTS_FLOOR`); once that holds on every calibration sample, the final verification decodes
+every calibration prompt greedily with the FP32 model and with the candidate exactly as it will be written
+(the prefill and the same ``N`` decode steps calibration ran, so ``N + 1`` tokens per prompt), computes the
+generation figures as ``mpinfer compare --generate N+1`` does, and checks them. A failure goes through the same
+repair loop as any budget failure (:func:`mpinfer.precision.verify.verify_and_repair`: the worst groups back to
+FP32, verify again) or, when even that cannot meet it, the same refusal, and nothing is written.
+
+Generation always runs through ONNX Runtime (CPU), also under ``--numerics strict``: the strict emulator runs
+the per-output verification, not the decode loop. The plan's ``summary.verification.generation`` says so.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from mpinfer.errors import InvalidInputError, format_message
+
+logger = logging.getLogger(__name__)
+
+# The per-output budget when a budget holds generation checks only: no new NaN/Inf on any output (a NaN in the
+# logits breaks generation anyway); everything else is the generation checks' to judge.
+OUTPUTS_FLOOR = "nonfinite<=0"
+# Prompts decoded together.
+GENERATION_BATCH = 16
+
+
+@dataclass
+class GenerationBudget:
+    """The generation checks of a budget and what they are measured on; the FP32 decode is kept once made."""
+
+    text: str
+    checks: Any  # mpinfer.checks.Checks: the generation checks alone
+    baseline: str  # the FP32 model file
+    source: str  # the calibration prompts
+    prompts: Any  # mpinfer.data.decode.Prompts
+    tokens: int
+    reference: Any = field(default=None, repr=False)  # DecodeRun of the baseline
+    last: dict[str, float] = field(default_factory=dict)
+
+    def verify(self, candidate: Any) -> tuple[dict[str, float], list[str]]:
+        """Greedy-decode the prompts with ``candidate`` (an ``onnx.ModelProto``); its figures and failures."""
+        from mpinfer.compare.generate import Decoder, measure_candidate
+
+        if self.reference is None:
+            base = Decoder(self.baseline, "--budget").open(())
+            self.reference = base.decode(self.prompts, self.tokens, GENERATION_BATCH)
+            base.close()
+        cand = Decoder(candidate, "--budget").open(())
+        result = measure_candidate(cand, self.reference, self.prompts, self.tokens, GENERATION_BATCH,
+                                   name="candidate")
+        cand.close()
+        self.last = result.metrics()
+        from mpinfer.metrics import GENERATION_OUTPUT
+
+        return self.last, self.checks.failures({GENERATION_OUTPUT: self.last})
+
+    def describe(self) -> dict[str, Any]:
+        """The plan's ``summary.verification.generation``."""
+        return {"budget": self.text, "prompts": self.prompts.count, "tokens": self.tokens, "source": self.source,
+                "numerics": "ort", "figures": dict(self.last)}
+
+
+def split_generation_budget(cfg: Any, opts: Any, model: Any) -> tuple[Any, GenerationBudget | None]:
+    """``opts`` with the budget's generation checks taken out, and those checks ready to verify (or None).
+
+    Args:
+        cfg: The ConvertConfig (calibration, plan).
+        opts: The resolved Options (``opts.budget``).
+        model: The FP32 ``onnx.ModelProto`` (its inputs say whether it has a KV cache).
+
+    Raises:
+        InvalidInputError: Generation checks on a model without a KV cache, without prompt calibration, or with
+            ``--plan``; all before anything runs.
+    """
+    from mpinfer.checks import parse_checks
+
+    if not opts.budget:
+        return opts, None
+    checks = parse_checks(opts.budget)
+    gen = checks.generation
+    if not gen:
+        return opts, None
+    text = ",".join(str(c) for c in gen)
+    prompts, tokens = _prompts(cfg, text, model)
+    rest = checks.without_generation()
+    outputs = str(rest) if rest is not None else OUTPUTS_FLOOR
+    if opts.numerics == "strict":
+        logger.info("The budget's generation checks (%s) are verified with ONNX Runtime's kernels: the strict "
+                    "emulator verifies the outputs, not the decode loop.", text)
+    from mpinfer.checks import Checks
+
+    budget = GenerationBudget(text, Checks(gen, text), str(cfg.model), str(cfg.calibration), prompts, tokens)
+    return replace(opts, budget=outputs), budget
+
+
+def _prompts(cfg: Any, text: str, model: Any) -> tuple[Any, int]:
+    """The calibration prompts and tokens per prompt (prefill + the calibration's decode steps)."""
+    from mpinfer.data.decode import kv_layout, load_prompts, wants_decode
+    from mpinfer.specs import specs_from_onnx
+
+    specs = specs_from_onnx(model)
+    what = f"--budget '{text}'"
+    if cfg.plan is not None:
+        raise InvalidInputError(format_message(what, "generation checks with --plan",
+                                               "generation checks when convert plans (no --plan)",
+                                               "check a re-applied plan with mpinfer compare --generate N"))
+    if kv_layout(specs) is None:
+        raise InvalidInputError(format_message(what, "generation checks on a model without a KV cache",
+                                               "a decoder exported with past_key_values.*/present.*",
+                                               "mpinfer export of a causal LM folder adds it (unless --no-past)"))
+    if not wants_decode(cfg.calibration, specs):
+        raise InvalidInputError(format_message(
+            what, f"generation checks with --calibration {cfg.calibration}",
+            "prompt calibration: --calibration prompts:FILE[:steps=N] (or an .npz of input_ids)",
+            "generation figures come from greedy decoding of the calibration prompts"))
+    vocab = next((int(s.value_range[1]) for s in specs if s.name == "input_ids" and s.value_range), None)
+    prompts, spec = load_prompts(str(cfg.calibration), vocab)
+    return prompts, spec.steps + 1
