@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from mpinfer.checks import parse_checks
 from mpinfer.commands import memory_limit_option
 from mpinfer.data import parse_dims
 from mpinfer.metrics import parse_class_outputs
@@ -245,8 +246,6 @@ def verification_line(plan: object) -> str | None:
     )
     gen = ver.get("generation")
     if gen:  # the budget's generation checks: greedy decoding of the calibration prompts (ONNX Runtime)
-        from mpinfer.checks import parse_checks
-
         got = ", ".join(f"{m}={gen['figures'][m]:.6g}" for m in sorted(parse_checks(gen["budget"]).metrics)
                         if m in gen.get("figures", {}))
         figures += (f"; greedy generation of {gen['prompts']} prompts x {gen['tokens']} tokens "

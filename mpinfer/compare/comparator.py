@@ -26,7 +26,7 @@ from mpinfer.compare.result import CandidateResult, ComparisonResult, LatencyRes
 from mpinfer.data import load_feeds, parse_dims
 from mpinfer.data.feeds import fixed_batch, sample_axes
 from mpinfer.errors import InvalidInputError, ModelLoadError, MpinferError, format_message
-from mpinfer.memory import budgeted
+from mpinfer.memory import budgeted, current_budget
 from mpinfer.metrics import LABEL_METRICS, ModelAccumulator, OutputAccumulator, check_output_names, guess_class_output
 from mpinfer.modelio import data_file, load_onnx
 from mpinfer.precision.verify import FingerprintedFeeds
@@ -193,8 +193,6 @@ def _one_at_a_time(cfg: CompareConfig) -> bool:
 
     ONNX files only, and not with latency (which runs every model on the same batch).
     """
-    from mpinfer.memory import current_budget
-
     specs = (cfg.baseline, *cfg.candidates)
     if cfg.latency or not all(str(s).lower().endswith(".onnx") for s in specs):
         return False

@@ -27,7 +27,7 @@ from mpinfer.compare.bodies import BodyCoverage, body_graphs, measure_body_tenso
 from mpinfer.compare.result import Divergence, NodeError
 from mpinfer.compare.tensoracc import SKIP_OPS, TensorAcc
 from mpinfer.memory import current_budget
-from mpinfer.modelio import iter_nodes, load_onnx, name_nodes, ort_session, uses_external_data
+from mpinfer.modelio import iter_nodes, load_onnx, name_nodes, ort_session, tensor_array, uses_external_data
 from mpinfer.precision.calibrate import BatchSlicer, pack_chunks
 from mpinfer.precision.emulate import GraphEmulator
 from mpinfer.progress import progress_bar
@@ -205,8 +205,6 @@ def weight_errors(base: Any, cand: Any, dirs: tuple[str, str] = ("", "")) -> dic
     """
     import onnx
     from onnx import TensorProto
-
-    from mpinfer.modelio import tensor_array
 
     def constants(graph: Any, prefix: str, out: dict[tuple[str, str], Any]) -> dict[tuple[str, str], Any]:
         out.update(((prefix, t.name), t) for t in graph.initializer)

@@ -14,7 +14,15 @@ from typing import Any
 import numpy as np
 
 from mpinfer.errors import ModelLoadError
-from mpinfer.modelio import NodeRef, iter_graphs, iter_nodes, ort_log_level, ort_session, small_enough_to_size
+from mpinfer.modelio import (
+    NodeRef,
+    iter_graphs,
+    iter_nodes,
+    ort_log_level,
+    ort_session,
+    small_enough_to_size,
+    tensor_array,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -261,8 +269,6 @@ class GraphInfo:
     def const_array(self, name: str) -> np.ndarray | None:
         """The value of an initializer (external data: memory-mapped, read-only) or a Constant output, else None."""
         from onnx import numpy_helper
-
-        from mpinfer.modelio import tensor_array
 
         if name in self.initializers:
             return np.asarray(tensor_array(self.initializers[name], self.base_dir))
