@@ -25,6 +25,7 @@ from mpinfer.checks import Checks, parse_checks
 from mpinfer.data.decode import kv_layout, load_prompts, wants_decode
 from mpinfer.errors import InvalidInputError, format_message
 from mpinfer.metrics import GENERATION_OUTPUT
+from mpinfer.precision.evaluators import evaluator_class
 from mpinfer.specs import specs_from_onnx
 
 logger = logging.getLogger(__name__)
@@ -92,7 +93,7 @@ def split_generation_budget(cfg: Any, opts: Any, model: Any) -> tuple[Any, Gener
     prompts, tokens = _prompts(cfg, text, model)
     rest = checks.without_generation()
     outputs = str(rest) if rest is not None else OUTPUTS_FLOOR
-    if opts.numerics == "strict":
+    if evaluator_class(opts.numerics).emulated:
         logger.info("The budget's generation checks (%s) are verified with ONNX Runtime's kernels: the strict "
                     "emulator verifies the outputs, not the decode loop.", text)
     budget = GenerationBudget(text, Checks(gen, text), str(cfg.model), str(cfg.calibration), prompts, tokens)
