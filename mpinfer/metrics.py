@@ -29,6 +29,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from mpinfer.errors import InvalidInputError, format_message
 from mpinfer.histogram import LogHistogram
 
 # Added to |baseline| in the relative error so exact zeros in the baseline do not divide by zero.
@@ -269,7 +270,6 @@ class OutputAccumulator:
         if self.classes is None:
             self.classes = guess_class_output(self.name, b)
         elif self.classes and (b.dtype.kind != "f" or b.ndim < 2 or b.shape[-1] < 2):
-            from mpinfer.errors import InvalidInputError, format_message
 
             raise InvalidInputError(
                 format_message(
@@ -499,8 +499,6 @@ def check_output_names(given: Iterable[str], names: Sequence[str], what: str) ->
     Raises:
         InvalidInputError: For the first unknown name.
     """
-    from mpinfer.errors import InvalidInputError, format_message
-
     for name in given:
         if name not in names:
             raise InvalidInputError(

@@ -17,7 +17,7 @@ import json
 import logging
 import sys
 import time
-from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,91 +26,24 @@ from mpinfer import __version__
 from mpinfer.claim import claim_outputs
 from mpinfer.errors import InvalidInputError, MpinferError, format_message
 from mpinfer.fileio import discard, make_dirs, sha256_file, sweep_temps, write_json_atomic
+from mpinfer.pipeline_stages import default_stages
+from mpinfer.stage import (
+    ARTEFACT_DIR,
+    STATE_FILE,
+    Stage,
+    StageContext,
+    StageOutput,
+    StagePlan,
+    unknown_key_error,
+)
 
 logger = logging.getLogger(__name__)
 
-STATE_FILE = "pipeline-state.json"
 STATE_SCHEMA_VERSION = 1
-# Folder (under work_dir) that holds one sub-folder per stage key.
-ARTEFACT_DIR = "artefacts"
 # Characters of the key used in folder names: 48 bits, no collisions among a pipeline's few hundred runs.
 KEY_PREFIX_CHARS = 12
 # Keys of the [pipeline] table, both folder paths: a typo must not silently send the outputs elsewhere.
 PIPELINE_KEYS = ("root", "work_dir")
-
-
-@dataclass(frozen=True)
-class StageContext:
-    """What a stage sees when it plans.
-
-    Attributes:
-        root: Base folder for relative paths in the TOML (the TOML's folder, or ``[pipeline] root``).
-        work_dir: The pipeline's work folder.
-        section: The stage's TOML table.
-        artefacts: Artefacts produced by earlier stages, by kind (``onnx``, ``onnx_low``, ``engine``, ...).
-    """
-
-    root: Path
-    work_dir: Path
-    section: Mapping[str, Any]
-    artefacts: Mapping[str, Path]
-
-    def path(self, value: str | Path) -> Path:
-        """``value`` resolved against :attr:`root`."""
-        p = Path(value).expanduser()
-        return p if p.is_absolute() else (self.root / p).resolve()
-
-
-@dataclass(frozen=True)
-class StagePlan:
-    """A stage's resolved settings and the files its output depends on.
-
-    Attributes:
-        settings: JSON-serialisable settings (paths as absolute strings); hashed into the key.
-        inputs: Files (or folders) whose content is hashed into the key.
-        output_dir: A fixed output folder instead of the content-addressed one (the final report).
-    """
-
-    settings: dict[str, Any]
-    inputs: tuple[Path, ...] = ()
-    output_dir: Path | None = None
-
-
-@dataclass(frozen=True)
-class StageOutput:
-    """What a stage produced.
-
-    Attributes:
-        artefacts: Files or folders by kind; later stages find them under these names.
-        summary: Small JSON facts for the console and the report (e.g. ``{"passed": true}``).
-    """
-
-    artefacts: dict[str, Path]
-    summary: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class Stage:
-    """One pipeline stage.
-
-    Attributes:
-        name: Stage name, also its TOML table name.
-        plan: Context -> settings and inputs (no side effects).
-        run: (plan, output folder) -> artefacts; calls the stage's public API function.
-        check: Validates the stage's raw TOML table (keys, value types) before any stage runs, so a
-            mistake in a late table fails at once instead of after the earlier stages; None: no check.
-        resumable: A failed or interrupted run leaves its (key-named) folder, and the next run with the same
-            key gets it back to continue from (train: its last.pt), instead of starting over.
-        data_keys: Keys whose value names a data file or folder when it looks like a path (``random:16`` and
-            ``none`` do not); a missing one is refused, naming the table and key, before any stage runs.
-    """
-
-    name: str
-    plan: Callable[[StageContext], StagePlan]
-    run: Callable[[StagePlan, Path], StageOutput]
-    check: Callable[[Mapping[str, Any]], None] | None = None
-    resumable: bool = False
-    data_keys: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -285,19 +218,6 @@ def _settle(
     return StageRun(stage.name, "ran", key, dict(output.artefacts), seconds, dict(output.summary))
 
 
-def unknown_key_error(table: str, unknown: Sequence[str], valid: Iterable[str]) -> InvalidInputError:
-    """The error for keys a TOML table does not have: names the table and key, lists its keys, suggests one."""
-    import difflib
-
-    keys = sorted(valid)
-    close = difflib.get_close_matches(unknown[0], keys, n=1, cutoff=0.6)
-    which = f"key '{unknown[0]}'" if len(unknown) == 1 else f"keys {', '.join(repr(k) for k in unknown)}"
-    hint = f"did you mean '{close[0]}'?" if close else f"remove it, or use one of the keys of [{table}]"
-    return InvalidInputError(
-        format_message(f"Pipeline table [{table}]", f"unknown {which}", f"one of {', '.join(keys)}", hint)
-    )
-
-
 def _check_tables(path: Path, doc: Mapping[str, Any], registry: Mapping[str, Stage]) -> None:
     """Refuse non-table entries, bad [pipeline] keys and (through each stage's check) bad stage tables."""
     for name, value in doc.items():
@@ -371,8 +291,6 @@ def run_pipeline(
     path = Path(path)
     doc = load_toml(path)
     if registry is None:
-        from mpinfer.pipeline_stages import default_stages
-
         registry = default_stages()
     unknown = sorted(set(doc) - set(registry) - {"pipeline"})
     if unknown:

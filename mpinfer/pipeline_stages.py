@@ -23,9 +23,15 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from mpinfer.backends.ort import cuda_usable
+from mpinfer.engine import BuildConfig, build_engine
+from mpinfer.engine.build import probe_tensorrt, select_backend
+from mpinfer.engine.config import Backend
+from mpinfer.engine.machine import cuda_device_count, gpu_info
 from mpinfer.errors import InvalidInputError, MpinferError, format_message
 from mpinfer.fileio import write_json_atomic, write_text_atomic
-from mpinfer.pipeline import (
+from mpinfer.specs import Precision
+from mpinfer.stage import (
     ARTEFACT_DIR,
     STATE_FILE,
     Stage,
@@ -34,7 +40,6 @@ from mpinfer.pipeline import (
     StagePlan,
     unknown_key_error,
 )
-from mpinfer.specs import Precision
 
 logger = logging.getLogger(__name__)
 
@@ -329,9 +334,6 @@ def _run_convert(plan: StagePlan, out: Path) -> StageOutput:
 def _machine_facts(backend: str) -> dict[str, Any]:
     import onnxruntime as ort
 
-    from mpinfer.backends.ort import cuda_usable
-    from mpinfer.engine.machine import gpu_info
-
     gpu = gpu_info(0) if cuda_usable() or backend == "tensorrt" else None
     facts: dict[str, Any] = {
         "onnxruntime": ort.__version__,
@@ -339,16 +341,12 @@ def _machine_facts(backend: str) -> dict[str, Any]:
         "compute_capability": gpu.capability_text if gpu else None,
     }
     if backend == "tensorrt":
-        from mpinfer.engine.build import probe_tensorrt
 
         facts["tensorrt"] = probe_tensorrt().version
     return facts
 
 
 def _plan_build_engine(ctx: StageContext) -> StagePlan:
-    from mpinfer.engine.build import probe_tensorrt, select_backend
-    from mpinfer.engine.config import Backend
-    from mpinfer.engine.machine import cuda_device_count
 
     settings, inputs = resolve_section(ctx, ctx.section, exclude=("timing_cache",))
     if "model" not in settings:
@@ -372,7 +370,6 @@ def _plan_build_engine(ctx: StageContext) -> StagePlan:
 
 
 def _run_build_engine(plan: StagePlan, out: Path) -> StageOutput:
-    from mpinfer.engine import BuildConfig, build_engine
 
     values = {k: v for k, v in plan.settings.items() if not k.startswith("_")}
     suffix = ".engine" if values["backend"] == "tensorrt" else ".ort"

@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from mpinfer.backends.base import Runner, check_feeds
+from mpinfer.backends.ort import OrtRunner
+from mpinfer.backends.torch_runner import TorchRunner
 from mpinfer.errors import BackendUnavailableError, InvalidInputError, ModelLoadError, format_message
 
 # File suffixes of built engines (TensorRT plans, ONNX Runtime ORT-format engines).
@@ -55,7 +57,6 @@ def open_runner(
     text = str(path_or_spec)
     label = name or text
     if is_torch_spec(text):
-        from mpinfer.backends.torch_runner import TorchRunner
 
         return TorchRunner(text, device=device, name=label)
     path = Path(text)
@@ -79,7 +80,6 @@ def open_runner(
     if path.suffix.lower() == ".onnx":
         if numerics == "strict":
             return _strict_runner(path, label)
-        from mpinfer.backends.ort import OrtRunner
 
         return OrtRunner(path, device=device, name=label)
     if path.suffix.lower() in ENGINE_SUFFIXES:

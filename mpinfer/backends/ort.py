@@ -11,6 +11,7 @@ import numpy as np
 
 from mpinfer.backends.base import Runner
 from mpinfer.errors import BackendUnavailableError, format_message
+from mpinfer.modelio import load_onnx, ort_session
 from mpinfer.specs import TensorSpec, dim_symbol, specs_from_onnx
 
 logger = logging.getLogger(__name__)
@@ -96,7 +97,6 @@ class OrtRunner(Runner):
         self._specs: list[TensorSpec] = []
 
     def _activate(self) -> None:
-        from mpinfer.modelio import load_onnx, ort_session
 
         providers = resolve_providers(self.device)
         proto = self._model
@@ -147,8 +147,6 @@ class OrtRunner(Runner):
 
 def onnx_input_specs(model: Any) -> list[TensorSpec]:
     """Input specs of an ONNX model given as a path or ModelProto."""
-    from mpinfer.modelio import load_onnx
-
     if isinstance(model, (str, os.PathLike)):
         model = load_onnx(model, load_external_data=False)
     return specs_from_onnx(model)

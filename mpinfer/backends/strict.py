@@ -19,6 +19,8 @@ import numpy as np
 
 from mpinfer.backends.base import Runner
 from mpinfer.errors import BackendUnavailableError, format_message
+from mpinfer.modelio import load_onnx
+from mpinfer.precision.emulate import GraphEmulator
 from mpinfer.specs import TensorSpec, specs_from_onnx
 
 logger = logging.getLogger(__name__)
@@ -69,8 +71,6 @@ class StrictRunner(Runner):
         self._specs: list[TensorSpec] = []
 
     def _activate(self) -> None:
-        from mpinfer.modelio import load_onnx
-        from mpinfer.precision.emulate import GraphEmulator
 
         start = time.perf_counter()
         base_dir = ""
@@ -113,7 +113,6 @@ class StrictRunner(Runner):
         info = super().describe()
         proto = self._proto
         if proto is None:
-            from mpinfer.modelio import load_onnx
 
             proto = (
                 load_onnx(self._model, load_external_data=False)

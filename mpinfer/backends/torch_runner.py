@@ -16,6 +16,7 @@ import numpy as np
 
 from mpinfer.backends.base import Runner
 from mpinfer.errors import BackendUnavailableError, InvalidInputError, ModelLoadError, format_message
+from mpinfer.export.loader import load_model
 from mpinfer.specs import TensorSpec, parse_tensor_spec
 
 logger = logging.getLogger(__name__)
@@ -59,7 +60,6 @@ def load_torch_module(spec: str) -> tuple[Any, list[TensorSpec]]:
         import torch  # noqa: F401 - fail early with an install hint
     except ImportError as err:
         raise BackendUnavailableError("The torch runner needs torch. Hint: pip install torch") from err
-    from mpinfer.export.loader import load_model
 
     file, factory, weights = parse_torch_spec(spec)
     loaded = load_model(f"{file}:{factory}", weights)

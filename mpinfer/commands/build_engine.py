@@ -7,6 +7,8 @@ from pathlib import Path
 import click
 
 from mpinfer.commands import memory_limit_option
+from mpinfer.engine import BuildConfig
+from mpinfer.engine import build_engine as build
 from mpinfer.engine.config import DEFAULT_OPT_LEVEL, MAX_OPT_LEVEL
 
 
@@ -85,9 +87,6 @@ def build_engine(
         --timing-cache out/timing.cache -o out/model.engine
     mpinfer build-engine out/model.fp16.onnx --backend onnxruntime -o out/model.ort
     """  # noqa: D301
-    from mpinfer.engine import BuildConfig
-    from mpinfer.engine import build_engine as build
-
     weak = [p for p, on in (("fp16", weak_fp16), ("bf16", weak_bf16)) if on]
     cfg = BuildConfig.from_mapping(
         {

@@ -9,8 +9,14 @@ from pathlib import Path
 
 import click
 
+from mpinfer.claim import claim_outputs
 from mpinfer.commands import memory_limit_option
+from mpinfer.compare import CompareConfig, compare_models
+from mpinfer.fileio import check_output_path
 from mpinfer.metrics import METRIC_DOCS, parse_class_outputs
+from mpinfer.report import FILE_NAMES, write_report
+from mpinfer.report.console import render_console
+from mpinfer.report.generation import print_console
 
 logger = logging.getLogger(__name__)
 # Options that only shape the latency measurement: warned about when given without --latency.
@@ -164,14 +170,10 @@ def compare(
     mpinfer compare out/model.onnx out/model.fp16.onnx --data calibration/digits.npz \\
         --check "cosine>=0.9999,top1>=0.999" --latency --report out/report
     """  # noqa: D301 (click needs the \b)
-    from mpinfer.compare import CompareConfig, compare_models
-    from mpinfer.report import FILE_NAMES, write_report
-
     quiet = quiet or bool(ctx.obj and ctx.obj.get("quiet"))
     if not latency:
         _warn_latency_options(ctx)
     if report_dir is not None:  # refuse existing files before the (long) comparison
-        from mpinfer.fileio import check_output_path
 
         for name in FILE_NAMES.values():
             check_output_path(report_dir / name, force=force)
@@ -202,16 +204,12 @@ def compare(
     with contextlib.ExitStack() as stack:
         claim = None
         if report_dir is not None:  # claimed before the comparison: a second run on the folder fails at once
-            from mpinfer.claim import claim_outputs
-
             claim = stack.enter_context(claim_outputs([report_dir / n for n in FILE_NAMES.values()], force=force))
         result = compare_models(config)  # with --generate: data.generation, checkable (token_agreement...)
         paths = write_report(result, report_dir, force=force, claim=claim) if report_dir is not None else {}
     if as_json:
         click.echo(json.dumps(result.to_dict(), indent=2))
     elif not quiet:
-        from mpinfer.report.console import render_console
-        from mpinfer.report.generation import print_console
 
         render_console(result)
         print_console(result)

@@ -6,10 +6,15 @@ from pathlib import Path
 
 import click
 
+from mpinfer.checks import parse_checks
 from mpinfer.commands import memory_limit_option
+from mpinfer.data import parse_dims
 from mpinfer.metrics import parse_class_outputs
 from mpinfer.modelio import MAX_OPSET
+from mpinfer.precision import ConvertConfig, convert_precision
 from mpinfer.precision.options import DEFAULT_BUDGET, DEFAULT_SEARCH_SAMPLES
+from mpinfer.precision.verify import budget_figures
+from mpinfer.specs import Precision
 
 
 @click.command("convert")
@@ -147,10 +152,6 @@ def convert(
       mpinfer convert out/model.onnx --plan out/model.fp16.plan.json -o out/model.fp16.onnx
       mpinfer convert out/model.onnx --precision bf16 --keep-op Softmax --keep-node 'head/.*' -o out/m.bf16.onnx
     """  # noqa: D301
-    from mpinfer.data import parse_dims
-    from mpinfer.precision import ConvertConfig, convert_precision
-    from mpinfer.specs import Precision
-
     quiet = bool((ctx.obj or {}).get("quiet"))
     cfg = ConvertConfig(
         model=model,
@@ -233,8 +234,6 @@ def _print_summary(result: object, plan_in: Path | None = None) -> None:
 
 def verification_line(plan: object) -> str | None:
     """``searched on N samples, verified on M samples (strict numerics): cosine=…`` (None: nothing verified)."""
-    from mpinfer.precision.verify import budget_figures
-
     ver = plan.summary.get("verification")  # type: ignore[attr-defined]
     if not ver:
         return None
@@ -247,8 +246,6 @@ def verification_line(plan: object) -> str | None:
     )
     gen = ver.get("generation")
     if gen:  # the budget's generation checks: greedy decoding of the calibration prompts (ONNX Runtime)
-        from mpinfer.checks import parse_checks
-
         got = ", ".join(f"{m}={gen['figures'][m]:.6g}" for m in sorted(parse_checks(gen["budget"]).metrics)
                         if m in gen.get("figures", {}))
         figures += (f"; greedy generation of {gen['prompts']} prompts x {gen['tokens']} tokens "

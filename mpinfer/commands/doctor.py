@@ -6,13 +6,13 @@ import json
 
 import click
 
+from mpinfer.doctor import collect_checks
+
 
 @click.command("doctor")
 @click.option("--json", "as_json", is_flag=True, help="Print the checks as JSON.")
 def doctor(as_json: bool) -> None:
     """Show versions, ONNX Runtime providers, CUDA/GPU and TensorRT, with install hints."""
-    from mpinfer.doctor import collect_checks
-
     checks = collect_checks()
     if as_json:
         click.echo(json.dumps([c.__dict__ for c in checks], indent=2))

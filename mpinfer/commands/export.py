@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from mpinfer.export import ExportConfig, export_onnx
 from mpinfer.modelio import MAX_OPSET
 
 
@@ -41,8 +42,6 @@ def export(ctx: click.Context, source: str, output: Path, weights: Path | None, 
       mpinfer export models/resnet_small.py:build --weights runs/x/best.pt \\
           --input x:batchx3x64x64:float32 --dynamic batch -o out/resnet_small.onnx
     """
-    from mpinfer.export import ExportConfig, export_onnx
-
     cfg = ExportConfig(source=source, output=output, weights=weights, inputs=inputs, dynamic=dynamic or None,
                        exporter=exporter, opset=opset, force=force, atol=atol, rtol=rtol,
                        trust_weights=trust_weights, output_names=output_names, past=past)

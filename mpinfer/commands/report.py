@@ -6,6 +6,11 @@ from pathlib import Path
 
 import click
 
+from mpinfer.claim import claim_outputs
+from mpinfer.fileio import check_output_path
+from mpinfer.report import load_report, render
+from mpinfer.report.console import render_console
+
 
 @click.command()
 @click.argument("report_json", type=click.Path(path_type=Path))
@@ -35,8 +40,6 @@ def report(
     mpinfer report out/report/report.json --format html -o out/report.html
     mpinfer report out/report/report.json --check "cosine>=0.99999"     # exit 1 if it fails now
     """  # noqa: D301 (click needs the \b)
-    from mpinfer.report import load_report, render
-
     if checks is not None and not checks.strip():
         raise click.BadParameter('empty; give thresholds, e.g. "cosine>=0.9999", or leave --check out',
                                  param_hint="--check")
@@ -47,20 +50,17 @@ def report(
             "-o/--output writes html, md or json; pick one with --format", param_hint="-o"
         )
     if output is not None:
-        from mpinfer.fileio import check_output_path
 
         check_output_path(output, [report_json], force=force)
     result = load_report(report_json)
     if checks is not None:
         result = result.with_checks(checks)
     if fmt == "console":
-        from mpinfer.report.console import render_console
 
         render_console(result)
     else:
         text = render(result, fmt)
         if output is not None:
-            from mpinfer.claim import claim_outputs
 
             with claim_outputs([output], force=force) as claim:  # a second run on -o fails at once
                 claim.stage(output).write_text(text, encoding="utf-8")

@@ -6,6 +6,9 @@ from pathlib import Path
 
 import click
 
+from mpinfer.errors import AccuracyMismatchError
+from mpinfer.pipeline import StageRun, run_pipeline
+
 
 @click.command("run")
 @click.argument("pipeline", type=click.Path(exists=True, dir_okay=False, path_type=Path))
@@ -19,9 +22,6 @@ def run(ctx: click.Context, pipeline: Path, force: bool) -> None:
     mpinfer run models/demo.toml           # again: every stage is skipped (unchanged)
     mpinfer run models/demo.toml --force   # re-run everything
     """  # noqa: D301
-    from mpinfer.errors import AccuracyMismatchError
-    from mpinfer.pipeline import StageRun, run_pipeline
-
     quiet = bool(ctx.obj and ctx.obj.get("quiet"))
 
     def show(stage: StageRun) -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from mpinfer.specs import Precision
+from mpinfer.train import AmpConfig, train_model
 
 
 @click.command("train")
@@ -98,8 +99,6 @@ def train(
       mpinfer train models/digits_cnn.py:build --data digits --precision bf16 --epochs 5 -o runs/digits
       torchrun --nproc_per_node 2 -m mpinfer train models/digits_cnn.py:build -o runs/ddp
     """  # noqa: D301
-    from mpinfer.train import AmpConfig, train_model
-
     quiet = quiet or bool((ctx.obj or {}).get("quiet"))
     config = AmpConfig(
         model=model,

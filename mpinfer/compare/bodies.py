@@ -5,7 +5,7 @@ and the candidate with each node in its input dtype (``follow_input_dtypes``), o
 callback sees every body tensor under its qualified name (``If_3/then_branch/`` + name). Per batch the baseline's
 observations are held (at most the memory budget's ``body`` slice, :mod:`mpinfer.memory`) and each is paired with the
 candidate's observation of the same name and occurrence (a Loop body tensor is seen once per iteration), then freed;
-only the running sums of :class:`~mpinfer.compare.divergence.TensorAcc` are kept.
+only the running sums of :class:`~mpinfer.compare.tensoracc.TensorAcc` are kept.
 """
 
 from __future__ import annotations
@@ -18,8 +18,10 @@ from typing import Any
 
 import numpy as np
 
-from mpinfer.compare.divergence import SKIP_OPS, TensorAcc
+from mpinfer.compare.tensoracc import SKIP_OPS, TensorAcc
+from mpinfer.errors import BackendUnavailableError
 from mpinfer.memory import current_budget
+from mpinfer.precision.emulate import GraphEmulator
 from mpinfer.precision.kernels.numerics import is_float
 
 logger = logging.getLogger(__name__)
@@ -118,9 +120,6 @@ def measure_body_tensors(
     Returns:
         The accumulated errors by qualified name (``Loop_2/body/Add_1_out``), what was not compared and why.
     """
-    from mpinfer.errors import BackendUnavailableError
-    from mpinfer.precision.emulate import GraphEmulator
-
     cov = BodyCoverage()
     base_names = _body_tensors(base, skip_ops=True)
     if not base_names:

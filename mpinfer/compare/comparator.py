@@ -14,12 +14,23 @@ from typing import Any
 
 import numpy as np
 
-from mpinfer.backends import Runner, open_runner
+import mpinfer
+from mpinfer.backends import Runner, is_torch_spec, open_runner
+from mpinfer.backends.torch_runner import TorchRunner
 from mpinfer.checks import DEFAULT_CHECKS, Checks, parse_checks
+from mpinfer.compare.divergence import find_divergence, load_plan_nodes
+from mpinfer.compare.generate import attach_generation, generate_config
+from mpinfer.compare.hints import precision_summary, speed_hints
+from mpinfer.compare.latency import measure_latency
 from mpinfer.compare.result import CandidateResult, ComparisonResult, LatencyResult, OutputMetrics
+from mpinfer.data import load_feeds, parse_dims
+from mpinfer.data.feeds import fixed_batch, sample_axes
 from mpinfer.errors import InvalidInputError, ModelLoadError, MpinferError, format_message
-from mpinfer.memory import budgeted
-from mpinfer.metrics import ModelAccumulator, OutputAccumulator, check_output_names, guess_class_output
+from mpinfer.memory import budgeted, current_budget
+from mpinfer.metrics import LABEL_METRICS, ModelAccumulator, OutputAccumulator, check_output_names, guess_class_output
+from mpinfer.modelio import data_file, load_onnx
+from mpinfer.precision.verify import FingerprintedFeeds
+from mpinfer.progress import progress_bar
 from mpinfer.specs import TensorSpec, is_float_dtype
 
 logger = logging.getLogger(__name__)
@@ -101,7 +112,6 @@ class CompareConfig:
 
 
 def _validate_config(cfg: CompareConfig) -> Checks:
-    from mpinfer.backends import is_torch_spec
 
     checks = parse_checks(cfg.checks if cfg.checks and cfg.checks.strip() else DEFAULT_CHECKS)
     if checks.generation and not cfg.generate:
@@ -183,8 +193,6 @@ def _one_at_a_time(cfg: CompareConfig) -> bool:
 
     ONNX files only, and not with latency (which runs every model on the same batch).
     """
-    from mpinfer.memory import current_budget
-
     specs = (cfg.baseline, *cfg.candidates)
     if cfg.latency or not all(str(s).lower().endswith(".onnx") for s in specs):
         return False
@@ -316,7 +324,6 @@ def _specs_of(baseline: Runner, candidates: Mapping[str, Runner], cfg: CompareCo
 
 
 def _output_names(baseline: Runner, candidates: Mapping[str, Runner]) -> list[str]:
-    from mpinfer.backends.torch_runner import TorchRunner
 
     first = next(iter(candidates.values()))
     if isinstance(baseline, TorchRunner) and not baseline.output_names():
@@ -328,7 +335,6 @@ def _output_names(baseline: Runner, candidates: Mapping[str, Runner]) -> list[st
 
 
 def _iter_progress(feeds: Any, show: bool) -> Iterator[dict[str, np.ndarray]]:
-    from mpinfer.progress import progress_bar
 
     with progress_bar("compare", enabled=show) as progress:
         task = progress.add_task("batches", total=len(feeds))
@@ -463,8 +469,6 @@ def _labeled_outputs(labels: np.ndarray, bout: Mapping[str, np.ndarray], rows: i
 
 def _check_label_metrics(checks: Checks, has_labels: bool, cfg: CompareConfig) -> None:
     """Refuse, before any batch runs, a check against labels on data without ``_labels``."""
-    from mpinfer.metrics import LABEL_METRICS
-
     needs = [str(c) for c in checks if c.metric in LABEL_METRICS]
     if needs and not has_labels:
         raise InvalidInputError(
@@ -491,11 +495,7 @@ def compare_models(config: CompareConfig) -> ComparisonResult:
         InvalidInputError: Mismatched models or data, bad data, unknown checks.
         ModelLoadError: A model that cannot be loaded (named in the message).
     """
-    from mpinfer.data import load_feeds, parse_dims
-
     checks = _validate_config(config)
-    from mpinfer.compare.generate import attach_generation, generate_config
-
     generation = generate_config(config, config.generate) if config.generate else None  # checked before any run
     t0 = time.perf_counter()
     with contextlib.ExitStack() as stack:
@@ -507,19 +507,8 @@ def compare_models(config: CompareConfig) -> ComparisonResult:
         checks.check_outputs(out_names)
         if config.class_outputs is not None:
             check_output_names(config.class_outputs, out_names, "--class-outputs")
-        feeds = load_feeds(
-            config.data,
-            specs,
-            model=config.baseline,  # decodes prompts for a KV-cache model (mpinfer.data.decode)
-            batch_size=config.batch_size,
-            num_batches=config.num_batches,
-            seed=config.seed,
-            dims=parse_dims(config.dims),
-            image_preprocess=config.image_preprocess,
-            input_ranges=config.input_ranges,
-        )
+        feeds = _open_data(config, specs)
         _check_label_metrics(checks, feeds.labels is not None, config)
-        from mpinfer.precision.verify import FingerprintedFeeds
 
         hashed = FingerprintedFeeds(feeds)  # the data's fingerprint, to set beside a plan's verified figures
         accs, kept = _run_batches(config, baseline, cands, hashed, out_names, checks)
@@ -540,15 +529,7 @@ def compare_models(config: CompareConfig) -> ComparisonResult:
         baseline=base_info,
         candidates=results,
         checks=[str(c) for c in checks],
-        data={
-            "source": config.data or "random",
-            "kind": feeds.kind,
-            "description": feeds.description,
-            "batches": len(feeds),
-            "samples": feeds.num_samples,
-            "labels": feeds.labels is not None,
-            "fingerprint": hashed.fingerprint(),
-        },
+        data=_data_record(config, feeds, hashed),
         environment=_environment(config),
         latency=latency,
         notes=notes,
@@ -557,6 +538,34 @@ def compare_models(config: CompareConfig) -> ComparisonResult:
     if generation is not None:  # after the sessions above are closed: one model open at a time
         attach_generation(comparison, generation, checks)
     return comparison
+
+
+def _open_data(config: CompareConfig, specs: Any) -> Any:
+    """The comparison's batches, from the options as the CLI names them."""
+    return load_feeds(
+        config.data,
+        specs,
+        model=config.baseline,  # decodes prompts for a KV-cache model (mpinfer.data.decode)
+        batch_size=config.batch_size,
+        num_batches=config.num_batches,
+        seed=config.seed,
+        dims=parse_dims(config.dims),
+        image_preprocess=config.image_preprocess,
+        input_ranges=config.input_ranges,
+    )
+
+
+def _data_record(config: CompareConfig, feeds: Any, hashed: FingerprintedFeeds) -> dict[str, Any]:
+    """What the result says about the data compared on (with the fingerprint of the batches read)."""
+    return {
+        "source": config.data or "random",
+        "kind": feeds.kind,
+        "description": feeds.description,
+        "batches": len(feeds),
+        "samples": feeds.num_samples,
+        "labels": feeds.labels is not None,
+        "fingerprint": hashed.fingerprint(),
+    }
 
 
 def _candidate_result(
@@ -590,9 +599,6 @@ def _candidate_result(
 
 
 def _onnx_extras(cfg: CompareConfig, result: CandidateResult, kept: list[dict[str, Any]]) -> None:
-    from mpinfer.compare.divergence import find_divergence, load_plan_nodes
-    from mpinfer.compare.hints import precision_summary, speed_hints
-    from mpinfer.modelio import load_onnx
 
     model = load_onnx(result.path, load_external_data=False)  # the graph: hints and counts read no weights
     result.precision = precision_summary(model, result.path)
@@ -611,8 +617,6 @@ def _onnx_extras(cfg: CompareConfig, result: CandidateResult, kept: list[dict[st
 def _latency(
     cfg: CompareConfig, baseline: Runner, cands: Mapping[str, Runner], sample: Mapping[str, np.ndarray]
 ) -> LatencyResult:
-    from mpinfer.compare.latency import measure_latency
-    from mpinfer.data.feeds import fixed_batch, sample_axes
 
     runners = {cfg.baseline: baseline, **cands}
     specs = baseline.input_specs()
@@ -669,8 +673,6 @@ def model_size(path_or_spec: str) -> int | None:
     """Bytes on disk of a model file plus its external data files (None for a torch spec)."""
     from pathlib import Path
 
-    from mpinfer.modelio import data_file
-
     p = Path(path_or_spec)
     if not p.is_file():
         return None
@@ -700,8 +702,6 @@ def _environment(cfg: CompareConfig) -> dict[str, Any]:
     import sys
 
     import onnxruntime
-
-    import mpinfer
 
     env = {
         "mpinfer": mpinfer.__version__,

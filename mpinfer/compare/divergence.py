@@ -18,15 +18,20 @@ import math
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
+from mpinfer.backends.ort import resolve_providers
+from mpinfer.compare.bodies import BodyCoverage, body_graphs, measure_body_tensors
 from mpinfer.compare.result import Divergence, NodeError
+from mpinfer.compare.tensoracc import SKIP_OPS, TensorAcc
 from mpinfer.memory import current_budget
-
-if TYPE_CHECKING:
-    from mpinfer.compare.bodies import BodyCoverage
+from mpinfer.modelio import iter_nodes, load_onnx, name_nodes, ort_session, tensor_array, uses_external_data
+from mpinfer.precision.calibrate import BatchSlicer, pack_chunks
+from mpinfer.precision.emulate import GraphEmulator
+from mpinfer.progress import progress_bar
+from mpinfer.specs import is_float_dtype
 
 logger = logging.getLogger(__name__)
 
@@ -41,73 +46,6 @@ JUMP_MIN_ERROR = 1e-2
 JUMP_FACTOR = 10.0
 # Nodes listed in the ranking (largest added error first).
 RANK_TOP = 10
-# Ops whose outputs carry no numeric error worth ranking (shape plumbing, constants).
-SKIP_OPS = {"Constant", "Shape", "Size", "ConstantOfShape", "NonZero"}
-
-
-class TensorAcc:
-    """Running sums of one tensor's error over batches (and Loop iterations)."""
-
-    __slots__ = ("sum_d2", "sum_b2", "max_abs", "nonfinite", "dtype")
-
-    def __init__(self) -> None:
-        self.sum_d2 = self.sum_b2 = self.max_abs = 0.0
-        self.nonfinite = 0
-        self.dtype = ""
-
-    def update(self, b: np.ndarray, c: np.ndarray) -> None:
-        """Add one baseline/candidate pair of the tensor."""
-        self.dtype = str(c.dtype)
-        if np.shape(b) != np.shape(c):
-            self.nonfinite += 1  # a shape change is as wrong as NaN; counted, never compared
-            return
-        if self._update_finite(b, c):
-            return
-        b64, c64 = np.asarray(b, np.float64), np.asarray(c, np.float64)
-        fb, fc = np.isfinite(b64), np.isfinite(c64)
-        self.nonfinite += int(np.count_nonzero(fb & ~fc))
-        both = fb & fc
-        d = c64[both] - b64[both]
-        self.sum_d2 += float(np.dot(d, d))
-        self.sum_b2 += float(np.dot(b64[both], b64[both]))
-        if d.size:
-            self.max_abs = max(self.max_abs, float(np.abs(d).max()))
-
-    def _update_finite(self, b: np.ndarray, c: np.ndarray) -> bool:
-        """:meth:`update` in float32 passes when every value of both is finite (False: nothing added).
-
-        The FP16/BF16 candidate is exact in float32, the difference is taken once, and the sums of squares are
-        float32 dot products (float64 when they overflow): a few passes instead of float64 copies and masks.
-        """
-        from mpinfer.precision.tensorstats import sum_of_squares
-
-        b32 = np.asarray(b, np.float32).reshape(-1)
-        with np.errstate(invalid="ignore", over="ignore"):
-            d = np.asarray(c, np.float32).reshape(-1) - b32
-            top = float(np.max(np.abs(d), initial=0.0))
-            sum_b2 = sum_of_squares(b32)
-        if not (math.isfinite(top) and math.isfinite(sum_b2)):  # inf or NaN on either side: the masked path
-            return False
-        self.sum_d2 += sum_of_squares(d)
-        self.sum_b2 += sum_b2
-        self.max_abs = max(self.max_abs, top)
-        return True
-
-    def mismatch(self, dtype: str) -> None:
-        """Count a value present on one side only (another If branch or Loop trip count) as wrong."""
-        self.dtype = self.dtype or dtype
-        self.nonfinite += 1
-
-    @property
-    def error(self) -> float:
-        """Relative L2 error over everything added; inf once a value was non-finite or mismatched."""
-        if self.nonfinite:
-            return math.inf
-        if self.sum_d2 == 0:
-            return 0.0
-        return math.sqrt(self.sum_d2 / max(self.sum_b2, 1e-30))
-
-
 def _precision_of(dtype: str) -> str:
     return {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32", "float64": "fp64"}.get(
         dtype, dtype or "?"
@@ -115,7 +53,6 @@ def _precision_of(dtype: str) -> str:
 
 
 def _shared_tensors(base: Any, cand: Any) -> tuple[list[str], dict[str, int]]:
-    from mpinfer.modelio import iter_nodes
 
     cand_main = {o for n in cand.graph.node for o in n.output if o}
     base_main = [o for n in base.graph.node if n.op_type not in SKIP_OPS for o in n.output if o]
@@ -141,7 +78,6 @@ def _with_outputs(model: Any, names: Sequence[str]) -> Any:
 
 
 def _accumulate(accs: Mapping[str, TensorAcc], name: str, b: Any, c: Any) -> None:
-    from mpinfer.specs import is_float_dtype
 
     if c is not None and is_float_dtype(np.asarray(b).dtype) and is_float_dtype(np.asarray(c).dtype):
         accs[name].update(b, c)
@@ -174,9 +110,6 @@ def tensor_bytes(
     (Shape inference misses exactly the big ones: a speech model's attention scores behind reshapes it cannot
     follow.) A batch that cannot be cut into samples is probed whole.
     """
-    from mpinfer.modelio import ort_session
-    from mpinfer.precision.calibrate import BatchSlicer
-
     if not batches or not names:
         return [0] * len(names)
     feeds = max(batches, key=lambda b: sum(np.asarray(v).nbytes for v in b.values()))
@@ -205,10 +138,6 @@ def measure_tensors(
     outputs decide what onnxruntime fuses, so the chunking is part of the result: keep it stable. ``dirs``: the
     folders the baseline's and the candidate's external weights are in (memory-mapped from there, never loaded).
     """
-    from mpinfer.modelio import ort_session
-    from mpinfer.precision.calibrate import pack_chunks
-    from mpinfer.progress import progress_bar
-
     accs = {n: TensorAcc() for n in names}
     size = STRICT_CHUNK_SIZE if strict else CHUNK_SIZE
     # a chunk's tensors come to at most the budget's divergence slice per model run (sizes from a one-sample probe)
@@ -216,7 +145,6 @@ def measure_tensors(
     chunks = pack_chunks(names, tensor_bytes(base, names, batches, providers, base_dir=dirs[0]), size, limit)
     emu = None
     if strict:
-        from mpinfer.precision.emulate import GraphEmulator
 
         emu = GraphEmulator(cand, follow_input_dtypes=True, base_dir=dirs[1])
     with progress_bar(enabled=show_progress) as progress:
@@ -277,8 +205,6 @@ def weight_errors(base: Any, cand: Any, dirs: tuple[str, str] = ("", "")) -> dic
     """
     import onnx
     from onnx import TensorProto
-
-    from mpinfer.modelio import tensor_array
 
     def constants(graph: Any, prefix: str, out: dict[tuple[str, str], Any]) -> dict[tuple[str, str], Any]:
         out.update(((prefix, t.name), t) for t in graph.initializer)
@@ -435,9 +361,6 @@ def find_divergence(
     Returns:
         The Divergence (nodes in graph order, ranking by added error, the first jump).
     """
-    from mpinfer.backends.ort import resolve_providers
-    from mpinfer.modelio import load_onnx, name_nodes, uses_external_data
-
     t0 = time.perf_counter()
     # external weights stay on disk: sessions and the emulator memory-map them from each model's folder
     base = name_nodes(load_onnx(baseline, load_external_data=False))
@@ -503,8 +426,6 @@ def _cover_bodies(
     dirs: tuple[str, str] = ("", ""),
 ) -> BodyCoverage | None:
     """Body tensors through the strict emulator (None without bodies); updates the ``skipped`` counts."""
-    from mpinfer.compare.bodies import body_graphs, measure_body_tensors
-
     if not skipped.get("subgraph_nodes"):
         return None
     cov = measure_body_tensors(base, cand, batches, dirs)

@@ -28,6 +28,8 @@ import numpy as np
 
 from mpinfer.data.decode import KvLayout, Prompts, greedy_decode, kv_layout, load_prompts, ort_run_fn
 from mpinfer.errors import InvalidInputError, format_message
+from mpinfer.modelio import load_onnx, ort_session
+from mpinfer.specs import specs_from_onnx
 
 logger = logging.getLogger(__name__)
 
@@ -130,8 +132,6 @@ class Decoder:
 
     def open(self, providers: Sequence[str]) -> Decoder:
         """Start the session (the model's memory is held from here until :meth:`close`)."""
-        from mpinfer.modelio import ort_session
-
         self.run = ort_run_fn(ort_session(self.path, providers=list(providers) or None), self.layout.output_names)
         return self
 
@@ -272,9 +272,6 @@ def attach_generation(result: Any, cfg: GenerateConfig, checks: Any) -> None:
 
 
 def _specs(path: Any) -> list[Any]:
-    from mpinfer.modelio import load_onnx
-    from mpinfer.specs import specs_from_onnx
-
     if not isinstance(path, (str, Path)):  # a ModelProto
         return specs_from_onnx(path)
     return specs_from_onnx(load_onnx(Path(path), load_external_data=False))

@@ -25,6 +25,8 @@ from typing import Any
 import numpy as np
 
 from mpinfer.compare.result import SpeedHint
+from mpinfer.modelio import iter_nodes
+from mpinfer.precision.masks import MASK_PATH_OPS, MASK_SENTINEL
 
 logger = logging.getLogger(__name__)
 
@@ -201,8 +203,6 @@ def _is_mask_constant(tensor: Any) -> bool:
     """A constant holding an attention mask's minus infinity (a finite value at or below MASK_SENTINEL)."""
     from onnx import numpy_helper
 
-    from mpinfer.precision.masks import MASK_SENTINEL
-
     if int(np.prod(tensor.dims)) > MASK_CONST_MAX_ELEMENTS:
         return False
     arr = numpy_helper.to_array(tensor).astype(np.float32)
@@ -212,8 +212,6 @@ def _is_mask_constant(tensor: Any) -> bool:
 
 def _adds_attention_mask(node: Any, producer: dict[str, Any], consts: dict[str, Any]) -> bool:
     """Whether ``node`` is an Add one of whose inputs comes from a mask constant through mask-path ops."""
-    from mpinfer.precision.masks import MASK_PATH_OPS
-
     if node.op_type != "Add":
         return False
     todo, seen = list(node.input), set()
@@ -235,8 +233,6 @@ def _adds_attention_mask(node: Any, producer: dict[str, Any], consts: dict[str, 
 def precision_summary(model: Any, candidate_path: str | Path) -> dict[str, Any]:
     """FP16/BF16 share and cast count, from the plan file when present, else counted from the model."""
     from onnx import TensorProto
-
-    from mpinfer.modelio import iter_nodes
 
     plan_path = Path(str(candidate_path)[: -len(".onnx")] + ".plan.json")
     from_plan = _summary_from_plan(plan_path) if plan_path.is_file() else None

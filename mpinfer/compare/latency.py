@@ -17,6 +17,8 @@ import numpy as np
 
 from mpinfer.backends.base import Runner
 from mpinfer.compare.result import LatencyStats
+from mpinfer.data.feeds import take_samples
+from mpinfer.progress import progress_bar
 
 logger = logging.getLogger(__name__)
 
@@ -29,8 +31,6 @@ def batch_of_size(
     ``axes``: input -> sample axis, None for an input fed whole (:func:`mpinfer.data.feeds.sample_axes`);
     default: axis 0, scalars whole.
     """
-    from mpinfer.data.feeds import take_samples
-
     out = {}
     for name, arr in sample.items():
         axis = axes.get(name, 0) if axes is not None else 0
@@ -114,8 +114,6 @@ def measure_latency(
     Returns:
         One LatencyStats per runner and batch size; ``speedup`` = baseline mean / runner mean (as throughput).
     """
-    from mpinfer.progress import progress_bar
-
     stats: list[LatencyStats] = []
     t0 = time.perf_counter()
     with progress_bar("latency", enabled=show_progress) as progress:

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from mpinfer.data.feeds import FeedSource, read_npz
+from mpinfer.data.source import FeedSource, read_npz
 from mpinfer.errors import InvalidInputError, format_message
 from mpinfer.specs import TensorSpec
 

@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
+from mpinfer.data import decode
 from mpinfer.data.layout import FileLayout, file_layout, fixed_batch, sample_axes, split_batches, take_samples
+from mpinfer.data.source import FeedSource, read_npz
 from mpinfer.errors import InvalidInputError, format_message
 from mpinfer.specs import DEFAULT_DIM_SIZE, TensorSpec, batch_symbols, parse_range
 
@@ -84,45 +86,6 @@ class ImagePreprocess:
                                "size=HxW,mean=a/b/c,std=a/b/c,scale=255,layout=nchw|nhwc,mode=RGB|L|BGR")
             ) from err
         return cls(**kw)  # type: ignore[arg-type]
-
-
-@dataclass
-class FeedSource:
-    """An iterable of batches plus what it is, for logs and reports.
-
-    Attributes:
-        kind: ``random``, ``npz``, ``npy`` or ``images``.
-        description: Human-readable origin.
-        specs: The model inputs the batches are for.
-        labels: Side data (``_labels`` in an .npz) aligned with samples, when present.
-        guessed_dims: Random data only: the symbolic dims sized by the bare default (no --dim, no batch),
-            as ``"'h' (input 'x')"``.
-    """
-
-    kind: str
-    description: str
-    specs: Sequence[TensorSpec]
-    _factory: object
-    num_batches: int
-    num_samples: int
-    labels: np.ndarray | None = None
-    side: dict[str, np.ndarray] = field(default_factory=dict)
-    guessed_dims: tuple[str, ...] = ()
-
-    def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
-        return self._factory()  # type: ignore[operator, no-any-return]
-
-    def __len__(self) -> int:
-        return self.num_batches
-
-    def first(self) -> dict[str, np.ndarray]:
-        """The first batch."""
-        return next(iter(self))
-
-    @property
-    def is_random(self) -> bool:
-        """True for generated data (statistics from it say little about real inputs)."""
-        return self.kind == "random"
 
 
 def random_batch(specs: Sequence[TensorSpec], rng: np.random.Generator,
@@ -200,21 +163,6 @@ def _random_source(specs: Sequence[TensorSpec], num_batches: int, batch_size: in
     n = specs[0].concrete_shape(all_dims)[0] if specs and specs[0].shape else 1
     return FeedSource("random", f"seeded random data (seed {seed}, {num_batches} batches)", specs, gen,
                       num_batches, num_batches * n, guessed_dims=tuple(guessed))
-
-
-def read_npz(path: Path) -> dict[str, np.ndarray]:
-    """Every array of an ``.npz`` file (no pickles), with a clear error for a file that is not one."""
-    import zipfile
-
-    if not zipfile.is_zipfile(path):  # np.load would call any other file "pickled (object) data"
-        raise InvalidInputError(format_message(f"Data file '{path}'", "a file that is not a valid .npz (no zip "
-                                               "archive)", "an .npz written by numpy.savez"))
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            return {k: z[k] for k in z.files}
-    except (OSError, ValueError, zipfile.BadZipFile) as err:
-        raise InvalidInputError(format_message(f"Data file '{path}'", f"an unreadable .npz ({err})",
-                                               "an .npz written by numpy.savez")) from err
 
 
 def check_labels(labels: np.ndarray, num_samples: int, origin: str) -> np.ndarray:
@@ -365,8 +313,6 @@ def load_feeds(
     if num_batches is not None and num_batches < 1:
         raise InvalidInputError(format_message("Number of batches", num_batches, "a positive integer",
                                                "omit it to use every batch of the data"))
-    from mpinfer.data import decode
-
     if decode.wants_decode(source, specs):
         return decode.decode_source(str(source), specs, model, batch_size=bs, num_batches=num_batches)
     dims = decode.kv_dims(specs, dims)

@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from mpinfer import __version__
+from mpinfer.backends.ort import cuda_usable, resolve_providers
+from mpinfer.claim import claim_outputs
 from mpinfer.engine.config import (
     Backend,
     BuildConfig,
@@ -30,6 +32,7 @@ from mpinfer.engine.machine import (
     import_tensorrt,
     require_gpu,
 )
+from mpinfer.engine.ort_engine import build_ort_engine
 from mpinfer.engine.sidecar import (
     SCHEMA_VERSION,
     SIDECAR_KIND,
@@ -38,10 +41,11 @@ from mpinfer.engine.sidecar import (
     read_plan_summary,
     sidecar_path,
 )
+from mpinfer.engine.trt_builder import build_trt_engine, plan_network_mode
 from mpinfer.errors import BackendUnavailableError, InvalidInputError, format_message
 from mpinfer.fileio import check_output_path, sha256_file, write_json_atomic
 from mpinfer.memory import budgeted
-from mpinfer.modelio import data_file
+from mpinfer.modelio import data_file, external_data_files, load_onnx, require_file
 from mpinfer.specs import Precision, specs_from_onnx
 
 logger = logging.getLogger(__name__)
@@ -113,7 +117,6 @@ def default_output(model: Path, backend: Backend, *, external_data: bool = False
 
 
 def _resolve_ort_device(device: str) -> str:
-    from mpinfer.backends.ort import cuda_usable, resolve_providers
 
     if device == "auto":
         return "cuda:0" if cuda_usable() else "cpu"
@@ -166,8 +169,6 @@ class _Checked:
 def _check_inputs(cfg: BuildConfig) -> _Checked:
     from onnx.external_data_helper import uses_external_data
 
-    from mpinfer.modelio import external_data_files, load_onnx, require_file
-
     cfg.validate()
     model_path = require_file(cfg.model, "ONNX model")
     model = load_onnx(model_path, load_external_data=False)
@@ -207,7 +208,6 @@ def _build_tensorrt(
         raise BackendUnavailableError(probe.reason or TENSORRT_INSTALL_HINT)
     gpu = require_gpu(cfg.device, "TensorRT build")
     notes = check_capability(low, gpu.compute_capability, gpu.name)
-    from mpinfer.engine.trt_builder import build_trt_engine, plan_network_mode
 
     plan_network_mode(probe.version, cfg.weak_precisions)  # refuse --fp16 on TensorRT 11 before building
     facts = build_trt_engine(cfg, c.model_path, c.output, gpu)
@@ -224,7 +224,6 @@ def _build_onnxruntime(
     if device.startswith("cuda"):
         gpu = require_gpu(device, "ONNX Runtime CUDA engine")
         notes += check_capability(low, gpu.compute_capability, gpu.name)
-    from mpinfer.engine.ort_engine import build_ort_engine
 
     section = build_ort_engine(cfg, c.model_path, c.model, c.output, device)
     io = {"inputs": [{"name": s.name, "shape": list(s.shape), "dtype": s.dtype.name} for s in c.specs]}
@@ -245,8 +244,6 @@ def build_engine(cfg: BuildConfig) -> BuildResult:
         MpinferError: For bad input, a missing backend, a GPU too old for the model's precisions, or a
             failed build (no file is written in any of these cases).
     """
-    from mpinfer.claim import claim_outputs
-
     c = _check_inputs(cfg)
     cfg = replace(cfg, shapes=c.shapes)
     low = {p for p in c.precisions if p.is_low}

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mpinfer.data.feeds import DEFAULT_BATCH_SIZE
 from mpinfer.errors import InvalidInputError, format_message
 from mpinfer.memory import parse_size
 from mpinfer.specs import Precision, TensorSpec, batch_symbols, parse_enum
@@ -216,8 +217,6 @@ def complete_profiles(
     Raises:
         InvalidInputError: For a dynamic input without ``--shapes`` whose non-batch dims have no known size.
     """
-    from mpinfer.data.feeds import DEFAULT_BATCH_SIZE
-
     covered = {p.name for p in profiles}
     missing = [s for s in specs if s.symbols and s.name not in covered]
     if not missing:

@@ -8,7 +8,11 @@ from pathlib import Path
 from typing import Any
 
 from mpinfer.backends.base import Runner
-from mpinfer.engine.machine import require_gpu
+from mpinfer.backends.ort import cuda_usable
+from mpinfer.backends.trt_runner import TrtRunner
+from mpinfer.engine.build import probe_tensorrt
+from mpinfer.engine.machine import gpu_info, require_gpu
+from mpinfer.engine.ort_engine import OrtEngineRunner
 from mpinfer.engine.sidecar import MachineFacts, check_compatible, read_sidecar, sidecar_path
 from mpinfer.errors import BackendUnavailableError, InvalidInputError, ModelLoadError, format_message
 from mpinfer.fileio import sha256_file
@@ -111,8 +115,6 @@ def load_engine_runner(path: str | os.PathLike[str], *, device: str = "auto") ->
 
 
 def _tensorrt_runner(path: Path, sidecar: dict[str, Any] | None, device: str) -> Runner:
-    from mpinfer.backends.trt_runner import TrtRunner
-    from mpinfer.engine.build import probe_tensorrt
 
     probe = probe_tensorrt()
     if probe.version is None:
@@ -127,10 +129,6 @@ def _tensorrt_runner(path: Path, sidecar: dict[str, Any] | None, device: str) ->
 
 def _ort_runner(path: Path, sidecar: dict[str, Any] | None, device: str) -> Runner:
     import onnxruntime as ort
-
-    from mpinfer.backends.ort import cuda_usable
-    from mpinfer.engine.machine import gpu_info
-    from mpinfer.engine.ort_engine import OrtEngineRunner
 
     settings = dict((sidecar or {}).get("onnxruntime") or {"providers": ["CPUExecutionProvider"]})
     built_cuda = "CUDAExecutionProvider" in settings.get("providers", [])

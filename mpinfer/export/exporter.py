@@ -26,12 +26,15 @@ from typing import Any
 import numpy as np
 
 from mpinfer import __version__
+from mpinfer.claim import claim_outputs
+from mpinfer.data.feeds import random_batch
 from mpinfer.errors import AccuracyMismatchError, ExportError, InvalidInputError, format_message
-from mpinfer.export.kv import with_kv_cache
+from mpinfer.export.kv import EXPORTER_REASON, with_kv_cache
 from mpinfer.export.loader import LoadedModel, bind_hf_inputs, load_model, split_source
+from mpinfer.export.outputs import flatten_outputs
 from mpinfer.export.parity import ParityReport, check_parity
 from mpinfer.fileio import check_output_path, write_json_atomic
-from mpinfer.modelio import data_file
+from mpinfer.modelio import data_file, default_opset, load_onnx, name_nodes, save_onnx
 from mpinfer.specs import TensorSpec, parse_tensor_spec
 
 logger = logging.getLogger(__name__)
@@ -136,15 +139,6 @@ def _to_torch(batch: dict[str, np.ndarray], specs: Sequence[TensorSpec]) -> tupl
     return tuple(torch.from_numpy(np.ascontiguousarray(batch[s.name])) for s in specs)
 
 
-def flatten_outputs(out: Any) -> list[Any]:
-    """Flatten a model's (nested) outputs into a list of tensors."""
-    import torch
-    from torch.utils._pytree import tree_flatten
-
-    leaves, _ = tree_flatten(out)
-    return [x for x in leaves if isinstance(x, torch.Tensor)]
-
-
 @contextlib.contextmanager
 def _quiet_torch_onnx() -> Iterator[None]:
     """Silence the exporters' chatter, Python and C++ alike; it goes to the log at debug level."""
@@ -247,7 +241,6 @@ def _run_exporters(cfg: ExportConfig, loaded: LoadedModel, args: tuple[Any, ...]
         order = ["torchscript"]  # a ScriptModule can only go through the TorchScript exporter
     failures: list[str] = []
     if loaded.kv is not None and cfg.exporter == "auto":
-        from mpinfer.export.kv import EXPORTER_REASON
 
         order = ["torchscript"]
         failures.append(EXPORTER_REASON)
@@ -289,15 +282,11 @@ def onnx_opset(path: Path) -> int:
     """The default-domain opset of the ONNX file at ``path`` (0 when it imports none)."""
     import onnx
 
-    from mpinfer.modelio import default_opset
-
     return default_opset(onnx.load(str(path), load_external_data=False))
 
 
 def _post_process(path: Path, specs: Sequence[TensorSpec], loaded: LoadedModel, exporter: str) -> Any:
     import onnx
-
-    from mpinfer.modelio import load_onnx, name_nodes
 
     model = name_nodes(load_onnx(path))
     ranges = {s.name: list(s.value_range) for s in specs if s.value_range is not None}
@@ -354,8 +343,6 @@ def export_onnx(cfg: ExportConfig) -> ExportResult:
         ExportError: Every exporter tried failed.
         AccuracyMismatchError: Parity torch vs ONNX Runtime above tolerance.
     """
-    from mpinfer.claim import claim_outputs
-
     _check_config(cfg)
     out, sidecar = _check_outputs(cfg)
     # model, data and sidecar: claimed before the work, published together (the data file goes with the model)
@@ -374,7 +361,6 @@ def _export(cfg: ExportConfig, claim: Any, out: Path, sidecar: Path) -> ExportRe
     specs = resolve_specs(loaded, cfg.inputs, cfg.dynamic)
     if loaded.kind == "huggingface" and loaded.kv is None:  # the KV wrapper takes its own fixed inputs
         bind_hf_inputs(loaded, [s.name for s in specs])
-    from mpinfer.data.feeds import random_batch
 
     args = _to_torch(random_batch(specs, np.random.default_rng(0)), specs)
     with torch.no_grad():
@@ -393,7 +379,6 @@ def _export(cfg: ExportConfig, claim: Any, out: Path, sidecar: Path) -> ExportRe
     tmp = claim.scratch()  # the exporters' scratch files: in the claim's staging folder, removed with it
     path, exporter, why = _run_exporters(cfg, loaded, args, specs, out_names, tmp)
     model = _post_process(path, specs, loaded, exporter)
-    from mpinfer.modelio import default_opset, save_onnx
 
     checked = save_onnx(model, tmp / "checked.onnx")
     try:

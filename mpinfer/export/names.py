@@ -11,6 +11,8 @@ from __future__ import annotations
 import ast
 from typing import Any
 
+from mpinfer.modelio import iter_nodes
+
 
 def node_module_paths(node: Any) -> list[str]:
     """The module paths a node was exported from, outermost first (empty when unknown)."""
@@ -49,8 +51,6 @@ def nodes_for_module(model: Any, module_path: str) -> list[str]:
     Returns:
         Node addresses in graph order.
     """
-    from mpinfer.modelio import iter_nodes
-
     target = module_path.strip(".")
     refs = list(iter_nodes(model.graph))
 

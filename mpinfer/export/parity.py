@@ -9,6 +9,10 @@ from typing import Any
 
 import numpy as np
 
+from mpinfer.data.decode import greedy_decode
+from mpinfer.data.feeds import random_batch
+from mpinfer.export.outputs import flatten_outputs
+from mpinfer.modelio import ort_session
 from mpinfer.specs import TensorSpec, batch_symbols
 
 
@@ -128,9 +132,6 @@ def check_parity(module: Any, onnx_path: Path, specs: Sequence[TensorSpec], out_
     layout = getattr(module, "kv_layout", None)
     if layout is not None:  # a decoder wrapped with its KV cache (mpinfer.export.kv)
         return check_kv_parity(module, onnx_path, layout, specs, steps=runs, atol=atol, rtol=rtol, seed=seed)
-    from mpinfer.data.feeds import random_batch
-    from mpinfer.export.exporter import flatten_outputs
-    from mpinfer.modelio import ort_session
 
     sess = ort_session(onnx_path)
     fn = module.module() if isinstance(module, torch.export.ExportedProgram) else module
@@ -213,10 +214,6 @@ def check_kv_parity(module: Any, onnx_path: Path, layout: Any, specs: Sequence[T
         The parity report, one run per model call, labelled ``prefill`` and ``decode step i``.
     """
     import torch
-
-    from mpinfer.data.decode import greedy_decode
-    from mpinfer.export.exporter import flatten_outputs
-    from mpinfer.modelio import ort_session
 
     sess = ort_session(onnx_path)
     names = layout.output_names

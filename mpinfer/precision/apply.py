@@ -23,7 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from mpinfer.precision.graphinfo import FLOAT, FLOAT16, GraphInfo, Slots
+from mpinfer.precision.graphinfo import FLOAT, FLOAT16, GraphInfo, Slots, constant_tensor
+from mpinfer.precision.kernels import ortexec
 from mpinfer.specs import Precision
 
 logger = logging.getLogger(__name__)
@@ -48,7 +49,6 @@ def low_array(arr: np.ndarray, low: Precision) -> np.ndarray:
     search converts the model's weights again.
     """
     if low is Precision.FP16 and arr.dtype == np.float32:
-        from mpinfer.precision.kernels import ortexec
 
         fast = ortexec.cast(arr, "to_fp16")
         if fast is not None:
@@ -286,7 +286,6 @@ class GraphRewriter:
                 if a.name == "to" and a.i == FLOAT:
                     a.i = self.low_type
         elif op in ("Constant", "ConstantOfShape"):
-            from mpinfer.precision.graphinfo import constant_tensor
 
             t = (
                 constant_tensor(node)

@@ -16,10 +16,15 @@ from typing import Any
 
 from mpinfer.errors import AccuracyMismatchError, InvalidInputError, format_message
 from mpinfer.memory import budgeted, release_memory
+from mpinfer.modelio import save_onnx
+from mpinfer.precision.evaluators import OrtEvaluator, evaluator_class
+from mpinfer.precision.genbudget import split_generation_budget
 from mpinfer.precision.options import Options, resolve_options
 from mpinfer.precision.plan import NodeDecision, PrecisionPlan
 from mpinfer.precision.plandata import MANY, SearchRows, calibrate_for_plan, count_rows, search_data, verify_inputs
+from mpinfer.precision.planner import summarize
 from mpinfer.precision.quantized import warn_quantized
+from mpinfer.precision.validate import apply_validated
 from mpinfer.specs import Precision
 
 logger = logging.getLogger(__name__)
@@ -113,10 +118,11 @@ def plan_path_for(output: Path) -> Path:
 def _check_config(cfg: ConvertConfig, opts: Options) -> None:
     if not opts.precision.is_low:
         raise InvalidInputError(format_message("--precision", opts.precision.value, "fp16 or bf16"))
-    if opts.precision is Precision.BF16 and opts.numerics == "ort" and opts.budget and not opts.default_budget:
+    evaluator = evaluator_class(opts.numerics)
+    if opts.precision is Precision.BF16 and not evaluator.supports_bf16 and opts.budget and not opts.default_budget:
         raise InvalidInputError(
             format_message(
-                "--numerics ort with --precision bf16",
+                f"--numerics {opts.numerics} with --precision bf16",
                 "a request to verify BF16 with ONNX Runtime",
                 "--numerics strict",
                 "ONNX Runtime's CPU provider has no BF16 MatMul/Conv; BF16 is checked only through strict emulation",
@@ -171,46 +177,30 @@ def convert_precision(cfg: ConvertConfig) -> ConvertResult:
 
 
 def _convert(cfg: ConvertConfig, claim: Any) -> ConvertResult:
-    """convert_precision's work, with its outputs claimed (written under ``claim.stage``, then published)."""
-    from mpinfer.precision.planner import summarize
+    """convert_precision's work, with its outputs claimed (written under ``claim.stage``, then published).
 
+    The recipe: resolve the options, load, plan (rules → calibrate → search, or the ``--plan`` re-applied),
+    apply behind the validity gate, verify on every sample (repairing), summarise, write.
+    """
     start = time.perf_counter()
     out, plan_out = _check_outputs(cfg)
     opts, in_place = _resolve(cfg, plan_out)
     info, sha, large = _load(cfg, opts)
-    from mpinfer.precision.genbudget import split_generation_budget
-
     opts, generation = split_generation_budget(cfg, opts, info.model)  # token_agreement... verified by decoding
     made = _reapply(cfg, opts, info, sha) if cfg.plan is not None else _make_plan(cfg, opts, info.model, info, sha)
     release_memory()  # the search's emulator and its rounded weights (reference cycles) go before the rewrite
     if generation is not None and made.verify is not None:
         made.verify = (replace(made.verify[0], generation=generation), *made.verify[1:])
-    plan = made.plan
     # External weights: each candidate is written (streamed, tensor by tensor) at the claim's staged path and gated
     # and verified there, like a small model in memory; publishing moves model and data into place.
     staged = (claim.stage(out), Path(cfg.model)) if large else None
-    result, plan.nodes = apply_validated(
-        info, plan.nodes, opts.precision, keep_io_types=plan.keep_io_types, verified=made.verified, staged=staged
-    )
+    result = _apply(made, info, opts.precision, staged=staged)
     verification = None
     if made.verify is not None:
         release_memory()  # the rewrite's converted weights, now in the staged file
-        result, plan.nodes, verification = _verify(made, info, result, plan.nodes, staged)
-    plan.summary = summarize(
-        info,
-        plan.nodes,
-        cast_count=result.cast_count,
-        converted_weights=result.converted_weights,
-        expected_error=made.expected,
-        search=made.search_cost,
-    )
-    if verification is not None:
-        plan.summary["verification"] = verification
-    plan.opset = info.opsets.get("") or None  # what the plan was made for (and is applied at)
-    _warn_opset_blocked(plan.nodes, info, opts.precision)
+        result, made.plan.nodes, verification = _verify(made, info, result, made.plan.nodes, staged)
+    plan = _summarize(made, info, result, verification, opts.precision)
     if staged is None:
-        from mpinfer.modelio import save_onnx
-
         save_onnx(result.model, claim.stage(out))  # already through the validity gate (apply_validated)
     if not in_place:
         plan.save(claim.stage(plan_out))
@@ -224,6 +214,38 @@ def _convert(cfg: ConvertConfig, claim: Any) -> ConvertResult:
         time.perf_counter() - start,
     )
     return ConvertResult(out, plan_out, plan)
+
+
+def _apply(made: _Planned, info: Any, precision: Precision, *, staged: tuple[Path, Path] | None) -> Any:
+    """The plan applied behind the validity gate (ORT refusals go FP32 in ``made.plan``).
+
+    ``staged``: (where to write, the input model's file) for external weights, see :func:`apply_validated`.
+    """
+    plan = made.plan
+    result, plan.nodes = apply_validated(
+        info, plan.nodes, precision, keep_io_types=plan.keep_io_types, verified=made.verified, staged=staged
+    )
+    return result
+
+
+def _summarize(
+    made: _Planned, info: Any, result: Any, verification: dict | None, precision: Precision
+) -> PrecisionPlan:
+    """The plan's summary (shares, casts, expected error, search cost, verification) and opset, set in place."""
+    plan = made.plan
+    plan.summary = summarize(
+        info,
+        plan.nodes,
+        cast_count=result.cast_count,
+        converted_weights=result.converted_weights,
+        expected_error=made.expected,
+        search=made.search_cost,
+    )
+    if verification is not None:
+        plan.summary["verification"] = verification
+    plan.opset = info.opsets.get("") or None  # what the plan was made for (and is applied at)
+    _warn_opset_blocked(plan.nodes, info, precision)
+    return plan
 
 
 def _check_outputs(cfg: ConvertConfig) -> tuple[Path, Path]:
@@ -469,7 +491,7 @@ def _floor_numerics(opts: Options, model: Any) -> Options:
     """
     from mpinfer.precision.emulate import GraphEmulator
 
-    if not opts.default_budget or opts.numerics != "strict":
+    if not opts.default_budget or not evaluator_class(opts.numerics).emulated:
         return opts
     missing = GraphEmulator(model).unsupported_ops()
     if not missing:
@@ -484,7 +506,7 @@ def _floor_numerics(opts: Options, model: Any) -> Options:
         "The default floor is verified with ONNX Runtime numerics: strict emulation cannot run %s (ORT's CPU "
         "provider computes many FP16 ops in FP32 and understates the error a GPU shows).", ", ".join(sorted(missing))
     )
-    return replace(opts, numerics="ort")
+    return replace(opts, numerics=OrtEvaluator.name)
 
 
 def _class_outputs(cfg: ConvertConfig) -> tuple[str, ...] | None:
@@ -626,82 +648,6 @@ def _warn_opset_blocked(nodes: list[NodeDecision], info: Any, precision: Precisi
             min(beyond.values()),
             MAX_OPSET,
         )
-
-
-# Rounds of "ONNX Runtime refuses these low nodes: keep them FP32 and re-apply" before giving up.
-MAX_RUNTIME_REPAIRS = 4
-
-
-def apply_validated(
-    info: Any,
-    nodes: list[NodeDecision],
-    precision: Precision,
-    *,
-    keep_io_types: bool = True,
-    verified: tuple[dict[str, Precision], Any] | None = None,
-    staged: tuple[Path, Path] | None = None,
-) -> tuple[Any, list[NodeDecision]]:
-    """Apply the plan and pass the validity gate; nodes ONNX Runtime refuses in low precision go FP32.
-
-    Only a failure of the ONNX Runtime load alone (the ONNX checker and strict type inference pass, so the
-    model is valid ONNX) is repaired: ONNX Runtime's kernels or function bodies lack the dtype (BF16
-    mostly). The nodes it points at are kept FP32 with the reason recorded, and the plan is applied again.
-
-    ``verified``: (precisions, ApplyResult) of a candidate the search already applied and ONNX Runtime
-    loaded and ran (same model, same ``keep_io_types``); when the plan's precisions are those, that result is
-    taken as it is and only the checker and strict type inference run on it.
-
-    ``staged``: (where to write, the input model's file) for a model whose weights are external: each candidate
-    is written there (:func:`mpinfer.modelio.save_streamed`, tensor by tensor) and the gate checks that file (the
-    checker and type inference on the path, ONNX Runtime loading it with its weights memory-mapped); the result's
-    model then points at the written data file.
-
-    Returns:
-        The ApplyResult and the (possibly updated) plan entries.
-
-    Raises:
-        InternalError: Any other validity failure, or one that repairs do not fix.
-    """
-    from mpinfer.precision.apply import apply_plan
-    from mpinfer.precision.validate import OFFLINE_CHECKS, raise_invalid, runtime_suspects, validity_failures
-
-    for _ in range(MAX_RUNTIME_REPAIRS + 1):
-        precisions = {n.name: n.precision for n in nodes}
-        if verified is not None and verified[0] == precisions and staged is None:
-            result = verified[1]
-            failures = validity_failures(result.model, baseline_model=info.model, checks=OFFLINE_CHECKS)
-        elif staged is not None:
-            from mpinfer.modelio import data_file, save_streamed
-
-            result = apply_plan(info.model, info, precisions, precision, keep_io_types=keep_io_types)
-            path, source = staged
-            save_streamed(result.model, path, data_file(path).name, info.base_dir)
-            failures = validity_failures(None, baseline_path=source, path=path)
-        else:
-            result = apply_plan(info.model, info, precisions, precision, keep_io_types=keep_io_types)
-            failures = validity_failures(result.model, baseline_model=info.model)
-        if not failures:
-            return result, nodes
-        runtime_only = all(f.check == "onnxruntime" for f in failures)
-        low = {n.name for n in nodes if n.precision.is_low}
-        suspects = runtime_suspects(failures[0], info, low) if runtime_only else set()
-        if not suspects:
-            break
-        logger.warning(
-            "ONNX Runtime refuses %d node(s) in %s; keeping them FP32: %s",
-            len(suspects),
-            precision.value,
-            ", ".join(sorted(suspects)[:5]),
-        )
-        detail = f"ONNX Runtime refuses it in {precision.value}: " + failures[0].message.strip()[:160]
-        nodes = [
-            NodeDecision(n.name, n.op_type, Precision.FP32, "rule:keep-fp32", detail, n.stats)
-            if n.name in suspects
-            else n
-            for n in nodes
-        ]
-    raise_invalid(failures, "apply")
-    raise AssertionError("unreachable: raise_invalid raises for a non-empty list")
 
 
 __all__ = [

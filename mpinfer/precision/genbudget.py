@@ -21,7 +21,12 @@ import logging
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from mpinfer.checks import Checks, parse_checks
+from mpinfer.data.decode import kv_layout, load_prompts, wants_decode
 from mpinfer.errors import InvalidInputError, format_message
+from mpinfer.metrics import GENERATION_OUTPUT
+from mpinfer.precision.evaluators import evaluator_class
+from mpinfer.specs import specs_from_onnx
 
 logger = logging.getLogger(__name__)
 
@@ -58,8 +63,6 @@ class GenerationBudget:
                                    name="candidate")
         cand.close()
         self.last = result.metrics()
-        from mpinfer.metrics import GENERATION_OUTPUT
-
         return self.last, self.checks.failures({GENERATION_OUTPUT: self.last})
 
     def describe(self) -> dict[str, Any]:
@@ -80,8 +83,6 @@ def split_generation_budget(cfg: Any, opts: Any, model: Any) -> tuple[Any, Gener
         InvalidInputError: Generation checks on a model without a KV cache, without prompt calibration, or with
             ``--plan``; all before anything runs.
     """
-    from mpinfer.checks import parse_checks
-
     if not opts.budget:
         return opts, None
     checks = parse_checks(opts.budget)
@@ -92,20 +93,15 @@ def split_generation_budget(cfg: Any, opts: Any, model: Any) -> tuple[Any, Gener
     prompts, tokens = _prompts(cfg, text, model)
     rest = checks.without_generation()
     outputs = str(rest) if rest is not None else OUTPUTS_FLOOR
-    if opts.numerics == "strict":
+    if evaluator_class(opts.numerics).emulated:
         logger.info("The budget's generation checks (%s) are verified with ONNX Runtime's kernels: the strict "
                     "emulator verifies the outputs, not the decode loop.", text)
-    from mpinfer.checks import Checks
-
     budget = GenerationBudget(text, Checks(gen, text), str(cfg.model), str(cfg.calibration), prompts, tokens)
     return replace(opts, budget=outputs), budget
 
 
 def _prompts(cfg: Any, text: str, model: Any) -> tuple[Any, int]:
     """The calibration prompts and tokens per prompt (prefill + the calibration's decode steps)."""
-    from mpinfer.data.decode import kv_layout, load_prompts, wants_decode
-    from mpinfer.specs import specs_from_onnx
-
     specs = specs_from_onnx(model)
     what = f"--budget '{text}'"
     if cfg.plan is not None:

@@ -13,7 +13,16 @@ from typing import Any
 
 import numpy as np
 
-from mpinfer.modelio import NodeRef, iter_graphs, iter_nodes
+from mpinfer.errors import ModelLoadError
+from mpinfer.modelio import (
+    NodeRef,
+    iter_graphs,
+    iter_nodes,
+    ort_log_level,
+    ort_session,
+    small_enough_to_size,
+    tensor_array,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -174,9 +183,6 @@ class GraphInfo:
             return
         import onnx
 
-        from mpinfer.errors import ModelLoadError
-        from mpinfer.modelio import ort_log_level, ort_session
-
         query = onnx.ModelProto()
         query.CopyFrom(model)
         del query.graph.output[:]
@@ -234,6 +240,13 @@ class GraphInfo:
             out.outputs = [i for i in float_out if i in contrib[1]]
         if not out.has_float or schema is None:
             return out
+        self._schema_slots(node, schema, low_type, float_in, float_out, out)
+        return out
+
+    def _schema_slots(
+        self, node: Any, schema: Any, low_type: int, float_in: list[int], float_out: list[int], out: Slots
+    ) -> None:
+        """Fill ``out`` from the schema: the float slots whose type variable allows ``low_type`` (else blocked)."""
         in_params = _formal(schema.inputs, len(node.input))
         out_params = _formal(schema.outputs, len(node.output))
         allowed = {c.type_param_str: set(c.allowed_type_strs) for c in schema.type_constraints}
@@ -246,19 +259,16 @@ class GraphInfo:
                 f"{node.op_type} (opset {self.opset_of(node)}) has no "
                 f"{low_str[7:-1]} type for its float tensors"
             )
-            return out
+            return
         out.inputs = [i for i in float_in if in_params[i] in lowered and i not in pinned]
         out.outputs = [i for i in float_out if out_params[i] in lowered]
         if not out.inputs and not out.outputs:
             out.blocked = f"{node.op_type} has only fixed-type float tensors"
-        return out
 
     # -- values ---------------------------------------------------------------------------------------
     def const_array(self, name: str) -> np.ndarray | None:
         """The value of an initializer (external data: memory-mapped, read-only) or a Constant output, else None."""
         from onnx import numpy_helper
-
-        from mpinfer.modelio import tensor_array
 
         if name in self.initializers:
             return np.asarray(tensor_array(self.initializers[name], self.base_dir))
@@ -344,8 +354,6 @@ DETACH_BYTES = 1 << 20
 
 def _in_memory(model: Any) -> bool:
     """No external data, and small enough to serialize."""
-    from mpinfer.modelio import small_enough_to_size
-
     return small_enough_to_size(model) and not any(
         t.data_location == 1 for g in iter_graphs(model.graph) for t in g.initializer  # TensorProto.EXTERNAL
     )

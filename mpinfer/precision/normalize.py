@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 
 from mpinfer.errors import InvalidInputError, format_message
-from mpinfer.modelio import default_opset, iter_graphs
-from mpinfer.precision.graphinfo import BFLOAT16, FLOAT, FLOAT16
+from mpinfer.modelio import default_opset, iter_graphs, name_nodes
+from mpinfer.precision.graphinfo import BFLOAT16, FLOAT, FLOAT16, GraphInfo
 from mpinfer.specs import Precision
 
 logger = logging.getLogger(__name__)
@@ -104,8 +104,6 @@ def upcast_to_fp32(model: Any) -> Any:
 
 def _float_casts(model: Any) -> set[tuple[int, int]]:
     """(graph, node) positions, in :func:`iter_graphs` order, of the Casts from a float tensor to a float type."""
-    from mpinfer.precision.graphinfo import GraphInfo
-
     types = GraphInfo(model).types
     floats = (FLOAT, *LOW_TYPES)
     out = set()
@@ -194,8 +192,6 @@ def ensure_opset(model: Any, precision: Precision, *, opset: int | None = None) 
     if target <= current:
         return model
     from onnx import version_converter
-
-    from mpinfer.modelio import name_nodes
 
     why = "--opset" if opset is not None and opset >= needed else f"{precision.value.upper()} needs it"
     try:

@@ -20,7 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mpinfer.checks import parse_checks
 from mpinfer.errors import InvalidInputError, format_message
+from mpinfer.precision.evaluators import evaluator_class
 from mpinfer.specs import Precision
 
 logger = logging.getLogger(__name__)
@@ -76,7 +78,6 @@ def check_budget(text: str) -> None:
         InvalidInputError: From :func:`mpinfer.checks.parse_checks`.
     """
     if text.strip().lower() != NO_BUDGET:
-        from mpinfer.checks import parse_checks
 
         parse_checks(text)
 
@@ -111,10 +112,11 @@ def resolve_options(cfg: Any, plan: Any = None) -> Options:
         budget = None
     elif budget is None and has_real_data(cfg.calibration):
         budget, default = DEFAULT_BUDGET, True
-        if precision is Precision.BF16 and numerics == "ort":
+        if precision is Precision.BF16 and not evaluator_class(numerics).supports_bf16:
             logger.warning(
-                "No default floor for --precision bf16 with --numerics ort: ONNX Runtime's CPU provider cannot "
-                "run BF16 MatMul/Conv to verify it. Use --numerics strict (the default) to have it verified."
+                "No default floor for --precision bf16 with --numerics %s: ONNX Runtime's CPU provider cannot "
+                "run BF16 MatMul/Conv to verify it. Use --numerics strict (the default) to have it verified.",
+                numerics,
             )
             budget, default = None, False
     elif budget is not None and not budget.strip():

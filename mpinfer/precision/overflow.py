@@ -12,14 +12,13 @@ from pathlib import Path
 from typing import Any
 
 from mpinfer.errors import InvalidInputError, format_message
+from mpinfer.export.names import nodes_for_module
 
 logger = logging.getLogger(__name__)
 
 
 def match_module(model: Any, module: str) -> list[str]:
     """Addresses of the nodes whose torch module scope is ``module`` or inside it."""
-    from mpinfer.export.names import nodes_for_module
-
     return list(nodes_for_module(model, module))
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from mpinfer.errors import InvalidInputError, format_message
+from mpinfer.fileio import read_json, write_text_atomic
 from mpinfer.specs import Precision
 
 logger = logging.getLogger(__name__)
@@ -170,8 +171,6 @@ class PrecisionPlan:
 
     def save(self, path: str | Path) -> Path:
         """Write the plan atomically."""
-        from mpinfer.fileio import write_text_atomic
-
         return write_text_atomic(path, self.to_json())
 
     @classmethod
@@ -241,8 +240,6 @@ class PrecisionPlan:
         Raises:
             InvalidInputError: Unreadable, not JSON, or malformed.
         """
-        from mpinfer.fileio import read_json
-
         data = read_json(path, "Plan", "a .plan.json written by `mpinfer convert`")
         return cls.from_dict(data, str(path))
 

@@ -11,9 +11,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from mpinfer.errors import InternalError, InvalidInputError, format_message
+from mpinfer.data import load_feeds
+from mpinfer.errors import BackendUnavailableError, InternalError, InvalidInputError, format_message
 from mpinfer.memory import current_budget
+from mpinfer.precision.calibrate import BatchSlicer, FeedsRejectedError, check_data_fits
+from mpinfer.precision.evaluators import evaluator_class
 from mpinfer.precision.options import NO_CALIBRATION, Options
+from mpinfer.precision.verify import RUN_ROWS, VerifySettings
 from mpinfer.specs import DEFAULT_DIM_SIZE, specs_from_onnx
 
 logger = logging.getLogger(__name__)
@@ -29,8 +33,6 @@ def verify_inputs(
     cfg: Any, opts: Options, decisions: Any, feeds: Any, stats: Any, calib_info: dict | None
 ) -> tuple:
     """What :func:`mpinfer.precision.verify.verify_and_repair` needs: settings, verdicts, data, kept FP32 outputs."""
-    from mpinfer.precision.verify import RUN_ROWS, VerifySettings
-
     limit = opts.verify_samples
     calibrated = (calib_info or {}).get("samples")
     if cfg.calibration in (None, "random") and cfg.max_batches is None and calibrated:
@@ -53,8 +55,6 @@ def verify_inputs(
 
 def count_rows(model: Any, batches: Any) -> int:
     """Samples in ``batches`` (along each input's sample axis)."""
-    from mpinfer.precision.calibrate import BatchSlicer
-
     slicer = BatchSlicer(model)
     return sum(slicer.rows(b) for b in batches)
 
@@ -83,8 +83,6 @@ def search_data(
     their FP32 tensors pass the memory budget's ``search`` bytes. Also the samples the plan's expected error is measured
     on without a budget.
     """
-    from mpinfer.precision.calibrate import BatchSlicer
-
     refs, tensors = getattr(stats, "reference_outputs", None), getattr(stats, "reference_tensors", None)
     per_sample = getattr(stats, "sample_bytes", None)
     cap = max(1, current_budget().search // per_sample) if per_sample else None
@@ -137,8 +135,6 @@ def calibrate_for_plan(
                 )
             )
         return None, None, None
-    from mpinfer.precision.calibrate import check_data_fits
-
     why = check_data_fits(model, user_data=not own_data(cfg))
     if why is not None:
         return _rules_only(opts, why, "pass --calibration none to plan by rules only without this warning")
@@ -149,14 +145,13 @@ def calibrate_for_plan(
     except ImportError:
         logger.warning("Calibration statistics are unavailable in this build; range rules are skipped.")
         return None, feeds, info
-    from mpinfer.errors import BackendUnavailableError
 
     try:
         # The FP32 reference of the search (or, without a budget, of the plan's expected error) is the calibration
         # run's first batches: their outputs, and with a strict search every float32 tensor (the emulator's
         # reference run takes them instead of computing them).
         capture = batches_for(model, feeds, opts.search_samples) if opts.budget else 1
-        tensors = bool(opts.budget) and opts.numerics != "ort"
+        tensors = bool(opts.budget) and evaluator_class(opts.numerics).wants_fp32_tensors
         # Default random data stops at the budget's random_calibration bytes of tensors: more random samples add
         # little, and a detector at 640x640 computes ~0.7 GB of tensors per image (8 default batches took 2 min).
         bounded = cfg.calibration in (None, "random") and cfg.max_batches is None
@@ -189,8 +184,6 @@ def _calibration_failed(
     mpinfer's own random data (the user gave none): plan by rules only, with a warning naming the node and what
     to pass. The user's data: a user error naming it (ONNX Runtime's refusal), or the error as it is.
     """
-    from mpinfer.precision.calibrate import FeedsRejectedError
-
     if feeds.is_random and own_data(cfg):
         why = (f"ONNX Runtime rejects mpinfer's own random data at {err.where} ({err.reason[:200]})"
                if isinstance(err, FeedsRejectedError) else f"mpinfer's own random data cannot be run ({err})")
@@ -236,9 +229,6 @@ def random_data_hint(specs: Any, guessed: Any) -> str:
 
 def _load_feeds(cfg: Any, model: Any) -> Any:
     """The calibration feeds (a warning for random data)."""
-    from mpinfer.data import load_feeds
-    from mpinfer.specs import specs_from_onnx
-
     feeds = load_feeds(
         cfg.calibration,
         specs_from_onnx(model),
@@ -263,8 +253,6 @@ def _load_feeds(cfg: Any, model: Any) -> Any:
 def batches_for(model: Any, feeds: Any, samples: int) -> int:
     """Batches of ``feeds`` that hold the first ``samples`` samples (from the first batch's size)."""
     import math
-
-    from mpinfer.precision.calibrate import BatchSlicer
 
     first = next(iter(feeds), None)
     rows = BatchSlicer(model).rows(first) if first is not None else 1

@@ -8,12 +8,21 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from mpinfer.errors import InvalidInputError, format_message
 from mpinfer.precision.graphinfo import FLOAT, GraphInfo
 from mpinfer.precision.masks import REASON as MASK_REASON
 from mpinfer.precision.masks import MaskSite, find_mask_sites, mask_tensors, rewrite_masks
 from mpinfer.precision.plan import NodeDecision, counts_as_float, precisions_digest
 from mpinfer.precision.resolve import resolve_precisions
-from mpinfer.precision.rules import Decision, Kind, NodeClassifier, RuleContext, default_rules, shape_subgraph
+from mpinfer.precision.rules import (
+    Decision,
+    Kind,
+    NodeClassifier,
+    RuleContext,
+    compile_pattern,
+    default_rules,
+    shape_subgraph,
+)
 from mpinfer.specs import Precision
 
 logger = logging.getLogger(__name__)
@@ -37,13 +46,13 @@ def check_overrides(info: GraphInfo, options: RuleOptions) -> None:
         InvalidInputError: An op type in both --keep-op and --low-op, a pattern in both --keep-node and
             --low-node, or an op type ONNX does not know.
     """
-    import difflib
+    _refuse_contradictions(options)
+    _check_op_types(info, options)
+    _warn_unmatched_patterns(info, options)
 
-    from onnx import defs
 
-    from mpinfer.errors import InvalidInputError, format_message
-    from mpinfer.precision.rules import compile_pattern
-
+def _refuse_contradictions(options: RuleOptions) -> None:
+    """An op type in both --keep-op and --low-op (or a pattern in both --keep-node and --low-node) is refused."""
     for what, keep, low in (("op type", options.keep_ops, options.low_ops), ("node pattern", options.keep_nodes,
                                                                              options.low_nodes)):
         both = sorted(set(keep) & set(low))
@@ -57,6 +66,14 @@ def check_overrides(info: GraphInfo, options: RuleOptions) -> None:
                     f"--keep-{flag} would win; drop it from the one you did not mean",
                 )
             )
+
+
+def _check_op_types(info: GraphInfo, options: RuleOptions) -> None:
+    """An op type ONNX does not know is refused (with the closest name); one the model lacks is a warning."""
+    import difflib
+
+    from onnx import defs
+
     present = sorted({ref.node.op_type for ref in info.nodes})
     known = {schema.name for schema in defs.get_all_schemas_with_history()}
     for flag, ops in (("--keep-op", options.keep_ops), ("--low-op", options.low_ops)):
@@ -78,6 +95,10 @@ def check_overrides(info: GraphInfo, options: RuleOptions) -> None:
                     )
                 )
             logger.warning("%s %s: the model has no %s node, so it changes nothing.", flag, op, op)
+
+
+def _warn_unmatched_patterns(info: GraphInfo, options: RuleOptions) -> None:
+    """A --keep-node/--low-node pattern that matches no node is a warning (a typo would be a silent no-op)."""
     addresses = [ref.address for ref in info.nodes]
     for flag, patterns in (("--keep-node", options.keep_nodes), ("--low-node", options.low_nodes)):
         for pattern in patterns:

@@ -19,8 +19,11 @@ from typing import Any
 
 import numpy as np
 
+from mpinfer.errors import ModelLoadError
 from mpinfer.memory import current_budget
 from mpinfer.metrics import relative_l2
+from mpinfer.modelio import ort_session
+from mpinfer.precision.apply import apply_plan
 from mpinfer.precision.graphinfo import GraphInfo
 from mpinfer.specs import Precision
 
@@ -48,19 +51,12 @@ def group_submodel(info: GraphInfo, members: Sequence[str]) -> tuple[Any, list[s
     nodes = [info.by_address[a].node for a in members]
     if any(attr.type in (attr.GRAPH, attr.GRAPHS) for n in nodes for attr in n.attribute):
         return None
-    member_set = set(members)
-    produced = {o for n in nodes for o in n.output if o}
-    ext = list(dict.fromkeys(i for n in nodes for i in n.input if i and i not in produced))
+    ext = _external_inputs(nodes)
     if any(i not in info.types for i in ext):
         return None
     inits = [info.initializers[i] for i in ext if i in info.initializers]
     inputs = [helper.make_tensor_value_info(i, info.types[i], None) for i in ext if i not in info.initializers]
-    outs = [
-        o
-        for o in dict.fromkeys(o for n in nodes for o in n.output if o)
-        if info.types.get(o) == TensorProto.FLOAT
-        and (o in info.graph_outputs or any(c[0] not in member_set for c in info.consumers.get(o, [])))
-    ]
+    outs = _handed_on(info, nodes, set(members))
     if not outs:
         return None
     graph = helper.make_graph(
@@ -69,6 +65,24 @@ def group_submodel(info: GraphInfo, members: Sequence[str]) -> tuple[Any, list[s
     sub = helper.make_model(graph, opset_imports=list(info.model.opset_import))
     sub.ir_version = info.model.ir_version
     return sub, outs
+
+
+def _external_inputs(nodes: Sequence[Any]) -> list[str]:
+    """The tensors the nodes read that none of them makes, in order of first use."""
+    produced = {o for n in nodes for o in n.output if o}
+    return list(dict.fromkeys(i for n in nodes for i in n.input if i and i not in produced))
+
+
+def _handed_on(info: GraphInfo, nodes: Sequence[Any], members: set[str]) -> list[str]:
+    """The float outputs of the nodes that leave the group: graph outputs, or read by a node outside it."""
+    from onnx import TensorProto
+
+    return [
+        o
+        for o in dict.fromkeys(o for n in nodes for o in n.output if o)
+        if info.types.get(o) == TensorProto.FLOAT
+        and (o in info.graph_outputs or any(c[0] not in members for c in info.consumers.get(o, [])))
+    ]
 
 
 def _inline(converted: Any, tag: str, keep: set[str]) -> tuple[list[Any], list[Any], dict[str, str]]:
@@ -107,8 +121,6 @@ def build_probe(info: GraphInfo, groups: Sequence[Any], low: Precision) -> tuple
     None when no group can be probed (or the model is too large to hold twice).
     """
     from onnx import TensorProto, helper
-
-    from mpinfer.precision.apply import apply_plan
 
     model = info.model
     # above the budget's probe slice (a second copy of every converted weight) the emulator measures instead
@@ -167,9 +179,6 @@ def probe_errors(info: GraphInfo, groups: Sequence[Any], batches: Sequence[dict]
     Groups the probe cannot copy, or whose FP32 reference is not finite, are left out of ``errors`` (the
     caller measures them another way); a group whose low copy overflows gets ``inf``.
     """
-    from mpinfer.errors import ModelLoadError
-    from mpinfer.modelio import ort_session
-
     built = build_probe(info, groups, low)
     if built is None:
         return ProbeResult({}, 0)

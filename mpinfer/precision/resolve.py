@@ -27,6 +27,17 @@ def resolve_precisions(
     Returns:
         Address → Precision (``low`` or FP32).
     """
+    prec = _forward_pass(info, decisions, low, keep_io_types)
+    _backward_pass(info, prec, low, keep_io_types)
+    final = {k: (v or Precision.FP32) for k, v in prec.items()}
+    _move_casts_upstream(info, decisions, final, low, keep_io_types=keep_io_types)
+    return final
+
+
+def _forward_pass(
+    info: GraphInfo, decisions: Mapping[str, Decision], low: Precision, keep_io_types: bool
+) -> dict[str, Precision | None]:
+    """LOW and KEEP verdicts as they are; a FOLLOW node takes its inputs' precision (None: only constants)."""
     low_type = low.onnx_dtype
     state: dict[str, bool | None] = {}  # tensor -> True (low), False (fp32), None (free: constants)
     for name in info.graph_inputs:
@@ -49,6 +60,12 @@ def resolve_precisions(
         for i, name in enumerate(ref.node.output):
             if name:
                 state[name] = None if p is None else (p is low and i in slots.outputs)
+    return prec
+
+
+def _backward_pass(info: GraphInfo, prec: dict[str, Precision | None], low: Precision, keep_io_types: bool) -> None:
+    """Nodes still undecided (fed by constants only) go low when every consumer of their outputs is low."""
+    low_type = low.onnx_dtype
     for ref in reversed(info.nodes):
         if prec[ref.address] is not None:
             continue
@@ -65,9 +82,6 @@ def resolve_precisions(
         slots = info.slots(ref.node, low_type)
         ok = bool(wants) and all(wants) and not slots.blocked and bool(slots.outputs or slots.inputs)
         prec[ref.address] = low if ok else Precision.FP32
-    final = {k: (v or Precision.FP32) for k, v in prec.items()}
-    _move_casts_upstream(info, decisions, final, low, keep_io_types=keep_io_types)
-    return final
 
 
 def _state(state: dict[str, bool | None], info: GraphInfo, name: str) -> bool | None:

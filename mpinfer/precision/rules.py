@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from mpinfer.errors import InvalidInputError, format_message
 from mpinfer.modelio import NodeRef
 from mpinfer.precision.graphinfo import CONTRIB_SLOTS, DEFAULT_DOMAINS, FLOAT, SHAPE_INPUTS, GraphInfo
 from mpinfer.precision.tensorstats import sum_of_squares
@@ -625,8 +626,6 @@ def compile_pattern(pattern: str) -> re.Pattern[str]:
     Raises:
         InvalidInputError: For an invalid regular expression.
     """
-    from mpinfer.errors import InvalidInputError, format_message
-
     try:
         return re.compile(pattern)
     except re.error as err:

@@ -33,12 +33,15 @@ from typing import Any
 import numpy as np
 
 from mpinfer.checks import Checks, parse_checks
-from mpinfer.errors import AccuracyMismatchError, InvalidInputError, format_message
-from mpinfer.metrics import QUANTILE_METRICS, ModelAccumulator, relative_l2, worst_values
+from mpinfer.errors import AccuracyMismatchError, BackendUnavailableError, InvalidInputError, format_message
+from mpinfer.metrics import QUANTILE_METRICS, ModelAccumulator, worst_values
+from mpinfer.precision import evaluators
+from mpinfer.precision.emulate import GraphEmulator
+from mpinfer.precision.evaluators import Evaluator, evaluator_class
 from mpinfer.precision.graphinfo import GraphInfo, components
-from mpinfer.precision.kernels.numerics import is_float
 from mpinfer.precision.plan import NodeDecision
 from mpinfer.precision.rules import Decision, Kind
+from mpinfer.progress import progress_bar
 from mpinfer.specs import Precision
 
 logger = logging.getLogger(__name__)
@@ -53,9 +56,6 @@ MAX_REFINE = 8
 SCREEN_SHARE = 1 / 8
 SCREEN_MIN_ROWS = 2
 SCREEN_MIN_TOTAL = 8
-# Strict numerics screen only models whose kept FP32 reference runs hold at least this many float values per
-# node (CNNs: ~1e6; small transformers: ~1e4, where the per-node overhead dominates the emulator's time).
-STRICT_SCREEN_MIN_VALUES = 100_000
 # Sensitivity (``_measure``): the groups' local errors are measured on this share of the search samples (at
 # least PROBE_MIN_ROWS), the ones the whole candidate got most wrong: they only rank the groups, every candidate
 # is still verified on all samples, and the ORT probe costs about two model runs per sample (the strict
@@ -116,25 +116,18 @@ class _Group:
 
 
 class _Verifier:
-    """Measures a candidate low-node set against the FP32 reference with the chosen numerics."""
+    """Judges candidate low-node sets against the FP32 reference: metrics, screening, per-sample hardness.
+
+    How a candidate is run (the numerics) is the :class:`~mpinfer.precision.evaluators.Evaluator`'s business.
+    """
 
     def __init__(
-        self,
-        model: Any,
-        info: GraphInfo,
-        batches: list[dict],
-        budget: Checks,
-        cfg: SearchConfig,
-        labels: np.ndarray | None,
+        self, model: Any, info: GraphInfo, batches: list[dict], budget: Checks, cfg: SearchConfig,
+        labels: np.ndarray | None, evaluator: Evaluator,
     ) -> None:
         self.model, self.info, self.batches = model, info, batches
-        self.budget, self.cfg, self.labels = budget, cfg, labels
-        self.emu: Any = None
-        self.refs: list[Any] = []
-        self._emulator_opened = False
-        self.evaluations = 0
+        self.budget, self.cfg, self.labels, self.ev = budget, cfg, labels, evaluator
         self.verifications = 0
-        self.ort_ref: list[dict[str, np.ndarray]] | None = None
         self.names: list[str] = []
         # Metrics of the FP32 model itself (its outputs are the reference), and its accumulator (the whole
         # reference's sums, which screening bounds read): set by _reference, with the class-score outputs.
@@ -152,35 +145,9 @@ class _Verifier:
         self.screened = 0
         self._splittable: bool | None = None
         self._joined: tuple[dict[str, np.ndarray], dict[str, np.ndarray]] | None = None  # (feeds, reference)
-        self._screen_ref: tuple[np.ndarray, Any] | None = None  # strict: (screening rows, their kept FP32 run)
-        self._values_per_node: float | None = None  # strict: float values per model node in the kept runs
-
-    def open_emulator(self, known: list[dict[str, np.ndarray]] | None = None) -> None:
-        """The strict emulator and its FP32 reference runs (kept for ``run_from`` and the sensitivity pass).
-
-        ``known``: FP32 tensors of the search batches already computed (calibration's ONNX Runtime run, one
-        dict per batch); the reference runs take them instead of computing them. ``emu`` stays None when the
-        model has ops the emulator cannot run (ORT numerics only: strict numerics refuses such models in
-        :func:`_open_emulator`).
-        """
-        if self._emulator_opened:
-            return
-        self._emulator_opened = True
-        self.emu = _open_emulator(self.model, self.cfg, self.info.base_dir)
-        if self.emu is not None:
-            seeds = known if known is not None and len(known) == len(self.batches) else [None] * len(self.batches)
-            self.refs = [self.emu.run(b, None, keep=True, known=k) for b, k in zip(self.batches, seeds, strict=True)]
-            self.evaluations += len(self.info.nodes) * len(self.refs)
 
     def reference_outputs(self) -> list[dict[str, np.ndarray]]:
-        if self.cfg.numerics == "ort":
-            if self.ort_ref is None:
-                from mpinfer.modelio import ort_session
-
-                sess = ort_session(self.model, base_dir=self.info.base_dir or None)
-                self.ort_ref = [self._ort_run(sess, b) for b in self.batches]
-            return self.ort_ref
-        return [r.outputs for r in self.refs]
+        return self.ev.reference()
 
     def metrics(self, low: Mapping[str, Precision], *, screen: bool = True) -> dict[str, dict[str, float | None]]:
         """Per-output metrics of the candidate whose low nodes are ``low``.
@@ -190,42 +157,19 @@ class _Verifier:
         budget. Any candidate that may meet it is measured on every sample.
         """
         self.verifications += 1
-        if self.cfg.numerics == "ort":
-            from mpinfer.modelio import ort_session
-            from mpinfer.precision.apply import apply_plan
-
-            precisions = {a: low.get(a, Precision.FP32) for a in self.info.by_address}
-            applied = apply_plan(
-                self.model, self.info, precisions, self.cfg.precision, keep_io_types=self.cfg.keep_io_types
-            )
-            sess = ort_session(applied.model, base_dir=self.info.base_dir or None)
-
-            def run_rows(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-                self.evaluations += len(self.info.nodes)
-                return self._ort_run(sess, feeds)
-
-            rows = self._screen_rows() if screen else None
-            rejected = None if rows is None else self._screen(run_rows, rows)
-            if rejected is not None:
-                return rejected
-            outs = [self._ort_run(sess, b) for b in self.batches]
-            self.evaluations += len(self.info.nodes) * len(self.batches)
-        else:
-            rows = self._strict_screen_rows() if screen else None
-            rejected = None if rows is None else self._screen(lambda f: self._strict_rows(f, rows, low), rows)
-            if rejected is not None:
-                return rejected
-            outs = []
-            for ref in self.refs:
-                run = self.emu.run_from(ref, dict(low), keep=False)
-                self.evaluations += run.recomputed
-                outs.append(run.outputs)
+        cand = self.ev.candidate(low)
+        rows = self.ev.screen_rows(self._screen_rows) if screen else None
+        rejected = None if rows is None else self._screen(lambda f: cand.outputs_on(f, rows), rows)
+        if rejected is not None:
+            return rejected
+        outs = cand.outputs()
         metrics = self.compare(outs)
         self._update_hardness(outs)
         if self.budget.met(metrics):
             self.passing_outputs = (dict(low), outs)
-            if self.cfg.numerics == "ort":
-                self.passing = (precisions, applied)
+            verified = cand.verified()
+            if verified is not None:
+                self.passing = verified
         return metrics
 
     def compare(self, outs: list[dict[str, np.ndarray]]) -> dict[str, dict[str, float | None]]:
@@ -346,41 +290,6 @@ class _Verifier:
         self.screened += 1
         return bound
 
-    def _strict_screen_rows(self) -> np.ndarray | None:
-        """Strict numerics: the screening rows, chosen once (from the first full verification) and kept.
-
-        Each new set of rows costs an FP32 emulator run of them, so they stay fixed. Only for models whose
-        emulation cost follows the data (``STRICT_SCREEN_MIN_VALUES`` float values per node in the kept
-        reference runs, e.g. CNNs): where the per-node overhead dominates (small transformers), a run on an
-        eighth of the samples costs almost what the full incremental run does, and screening would cost more
-        than it saves.
-        """
-        if self._screen_ref is not None:
-            return self._screen_ref[0]
-        if self._values_per_node is None:
-            values = sum(
-                v.size for r in self.refs for v in r.tensors.values() if isinstance(v, np.ndarray) and is_float(v)
-            )
-            self._values_per_node = values / max(len(self.info.nodes), 1)
-        if self._values_per_node < STRICT_SCREEN_MIN_VALUES:
-            return None
-        return self._screen_rows()
-
-    def _strict_rows(
-        self, feeds: dict[str, np.ndarray], rows: np.ndarray, low: Mapping[str, Precision]
-    ) -> dict[str, np.ndarray]:
-        """Strict outputs of the candidate ``low`` on the samples ``rows`` (their ``feeds``).
-
-        An incremental run from an FP32 reference run of those rows, made on the first call and kept (the rows
-        are then fixed, see :meth:`_strict_screen_rows`).
-        """
-        if self._screen_ref is None:
-            self._screen_ref = rows, self.emu.run(feeds, None, keep=True)
-            self.evaluations += len(self.info.nodes)
-        run = self.emu.run_from(self._screen_ref[1], dict(low), keep=False)
-        self.evaluations += run.recomputed
-        return run.outputs
-
     def _joined_samples(self) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
         """Every search sample in one array per input, and the FP32 reference in one array per float output."""
         if self._joined is None:
@@ -408,15 +317,6 @@ class _Verifier:
             worst = row if worst is None else np.maximum(worst, row)
         if worst is not None:
             self.hardness = worst if self.hardness is None else np.maximum(self.hardness, worst)
-
-    @staticmethod
-    def _ort_run(sess: Any, batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Float outputs as float32 (others as they come) of one ONNX Runtime session run."""
-        names = [o.name for o in sess.get_outputs()]
-        return {
-            n: np.asarray(v, np.float32) if np.asarray(v).dtype.kind == "f" else v
-            for n, v in zip(names, sess.run(names, dict(batch)), strict=False)
-        }
 
 
 def build_groups(info: GraphInfo, nodes: Sequence[NodeDecision], decisions: Mapping[str, Decision]) -> list[_Group]:
@@ -447,31 +347,6 @@ def build_groups(info: GraphInfo, nodes: Sequence[NodeDecision], decisions: Mapp
     return list(groups.values())
 
 
-def _local_error(model: Any, info: GraphInfo, group: _Group, refs: list[Any], low: Precision) -> tuple[float, int]:
-    """Relative L2 error at the group's outputs when only the group runs low, fed FP32 reference tensors."""
-    from mpinfer.precision.emulate import GraphEmulator
-    from mpinfer.precision.probe import group_submodel
-
-    built = group_submodel(info, group.members)
-    if built is None:
-        return 0.0, 0
-    sub, outs = built
-    feeds_names = [vi.name for vi in sub.graph.input]
-    emu = GraphEmulator(sub, base_dir=info.base_dir)
-    noise = signal = 0.0
-    for ref in refs:
-        run = emu.run({n: ref.tensors[n] for n in feeds_names}, {a: low for a in group.members})
-        for o in outs:
-            want = np.asarray(ref.tensors[o], np.float64)
-            got = np.asarray(run.outputs[o], np.float64)
-            if not np.all(np.isfinite(got[np.isfinite(want)])):
-                return math.inf, len(group.members) * len(refs)
-            ok = np.isfinite(want)
-            noise += float(((got - want)[ok] ** 2).sum())
-            signal += float((want[ok] ** 2).sum())
-    return relative_l2(noise, signal), len(group.members) * len(refs)
-
-
 def group_errors(
     info: GraphInfo, groups: Sequence[_Group], batches: Sequence[Mapping[str, np.ndarray]], low: Precision
 ) -> dict[str, float]:
@@ -479,22 +354,17 @@ def group_errors(
 
     Groups in control-flow bodies are left out, and so is every group when the emulator cannot run the model.
     """
-    from mpinfer.precision.emulate import GraphEmulator
-
     emu = GraphEmulator(info.model, base_dir=info.base_dir)
     if not batches or emu.unsupported_ops():
         return {}
     refs = [emu.run(dict(b), None, keep=True) for b in batches]
-    return {g.anchor: _local_error(info.model, info, g, refs, low)[0] for g in groups if not g.in_body}
+    return {g.anchor: evaluators.local_error(info.model, info, g, refs, low)[0] for g in groups if not g.in_body}
 
 
-def _measure(
-    model: Any, info: GraphInfo, groups: Sequence[_Group], ver: _Verifier, cfg: SearchConfig, bar: Any
-) -> None:
-    """Set each group's local error.
+def _measure(groups: Sequence[_Group], ver: _Verifier, bar: Any) -> None:
+    """Set each group's local error (the evaluator's sensitivities; groups in bodies get ``BODY_GROUP_ERROR``).
 
-    ORT numerics: all groups in one ONNX Runtime probe run; strict numerics, and groups the probe cannot
-    copy: one small emulator sub-model per group.
+    The errors are measured on the samples the whole candidate got most wrong, when they can be split.
     """
     for g in groups:
         if g.in_body:
@@ -502,29 +372,12 @@ def _measure(
     todo = [g for g in groups if not g.in_body]
     if not todo:
         return
-    if cfg.numerics == "ort":
-        from mpinfer.precision.probe import probe_errors
-
-        probed = probe_errors(info, todo, ver.probe_batches(), cfg.precision)
-        ver.evaluations += probed.evaluations
-        for g in groups:
-            if g.anchor in probed.errors:
-                g.error = probed.errors[g.anchor]
-        todo = [g for g in todo if g.anchor not in probed.errors]
-        if not todo:
-            return
-    ver.open_emulator()
-    refs = ver.refs
-    if cfg.numerics != "ort" and ver.emu is not None:  # strict: the FP32 tensors of the hardest samples
-        subset = ver.probe_batches()
-        if subset is not ver.batches:
-            refs = [ver.emu.run(b, None, keep=True) for b in subset]
-            ver.evaluations += len(info.nodes) * len(refs)
     sens = bar.add_task("sensitivity", total=len(todo))
+    subset = ver.probe_batches()
+    errors = ver.ev.sensitivities(todo, subset, subset is not ver.batches)
     for g in todo:
-        if ver.emu is not None:
-            g.error, evals = _local_error(model, info, g, refs, cfg.precision)
-            ver.evaluations += evals
+        if g.anchor in errors:
+            g.error = errors[g.anchor]
         bar.advance(sens)
 
 
@@ -567,23 +420,6 @@ def _labels_for(feeds: Any, batches: list[dict[str, np.ndarray]], budget: Checks
     return np.asarray(labels)[:n]
 
 
-def _open_emulator(model: Any, cfg: SearchConfig, base_dir: str = "") -> Any:
-    from mpinfer.precision.emulate import GraphEmulator
-
-    emu = GraphEmulator(model, base_dir=base_dir)
-    missing = emu.unsupported_ops()
-    if missing and cfg.numerics == "strict":
-        raise InvalidInputError(
-            format_message(
-                "Strict numerics",
-                f"a model with ops the emulator cannot run ({', '.join(sorted(missing))})",
-                "ops with strict kernels",
-                "use --numerics ort (not for bf16), or convert without --budget",
-            )
-        )
-    return None if missing else emu
-
-
 def search_plan(
     model: Any,
     info: GraphInfo,
@@ -617,46 +453,63 @@ def search_plan(
         AccuracyMismatchError: The budget fails even with the whole model in FP32.
         InvalidInputError: Labels missing for ``accuracy``, or ops strict numerics cannot run.
     """
-    from mpinfer.progress import progress_bar
-
     start = time.perf_counter()
     ver = _reference(model, info, feeds, cfg, reference_outputs, reference_tensors)
     groups = build_groups(info, nodes, decisions)
     members = {a for g in groups for a in g.members}
     forced = {n.name: n.precision for n in nodes if n.precision.is_low and n.name not in members}
-    measured = False
+    accepted, metrics, measured = _choose_groups(groups, forced, ver, cfg)
+    cost = _cost(ver, groups, accepted, measured, time.perf_counter() - start)
+    final = _finalize(nodes, groups if measured else [], {a for g in accepted for a in g.members})
+    verified = ver.passing if ver.passing and ver.passing[0] == {n.name: n.precision for n in final} else None
+    final_low = {n.name: n.precision for n in final if n.precision.is_low}
+    outputs = ver.passing_outputs[1] if ver.passing_outputs and ver.passing_outputs[0] == final_low else None
+    return SearchOutcome(
+        final, summary_figures(metrics, ver.budget), cost, verified, outputs=outputs, class_outputs=ver.class_outputs
+    )
+
+
+def _choose_groups(
+    groups: list[_Group], forced: Mapping[str, Precision], ver: _Verifier, cfg: SearchConfig
+) -> tuple[list[_Group], dict[str, dict[str, float | None]], bool]:
+    """The groups that stay low, the metrics of that candidate, and whether the groups were measured.
+
+    The whole candidate first: when it meets the budget there is nothing to search, and the sensitivity pass
+    (and, with ORT numerics, the emulator's FP32 reference run) is skipped. Else the groups are ranked by
+    FLOPs per unit of local error and the largest passing prefix is bisected for.
+    """
     with progress_bar(enabled=cfg.progress) as bar:
         task = bar.add_task("verify", total=None)
-        # The whole candidate first: when it meets the budget there is nothing to search, and the
-        # sensitivity pass (and, with ORT numerics, the emulator's FP32 reference run) is skipped.
         metrics = ver.metrics(_low_of(groups, forced, cfg.precision))
         bar.advance(task)
-        accepted = list(groups)
-        if not ver.budget.met(metrics):
-            measured = True
-            _measure(model, info, groups, ver, cfg, bar)
-            order = sorted(
-                (g for g in groups if math.isfinite(g.error)), key=lambda g: -g.flops / max(g.error, ERROR_FLOOR)
-            )
-            # Groups whose local error is not finite (overflow) left the order: the rest may pass whole.
-            rest = ver.metrics(_low_of(order, forced, cfg.precision)) if len(order) < len(groups) else metrics
-            bar.advance(task)
-            if ver.budget.met(rest):
-                accepted, metrics = order, rest
-            else:
-                accepted, metrics = _bisect(order, forced, ver, bar, task, cfg)
-    chosen = {a for g in accepted for a in g.members}
+        if ver.budget.met(metrics):
+            return list(groups), metrics, False
+        _measure(groups, ver, bar)
+        order = sorted(
+            (g for g in groups if math.isfinite(g.error)), key=lambda g: -g.flops / max(g.error, ERROR_FLOOR)
+        )
+        # Groups whose local error is not finite (overflow) left the order: the rest may pass whole.
+        rest = ver.metrics(_low_of(order, forced, cfg.precision)) if len(order) < len(groups) else metrics
+        bar.advance(task)
+        if ver.budget.met(rest):
+            return order, rest, True
+        accepted, metrics = _bisect(order, forced, ver, bar, task, cfg)
+        return accepted, metrics, True
+
+
+def _cost(ver: _Verifier, groups: list[_Group], accepted: list[_Group], measured: bool, wall: float) -> dict:
+    """The search's cost for the plan summary (and the log line that says it)."""
     cost = {
-        "node_evaluations": int(ver.evaluations),
+        "node_evaluations": int(ver.ev.evaluations),
         "verifications": int(ver.verifications),
         # Of those, candidates rejected after a run on the hardest samples only.
         "screened": int(ver.screened),
         "groups": len(groups),
         "groups_low": len(accepted),
         "batches": len(ver.batches),
-        "wall_s": round(time.perf_counter() - start, 3),
-        "numerics": cfg.numerics,
-        "model_nodes": len(info.nodes),
+        "wall_s": round(wall, 3),
+        "numerics": ver.cfg.numerics,
+        "model_nodes": len(ver.info.nodes),
         # False: the whole rule candidate met the budget, so no group was measured or bisected.
         "searched": measured,
     }
@@ -665,16 +518,10 @@ def search_plan(
         len(accepted),
         len(groups),
         ver.verifications,
-        ver.evaluations,
+        ver.ev.evaluations,
         cost["wall_s"],
     )
-    final = _finalize(nodes, groups if measured else [], chosen)
-    verified = ver.passing if ver.passing and ver.passing[0] == {n.name: n.precision for n in final} else None
-    final_low = {n.name: n.precision for n in final if n.precision.is_low}
-    outputs = ver.passing_outputs[1] if ver.passing_outputs and ver.passing_outputs[0] == final_low else None
-    return SearchOutcome(
-        final, summary_figures(metrics, ver.budget), cost, verified, outputs=outputs, class_outputs=ver.class_outputs
-    )
+    return cost
 
 
 def _reference(
@@ -698,13 +545,16 @@ def _reference(
     budget = parse_checks(cfg.budget)
     batches = _take_batches(feeds, max(cfg.batches, 1))
     labels = _labels_for(feeds, batches, budget)
-    ver = _Verifier(model, info, batches, budget, cfg, labels)
-    if cfg.numerics != "ort":
-        ver.open_emulator(reference_tensors)
-    elif reference_outputs is not None and len(reference_outputs) == len(batches) and _has_all_outputs(
-        model, reference_outputs
-    ):
-        ver.ort_ref = reference_outputs  # calibration keeps float outputs: an integer one needs a run of its own
+    evaluator = evaluator_class(cfg.numerics)(
+        model,
+        info,
+        batches,
+        cfg.precision,
+        keep_io_types=cfg.keep_io_types,
+        known_outputs=reference_outputs,
+        known_tensors=reference_tensors,
+    )
+    ver = _Verifier(model, info, batches, budget, cfg, labels, evaluator)
     budget.check_outputs(ver.float_names())
     ver.fp32_acc = ver.accumulate(ver.reference_outputs())
     ver.class_outputs = ver.fp32_acc.class_outputs  # the guess, made once: every candidate is judged alike
@@ -847,11 +697,8 @@ def measure_plan(
 
     Returns an empty dict when the emulator cannot run the model (the plan is still valid).
     """
-    from mpinfer.errors import BackendUnavailableError
-
     try:
-        probe = SearchConfig(budget="cosine>=0", precision=Precision.FP16, numerics="ort")
-        emu = _open_emulator(model, probe, base_dir)
+        emu = evaluators.open_emulator(model, required=False, base_dir=base_dir)
     except BackendUnavailableError:
         return {}
     if emu is None:

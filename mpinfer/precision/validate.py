@@ -18,7 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from mpinfer.errors import InternalError
-from mpinfer.modelio import ort_log_level
+from mpinfer.modelio import data_file, ort_log_level, save_onnx, save_streamed, small_enough_to_size
+from mpinfer.precision.apply import apply_plan
+from mpinfer.precision.plan import NodeDecision
+from mpinfer.specs import Precision
 
 logger = logging.getLogger(__name__)
 
@@ -55,12 +58,9 @@ def run_checks(model: Any, checks: tuple[str, ...] = CHECKS) -> list[GateFailure
     Returns:
         The failures (empty when valid).
     """
-    from mpinfer.modelio import small_enough_to_size
-
     if small_enough_to_size(model):
         return _run(model, None, checks)
     with tempfile.TemporaryDirectory(prefix="mpinfer-gate-") as td:
-        from mpinfer.modelio import save_onnx
 
         path = save_onnx(model, Path(td) / "model.onnx", external_data=True)
         return _run(None, path, checks)
@@ -219,3 +219,74 @@ def runtime_suspects(failure: GateFailure, info: Any, low: set[str]) -> set[str]
         if schema is not None and (schema.has_function or schema.has_context_dependent_function):
             out.add(a)
     return out
+
+
+# Rounds of "ONNX Runtime refuses these low nodes: keep them FP32 and re-apply" before giving up.
+MAX_RUNTIME_REPAIRS = 4
+
+
+def apply_validated(
+    info: Any,
+    nodes: list[NodeDecision],
+    precision: Precision,
+    *,
+    keep_io_types: bool = True,
+    verified: tuple[dict[str, Precision], Any] | None = None,
+    staged: tuple[Path, Path] | None = None,
+) -> tuple[Any, list[NodeDecision]]:
+    """Apply the plan and pass the validity gate; nodes ONNX Runtime refuses in low precision go FP32.
+
+    Only a failure of the ONNX Runtime load alone (the ONNX checker and strict type inference pass, so the
+    model is valid ONNX) is repaired: ONNX Runtime's kernels or function bodies lack the dtype (BF16
+    mostly). The nodes it points at are kept FP32 with the reason recorded, and the plan is applied again.
+
+    ``verified``: (precisions, ApplyResult) of a candidate the search already applied and ONNX Runtime
+    loaded and ran (same model, same ``keep_io_types``); when the plan's precisions are those, that result is
+    taken as it is and only the checker and strict type inference run on it.
+
+    ``staged``: (where to write, the input model's file) for a model whose weights are external: each candidate
+    is written there (:func:`mpinfer.modelio.save_streamed`, tensor by tensor) and the gate checks that file (the
+    checker and type inference on the path, ONNX Runtime loading it with its weights memory-mapped); the result's
+    model then points at the written data file.
+
+    Returns:
+        The ApplyResult and the (possibly updated) plan entries.
+
+    Raises:
+        InternalError: Any other validity failure, or one that repairs do not fix.
+    """
+    for _ in range(MAX_RUNTIME_REPAIRS + 1):
+        precisions = {n.name: n.precision for n in nodes}
+        if verified is not None and verified[0] == precisions and staged is None:
+            result = verified[1]
+            failures = validity_failures(result.model, baseline_model=info.model, checks=OFFLINE_CHECKS)
+        elif staged is not None:
+            result = apply_plan(info.model, info, precisions, precision, keep_io_types=keep_io_types)
+            path, source = staged
+            save_streamed(result.model, path, data_file(path).name, info.base_dir)
+            failures = validity_failures(None, baseline_path=source, path=path)
+        else:
+            result = apply_plan(info.model, info, precisions, precision, keep_io_types=keep_io_types)
+            failures = validity_failures(result.model, baseline_model=info.model)
+        if not failures:
+            return result, nodes
+        runtime_only = all(f.check == "onnxruntime" for f in failures)
+        low = {n.name for n in nodes if n.precision.is_low}
+        suspects = runtime_suspects(failures[0], info, low) if runtime_only else set()
+        if not suspects:
+            break
+        logger.warning(
+            "ONNX Runtime refuses %d node(s) in %s; keeping them FP32: %s",
+            len(suspects),
+            precision.value,
+            ", ".join(sorted(suspects)[:5]),
+        )
+        detail = f"ONNX Runtime refuses it in {precision.value}: " + failures[0].message.strip()[:160]
+        nodes = [
+            NodeDecision(n.name, n.op_type, Precision.FP32, "rule:keep-fp32", detail, n.stats)
+            if n.name in suspects
+            else n
+            for n in nodes
+        ]
+    raise_invalid(failures, "apply")
+    raise AssertionError("unreachable: raise_invalid raises for a non-empty list")

@@ -26,9 +26,18 @@ from typing import Any
 
 import numpy as np
 
+from mpinfer.checks import parse_checks
+from mpinfer.data.feeds import sample_axes
 from mpinfer.errors import AccuracyMismatchError, format_message
+from mpinfer.metrics import GENERATION_OUTPUT, ModelAccumulator, relative_l2, worst_values
+from mpinfer.modelio import ort_session
+from mpinfer.precision.calibrate import BatchSlicer
+from mpinfer.precision.evaluators import evaluator_class
 from mpinfer.precision.plan import NodeDecision
-from mpinfer.specs import Precision
+from mpinfer.precision.search import build_groups, group_errors
+from mpinfer.precision.validate import apply_validated
+from mpinfer.progress import progress_bar
+from mpinfer.specs import Precision, specs_from_onnx
 
 logger = logging.getLogger(__name__)
 
@@ -90,16 +99,11 @@ class Verification:
 # -- the metrics (the one place verification computes them: the metrics core) ------------------------------------
 def _accumulator(names: Sequence[str], settings: VerifySettings) -> Any:
     """An empty :class:`mpinfer.metrics.ModelAccumulator` set up as ``mpinfer compare`` sets up its own."""
-    from mpinfer.checks import parse_checks
-    from mpinfer.metrics import ModelAccumulator
-
     return ModelAccumulator(names, class_outputs=settings.class_outputs, topk=parse_checks(settings.budget).topk)
 
 
 def budget_failures(budget_text: str, figures: Mapping[str, Mapping[str, float | None]]) -> list[str]:
     """The budget checks ``figures`` break (``"max_abs<=0.001 on 'y' (got 0.0074)"``)."""
-    from mpinfer.checks import parse_checks
-
     return parse_checks(budget_text).failures(figures)
 
 
@@ -151,8 +155,6 @@ class FingerprintedFeeds:
 
 def iter_samples(feeds: Any, model: Any, limit: int | None) -> Iterator[tuple[dict[str, np.ndarray], int]]:
     """The batches of ``feeds`` up to ``limit`` samples (the last one cut), each with its sample count."""
-    from mpinfer.precision.calibrate import BatchSlicer
-
     slicer = BatchSlicer(model)
     seen = 0
     for batch in feeds:
@@ -228,9 +230,6 @@ def _rows(value: Any) -> int:
 
 def _joinable(model: Any) -> bool:
     """True when every graph input holds its samples along axis 0 (a symbolic first dim), so batches join."""
-    from mpinfer.data.feeds import sample_axes
-    from mpinfer.specs import specs_from_onnx
-
     specs = specs_from_onnx(model)
     axes = sample_axes(specs)
     return bool(specs) and all(axes[s.name] == 0 and isinstance(s.shape[0], str) for s in specs)
@@ -284,14 +283,11 @@ def verify_model(
     Returns:
         The figures per output, what was verified, and the failures.
     """
-    from mpinfer.modelio import ort_session
-    from mpinfer.progress import progress_bar
-
     start = time.perf_counter()
     ref_sess: Any = None  # opened for the first batch calibration kept no FP32 outputs of (often none)
     names = [o.name for o in reference.graph.output]
     floats = [o.name for o in reference.graph.output if o.type.tensor_type.elem_type in (1, 10, 11, 16)]
-    run = _candidate_runner(candidate if candidate_path is None else candidate_path, settings)
+    run = evaluator_class(settings.numerics).model_runner(candidate if candidate_path is None else candidate_path)
     figures = _accumulator(names, settings)
     hashers: dict[str, Any] = {}
     labels = getattr(feeds, "labels", None)
@@ -334,8 +330,6 @@ def _with_generation(candidate: Any, settings: VerifySettings, ver: Verification
     """
     if settings.generation is None or not ver.passed:
         return ver
-    from mpinfer.metrics import GENERATION_OUTPUT
-
     start = time.perf_counter()
     figures, failures = settings.generation.verify(candidate)
     ver.figures[GENERATION_OUTPUT] = dict(figures)
@@ -344,24 +338,10 @@ def _with_generation(candidate: Any, settings: VerifySettings, ver: Verification
     return ver
 
 
-def _candidate_runner(candidate: Any, settings: VerifySettings) -> Any:
-    """``batch → outputs`` of the converted model, as ``mpinfer compare --numerics`` runs it on a CPU."""
-    if settings.numerics == "strict":
-        from mpinfer.backends.strict import StrictRunner
-
-        runner: Any = StrictRunner(candidate, name="candidate")
-    else:
-        from mpinfer.backends.ort import OrtRunner
-
-        runner = OrtRunner(candidate, device="cpu", name="candidate")
-    runner.activate()
-    return runner.infer
 
 
 def _batch_error(ref: Mapping[str, np.ndarray], cand: Mapping[str, np.ndarray], names: Sequence[str]) -> float:
     """How wrong a batch is, to pick the one to rank groups on: the worst relative L2 error of its outputs."""
-    from mpinfer.metrics import relative_l2
-
     worst = 0.0
     for name in names:
         r, c = np.asarray(ref[name], np.float64), np.asarray(cand[name], np.float64)
@@ -412,7 +392,7 @@ def verify_and_repair(
         rank_rows: At most this many samples of the worst batch rank the groups (their FP32 tensors are kept).
         known_candidate: ``result.model``'s outputs on the first batches (the search's), for the first pass.
         staged: (file, input model file) for external weights: every candidate is written to the file and verified
-            from it (:func:`mpinfer.precision.convert.apply_validated`).
+            from it (:func:`mpinfer.precision.validate.apply_validated`).
 
     Returns:
         The candidate that meets the budget, its plan entries and its verification.
@@ -420,9 +400,6 @@ def verify_and_repair(
     Raises:
         AccuracyMismatchError: The budget fails even with every node it may change in FP32.
     """
-    from mpinfer.precision.convert import apply_validated
-    from mpinfer.precision.search import build_groups
-
     where = {"reference_dir": info.base_dir, "candidate_path": staged[0] if staged is not None else None}
     ver = verify_model(
         result.model, info.model, feeds, settings, known_reference=known_reference, known_candidate=known_candidate,
@@ -473,7 +450,6 @@ def _to_fp32(nodes: list[NodeDecision], back: set[str], ver: Verification) -> li
 
 
 def _first_rows(model: Any, batch: Mapping[str, np.ndarray] | None, rows: int | None) -> Any:
-    from mpinfer.precision.calibrate import BatchSlicer
 
     if batch is None or rows is None:
         return batch
@@ -483,8 +459,6 @@ def _first_rows(model: Any, batch: Mapping[str, np.ndarray] | None, rows: int | 
 
 def _rank(info: Any, groups: list[Any], batch: Mapping[str, np.ndarray] | None, precision: Precision) -> list[Any]:
     """The groups, the one that contributes most error first: local error on the worst batch, then FLOPs."""
-    from mpinfer.precision.search import group_errors
-
     errors = group_errors(info, groups, [batch] if batch is not None else [], precision)
     return sorted(groups, key=lambda g: (-errors.get(g.anchor, 0.0), -g.flops, g.anchor))
 
@@ -521,9 +495,6 @@ def _log(ver: Verification, settings: VerifySettings, rounds: int) -> None:
 
 def budget_figures(budget_text: str, figures: Mapping[str, Mapping[str, float | None]]) -> dict[str, float]:
     """The budget's metrics, worst over the outputs (for the console line)."""
-    from mpinfer.checks import parse_checks
-    from mpinfer.metrics import worst_values
-
     worst = worst_values(figures)
     return {m: worst[m] for m in sorted(parse_checks(budget_text).metrics) if m in worst}
 

@@ -14,8 +14,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from mpinfer.claim import claim_outputs
 from mpinfer.compare.result import ComparisonResult
 from mpinfer.errors import InvalidInputError, format_message
+from mpinfer.fileio import check_output_path, read_json
+from mpinfer.report.html import render_html
+from mpinfer.report.markdown import render_markdown
 
 if TYPE_CHECKING:
     from mpinfer.claim import OutputClaim
@@ -43,11 +47,9 @@ def render(result_or_dict: ComparisonResult | Mapping[str, Any], fmt: str) -> st
     if fmt == "json":
         return json.dumps(result.to_dict(), indent=2) + "\n"
     if fmt == "md":
-        from mpinfer.report.markdown import render_markdown
 
         return render_markdown(result)
     if fmt == "html":
-        from mpinfer.report.html import render_html
 
         return render_html(result)
     raise InvalidInputError(format_message("Report format", repr(fmt), "one of html, md, json"))
@@ -80,9 +82,6 @@ def write_report(
         InvalidInputError: For an unknown format, or existing files without ``force``.
         OutputBusyError: Another run is writing these files.
     """
-    from mpinfer.claim import claim_outputs
-    from mpinfer.fileio import check_output_path
-
     result = _as_result(result_or_dict)
     unknown = [f for f in formats if f not in FILE_NAMES]
     if unknown:
@@ -109,8 +108,6 @@ def load_report(path: str | os.PathLike[str]) -> ComparisonResult:
     Raises:
         InvalidInputError: Missing or malformed file, or a newer schema version.
     """
-    from mpinfer.fileio import read_json
-
     data = read_json(path, "Report", "a report.json written by mpinfer compare")
     return ComparisonResult.from_dict(data, origin=str(path))
 

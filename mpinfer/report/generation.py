@@ -11,6 +11,8 @@ from collections.abc import Callable
 from typing import Any
 
 from mpinfer.compare.result import ComparisonResult
+from mpinfer.report.console import FILE_WIDTH
+from mpinfer.report.mdtext import md_table
 from mpinfer.report.tables import fmt
 
 GENERATION_HEADERS = ["candidate", "tokens", "token agreement", "first divergence (mean / min)",
@@ -47,8 +49,8 @@ def generation_latency_rows(result: ComparisonResult) -> list[list[str]]:
     return rows
 
 
-def markdown_lines(result: ComparisonResult, md_table: Callable[[list[str], list[list[str]]], list[str]]) -> list[str]:
-    """The Markdown section, tables drawn by ``md_table`` (the report's own); empty without --generate."""
+def markdown_lines(result: ComparisonResult) -> list[str]:
+    """The Markdown section (empty without --generate)."""
     if not generation_of(result):
         return []
     lines = ["## Generation (greedy, ONNX Runtime)", ""] + md_table(GENERATION_HEADERS, generation_rows(result))
@@ -73,7 +75,6 @@ def print_console(result: ComparisonResult, console: Any = None) -> None:
     if not generation_of(result):
         return
     if console is None:
-        from mpinfer.report.console import FILE_WIDTH
 
         console = Console()
         if not console.is_terminal and "COLUMNS" not in os.environ:

@@ -5,9 +5,10 @@ from __future__ import annotations
 import base64
 import html
 
-from mpinfer.compare.result import ComparisonResult
+from mpinfer.compare.result import CandidateResult, ComparisonResult
 from mpinfer.metrics import METRIC_DOCS
 from mpinfer.report import plots, tables
+from mpinfer.report.generation import html_parts
 from mpinfer.report.plan_check import HEADERS as PLAN_HEADERS
 from mpinfer.report.plan_check import plan_check
 
@@ -86,7 +87,6 @@ def render_html(result: ComparisonResult) -> str:
         )
     for cand in result.candidates:
         parts.append(_candidate_section(result, cand))
-    from mpinfer.report.generation import html_parts
 
     parts += html_parts(result, _table)
     parts += _plot_sections(result)
@@ -104,7 +104,6 @@ def render_html(result: ComparisonResult) -> str:
 
 
 def _candidate_section(result: ComparisonResult, cand: object) -> str:
-    from mpinfer.compare.result import CandidateResult
 
     assert isinstance(cand, CandidateResult)
     out = [

@@ -5,28 +5,10 @@ from __future__ import annotations
 from mpinfer.compare.result import ComparisonResult
 from mpinfer.metrics import METRIC_DOCS
 from mpinfer.report import tables
+from mpinfer.report.generation import markdown_lines
+from mpinfer.report.mdtext import md_escape, md_table
 from mpinfer.report.plan_check import HEADERS as PLAN_HEADERS
 from mpinfer.report.plan_check import plan_check
-
-
-def md_escape(text: str) -> str:
-    """Text shown as it is by a Markdown renderer: HTML and code-span characters escaped, one line.
-
-    Node and output names are the model's, and may hold ``<b>``, ``&amp;``, backticks or newlines.
-    """
-    text = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-    return text.replace("`", "\\`").replace("\r", " ").replace("\n", " ")
-
-
-def md_table(headers: list[str], rows: list[list[str]]) -> list[str]:
-    """A GitHub-flavoured Markdown table as lines (cells escaped, ``|`` too), followed by an empty line."""
-
-    def cell(x: str) -> str:
-        return md_escape(x).replace("|", "\\|")
-
-    out = ["| " + " | ".join(cell(h) for h in headers) + " |", "|" + "---|" * len(headers)]
-    out += ["| " + " | ".join(cell(c) for c in row) + " |" for row in rows]
-    return out + [""]
 
 
 def render_markdown(result: ComparisonResult) -> str:
@@ -79,9 +61,7 @@ def render_markdown(result: ComparisonResult) -> str:
         lines += [f"## Latency (device `{result.latency.device}`, warm-up {result.latency.warmup})", ""]
         lines += md_table(tables.LATENCY_HEADERS, tables.latency_rows(result))
         lines += [f"- `{n}`: {tables.runner_line(info)}" for n, info in result.latency.runners.items()] + [""]
-    from mpinfer.report.generation import markdown_lines
-
-    lines += markdown_lines(result, md_table)
+    lines += markdown_lines(result)
     lines += ["## Metric definitions", ""] + [f"- `{k}`: {v}" for k, v in METRIC_DOCS.items()]
     lines += [
         "",

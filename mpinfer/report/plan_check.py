@@ -11,7 +11,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from mpinfer.checks import parse_checks
 from mpinfer.compare.result import CandidateResult, ComparisonResult
+from mpinfer.report.tables import fmt
 
 # Two figures of the same outputs agree when within this relative distance: both sides sum float32 outputs in
 # float64; they differ only where ONNX Runtime or the emulator reorders a float32 reduction (thread count), by a
@@ -42,9 +44,6 @@ def plan_check(result: ComparisonResult, cand: CandidateResult) -> tuple[list[st
 
     Returns ``([], [])`` when the candidate has no plan with a verification beside it.
     """
-    from mpinfer.checks import parse_checks
-    from mpinfer.report.tables import fmt
-
     ver = (cand.precision or {}).get("verification")
     if not isinstance(ver, dict) or not ver.get("figures"):
         return [], []

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from mpinfer.data.source import read_npz
 from mpinfer.errors import InvalidInputError, format_message
 
 logger = logging.getLogger(__name__)
@@ -75,7 +76,6 @@ class ArrayDataset:
 
 
 def _read_npz(path: Path) -> tuple[dict[str, np.ndarray], np.ndarray]:
-    from mpinfer.data.feeds import read_npz
 
     arrays = read_npz(path)
     labels = arrays.pop("_labels", None)

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from mpinfer.errors import ModelLoadError, format_message
+from mpinfer.export.loader import import_factory
 
 # Factory name used when a model source names only the file.
 DEFAULT_FACTORY = "build"
@@ -41,8 +42,6 @@ def load_factory(source: str) -> Callable[[], Any]:
     Raises:
         ModelLoadError: For a missing file, an import error or a missing factory.
     """
-    from mpinfer.export.loader import import_factory
-
     path, factory = split_source(source)
     if not path.is_file():
         raise ModelLoadError(

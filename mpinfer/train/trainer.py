@@ -22,9 +22,10 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from mpinfer import __version__
 from mpinfer.claim import claim_outputs
 from mpinfer.errors import BackendUnavailableError, InvalidInputError, MpinferError, format_message
-from mpinfer.fileio import make_dirs
+from mpinfer.fileio import make_dirs, write_json_atomic
 from mpinfer.specs import Precision
 from mpinfer.train import checkpoint as ck
 from mpinfer.train.config import DEFAULT_WARMUP_FRACTION, AmpConfig, TrainResult
@@ -335,7 +336,6 @@ class AmpTrainer:
             },
         )
         if dist.is_main:
-            from mpinfer.fileio import write_json_atomic
 
             write_json_atomic(out / ck.SUMMARY, summary)
         barrier(dist)
@@ -472,7 +472,6 @@ class AmpTrainer:
         return {"eval_loss": total_loss / max(total, 1.0), "eval_accuracy": total_correct / max(total, 1.0)}
 
     def _save(self, epoch: int) -> None:
-        from mpinfer import __version__
 
         out = self.config.output
         payload = {

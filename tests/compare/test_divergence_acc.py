@@ -27,7 +27,7 @@ def test_divergence_accumulator_float32_path_matches_float64(dtype):
     (or a huge value whose square overflows float32) goes through the masked float64 path."""
     import ml_dtypes
 
-    from mpinfer.compare.divergence import TensorAcc
+    from mpinfer.compare.tensoracc import TensorAcc
 
     rng = np.random.default_rng(0)
     low = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.dtype(dtype)

@@ -166,6 +166,8 @@ def test_ort_search_final_model_is_its_verified_candidate_and_equals_reapplying_
     """With ORT numerics the last candidate that met the budget was applied and run already: the output is
     that model (no second apply), byte-identical to re-applying the written plan."""
     import mpinfer.precision.apply as apply_mod
+    import mpinfer.precision.evaluators as ev_mod
+    import mpinfer.precision.validate as validate_mod
 
     calls = []
     real = apply_mod.apply_plan
@@ -174,7 +176,8 @@ def test_ort_search_final_model_is_its_verified_candidate_and_equals_reapplying_
         calls.append(1)
         return real(*args, **kw)
 
-    monkeypatch.setattr(apply_mod, "apply_plan", counting)
+    for mod in (apply_mod, ev_mod, validate_mod):  # every module that binds the name
+        monkeypatch.setattr(mod, "apply_plan", counting, raising=False)
     src, res = _convert_chain(tmp_path, 4, "cosine>=0.999", numerics="ort")
     s = res.plan.summary["search"]
     assert s["verifications"] == 1 and len(calls) == 1  # the one verification; the final model reuses it
@@ -197,29 +200,30 @@ def test_screening_rejects_on_the_hardest_samples_and_changes_no_decision(tmp_pa
     """Candidates that fail are rejected after a run on the hardest samples (ORT: a session run on them;
     strict: an incremental emulator run from their kept FP32 run); the search's decisions, its final error
     and the written model are those of the search that runs every candidate on every sample."""
+    import mpinfer.precision.evaluators as ev_mod
     import mpinfer.precision.search as search_mod
 
     runs = []
     if numerics == "ort":
-        real = search_mod._Verifier._ort_run
+        real = ev_mod.OrtEvaluator.ort_run
 
         def counting(sess, batch):
             runs.append(len(next(iter(batch.values()))))
             return real(sess, batch)
 
-        monkeypatch.setattr(search_mod._Verifier, "_ort_run", staticmethod(counting))
+        monkeypatch.setattr(ev_mod.OrtEvaluator, "ort_run", staticmethod(counting))
     else:
-        real_rows = search_mod._Verifier._strict_rows
+        real_rows = ev_mod.StrictEvaluator.strict_rows
 
         def counting_rows(self, feeds, rows, low):
             runs.append(len(next(iter(feeds.values()))))
             return real_rows(self, feeds, rows, low)
 
-        monkeypatch.setattr(search_mod._Verifier, "_strict_rows", counting_rows)
+        monkeypatch.setattr(ev_mod.StrictEvaluator, "strict_rows", counting_rows)
         # this small chain holds ~1e3 float values per node: screening is off below the threshold ...
         _, small = _convert_chain(tmp_path, 8, "max_abs<=1e-3", tag="o", numerics=numerics)
         assert small.plan.summary["search"]["screened"] == 0 and not runs
-        monkeypatch.setattr(search_mod, "STRICT_SCREEN_MIN_VALUES", 0)  # ... and on for models the data dominates
+        monkeypatch.setattr(ev_mod, "STRICT_SCREEN_MIN_VALUES", 0)  # ... and on for models the data dominates
     _, screened = _convert_chain(tmp_path, 8, "max_abs<=1e-3", tag="s", numerics=numerics)
     s = screened.plan.summary["search"]
     assert s["searched"] and s["screened"] > 0, s
@@ -299,16 +303,16 @@ def test_ort_probe_measures_on_the_samples_the_whole_candidate_got_most_wrong(tm
 def test_strict_sensitivities_are_measured_on_the_hardest_quarter_of_the_samples(tmp_path, monkeypatch):
     """Strict numerics rank the groups on the FP32 tensors of the quarter of the samples the whole candidate
     got most wrong (per-sample error of its strict run), as the ORT probe does."""
-    import mpinfer.precision.search as search_mod
+    import mpinfer.precision.evaluators as ev_mod
 
     seen, hardness = [], _recorded_hardness(monkeypatch)
-    real_local = search_mod._local_error
+    real_local = ev_mod.local_error
 
     def recording_local(model, info, group, refs, low):
         seen.append(np.concatenate([r.tensors[model.graph.input[0].name] for r in refs]))
         return real_local(model, info, group, refs, low)
 
-    monkeypatch.setattr(search_mod, "_local_error", recording_local)
+    monkeypatch.setattr(ev_mod, "local_error", recording_local)
     _, res = _convert_chain(tmp_path, 8, "max_abs<=1e-3", numerics="strict")
     s = res.plan.summary
     assert s["search"]["searched"] and s["expected_error"]["max_abs"] <= 1e-3

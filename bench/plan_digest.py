@@ -1,0 +1,140 @@
+"""A digest of the plans convert makes on a fixed set of small models: refactors must leave every line unchanged.
+
+Each case converts one model (onnx.helper-built chains, the MLP of the tests, the digits CNN exported by torch)
+with fixed calibration data and options, and prints one line: the case name and a SHA-256 over every node's
+name, precision and reason, plus the plan's precision and numerics. Covered: strict and ort numerics, fp16 and
+bf16, budget searches that move nodes, rule-only plans (random data), and ``--plan`` re-application.
+
+    PYTHONPATH=$PWD python bench/plan_digest.py            # print the digests
+    PYTHONPATH=$PWD python bench/plan_digest.py --check F  # compare with digests saved in F (exit 1 on change)
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import math
+import sys
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from onnx import helper
+
+from mpinfer.precision import ConvertConfig, convert_precision
+from tests.precision.graphs import fvi, init, make, mlp, rng_w, save
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _chain(n: int, width: int = 16) -> Any:
+    nodes, inits, prev = [], [], "x"
+    for i in range(n):
+        nodes += [
+            helper.make_node("MatMul", [prev, f"w{i}"], [f"m{i}"], name=f"mm{i}"),
+            helper.make_node("Tanh", [f"m{i}"], [f"t{i}"], name=f"tanh{i}"),
+        ]
+        inits.append(init(f"w{i}", rng_w(width, width, seed=i, scale=1.0 / math.sqrt(width) * 1.5)))
+        prev = f"t{i}"
+    nodes.append(helper.make_node("Identity", [prev], ["y"], name="out"))
+    return make(nodes, [fvi("x", ["N", width])], [fvi("y", ["N", width])], inits)
+
+
+def _digits(tmp: Path) -> Path:
+    import torch
+
+    from models import digits_cnn
+
+    path = tmp / "digits.onnx"
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            digits_cnn.build(width=8),
+            digits_cnn.example_inputs(),
+            str(path),
+            dynamo=False,
+            input_names=["x"],
+            output_names=["y"],
+            opset_version=17,
+            dynamic_axes={"x": {0: "batch"}},
+        )
+    return path
+
+
+def _digest(plan: Any) -> str:
+    h = hashlib.sha256()
+    h.update(f"{plan.precision.value}|{plan.numerics}\n".encode())
+    for n in plan.nodes:
+        h.update(f"{n.name}|{n.precision.value}|{n.reason}\n".encode())
+    return h.hexdigest()[:16]
+
+
+def _cases(tmp: Path) -> list[tuple[str, dict[str, Any]]]:
+    chain8 = save(_chain(8), tmp / "chain8.onnx")
+    chain4 = save(_chain(4), tmp / "chain4.onnx")
+    mlp_path = save(mlp(), tmp / "mlp.onnx")
+    cal16 = tmp / "cal16.npz"
+    np.savez(cal16, x=np.random.default_rng(0).standard_normal((32, 16)).astype(np.float32))
+    digits = _digits(tmp)
+    digits_cal = str(ROOT / "calibration" / "digits.npz")
+    return [
+        ("chain8-strict-fp16-search", dict(model=chain8, calibration=str(cal16), budget="max_abs<=1e-3")),
+        ("chain8-ort-fp16-search", dict(model=chain8, calibration=str(cal16), budget="max_abs<=1e-3", numerics="ort")),
+        ("chain4-ort-fp16-loose", dict(model=chain4, calibration=str(cal16), budget="cosine>=0.999", numerics="ort")),
+        (
+            "chain8-strict-bf16-search",
+            dict(model=chain8, calibration=str(cal16), budget="max_abs<=2e-2", precision="bf16"),
+        ),
+        ("chain8-strict-fp16-nobudget", dict(model=chain8, calibration=str(cal16), budget="none")),
+        ("mlp-random-rules", dict(model=mlp_path)),
+        ("mlp-random-bf16", dict(model=mlp_path, precision="bf16")),
+        ("mlp-keep-ops", dict(model=mlp_path, keep_ops=("Relu",), calibration="random:8")),
+        ("digits-strict-fp16", dict(model=digits, calibration=digits_cal, budget="cosine>=0.9999,top1>=0.99")),
+        ("digits-strict-fp16-tight", dict(model=digits, calibration=digits_cal, budget="max_abs<=2e-4")),
+        ("digits-ort-fp16", dict(model=digits, calibration=digits_cal, budget="cosine>=0.99999", numerics="ort")),
+        ("digits-strict-bf16", dict(model=digits, calibration=digits_cal, budget="cosine>=0.999", precision="bf16")),
+    ]
+
+
+def run() -> dict[str, str]:
+    from mpinfer.specs import Precision
+
+    out: dict[str, str] = {}
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        for name, kw in _cases(tmp):
+            if "precision" in kw:
+                kw["precision"] = Precision(kw["precision"])
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                res = convert_precision(ConvertConfig(output=tmp / f"{name}.onnx", progress=False, **kw))
+                out[name] = _digest(res.plan) + (
+                    "/searched" if res.plan.summary.get("search", {}).get("searched") else ""
+                )
+                again = convert_precision(
+                    ConvertConfig(model=kw["model"], output=tmp / f"{name}.re.onnx", plan=res.plan_path, progress=False)
+                )
+                out[name + "+plan"] = _digest(again.plan)
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--check", type=Path, help="file of saved digests to compare with")
+    args = ap.parse_args()
+    got = run()
+    lines = [f"{k} {v}" for k, v in got.items()]
+    print("\n".join(lines))
+    if args.check:
+        want = dict(line.split() for line in args.check.read_text().splitlines() if line.strip())
+        diff = [k for k in set(want) | set(got) if want.get(k) != got.get(k)]
+        print("identical" if not diff else f"CHANGED: {sorted(diff)}")
+        return 1 if diff else 0
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
