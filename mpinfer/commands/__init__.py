@@ -20,3 +20,18 @@ def memory_limit_option(f: F) -> F:
         "available memory); every batch, chunk and cache is sized from it. Default: 50% of the available "
         "memory, at most 12 GB.",
     )(f)
+
+
+def class_outputs_option(f: F) -> F:
+    """``--class-outputs NAMES`` (:func:`mpinfer.metrics.parse_class_outputs`), shared by convert and compare."""
+    import click
+
+    from mpinfer.metrics import parse_class_outputs
+
+    return click.option(  # type: ignore[no-any-return]
+        "--class-outputs",
+        callback=lambda _ctx, _param, value: parse_class_outputs(value),
+        metavar="NAMES",
+        help="Comma-separated outputs that hold class scores (top-k applies to them alone); 'none' for none "
+        "(default: guessed, see docs/compare.md).",
+    )(f)

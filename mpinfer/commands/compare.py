@@ -10,10 +10,10 @@ from pathlib import Path
 import click
 
 from mpinfer.claim import claim_outputs
-from mpinfer.commands import memory_limit_option
+from mpinfer.commands import class_outputs_option, memory_limit_option
 from mpinfer.compare import CompareConfig, compare_models
 from mpinfer.fileio import check_output_path
-from mpinfer.metrics import METRIC_DOCS, parse_class_outputs
+from mpinfer.metrics import METRIC_DOCS
 from mpinfer.report import FILE_NAMES, write_report
 from mpinfer.report.console import render_console
 from mpinfer.report.generation import print_console
@@ -61,13 +61,7 @@ def _warn_latency_options(ctx: click.Context) -> None:
     help='Thresholds, e.g. "cosine>=0.9999,logits:top1>=0.999" (default '
     '"cosine>=0.999,nonfinite<=0"). Exit 1 when one fails.',
 )
-@click.option(
-    "--class-outputs",
-    callback=lambda _ctx, _param, value: parse_class_outputs(value),
-    metavar="NAMES",
-    help="Comma-separated outputs that hold class scores (top-k applies to them alone); 'none' for none "
-    "(default: guessed, see docs/compare.md).",
-)
+@class_outputs_option
 @click.option("--latency", is_flag=True, help="Measure latency of the baseline and every candidate.")
 @click.option(
     "--generate",

@@ -7,9 +7,8 @@ from pathlib import Path
 import click
 
 from mpinfer.checks import parse_checks
-from mpinfer.commands import memory_limit_option
+from mpinfer.commands import class_outputs_option, memory_limit_option
 from mpinfer.data import parse_dims
-from mpinfer.metrics import parse_class_outputs
 from mpinfer.modelio import MAX_OPSET
 from mpinfer.precision import ConvertConfig, convert_precision
 from mpinfer.precision.options import DEFAULT_BUDGET, DEFAULT_SEARCH_SAMPLES
@@ -43,13 +42,7 @@ from mpinfer.specs import Precision
     "calibration sample before anything is written. Default with calibration data: the floor \"" + DEFAULT_BUDGET
     + '"; "none": no budget.',
 )
-@click.option(
-    "--class-outputs",
-    callback=lambda _ctx, _param, value: parse_class_outputs(value),
-    metavar="NAMES",
-    help="Comma-separated outputs that hold class scores (top-k applies to them alone); 'none' for none "
-    "(default: guessed, see docs/compare.md).",
-)
+@class_outputs_option
 @click.option(
     "--plan",
     "plan",
