@@ -1,0 +1,250 @@
+"""A 1.1B-parameter Llama-shaped decoder with its KV cache, end to end: wall time and peak RSS per step.
+
+The model (LlamaConfig hidden 2048, 22 layers, intermediate 5632, 32 heads, 4 KV heads, vocab 32000: 1.1 B
+parameters, 4.4 GB in FP32) is built from its config with random weights in a subprocess and written with
+``save_pretrained``; nothing is downloaded. Each step then runs as its own process, one at a time, and reports
+its wall time and peak RSS (GNU time's ``%M``: the process's own high-water mark) as a multiple of the FP32
+model's size (the exported ONNX file plus its external data):
+
+* ``export``: ``mpinfer export FOLDER`` (default: with the KV cache);
+* ``convert``: ``mpinfer convert --calibration prompts:CAL:steps=4 --budget "cosine>=0.999"`` (16 prompts of 32
+  seeded random tokens, each prefilled and decoded 4 greedy steps by the FP32 model);
+* ``compare``: ``mpinfer compare FP32 FP16 --data CAL --generate 32``;
+* ``build-engine``: ``mpinfer build-engine FP16 --backend onnxruntime``;
+* ``autocast``: ModelOpt AutoCast's ``convert_to_mixed_precision`` (defaults, keep_io_types) on the same exported
+  file (``--autocast PY``: a python with nvidia-modelopt[onnx]; bench/precision.py's worker).
+
+For both converted models: Casts added and the FP16 share of the Conv/MatMul/Gemm FLOPs (as bench/hf_archs.py
+counts them, at batch 1, 32 new tokens on a 32-token past), read from the graphs without their weights.
+
+    PYTHONPATH=$PWD .venv/bin/python bench/llm.py [--layers 22] [--out DIR] [--steps export convert ...]
+        [--autocast .venv-modelopt/bin/python] [--memory-limit SIZE]
+
+``--layers N`` scales the model down (every layer is the same size, so the ratios to the model size carry over,
+less the interpreter's and the embeddings' fixed share).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+STEPS = ("export", "convert", "compare", "build-engine", "autocast")
+BUDGET = "cosine>=0.999"
+PROMPTS, PROMPT_LEN, CAL_STEPS, GENERATE = 16, 32, 4, 32
+VOCAB = 32000
+
+BUILD = """
+import sys, torch, transformers as t
+torch.manual_seed(0)
+cfg = t.LlamaConfig(hidden_size=2048, num_hidden_layers=int(sys.argv[1]), intermediate_size=5632,
+                    num_attention_heads=32, num_key_value_heads=4, vocab_size=32000, max_position_embeddings=2048)
+model = t.LlamaForCausalLM(cfg).eval()
+print(sum(p.numel() for p in model.parameters()))
+model.save_pretrained(sys.argv[2])
+"""
+
+
+def measured(cmd: list[str]) -> dict[str, Any]:
+    """Wall time, exit status and peak RSS (GNU time's %M, the child's own high-water mark) of ``cmd``."""
+    timer = shutil.which("time") or "/usr/bin/time"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONDONTWRITEBYTECODE": "1"}
+    start = time.perf_counter()
+    out = subprocess.run([timer, "-f", "peak_kb=%M", *cmd], env=env, cwd=ROOT, capture_output=True, text=True)
+    row: dict[str, Any] = {"wall_s": round(time.perf_counter() - start, 1), "exit": out.returncode}
+    lines = out.stderr.strip().splitlines()
+    peak = [ln for ln in lines if ln.startswith("peak_kb=")]
+    row["peak_rss_bytes"] = int(peak[-1].split("=")[1]) * 1024 if peak else -1
+    row["stdout_tail"] = out.stdout.strip().splitlines()[-3:]
+    if out.returncode:
+        row["error"] = [ln for ln in lines if not ln.startswith("peak_kb=")][-3:]
+    return row
+
+
+def mpinfer(*args: str, memory_limit: str | None = None) -> dict[str, Any]:
+    """``python -m mpinfer ARGS`` measured."""
+    extra = ["--memory-limit", memory_limit] if memory_limit and args[0] != "export" else []
+    return measured([sys.executable, "-m", "mpinfer", *args, *extra])
+
+
+def build(folder: Path, layers: int) -> int:
+    """The seeded random-weight model written with save_pretrained to ``folder``; its parameter count."""
+    out = subprocess.run([sys.executable, "-c", BUILD, str(layers), str(folder)], capture_output=True, text=True,
+                         check=True)
+    return int(out.stdout.strip().splitlines()[-1])
+
+
+def prompts(path: Path) -> None:
+    """16 x 32 seeded random token ids."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    np.savez(path, input_ids=rng.integers(0, VOCAB, size=(PROMPTS, PROMPT_LEN), dtype=np.int64))
+
+
+def model_bytes(path: Path) -> int:
+    """The ONNX file plus its external data files."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    files = {kv.value for t in model.graph.initializer for kv in t.external_data if kv.key == "location"}
+    return path.stat().st_size + sum((path.parent / f).stat().st_size for f in files)
+
+
+def fp16_share_and_casts(src: Path, dst: Path) -> dict[str, Any]:
+    """FP16 share of the Conv/MatMul/Gemm FLOPs of ``dst`` (bench/precision.py's count), its Casts and the FP32
+    model's, from the graphs alone (no weights loaded), at batch 1, 32 new tokens on a 32-token past."""
+    import onnx
+
+    from mpinfer.modelio import name_nodes
+    from mpinfer.precision.graphinfo import FLOAT16, GraphInfo
+
+    orig = name_nodes(onnx.load(str(src), load_external_data=False))
+    conv = name_nodes(onnx.load(str(dst), load_external_data=False))
+    sizes = {"batch": 1, "sequence": PROMPT_LEN, "past": PROMPT_LEN, "total": 2 * PROMPT_LEN}
+    for vi in orig.graph.input:
+        for d in vi.type.tensor_type.shape.dim:
+            if d.HasField("dim_param"):
+                name = d.dim_param.lower()
+                key = next((k for k in ("past", "total", "batch") if k in name), "sequence")
+                if vi.name == "attention_mask" and name != "batch_size" and "batch" not in name:
+                    key = "total"
+                d.Clear()
+                d.dim_value = sizes[key]
+    del orig.graph.value_info[:]
+    info = GraphInfo(orig, base_dir=str(src.parent), ask_runtime=False)
+    flops = {ref.address: info.flops(ref) for ref in info.nodes}
+    cinfo = GraphInfo(conv, base_dir=str(dst.parent), ask_runtime=False)
+    low = {ref.address for ref in cinfo.nodes if ref.node.op_type != "Cast" and any(
+        cinfo.types.get(n) == FLOAT16 for n in list(ref.node.input) + list(ref.node.output) if n)}
+    total = sum(flops.values()) or 1
+    casts = sum(n.op_type == "Cast" for n in conv.graph.node)
+    return {"fp16_flops": round(sum(f for a, f in flops.items() if a in low) / total, 4), "casts": casts,
+            "casts_fp32": sum(n.op_type == "Cast" for n in orig.graph.node)}
+
+
+def run_steps(args: argparse.Namespace, folder: Path) -> dict[str, dict[str, Any]]:
+    """Every step of ``args.steps``, one process at a time."""
+    hf, src, cal = folder / "hf", folder / "model.onnx", folder / "prompts.npz"
+    low, auto = folder / "model.fp16.onnx", folder / "model.autocast.onnx"
+    mem = args.memory_limit
+    commands = {
+        "export": lambda: mpinfer("export", str(hf), "-o", str(src), "--force"),
+        "convert": lambda: mpinfer("convert", str(src), "-o", str(low), "--force", "--calibration",
+                                   f"prompts:{cal}:steps={CAL_STEPS}", "--budget", BUDGET, memory_limit=mem),
+        "compare": lambda: mpinfer("compare", str(src), str(low), "--data", str(cal), "--generate", str(GENERATE),
+                                   "--quiet", memory_limit=mem),
+        "build-engine": lambda: mpinfer("build-engine", str(low), "--backend", "onnxruntime", "-o",
+                                        str(folder / "model.fp16.ort.onnx"), "--force", memory_limit=mem),
+        "autocast": lambda: autocast(src, auto, args.autocast),
+    }
+    results: dict[str, dict[str, Any]] = {}
+    for step in args.steps:
+        print(f"{time.strftime('%H:%M:%S')} {step} ...", flush=True)
+        results[step] = commands[step]()
+        print(f"  {json.dumps(results[step])}", flush=True)
+    return results
+
+
+def autocast_feeds(src: Path, path: Path) -> None:
+    """One consistent decode-shaped sample for AutoCast's reference run (its own random data gives every
+    dynamic dim the same size, which a KV-cache graph rejects): batch 1, 32 new tokens on a 32-token past."""
+    import numpy as np
+    import onnx
+
+    rng = np.random.default_rng(1)
+    sizes = {"batch": 1, "seq": PROMPT_LEN, "past": PROMPT_LEN, "total": 2 * PROMPT_LEN}
+    feeds = {}
+    for vi in onnx.load(str(src), load_external_data=False).graph.input:
+        shape = [d.dim_value or sizes.get(d.dim_param, 1) for d in vi.type.tensor_type.shape.dim]
+        if vi.name == "input_ids":
+            feeds[vi.name] = rng.integers(0, VOCAB, size=shape, dtype=np.int64)
+        elif vi.name == "attention_mask":
+            feeds[vi.name] = np.ones(shape, np.int64)
+        elif vi.name == "position_ids":
+            feeds[vi.name] = np.arange(PROMPT_LEN, 2 * PROMPT_LEN, dtype=np.int64)[None].repeat(shape[0], 0)
+        else:
+            feeds[vi.name] = rng.standard_normal(shape).astype(np.float32)
+    np.savez(path, **feeds)
+
+
+def autocast(src: Path, dst: Path, python: str) -> dict[str, Any]:
+    """AutoCast (defaults, keep_io_types, one consistent KV-cache sample as calibration_data), under GNU time."""
+    feeds = dst.with_suffix(".feeds.npz")
+    autocast_feeds(src, feeds)
+    dst.unlink(missing_ok=True)
+    row = measured([python, str(Path(__file__).resolve()), "--autocast-worker", str(src), str(dst), str(feeds)])
+    if row["exit"] == 0 and not dst.exists():
+        row["exit"], row["error"] = -1, ["no output written"]
+    return row
+
+
+def autocast_worker(src: str, dst: str, feeds: str) -> None:
+    """Run in the python that has nvidia-modelopt: convert ``src``, save to ``dst`` (external data)."""
+    from modelopt.onnx.autocast import convert_to_mixed_precision
+
+    from mpinfer.modelio import save_onnx
+
+    out = convert_to_mixed_precision(onnx_path=src, low_precision_type="fp16", keep_io_types=True,
+                                     calibration_data=feeds)
+    save_onnx(out, Path(dst))
+
+
+def markdown(results: dict[str, dict[str, Any]], size: int, shares: dict[str, dict[str, Any]]) -> str:
+    """The table: per step wall time, peak RSS and its ratio to the FP32 size; Casts and FP16 FLOPs."""
+    lines = ["| step | tool | exit | wall s | peak RSS GB | peak / FP32 size | Casts (FP32 model's) | "
+             "FP16 share of FLOPs |", "|" + "---|" * 8]
+    for step, r in results.items():
+        tool = "AutoCast" if step == "autocast" else "mpinfer"
+        share = shares.get("autocast" if step == "autocast" else ("convert" if step == "convert" else ""), {})
+        peak = r["peak_rss_bytes"]
+        casts = f"{share['casts']} ({share['casts_fp32']})" if share else ""
+        lines.append(f"| {step} | {tool} | {r['exit']} | {r['wall_s']} | {peak / 1e9:.2f} | {peak / size:.2f}x | "
+                     f"{casts} | "
+                     f"{format(share['fp16_flops'], '.1%') if 'fp16_flops' in share else ''} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--layers", type=int, default=22)
+    p.add_argument("--out", type=Path, default=Path("/tmp/mpinfer-llm"))
+    p.add_argument("--steps", nargs="+", choices=STEPS, default=list(STEPS))
+    p.add_argument("--autocast", default=str(ROOT / ".venv-modelopt" / "bin" / "python"),
+                   help="a python with nvidia-modelopt[onnx] (for the autocast step)")
+    p.add_argument("--memory-limit", default=None, help="--memory-limit of convert, compare and build-engine")
+    args = p.parse_args()
+    folder = args.out
+    folder.mkdir(parents=True, exist_ok=True)
+    if not (folder / "hf" / "config.json").is_file():
+        start = time.perf_counter()
+        params = build(folder / "hf", args.layers)
+        print(f"built {params / 1e9:.3f} B parameters in {time.perf_counter() - start:.0f}s", flush=True)
+    if not (folder / "prompts.npz").is_file():
+        prompts(folder / "prompts.npz")
+    results = run_steps(args, folder)
+    src = folder / "model.onnx"
+    size = model_bytes(src)
+    shares = {}
+    for tool, dst in (("convert", folder / "model.fp16.onnx"), ("autocast", folder / "model.autocast.onnx")):
+        if dst.is_file() and results.get(tool, {}).get("exit", 0) == 0:
+            shares[tool] = fp16_share_and_casts(src, dst)
+    print(f"FP32 model: {size / 1e9:.2f} GB ({args.layers} layers)")
+    print(markdown(results, size, shares))
+    (folder / "llm.json").write_text(json.dumps({"layers": args.layers, "model_bytes": size, "steps": results,
+                                                  "shares": shares}, indent=1))
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--autocast-worker":
+        autocast_worker(*sys.argv[2:5])
+    else:
+        main()
