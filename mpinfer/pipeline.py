@@ -251,6 +251,8 @@ def _check_data_paths(doc: Mapping[str, Any], registry: Mapping[str, Stage], roo
     for name, stage in registry.items():
         for key in stage.data_keys:
             value = doc.get(name, {}).get(key)
+            if isinstance(value, str) and value.startswith("prompts:"):  # prompts:FILE[:steps=N]: the FILE
+                value = value[len("prompts:"):].split(":", 1)[0]
             if not isinstance(value, str) or not ("/" in value or "." in Path(value).name):
                 continue  # random:16, none, a data set's name
             if not (root / Path(value).expanduser()).exists():

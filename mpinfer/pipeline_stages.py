@@ -185,12 +185,18 @@ def _resolve_value(ctx: StageContext, value: Any, inputs: list[Path]) -> Any:
         return [_resolve_value(ctx, v, inputs) for v in value]
     if not isinstance(value, str) or not value or "\n" in value:
         return value
-    head, sep, tail = value.partition(":") if ".py:" in value else (value, "", "")
+    prefix = PROMPTS_PREFIX if value.startswith(PROMPTS_PREFIX) else ""  # prompts:FILE[:steps=N]: the FILE part
+    rest = value[len(prefix):]
+    head, sep, tail = rest.partition(":") if ".py:" in rest or prefix else (rest, "", "")
     path = ctx.path(head)
     if path.exists() and ("/" in head or "." in Path(head).name):
         inputs.append(path)
-        return str(path) + sep + tail
+        return prefix + str(path) + sep + tail
     return value
+
+
+# Calibration from prompts (mpinfer.data.decode): ``prompts:FILE[:steps=N][:tokenizer=DIR]``.
+PROMPTS_PREFIX = "prompts:"
 
 
 def resolve_section(

@@ -110,3 +110,24 @@ def test_pipeline_convert_budget_and_compare_checks_take_generation_figures(deco
 
     with pytest.raises(InvalidInputError, match="generation figure"):
         run_pipeline(toml, force=True)
+
+
+def test_pipeline_takes_a_prompts_calibration_relative_to_the_toml(decoder, tmp_path):
+    """`calibration = "prompts:FILE:steps=N"` names FILE relative to the TOML, like any data path."""
+    import shutil
+
+    model, prompts = decoder
+    shutil.copy(prompts, tmp_path / "my_prompts.npz")
+    toml = tmp_path / "p.toml"
+    toml.write_text(
+        f'[pipeline]\nwork_dir = "w"\n'
+        f'[convert]\nmodel = "{model}"\ncalibration = "prompts:my_prompts.npz:steps=2"\nbudget = "cosine>=0.99"\n'
+    )
+    result = run_pipeline(toml)
+    (plan,) = (tmp_path / "w").rglob("*.plan.json")
+    assert result.passed is not False and json.loads(plan.read_text())["summary"]["verification"]["samples"] > 0
+    toml.write_text(toml.read_text().replace("my_prompts.npz", "missing.npz"))
+    from mpinfer.errors import InvalidInputError
+
+    with pytest.raises(InvalidInputError, match=r"\[convert\] calibration"):
+        run_pipeline(toml, force=True)
