@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import math
 import sys
 import tempfile
 import warnings
@@ -21,47 +20,18 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from onnx import helper
 
 from mpinfer.precision import ConvertConfig, convert_precision
-from tests.precision.graphs import fvi, init, make, mlp, rng_w, save
+from tests.precision.graphs import chain, export_digits, mlp, save
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _chain(n: int, width: int = 16) -> Any:
-    nodes, inits, prev = [], [], "x"
-    for i in range(n):
-        nodes += [
-            helper.make_node("MatMul", [prev, f"w{i}"], [f"m{i}"], name=f"mm{i}"),
-            helper.make_node("Tanh", [f"m{i}"], [f"t{i}"], name=f"tanh{i}"),
-        ]
-        inits.append(init(f"w{i}", rng_w(width, width, seed=i, scale=1.0 / math.sqrt(width) * 1.5)))
-        prev = f"t{i}"
-    nodes.append(helper.make_node("Identity", [prev], ["y"], name="out"))
-    return make(nodes, [fvi("x", ["N", width])], [fvi("y", ["N", width])], inits)
 
 
 def _digits(tmp: Path) -> Path:
     import torch
 
-    from models import digits_cnn
-
-    path = tmp / "digits.onnx"
     torch.manual_seed(0)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(
-            digits_cnn.build(width=8),
-            digits_cnn.example_inputs(),
-            str(path),
-            dynamo=False,
-            input_names=["x"],
-            output_names=["y"],
-            opset_version=17,
-            dynamic_axes={"x": {0: "batch"}},
-        )
-    return path
+    return export_digits(tmp / "digits.onnx")
 
 
 def _digest(plan: Any) -> str:
@@ -73,8 +43,8 @@ def _digest(plan: Any) -> str:
 
 
 def _cases(tmp: Path) -> list[tuple[str, dict[str, Any]]]:
-    chain8 = save(_chain(8), tmp / "chain8.onnx")
-    chain4 = save(_chain(4), tmp / "chain4.onnx")
+    chain8 = save(chain(8), tmp / "chain8.onnx")
+    chain4 = save(chain(4), tmp / "chain4.onnx")
     mlp_path = save(mlp(), tmp / "mlp.onnx")
     cal16 = tmp / "cal16.npz"
     np.savez(cal16, x=np.random.default_rng(0).standard_normal((32, 16)).astype(np.float32))

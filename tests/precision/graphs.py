@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -67,6 +69,41 @@ def embedding(table: np.ndarray | None = None) -> onnx.ModelProto:
         [fvi("y", [2, 5, 4])],
         [init("table", rng_w(100, 8) if table is None else table), init("w", rng_w(8, 4))],
     )
+
+
+def chain(n: int, width: int = 16) -> onnx.ModelProto:
+    """``n`` x (MatMul + Tanh) of width ``width``: weights large enough that FP16 error grows along the chain."""
+    nodes, inits, prev = [], [], "x"
+    for i in range(n):
+        nodes += [
+            helper.make_node("MatMul", [prev, f"w{i}"], [f"m{i}"], name=f"mm{i}"),
+            helper.make_node("Tanh", [f"m{i}"], [f"t{i}"], name=f"tanh{i}"),
+        ]
+        inits.append(init(f"w{i}", rng_w(width, width, seed=i, scale=1.0 / math.sqrt(width) * 1.5)))
+        prev = f"t{i}"
+    nodes.append(helper.make_node("Identity", [prev], ["y"], name="out"))
+    return make(nodes, [fvi("x", ["N", width])], [fvi("y", ["N", width])], inits)
+
+
+def export_digits(path: Path) -> Path:
+    """The digits CNN of models/ (width 8) exported by TorchScript at opset 17 with a dynamic batch."""
+    import torch
+
+    from models import digits_cnn
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            digits_cnn.build(width=8),
+            digits_cnn.example_inputs(),
+            str(path),
+            dynamo=False,
+            input_names=["x"],
+            output_names=["y"],
+            opset_version=17,
+            dynamic_axes={"x": {0: "batch"}},
+        )
+    return path
 
 
 def save(model: onnx.ModelProto, path: Path) -> Path:

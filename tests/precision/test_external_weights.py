@@ -10,8 +10,8 @@ import pytest
 
 from mpinfer.precision import ConvertConfig, convert_precision
 from mpinfer.specs import Precision
-from tests.precision.graphs import save
-from tests.precision.test_search import _npz, chain
+from tests.precision.graphs import chain, save
+from tests.precision.test_search import _npz
 
 
 def _external(model: onnx.ModelProto, path: Path) -> Path:

@@ -24,6 +24,11 @@ def decoder(tmp_path_factory):
     return model, prompts_npz(tmp / "prompts.npz")
 
 
+def _convert_prompts(invoke, model, prompts, out, budget, steps=STEPS):
+    """``mpinfer convert`` calibrated on the prompts (prefill + ``steps`` greedy steps) under ``budget``."""
+    return invoke("convert", model, "-o", out, "--calibration", f"prompts:{prompts}:steps={steps}", "--budget", budget)
+
+
 def _verification(out):
     return json.loads(out.with_name(out.name[:-5] + ".plan.json").read_text())["summary"]["verification"]
 
@@ -31,8 +36,7 @@ def _verification(out):
 def test_budget_with_token_agreement_is_verified_by_greedy_generation(decoder, invoke, tmp_path):
     model, prompts = decoder
     out = tmp_path / "m16.onnx"
-    r = invoke("convert", model, "-o", out, "--calibration", f"prompts:{prompts}:steps={STEPS}",
-               "--budget", "token_agreement>=0.99,cosine>=0.99")
+    r = _convert_prompts(invoke, model, prompts, out, "token_agreement>=0.99,cosine>=0.99")
     assert r.exit_code == 0, r.output
     assert "greedy generation of 6 prompts x 4 tokens (ort): token_agreement=" in " ".join(r.output.split())
     ver = _verification(out)
@@ -55,8 +59,7 @@ def test_a_failing_generation_budget_moves_nodes_back_to_fp32(decoder, invoke, t
     """All-FP16 changes the perplexity by some 3e-3 here: a tighter ppl_ratio takes the repair loop."""
     model, prompts = decoder
     out = tmp_path / "m16.onnx"
-    r = invoke("convert", model, "-o", out, "--calibration", f"prompts:{prompts}:steps={STEPS}",
-               "--budget", "ppl_ratio<=1.0005")
+    r = _convert_prompts(invoke, model, prompts, out, "ppl_ratio<=1.0005")
     assert r.exit_code == 0, r.output
     ver = _verification(out)
     assert ver["passed"] and ver["repair_rounds"] >= 1 and ver["moved_to_fp32"] > 0
@@ -67,8 +70,7 @@ def test_a_failing_generation_budget_moves_nodes_back_to_fp32(decoder, invoke, t
 def test_an_unmeetable_generation_budget_writes_nothing(decoder, invoke, tmp_path):
     model, prompts = decoder
     out = tmp_path / "m16.onnx"
-    r = invoke("convert", model, "-o", out, "--calibration", f"prompts:{prompts}:steps=1",
-               "--budget", "token_agreement>1")
+    r = _convert_prompts(invoke, model, prompts, out, "token_agreement>1", steps=1)
     assert_user_error(r, r"generate:token_agreement>1 on 'generate' \(got 1\)")
     assert not out.exists() and not out.with_name("m16.plan.json").exists()
 

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
-import warnings
 from dataclasses import replace
 from pathlib import Path
 
@@ -18,7 +16,7 @@ from mpinfer.precision import ConvertConfig, convert_precision
 from mpinfer.precision.options import resolve_options
 from mpinfer.specs import Precision
 from tests.budget import set_slice
-from tests.precision.graphs import fvi, init, make, rng_w, save
+from tests.precision.graphs import chain, export_digits, fvi, init, make, rng_w, save
 from tests.tolerances import eps, network_atol
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -26,37 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def digits_onnx(tmp_path_factory):
-    import torch
-
-    from models import digits_cnn
-
-    path = tmp_path_factory.mktemp("digits") / "digits.onnx"
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(
-            digits_cnn.build(width=8),
-            digits_cnn.example_inputs(),
-            str(path),
-            dynamo=False,
-            input_names=["x"],
-            output_names=["y"],
-            opset_version=17,
-            dynamic_axes={"x": {0: "batch"}},
-        )
-    return path
-
-
-def chain(n: int, width: int = 16) -> object:
-    nodes, inits, prev = [], [], "x"
-    for i in range(n):
-        nodes += [
-            helper.make_node("MatMul", [prev, f"w{i}"], [f"m{i}"], name=f"mm{i}"),
-            helper.make_node("Tanh", [f"m{i}"], [f"t{i}"], name=f"tanh{i}"),
-        ]
-        inits.append(init(f"w{i}", rng_w(width, width, seed=i, scale=1.0 / math.sqrt(width) * 1.5)))
-        prev = f"t{i}"
-    nodes.append(helper.make_node("Identity", [prev], ["y"], name="out"))
-    return make(nodes, [fvi("x", ["N", width])], [fvi("y", ["N", width])], inits)
+    return export_digits(tmp_path_factory.mktemp("digits") / "digits.onnx")
 
 
 def _npz(path, n=32, width=16):

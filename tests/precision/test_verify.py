@@ -289,12 +289,12 @@ def test_pipeline_convert_table_takes_the_knobs_and_budget_none(grown, tmp_path)
     assert plan["budget"] is None and "verification" not in plan["summary"]
 
 
-def test_the_search_samples_are_not_run_again_when_the_plan_is_the_searched_candidate(grown, tmp_path, monkeypatch):
-    """The search measured the final candidate on its 32 samples: the verification runs the other 96 only, and its
-    figures are those of all 128 (compare on the same data reproduces them)."""
+@pytest.fixture
+def strict_rows(monkeypatch):
+    """The sample counts of every batch the strict emulator runs (StrictRunner._infer), in order."""
     from mpinfer.backends.strict import StrictRunner
 
-    ran = []
+    ran: list[int] = []
     real = StrictRunner._infer
 
     def counting(self, feeds):
@@ -302,6 +302,13 @@ def test_the_search_samples_are_not_run_again_when_the_plan_is_the_searched_cand
         return real(self, feeds)
 
     monkeypatch.setattr(StrictRunner, "_infer", counting)
+    return ran
+
+
+def test_the_search_samples_are_not_run_again_when_the_plan_is_the_searched_candidate(grown, tmp_path, strict_rows):
+    """The search measured the final candidate on its 32 samples: the verification runs the other 96 only, and its
+    figures are those of all 128 (compare on the same data reproduces them)."""
+    ran = strict_rows
     src, data = grown
     res = _convert(src, data, tmp_path / "o.onnx", budget="max_abs<=1e-2")
     assert res.plan.summary["verification"]["samples"] == 128 and res.plan.summary["nodes_low"] == 5
@@ -313,19 +320,10 @@ def test_the_search_samples_are_not_run_again_when_the_plan_is_the_searched_cand
         assert math.isclose(want[metric], got[metric], rel_tol=4 * EPS32 * 128, abs_tol=4 * EPS32 * 10.0), metric
 
 
-def test_a_batch_the_search_read_in_part_runs_only_its_other_rows(grown, tmp_path, monkeypatch):
+def test_a_batch_the_search_read_in_part_runs_only_its_other_rows(grown, tmp_path, strict_rows):
     """Search slice 40 of batches of 16: the search measured the candidate on 16 + 16 + the first 8 of the third
     batch; the verification runs the third batch's other 8 and the rest (88 samples), and still reads all 128."""
-    from mpinfer.backends.strict import StrictRunner
-
-    ran = []
-    real = StrictRunner._infer
-
-    def counting(self, feeds):
-        ran.append(len(feeds["x"]))
-        return real(self, feeds)
-
-    monkeypatch.setattr(StrictRunner, "_infer", counting)
+    ran = strict_rows
     src, data = grown
     res = _convert(src, data, tmp_path / "o.onnx", budget="max_abs<=1e-2", batch_size=16, search_samples=40)
     ver = res.plan.summary["verification"]
