@@ -27,8 +27,11 @@ from typing import Any
 import numpy as np
 
 from mpinfer.backends.base import check_feeds
+from mpinfer.data.feeds import sample_axes, take_samples
 from mpinfer.errors import InvalidInputError, ModelLoadError, format_message
 from mpinfer.memory import current_budget
+from mpinfer.modelio import iter_nodes, name_nodes, ort_session, save_onnx
+from mpinfer.precision.emulate import GraphEmulator
 from mpinfer.precision.graphinfo import FLOAT
 from mpinfer.precision.tensorstats import (
     BF16_MIN_NORMAL,
@@ -40,6 +43,7 @@ from mpinfer.precision.tensorstats import (
     StatsCollector,
     TensorStats,
 )
+from mpinfer.progress import progress_bar
 from mpinfer.specs import specs_from_onnx
 
 __all__ = [
@@ -222,8 +226,6 @@ class _Sessions:
         if _weight_bytes(model) > IN_MEMORY_LIMIT:
             import onnx
 
-            from mpinfer.modelio import save_onnx
-
             self._tmp = tempfile.TemporaryDirectory(prefix="mpinfer-calibrate-")
             path = save_onnx(model, Path(self._tmp.name) / "model.onnx", external_data=True)
             self._model = onnx.load(str(path), load_external_data=False)
@@ -232,8 +234,6 @@ class _Sessions:
         """A session returning ``names`` (in that order)."""
         import onnx
         from onnx import helper
-
-        from mpinfer.modelio import ort_session
 
         m = onnx.ModelProto()
         m.CopyFrom(self._model)
@@ -384,8 +384,6 @@ class BatchSlicer:
     """
 
     def __init__(self, model: Any) -> None:
-        from mpinfer.data.feeds import sample_axes
-
         specs = specs_from_onnx(model)
         axes = sample_axes(specs)
         # only symbolic sample dims can take another count (a fixed batch of 4 is fed 4 at a time), and only when
@@ -401,8 +399,6 @@ class BatchSlicer:
 
     def slice(self, batch: Mapping[str, np.ndarray], start: int, stop: int) -> dict[str, np.ndarray]:
         """Samples ``start:stop`` of every input that has a sample axis; the others whole."""
-        from mpinfer.data.feeds import take_samples
-
         return {name: take_samples(value, self._axes.get(name), start, stop) for name, value in batch.items()}
 
 
@@ -511,8 +507,6 @@ def calibrate(
     Raises:
         InvalidInputError: No batches, or feeds the model does not accept (names, dtypes, shapes).
     """
-    from mpinfer.progress import progress_bar
-
     start = time.perf_counter()
     run = _Run(model, feeds, types, base_dir)
     capture = _Capture(run, capture_batches, capture_tensors, capture_outputs)
@@ -642,8 +636,6 @@ class _Run:
 
 def _named(model: Any) -> Any:
     """``model``, or a copy whose nodes have unique addresses (skipped for models already named, as big ones are)."""
-    from mpinfer.modelio import iter_nodes, name_nodes
-
     addresses = [ref.address for ref in iter_nodes(model.graph)]
     if any(not a or a.endswith("/") for a in addresses) or len(set(addresses)) != len(addresses):
         return name_nodes(model)
@@ -740,8 +732,6 @@ class _FirstPass:
         has_bodies = any(a.type in (5, 10) for n in model.graph.node for a in n.attribute)  # GRAPH(S)
         self._emulator = None
         if has_bodies or emulated:
-            from mpinfer.precision.emulate import GraphEmulator
-
             self._emulator = GraphEmulator(model, base_dir=base_dir)
 
     def check(self, batch: Mapping[str, np.ndarray]) -> None:
