@@ -7,6 +7,13 @@ bf16, budget searches that move nodes, rule-only plans (random data), and ``--pl
 
     PYTHONPATH=$PWD python bench/plan_digest.py            # print the digests
     PYTHONPATH=$PWD python bench/plan_digest.py --check F  # compare with digests saved in F (exit 1 on change)
+    PYTHONPATH=$PWD python bench/plan_digest.py --published orientation,ocr_rec,vad,pitch,dnsmos \
+        --check bench/plan_digests_published.txt
+
+``--published orientation,ocr_rec,vad,pitch,dnsmos,layout`` adds bench/published.py's models (downloaded once into
+its cache) on their task calibration data under the default floor with strict numerics, and with ``--budget
+cosine>=0.9999`` under ONNX Runtime numerics: real networks (Conv stacks, an LSTM-free recognizer, If/state
+streaming, an in-graph CQT, STFT+log) whose searches move many groups. Minutes per model on 2 cores.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from mpinfer.errors import AccuracyMismatchError
 from mpinfer.precision import ConvertConfig, convert_precision
 from tests.precision.graphs import chain, export_digits, mlp, save
 
@@ -69,18 +77,44 @@ def _cases(tmp: Path) -> list[tuple[str, dict[str, Any]]]:
     ]
 
 
-def run() -> dict[str, str]:
+def _published(names: str, tmp: Path) -> list[tuple[str, dict[str, Any]]]:
+    """bench/published.py's models on their task calibration data (default floor strict; a budget with ort)."""
+    if not names:
+        return []
+    sys.path.insert(0, str(ROOT / "bench"))
+    import published
+
+    models = published.fetch()
+    tasks = published.tasks(models)
+    cases = []
+    for name in names.split(","):
+        task = tasks[name]
+        npz = tmp / f"{name}.cal.npz"
+        np.savez(npz, **task.calibration())
+        common = dict(model=models[name], calibration=str(npz), batch_size=task.batch_size)
+        cases.append((f"{name}-strict-floor", common))
+        cases.append((f"{name}-ort-budget", dict(common, budget="cosine>=0.9999", numerics="ort")))
+        cases.append((f"{name}-strict-tight", dict(common, budget="cosine_min>=0.99999")))  # searches move groups
+    return cases
+
+
+def run(published: str = "") -> dict[str, str]:
     from mpinfer.specs import Precision
 
     out: dict[str, str] = {}
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
-        for name, kw in _cases(tmp):
+        for name, kw in _cases(tmp) + _published(published, tmp):
+            print(name, file=sys.stderr, flush=True)
             if "precision" in kw:
                 kw["precision"] = Precision(kw["precision"])
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                res = convert_precision(ConvertConfig(output=tmp / f"{name}.onnx", progress=False, **kw))
+                try:
+                    res = convert_precision(ConvertConfig(output=tmp / f"{name}.onnx", progress=False, **kw))
+                except AccuracyMismatchError as err:  # refused: the words (nodes, figures) are the digest
+                    out[name] = "refused:" + hashlib.sha256(str(err).encode()).hexdigest()[:16]
+                    continue
                 out[name] = _digest(res.plan) + (
                     "/searched" if res.plan.summary.get("search", {}).get("searched") else ""
                 )
@@ -94,8 +128,9 @@ def run() -> dict[str, str]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--check", type=Path, help="file of saved digests to compare with")
+    ap.add_argument("--published", default="", help="also bench/published.py's models, e.g. orientation,vad")
     args = ap.parse_args()
-    got = run()
+    got = run(args.published)
     lines = [f"{k} {v}" for k, v in got.items()]
     print("\n".join(lines))
     if args.check:
