@@ -27,9 +27,9 @@ from mpinfer.backends.ort import cuda_usable
 from mpinfer.engine import BuildConfig, build_engine
 from mpinfer.engine.build import probe_tensorrt, select_backend
 from mpinfer.engine.config import Backend
-from mpinfer.engine.machine import cuda_device_count, gpu_info
 from mpinfer.errors import InvalidInputError, MpinferError, format_message
 from mpinfer.fileio import write_json_atomic, write_text_atomic
+from mpinfer.gpu import cuda_device_count, gpu_info
 from mpinfer.specs import Precision
 from mpinfer.stage import (
     ARTEFACT_DIR,

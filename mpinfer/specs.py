@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from mpinfer.errors import InvalidInputError, format_message
+from mpinfer.inputhints import index_ranges, pinned_dims
 
 # Example size used for a symbolic dim when neither the spec nor the caller gives one.
 DEFAULT_DIM_SIZE = 2
@@ -306,8 +307,6 @@ def specs_from_onnx(model: object) -> list[TensorSpec]:
 
     import onnx
     from onnx import helper
-
-    from mpinfer.inputhints import index_ranges, pinned_dims
 
     assert isinstance(model, onnx.ModelProto)
     init_names = {i.name for i in model.graph.initializer}

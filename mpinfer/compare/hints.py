@@ -27,6 +27,7 @@ import numpy as np
 from mpinfer.compare.result import SpeedHint
 from mpinfer.modelio import iter_nodes
 from mpinfer.precision.masks import MASK_PATH_OPS, MASK_SENTINEL
+from mpinfer.precision.plan import counts_as_float
 
 logger = logging.getLogger(__name__)
 
@@ -277,8 +278,6 @@ def _summary_from_plan(plan_path: Path) -> dict[str, Any] | None:
         plan_counts = Counter(str(n.get("precision", "fp32")) for n in plan.get("nodes", []))
         summ = plan.get("summary", {})
         low = int(summ.get("nodes_low", sum(v for k, v in plan_counts.items() if k in ("fp16", "bf16"))))
-        from mpinfer.precision.plan import counts_as_float
-
         # float nodes, as the plan's own share counts them
         nodes = plan["nodes"]
         total = sum(counts_as_float(str(n.get("reason")), n.get("precision") in ("fp16", "bf16")) for n in nodes)

@@ -25,12 +25,11 @@ from typing import Any, ClassVar, Protocol
 import numpy as np
 
 from mpinfer.backends.ort import OrtRunner, cuda_usable
-from mpinfer.backends.strict import StrictRunner
 from mpinfer.backends.trt_runner import TrtRunner
 from mpinfer.engine.config import Backend, BuildConfig, ShapeProfile
-from mpinfer.engine.machine import require_gpu
 from mpinfer.engine.trt_builder import build_trt_engine
 from mpinfer.errors import BackendUnavailableError, InvalidInputError, format_message
+from mpinfer.gpu import require_gpu
 from mpinfer.metrics import relative_l2
 from mpinfer.modelio import ort_session, save_onnx
 from mpinfer.precision import probe
@@ -38,6 +37,7 @@ from mpinfer.precision.apply import apply_plan
 from mpinfer.precision.emulate import GraphEmulator
 from mpinfer.precision.graphinfo import GraphInfo
 from mpinfer.precision.kernels.numerics import is_float
+from mpinfer.precision.strict import StrictRunner
 from mpinfer.specs import Precision
 
 # Strict numerics screen only models whose kept FP32 reference runs hold at least this many float values per

@@ -24,6 +24,7 @@ from typing import Any
 from mpinfer.checks import Checks, parse_checks
 from mpinfer.data.decode import kv_layout, load_prompts, wants_decode
 from mpinfer.errors import InvalidInputError, format_message
+from mpinfer.generation import Decoder, measure_candidate
 from mpinfer.metrics import GENERATION_OUTPUT
 from mpinfer.precision.evaluators import evaluator_class
 from mpinfer.specs import specs_from_onnx
@@ -52,8 +53,6 @@ class GenerationBudget:
 
     def verify(self, candidate: Any) -> tuple[dict[str, float], list[str]]:
         """Greedy-decode the prompts with ``candidate`` (an ``onnx.ModelProto``); its figures and failures."""
-        from mpinfer.compare.generate import Decoder, measure_candidate
-
         if self.reference is None:
             base = Decoder(self.baseline, "--budget").open(())
             self.reference = base.decode(self.prompts, self.tokens, GENERATION_BATCH)
