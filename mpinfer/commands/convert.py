@@ -11,7 +11,7 @@ from mpinfer.commands import class_outputs_option, memory_limit_option
 from mpinfer.data import parse_dims
 from mpinfer.modelio import MAX_OPSET
 from mpinfer.precision import ConvertConfig, convert_precision
-from mpinfer.precision.options import DEFAULT_BUDGET, DEFAULT_SEARCH_SAMPLES
+from mpinfer.precision.options import DEFAULT_BUDGET, DEFAULT_SEARCH_SAMPLES, NUMERICS
 from mpinfer.precision.verify import budget_figures
 from mpinfer.specs import Precision
 
@@ -60,9 +60,10 @@ from mpinfer.specs import Precision
 )
 @click.option(
     "--numerics",
-    type=click.Choice(["strict", "ort"]),
-    help="Numerics that verify search candidates and the final model: strict FP16/BF16 emulation (default) or "
-    "ONNX Runtime.",
+    type=click.Choice(NUMERICS),
+    help="Numerics that verify search candidates and the final model: strict FP16/BF16 emulation (default), "
+    "ONNX Runtime's CPU kernels (ort), ONNX Runtime's CUDA kernels (ort-cuda: onnxruntime-gpu and a GPU) or a "
+    "TensorRT engine per candidate (tensorrt: TensorRT and an NVIDIA GPU).",
 )
 @click.option(
     "--keep-io-types/--no-keep-io-types",

@@ -22,7 +22,7 @@ from typing import Any
 
 from mpinfer.checks import parse_checks
 from mpinfer.errors import InvalidInputError, format_message
-from mpinfer.precision.evaluators import evaluator_class
+from mpinfer.precision.evaluators import EVALUATORS, check_numerics, evaluator_class
 from mpinfer.specs import Precision
 
 logger = logging.getLogger(__name__)
@@ -39,7 +39,7 @@ DEFAULT_SEARCH_SAMPLES = 32
 DEFAULT_BUDGET = "cosine_min>=0.999,nonfinite<=0"
 # ``--budget none``: no budget at all, not even the default floor.
 NO_BUDGET = "none"
-NUMERICS = ("strict", "ort")
+NUMERICS = tuple(EVALUATORS)  # the --numerics names, strict (the default) first
 # Calibration source meaning "no data at all": rules only, no range statistics, no search.
 NO_CALIBRATION = "none"
 
@@ -98,8 +98,7 @@ def resolve_options(cfg: Any, plan: Any = None) -> Options:
             with ``--plan``.
     """
     numerics = cfg.numerics if cfg.numerics is not None else "strict"
-    if numerics not in NUMERICS:
-        raise InvalidInputError(format_message("--numerics", repr(numerics), "strict or ort"))
+    check_numerics(numerics)  # an unknown name, or numerics this machine cannot run (no CUDA provider, no GPU)
     search = cfg.search_samples if cfg.search_samples is not None else DEFAULT_SEARCH_SAMPLES
     for flag, value in (("--search-samples", search), ("--verify-samples", cfg.verify_samples)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
