@@ -3,7 +3,8 @@
 Subcommands live in :mod:`mpinfer.commands` and are imported only when invoked (click's lazy-subcommand
 pattern), so ``mpinfer --help`` stays fast and works without torch, TensorRT or a GPU.
 A user mistake (:class:`~mpinfer.errors.MpinferError`) prints one ``Error: ...`` line and exits 1; any other
-exception is a bug and keeps its traceback. ``--debug`` (or ``MPINFER_DEBUG=1``) shows the whole chain.
+exception is a bug: its traceback, then one ``Internal error: ...`` line that says so and what to report, exit 70
+(EX_SOFTWARE). ``--debug`` (or ``MPINFER_DEBUG=1``) re-raises either as it is.
 """
 
 from __future__ import annotations
@@ -12,11 +13,13 @@ import importlib
 import logging
 import os
 import sys
+import traceback
 from typing import Any
 
 import click
 
 from mpinfer import __version__
+from mpinfer.claim import command_line
 from mpinfer.errors import MpinferError
 
 # name -> (module, attribute, one-line help). The help is repeated here so `--help` imports nothing.
@@ -77,7 +80,7 @@ class LazyGroup(click.Group):
                 formatter.write_dl(rows)
 
     def invoke(self, ctx: click.Context) -> Any:
-        """Run the subcommand; turn MpinferError into ``Error: ...`` and exit code 1, Ctrl-C into exit code 130."""
+        """Run the subcommand: MpinferError → ``Error: ...``, exit 1; Ctrl-C → exit 130; a bug → exit 70."""
         try:
             return super().invoke(ctx)
         except MpinferError as err:
@@ -90,10 +93,32 @@ class LazyGroup(click.Group):
                 raise
             click.echo(f"\nInterrupted. {_interrupted(ctx, err)}", err=True)
             ctx.exit(INTERRUPTED_EXIT_CODE)
+        except (click.exceptions.Exit, click.ClickException, click.Abort):
+            raise  # click's own: usage errors (exit 2), --help, ctx.exit()
+        except Exception as err:  # noqa: BLE001 (anything else is a bug: said so, with what to report)
+            if _debug_enabled(ctx):
+                raise
+            click.echo("".join(traceback.format_exception(err)).rstrip(), err=True)
+            click.echo(f"Internal error: {_bug_report(err, ctx.invoked_subcommand)}", err=True)
+            ctx.exit(BUG_EXIT_CODE)
 
 
 # Exit status after Ctrl-C: 128 + SIGINT, as a shell reports an interrupted program.
 INTERRUPTED_EXIT_CODE = 130
+# Exit status of a bug in mpinfer (sysexits.h EX_SOFTWARE), apart from user mistakes (1) and usage errors (2).
+BUG_EXIT_CODE = 70
+
+
+def _bug_report(err: BaseException, command: str | None) -> str:
+    """The line under a bug's traceback: that it is a bug, and what a report needs."""
+    kept = " (nothing was written: its outputs appear only when complete)" if command in PUBLISH_AT_END else ""
+    return (
+        f"{type(err).__name__} in mpinfer {__version__}. This is a bug in mpinfer, not a problem with your "
+        f"input{kept}. Please report it with the traceback above, the command (`{command_line()}`) and the output "
+        "of `mpinfer doctor`; where it names a node, `--keep-node NODE` (convert) may work around it meanwhile."
+    )
+
+
 # Commands that publish their outputs only when complete (see mpinfer.claim): Ctrl-C leaves nothing of them.
 PUBLISH_AT_END = ("export", "convert", "build-engine", "compare", "report")
 
@@ -102,8 +127,6 @@ def _interrupted(ctx: click.Context, err: KeyboardInterrupt) -> str:
     """What an interrupted command kept and how to resume it (the API's own words where it gave some)."""
     if str(err):
         return str(err)
-    from mpinfer.claim import command_line
-
     if ctx.invoked_subcommand in PUBLISH_AT_END:
         return f"Nothing was written (outputs are published only when complete). Start again with: {command_line()}"
     return f"Run it again with: {command_line()}"

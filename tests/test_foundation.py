@@ -179,6 +179,26 @@ def test_mpinfer_error_becomes_one_error_line(invoke, tmp_path):
     assert_user_error(r, "no such file")
 
 
+def test_a_bug_says_it_is_a_bug_with_what_to_report(invoke, monkeypatch):
+    """Anything but a user error: its traceback, one 'Internal error' line naming it a bug and what to report, exit 70
+    (a user error is exit 1 and no traceback: test_mpinfer_error_becomes_one_error_line)."""
+    import mpinfer.commands.doctor as doctor_cmd
+    from mpinfer.cli import BUG_EXIT_CODE
+
+    def broken() -> None:
+        raise ZeroDivisionError("a bug stands here")
+
+    monkeypatch.setattr(doctor_cmd, "collect_checks", broken)  # the bug: the command's own step raising
+    r = invoke("doctor")
+    assert r.exit_code == BUG_EXIT_CODE == 70
+    assert "Traceback" in r.output and "ZeroDivisionError: a bug stands here" in r.output
+    (line,) = [line for line in r.output.splitlines() if line.startswith("Internal error:")]
+    assert "This is a bug in mpinfer" in line and "mpinfer doctor" in line
+    assert not any(line.startswith("Error:") for line in r.output.splitlines())  # not worded as the user's mistake
+    monkeypatch.setenv("MPINFER_DEBUG", "1")  # --debug: the exception as it is
+    assert isinstance(invoke("doctor").exception, ZeroDivisionError)
+
+
 def test_every_public_name_resolves():
     import mpinfer
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from mpinfer.errors import InvalidInputError, MpinferError, format_message
+from mpinfer.errors import InternalError, InvalidInputError, format_message
 from mpinfer.specs import TensorSpec
 
 logger = logging.getLogger(__name__)
@@ -38,14 +38,16 @@ class Runner(abc.ABC):
     def activate(self) -> None:
         """Load the model and allocate resources. Calling it twice is an error."""
         if self.is_active:
-            raise MpinferError(f"Runner '{self.name}' is already active; deactivate() it first.")
+            raise InternalError(f"Runner '{self.name}' is already active: activate() was called twice. This is a bug "
+                                "in the code driving the runner; deactivate() it first, or use one `with` block.")
         self._activate()
         self.is_active = True
 
     def deactivate(self) -> None:
         """Release resources. Calling it on an inactive runner is an error."""
         if not self.is_active:
-            raise MpinferError(f"Runner '{self.name}' is not active; activate() it first.")
+            raise InternalError(f"Runner '{self.name}' is not active: deactivate() without activate(). This is a bug "
+                                "in the code driving the runner.")
         try:
             self._deactivate()
         finally:
@@ -62,7 +64,8 @@ class Runner(abc.ABC):
             Output name → array, in the model's output order.
         """
         if not self.is_active:
-            raise MpinferError(f"Runner '{self.name}' is not active; use it in a `with` block or activate().")
+            raise InternalError(f"Runner '{self.name}' is not active: infer() before activate(). This is a bug in the "
+                                "code driving the runner; use it in a `with` block or activate() it first.")
         if check_inputs:
             check_feeds(feeds, self.input_specs(), where=f"runner '{self.name}'")
         start = time.perf_counter()

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from mpinfer.modelio import tensor_array
 from mpinfer.precision.graphinfo import FLOAT, FLOAT16, GraphInfo, Slots, constant_tensor
 from mpinfer.precision.kernels import ortexec
 from mpinfer.specs import Precision
@@ -49,7 +50,6 @@ def low_array(arr: np.ndarray, low: Precision) -> np.ndarray:
     search converts the model's weights again.
     """
     if low is Precision.FP16 and arr.dtype == np.float32:
-
         fast = ortexec.cast(arr, "to_fp16")
         if fast is not None:
             return fast
@@ -59,8 +59,6 @@ def low_array(arr: np.ndarray, low: Precision) -> np.ndarray:
 def to_low_tensor(tensor: Any, low: Precision, base_dir: str = "") -> Any:
     """A TensorProto with the same name and shape in the low dtype (external data read from ``base_dir``)."""
     from onnx import numpy_helper
-
-    from mpinfer.modelio import tensor_array
 
     arr = tensor_array(tensor, base_dir)  # external data memory-mapped: read once, never held in FP32
     out = numpy_helper.from_array(low_array(np.asarray(arr), low), tensor.name)

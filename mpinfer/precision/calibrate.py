@@ -19,7 +19,7 @@ import logging
 import re
 import tempfile
 import time
-from collections.abc import Container, Iterable, Iterator, Mapping, Sequence, Sized
+from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence, Sized
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,8 +27,11 @@ from typing import Any
 import numpy as np
 
 from mpinfer.backends.base import check_feeds
+from mpinfer.data.feeds import sample_axes, take_samples
 from mpinfer.errors import InvalidInputError, ModelLoadError, format_message
 from mpinfer.memory import current_budget
+from mpinfer.modelio import iter_nodes, name_nodes, ort_session, save_onnx
+from mpinfer.precision.emulate import GraphEmulator
 from mpinfer.precision.graphinfo import FLOAT
 from mpinfer.precision.tensorstats import (
     BF16_MIN_NORMAL,
@@ -40,6 +43,7 @@ from mpinfer.precision.tensorstats import (
     StatsCollector,
     TensorStats,
 )
+from mpinfer.progress import progress_bar
 from mpinfer.specs import specs_from_onnx
 
 __all__ = [
@@ -222,8 +226,6 @@ class _Sessions:
         if _weight_bytes(model) > IN_MEMORY_LIMIT:
             import onnx
 
-            from mpinfer.modelio import save_onnx
-
             self._tmp = tempfile.TemporaryDirectory(prefix="mpinfer-calibrate-")
             path = save_onnx(model, Path(self._tmp.name) / "model.onnx", external_data=True)
             self._model = onnx.load(str(path), load_external_data=False)
@@ -232,8 +234,6 @@ class _Sessions:
         """A session returning ``names`` (in that order)."""
         import onnx
         from onnx import helper
-
-        from mpinfer.modelio import ort_session
 
         m = onnx.ModelProto()
         m.CopyFrom(self._model)
@@ -384,8 +384,6 @@ class BatchSlicer:
     """
 
     def __init__(self, model: Any) -> None:
-        from mpinfer.data.feeds import sample_axes
-
         specs = specs_from_onnx(model)
         axes = sample_axes(specs)
         # only symbolic sample dims can take another count (a fixed batch of 4 is fed 4 at a time), and only when
@@ -401,8 +399,6 @@ class BatchSlicer:
 
     def slice(self, batch: Mapping[str, np.ndarray], start: int, stop: int) -> dict[str, np.ndarray]:
         """Samples ``start:stop`` of every input that has a sample axis; the others whole."""
-        from mpinfer.data.feeds import take_samples
-
         return {name: take_samples(value, self._axes.get(name), start, stop) for name, value in batch.items()}
 
 
@@ -511,123 +507,217 @@ def calibrate(
     Raises:
         InvalidInputError: No batches, or feeds the model does not accept (names, dtypes, shapes).
     """
-    from mpinfer.modelio import iter_nodes, name_nodes
-    from mpinfer.progress import progress_bar
-
     start = time.perf_counter()
-    addresses = [ref.address for ref in iter_nodes(model.graph)]
-    if any(not a or a.endswith("/") for a in addresses) or len(set(addresses)) != len(addresses):
-        model = name_nodes(model)  # a copy; skipped for models already named, as big ones are
-    known, unknown, types = _float_tensors(model, types)
-    inputs = {vi.name for vi in model.graph.input}
-    names = [n for n in known if n not in inputs]  # graph inputs are read from the feeds
-    slicer = BatchSlicer(model)
-    one_shot = iter(feeds) is feeds
-    first = next(iter(feeds), None)
-    if first is not None:
-        check_feeds(first, specs_from_onnx(model), where="calibration")  # names the input, before ORT's words
-    sessions = _Sessions(model, types, base_dir)
-    plan = _Passes.probe(sessions, names, first, slicer) if names and first is not None else None
-    if plan is None and names and first is not None:  # ONNX Runtime cannot load it: the emulator computes all
-        unknown = unknown + names
-    first_pass = _FirstPass(model, unknown, base_dir)
-    passes = len(plan.chunks) if plan else 1
-    if one_shot and first is not None:  # the probe took its first batch; several passes read it all again
-        feeds = [first, *feeds] if passes > 1 else itertools.chain([first], feeds)
-    logger.info("calibrating %d tensors in %d pass(es) over the data", len(known) + len(unknown), passes)
-    outputs = {vi.name for vi in model.graph.output} & set(known)
-    limit = current_budget().capture
-    wanted = (outputs | {n for n in known if types.get(n) == FLOAT}) if capture_tensors else outputs
-    captured: list[dict[str, np.ndarray]] = []
-    # batches whose outputs are kept (bytes permitting; only in one pass, where a call returns every output)
-    keep_until = max(capture_batches, capture_outputs if passes == 1 else 0)
-    stop_after: int | None = None  # batches read, once max_bytes is reached
-    read = 0
+    run = _Run(model, feeds, types, base_dir)
+    capture = _Capture(run, capture_batches, capture_tensors, capture_outputs)
     with (
         progress_bar("Calibrating", enabled=progress) as bar,
-        contextlib.closing(sessions),
-        contextlib.closing(first_pass.collector),
+        contextlib.closing(run.sessions),
+        contextlib.closing(run.first_pass.collector),
     ):
-        task = bar.add_task("", total=len(feeds) * passes if isinstance(feeds, Sized) else None)
-        for index in range(passes):
-            sess = plan.session(index) if plan else None
-            for b, batch in enumerate(feeds):
-                if b == stop_after:
-                    break
-                if index == 0 and b:  # the first batch was checked before the probe
-                    first_pass.check(batch)
-                if b < keep_until and index == 0:
-                    captured.append({})
-                if sess is not None and plan is not None:  # before the emulator: data it rejects gets ORT's words
-                    keep = captured[b] if b < min(keep_until, len(captured)) else None
-                    chunk, per_call, rows = plan.chunks[index], plan.rows_per_call[index], slicer.rows(batch)
-                    if rows <= per_call:
-                        _run_chunk(sess, chunk, batch, first_pass.collector, keep,
-                                   wanted if b < capture_batches else outputs)
-                    else:  # too many bytes for one call: slices of samples, and the outputs from a run of their own
-                        for row in range(0, rows, per_call):
-                            _run_chunk(sess, chunk, slicer.slice(batch, row, row + per_call), first_pass.collector)
-                        if keep is not None and index == 0 and b >= capture_batches:
-                            out_names = sorted(outputs)
-                            values = _run(sessions.session(out_names), out_names, batch)
-                            keep.update((n, np.asarray(v, np.float32)) for n, v in zip(out_names, values, strict=True))
-                        elif keep is not None and index == 0:
-                            wanted = outputs  # a batch above the call limit is above the capture limit too
-                            captured = _outputs_only(captured, outputs)
-                            keep = captured[b]
-                            out_names = sorted(outputs)
-                            values = _run(sessions.session(out_names), out_names, batch)
-                            keep.update((n, np.asarray(v, np.float32)) for n, v in zip(out_names, values, strict=True))
-                    # the bytes all captured batches and passes will hold, projected from those run so far
-                    done, total = index * capture_batches + b + 1, passes * capture_batches
-                    if b >= capture_batches and keep is not None and index == 0:
-                        if _nbytes(captured[capture_batches:]) > current_budget().capture_outputs:
-                            captured.pop()  # above the outputs' limit: the later batches' outputs are not kept
-                            keep_until = b
-                    elif keep is not None and wanted is not outputs and _nbytes(captured) * total > limit * done:
-                        logger.debug("captured tensors above %d bytes: keeping outputs only", limit)
-                        wanted = outputs
-                        captured = _outputs_only(captured, outputs)
-                if index == 0:
-                    first_pass.add(batch)
-                    read += slicer.rows(batch) * plan.sample_bytes if plan else 0
-                    if max_bytes is not None and read >= max_bytes and stop_after is None:
-                        stop_after = b + 1
-                        logger.info("calibrating on the first %d batch(es): their tensors come to %.1f GB", b + 1,
-                                    read / 1e9)
-                bar.advance(task)
-            sess = None  # one session alive at a time
-    if first_pass.batches == 0:
-        raise InvalidInputError(format_message("Calibration feeds", "no batches", "at least one batch"))
-    source = {
-        "source": getattr(feeds, "description", "in-memory batches"),
-        "kind": getattr(feeds, "kind", "arrays"),
-        "samples": first_pass.samples,
-        "batches": first_pass.batches,
-    }
-    results = first_pass.collector.results()
-    floats = [vi.name for vi in model.graph.output if types.get(vi.name) in _FLOAT_TYPES]
-    reference = tensors = None
-    # Only when ONNX Runtime computed every float output of every kept batch (it may not run the model at all).
-    if captured and floats and all(c.keys() >= set(floats) for c in captured):
+        task = bar.add_task("", total=len(run.feeds) * run.passes if isinstance(run.feeds, Sized) else None)
+        for index in range(run.passes):
+            run.read_pass(index, capture, max_bytes, lambda: bar.advance(task))
+    return run.stats(capture, start)
+
+
+class _Run:
+    """One calibration run: the model's tensors, the passes over the data and the batches read so far.
+
+    Setting up reads the first batch (checked against the model's inputs, then the probe that sizes the passes); a
+    one-shot iterator is then read from that batch on again.
+    """
+
+    def __init__(
+        self, model: Any, feeds: Iterable[Mapping[str, np.ndarray]], types: Mapping[str, int] | None, base_dir: str
+    ) -> None:
+        self.model = model = _named(model)
+        self.known, unknown, self.types = _float_tensors(model, types)
+        inputs = {vi.name for vi in model.graph.input}
+        names = [n for n in self.known if n not in inputs]  # graph inputs are read from the feeds
+        self.slicer = BatchSlicer(model)
+        one_shot = iter(feeds) is feeds
+        first = next(iter(feeds), None)
+        if first is not None:
+            check_feeds(first, specs_from_onnx(model), where="calibration")  # names the input, before ORT's words
+        self.sessions = _Sessions(model, self.types, base_dir)
+        self.plan: _Passes | None = (
+            _Passes.probe(self.sessions, names, first, self.slicer) if names and first is not None else None
+        )
+        if self.plan is None and names and first is not None:  # ONNX Runtime cannot load it: the emulator computes all
+            unknown = unknown + names
+        self.first_pass = _FirstPass(model, unknown, base_dir)
+        self.passes = len(self.plan.chunks) if self.plan else 1
+        self.feeds = _read_again(feeds, first, self.passes) if one_shot else feeds
+        logger.info("calibrating %d tensors in %d pass(es) over the data", len(self.known) + len(unknown), self.passes)
+        self.stop_after: int | None = None  # batches read, once max_bytes is reached
+        self.read = 0  # bytes of the tensors of the batches read (from the probe's bytes per sample)
+
+    def read_pass(self, index: int, capture: _Capture, max_bytes: int | None, advance: Callable[[], None]) -> None:
+        """Pass ``index`` over the data: its chunk of tensors from ONNX Runtime.
+
+        The first pass also checks each batch, runs the emulator on it and counts it (stopping at ``max_bytes``).
+        """
+        plan = self.plan
+        sess = plan.session(index) if plan else None  # one session alive at a time: this pass's
+        for b, batch in enumerate(self.feeds):
+            if b == self.stop_after:
+                break
+            if index == 0 and b:  # the first batch was checked before the probe
+                self.first_pass.check(batch)
+            capture.open(index, b)
+            if sess is not None and plan is not None:  # before the emulator: data it rejects gets ORT's words
+                self._fetch(sess, plan, index, b, batch, capture)
+            if index == 0:
+                self._count(b, batch, max_bytes)
+            advance()
+
+    def _fetch(
+        self, sess: Any, plan: _Passes, index: int, b: int, batch: Mapping[str, np.ndarray], capture: _Capture
+    ) -> None:
+        """Batch ``b``'s tensors of pass ``index`` into the statistics (and the captured batch, if kept)."""
+        keep = capture.kept(b)
+        chunk, per_call, rows = plan.chunks[index], plan.rows_per_call[index], self.slicer.rows(batch)
+        collector = self.first_pass.collector
+        if rows <= per_call:
+            _run_chunk(sess, chunk, batch, collector, keep, capture.wanted(b))
+        else:  # too many bytes for one call: slices of samples, and the outputs from a run of their own
+            for row in range(0, rows, per_call):
+                _run_chunk(sess, chunk, self.slicer.slice(batch, row, row + per_call), collector)
+            if keep is not None and index == 0:
+                if b < capture.batches:  # a batch above the call limit is above the capture limit too
+                    keep = capture.outputs_only(b)
+                out_names = sorted(capture.outputs)
+                values = _run(self.sessions.session(out_names), out_names, batch)
+                keep.update((n, np.asarray(v, np.float32)) for n, v in zip(out_names, values, strict=True))
+        capture.account(index, b, keep)
+
+    def _count(self, b: int, batch: Mapping[str, np.ndarray], max_bytes: int | None) -> None:
+        """The first pass's statistics of batch ``b`` besides ONNX Runtime's; the bytes read against ``max_bytes``."""
+        self.first_pass.add(batch)
+        self.read += self.slicer.rows(batch) * self.plan.sample_bytes if self.plan else 0
+        if max_bytes is not None and self.read >= max_bytes and self.stop_after is None:
+            self.stop_after = b + 1
+            logger.info("calibrating on the first %d batch(es): their tensors come to %.1f GB", b + 1, self.read / 1e9)
+
+    def stats(self, capture: _Capture, start: float) -> CalibrationStats:
+        """The statistics of the run that started at ``start`` (``time.perf_counter()``).
+
+        Raises:
+            InvalidInputError: When the feeds held no batch.
+        """
+        first_pass, plan = self.first_pass, self.plan
+        if first_pass.batches == 0:
+            raise InvalidInputError(format_message("Calibration feeds", "no batches", "at least one batch"))
+        source = {
+            "source": getattr(self.feeds, "description", "in-memory batches"),
+            "kind": getattr(self.feeds, "kind", "arrays"),
+            "samples": first_pass.samples,
+            "batches": first_pass.batches,
+        }
+        results = first_pass.collector.results()
+        floats = [vi.name for vi in self.model.graph.output if self.types.get(vi.name) in _FLOAT_TYPES]
+        reference, tensors = capture.references(floats, self.types)
+        logger.info(
+            "calibrated %d tensors over %d batches in %.1fs",
+            len(results),
+            first_pass.batches,
+            time.perf_counter() - start,
+        )
+        return CalibrationStats(
+            results,
+            source,
+            reference,
+            tensors,
+            plan.sample_bytes if plan else None,
+            plan.sample_shapes if plan else None,
+        )
+
+
+def _named(model: Any) -> Any:
+    """``model``, or a copy whose nodes have unique addresses (skipped for models already named, as big ones are)."""
+    addresses = [ref.address for ref in iter_nodes(model.graph)]
+    if any(not a or a.endswith("/") for a in addresses) or len(set(addresses)) != len(addresses):
+        return name_nodes(model)
+    return model
+
+
+def _read_again(
+    feeds: Iterable[Mapping[str, np.ndarray]], first: Mapping[str, np.ndarray] | None, passes: int
+) -> Iterable[Mapping[str, np.ndarray]]:
+    """A one-shot iterator whose ``first`` batch the probe took, from that batch on (a list for several passes)."""
+    if first is None:
+        return feeds
+    return [first, *feeds] if passes > 1 else itertools.chain([first], feeds)
+
+
+class _Capture:
+    """The tensors kept of the first batches: graph outputs, and with ``capture_tensors`` every FLOAT tensor.
+
+    The first pass opens one dict per kept batch; each pass adds its chunk's tensors. Every FLOAT tensor is kept
+    while the bytes projected for all captured batches and passes stay within the budget's ``capture`` slice (then
+    outputs only); the outputs of the batches after ``capture_batches`` while they stay within its
+    ``capture_outputs`` slice (then no further batch).
+    """
+
+    def __init__(self, run: _Run, batches: int, tensors: bool, outputs_too: int) -> None:
+        self.outputs = {vi.name for vi in run.model.graph.output} & set(run.known)
+        self.limit = current_budget().capture
+        self.tensors = tensors  # every FLOAT tensor of the first ``batches`` is still kept
+        self._all = (self.outputs | {n for n in run.known if run.types.get(n) == FLOAT}) if tensors else self.outputs
+        self.batches, self.passes = batches, run.passes
+        # batches whose outputs are kept (bytes permitting; only in one pass, where a call returns every output)
+        self.keep_until = max(batches, outputs_too if run.passes == 1 else 0)
+        self.captured: list[dict[str, np.ndarray]] = []
+
+    def open(self, index: int, b: int) -> None:
+        """Pass ``index`` reads batch ``b``: the first pass opens its dict when it is kept."""
+        if b < self.keep_until and index == 0:
+            self.captured.append({})
+
+    def kept(self, b: int) -> dict[str, np.ndarray] | None:
+        """Batch ``b``'s captured tensors, or None when it is not kept."""
+        return self.captured[b] if b < min(self.keep_until, len(self.captured)) else None
+
+    def wanted(self, b: int) -> Container[str]:
+        """The tensors to keep of batch ``b``."""
+        return self._all if b < self.batches and self.tensors else self.outputs
+
+    def outputs_only(self, b: int) -> dict[str, np.ndarray]:
+        """Keep the graph outputs only, from now on and of the batches captured so far; batch ``b``'s dict."""
+        self.tensors = False
+        self.captured = _outputs_only(self.captured, self.outputs)
+        return self.captured[b]
+
+    def account(self, index: int, b: int, keep: dict[str, np.ndarray] | None) -> None:
+        """After batch ``b`` of pass ``index``: drop what the budget's slices do not hold."""
+        if keep is None:
+            return
+        # the bytes all captured batches and passes will hold, projected from those run so far
+        done, total = index * self.batches + b + 1, self.passes * self.batches
+        if b >= self.batches and index == 0:
+            if _nbytes(self.captured[self.batches :]) > current_budget().capture_outputs:
+                self.captured.pop()  # above the outputs' limit: the later batches' outputs are not kept
+                self.keep_until = b
+        elif self.tensors and _nbytes(self.captured) * total > self.limit * done:
+            logger.debug("captured tensors above %d bytes: keeping outputs only", self.limit)
+            self.outputs_only(b)
+
+    def references(
+        self, floats: list[str], types: Mapping[str, int]
+    ) -> tuple[list[dict[str, np.ndarray]] | None, list[dict[str, np.ndarray]] | None]:
+        """``reference_outputs`` (the float graph outputs ``floats``) and ``reference_tensors``, or None each.
+
+        Only when ONNX Runtime computed every float output of every kept batch (it may not run the model at all).
+        """
+        captured = self.captured
+        if not (captured and floats and all(c.keys() >= set(floats) for c in captured)):
+            return None, None
         # Copies: ONNX Runtime's output arrays are views that keep the session's whole memory arena alive.
         reference = [{n: np.array(c[n], np.float32) for n in floats} for c in captured]
-        if capture_tensors and wanted is not outputs:
-            tensors = [{n: v for n, v in c.items() if types.get(n) == FLOAT} for c in captured[:capture_batches]]
-    logger.info(
-        "calibrated %d tensors over %d batches in %.1fs",
-        len(results),
-        first_pass.batches,
-        time.perf_counter() - start,
-    )
-    return CalibrationStats(
-        results,
-        source,
-        reference,
-        tensors,
-        plan.sample_bytes if plan else None,
-        plan.sample_shapes if plan else None,
-    )
+        if not self.tensors:
+            return reference, None
+        return reference, [{n: v for n, v in c.items() if types.get(n) == FLOAT} for c in captured[: self.batches]]
 
 
 class _FirstPass:
@@ -642,8 +732,6 @@ class _FirstPass:
         has_bodies = any(a.type in (5, 10) for n in model.graph.node for a in n.attribute)  # GRAPH(S)
         self._emulator = None
         if has_bodies or emulated:
-            from mpinfer.precision.emulate import GraphEmulator
-
             self._emulator = GraphEmulator(model, base_dir=base_dir)
 
     def check(self, batch: Mapping[str, np.ndarray]) -> None:

@@ -7,6 +7,7 @@ plan, apply it, gate the result, write model and plan atomically.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections import Counter
 from collections.abc import Mapping
@@ -14,17 +15,50 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from onnx import defs
+
+from mpinfer import __version__
+from mpinfer.checks import parse_checks
+from mpinfer.claim import OutputClaim, claim_outputs
 from mpinfer.errors import AccuracyMismatchError, InvalidInputError, format_message
+from mpinfer.fileio import check_output_path, sha256_file
 from mpinfer.memory import budgeted, release_memory
-from mpinfer.modelio import save_onnx
+from mpinfer.modelio import (
+    MAX_OPSET,
+    data_file,
+    external_data_files,
+    load_onnx,
+    name_nodes,
+    require_file,
+    save_onnx,
+    uses_external_data,
+)
+from mpinfer.precision.apply import ApplyResult
+from mpinfer.precision.emulate import GraphEmulator
 from mpinfer.precision.evaluators import OrtEvaluator, evaluator_class
 from mpinfer.precision.genbudget import split_generation_budget
-from mpinfer.precision.options import Options, resolve_options
+from mpinfer.precision.graphinfo import GraphInfo
+from mpinfer.precision.normalize import check_not_low, ensure_opset
+from mpinfer.precision.options import Options, refuse_in_place_changes, resolve_options
+from mpinfer.precision.overflow import overflow_nodes
 from mpinfer.precision.plan import NodeDecision, PrecisionPlan
-from mpinfer.precision.plandata import MANY, SearchRows, calibrate_for_plan, count_rows, search_data, verify_inputs
-from mpinfer.precision.planner import summarize
+from mpinfer.precision.plandata import (
+    MANY,
+    Calibrated,
+    CalibrationSettings,
+    SearchRows,
+    VerifyInputs,
+    calibrate_for_plan,
+    count_rows,
+    search_data,
+    verify_inputs,
+)
+from mpinfer.precision.planner import RuleOptions, check_overrides, rewrite_planned_masks, rule_plan, summarize
 from mpinfer.precision.quantized import warn_quantized
+from mpinfer.precision.rules import CONTROL_FLOW_OPS
+from mpinfer.precision.search import SearchConfig, SearchOutcome, measure_plan, search_plan
 from mpinfer.precision.validate import apply_validated
+from mpinfer.precision.verify import verification_record, verify_and_repair
 from mpinfer.specs import Precision
 
 logger = logging.getLogger(__name__)
@@ -138,8 +172,6 @@ def _check_config(cfg: ConvertConfig, opts: Options) -> None:
             )
         )
     if opts.budget:
-        from mpinfer.checks import parse_checks
-
         parse_checks(opts.budget)
 
 
@@ -165,10 +197,6 @@ def convert_precision(cfg: ConvertConfig) -> ConvertResult:
             then.
         InternalError: If the rewritten model fails the validity gate (a bug); nothing is written.
     """
-    from mpinfer.claim import claim_outputs
-    from mpinfer.fileio import check_output_path
-    from mpinfer.modelio import data_file
-
     out = check_output_path(cfg.output, [cfg.model, cfg.plan, cfg.keep_fp32_from], force=cfg.force)
     plan_out = plan_path_for(out)
     rewrites_plan = cfg.plan is None or Path(cfg.plan).resolve() != plan_out.resolve()
@@ -176,21 +204,22 @@ def convert_precision(cfg: ConvertConfig) -> ConvertResult:
         return _convert(cfg, claim)
 
 
-def _convert(cfg: ConvertConfig, claim: Any) -> ConvertResult:
+def _convert(cfg: ConvertConfig, claim: OutputClaim) -> ConvertResult:
     """convert_precision's work, with its outputs claimed (written under ``claim.stage``, then published).
 
-    The recipe: resolve the options, load, plan (rules → calibrate → search, or the ``--plan`` re-applied),
-    apply behind the validity gate, verify on every sample (repairing), summarise, write.
+    The recipe: resolve the options → load → plan (rules → calibrate → search, or the ``--plan`` re-applied) →
+    apply behind the validity gate → verify on every sample (repairing) → summarise → write.
     """
     start = time.perf_counter()
     out, plan_out = _check_outputs(cfg)
     opts, in_place = _resolve(cfg, plan_out)
-    info, sha, large = _load(cfg, opts)
-    opts, generation = split_generation_budget(cfg, opts, info.model)  # token_agreement... verified by decoding
-    made = _reapply(cfg, opts, info, sha) if cfg.plan is not None else _make_plan(cfg, opts, info.model, info, sha)
+    info, sha, large = _load(Path(cfg.model), opts, force=cfg.force)
+    opts = split_generation_budget(cfg, opts, info.model)  # token_agreement... verified by decoding
+    if cfg.plan is not None:
+        made = _reapply(Path(cfg.plan), opts, info, sha, force=cfg.force)
+    else:
+        made = _make_plan(opts, info, sha, _rule_options(cfg, info.model), CalibrationSettings.of(cfg))
     release_memory()  # the search's emulator and its rounded weights (reference cycles) go before the rewrite
-    if generation is not None and made.verify is not None:
-        made.verify = (replace(made.verify[0], generation=generation), *made.verify[1:])
     # External weights: each candidate is written (streamed, tensor by tensor) at the claim's staged path and gated
     # and verified there, like a small model in memory; publishing moves model and data into place.
     staged = (claim.stage(out), Path(cfg.model)) if large else None
@@ -198,7 +227,7 @@ def _convert(cfg: ConvertConfig, claim: Any) -> ConvertResult:
     verification = None
     if made.verify is not None:
         release_memory()  # the rewrite's converted weights, now in the staged file
-        result, made.plan.nodes, verification = _verify(made, info, result, made.plan.nodes, staged)
+        result, made.plan.nodes, verification = _verify(made, info, result, staged)
     plan = _summarize(made, info, result, verification, opts.precision)
     if staged is None:
         save_onnx(result.model, claim.stage(out))  # already through the validity gate (apply_validated)
@@ -216,7 +245,211 @@ def _convert(cfg: ConvertConfig, claim: Any) -> ConvertResult:
     return ConvertResult(out, plan_out, plan)
 
 
-def _apply(made: _Planned, info: Any, precision: Precision, *, staged: tuple[Path, Path] | None) -> Any:
+def _check_outputs(cfg: ConvertConfig) -> tuple[Path, Path]:
+    """The output model and its plan path, refused when they would overwrite an input (or exist, without force)."""
+    out = check_output_path(cfg.output, [cfg.model, cfg.plan, cfg.keep_fp32_from], force=cfg.force)
+    if out.suffix != ".onnx":
+        raise InvalidInputError(format_message(f"Output '{cfg.output}'", f"suffix '{out.suffix}'", "'.onnx'",
+                                               "its plan is written beside it as <name>.plan.json"))
+    # the output's external data file: never the input's own (a model may keep its weights in "<out>.data")
+    inputs_data = external_data_files(cfg.model) if Path(cfg.model).is_file() else []
+    check_output_path(data_file(out), [cfg.model, *inputs_data], force=cfg.force)
+    return out, plan_path_for(out)
+
+
+def _resolve(cfg: ConvertConfig, plan_out: Path) -> tuple[Options, bool]:
+    """The options resolved against the defaults and ``--plan``; whether the plan is re-applied in place."""
+    loaded = None
+    if cfg.plan is not None:
+        require_file(cfg.plan, "Plan")
+        loaded = PrecisionPlan.load(cfg.plan)
+    opts = resolve_options(cfg, loaded)  # the one place defaults, the plan and explicit options meet
+    _check_config(cfg, opts)
+    if cfg.plan is not None:
+        refuse_in_place_changes(opts, cfg.plan, plan_out)
+    in_place = cfg.plan is not None and Path(cfg.plan).resolve() == plan_out.resolve()
+    if not in_place:  # (re-applied in place: not rewritten)
+        # an existing plan may hold a user's edits: replaced only with --force, like the model beside it
+        check_output_path(plan_out, [cfg.model, cfg.keep_fp32_from], force=cfg.force)
+    return opts, in_place
+
+
+def _load(model_path: Path, opts: Options, *, force: bool) -> tuple[GraphInfo, str, bool]:
+    """Load, check and name the model; returns its GraphInfo, sha256 and whether weights stay external."""
+    # External weights stay where they are: calibration's ONNX Runtime sessions and the strict emulator memory-map
+    # them from the model's folder, so the proto in memory is the graph alone however big the weights.
+    model: Any = load_onnx(model_path, load_external_data=False)
+    large = uses_external_data(model)
+    base_dir = str(model_path.resolve().parent)
+    sha = sha256_file(model_path)
+    model = check_not_low(model, str(model_path), force=force)
+    model = ensure_opset(name_nodes(model), opts.precision, opset=opts.opset)
+    return GraphInfo(model, base_dir=base_dir if large else None), sha, large
+
+
+def _rule_options(cfg: ConvertConfig, model: Any) -> RuleOptions:
+    """The user's overrides of the rules: --keep-*/--low-* and the modules an overflow.json keeps FP32."""
+    overflow = overflow_nodes(model, cfg.keep_fp32_from) if cfg.keep_fp32_from else {}
+    return RuleOptions(cfg.keep_ops, cfg.low_ops, cfg.keep_nodes, cfg.low_nodes, overflow)
+
+
+@dataclass
+class _Planned:
+    """A plan before it is applied, with what the final verification needs (``verify``: None = no budget)."""
+
+    plan: PrecisionPlan
+    expected: dict[str, Any] = field(default_factory=dict)
+    search_cost: dict[str, Any] | None = None
+    verified: tuple | None = None
+    verify: VerifyInputs | None = None
+
+
+def _make_plan(
+    opts: Options, info: GraphInfo, sha: str, rules: RuleOptions, data: CalibrationSettings
+) -> _Planned:
+    """Rules → calibration → search (with a budget): the plan, its figures and the final verification's inputs."""
+    opts = _effective_budget(opts, info.model)
+    check_overrides(info, rules)
+    calibrated = calibrate_for_plan(data, opts, info.model, info.types, base_dir=info.base_dir or "")
+    stats = calibrated.stats
+    if stats is not None and stats.sample_shapes:
+        info.observe_shapes(stats.sample_shapes)  # FLOPs at the sizes the data has, not 1 per unknown dim
+    decisions, nodes = rule_plan(info, opts.precision, rules, keep_io_types=opts.keep_io_types, stats=stats)
+    _warn_foreign(nodes)
+    made = _Planned(_new_plan(data.model, sha, opts, calibrated.description))
+    if opts.budget and calibrated.feeds is not None:
+        outcome, searched = _search(opts, info, decisions, nodes, calibrated)
+        nodes = outcome.nodes
+        made.expected, made.search_cost, made.verified = outcome.expected_error, outcome.cost, outcome.verified
+        made.search_cost["samples"] = count_rows(info.model, searched)
+        made.verify = _verify_inputs(data, opts, decisions, calibrated, outcome)
+    elif calibrated.feeds is not None:
+        made.expected = _expected_error(opts, info, nodes, calibrated)
+    made.plan.nodes = list(nodes)
+    warn_quantized(made.plan.nodes)  # an int8/QDQ model: say what was left as it was, and why
+    return made
+
+
+def _new_plan(source: Path, sha: str, opts: Options, calibration: dict[str, Any] | None) -> PrecisionPlan:
+    """The plan's header (its nodes come later)."""
+    return PrecisionPlan(
+        source_path=str(source),
+        source_sha256=sha,
+        precision=opts.precision,
+        numerics=opts.numerics,
+        keep_io_types=opts.keep_io_types,
+        nodes=[],
+        budget=opts.budget,
+        calibration=calibration,
+        mpinfer_version=__version__,
+    )
+
+
+def _search(
+    opts: Options, info: GraphInfo, decisions: Any, nodes: list[NodeDecision], calibrated: Calibrated
+) -> tuple[SearchOutcome, Any]:
+    """The budget search on the first ``--search-samples``: its outcome and the samples it searched on."""
+    search_feeds, refs, tensors = search_data(opts, info.model, calibrated.feeds, calibrated.stats)
+    search_cfg = SearchConfig(
+        budget=opts.budget or "",
+        precision=opts.precision,
+        numerics=opts.numerics,
+        class_outputs=opts.class_outputs,
+        keep_io_types=opts.keep_io_types,
+        batches=len(search_feeds) if isinstance(search_feeds, SearchRows) else MANY,
+        progress=opts.progress,
+    )
+    try:
+        outcome = search_plan(
+            info.model, info, decisions, nodes, search_feeds, reference_outputs=refs, reference_tensors=tensors,
+            cfg=search_cfg,
+        )
+    except AccuracyMismatchError as err:
+        if not opts.default_budget:
+            raise
+        raise AccuracyMismatchError(
+            f"{err} (No --budget was given: '{opts.budget}' is the default floor on the calibration data; "
+            "pass --budget none to skip it.)"
+        ) from err
+    return outcome, search_feeds
+
+
+def _verify_inputs(
+    data: CalibrationSettings, opts: Options, decisions: Any, calibrated: Calibrated, outcome: SearchOutcome
+) -> VerifyInputs:
+    """The final verification's inputs, with what the search already measured of its last candidate."""
+    class_outputs = opts.class_outputs
+    if class_outputs is None and outcome.class_outputs is not None:  # top-k on the outputs the search judged
+        class_outputs = tuple(outcome.class_outputs)
+    inputs = verify_inputs(data, opts, decisions, calibrated, class_outputs=class_outputs)
+    if outcome.outputs is not None:
+        # the search measured the final plan on its samples: the verification takes those outputs (a batch the
+        # search read only the first rows of is split there: verify._split)
+        inputs.known_candidate = ({n.name: n.precision for n in outcome.nodes if n.precision.is_low}, outcome.outputs)
+    return inputs
+
+
+def _expected_error(opts: Options, info: GraphInfo, nodes: list[NodeDecision], calibrated: Calibrated) -> dict:
+    """Without a budget: the plan's error measured on the first calibration batch (a warning when it is broken)."""
+    measured, refs, _ = search_data(
+        replace(opts, search_samples=1), info.model, calibrated.feeds, calibrated.stats, whole_batch=True
+    )
+    expected = measure_plan(
+        info.model, nodes, measured, reference_outputs=refs, class_outputs=opts.class_outputs, base_dir=info.base_dir
+    )
+    _warn_broken(expected, nodes)
+    return expected
+
+
+def _reapply(plan_path: Path, opts: Options, info: GraphInfo, sha: str, *, force: bool) -> _Planned:
+    """The plan of ``--plan``, with explicit ``--keep-io-types``/``--opset`` applied to it."""
+    plan = _read_plan(plan_path, info, sha, force=force)
+    rewrite_planned_masks(info, plan.nodes, plan.precision)  # the attention masks the plan rewrites
+    plan.keep_io_types = opts.keep_io_types
+    expected, search_cost = plan.summary.get("expected_error", {}), plan.summary.get("search")
+    edited = plan.mark_edits()
+    if edited is not None or opts.changed:  # its numbers are the plan's as written: not this model's
+        expected, search_cost = {}, None
+        logger.warning(
+            "Plan '%s' %s since `mpinfer convert` wrote it (%s): its expected error and search cost "
+            "were for the plan as written and are dropped; measure this model with `mpinfer compare`.",
+            plan_path,
+            "was edited" if edited is not None else "is applied with changed options",
+            f"{len(edited)} node(s) now 'user:plan', e.g. {', '.join(edited[:3])}"
+            if edited
+            else ("precisions" if edited is not None else ", ".join(f"{k}={v}" for k, v in opts.changed.items())),
+        )
+    if opts.changed:
+        plan.summary.pop("verification", None)
+        plan.calibration = dict(plan.calibration or {}, applied_with=dict(opts.changed))
+    return _Planned(plan, expected, search_cost)
+
+
+def _read_plan(plan_path: Path, info: GraphInfo, sha: str, *, force: bool) -> PrecisionPlan:
+    """The ``--plan`` file, checked against this model (its nodes, and low only where the node can be)."""
+    plan = PrecisionPlan.load(plan_path)
+    plan.check_matches([ref.address for ref in info.nodes], sha, str(plan_path), force=force)
+    for n in plan.nodes:
+        if not n.precision.is_low:
+            continue
+        ref = info.by_address[n.name]
+        slots = info.slots(ref.node, plan.precision.onnx_dtype)
+        if slots.blocked or not slots.has_float or ref.node.op_type in CONTROL_FLOW_OPS:
+            why = slots.blocked or ("it has no float tensors" if not slots.has_float else "it is control flow")
+            raise InvalidInputError(
+                format_message(
+                    f"Plan '{plan_path}': node '{n.name}' ({n.op_type})",
+                    f"precision {n.precision.value}",
+                    "fp32 for this node",
+                    f'{why}; set its "precision" to "fp32"',
+                )
+            )
+    return plan
+
+
+def _apply(
+    made: _Planned, info: GraphInfo, precision: Precision, *, staged: tuple[Path, Path] | None
+) -> ApplyResult:
     """The plan applied behind the validity gate (ORT refusals go FP32 in ``made.plan``).
 
     ``staged``: (where to write, the input model's file) for external weights, see :func:`apply_validated`.
@@ -228,8 +461,36 @@ def _apply(made: _Planned, info: Any, precision: Precision, *, staged: tuple[Pat
     return result
 
 
+def _verify(
+    made: _Planned, info: GraphInfo, result: ApplyResult, staged: tuple[Path, Path] | None = None
+) -> tuple[ApplyResult, list[NodeDecision], dict]:
+    """The final verification on the calibration data, repairing the plan until the budget holds.
+
+    ``staged``: see :func:`apply_validated` (the candidate as written there is what is verified).
+    """
+    inputs = made.verify
+    assert inputs is not None
+    start = time.perf_counter()
+    nodes = made.plan.nodes
+    given = None
+    low = {n.name: n.precision for n in nodes if n.precision.is_low}
+    if inputs.known_candidate is not None and inputs.known_candidate[0] == low:
+        given = inputs.known_candidate[1]  # the model as applied is the candidate the search measured
+    repaired = verify_and_repair(
+        info, nodes, result, inputs.decisions, inputs.feeds, inputs.settings, known_reference=inputs.known_reference,
+        rank_rows=inputs.rank_rows, known_candidate=given, staged=staged,
+    )
+    record = verification_record(repaired.verification, inputs.settings, repaired)
+    record["wall_s"] = round(time.perf_counter() - start, 3)  # every pass and the repairs' ranking
+    if made.search_cost is not None:
+        record["searched_samples"] = made.search_cost.get("samples")
+    if repaired.rounds:  # the search's figures were for the candidate the verification rejected
+        made.expected = {}
+    return repaired.result, repaired.nodes, record
+
+
 def _summarize(
-    made: _Planned, info: Any, result: Any, verification: dict | None, precision: Precision
+    made: _Planned, info: GraphInfo, result: ApplyResult, verification: dict | None, precision: Precision
 ) -> PrecisionPlan:
     """The plan's summary (shares, casts, expected error, search cost, verification) and opset, set in place."""
     plan = made.plan
@@ -248,239 +509,12 @@ def _summarize(
     return plan
 
 
-def _check_outputs(cfg: ConvertConfig) -> tuple[Path, Path]:
-    """The output model and its plan path, refused when they would overwrite an input (or exist, without force)."""
-    from mpinfer.fileio import check_output_path
-    from mpinfer.modelio import data_file, external_data_files
-
-    out = check_output_path(cfg.output, [cfg.model, cfg.plan, cfg.keep_fp32_from], force=cfg.force)
-    if out.suffix != ".onnx":
-        raise InvalidInputError(format_message(f"Output '{cfg.output}'", f"suffix '{out.suffix}'", "'.onnx'",
-                                               "its plan is written beside it as <name>.plan.json"))
-    # the output's external data file: never the input's own (a model may keep its weights in "<out>.data")
-    inputs_data = external_data_files(cfg.model) if Path(cfg.model).is_file() else []
-    check_output_path(data_file(out), [cfg.model, *inputs_data], force=cfg.force)
-    return out, plan_path_for(out)
-
-
-def _resolve(cfg: ConvertConfig, plan_out: Path) -> tuple[Options, bool]:
-    """The options resolved against the defaults and ``--plan``; whether the plan is re-applied in place."""
-    from mpinfer.fileio import check_output_path
-    from mpinfer.modelio import require_file
-    from mpinfer.precision.options import refuse_in_place_changes
-
-    loaded = None
-    if cfg.plan is not None:
-        require_file(cfg.plan, "Plan")
-        loaded = PrecisionPlan.load(cfg.plan)
-    opts = resolve_options(cfg, loaded)  # the one place defaults, the plan and explicit options meet
-    _check_config(cfg, opts)
-    if cfg.plan is not None:
-        refuse_in_place_changes(opts, cfg.plan, plan_out)
-    in_place = cfg.plan is not None and Path(cfg.plan).resolve() == plan_out.resolve()
-    if not in_place:  # (re-applied in place: not rewritten)
-        # an existing plan may hold a user's edits: replaced only with --force, like the model beside it
-        check_output_path(plan_out, [cfg.model, cfg.keep_fp32_from], force=cfg.force)
-    return opts, in_place
-
-
-@dataclass
-class _Planned:
-    """A plan before it is applied, with what the final verification needs (``verify``: None = no budget)."""
-
-    plan: PrecisionPlan
-    expected: dict[str, Any] = field(default_factory=dict)
-    search_cost: dict[str, Any] | None = None
-    verified: tuple | None = None
-    verify: Any = None  # (VerifySettings, decisions, feeds, known FP32 outputs, rank rows)
-    verify_given: Any = None  # (low nodes, outputs per search batch) of the candidate the search measured last
-
-
-def _reapply(cfg: ConvertConfig, opts: Options, info: Any, sha: str) -> _Planned:
-    """The plan of ``--plan``, with explicit ``--keep-io-types``/``--opset`` applied to it."""
-    plan = _read_plan(cfg, info, sha)
-    from mpinfer.precision.planner import rewrite_planned_masks
-
-    rewrite_planned_masks(info, plan.nodes, plan.precision)  # the attention masks the plan rewrites
-    plan.keep_io_types = opts.keep_io_types
-    expected, search_cost = plan.summary.get("expected_error", {}), plan.summary.get("search")
-    edited = plan.mark_edits()
-    if edited is not None or opts.changed:  # its numbers are the plan's as written: not this model's
-        expected, search_cost = {}, None
-        logger.warning(
-            "Plan '%s' %s since `mpinfer convert` wrote it (%s): its expected error and search cost "
-            "were for the plan as written and are dropped; measure this model with `mpinfer compare`.",
-            cfg.plan,
-            "was edited" if edited is not None else "is applied with changed options",
-            f"{len(edited)} node(s) now 'user:plan', e.g. {', '.join(edited[:3])}"
-            if edited
-            else ("precisions" if edited is not None else ", ".join(f"{k}={v}" for k, v in opts.changed.items())),
-        )
-    if opts.changed:
-        plan.summary.pop("verification", None)
-        plan.calibration = dict(plan.calibration or {}, applied_with=dict(opts.changed))
-    return _Planned(plan, expected, search_cost)
-
-
-def _verify(
-    made: _Planned, info: Any, result: Any, nodes: list[NodeDecision], staged: tuple[Path, Path] | None = None
-) -> tuple[Any, list, dict]:
-    """The final verification on the calibration data, repairing the plan until the budget holds.
-
-    ``staged``: see :func:`apply_validated` (the candidate as written there is what is verified).
-    """
-    from mpinfer.precision.verify import verification_record, verify_and_repair
-
-    settings, decisions, feeds, known, rank_rows = made.verify
-    start = time.perf_counter()
-    given = None
-    low = {n.name: n.precision for n in nodes if n.precision.is_low}
-    if made.verify_given is not None and made.verify_given[0] == low:
-        given = made.verify_given[1]  # the model as applied is the candidate the search measured
-    repaired = verify_and_repair(
-        info, nodes, result, decisions, feeds, settings, known_reference=known, rank_rows=rank_rows,
-        known_candidate=given, staged=staged,
-    )
-    record = verification_record(repaired.verification, settings, repaired)
-    record["wall_s"] = round(time.perf_counter() - start, 3)  # every pass and the repairs' ranking
-    if made.search_cost is not None:
-        record["searched_samples"] = made.search_cost.get("samples")
-    if repaired.rounds:  # the search's figures were for the candidate the verification rejected
-        made.expected = {}
-    return repaired.result, repaired.nodes, record
-
-
-def _load(cfg: ConvertConfig, opts: Options) -> tuple[Any, str, bool]:
-    """Load, check and name the model; returns its GraphInfo, sha256 and whether weights stay external."""
-    from mpinfer.fileio import sha256_file
-    from mpinfer.modelio import load_onnx, name_nodes, uses_external_data
-    from mpinfer.precision.graphinfo import GraphInfo
-    from mpinfer.precision.normalize import check_not_low, ensure_opset
-
-    # External weights stay where they are: calibration's ONNX Runtime sessions and the strict emulator memory-map
-    # them from the model's folder, so the proto in memory is the graph alone however big the weights.
-    model: Any = load_onnx(cfg.model, load_external_data=False)
-    large = uses_external_data(model)
-    base_dir = str(Path(cfg.model).resolve().parent)
-    sha = sha256_file(cfg.model)
-    model = check_not_low(model, str(cfg.model), force=cfg.force)
-    model = ensure_opset(name_nodes(model), opts.precision, opset=opts.opset)
-    return GraphInfo(model, base_dir=base_dir if large else None), sha, large
-
-
-def _read_plan(cfg: ConvertConfig, info: Any, sha: str) -> PrecisionPlan:
-    from mpinfer.precision.rules import CONTROL_FLOW_OPS
-
-    assert cfg.plan is not None
-    plan = PrecisionPlan.load(cfg.plan)
-    plan.check_matches([ref.address for ref in info.nodes], sha, str(cfg.plan), force=cfg.force)
-    for n in plan.nodes:
-        if not n.precision.is_low:
-            continue
-        ref = info.by_address[n.name]
-        slots = info.slots(ref.node, plan.precision.onnx_dtype)
-        if slots.blocked or not slots.has_float or ref.node.op_type in CONTROL_FLOW_OPS:
-            why = slots.blocked or ("it has no float tensors" if not slots.has_float else "it is control flow")
-            raise InvalidInputError(
-                format_message(
-                    f"Plan '{cfg.plan}': node '{n.name}' ({n.op_type})",
-                    f"precision {n.precision.value}",
-                    "fp32 for this node",
-                    f'{why}; set its "precision" to "fp32"',
-                )
-            )
-    return plan
-
-
-def _make_plan(cfg: ConvertConfig, opts: Options, model: Any, info: Any, sha: str) -> _Planned:
-    """The plan, its expected error, the search cost, and what the final verification needs."""
-    from mpinfer import __version__
-    from mpinfer.precision.overflow import overflow_nodes
-    from mpinfer.precision.planner import RuleOptions, check_overrides, rule_plan
-
+def _effective_budget(opts: Options, model: Any) -> Options:
+    """The default floor where it can apply: none on a model without float outputs; ORT numerics where needed."""
     if opts.default_budget and not any(o.type.tensor_type.elem_type in (1, 10, 11, 16) for o in model.graph.output):
         logger.info("No float outputs: the default floor (%s) has nothing to measure; none applied.", opts.budget)
-        opts = replace(opts, budget=None, default_budget=False)
-    opts = _floor_numerics(opts, model)
-    overflow = overflow_nodes(model, cfg.keep_fp32_from) if cfg.keep_fp32_from else {}
-    options = RuleOptions(cfg.keep_ops, cfg.low_ops, cfg.keep_nodes, cfg.low_nodes, overflow)
-    check_overrides(info, options)
-    stats, feeds, calib_info = calibrate_for_plan(cfg, opts, model, info.types, base_dir=info.base_dir or "")
-    if stats is not None and stats.sample_shapes:
-        info.observe_shapes(stats.sample_shapes)  # FLOPs at the sizes the data has, not 1 per unknown dim
-    decisions, nodes = rule_plan(info, opts.precision, options, keep_io_types=opts.keep_io_types, stats=stats)
-    foreign = sorted({f"{n.op_type} ({n.reason})" for n in nodes if n.reason in ("unknown-op", "custom-domain")})
-    if foreign:
-        logger.warning("Kept FP32 (mpinfer cannot know what they compute): %s", ", ".join(foreign))
-    made = _Planned(PrecisionPlan(
-        source_path=str(cfg.model),
-        source_sha256=sha,
-        precision=opts.precision,
-        numerics=opts.numerics,
-        keep_io_types=opts.keep_io_types,
-        nodes=[],
-        budget=opts.budget,
-        calibration=calib_info,
-        mpinfer_version=__version__,
-    ))
-    if opts.budget and feeds is not None:
-        nodes = _search(cfg, opts, info, decisions, nodes, (feeds, stats, calib_info), made)
-    elif feeds is not None:
-        from mpinfer.precision.search import measure_plan
-
-        measured, refs, _ = search_data(replace(opts, search_samples=1), model, feeds, stats, whole_batch=True)
-        made.expected = measure_plan(
-            model, nodes, measured, reference_outputs=refs, class_outputs=_class_outputs(cfg), base_dir=info.base_dir
-        )
-        _warn_broken(made.expected, nodes)
-    made.plan.nodes = list(nodes)
-    warn_quantized(made.plan.nodes)  # an int8/QDQ model: say what was left as it was, and why
-    return made
-
-
-def _search(
-    cfg: ConvertConfig, opts: Options, info: Any, decisions: Any, nodes: list[NodeDecision], data: tuple, made: _Planned
-) -> list[NodeDecision]:
-    """The budget search on the first ``--search-samples``; fills ``made`` (figures, cost, verification inputs)."""
-    from mpinfer.precision.search import SearchConfig, search_plan
-
-    feeds, stats, calib_info = data
-    model = info.model
-    search_feeds, refs, tensors = search_data(opts, model, feeds, stats)
-    search_cfg = SearchConfig(
-        budget=opts.budget or "",
-        precision=opts.precision,
-        numerics=opts.numerics,
-        class_outputs=_class_outputs(cfg),
-        keep_io_types=opts.keep_io_types,
-        batches=len(search_feeds) if isinstance(search_feeds, SearchRows) else MANY,
-        progress=cfg.progress,
-    )
-    try:
-        outcome = search_plan(
-            model, info, decisions, nodes, search_feeds, reference_outputs=refs, reference_tensors=tensors,
-            cfg=search_cfg,
-        )
-    except AccuracyMismatchError as err:
-        if not opts.default_budget:
-            raise
-        raise AccuracyMismatchError(
-            f"{err} (No --budget was given: '{opts.budget}' is the default floor on the calibration data; "
-            "pass --budget none to skip it.)"
-        ) from err
-    nodes, made.expected, made.search_cost, made.verified = (
-        outcome.nodes, outcome.expected_error, outcome.cost, outcome.verified
-    )
-    made.search_cost["samples"] = count_rows(model, search_feeds)
-    made.verify = verify_inputs(cfg, opts, decisions, feeds, stats, calib_info)
-    if cfg.class_outputs is None and outcome.class_outputs is not None:  # top-k on the outputs the search judged
-        settings = replace(made.verify[0], class_outputs=tuple(outcome.class_outputs))
-        made.verify = (settings, *made.verify[1:])
-    if outcome.outputs is not None:
-        # the search measured the final plan on its samples: the verification takes those outputs (a batch the
-        # search read only the first rows of is split there: verify._split)
-        made.verify_given = ({n.name: n.precision for n in nodes if n.precision.is_low}, outcome.outputs)
-    return nodes
+        return replace(opts, budget=None, default_budget=False)
+    return _floor_numerics(opts, model)
 
 
 def _floor_numerics(opts: Options, model: Any) -> Options:
@@ -489,8 +523,6 @@ def _floor_numerics(opts: Options, model: Any) -> Options:
     ONNX Runtime numerics verify it then (FP16; BF16 has none on the CPU provider: no floor), said in a warning.
     An explicit budget is refused there by the search, which names ``--numerics ort``.
     """
-    from mpinfer.precision.emulate import GraphEmulator
-
     if not opts.default_budget or not evaluator_class(opts.numerics).emulated:
         return opts
     missing = GraphEmulator(model).unsupported_ops()
@@ -509,14 +541,11 @@ def _floor_numerics(opts: Options, model: Any) -> Options:
     return replace(opts, numerics=OrtEvaluator.name)
 
 
-def _class_outputs(cfg: ConvertConfig) -> tuple[str, ...] | None:
-    """``class_outputs`` as a tuple (a pipeline.toml gives a list), None when not given."""
-    return None if cfg.class_outputs is None else tuple(cfg.class_outputs)
-
-
-def replace_config(cfg: ConvertConfig, **changes: Any) -> ConvertConfig:
-    """A copy of ``cfg`` with fields changed (for the CLI and benchmarks)."""
-    return replace(cfg, **changes)
+def _warn_foreign(nodes: list[NodeDecision]) -> None:
+    """Say which nodes stay FP32 because mpinfer cannot know what they compute."""
+    foreign = sorted({f"{n.op_type} ({n.reason})" for n in nodes if n.reason in ("unknown-op", "custom-domain")})
+    if foreign:
+        logger.warning("Kept FP32 (mpinfer cannot know what they compute): %s", ", ".join(foreign))
 
 
 @dataclass(frozen=True)
@@ -557,11 +586,6 @@ def convert_model(
     Raises:
         InternalError: The rewritten model fails the validity gate.
     """
-    from mpinfer.modelio import name_nodes
-    from mpinfer.precision.graphinfo import GraphInfo
-    from mpinfer.precision.normalize import ensure_opset
-    from mpinfer.precision.planner import RuleOptions, rule_plan, summarize
-
     named = ensure_opset(name_nodes(model), precision)
     info = GraphInfo(named)
     options = RuleOptions(keep_ops, low_ops, keep_nodes, low_nodes)
@@ -573,8 +597,6 @@ def convert_model(
 
 def _warn_broken(expected: Mapping[str, Any], nodes: list[NodeDecision]) -> None:
     """Say so when the plan's model computes NaN/Inf (or wrong signs) where the FP32 model does not."""
-    import math
-
     def bad(key: str, limit: float | None = None) -> bool:
         v = expected.get(key)
         try:
@@ -602,10 +624,6 @@ def _warn_opset_blocked(nodes: list[NodeDecision], info: Any, precision: Precisi
     BF16 Conv, pooling and most activations arrive with opset 22: a CNN exported at an older opset
     otherwise converts to BF16 with almost nothing in BF16 and no word why.
     """
-    from onnx import defs
-
-    from mpinfer.modelio import MAX_OPSET
-
     name = "float16" if precision is Precision.FP16 else "bfloat16"
     opset = info.opsets.get("", 0)
     blocked: Counter[str] = Counter()  # ops a higher opset that mpinfer writes gives the low type

@@ -21,6 +21,8 @@ from typing import Any
 import numpy as np
 
 from mpinfer.errors import BackendUnavailableError, InternalError, InvalidInputError, MpinferError, format_message
+from mpinfer.memory import current_budget
+from mpinfer.modelio import iter_nodes, name_nodes, tensor_array
 from mpinfer.precision.kernels import (
     NodeInfo,
     Numerics,
@@ -120,9 +122,6 @@ class GraphEmulator:
     """
 
     def __init__(self, model: Any, *, follow_input_dtypes: bool = False, base_dir: str = "") -> None:
-        from mpinfer.memory import current_budget
-        from mpinfer.modelio import iter_nodes, name_nodes
-
         addresses = [ref.address for ref in iter_nodes(model.graph)]  # type: ignore[attr-defined]
         unnamed = any(a == "" or a.endswith("/") for a in addresses)
         if unnamed or len(set(addresses)) != len(addresses):  # addresses must be the planner's, and unique
@@ -188,21 +187,7 @@ class GraphEmulator:
             InternalError: A kernel failed (the message names the node).
         """
         state = _State(self._check_low(low), observe)
-        missing = [n for n in self._main.inputs if n not in feeds and n not in self._main.initializers]
-        if missing:
-            raise InvalidInputError(
-                format_message(
-                    "Feeds for the strict emulator",
-                    f"names {sorted(feeds)}",
-                    f"every graph input {self._main.inputs}",
-                    "missing: " + ", ".join(missing),
-                )
-            )
-        env: dict[str, Any] = dict(self._main.initializers)
-        for name in self._main.inputs:
-            if name in feeds:
-                value = feeds[name]
-                env[name] = value if isinstance(value, (list, type(None))) else np.asarray(value)
+        env = self._main_env(feeds)
         keep_all = keep is True
         keep_set = keep if isinstance(keep, set) else set()
         with np.errstate(all="ignore"):
@@ -210,9 +195,7 @@ class GraphEmulator:
                 if not (known and self._take_known(step, known, env, state)):
                     self._exec_step(step, env, env, state)
                 if not keep_all:
-                    for name in step.reads:
-                        if self._last_use.get(name) == idx and name not in keep_set:
-                            env.pop(name, None)
+                    self._free_read(idx, step, env, keep_set)
         outputs = self._collect_outputs(env)
         tensors = env if keep_all else {k: env[k] for k in keep_set if k in env}
         return EmulatorRun(outputs, tensors, dict(state.low), keep_all, len(self._main.steps))
@@ -260,12 +243,37 @@ class GraphEmulator:
                     dirty.update(step.outputs)
                     count += 1
                 if not keep:  # drop tensors no later step reads (the reference keeps its own)
-                    for name in step.reads:
-                        if self._last_use.get(name) == idx:
-                            env.pop(name, None)
+                    self._free_read(idx, step, env)
         if not keep:
             return EmulatorRun(self._collect_outputs(env), {}, dict(new_low), False, count)
         return EmulatorRun(self._collect_outputs(env), env, dict(new_low), True, count)
+
+    def _main_env(self, feeds: Mapping[str, np.ndarray]) -> dict[str, Any]:
+        """The main graph's initializers and the feeds of its inputs (refused when a graph input has no feed)."""
+        missing = [n for n in self._main.inputs if n not in feeds and n not in self._main.initializers]
+        if missing:
+            raise InvalidInputError(
+                format_message(
+                    "Feeds for the strict emulator",
+                    f"names {sorted(feeds)}",
+                    f"every graph input {self._main.inputs}",
+                    "missing: " + ", ".join(missing),
+                )
+            )
+        env: dict[str, Any] = dict(self._main.initializers)
+        for name in self._main.inputs:
+            if name in feeds:
+                value = feeds[name]
+                env[name] = value if isinstance(value, (list, type(None))) else np.asarray(value)
+        return env
+
+    def _free_read(
+        self, idx: int, step: _Step, env: MutableMapping[str, Any], keep: set[str] | frozenset[str] = frozenset()
+    ) -> None:
+        """Drop from ``env`` the tensors ``step`` (main-graph step ``idx``) is the last reader of, except ``keep``."""
+        for name in step.reads:
+            if self._last_use.get(name) == idx and name not in keep:
+                env.pop(name, None)
 
     # -- compilation ------------------------------------------------------------------------------
     def _compile(self, graph: Any, prefix: str, *, top: bool = False) -> _Graph:
@@ -396,42 +404,34 @@ class GraphEmulator:
         state: _State,
         prefix: str = "",
     ) -> None:
-        info = step.info
+        """Run one node: read its inputs from ``scope``, compute at its precision, store its outputs in ``local``."""
+        ins, weights = self._gather_inputs(step, scope)
+        prec = self._precision(step, ins, state)
+        num = self._numerics[prec]
+        outs = self._compute(step, ins, weights, num, scope, state)
+        self._store_outputs(step, outs, num, local, state, prefix)
+
+    def _gather_inputs(self, step: _Step, scope: Mapping[str, Any]) -> tuple[list[Any], set[int]]:
+        """The node's input values (external weights mapped) and the positions holding main-graph initializers."""
         try:
             raw = [scope[name] if name else None for name in step.inputs]
         except KeyError as err:
             raise InternalError(
-                f"Strict emulation: node '{info.address}' reads tensor {err} that no node produced"
+                f"Strict emulation: node '{step.info.address}' reads tensor {err} that no node produced"
             ) from err
         inits = self._main.initializers
         weights = {i for i, v in enumerate(raw) if v is not None and v is inits.get(step.inputs[i])}
         ins = [_resolved(v) for v in raw]
         del raw
-        prec = self._precision(step, ins, state)
-        num = self._numerics[prec]
+        return ins, weights
+
+    def _compute(
+        self, step: _Step, ins: list[Any], weights: set[int], num: Numerics, scope: Mapping[str, Any], state: _State
+    ) -> list[Any]:
+        """The node's outputs; a kernel's failure becomes a user error (data the model refuses) or a named bug."""
+        info = step.info
         try:
-            if step.kernel is None and info.op_type in CONTROL_FLOW and not info.domain:
-                try:
-                    outs = self._control(step, ins, scope, state)
-                except UnsupportedVariant:
-                    self._fallback[info.address] = info.op_type
-                    outs = reference_kernel(info, num, ins)
-            elif step.kernel is None:
-                raise BackendUnavailableError(
-                    format_message(
-                        f"Strict emulation of node '{info.address}'",
-                        f"op {info.domain or 'ai.onnx'}::{info.op_type}",
-                        "an op with an mpinfer or onnx.reference kernel",
-                        "use ONNX Runtime numerics (--numerics ort)",
-                    )
-                )
-            else:
-                loaded = self._load(step, ins, num, weights)
-                try:
-                    outs = step.kernel(info, num, loaded)
-                except UnsupportedVariant:
-                    self._fallback[info.address] = info.op_type
-                    outs = reference_kernel(info, num, loaded)
+            return self._run_kernel(step, ins, weights, num, scope, state)
         except (MpinferError, InternalError):
             raise
         except RejectedInput as err:  # the data does not fit the model (ONNX Runtime refuses it too)
@@ -446,8 +446,47 @@ class GraphEmulator:
         except Exception as err:  # a kernel failing on a valid model is a bug; name the node
             raise InternalError(
                 f"Strict emulation failed at node '{info.address}' ({info.op_type}) in "
-                f"{prec.value}: {type(err).__name__}: {err}"
+                f"{num.precision.value}: {type(err).__name__}: {err}"
             ) from err
+
+    def _run_kernel(
+        self, step: _Step, ins: list[Any], weights: set[int], num: Numerics, scope: Mapping[str, Any], state: _State
+    ) -> list[Any]:
+        """The node's outputs from its control-flow runner, its kernel, or the onnx.reference fallback."""
+        info = step.info
+        if step.kernel is None and info.op_type in CONTROL_FLOW and not info.domain:
+            try:
+                return self._control(step, ins, scope, state)
+            except UnsupportedVariant:
+                self._fallback[info.address] = info.op_type
+                return reference_kernel(info, num, ins)
+        if step.kernel is None:
+            raise BackendUnavailableError(
+                format_message(
+                    f"Strict emulation of node '{info.address}'",
+                    f"op {info.domain or 'ai.onnx'}::{info.op_type}",
+                    "an op with an mpinfer or onnx.reference kernel",
+                    "use ONNX Runtime numerics (--numerics ort)",
+                )
+            )
+        loaded = self._load(step, ins, num, weights)
+        try:
+            return step.kernel(info, num, loaded)
+        except UnsupportedVariant:
+            self._fallback[info.address] = info.op_type
+            return reference_kernel(info, num, loaded)
+
+    def _store_outputs(
+        self,
+        step: _Step,
+        outs: list[Any],
+        num: Numerics,
+        local: MutableMapping[str, Any],
+        state: _State,
+        prefix: str,
+    ) -> None:
+        """Put the node's outputs in ``local``, float ones stored in the node's dtype, and show them to the observer."""
+        info = step.info
         explicit = info.op_type in EXPLICIT_DTYPE_OPS and (self.follow_input_dtypes or not num.low)
         for name, value in zip(step.outputs, outs, strict=False):
             if not name:
@@ -520,8 +559,7 @@ class _External:
         self.tensor, self.base_dir = tensor, base_dir
 
     def array(self) -> np.ndarray:
-        from mpinfer.modelio import tensor_array
-
+        """The weight's array, memory-mapped from the external data file."""
         return np.asarray(tensor_array(self.tensor, self.base_dir))
 
 

@@ -70,8 +70,8 @@ class GenerationBudget:
                 "numerics": "ort", "figures": dict(self.last)}
 
 
-def split_generation_budget(cfg: Any, opts: Any, model: Any) -> tuple[Any, GenerationBudget | None]:
-    """``opts`` with the budget's generation checks taken out, and those checks ready to verify (or None).
+def split_generation_budget(cfg: Any, opts: Any, model: Any) -> Any:
+    """``opts`` with the budget's generation checks taken out of ``budget`` and put in ``generation``, ready to verify.
 
     Args:
         cfg: The ConvertConfig (calibration, plan).
@@ -83,11 +83,11 @@ def split_generation_budget(cfg: Any, opts: Any, model: Any) -> tuple[Any, Gener
             ``--plan``; all before anything runs.
     """
     if not opts.budget:
-        return opts, None
+        return opts
     checks = parse_checks(opts.budget)
     gen = checks.generation
     if not gen:
-        return opts, None
+        return opts
     text = ",".join(str(c) for c in gen)
     prompts, tokens = _prompts(cfg, text, model)
     rest = checks.without_generation()
@@ -96,7 +96,7 @@ def split_generation_budget(cfg: Any, opts: Any, model: Any) -> tuple[Any, Gener
         logger.info("The budget's generation checks (%s) are verified with ONNX Runtime's kernels: the strict "
                     "emulator verifies the outputs, not the decode loop.", text)
     budget = GenerationBudget(text, Checks(gen, text), str(cfg.model), str(cfg.calibration), prompts, tokens)
-    return replace(opts, budget=outputs), budget
+    return replace(opts, budget=outputs, generation=budget)
 
 
 def _prompts(cfg: Any, text: str, model: Any) -> tuple[Any, int]:

@@ -7,7 +7,7 @@ inputs of a node may be lowered, and FLOPs.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -312,23 +312,8 @@ class GraphInfo:
         if not outs:
             return 0
         y = self.numel(outs[0])
-        if node.op_type in ("Conv", "ConvTranspose") and len(node.input) > 1:
-            w = self.shapes.get(node.input[1]) or ()
-            k = int(np.prod([d or 1 for d in w[1:]])) if w else 1
-            if node.op_type == "ConvTranspose":
-                x = self.numel(node.input[0])
-                return 2 * x * int(np.prod([d or 1 for d in w[1:]])) if w else y
-            return 2 * y * k
-        if node.op_type in ("MatMul", "Gemm", "MatMulInteger"):
-            a = self.shapes.get(node.input[0]) or ()
-            trans_a = any(a_.name == "transA" and a_.i for a_ in node.attribute)
-            if a:
-                kdim = a[0] if (node.op_type == "Gemm" and trans_a) else a[-1]
-                return 2 * y * int(kdim or 1)
-            return 2 * y
-        if node.op_type == "Einsum":
-            return 2 * max(y, max((self.numel(i) for i in node.input if i), default=1))
-        return y
+        formula = _FLOP_FORMULAS.get(node.op_type)
+        return y if formula is None else formula(self, node, y)
 
     def weight_bytes(self, ref: NodeRef) -> int:
         """FP32 bytes of the initializers and Constant values a node reads."""
@@ -345,6 +330,48 @@ class GraphInfo:
         return iter(self.nodes)
 
 
+
+
+def _conv_flops(info: GraphInfo, node: Any, y: int) -> int:
+    """Conv: 2 x output size x the weight's fan-in (input channels per group x kernel size)."""
+    if len(node.input) < 2:
+        return y
+    w = info.shapes.get(node.input[1]) or ()
+    return 2 * y * (int(np.prod([d or 1 for d in w[1:]])) if w else 1)
+
+
+def _conv_transpose_flops(info: GraphInfo, node: Any, y: int) -> int:
+    """ConvTranspose: 2 x input size x the weight's per-input-element fan-out; output size without a weight shape."""
+    if len(node.input) < 2:
+        return y
+    w = info.shapes.get(node.input[1]) or ()
+    return 2 * info.numel(node.input[0]) * int(np.prod([d or 1 for d in w[1:]])) if w else y
+
+
+def _matmul_flops(info: GraphInfo, node: Any, y: int) -> int:
+    """MatMul/Gemm/MatMulInteger: 2 x output size x the reduced dimension (A's last, or first with Gemm transA)."""
+    a = info.shapes.get(node.input[0]) or ()
+    if not a:
+        return 2 * y
+    trans_a = any(a_.name == "transA" and a_.i for a_ in node.attribute)
+    kdim = a[0] if (node.op_type == "Gemm" and trans_a) else a[-1]
+    return 2 * y * int(kdim or 1)
+
+
+def _einsum_flops(info: GraphInfo, node: Any, y: int) -> int:
+    """Einsum: 2 x the largest of its output and input sizes."""
+    return 2 * max(y, max((info.numel(i) for i in node.input if i), default=1))
+
+
+# Op type -> FLOPs of a node from its output size; other ops count their output size.
+_FLOP_FORMULAS: dict[str, Callable[[GraphInfo, Any, int], int]] = {
+    "Conv": _conv_flops,
+    "ConvTranspose": _conv_transpose_flops,
+    "MatMul": _matmul_flops,
+    "Gemm": _matmul_flops,
+    "MatMulInteger": _matmul_flops,
+    "Einsum": _einsum_flops,
+}
 
 
 # Initializers bigger than this are detached while type inference runs: inference never reads their values,

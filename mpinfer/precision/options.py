@@ -39,7 +39,8 @@ DEFAULT_SEARCH_SAMPLES = 32
 DEFAULT_BUDGET = "cosine_min>=0.999,nonfinite<=0"
 # ``--budget none``: no budget at all, not even the default floor.
 NO_BUDGET = "none"
-NUMERICS = tuple(EVALUATORS)  # the --numerics names, strict (the default) first
+# The ``--numerics`` names: the evaluator registry's (mpinfer.precision.evaluators), the one list of them.
+NUMERICS = tuple(EVALUATORS)
 # Calibration source meaning "no data at all": rules only, no range statistics, no search.
 NO_CALIBRATION = "none"
 
@@ -58,6 +59,10 @@ class Options:
         search_samples: Samples the budget search reads.
         verify_samples: Samples the final verification reads (None: all).
         changed: With ``--plan``: the plan fields an explicit option changed (``{"keep_io_types": False}``).
+        class_outputs: The outputs that hold class scores (None: guessed per output, ``()``: none).
+        progress: Show progress bars.
+        generation: The budget's generation checks, split from ``budget`` by
+            :func:`mpinfer.precision.genbudget.split_generation_budget` (verified by greedy decoding), or None.
     """
 
     precision: Precision
@@ -69,6 +74,9 @@ class Options:
     search_samples: int
     verify_samples: int | None
     changed: dict[str, Any]
+    class_outputs: tuple[str, ...] | None = None
+    progress: bool = True
+    generation: Any = None
 
 
 def check_budget(text: str) -> None:
@@ -130,6 +138,8 @@ def resolve_options(cfg: Any, plan: Any = None) -> Options:
         search_samples=search,
         verify_samples=cfg.verify_samples,
         changed={},
+        class_outputs=None if cfg.class_outputs is None else tuple(cfg.class_outputs),  # a pipeline.toml: a list
+        progress=cfg.progress,
     )
 
 
@@ -184,6 +194,7 @@ def _resolve_with_plan(cfg: Any, plan: Any, numerics: str, search: int) -> Optio
         search_samples=search,
         verify_samples=None,
         changed=changed,
+        progress=cfg.progress,
     )
 
 

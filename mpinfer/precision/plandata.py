@@ -1,24 +1,29 @@
 """The calibration data convert plans with: calibration for the plan, the search's slice, the verification's inputs.
 
 Split from :mod:`mpinfer.precision.convert` (the orchestrator): what reads the data and how much of it each step
-keeps.
+keeps. Its steps take :class:`CalibrationSettings` (what the user said about the data) and the resolved
+:class:`~mpinfer.precision.options.Options`, and give typed results (:class:`Calibrated`, :class:`VerifyInputs`).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
-from dataclasses import dataclass
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from mpinfer.data import load_feeds
 from mpinfer.errors import BackendUnavailableError, InternalError, InvalidInputError, format_message
 from mpinfer.memory import current_budget
-from mpinfer.precision.calibrate import BatchSlicer, FeedsRejectedError, check_data_fits
+from mpinfer.precision.calibrate import BatchSlicer, CalibrationStats, FeedsRejectedError, calibrate, check_data_fits
 from mpinfer.precision.evaluators import evaluator_class
 from mpinfer.precision.options import NO_CALIBRATION, Options
 from mpinfer.precision.verify import RUN_ROWS, VerifySettings
-from mpinfer.specs import DEFAULT_DIM_SIZE, specs_from_onnx
+from mpinfer.specs import DEFAULT_DIM_SIZE, Precision, specs_from_onnx
 
 logger = logging.getLogger(__name__)
 
@@ -29,15 +34,109 @@ logger = logging.getLogger(__name__)
 MANY = 2**31
 
 
+@dataclass(frozen=True)
+class CalibrationSettings:
+    """What the user said about the calibration data (``--calibration`` and the options that shape it).
+
+    Attributes:
+        source: ``--calibration`` (.npz, folder, ``random[:N]``, ``prompts:FILE``, ``none``); None = seeded random
+            data from the input specs.
+        model: The FP32 model file (calibration prompts are decoded with it).
+        seed: Seed of random data.
+        max_batches: Cap on batches (None: all; random data: until the memory budget's ``random_calibration``).
+        batch_size: Batch size (None: the source's or the default).
+        dims: Sizes of symbolic dims for random data.
+        image_preprocess: Preprocessing of a folder of images.
+        input_ranges: Value ranges of random data per input (``("input_ids=0..30522",)``).
+    """
+
+    source: str | None
+    model: Path
+    seed: int = 0
+    max_batches: int | None = None
+    batch_size: int | None = None
+    dims: Mapping[str, int] = field(default_factory=dict)
+    image_preprocess: str | None = None
+    input_ranges: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, cfg: Any) -> CalibrationSettings:
+        """The settings of a :class:`~mpinfer.precision.convert.ConvertConfig`."""
+        return cls(
+            source=cfg.calibration,
+            model=Path(cfg.model),
+            seed=cfg.seed if cfg.seed is not None else 0,
+            max_batches=cfg.max_batches,
+            batch_size=cfg.batch_size,
+            dims=dict(cfg.dims or {}),
+            image_preprocess=cfg.image_preprocess,
+            input_ranges=tuple(cfg.input_ranges or ()),
+        )
+
+    @property
+    def own_data(self) -> bool:
+        """True when calibration uses mpinfer's own seeded random data (the user gave none)."""
+        text = str(self.source)
+        return self.source is None or text == "random" or text.startswith("random:")
+
+    @property
+    def generated(self) -> bool:
+        """Default random data with no ``--max-batches``: read until its tensors come to the memory budget's share."""
+        return self.source in (None, "random") and self.max_batches is None
+
+
+@dataclass
+class Calibrated:
+    """The calibration step's outcome: statistics, the feeds (for the search and verification), the plan's record.
+
+    All None with ``--calibration none``, or when the plan falls back to rules only.
+    """
+
+    stats: CalibrationStats | None = None
+    feeds: Any = None
+    description: dict[str, Any] | None = None
+
+
+@dataclass
+class VerifyInputs:
+    """What :func:`mpinfer.precision.verify.verify_and_repair` needs besides the applied candidate.
+
+    Attributes:
+        settings: What is checked, on which samples, under which numerics.
+        decisions: The rule verdicts per node (which nodes the user forced).
+        feeds: The calibration batches.
+        known_reference: Calibration's FP32 outputs of those batches (None: computed again).
+        rank_rows: Samples a repair round ranks groups on (None: a batch's).
+        known_candidate: (low nodes, outputs per search batch) of the candidate the search measured last: the
+            verification takes those outputs when the model as applied is that candidate.
+    """
+
+    settings: VerifySettings
+    decisions: Mapping[str, Any]
+    feeds: Any
+    known_reference: Sequence[Mapping[str, np.ndarray]] | None = None
+    rank_rows: int | None = None
+    known_candidate: tuple[dict[str, Precision], Any] | None = None
+
+
 def verify_inputs(
-    cfg: Any, opts: Options, decisions: Any, feeds: Any, stats: Any, calib_info: dict | None
-) -> tuple:
-    """What :func:`mpinfer.precision.verify.verify_and_repair` needs: settings, verdicts, data, kept FP32 outputs."""
+    data: CalibrationSettings,
+    opts: Options,
+    decisions: Mapping[str, Any],
+    calibrated: Calibrated,
+    *,
+    class_outputs: tuple[str, ...] | None,
+) -> VerifyInputs:
+    """The final verification's inputs: settings, verdicts, data, kept FP32 outputs.
+
+    ``class_outputs``: the outputs top-k is measured on (the user's, else those the search judged).
+    """
     limit = opts.verify_samples
-    calibrated = (calib_info or {}).get("samples")
-    if cfg.calibration in (None, "random") and cfg.max_batches is None and calibrated:
-        limit = min(limit or calibrated, calibrated)  # generated data: the samples calibration read
-    per_sample = getattr(stats, "sample_bytes", None)
+    calibrated_samples = (calibrated.description or {}).get("samples")
+    if data.generated and calibrated_samples:
+        limit = min(limit or calibrated_samples, calibrated_samples)  # generated data: the samples calibration read
+    stats = calibrated.stats
+    per_sample = stats.sample_bytes if stats is not None else None
     settings = VerifySettings(
         run_rows=max(1, min(RUN_ROWS, current_budget().verify_run // per_sample)) if per_sample else RUN_ROWS,
         budget=opts.budget or "",
@@ -46,11 +145,13 @@ def verify_inputs(
         keep_io_types=opts.keep_io_types,
         samples=limit,
         default_budget=opts.default_budget,
-        class_outputs=None if cfg.class_outputs is None else tuple(cfg.class_outputs),
-        progress=cfg.progress,
+        class_outputs=class_outputs,
+        progress=opts.progress,
+        generation=opts.generation,
     )
     rank_rows = max(1, current_budget().search // per_sample) if per_sample else None
-    return settings, decisions, feeds, getattr(stats, "reference_outputs", None), rank_rows
+    known = stats.reference_outputs if stats is not None else None
+    return VerifyInputs(settings, decisions, calibrated.feeds, known, rank_rows)
 
 
 def count_rows(model: Any, batches: Any) -> int:
@@ -118,13 +219,17 @@ def search_data(
 
 
 def calibrate_for_plan(
-    cfg: Any, opts: Options, model: Any, types: Mapping[str, int] | None = None, *, base_dir: str = ""
-) -> tuple[Any, Any, dict[str, Any] | None]:
-    """Calibration statistics, the feeds (for the search) and a description for the plan.
+    data: CalibrationSettings, opts: Options, model: Any, types: Mapping[str, int] | None = None, *, base_dir: str = ""
+) -> Calibrated:
+    """Calibration statistics, the feeds (for the search and the verification) and a description for the plan.
 
     ``base_dir``: the model file's folder when its weights stay external (they are memory-mapped from there).
+    Empty (:class:`Calibrated` of Nones) with ``--calibration none`` or when planning falls back to rules only.
+
+    Raises:
+        InvalidInputError: A budget without usable data, or the user's data the model rejects.
     """
-    if cfg.calibration == NO_CALIBRATION:
+    if data.source == NO_CALIBRATION:
         if opts.budget:
             raise InvalidInputError(
                 format_message(
@@ -134,57 +239,59 @@ def calibrate_for_plan(
                     "drop --calibration none",
                 )
             )
-        return None, None, None
-    why = check_data_fits(model, user_data=not own_data(cfg))
+        return Calibrated()
+    why = check_data_fits(model, user_data=not data.own_data)
     if why is not None:
         return _rules_only(opts, why, "pass --calibration none to plan by rules only without this warning")
-    feeds = _load_feeds(cfg, model)
+    feeds = _load_feeds(data, model)
     info = {"source": feeds.description, "kind": feeds.kind, "samples": int(feeds.num_samples)}
     try:
-        from mpinfer.precision.calibrate import calibrate
-    except ImportError:
-        logger.warning("Calibration statistics are unavailable in this build; range rules are skipped.")
-        return None, feeds, info
-
-    try:
-        # The FP32 reference of the search (or, without a budget, of the plan's expected error) is the calibration
-        # run's first batches: their outputs, and with a strict search every float32 tensor (the emulator's
-        # reference run takes them instead of computing them).
-        capture = batches_for(model, feeds, opts.search_samples) if opts.budget else 1
-        tensors = bool(opts.budget) and evaluator_class(opts.numerics).wants_fp32_tensors
-        # Default random data stops at the budget's random_calibration bytes of tensors: more random samples add
-        # little, and a detector at 640x640 computes ~0.7 GB of tensors per image (8 default batches took 2 min).
-        bounded = cfg.calibration in (None, "random") and cfg.max_batches is None
-        stats = calibrate(
-            model,
-            feeds,
-            progress=cfg.progress,
-            capture_batches=capture,
-            capture_tensors=tensors,
-            types=types,
-            max_bytes=current_budget().random_calibration if bounded else None,
-            base_dir=base_dir,
-            # the final verification's FP32 reference: every batch's outputs, while they are few bytes
-            capture_outputs=MANY if opts.budget else 0,
-        )
-        info["samples"] = int(stats.source.get("samples", info["samples"]))
+        stats = _reference_run(data, opts, model, feeds, types, base_dir)
     except BackendUnavailableError as err:
         logger.warning("Calibration skipped (range rules off): %s", err)
-        return None, feeds, info
+        return Calibrated(None, feeds, info)
     except (InternalError, InvalidInputError) as err:
-        return _calibration_failed(cfg, opts, err, feeds, specs_from_onnx(model))
-    return stats, feeds, info
+        return _calibration_failed(data, opts, err, feeds, specs_from_onnx(model))
+    info["samples"] = int(stats.source.get("samples", info["samples"]))
+    return Calibrated(stats, feeds, info)
+
+
+def _reference_run(
+    data: CalibrationSettings, opts: Options, model: Any, feeds: Any, types: Mapping[str, int] | None, base_dir: str
+) -> CalibrationStats:
+    """The FP32 calibration run, keeping what the search and the verification read of it.
+
+    The FP32 reference of the search (or, without a budget, of the plan's expected error) is the calibration run's
+    first batches: their outputs, and with a strict search every float32 tensor (the emulator's reference run takes
+    them instead of computing them).
+    """
+    capture = batches_for(model, feeds, opts.search_samples) if opts.budget else 1
+    tensors = bool(opts.budget) and evaluator_class(opts.numerics).wants_fp32_tensors
+    # Default random data stops at the budget's random_calibration bytes of tensors: more random samples add
+    # little, and a detector at 640x640 computes ~0.7 GB of tensors per image (8 default batches took 2 min).
+    return calibrate(
+        model,
+        feeds,
+        progress=opts.progress,
+        capture_batches=capture,
+        capture_tensors=tensors,
+        types=types,
+        max_bytes=current_budget().random_calibration if data.generated else None,
+        base_dir=base_dir,
+        # the final verification's FP32 reference: every batch's outputs, while they are few bytes
+        capture_outputs=MANY if opts.budget else 0,
+    )
 
 
 def _calibration_failed(
-    cfg: Any, opts: Options, err: Exception, feeds: Any, specs: Any
-) -> tuple[None, None, None]:
+    data: CalibrationSettings, opts: Options, err: Exception, feeds: Any, specs: Any
+) -> Calibrated:
     """Calibration could not run the model on its data.
 
     mpinfer's own random data (the user gave none): plan by rules only, with a warning naming the node and what
     to pass. The user's data: a user error naming it (ONNX Runtime's refusal), or the error as it is.
     """
-    if feeds.is_random and own_data(cfg):
+    if feeds.is_random and data.own_data:
         why = (f"ONNX Runtime rejects mpinfer's own random data at {err.where} ({err.reason[:200]})"
                if isinstance(err, FeedsRejectedError) else f"mpinfer's own random data cannot be run ({err})")
         hint = random_data_hint(specs, getattr(feeds, "guessed_dims", ()))
@@ -192,7 +299,7 @@ def _calibration_failed(
     if isinstance(err, FeedsRejectedError):  # the user's data: name it
         raise InvalidInputError(
             format_message(
-                f"Calibration data '{cfg.calibration}'",
+                f"Calibration data '{data.source}'",
                 f"a batch ONNX Runtime rejected at {err.where} ({err.reason[:300]})",
                 "values and shapes the model accepts",
                 "check the values of integer inputs (shapes, indices) and each input's layout (README: Data)",
@@ -201,19 +308,14 @@ def _calibration_failed(
     raise err
 
 
-def own_data(cfg: Any) -> bool:
-    """True when calibration uses mpinfer's own seeded random data (the user gave none)."""
-    return cfg.calibration is None or str(cfg.calibration) == "random" or str(cfg.calibration).startswith("random:")
-
-
-def _rules_only(opts: Options, why: str, advice: str) -> tuple[None, None, None]:
+def _rules_only(opts: Options, why: str, advice: str) -> Calibrated:
     """No calibration after all: plan by rules only, with a warning (a budget needs data: refused)."""
     if opts.budget:
         raise InvalidInputError(format_message("--budget", f"no usable calibration data: {why}",
                                                "data the model accepts", advice))
     logger.warning("Calibration skipped: %s. Planning by rules only (no range statistics, no measured error). "
                    "Hint: %s.", why, advice)
-    return None, None, None
+    return Calibrated()
 
 
 def random_data_hint(specs: Any, guessed: Any) -> str:
@@ -227,24 +329,24 @@ def random_data_hint(specs: Any, guessed: Any) -> str:
     return ", ".join(parts)
 
 
-def _load_feeds(cfg: Any, model: Any) -> Any:
+def _load_feeds(data: CalibrationSettings, model: Any) -> Any:
     """The calibration feeds (a warning for random data)."""
     feeds = load_feeds(
-        cfg.calibration,
+        data.source,
         specs_from_onnx(model),
-        model=cfg.model,  # the FP32 file decodes calibration prompts (mpinfer.data.decode)
-        batch_size=cfg.batch_size,
-        num_batches=cfg.max_batches,
-        seed=cfg.seed if cfg.seed is not None else 0,
-        dims=cfg.dims,
-        image_preprocess=cfg.image_preprocess,
-        input_ranges=cfg.input_ranges,
+        model=data.model,  # the FP32 file decodes calibration prompts (mpinfer.data.decode)
+        batch_size=data.batch_size,
+        num_batches=data.max_batches,
+        seed=data.seed,
+        dims=data.dims,
+        image_preprocess=data.image_preprocess,
+        input_ranges=data.input_ranges,
     )
     if feeds.is_random:
         logger.warning(
             "%s: using %s from the input specs. Range rules and the budget search then reflect random "
             "inputs, not your data; pass real data (an .npz of inputs) as calibration.",
-            "No calibration data" if cfg.calibration is None else "Random calibration data",
+            "No calibration data" if data.source is None else "Random calibration data",
             feeds.description,
         )
     return feeds
@@ -252,8 +354,6 @@ def _load_feeds(cfg: Any, model: Any) -> Any:
 
 def batches_for(model: Any, feeds: Any, samples: int) -> int:
     """Batches of ``feeds`` that hold the first ``samples`` samples (from the first batch's size)."""
-    import math
-
     first = next(iter(feeds), None)
     rows = BatchSlicer(model).rows(first) if first is not None else 1
     return max(1, math.ceil(samples / max(rows, 1)))

@@ -7,6 +7,7 @@ and where the inputs say nothing (constants only) their consumers' (backward).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 from mpinfer.precision.graphinfo import FLOAT, GraphInfo, components
 from mpinfer.precision.rules import Decision, Kind
@@ -134,28 +135,49 @@ def _move_casts_upstream(
 def _region_pays_off(
     info: GraphInfo, prec: Mapping[str, Precision], members: set[str], low_type: int, keep_io_types: bool
 ) -> bool:
+    """True when running ``members`` low removes at least one Cast and adds no more than it removes."""
     removed, added = 0, set()
     for addr in members:
         node = info.by_address[addr].node
-        for name in node.output:
-            if not name or info.types.get(name) != FLOAT:
-                continue
-            if name in info.graph_outputs and keep_io_types:
-                return False
-            outside = [(a, p) for a, p in info.consumers.get(name, []) if a not in members]
-            if any(not _wants_low(info, prec, a, p, low_type) for a, p in outside):
-                return False
-            removed += bool(outside)
-        for i in info.slots(node, low_type).inputs:
-            name = node.input[i]
-            src = info.producer.get(name)
-            if src in members or info.is_const(name) or info.types.get(name) != FLOAT:
-                continue
-            produced_low = src is not None and prec[src].is_low
-            shared = any(
-                a not in members and _wants_low(info, prec, a, p, low_type)
-                for a, p in info.consumers.get(name, [])
-            )
-            if not produced_low and not shared:
-                added.add(name)
+        outputs_cast = _output_casts_removed(info, prec, members, node, low_type, keep_io_types)
+        if outputs_cast is None:
+            return False
+        removed += outputs_cast
+        added |= _input_casts_added(info, prec, members, node, low_type)
     return len(added) <= removed and removed > 0
+
+
+def _output_casts_removed(
+    info: GraphInfo, prec: Mapping[str, Precision], members: set[str], node: Any, low_type: int, keep_io_types: bool
+) -> int | None:
+    """Float outputs of ``node`` read outside the region (one Cast each saved); None when one must stay FP32."""
+    removed = 0
+    for name in node.output:
+        if not name or info.types.get(name) != FLOAT:
+            continue
+        if name in info.graph_outputs and keep_io_types:
+            return None
+        outside = [(a, p) for a, p in info.consumers.get(name, []) if a not in members]
+        if any(not _wants_low(info, prec, a, p, low_type) for a, p in outside):
+            return None
+        removed += bool(outside)
+    return removed
+
+
+def _input_casts_added(
+    info: GraphInfo, prec: Mapping[str, Precision], members: set[str], node: Any, low_type: int
+) -> set[str]:
+    """Float inputs of ``node`` from outside the region that would need a new Cast to low."""
+    added: set[str] = set()
+    for i in info.slots(node, low_type).inputs:
+        name = node.input[i]
+        src = info.producer.get(name)
+        if src in members or info.is_const(name) or info.types.get(name) != FLOAT:
+            continue
+        produced_low = src is not None and prec[src].is_low
+        shared = any(
+            a not in members and _wants_low(info, prec, a, p, low_type) for a, p in info.consumers.get(name, [])
+        )
+        if not produced_low and not shared:
+            added.add(name)
+    return added

@@ -257,17 +257,7 @@ def apply_validated(
     """
     for _ in range(MAX_RUNTIME_REPAIRS + 1):
         precisions = {n.name: n.precision for n in nodes}
-        if verified is not None and verified[0] == precisions and staged is None:
-            result = verified[1]
-            failures = validity_failures(result.model, baseline_model=info.model, checks=OFFLINE_CHECKS)
-        elif staged is not None:
-            result = apply_plan(info.model, info, precisions, precision, keep_io_types=keep_io_types)
-            path, source = staged
-            save_streamed(result.model, path, data_file(path).name, info.base_dir)
-            failures = validity_failures(None, baseline_path=source, path=path)
-        else:
-            result = apply_plan(info.model, info, precisions, precision, keep_io_types=keep_io_types)
-            failures = validity_failures(result.model, baseline_model=info.model)
+        result, failures = _apply_and_check(info, precisions, precision, keep_io_types, verified, staged)
         if not failures:
             return result, nodes
         runtime_only = all(f.check == "onnxruntime" for f in failures)
@@ -275,18 +265,43 @@ def apply_validated(
         suspects = runtime_suspects(failures[0], info, low) if runtime_only else set()
         if not suspects:
             break
-        logger.warning(
-            "ONNX Runtime refuses %d node(s) in %s; keeping them FP32: %s",
-            len(suspects),
-            precision.value,
-            ", ".join(sorted(suspects)[:5]),
-        )
-        detail = f"ONNX Runtime refuses it in {precision.value}: " + failures[0].message.strip()[:160]
-        nodes = [
-            NodeDecision(n.name, n.op_type, Precision.FP32, "rule:keep-fp32", detail, n.stats)
-            if n.name in suspects
-            else n
-            for n in nodes
-        ]
+        nodes = _keep_refused_fp32(nodes, suspects, precision, failures[0])
     raise_invalid(failures, "apply")
     raise AssertionError("unreachable: raise_invalid raises for a non-empty list")
+
+
+def _apply_and_check(
+    info: Any,
+    precisions: dict[str, Precision],
+    precision: Precision,
+    keep_io_types: bool,
+    verified: tuple[dict[str, Precision], Any] | None,
+    staged: tuple[Path, Path] | None,
+) -> tuple[Any, list[GateFailure]]:
+    """The applied plan (the search's result when it verified these precisions) and its validity failures."""
+    if verified is not None and verified[0] == precisions and staged is None:
+        result = verified[1]
+        return result, validity_failures(result.model, baseline_model=info.model, checks=OFFLINE_CHECKS)
+    result = apply_plan(info.model, info, precisions, precision, keep_io_types=keep_io_types)
+    if staged is not None:
+        path, source = staged
+        save_streamed(result.model, path, data_file(path).name, info.base_dir)
+        return result, validity_failures(None, baseline_path=source, path=path)
+    return result, validity_failures(result.model, baseline_model=info.model)
+
+
+def _keep_refused_fp32(
+    nodes: list[NodeDecision], suspects: set[str], precision: Precision, failure: GateFailure
+) -> list[NodeDecision]:
+    """The plan with the nodes ONNX Runtime refuses in low precision kept FP32 (said in a warning)."""
+    logger.warning(
+        "ONNX Runtime refuses %d node(s) in %s; keeping them FP32: %s",
+        len(suspects),
+        precision.value,
+        ", ".join(sorted(suspects)[:5]),
+    )
+    detail = f"ONNX Runtime refuses it in {precision.value}: " + failure.message.strip()[:160]
+    return [
+        NodeDecision(n.name, n.op_type, Precision.FP32, "rule:keep-fp32", detail, n.stats) if n.name in suspects else n
+        for n in nodes
+    ]

@@ -215,8 +215,6 @@ def _split(
         return [(batch, rows, kept, out)]
     if not axis0 or len(head) != 1 or not 0 < min(head) < rows:
         return [(batch, rows, kept, None)]
-    from mpinfer.precision.calibrate import BatchSlicer
-
     cut, slicer = min(head), BatchSlicer(model)
     return [
         (slicer.slice(batch, 0, cut), cut, {n: kept[n][:cut] for n in names}, out),
@@ -284,42 +282,73 @@ def verify_model(
         The figures per output, what was verified, and the failures.
     """
     start = time.perf_counter()
-    ref_sess: Any = None  # opened for the first batch calibration kept no FP32 outputs of (often none)
     names = [o.name for o in reference.graph.output]
     floats = [o.name for o in reference.graph.output if o.type.tensor_type.elem_type in (1, 10, 11, 16)]
     run = evaluator_class(settings.numerics).model_runner(candidate if candidate_path is None else candidate_path)
+    ref_run = _ReferenceRunner(reference, reference_dir, names)
     figures = _accumulator(names, settings)
     hashers: dict[str, Any] = {}
     labels = getattr(feeds, "labels", None)
-    samples = batches = 0
-    worst: tuple[float, dict[str, np.ndarray] | None] = (-1.0, None)
+    tally = _Tally()
     with progress_bar("Verifying", enabled=settings.progress) as bar:
         task = bar.add_task("", total=None)
         for batch, rows, kept, given in _runs(feeds, reference, settings, known_reference, names, known_candidate):
             fingerprint_update(hashers, batch)
-            if kept is None and ref_sess is None:
-                ref_sess = ort_session(reference, base_dir=reference_dir or None)
-            ref = kept if kept is not None else dict(zip(names, ref_sess.run(names, dict(batch)), strict=True))
+            ref = kept if kept is not None else ref_run(batch)
             cand = given if given is not None else run(batch)
-            lab = labels[samples : samples + rows] if labels is not None and samples + rows <= len(labels) else None
-            figures.update(ref, cand, lab)
-            score = _batch_error(ref, cand, floats)
-            if score > worst[0]:
-                worst = (score, batch)
-            samples += rows
-            batches += 1
+            figures.update(ref, cand, _batch_labels(labels, tally.samples, rows))
+            tally.add(batch, rows, _batch_error(ref, cand, floats))
             bar.advance(task)
     figs = figures.finalize()
     return _with_generation(candidate, settings, Verification(
         figures=figs,
-        samples=samples,
-        batches=batches,
+        samples=tally.samples,
+        batches=tally.batches,
         numerics=settings.numerics,
         fingerprint=fingerprint_digest(hashers),
         failures=budget_failures(settings.budget, figs),
-        worst_batch=worst[1],
+        worst_batch=tally.worst_batch,
         wall_s=round(time.perf_counter() - start, 3),
     ))
+
+
+class _ReferenceRunner:
+    """FP32 outputs of the reference by ONNX Runtime, its session opened for the first batch that needs one.
+
+    Calibration often kept every batch's FP32 outputs, and then no session is opened at all.
+    """
+
+    def __init__(self, reference: Any, reference_dir: str, names: list[str]) -> None:
+        self._reference, self._dir, self._names = reference, reference_dir, names
+        self._session: Any = None
+
+    def __call__(self, batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Output name -> FP32 array of the reference on ``batch``."""
+        if self._session is None:
+            self._session = ort_session(self._reference, base_dir=self._dir or None)
+        return dict(zip(self._names, self._session.run(self._names, dict(batch)), strict=True))
+
+
+@dataclass
+class _Tally:
+    """What a verification pass has counted so far: samples, batches and the batch it got most wrong."""
+
+    samples: int = 0
+    batches: int = 0
+    worst_score: float = -1.0
+    worst_batch: dict[str, np.ndarray] | None = None
+
+    def add(self, batch: dict[str, np.ndarray], rows: int, score: float) -> None:
+        """Count one run of ``rows`` samples whose error score is ``score``."""
+        if score > self.worst_score:
+            self.worst_score, self.worst_batch = score, batch
+        self.samples += rows
+        self.batches += 1
+
+
+def _batch_labels(labels: Any, first: int, rows: int) -> Any:
+    """The labels of samples ``first`` to ``first + rows``, or None when the data has none for them all."""
+    return labels[first : first + rows] if labels is not None and first + rows <= len(labels) else None
 
 
 def _with_generation(candidate: Any, settings: VerifySettings, ver: Verification) -> Verification:
@@ -409,22 +438,11 @@ def verify_and_repair(
     rounds, demoted, spent = 0, list[str](), ver.wall_s
     while not ver.passed:
         groups = build_groups(info, nodes, decisions)
-        if not groups and settings.default_budget and not any(n.precision.is_low for n in nodes):
-            # Nothing is low any more (no user override either): what the floor still sees is the evaluator's own
-            # FP32 arithmetic against ONNX Runtime's (e.g. -inf vs float32's lowest at masked positions), not
-            # precision the conversion lost. A floor is a safety net, not a budget the user asked for: say so.
-            logger.warning(
-                "The default floor (%s) cannot be verified on this model: with no node left in low precision, "
-                "%s numerics still differ from FP32 ONNX Runtime (%s). Kept as planned; "
-                "check the model with `mpinfer compare`, or pass --budget to make it a requirement.",
-                settings.budget, ver.numerics, "; ".join(ver.failures[:2]),
-            )
+        if not groups and _floor_sees_only_fp32(nodes, ver, settings):
             break
         if not groups or rounds >= MAX_REPAIR_ROUNDS:
             raise _unrecoverable(ver, settings, demoted)
-        ranked = _rank(info, groups, _first_rows(info.model, ver.worst_batch, rank_rows), settings.precision)
-        take = ranked if rounds + 1 >= MAX_REPAIR_ROUNDS else ranked[: 2**rounds]
-        back = {a for g in take for a in g.members}
+        back = _groups_to_demote(info, groups, ver, settings, rounds, rank_rows)
         demoted.extend(sorted(back))
         nodes = _to_fp32(nodes, back, ver)
         rounds += 1
@@ -435,6 +453,31 @@ def verify_and_repair(
         spent += ver.wall_s
         _log(ver, settings, rounds)
     return Repaired(result, nodes, ver, rounds, demoted, round(spent, 3))
+
+
+def _floor_sees_only_fp32(nodes: list[NodeDecision], ver: Verification, settings: VerifySettings) -> bool:
+    """True (and said in a warning) when the default floor fails with no node left low: nothing to repair."""
+    if not settings.default_budget or any(n.precision.is_low for n in nodes):
+        return False
+    # Nothing is low any more (no user override either): what the floor still sees is the evaluator's own
+    # FP32 arithmetic against ONNX Runtime's (e.g. -inf vs float32's lowest at masked positions), not
+    # precision the conversion lost. A floor is a safety net, not a budget the user asked for: say so.
+    logger.warning(
+        "The default floor (%s) cannot be verified on this model: with no node left in low precision, "
+        "%s numerics still differ from FP32 ONNX Runtime (%s). Kept as planned; "
+        "check the model with `mpinfer compare`, or pass --budget to make it a requirement.",
+        settings.budget, ver.numerics, "; ".join(ver.failures[:2]),
+    )
+    return True
+
+
+def _groups_to_demote(
+    info: Any, groups: list[Any], ver: Verification, settings: VerifySettings, rounds: int, rank_rows: int | None
+) -> set[str]:
+    """The nodes of this round's worst groups: 2**rounds of them, every group in the last round."""
+    ranked = _rank(info, groups, _first_rows(info.model, ver.worst_batch, rank_rows), settings.precision)
+    take = ranked if rounds + 1 >= MAX_REPAIR_ROUNDS else ranked[: 2**rounds]
+    return {a for g in take for a in g.members}
 
 
 def _to_fp32(nodes: list[NodeDecision], back: set[str], ver: Verification) -> list[NodeDecision]:
@@ -450,7 +493,7 @@ def _to_fp32(nodes: list[NodeDecision], back: set[str], ver: Verification) -> li
 
 
 def _first_rows(model: Any, batch: Mapping[str, np.ndarray] | None, rows: int | None) -> Any:
-
+    """The first ``rows`` samples of ``batch`` (all of it when it has no more, or when ``rows`` is None)."""
     if batch is None or rows is None:
         return batch
     slicer = BatchSlicer(model)

@@ -197,3 +197,22 @@ def test_fp16_inside_if_branches_reads_outer_scope(rng):
         np.testing.assert_array_equal(squared, (h * h).astype(np.float32))  # overflows like FP16 does
         np.testing.assert_array_equal(doubled, (h + h).astype(np.float32))
     assert np.isinf(squared).any() and np.all(np.isfinite(doubled))
+
+
+def test_runner_misuse_is_a_bug_not_a_user_error(tmp_path):
+    """activate() twice, infer() before activate(): the calling code's bug (InternalError), never blamed on input."""
+    from mpinfer.errors import InternalError, MpinferError
+
+    model, feeds = export_module("mlp", batch=1)
+    runner = OrtRunner(save_onnx(model, tmp_path / "m.onnx"))
+    with pytest.raises(InternalError, match="infer\\(\\) before activate") as info:
+        runner.infer(feeds)
+    assert not isinstance(info.value, MpinferError)
+    runner.activate()
+    try:
+        with pytest.raises(InternalError, match="called twice"):
+            runner.activate()
+    finally:
+        runner.deactivate()
+    with pytest.raises(InternalError, match="deactivate\\(\\) without activate"):
+        runner.deactivate()

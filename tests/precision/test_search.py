@@ -293,7 +293,7 @@ def test_strict_sensitivities_are_measured_on_the_hardest_quarter_of_the_samples
 def test_strict_reference_run_takes_calibrations_fp32_tensors(tmp_path, monkeypatch):
     """With strict numerics the emulator's FP32 reference run executes no FP32 node whose tensors calibration
     computed (ONNX Runtime's), and the search decides as it does from the emulator's own FP32 run."""
-    import mpinfer.precision.calibrate as cal_mod
+    import mpinfer.precision.plandata as plandata
     from mpinfer.precision.emulate import GraphEmulator
 
     executed: list[int] = []
@@ -320,8 +320,8 @@ def test_strict_reference_run_takes_calibrations_fp32_tensors(tmp_path, monkeypa
     _, seeded = _convert_chain(tmp_path, 8, budget, tag="a", numerics="strict")
     assert executed and set(executed) == {0}  # one run per search batch: every node's tensors were known
     runs = len(executed)
-    real_calibrate = cal_mod.calibrate
-    monkeypatch.setattr(cal_mod, "calibrate", lambda *a, **k: real_calibrate(*a, **{**k, "capture_tensors": False}))
+    real_calibrate = plandata.calibrate  # convert's calibration step, told not to keep the tensors
+    monkeypatch.setattr(plandata, "calibrate", lambda *a, **k: real_calibrate(*a, **{**k, "capture_tensors": False}))
     _, own = _convert_chain(tmp_path, 8, budget, tag="b", numerics="strict")
     assert len(executed) == runs  # no known tensors this time: the emulator computed its own
     assert seeded.plan.summary["search"]["searched"]
@@ -334,7 +334,7 @@ def test_strict_reference_run_takes_calibrations_fp32_tensors(tmp_path, monkeypa
 def test_expected_error_without_a_budget_compares_with_calibrations_outputs(tmp_path, monkeypatch):
     """Without a budget the plan's expected error is the strict run of the plan against the FP32 outputs
     calibration kept (no FP32 emulator run); the emulator computes them only when none were kept."""
-    import mpinfer.precision.calibrate as cal_mod
+    import mpinfer.precision.plandata as plandata
     from mpinfer.precision.emulate import GraphEmulator
     from mpinfer.precision.search import measure_plan
 
@@ -349,14 +349,14 @@ def test_expected_error_without_a_budget_compares_with_calibrations_outputs(tmp_
     assert shifted_error == pytest.approx(0.25, abs=shift_rounding)
     # convert asks calibration for one batch's outputs and hands them over
     kept = []
-    real = cal_mod.calibrate
+    real = plandata.calibrate
 
     def recording(*a, **k):
         stats = real(*a, **k)
         kept.append((k.get("capture_batches"), k.get("capture_tensors"), stats.reference_outputs))
         return stats
 
-    monkeypatch.setattr(cal_mod, "calibrate", recording)
+    monkeypatch.setattr(plandata, "calibrate", recording)
     src = save(model, tmp_path / "c.onnx")
     res = convert_precision(
         ConvertConfig(model=src, output=tmp_path / "o.onnx", calibration=str(_npz(tmp_path / "d.npz")), budget="none",
@@ -468,16 +468,16 @@ def test_search_data_is_bounded_by_bytes(tmp_path, monkeypatch):
 
 
 def test_expected_error_without_a_budget_is_measured_on_the_bounded_samples(tmp_path, monkeypatch):
-    import mpinfer.precision.search as search
+    import mpinfer.precision.convert as convert  # the step that measures it (convert._expected_error)
 
     seen = []
-    measure = search.measure_plan
+    measure = convert.measure_plan
 
     def spy(model, nodes, feeds, **kw):
         seen.append(list(feeds))
         return measure(model, nodes, feeds, **kw)
 
-    monkeypatch.setattr(search, "measure_plan", spy)
+    monkeypatch.setattr(convert, "measure_plan", spy)
     path = _npz(tmp_path / "cal.npz")
     src = save(chain(4), tmp_path / "m.onnx")
     set_slice(monkeypatch, "search", 6 * 576)  # 576 bytes of tensors a sample: 6 samples

@@ -185,60 +185,87 @@ def conv_transpose(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]
     ONNX Runtime computes it when the output size follows from the pads alone (its auto_pad and
     output_shape handling has differed from the spec across versions).
     """
-    auto = n.get("auto_pad", "NOTSET")
-    if n.get("output_shape") is None and (auto.decode() if isinstance(auto, bytes) else auto) in ("NOTSET", "VALID"):
+    if n.get("output_shape") is None and _auto_pad(n) in ("NOTSET", "VALID"):
         fast = ortexec.float32_op("ConvTranspose", n.attrs, [v for v in x if v is not None])
         if fast is not None:
             return [fast]
     xin, w = x[0], x[1]
     bias = x[2] if len(x) > 2 else None
     group = int(n.get("group", 1))
+    in_sp = xin.shape[2:]
+    kernel = tuple(w.shape[2:])
+    sp = len(kernel)
+    m = w.shape[1] * group
+    strides = list(n.get("strides") or [1] * sp)
+    dil = list(n.get("dilations") or [1] * sp)
+    out_pad = list(n.get("output_padding") or [0] * sp)
+    full = [strides[i] * (in_sp[i] - 1) + (kernel[i] - 1) * dil[i] + 1 + out_pad[i] for i in range(sp)]
+    begin, end = _transpose_crop(n, full, in_sp, strides)
+    y = _col2im(xin, w, group, strides, dil, full)
+    y = _crop_spatial(y, begin, end)
+    if bias is not None:
+        y = y + bias.reshape((1, m) + (1,) * sp)
+    return [np.ascontiguousarray(y)]
+
+
+def _auto_pad(n: NodeInfo) -> str:
+    """The node's auto_pad attribute as text (NOTSET when absent)."""
+    auto = n.get("auto_pad", "NOTSET")
+    return str(auto.decode() if isinstance(auto, bytes) else auto)
+
+
+def _transpose_crop(
+    n: NodeInfo, full: list[int], in_sp: tuple[int, ...], strides: list[int]
+) -> tuple[list[int], list[int]]:
+    """Rows to crop at the start and end of each spatial axis of the full ConvTranspose result (negative: pad)."""
+    sp = len(full)
+    out_shape = n.get("output_shape")
+    auto_pad = _auto_pad(n)
+    if out_shape is None and auto_pad not in ("SAME_UPPER", "SAME_LOWER"):
+        pads = list(n.get("pads") or [0] * (2 * sp))
+        return pads[:sp], pads[sp:]
+    target = list(out_shape)[-sp:] if out_shape is not None else [in_sp[i] * strides[i] for i in range(sp)]
+    total = [full[i] - target[i] for i in range(sp)]
+    if auto_pad == "SAME_UPPER":
+        begin = [t // 2 for t in total]
+    else:
+        begin = [t - t // 2 for t in total]
+    end = [total[i] - begin[i] for i in range(sp)]
+    return begin, end
+
+
+def _col2im(
+    xin: np.ndarray, w: np.ndarray, group: int, strides: list[int], dil: list[int], full: list[int]
+) -> np.ndarray:
+    """The uncropped ConvTranspose result: every input position's products scattered into the output."""
     batch, chans = xin.shape[:2]
     in_sp = xin.shape[2:]
     kernel = tuple(w.shape[2:])
     sp = len(kernel)
     cg, mg = chans // group, w.shape[1]
-    m = mg * group
-    strides = list(n.get("strides") or [1] * sp)
-    dil = list(n.get("dilations") or [1] * sp)
-    out_pad = list(n.get("output_padding") or [0] * sp)
-    full = [strides[i] * (in_sp[i] - 1) + (kernel[i] - 1) * dil[i] + 1 + out_pad[i] for i in range(sp)]
-    out_shape = n.get("output_shape")
-    auto_pad = n.get("auto_pad", "NOTSET")
-    auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
-    if out_shape is not None or auto_pad in ("SAME_UPPER", "SAME_LOWER"):
-        target = (
-            list(out_shape)[-sp:] if out_shape is not None else [in_sp[i] * strides[i] for i in range(sp)]
-        )
-        total = [full[i] - target[i] for i in range(sp)]
-        if auto_pad == "SAME_UPPER":
-            begin = [t // 2 for t in total]
-        else:
-            begin = [t - t // 2 for t in total]
-        end = [total[i] - begin[i] for i in range(sp)]
-    else:
-        pads = list(n.get("pads") or [0] * (2 * sp))
-        begin, end = pads[:sp], pads[sp:]
     xs = xin.reshape(batch, group, cg, -1)
     wg = w.reshape(group, cg, mg, -1)
     t = np.einsum("ngci,gcmk->ngmki", xs, wg, optimize=True)  # (N, G, Mg, K, I)
-    t = t.reshape((batch, m, int(np.prod(kernel))) + tuple(in_sp))
-    y = np.zeros((batch, m) + tuple(full), dtype=t.dtype)
+    t = t.reshape((batch, mg * group, int(np.prod(kernel))) + tuple(in_sp))
+    y = np.zeros((batch, mg * group) + tuple(full), dtype=t.dtype)
     for ki, kpos in enumerate(itertools.product(*[range(k) for k in kernel])):
         slc = (slice(None), slice(None)) + tuple(
             slice(kpos[i] * dil[i], kpos[i] * dil[i] + strides[i] * (in_sp[i] - 1) + 1, strides[i])
             for i in range(sp)
         )
         y[slc] += t[:, :, ki]
+    return y
+
+
+def _crop_spatial(y: np.ndarray, begin: list[int], end: list[int]) -> np.ndarray:
+    """``y`` cropped by ``begin``/``end`` rows per spatial axis; negative counts add zero rows at that edge."""
+    sp = len(begin)
     if min(begin + end) < 0:  # output_shape larger than the full result: zero rows at the edges
         y = np.pad(y, [(0, 0), (0, 0)] + [(max(-b, 0), max(-e, 0)) for b, e in zip(begin, end, strict=True)])
-        full = list(y.shape[2:])
         begin, end = [max(b, 0) for b in begin], [max(e, 0) for e in end]
+    full = list(y.shape[2:])
     crop = (slice(None), slice(None)) + tuple(slice(begin[i], full[i] - end[i]) for i in range(sp))
-    y = y[crop]
-    if bias is not None:
-        y = y + bias.reshape((1, m) + (1,) * sp)
-    return [np.ascontiguousarray(y)]
+    return y[crop]
 
 
 KERNELS = {

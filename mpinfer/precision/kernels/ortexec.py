@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from mpinfer.modelio import ort_log_level
+from mpinfer.precision.tensorstats import usable_cpus
 
 logger = logging.getLogger(__name__)
 
@@ -60,8 +61,6 @@ _ops: dict[tuple[Any, ...], Any] = {}  # op key -> session, or None when ONNX Ru
 
 def _session(model: Any) -> Any:
     import onnxruntime as ort
-
-    from mpinfer.precision.tensorstats import usable_cpus
 
     so = ort.SessionOptions()
     so.log_severity_level = ort_log_level()

@@ -142,23 +142,8 @@ def _text(v: Any, default: str) -> str:
 def resize(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
     """Resize/Upsample, modes nearest and linear (any rank; separable); other variants fall back."""
     v = x[0]
-    mode = _text(n.get("mode"), "nearest")
-    if (
-        mode not in ("nearest", "linear", "bilinear", "trilinear")
-        or n.get("antialias", 0)
-        or n.get("axes") is not None
-        or _text(n.get("keep_aspect_ratio_policy"), "stretch") != "stretch"
-    ):
-        raise UnsupportedVariant(f"Resize mode={mode}")
-    if n.op_type == "Upsample" or n.opset < 11:
-        scales, sizes = (x[1] if len(x) > 1 else np.asarray(n.get("scales"))), None
-        coord = "asymmetric"
-    else:
-        scales = x[2] if len(x) > 2 and x[2] is not None and x[2].size else None
-        sizes = x[3] if len(x) > 3 and x[3] is not None and x[3].size else None
-        coord = _text(n.get("coordinate_transformation_mode"), "half_pixel")
-    legacy = n.op_type == "Upsample" or n.opset < 11  # Upsample/Resize-10 nearest is asymmetric + floor
-    nearest_mode = "floor" if legacy else _text(n.get("nearest_mode"), "round_prefer_floor")
+    mode = _resize_mode(n)
+    scales, sizes, coord, nearest_mode = _resize_settings(n, x)
     out = v
     for ax in range(v.ndim):
         length = v.shape[ax]
@@ -173,16 +158,46 @@ def resize(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
         c = _source_coords(coord, size, length, scale)
         if mode == "nearest":
             out = np.take(out, _nearest_index(c, nearest_mode, length), axis=ax)
-            continue
-        c = np.clip(c, 0, length - 1)
-        i0 = np.floor(c).astype(np.int64)
-        i1 = np.minimum(i0 + 1, length - 1)
-        shape = [1] * v.ndim
-        shape[ax] = size
-        w1 = (c - i0).astype(np.float32).reshape(shape)
-        a, b = np.take(out, i0, axis=ax), np.take(out, i1, axis=ax)
-        out = num.r(a * (np.float32(1.0) - w1) + b * w1).astype(v.dtype, copy=False)
+        else:
+            out = _linear_axis(out, c, ax, length, num).astype(v.dtype, copy=False)
     return [np.ascontiguousarray(out)]
+
+
+def _resize_mode(n: NodeInfo) -> str:
+    """The Resize node's interpolation mode; variants the kernel does not compute raise UnsupportedVariant."""
+    mode = _text(n.get("mode"), "nearest")
+    if (
+        mode not in ("nearest", "linear", "bilinear", "trilinear")
+        or n.get("antialias", 0)
+        or n.get("axes") is not None
+        or _text(n.get("keep_aspect_ratio_policy"), "stretch") != "stretch"
+    ):
+        raise UnsupportedVariant(f"Resize mode={mode}")
+    return mode
+
+
+def _resize_settings(n: NodeInfo, x: list[Any]) -> tuple[Any, Any, str, str]:
+    """Scales, sizes (either may be None), coordinate transformation and nearest rounding of a Resize/Upsample."""
+    if n.op_type == "Upsample" or n.opset < 11:  # Upsample/Resize-10 nearest is asymmetric + floor
+        scales = x[1] if len(x) > 1 else np.asarray(n.get("scales"))
+        return scales, None, "asymmetric", "floor"
+    scales = x[2] if len(x) > 2 and x[2] is not None and x[2].size else None
+    sizes = x[3] if len(x) > 3 and x[3] is not None and x[3].size else None
+    coord = _text(n.get("coordinate_transformation_mode"), "half_pixel")
+    return scales, sizes, coord, _text(n.get("nearest_mode"), "round_prefer_floor")
+
+
+def _linear_axis(out: np.ndarray, c: np.ndarray, ax: int, length: int, num: Numerics) -> np.ndarray:
+    """``out`` linearly interpolated along ``ax`` at source coordinates ``c``, rounded to the node's precision."""
+    size = len(c)
+    c = np.clip(c, 0, length - 1)
+    i0 = np.floor(c).astype(np.int64)
+    i1 = np.minimum(i0 + 1, length - 1)
+    shape = [1] * out.ndim
+    shape[ax] = size
+    w1 = (c - i0).astype(np.float32).reshape(shape)
+    a, b = np.take(out, i0, axis=ax), np.take(out, i1, axis=ax)
+    return num.r(a * (np.float32(1.0) - w1) + b * w1)
 
 
 KERNELS = {

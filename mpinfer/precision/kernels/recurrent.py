@@ -55,26 +55,21 @@ def _run(
     xs = np.swapaxes(x[0], 0, 1) if layout else x[0]  # (seq, batch, input)
     w, r = x[1], x[2]
     hidden = r.shape[-1]
-    bias = x[3] if len(x) > 3 and x[3] is not None else np.zeros((w.shape[0], 2 * gates * hidden), xs.dtype)
-    h0 = x[5] if len(x) > 5 and x[5] is not None else None
-    c0 = x[6] if with_cell and len(x) > 6 and x[6] is not None else None
-    peep = x[7] if with_cell and len(x) > 7 and x[7] is not None else None
+    bias = _optional(x, 3)
+    if bias is None:
+        bias = np.zeros((w.shape[0], 2 * gates * hidden), xs.dtype)
+    h0, c0, peep = _optional(x, 5), _optional(x, 6, with_cell), _optional(x, 7, with_cell)
     if layout:
         h0 = np.swapaxes(h0, 0, 1) if h0 is not None else None
         c0 = np.swapaxes(c0, 0, 1) if c0 is not None else None
-    seq, batch = xs.shape[:2]
+    batch = xs.shape[1]
     ys, hs, cs = [], [], []
     for d, backwards in enumerate(_directions(n)):
         h = h0[d] if h0 is not None else np.zeros((batch, hidden), xs.dtype)
         c = c0[d] if c0 is not None else np.zeros((batch, hidden), xs.dtype)
-        wb, rb = bias[d, : gates * hidden], bias[d, gates * hidden :]
-        xw = num.r(xs @ w[d].T + wb)  # all time steps' input projections at once, FP32 accumulation
         p = peep[d] if peep is not None else None
-        out = [np.empty(0)] * seq
-        for t in range(seq - 1, -1, -1) if backwards else range(seq):
-            h, c = step(num, xw[t], h, c, r[d], rb, p, hidden)
-            out[t] = h
-        ys.append(np.stack(out))
+        y_d, h, c = _one_direction(num, xs, w[d], r[d], bias[d], (h, c), p, gates, step, backwards)
+        ys.append(y_d)
         hs.append(h)
         cs.append(c)
     y = np.stack(ys, axis=1)  # (seq, dirs, batch, hidden)
@@ -82,6 +77,36 @@ def _run(
     if layout:
         y, states = np.transpose(y, (2, 0, 1, 3)), [np.swapaxes(s, 0, 1) for s in states]
     return [y, *states]
+
+
+def _optional(x: list[Any], i: int, wanted: bool = True) -> Any:
+    """Input ``i`` of the node, or None when it is absent, empty-named, or not ``wanted``."""
+    return x[i] if wanted and len(x) > i and x[i] is not None else None
+
+
+def _one_direction(
+    num: Numerics,
+    xs: np.ndarray,
+    w: np.ndarray,
+    r: np.ndarray,
+    bias: np.ndarray,
+    state: tuple[np.ndarray, Any],
+    p: np.ndarray | None,
+    gates: int,
+    step: Callable[..., tuple[np.ndarray, np.ndarray | None]],
+    backwards: bool,
+) -> tuple[np.ndarray, np.ndarray, Any]:
+    """One direction over the whole sequence: its outputs (seq, batch, hidden) and its last states."""
+    h, c = state
+    hidden = r.shape[-1]
+    seq = xs.shape[0]
+    wb, rb = bias[: gates * hidden], bias[gates * hidden :]
+    xw = num.r(xs @ w.T + wb)  # all time steps' input projections at once, FP32 accumulation
+    out = [np.empty(0)] * seq
+    for t in range(seq - 1, -1, -1) if backwards else range(seq):
+        h, c = step(num, xw[t], h, c, r, rb, p, hidden)
+        out[t] = h
+    return np.stack(out), h, c
 
 
 def _lstm_step(
