@@ -147,34 +147,9 @@ def convert(
       mpinfer convert out/model.onnx --precision bf16 --keep-op Softmax --keep-node 'head/.*' -o out/m.bf16.onnx
     """  # noqa: D301
     quiet = bool((ctx.obj or {}).get("quiet"))
-    cfg = ConvertConfig(
-        model=model,
-        output=output,
-        precision=Precision.parse(precision) if precision is not None else None,
-        calibration=calibration,
-        budget=budget,
-        class_outputs=class_outputs,
-        plan=plan,
-        keep_ops=keep_ops,
-        keep_nodes=keep_nodes,
-        low_ops=low_ops,
-        low_nodes=low_nodes,
-        keep_fp32_from=keep_fp32_from,
-        numerics=numerics,
-        keep_io_types=keep_io_types,
-        opset=opset,
-        force=force,
-        seed=seed,
-        max_batches=max_batches,
-        batch_size=batch_size,
-        search_samples=search_samples,
-        verify_samples=verify_samples,
-        dims=parse_dims(dims),
-        image_preprocess=image_preprocess,
-        input_ranges=input_ranges,
-        progress=not quiet,
-        memory_limit=memory_limit,
-    )
+    # every option is the ConvertConfig field of its name; two are parsed from their CLI text first
+    parsed = {"precision": Precision.parse(precision) if precision is not None else None, "dims": parse_dims(dims)}
+    cfg = ConvertConfig(**{**ctx.params, **parsed}, progress=not quiet)
     result = convert_precision(cfg)
     if not quiet:
         _print_summary(result, plan)
