@@ -36,8 +36,8 @@ def build(folder: Path) -> None:
 
 def main() -> None:
     """Build, export, convert, then time decoding with both models."""
-    from mpinfer.compare.generate import GenerateConfig, generate_compare
     from mpinfer.export import ExportConfig, export_onnx
+    from mpinfer.generation import GenerateConfig, generate_compare
     from mpinfer.precision.convert import ConvertConfig, convert_precision
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

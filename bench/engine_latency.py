@@ -87,7 +87,7 @@ def main() -> None:
 
     from mpinfer.engine import BuildConfig, build_engine, load_engine_runner, parse_shapes, probe_tensorrt
     from mpinfer.engine.config import Backend
-    from mpinfer.engine.machine import gpu_info
+    from mpinfer.gpu import gpu_info
 
     gpu = gpu_info(0) if args.device == "cuda" else None
     if args.device == "cuda" and gpu is None:

@@ -294,8 +294,8 @@ def metrics(ref: list[np.ndarray], got: list[np.ndarray]) -> dict:
 
 
 def evaluate(src: Path, dst: Path, feeds: dict[str, np.ndarray]) -> dict:
-    from mpinfer.backends.strict import StrictRunner
     from mpinfer.modelio import ort_session
+    from mpinfer.precision.strict import StrictRunner
 
     out: dict = {}
     ref_ort = ort_session(src).run(None, feeds)

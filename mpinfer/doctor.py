@@ -37,6 +37,24 @@ def collect_checks() -> list[Check]:
     checks = [Check("python", sys.version_info >= (3, 10), f"{platform.python_version()} on {platform.platform()}",
                     "mpinfer needs Python >= 3.10"),
               Check("mpinfer", True, __version__)]
+    gpus = _torch_checks(checks)
+    ov = _version("onnx")
+    checks.append(Check("onnx", ov is not None, ov or "missing", "pip install onnx"))
+    _ort_checks(checks, gpus)
+    trt = _version("tensorrt")
+    trt_detail = trt or "missing"
+    if trt is not None:
+        trt_detail += " (strongly typed only)" if int(trt.split(".")[0]) >= 11 else " (strong and weak typing)"
+    checks.append(Check("tensorrt", trt is not None, trt_detail, "" if trt else TENSORRT_HINT))
+    for mod, hint in (("ml_dtypes", "pip install ml_dtypes"), ("matplotlib", "pip install matplotlib"),
+                      ("transformers", "pip install 'mpinfer[hf]' (Hugging Face folders)")):
+        v = _version(mod)
+        checks.append(Check(mod, v is not None, v or "missing", "" if v else hint))
+    return checks
+
+
+def _torch_checks(checks: list[Check]) -> list[str]:
+    """Append torch's checks (version, CUDA GPUs, CPU bf16) to ``checks``; the GPUs torch sees."""
     tv = _version("torch")
     checks.append(Check("torch", tv is not None, tv or "missing", "pip install torch==2.13.0"))
     gpus: list[str] = []
@@ -51,8 +69,11 @@ def collect_checks() -> list[Check]:
         checks.append(Check("CUDA GPU", bool(gpus), ", ".join(gpus) or "none visible to torch",
                             "" if gpus else no_gpu))
         checks.append(Check("bf16 on CPU (torch)", True, "available (autocast cpu, bfloat16)"))
-    ov = _version("onnx")
-    checks.append(Check("onnx", ov is not None, ov or "missing", "pip install onnx"))
+    return gpus
+
+
+def _ort_checks(checks: list[Check], gpus: list[str]) -> None:
+    """Append onnxruntime's checks (version, providers, a usable CUDA provider) to ``checks``."""
     ortv = _version("onnxruntime")
     checks.append(Check("onnxruntime", ortv is not None, ortv or "missing", "pip install onnxruntime-gpu"))
     if ortv is not None:
@@ -64,16 +85,6 @@ def collect_checks() -> list[Check]:
         checks.append(Check("ORT CUDA provider", cuda and bool(gpus),
                             "usable" if cuda and gpus else ("installed, no GPU" if cuda else "not installed"),
                             "" if cuda and gpus else "onnxruntime-gpu on a machine with an NVIDIA GPU"))
-    trt = _version("tensorrt")
-    trt_detail = trt or "missing"
-    if trt is not None:
-        trt_detail += " (strongly typed only)" if int(trt.split(".")[0]) >= 11 else " (strong and weak typing)"
-    checks.append(Check("tensorrt", trt is not None, trt_detail, "" if trt else TENSORRT_HINT))
-    for mod, hint in (("ml_dtypes", "pip install ml_dtypes"), ("matplotlib", "pip install matplotlib"),
-                      ("transformers", "pip install 'mpinfer[hf]' (Hugging Face folders)")):
-        v = _version(mod)
-        checks.append(Check(mod, v is not None, v or "missing", "" if v else hint))
-    return checks
 
 
 def environment() -> dict[str, Any]:

@@ -12,6 +12,7 @@ failed run resumes after the last finished stage; ``force`` re-runs everything.
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import logging
@@ -294,10 +295,23 @@ def run_pipeline(
     doc = load_toml(path)
     if registry is None:
         registry = default_stages()
+    root = _check_pipeline(path, doc, registry)
+    meta = doc.get("pipeline", {})
+    work_dir = (root / str(meta.get("work_dir", "out/pipeline"))).resolve()
+    make_dirs(work_dir, f"[pipeline] work_dir {work_dir}")
+    with claim_outputs([work_dir]):  # a second run on this work_dir fails at once, naming this one
+        runs = _run_stages(path, doc, registry, root, work_dir, force=force, on_stage=on_stage)
+    return PipelineResult(tuple(runs), work_dir, work_dir / STATE_FILE)
+
+
+def _check_pipeline(path: Path, doc: Mapping[str, Any], registry: Mapping[str, Stage]) -> Path:
+    """Refuse unknown tables, a TOML without stages, bad stage settings, a bad root or missing data; the root.
+
+    Raises:
+        InvalidInputError: Naming the table and key.
+    """
     unknown = sorted(set(doc) - set(registry) - {"pipeline"})
     if unknown:
-        import difflib
-
         close = difflib.get_close_matches(unknown[0], ["pipeline", *registry], n=1, cutoff=0.6)
         raise InvalidInputError(
             format_message(
@@ -324,11 +338,7 @@ def run_pipeline(
             )
         )
     _check_data_paths(doc, registry, root)
-    work_dir = (root / str(meta.get("work_dir", "out/pipeline"))).resolve()
-    make_dirs(work_dir, f"[pipeline] work_dir {work_dir}")
-    with claim_outputs([work_dir]):  # a second run on this work_dir fails at once, naming this one
-        runs = _run_stages(path, doc, registry, root, work_dir, force=force, on_stage=on_stage)
-    return PipelineResult(tuple(runs), work_dir, work_dir / STATE_FILE)
+    return root
 
 
 def _run_stages(

@@ -27,9 +27,9 @@ from mpinfer.backends.ort import cuda_usable
 from mpinfer.engine import BuildConfig, build_engine
 from mpinfer.engine.build import probe_tensorrt, select_backend
 from mpinfer.engine.config import Backend
-from mpinfer.engine.machine import cuda_device_count, gpu_info
-from mpinfer.errors import InvalidInputError, MpinferError, format_message
+from mpinfer.errors import BackendUnavailableError, InvalidInputError, MpinferError, format_message
 from mpinfer.fileio import write_json_atomic, write_text_atomic
+from mpinfer.gpu import cuda_device_count, gpu_info
 from mpinfer.specs import Precision
 from mpinfer.stage import (
     ARTEFACT_DIR,
@@ -497,6 +497,7 @@ BUILD_LOOSE_TYPES: dict[str, Any] = {
 # fails at once, not after training. (stage, key) -> (module, parser)
 VALUE_PARSERS = {
     ("convert", "budget"): ("mpinfer.precision.options", "check_budget"),  # the check grammar, or "none"
+    ("convert", "numerics"): ("mpinfer.precision.evaluators", "check_numerics"),  # a name this machine can run
     ("compare", "checks"): ("mpinfer.checks", "parse_checks"),
     ("convert", "input_ranges"): ("mpinfer.data", "parse_input_ranges"),
     ("compare", "input_ranges"): ("mpinfer.data", "parse_input_ranges"),
@@ -516,8 +517,8 @@ def _checker(stage: str, module: str, name: str, loose: Mapping[str, Any] | None
                     parse(value)
                 elif isinstance(value, str) and "Precision" in str(hints.get(key)):
                     Precision.parse(value)
-            except InvalidInputError as err:
-                raise InvalidInputError(f"Pipeline table [{stage}] {key} = {value!r}: {err}") from err
+            except (InvalidInputError, BackendUnavailableError) as err:
+                raise type(err)(f"Pipeline table [{stage}] {key} = {value!r}: {err}") from err
 
     return check
 

@@ -9,6 +9,7 @@ indices) carry their value range so that random data stays valid.
 from __future__ import annotations
 
 import enum
+import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from mpinfer.errors import InvalidInputError, format_message
+from mpinfer.inputhints import index_ranges, pinned_dims
 
 # Example size used for a symbolic dim when neither the spec nor the caller gives one.
 DEFAULT_DIM_SIZE = 2
@@ -302,45 +304,49 @@ def specs_from_onnx(model: object) -> list[TensorSpec]:
     something of N entries gets ``[0, N)`` (:func:`mpinfer.inputhints.index_ranges`), and a dim a recurrent
     state fixes gets its size in ``graph_sizes`` (:func:`mpinfer.inputhints.pinned_dims`).
     """
-    import json
-
     import onnx
-    from onnx import helper
-
-    from mpinfer.inputhints import index_ranges, pinned_dims
 
     assert isinstance(model, onnx.ModelProto)
     init_names = {i.name for i in model.graph.initializer}
     meta = {p.key: p.value for p in model.metadata_props}
-
-    def entry(key: str) -> dict[str, Any]:
-        try:
-            value = json.loads(meta.get(key, "{}"))
-        except ValueError:
-            return {}
-        return value if isinstance(value, dict) else {}
-
-    ranges = entry("mpinfer.input_ranges")
-    sizes = {k: int(v) for k, v in entry("mpinfer.dim_sizes").items() if isinstance(v, int) and v > 0}
+    ranges = _metadata_entry(meta, "mpinfer.input_ranges")
+    sizes = {k: int(v) for k, v in _metadata_entry(meta, "mpinfer.dim_sizes").items() if isinstance(v, int) and v > 0}
     derived: dict[str, Any] = index_ranges(model)
     pinned = pinned_dims(model)
     specs = []
     for vi in model.graph.input:
         if vi.name in init_names:
             continue
-        tt = vi.type.tensor_type
-        try:
-            dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tt.elem_type))
-        except (KeyError, TypeError, ValueError):
-            dtype = np.dtype(np.float32)
-        shape: list[Dim] = []
-        for i, d in enumerate(tt.shape.dim):
-            if d.HasField("dim_value") and d.dim_value >= 0:  # 0: an empty dim, as static as any
-                shape.append(int(d.dim_value))
-            else:
-                shape.append(dim_symbol(vi.name, i, d.dim_param if d.HasField("dim_param") else None))
+        dtype, shape = _dtype_and_shape(vi)
         rng = ranges.get(vi.name) or derived.get(vi.name)
         known = {d: sizes[d] for d in shape if isinstance(d, str) and d in sizes}
         fixed = {d: pinned[(vi.name, i)] for i, d in enumerate(shape) if isinstance(d, str) and (vi.name, i) in pinned}
         specs.append(TensorSpec(vi.name, tuple(shape), dtype, tuple(rng) if rng else None, known, fixed))  # type: ignore[arg-type]
     return specs
+
+
+def _metadata_entry(meta: Mapping[str, str], key: str) -> dict[str, Any]:
+    """A JSON object from the model's metadata (``{}`` when absent, unreadable or not an object)."""
+    try:
+        value = json.loads(meta.get(key, "{}"))
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _dtype_and_shape(vi: Any) -> tuple[np.dtype, list[Dim]]:
+    """A graph input's numpy dtype (float32 when unknown) and dims (symbols for dynamic ones)."""
+    from onnx import helper
+
+    tt = vi.type.tensor_type
+    try:
+        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tt.elem_type))
+    except (KeyError, TypeError, ValueError):
+        dtype = np.dtype(np.float32)
+    shape: list[Dim] = []
+    for i, d in enumerate(tt.shape.dim):
+        if d.HasField("dim_value") and d.dim_value >= 0:  # 0: an empty dim, as static as any
+            shape.append(int(d.dim_value))
+        else:
+            shape.append(dim_symbol(vi.name, i, d.dim_param if d.HasField("dim_param") else None))
+    return dtype, shape

@@ -96,3 +96,28 @@ def test_no_import_cycles_between_mpinfer_modules():
     graph = import_graph()
     assert len(graph) > 50  # the walk saw the package
     assert cycles(graph) == [], "import cycles (break them by moving the shared code into its own module)"
+
+
+def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """Sub-package (``mpinfer.X``: a package or a top-level module) → the sub-packages its modules import."""
+
+    def top(module: str) -> str:
+        return ".".join(module.split(".")[:2])
+
+    packages: dict[str, set[str]] = {}
+    for module, targets in graph.items():
+        packages.setdefault(top(module), set()).update(top(t) for t in targets if top(t) != top(module))
+    return packages
+
+
+def test_package_graph_groups_modules_by_sub_package():
+    graph = {"mpinfer.a.x": {"mpinfer.b.y", "mpinfer.a.z"}, "mpinfer.a.z": set(), "mpinfer.b.y": {"mpinfer.c"}}
+    assert package_graph(graph) == {"mpinfer.a": {"mpinfer.b"}, "mpinfer.b": {"mpinfer.c"}}
+
+
+def test_no_import_cycles_between_mpinfer_sub_packages():
+    """backends/ ↔ engine/ once imported each other inside functions: no module cycle, but a package cycle."""
+    packages = package_graph(import_graph())
+    assert {"mpinfer.backends", "mpinfer.engine", "mpinfer.precision", "mpinfer.compare"} <= set(packages)
+    found = cycles(packages)
+    assert found == [], "import cycles between sub-packages: " + "; ".join(" <-> ".join(c) for c in found)

@@ -18,6 +18,7 @@ import numpy as np
 
 from mpinfer.backends.base import Runner
 from mpinfer.errors import InvalidInputError, ModelLoadError, format_message
+from mpinfer.gpu import import_tensorrt, require_gpu
 from mpinfer.specs import TensorSpec, unnamed_dim
 
 logger = logging.getLogger(__name__)
@@ -93,8 +94,6 @@ class TrtRunner(Runner):
 
     def _activate(self) -> None:
         import torch
-
-        from mpinfer.engine.machine import import_tensorrt, require_gpu
 
         require_gpu(f"cuda:{self.device_index}", "TensorRT runner")
         trt: Any = import_tensorrt()

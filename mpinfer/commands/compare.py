@@ -11,7 +11,7 @@ import click
 
 from mpinfer.claim import claim_outputs
 from mpinfer.commands import class_outputs_option, memory_limit_option
-from mpinfer.compare import CompareConfig, compare_models
+from mpinfer.compare import CompareConfig, ComparisonResult, compare_models
 from mpinfer.fileio import check_output_path
 from mpinfer.metrics import METRIC_DOCS
 from mpinfer.report import FILE_NAMES, write_report
@@ -21,6 +21,10 @@ from mpinfer.report.generation import print_console
 logger = logging.getLogger(__name__)
 # Options that only shape the latency measurement: warned about when given without --latency.
 LATENCY_OPTIONS = ("batch_sizes", "iterations", "warmup", "time_budget")
+# Options that shape what the command prints or writes, not the comparison (no CompareConfig field) ...
+OUTPUT_OPTIONS = ("report_dir", "force", "quiet", "as_json")
+# ... and options whose CompareConfig field has another name; every other option is the field of its name.
+CONFIG_NAMES = {"time_budget": "time_budget_s", "generate_tokens": "generate"}
 
 
 def _ints(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[int, ...]:
@@ -168,47 +172,12 @@ def compare(
     if not latency:
         _warn_latency_options(ctx)
     if report_dir is not None:  # refuse existing files before the (long) comparison
-
         for name in FILE_NAMES.values():
             check_output_path(report_dir / name, force=force)
-    config = CompareConfig(
-        baseline=baseline,
-        candidates=candidates,
-        data=data,
-        checks=checks,
-        class_outputs=class_outputs,
-        latency=latency,
-        batch_sizes=batch_sizes,
-        iterations=iterations,
-        warmup=warmup,
-        time_budget_s=time_budget,
-        numerics=numerics,
-        device=device,
-        batch_size=batch_size,
-        num_batches=num_batches,
-        dims=dims,
-        image_preprocess=image_preprocess,
-        input_ranges=input_ranges,
-        divergence=divergence,
-        divergence_batches=divergence_batches,
-        show_progress=not (quiet or as_json),
-        memory_limit=memory_limit,
-        generate=generate_tokens,
-    )
-    with contextlib.ExitStack() as stack:
-        claim = None
-        if report_dir is not None:  # claimed before the comparison: a second run on the folder fails at once
-            claim = stack.enter_context(claim_outputs([report_dir / n for n in FILE_NAMES.values()], force=force))
-        result = compare_models(config)  # with --generate: data.generation, checkable (token_agreement...)
-        paths = write_report(result, report_dir, force=force, claim=claim) if report_dir is not None else {}
-    if as_json:
-        click.echo(json.dumps(result.to_dict(), indent=2))
-    elif not quiet:
-
-        render_console(result)
-        print_console(result)
-        for fmt, path in paths.items():
-            click.echo(f"wrote {fmt}: {path}")
+    fields = {CONFIG_NAMES.get(k, k): v for k, v in ctx.params.items() if k not in OUTPUT_OPTIONS}
+    config = CompareConfig(**fields, show_progress=not (quiet or as_json))
+    result, paths = _compare_and_report(config, report_dir, force)
+    _show(result, paths, quiet=quiet, as_json=as_json)
     if (ctx.obj or {}).get("api"):  # mpinfer.compare(): bool(result) is the verdict
         return result
     if not result:
@@ -217,3 +186,27 @@ def compare(
     if quiet and not as_json:
         click.echo(result.summary())
     return result
+
+
+def _compare_and_report(
+    config: CompareConfig, report_dir: Path | None, force: bool
+) -> tuple[ComparisonResult, dict[str, Path]]:
+    """Compare, and write the report files when ``report_dir`` is given (claimed before the comparison)."""
+    with contextlib.ExitStack() as stack:
+        claim = None
+        if report_dir is not None:  # claimed before the comparison: a second run on the folder fails at once
+            claim = stack.enter_context(claim_outputs([report_dir / n for n in FILE_NAMES.values()], force=force))
+        result = compare_models(config)  # with --generate: data.generation, checkable (token_agreement...)
+        paths = write_report(result, report_dir, force=force, claim=claim) if report_dir is not None else {}
+    return result, paths
+
+
+def _show(result: ComparisonResult, paths: dict[str, Path], *, quiet: bool, as_json: bool) -> None:
+    """The report JSON (``--json``), or the console tables and the files written (unless ``--quiet``)."""
+    if as_json:
+        click.echo(json.dumps(result.to_dict(), indent=2))
+    elif not quiet:
+        render_console(result)
+        print_console(result)
+        for fmt, path in paths.items():
+            click.echo(f"wrote {fmt}: {path}")

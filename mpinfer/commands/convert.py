@@ -11,7 +11,7 @@ from mpinfer.commands import class_outputs_option, memory_limit_option
 from mpinfer.data import parse_dims
 from mpinfer.modelio import MAX_OPSET
 from mpinfer.precision import ConvertConfig, convert_precision
-from mpinfer.precision.options import DEFAULT_BUDGET, DEFAULT_SEARCH_SAMPLES
+from mpinfer.precision.options import DEFAULT_BUDGET, DEFAULT_SEARCH_SAMPLES, NUMERICS
 from mpinfer.precision.verify import budget_figures
 from mpinfer.specs import Precision
 
@@ -60,9 +60,10 @@ from mpinfer.specs import Precision
 )
 @click.option(
     "--numerics",
-    type=click.Choice(["strict", "ort"]),
-    help="Numerics that verify search candidates and the final model: strict FP16/BF16 emulation (default) or "
-    "ONNX Runtime.",
+    type=click.Choice(NUMERICS),
+    help="Numerics that verify search candidates and the final model: strict FP16/BF16 emulation (default), "
+    "ONNX Runtime's CPU kernels (ort), ONNX Runtime's CUDA kernels (ort-cuda: onnxruntime-gpu and a GPU) or a "
+    "TensorRT engine per candidate (tensorrt: TensorRT and an NVIDIA GPU).",
 )
 @click.option(
     "--keep-io-types/--no-keep-io-types",
@@ -146,34 +147,9 @@ def convert(
       mpinfer convert out/model.onnx --precision bf16 --keep-op Softmax --keep-node 'head/.*' -o out/m.bf16.onnx
     """  # noqa: D301
     quiet = bool((ctx.obj or {}).get("quiet"))
-    cfg = ConvertConfig(
-        model=model,
-        output=output,
-        precision=Precision.parse(precision) if precision is not None else None,
-        calibration=calibration,
-        budget=budget,
-        class_outputs=class_outputs,
-        plan=plan,
-        keep_ops=keep_ops,
-        keep_nodes=keep_nodes,
-        low_ops=low_ops,
-        low_nodes=low_nodes,
-        keep_fp32_from=keep_fp32_from,
-        numerics=numerics,
-        keep_io_types=keep_io_types,
-        opset=opset,
-        force=force,
-        seed=seed,
-        max_batches=max_batches,
-        batch_size=batch_size,
-        search_samples=search_samples,
-        verify_samples=verify_samples,
-        dims=parse_dims(dims),
-        image_preprocess=image_preprocess,
-        input_ranges=input_ranges,
-        progress=not quiet,
-        memory_limit=memory_limit,
-    )
+    # every option is the ConvertConfig field of its name; two are parsed from their CLI text first
+    parsed = {"precision": Precision.parse(precision) if precision is not None else None, "dims": parse_dims(dims)}
+    cfg = ConvertConfig(**{**ctx.params, **parsed}, progress=not quiet)
     result = convert_precision(cfg)
     if not quiet:
         _print_summary(result, plan)

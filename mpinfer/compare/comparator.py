@@ -15,22 +15,23 @@ from typing import Any
 import numpy as np
 
 import mpinfer
-from mpinfer.backends import Runner, is_torch_spec, open_runner
+from mpinfer.backends.base import Runner
 from mpinfer.backends.torch_runner import TorchRunner
 from mpinfer.checks import DEFAULT_CHECKS, Checks, parse_checks
 from mpinfer.compare.divergence import find_divergence, load_plan_nodes
-from mpinfer.compare.generate import attach_generation, generate_config
 from mpinfer.compare.hints import precision_summary, speed_hints
 from mpinfer.compare.latency import measure_latency
 from mpinfer.compare.result import CandidateResult, ComparisonResult, LatencyResult, OutputMetrics
 from mpinfer.data import load_feeds, parse_dims
 from mpinfer.data.feeds import fixed_batch, sample_axes
 from mpinfer.errors import InvalidInputError, ModelLoadError, MpinferError, format_message
+from mpinfer.generation import attach_generation, generate_config
 from mpinfer.memory import budgeted, current_budget
 from mpinfer.metrics import LABEL_METRICS, ModelAccumulator, OutputAccumulator, check_output_names, guess_class_output
-from mpinfer.modelio import data_file, load_onnx
+from mpinfer.modelio import data_file, iter_graphs, load_onnx
 from mpinfer.precision.verify import FingerprintedFeeds
 from mpinfer.progress import progress_bar
+from mpinfer.runners import is_torch_spec, open_runner
 from mpinfer.specs import TensorSpec, is_float_dtype
 
 logger = logging.getLogger(__name__)
@@ -71,7 +72,7 @@ class CompareConfig:
         memory_limit: ``--memory-limit`` (a size or a share of the available memory; :mod:`mpinfer.memory`);
             None = the default budget.
         generate: Decoders with a KV cache: greedily generate this many tokens for every prompt of ``data``
-            with each model (:mod:`mpinfer.compare.generate`); its figures are checkable (``token_agreement``...).
+            with each model (:mod:`mpinfer.generation`); its figures are checkable (``token_agreement``...).
     """
 
     baseline: str
@@ -222,8 +223,6 @@ def _with_hint(message: str, spec: str, role: str, cfg: CompareConfig) -> str:
     if role != "Candidate" or cfg.numerics != "ort" or not str(spec).endswith(".onnx"):
         return message
     try:
-        from mpinfer.modelio import iter_graphs, load_onnx
-
         model = load_onnx(spec, load_external_data=False)
     except (MpinferError, OSError, ValueError):
         return message

@@ -189,9 +189,9 @@ def rank_nodes(
     before the node that owns the body, addressed ``If_3/then_branch/Add_1``; that node's input error then
     includes its bodies' outputs, so it adds only what it does itself.
     """
-    nodes: list[NodeError] = []
-    _rank_graph(base.graph, _Scope("", accs, set(), None), plan_nodes, body_accs, {}, nodes, weight_errors or {})
-    return nodes
+    ranker = _Ranker(plan_nodes, body_accs, weight_errors or {})
+    ranker.graph(base.graph, _Scope("", accs, set(), None))
+    return ranker.nodes
 
 
 def weight_errors(base: Any, cand: Any, dirs: tuple[str, str] = ("", "")) -> dict[tuple[str, str], float]:
@@ -245,47 +245,62 @@ class _Scope:
         return self.accs.get(self.prefix + name if self.prefix else name)
 
 
-def _rank_graph(
-    graph: Any,
-    scope: _Scope,
-    plan_nodes: Mapping[str, Mapping[str, Any]],
-    body_accs: Mapping[str, TensorAcc] | None,
-    eff: dict[tuple[str, str], float],
-    nodes: list[NodeError],
-    weights: Mapping[tuple[str, str], float] | None = None,
-) -> None:
-    """Rank ``graph``'s nodes (and, with ``body_accs``, its bodies' nodes) into ``nodes``; fills ``eff``.
+class _Ranker:
+    """Ranks a graph's nodes (and, with ``body_accs``, its bodies' nodes) into ``nodes``, in graph order.
 
+    ``eff``: each tensor's effective error by scope key (measured, else as wrong as its node's inputs);
     ``weights``: constants the candidate rounded (see :func:`weight_errors`).
     """
-    import onnx
 
-    for node in graph.node:
-        in_err = max((eff.get(scope.key(t), 0.0) for t in node.input if t), default=0.0)
-        if body_accs is not None:
-            for attr in node.attribute:
-                if attr.type != onnx.AttributeProto.GRAPH:
-                    continue
-                g = attr.g
-                defined = {i.name for i in g.input} | {t.name for t in g.initializer}
-                defined |= {o for n in g.node for o in n.output if o}
-                inner = _Scope(f"{scope.prefix}{node.name}/{attr.name}/", body_accs, defined, scope)
-                for i in g.input:  # Loop/Scan state and slices: measured, else as wrong as the node's inputs
-                    acc = inner.acc(i.name)
-                    eff[inner.key(i.name)] = acc.error if acc is not None else in_err
-                _rank_graph(g, inner, plan_nodes, body_accs, eff, nodes, weights)
-                in_err = max([in_err] + [eff.get(inner.key(o.name), 0.0) for o in g.output])
+    def __init__(
+        self,
+        plan_nodes: Mapping[str, Mapping[str, Any]],
+        body_accs: Mapping[str, TensorAcc] | None,
+        weights: Mapping[tuple[str, str], float],
+    ) -> None:
+        self.plan_nodes, self.body_accs, self.weights = plan_nodes, body_accs, weights
+        self.eff: dict[tuple[str, str], float] = {}
+        self.nodes: list[NodeError] = []
+
+    def graph(self, graph: Any, scope: _Scope) -> None:
+        """Rank ``graph``'s nodes; a node's bodies come right before the node."""
+        for node in graph.node:
+            in_err = max((self.eff.get(scope.key(t), 0.0) for t in node.input if t), default=0.0)
+            if self.body_accs is not None:
+                in_err = self._bodies(node, scope, in_err, self.body_accs)
+            self._node(node, scope, in_err)
+
+    def _bodies(self, node: Any, scope: _Scope, in_err: float, body_accs: Mapping[str, TensorAcc]) -> float:
+        """Rank the nodes of ``node``'s bodies; ``node``'s input error raised to its bodies' outputs' error."""
+        import onnx
+
+        for attr in node.attribute:
+            if attr.type != onnx.AttributeProto.GRAPH:
+                continue
+            g = attr.g
+            defined = {i.name for i in g.input} | {t.name for t in g.initializer}
+            defined |= {o for n in g.node for o in n.output if o}
+            inner = _Scope(f"{scope.prefix}{node.name}/{attr.name}/", body_accs, defined, scope)
+            for i in g.input:  # Loop/Scan state and slices: measured, else as wrong as the node's inputs
+                acc = inner.acc(i.name)
+                self.eff[inner.key(i.name)] = acc.error if acc is not None else in_err
+            self.graph(g, inner)
+            in_err = max([in_err] + [self.eff.get(inner.key(o.name), 0.0) for o in g.output])
+        return in_err
+
+    def _node(self, node: Any, scope: _Scope, in_err: float) -> None:
+        """``node``'s outputs' effective error, and its NodeError when an output was measured."""
         measured = [(a.error, o, a) for o in node.output if o and (a := scope.acc(o)) is not None]
-        if weights and measured and all(a.dtype == "float32" for _, _, a in measured):
-            in_err = max([in_err] + [weights.get(scope.key(t), 0.0) for t in node.input if t])
+        if self.weights and measured and all(a.dtype == "float32" for _, _, a in measured):
+            in_err = max([in_err] + [self.weights.get(scope.key(t), 0.0) for t in node.input if t])
         for o in node.output:
             a = scope.acc(o)
-            eff[scope.key(o)] = a.error if a is not None else in_err
+            self.eff[scope.key(o)] = a.error if a is not None else in_err
         if measured and node.op_type not in SKIP_OPS:
             err, out, acc = max(measured, key=lambda x: x[0])
-            error = _node_error(scope.prefix + node.name, node.op_type, out, err, in_err, acc, plan_nodes)
+            error = _node_error(scope.prefix + node.name, node.op_type, out, err, in_err, acc, self.plan_nodes)
             error.numerics = "strict" if scope.prefix else ""
-            nodes.append(error)
+            self.nodes.append(error)
 
 
 def _node_error(
@@ -362,13 +377,7 @@ def find_divergence(
         The Divergence (nodes in graph order, ranking by added error, the first jump).
     """
     t0 = time.perf_counter()
-    # external weights stay on disk: sessions and the emulator memory-map them from each model's folder
-    base = name_nodes(load_onnx(baseline, load_external_data=False))
-    cand = name_nodes(load_onnx(candidate, load_external_data=False))
-    dirs = (
-        str(Path(baseline).resolve().parent) if uses_external_data(base) else "",
-        str(Path(candidate).resolve().parent) if uses_external_data(cand) else "",
-    )
+    base, cand, dirs = _load_pair(baseline, candidate)
     shared, skipped = _shared_tensors(base, cand)
     providers = resolve_providers(device)
     strict = numerics == "strict"
@@ -379,43 +388,63 @@ def find_divergence(
     nodes = rank_nodes(
         base, accs, load_plan_nodes(candidate), bodies.accs if bodies else None, weight_errors(base, cand, dirs)
     )
-    outputs = {o.name for o in base.graph.output}
-    blind = [] if any(t not in outputs for t in accs) or (bodies and bodies.accs) else [
-        "The candidate shares no intermediate tensor with the baseline (an optimised engine renames them), so "
-        "where the error comes from cannot be located: compare the .onnx it was built from to see that."
-    ]
+    blind = _blind_notes(base, accs, bodies)
     if blind:  # each output's error would be blamed on the node that makes it
         nodes = []
-    ranking = [
-        n.address
-        for n in sorted(nodes, key=lambda n: -n.added if not math.isnan(n.added) else 0)
-        if n.added > 0
-    ][:RANK_TOP]
     jump = first_jump(nodes)
     note = (
         "no node adds a jump in error"
         if jump is None
         else f"error jumps at {jump.op_type} '{jump.address}' ({jump.precision})"
     )
+    tensors = len(accs) + (len(bodies.accs) if bodies else 0)
     logger.info(
-        "divergence: %d tensors on %d batches in %.1f s; %s",
-        len(accs) + (len(bodies.accs) if bodies else 0),
-        len(batches),
-        time.perf_counter() - t0,
-        note,
+        "divergence: %d tensors on %d batches in %.1f s; %s", tensors, len(batches), time.perf_counter() - t0, note
     )
     label = "strict" if strict else ("ort-cuda" if providers[0].startswith("CUDA") else "ort-cpu")
     return Divergence(
         numerics=label,
         batches=len(batches),
-        tensors_compared=len(accs) + (len(bodies.accs) if bodies else 0),
+        tensors_compared=tensors,
         nodes=nodes,
         first_jump=jump,
-        ranking=ranking,
+        ranking=_ranking(nodes),
         skipped=skipped,
         note=note if not blind else "not located",
         notes=blind + (bodies.notes if bodies else []),
     )
+
+
+def _load_pair(baseline: str | Path, candidate: str | Path) -> tuple[Any, Any, tuple[str, str]]:
+    """Both models, nodes named, weights left on disk; each one's folder when its weights are external."""
+    # external weights stay on disk: sessions and the emulator memory-map them from each model's folder
+    base = name_nodes(load_onnx(baseline, load_external_data=False))
+    cand = name_nodes(load_onnx(candidate, load_external_data=False))
+    dirs = (
+        str(Path(baseline).resolve().parent) if uses_external_data(base) else "",
+        str(Path(candidate).resolve().parent) if uses_external_data(cand) else "",
+    )
+    return base, cand, dirs
+
+
+def _blind_notes(base: Any, accs: Mapping[str, TensorAcc], bodies: BodyCoverage | None) -> list[str]:
+    """A note when only the graph outputs were compared: then nothing inside the graph can be blamed."""
+    outputs = {o.name for o in base.graph.output}
+    if any(t not in outputs for t in accs) or (bodies and bodies.accs):
+        return []
+    return [
+        "The candidate shares no intermediate tensor with the baseline (an optimised engine renames them), so "
+        "where the error comes from cannot be located: compare the .onnx it was built from to see that."
+    ]
+
+
+def _ranking(nodes: Sequence[NodeError]) -> list[str]:
+    """The addresses of the :data:`RANK_TOP` nodes that add the most error (those that add any)."""
+    return [
+        n.address
+        for n in sorted(nodes, key=lambda n: -n.added if not math.isnan(n.added) else 0)
+        if n.added > 0
+    ][:RANK_TOP]
 
 
 def _cover_bodies(

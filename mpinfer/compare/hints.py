@@ -27,6 +27,7 @@ import numpy as np
 from mpinfer.compare.result import SpeedHint
 from mpinfer.modelio import iter_nodes
 from mpinfer.precision.masks import MASK_PATH_OPS, MASK_SENTINEL
+from mpinfer.precision.plan import counts_as_float
 
 logger = logging.getLogger(__name__)
 
@@ -157,20 +158,7 @@ def _cast_splits(
         for cons in consumers.get(cast.output[0], []):
             if cons.op_type not in _FUSIBLE[prod.op_type]:
                 continue
-            # A Cast to FP32 follows a low producer; a Cast to FP16/BF16 follows an FP32 one.
-            low, keep = (cons.name, prod.name) if to == _FLOAT else (prod.name, cons.name)
-            entry = plan.get(low, {})
-            reason = str(entry.get("reason", ""))
-            fix = f"run both in the same precision: `mpinfer convert --low-node '{low}'` or `--keep-node '{keep}'`."
-            fp32_node = cons if to == _FLOAT else prod
-            if _adds_attention_mask(fp32_node, producer, consts):
-                fix = (f"convert the model again with this mpinfer: '{fp32_node.name}' adds an attention mask built "
-                       "from a huge negative constant, which mpinfer rewrites to the low format's safe lowest "
-                       "(plan reason rewrite:mask), so the mask-add, the Softmax and this MatMul all run low.")
-            elif reason and reason not in _FOLLOWING:
-                detail = str(entry.get("detail", "")).rstrip(".")
-                fix = (f"keep both FP32 (`mpinfer convert --keep-node '{keep}'`): the plan keeps '{low}' FP32 "
-                       f"({reason}{': ' + detail if detail else ''}), so it should not go to low precision.")
+            fix = _cast_split_fix(prod, cons, to == _FLOAT, plan, producer, consts)
             hints.append(
                 SpeedHint(
                     "cast-split",
@@ -183,6 +171,31 @@ def _cast_splits(
                 )
             )
     return hints
+
+
+def _cast_split_fix(
+    prod: Any,
+    cons: Any,
+    to_fp32: bool,
+    plan: dict[str, dict[str, Any]],
+    producer: dict[str, Any],
+    consts: dict[str, Any],
+) -> str:
+    """How to mend a Cast between ``prod`` and ``cons`` (``to_fp32``: a Cast to FP32, after a low producer)."""
+    # A Cast to FP32 follows a low producer; a Cast to FP16/BF16 follows an FP32 one.
+    low, keep = (cons.name, prod.name) if to_fp32 else (prod.name, cons.name)
+    entry = plan.get(low, {})
+    reason = str(entry.get("reason", ""))
+    fp32_node = cons if to_fp32 else prod
+    if _adds_attention_mask(fp32_node, producer, consts):
+        return (f"convert the model again with this mpinfer: '{fp32_node.name}' adds an attention mask built "
+                "from a huge negative constant, which mpinfer rewrites to the low format's safe lowest "
+                "(plan reason rewrite:mask), so the mask-add, the Softmax and this MatMul all run low.")
+    if reason and reason not in _FOLLOWING:
+        detail = str(entry.get("detail", "")).rstrip(".")
+        return (f"keep both FP32 (`mpinfer convert --keep-node '{keep}'`): the plan keeps '{low}' FP32 "
+                f"({reason}{': ' + detail if detail else ''}), so it should not go to low precision.")
+    return f"run both in the same precision: `mpinfer convert --low-node '{low}'` or `--keep-node '{keep}'`."
 
 
 def _float_constants(nodes: list[Any], initializers: Sequence[Any]) -> dict[str, Any]:
@@ -277,8 +290,6 @@ def _summary_from_plan(plan_path: Path) -> dict[str, Any] | None:
         plan_counts = Counter(str(n.get("precision", "fp32")) for n in plan.get("nodes", []))
         summ = plan.get("summary", {})
         low = int(summ.get("nodes_low", sum(v for k, v in plan_counts.items() if k in ("fp16", "bf16"))))
-        from mpinfer.precision.plan import counts_as_float
-
         # float nodes, as the plan's own share counts them
         nodes = plan["nodes"]
         total = sum(counts_as_float(str(n.get("reason")), n.get("precision") in ("fp16", "bf16")) for n in nodes)

@@ -15,6 +15,7 @@ from typing import Any
 
 from mpinfer.checks import DEFAULT_CHECKS, Checks, not_applicable_reason, parse_checks
 from mpinfer.errors import InvalidInputError, format_message
+from mpinfer.metrics import with_generation
 
 # Version of the report JSON layout; bump when a field changes meaning or is removed.
 SCHEMA_VERSION = 1
@@ -131,8 +132,6 @@ class CandidateResult:
 
     def per_output(self) -> dict[str, Any]:
         """Output → metric → value, with the generation figures under ``generate`` (as checks read them)."""
-        from mpinfer.metrics import with_generation
-
         return with_generation({o.name: o.values for o in self.outputs}, self.generation)
 
     @property

@@ -24,6 +24,7 @@ import numpy as np
 
 from mpinfer.data.source import FeedSource, read_npz
 from mpinfer.errors import InvalidInputError, format_message
+from mpinfer.modelio import ort_session
 from mpinfer.specs import TensorSpec
 
 logger = logging.getLogger(__name__)
@@ -333,8 +334,6 @@ class DecodeFeedSource(FeedSource):
 
 
 def _session_of(model: Any) -> Any:
-    from mpinfer.modelio import ort_session
-
     return ort_session(model)
 
 

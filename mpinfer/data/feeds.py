@@ -230,8 +230,6 @@ def _array_source(kind: str, desc: str, loader: object, files: list[Path], specs
 
 
 def _image_arrays(folder: Path, specs: Sequence[TensorSpec], pre: ImagePreprocess) -> dict[str, np.ndarray]:
-    from PIL import Image
-
     if len(specs) != 1 or spec_rank(specs[0]) != 4:
         got = f"a model with inputs {[str(s) for s in specs]}"
         raise InvalidInputError(format_message(f"Image folder '{folder}'", got, "one 4-D image input",
@@ -245,26 +243,31 @@ def _image_arrays(folder: Path, specs: Sequence[TensorSpec], pre: ImagePreproces
             size = (int(dims[0]), int(dims[1]))
     channels = spec.shape[1] if pre.layout == "nchw" else spec.shape[3]
     mode = pre.mode or ("L" if channels == 1 else "RGB")
-    images = []
-    for f in files:
-        try:
-            img = Image.open(f).convert("L" if mode == "L" else "RGB")
-        except OSError as err:
-            raise InvalidInputError(format_message(f"Image '{f}'", "an unreadable image", "PNG/JPEG/BMP")) from err
-        if size is not None:
-            img = img.resize((size[1], size[0]))
-        arr: np.ndarray = np.asarray(img, dtype=np.float32)
-        if arr.ndim == 2:
-            arr = arr[:, :, None]
-        if mode == "BGR":
-            arr = arr[:, :, ::-1]
-        arr = (arr / np.float32(pre.scale) - np.asarray(pre.mean, np.float32)) / np.asarray(pre.std, np.float32)
-        arr = arr.astype(np.float32)
-        images.append(arr.transpose(2, 0, 1) if pre.layout == "nchw" else arr)
+    images = [_image_array(f, size, mode, pre) for f in files]
     if not images:
         raise InvalidInputError(format_message(f"Image folder '{folder}'", "no image files",
                                                "files ending in " + "/".join(IMAGE_SUFFIXES)))
     return {spec.name: np.stack(images).astype(spec.dtype)}
+
+
+def _image_array(f: Path, size: tuple[int, int] | None, mode: str, pre: ImagePreprocess) -> np.ndarray:
+    """One image file, resized to ``size`` (height, width) when given, normalised, in the input's layout."""
+    from PIL import Image
+
+    try:
+        img = Image.open(f).convert("L" if mode == "L" else "RGB")
+    except OSError as err:
+        raise InvalidInputError(format_message(f"Image '{f}'", "an unreadable image", "PNG/JPEG/BMP")) from err
+    if size is not None:
+        img = img.resize((size[1], size[0]))
+    arr: np.ndarray = np.asarray(img, dtype=np.float32)
+    if arr.ndim == 2:
+        arr = arr[:, :, None]
+    if mode == "BGR":
+        arr = arr[:, :, ::-1]
+    arr = (arr / np.float32(pre.scale) - np.asarray(pre.mean, np.float32)) / np.asarray(pre.std, np.float32)
+    arr = arr.astype(np.float32)
+    return arr.transpose(2, 0, 1) if pre.layout == "nchw" else arr
 
 
 def spec_rank(spec: TensorSpec) -> int:
@@ -308,27 +311,47 @@ def load_feeds(
     if input_ranges:
         specs = _with_ranges(specs, parse_input_ranges(input_ranges))
     bs = batch_size or DEFAULT_BATCH_SIZE
+    _check_batching(batch_size, num_batches)
+    if decode.wants_decode(source, specs):
+        return decode.decode_source(str(source), specs, model, batch_size=bs, num_batches=num_batches)
+    dims = decode.kv_dims(specs, dims)
+    if source is None or str(source) == "random" or str(source).startswith("random:"):
+        n = _random_batches("" if source is None else str(source), num_batches)
+        return _random_source(specs, n if specs else 1, batch_size, seed, dims)  # no inputs: one run is all
+    return _file_source(source, specs, bs, num_batches, image_preprocess)
+
+
+def _check_batching(batch_size: int | None, num_batches: int | None) -> None:
     if batch_size is not None and batch_size <= 0:
         raise InvalidInputError(format_message("Batch size", batch_size, "a positive integer"))
     if num_batches is not None and num_batches < 1:
         raise InvalidInputError(format_message("Number of batches", num_batches, "a positive integer",
                                                "omit it to use every batch of the data"))
-    if decode.wants_decode(source, specs):
-        return decode.decode_source(str(source), specs, model, batch_size=bs, num_batches=num_batches)
-    dims = decode.kv_dims(specs, dims)
-    if source is None or str(source) == "random" or str(source).startswith("random:"):
-        text = "" if source is None else str(source)
-        n = num_batches or DEFAULT_RANDOM_BATCHES
-        if ":" in text:
-            try:
-                n = int(text.split(":", 1)[1])
-            except ValueError as err:
-                raise InvalidInputError(format_message("Data source", repr(text), "random or random:N")) from err
-            if n < 1:
-                raise InvalidInputError(format_message("Data source", repr(text), "random:N with N >= 1 batches",
-                                                       "e.g. random:8"))
-            n = min(n, num_batches) if num_batches is not None else n
-        return _random_source(specs, n if specs else 1, batch_size, seed, dims)  # no inputs: one run is all
+
+
+def _random_batches(text: str, num_batches: int | None) -> int:
+    """The batch count of ``random`` / ``random:N`` (capped by ``num_batches``)."""
+    n = num_batches or DEFAULT_RANDOM_BATCHES
+    if ":" in text:
+        try:
+            n = int(text.split(":", 1)[1])
+        except ValueError as err:
+            raise InvalidInputError(format_message("Data source", repr(text), "random or random:N")) from err
+        if n < 1:
+            raise InvalidInputError(format_message("Data source", repr(text), "random:N with N >= 1 batches",
+                                                   "e.g. random:8"))
+        n = min(n, num_batches) if num_batches is not None else n
+    return n
+
+
+def _file_source(
+    source: str | Path,
+    specs: Sequence[TensorSpec],
+    bs: int,
+    num_batches: int | None,
+    image_preprocess: str | ImagePreprocess | None,
+) -> FeedSource:
+    """The FeedSource of an .npz file, or a folder of .npz files, .npy files (one per input) or images."""
     path = Path(source)
     if not path.exists():
         raise InvalidInputError(format_message(f"Data '{source}'", "no such file or folder",

@@ -39,14 +39,7 @@ def sample_axes(
     array of exactly its input's static shape is fed whole (all of them: the file is one batch).
     """
     batch_names = batch_symbols(specs)
-    out: dict[str, int | None] = {}
-    for s in specs:
-        if not s.shape:
-            out[s.name] = None
-        elif not batch_names or isinstance(s.shape[0], str):
-            out[s.name] = 0
-        else:
-            out[s.name] = next((i for i, d in enumerate(s.shape) if d in batch_names), None)
+    out = _declared_axes(specs, batch_names)
     if arrays is None:
         return out
     if all(s.name in arrays and s.matches(np.shape(arrays[s.name])) and not s.symbols for s in specs):
@@ -56,6 +49,26 @@ def sample_axes(
             if s.name in arrays and s.matches(np.shape(arrays[s.name])):
                 out[s.name] = None
         return out
+    return _unnamed_state_axes(specs, arrays, out)
+
+
+def _declared_axes(specs: Sequence[TensorSpec], batch_names: set[str]) -> dict[str, int | None]:
+    """Each input's sample axis from the model alone: a symbolic first dim, else the first batch-named dim."""
+    out: dict[str, int | None] = {}
+    for s in specs:
+        if not s.shape:
+            out[s.name] = None
+        elif not batch_names or isinstance(s.shape[0], str):
+            out[s.name] = 0
+        else:
+            out[s.name] = next((i for i, d in enumerate(s.shape) if d in batch_names), None)
+    return out
+
+
+def _unnamed_state_axes(
+    specs: Sequence[TensorSpec], arrays: Mapping[str, np.ndarray], out: dict[str, int | None]
+) -> dict[str, int | None]:
+    """``out`` with each input that has no sample axis yet given its one unnamed dim of the data's sample count."""
     counts = {np.shape(arrays[n])[a] for n, a in out.items() if a is not None and n in arrays}
     n = counts.pop() if len(counts) == 1 else 0
     for s in specs:

@@ -24,14 +24,7 @@ from mpinfer.engine.config import (
     check_profiles,
     complete_profiles,
 )
-from mpinfer.engine.machine import (
-    TENSORRT_INSTALL_HINT,
-    GpuInfo,
-    check_capability,
-    cuda_device_count,
-    import_tensorrt,
-    require_gpu,
-)
+from mpinfer.engine.machine import check_capability
 from mpinfer.engine.ort_engine import build_ort_engine
 from mpinfer.engine.sidecar import (
     SCHEMA_VERSION,
@@ -44,6 +37,7 @@ from mpinfer.engine.sidecar import (
 from mpinfer.engine.trt_builder import build_trt_engine, plan_network_mode
 from mpinfer.errors import BackendUnavailableError, InvalidInputError, format_message
 from mpinfer.fileio import check_output_path, sha256_file, write_json_atomic
+from mpinfer.gpu import TENSORRT_INSTALL_HINT, GpuInfo, cuda_device_count, import_tensorrt, require_gpu
 from mpinfer.memory import budgeted
 from mpinfer.modelio import data_file, external_data_files, load_onnx, require_file
 from mpinfer.specs import Precision, specs_from_onnx

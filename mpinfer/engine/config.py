@@ -223,6 +223,18 @@ def complete_profiles(
         return tuple(profiles), None
     batch = batch_symbols(missing)
     sizes = {d: n for s in missing for d, n in s.dim_sizes.items()}
+    _refuse_unknown_dims(missing, batch, sizes)
+    added, top = _default_profiles(missing, batch, sizes)
+    note = (
+        f"no --shapes for dynamic input(s) {', '.join(s.name for s in missing)}: built for "
+        f"{'; '.join(str(p) for p in added)} ({f'batch 1-{top}, ' if top else ''}other dims at the sizes the "
+        "model records); pass --shapes for other sizes"
+    )
+    return (*profiles, *added), note
+
+
+def _refuse_unknown_dims(missing: Sequence[TensorSpec], batch: set[str], sizes: Mapping[str, int]) -> None:
+    """Refuse inputs without ``--shapes`` that have a non-batch symbolic dim of no recorded size."""
     unknown = sorted({d for s in missing for d in s.symbols if d not in batch and d not in sizes})
     if unknown:
         example = ";".join(_example_profile(s) for s in missing)
@@ -235,6 +247,12 @@ def complete_profiles(
                 f'e.g. --shapes "{example}"',
             )
         )
+
+
+def _default_profiles(
+    missing: Sequence[TensorSpec], batch: set[str], sizes: Mapping[str, int]
+) -> tuple[list[ShapeProfile], int | None]:
+    """A profile per input (batch dims 1 to the default or recorded size, others fixed); the batch's top."""
     # one range per symbol, so that inputs sharing a dim get the same sizes
     ranges = {d: (1, max(DEFAULT_BATCH_SIZE, sizes.get(d, 1))) if d in batch else (sizes[d], sizes[d])
               for s in missing for d in s.symbols}
@@ -244,12 +262,7 @@ def complete_profiles(
         hi = tuple(d if isinstance(d, int) else ranges[d][1] for d in s.shape)
         added.append(ShapeProfile(s.name, lo, hi, hi))
     top = max((ranges[d][1] for d in batch), default=None)
-    note = (
-        f"no --shapes for dynamic input(s) {', '.join(s.name for s in missing)}: built for "
-        f"{'; '.join(str(p) for p in added)} ({f'batch 1-{top}, ' if top else ''}other dims at the sizes the "
-        "model records); pass --shapes for other sizes"
-    )
-    return (*profiles, *added), note
+    return added, top
 
 
 def _fmt_spec_shape(spec: TensorSpec) -> str:

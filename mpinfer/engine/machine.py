@@ -1,26 +1,19 @@
-"""What this machine offers for engines: TensorRT version, GPU name and compute capability.
+"""Engine decisions on the machine's facts: TensorRT version rules and GPU compute capability per precision.
 
-The probes import TensorRT and torch only when called. The decisions built on them (which backend, which
-TensorRT network mode, whether a GPU is new enough for a precision) are pure functions of the probed facts,
-so they are unit-tested with facts written by hand.
+The probes themselves (CUDA devices, importing TensorRT) live in :mod:`mpinfer.gpu`. The decisions here (which
+TensorRT network mode, whether a GPU is new enough for a precision) are pure functions of the probed facts, so
+they are unit-tested with facts written by hand.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
-from importlib.util import find_spec
 
 from mpinfer.errors import BackendUnavailableError, InvalidInputError, format_message
 from mpinfer.specs import Precision
 
 logger = logging.getLogger(__name__)
 
-TENSORRT_INSTALL_HINT = (
-    "install it with `pip install tensorrt`, NVIDIA's package index added as an extra index (NVIDIA's "
-    "TensorRT install guide gives it), on a Linux or Windows machine with an NVIDIA GPU and driver; or build an "
-    "ONNX Runtime engine with --backend onnxruntime"
-)
 # Oldest TensorRT major with strongly typed networks (NetworkDefinitionCreationFlag.STRONGLY_TYPED) and the
 # name-based I/O tensor API (set_input_shape / set_tensor_address / execute_async_v3) used here.
 MIN_TENSORRT_MAJOR = 10
@@ -34,68 +27,6 @@ MIN_COMPUTE_CAPABILITY = {Precision.FP16: (5, 3), Precision.BF16: (8, 0)}
 # Below this FP16 runs without tensor cores (Pascal sm_60/61: 2x or 1/64 of FP32 rate), so it works but
 # is rarely faster than FP32: worth a warning, not a refusal.
 FP16_TENSOR_CORE_CAPABILITY = (7, 0)
-
-
-@dataclass(frozen=True)
-class GpuInfo:
-    """One CUDA device as torch sees it.
-
-    Attributes:
-        index: CUDA device index.
-        name: Marketing name, e.g. ``NVIDIA H100 80GB HBM3``.
-        compute_capability: ``(major, minor)``.
-        total_memory: Bytes.
-    """
-
-    index: int
-    name: str
-    compute_capability: tuple[int, int]
-    total_memory: int
-
-    @property
-    def capability_text(self) -> str:
-        """``"9.0"``-style compute capability."""
-        return f"{self.compute_capability[0]}.{self.compute_capability[1]}"
-
-
-def tensorrt_installed() -> bool:
-    """True when a ``tensorrt`` package is importable (without importing it)."""
-    return find_spec("tensorrt") is not None
-
-
-def import_tensorrt() -> object:
-    """Import TensorRT, or raise with the install hint.
-
-    Raises:
-        BackendUnavailableError: TensorRT is missing or fails to import (e.g. the registry stub).
-    """
-    if not tensorrt_installed():
-        raise BackendUnavailableError(
-            format_message(
-                "TensorRT", "no `tensorrt` Python package", "TensorRT 10 or 11", TENSORRT_INSTALL_HINT
-            )
-        )
-    try:
-        import tensorrt as trt  # type: ignore[import-not-found]
-    except Exception as err:  # the PyPI stub raises while importing when NVIDIA's index was unreachable
-        raise BackendUnavailableError(
-            format_message(
-                "TensorRT",
-                f"a `tensorrt` package that fails to import ({err})",
-                "a working TensorRT 10 or 11",
-                TENSORRT_INSTALL_HINT,
-            )
-        ) from err
-    if not hasattr(trt, "Builder"):
-        raise BackendUnavailableError(
-            format_message(
-                "TensorRT",
-                "a placeholder `tensorrt` package without the bindings",
-                "a working TensorRT 10 or 11",
-                TENSORRT_INSTALL_HINT,
-            )
-        )
-    return trt
 
 
 def tensorrt_major(version: str) -> int:
@@ -128,68 +59,6 @@ def check_tensorrt_version(version: str) -> int:
             )
         )
     return major
-
-
-def cuda_device_count() -> int:
-    """Number of CUDA devices torch can see (0 without torch or without a GPU)."""
-    try:
-        import torch
-
-        return torch.cuda.device_count() if torch.cuda.is_available() else 0
-    except ImportError:
-        return 0
-
-
-def gpu_info(index: int = 0) -> GpuInfo | None:
-    """Facts about CUDA device ``index``, or None when there is no such device."""
-    if cuda_device_count() <= index:
-        return None
-    import torch
-
-    props = torch.cuda.get_device_properties(index)
-    return GpuInfo(
-        index=index,
-        name=str(props.name),
-        compute_capability=(int(props.major), int(props.minor)),
-        total_memory=int(props.total_memory),
-    )
-
-
-def device_index(device: str) -> int:
-    """CUDA index of ``cuda:N`` (0 for ``cuda``, ``gpu`` and ``auto``)."""
-    return int(device.split(":", 1)[1]) if device.startswith("cuda:") else 0
-
-
-def require_gpu(device: str, what: str) -> GpuInfo:
-    """Return the GPU ``device`` names, or refuse.
-
-    Raises:
-        BackendUnavailableError: ``cpu`` asked for, or no such CUDA device here.
-    """
-    if device == "cpu":
-        raise BackendUnavailableError(
-            format_message(
-                what,
-                "--device cpu",
-                "a CUDA GPU",
-                "TensorRT runs only on NVIDIA GPUs; use --backend onnxruntime for a CPU engine",
-            )
-        )
-    idx = device_index(device)
-    info = gpu_info(idx)
-    if info is None:
-        count = cuda_device_count()
-        raise BackendUnavailableError(
-            format_message(
-                what,
-                f"no CUDA device {idx} (this machine has {count} visible GPU(s))",
-                "an NVIDIA GPU",
-                "run on a machine with an NVIDIA GPU and driver (check `nvidia-smi`), or build an ONNX "
-                "Runtime "
-                "engine with --backend onnxruntime",
-            )
-        )
-    return info
 
 
 def check_capability(

@@ -18,14 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from mpinfer.engine.config import BuildConfig
-from mpinfer.engine.machine import (
-    STRONG_ONLY_TENSORRT_MAJOR,
-    GpuInfo,
-    check_tensorrt_version,
-    import_tensorrt,
-)
+from mpinfer.engine.machine import STRONG_ONLY_TENSORRT_MAJOR, check_tensorrt_version
 from mpinfer.errors import InvalidInputError, MpinferError, format_message
 from mpinfer.fileio import write_bytes_atomic
+from mpinfer.gpu import GpuInfo, import_tensorrt
 from mpinfer.specs import Precision
 
 logger = logging.getLogger(__name__)

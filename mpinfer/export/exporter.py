@@ -117,9 +117,18 @@ def resolve_specs(loaded: LoadedModel, inputs: Sequence[str], dynamic: Sequence[
         raise InvalidInputError(format_message(f"Model '{loaded.description}'", "no input specs",
                                                "--input name:dims:dtype for each input",
                                                "or define INPUT_SPECS / example_inputs() in the model file"))
-    symbols = {s for spec in specs for s in spec.symbols}
     if dynamic is None:
         return specs
+    return _with_dynamic(specs, dynamic)
+
+
+def _with_dynamic(specs: list[TensorSpec], dynamic: Sequence[str]) -> list[TensorSpec]:
+    """``specs`` with every symbolic dim outside ``dynamic`` fixed at its example size.
+
+    Raises:
+        InvalidInputError: ``dynamic`` names a symbol no spec has.
+    """
+    symbols = {s for spec in specs for s in spec.symbols}
     unknown = [d for d in dynamic if d not in symbols]
     if unknown:
         raise InvalidInputError(format_message(f"--dynamic {', '.join(unknown)}", "symbols not in the input specs",

@@ -25,12 +25,11 @@ from typing import Any, ClassVar, Protocol
 import numpy as np
 
 from mpinfer.backends.ort import OrtRunner, cuda_usable
-from mpinfer.backends.strict import StrictRunner
 from mpinfer.backends.trt_runner import TrtRunner
 from mpinfer.engine.config import Backend, BuildConfig, ShapeProfile
-from mpinfer.engine.machine import require_gpu
 from mpinfer.engine.trt_builder import build_trt_engine
 from mpinfer.errors import BackendUnavailableError, InvalidInputError, format_message
+from mpinfer.gpu import cuda_device_count, gpu_info, require_gpu, tensorrt_installed
 from mpinfer.metrics import relative_l2
 from mpinfer.modelio import ort_session, save_onnx
 from mpinfer.precision import probe
@@ -38,6 +37,7 @@ from mpinfer.precision.apply import apply_plan
 from mpinfer.precision.emulate import GraphEmulator
 from mpinfer.precision.graphinfo import GraphInfo
 from mpinfer.precision.kernels.numerics import is_float
+from mpinfer.precision.strict import StrictRunner
 from mpinfer.specs import Precision
 
 # Strict numerics screen only models whose kept FP32 reference runs hold at least this many float values per
@@ -75,6 +75,10 @@ class Evaluator(Protocol):
     wants_fp32_tensors: ClassVar[bool]
     emulated: ClassVar[bool]
     evaluations: int  # node evaluations so far: the search's cost figure
+
+    @classmethod
+    def check_available(cls) -> None:
+        """Refuse numerics this machine cannot run (a missing runtime or GPU), before any work."""
 
     def reference(self) -> list[Outputs]:
         """The FP32 model's outputs on the search batches (the reference every candidate is judged against)."""
@@ -188,6 +192,10 @@ class StrictEvaluator:
     supports_bf16: ClassVar[bool] = True
     wants_fp32_tensors: ClassVar[bool] = True
     emulated: ClassVar[bool] = True
+
+    @classmethod
+    def check_available(cls) -> None:
+        """Strict emulation runs wherever mpinfer does (numpy and ONNX Runtime's CPU kernels)."""
 
     def __init__(
         self,
@@ -310,6 +318,10 @@ class _AppliedEvaluator:
     supports_bf16: ClassVar[bool] = False
     wants_fp32_tensors: ClassVar[bool] = False
     emulated: ClassVar[bool] = False
+
+    @classmethod
+    def check_available(cls) -> None:
+        """Nothing to check by default (ONNX Runtime's CPU provider is a dependency of mpinfer)."""
 
     def __init__(
         self,
@@ -448,8 +460,12 @@ class OrtCudaEvaluator(OrtEvaluator):
     device: ClassVar[str] = "cuda"
 
     @classmethod
-    def session(cls, model: Any, base_dir: str = "") -> Runner:
-        """An ONNX Runtime session on the CUDA provider; refused where onnxruntime has none."""
+    def check_available(cls) -> None:
+        """Refuse an ONNX Runtime without a usable CUDA provider.
+
+        Raises:
+            BackendUnavailableError: No CUDA provider, or no visible GPU.
+        """
         if not cuda_usable():  # never a silent fall back to the CPU provider: that would be other numerics
             raise BackendUnavailableError(
                 format_message(
@@ -459,6 +475,11 @@ class OrtCudaEvaluator(OrtEvaluator):
                     "install onnxruntime-gpu, or use --numerics ort",
                 )
             )
+
+    @classmethod
+    def session(cls, model: Any, base_dir: str = "") -> Runner:
+        """An ONNX Runtime session on the CUDA provider; refused where onnxruntime has none."""
+        cls.check_available()
         return super().session(model, base_dir)
 
 
@@ -477,6 +498,30 @@ class TensorRtEvaluator(_AppliedEvaluator):
     device_index: ClassVar[int] = 0
     # Largest batch the engine's profile takes (the search batches and the verification's batches).
     max_rows: ClassVar[int] = 64
+
+    @classmethod
+    def check_available(cls) -> None:
+        """Refuse a machine without the ``tensorrt`` package or without the GPU (:attr:`device_index`).
+
+        Raises:
+            BackendUnavailableError: No TensorRT, or no such CUDA device.
+        """
+        hint = "run convert on a machine with an NVIDIA GPU and TensorRT, or use --numerics strict or ort"
+        if not tensorrt_installed():
+            raise BackendUnavailableError(
+                format_message(
+                    "--numerics tensorrt", "no `tensorrt` Python package", "TensorRT 10 or 11 and an NVIDIA GPU", hint
+                )
+            )
+        if gpu_info(cls.device_index) is None:
+            raise BackendUnavailableError(
+                format_message(
+                    "--numerics tensorrt",
+                    f"no CUDA device {cls.device_index} (this machine has {cuda_device_count()} visible GPU(s))",
+                    "an NVIDIA GPU",
+                    hint,
+                )
+            )
 
     @classmethod
     def session(cls, model: Any, base_dir: str = "") -> Runner:
@@ -529,3 +574,13 @@ def evaluator_class(numerics: str) -> type[Any]:
         return EVALUATORS[numerics]
     except KeyError:
         raise InvalidInputError(format_message("--numerics", repr(numerics), " or ".join(EVALUATORS))) from None
+
+
+def check_numerics(numerics: str) -> None:
+    """Refuse an unknown ``--numerics`` name, or numerics this machine cannot run; before any work.
+
+    Raises:
+        InvalidInputError: An unknown name.
+        BackendUnavailableError: The numerics' runtime or GPU is missing here (``ort-cuda``, ``tensorrt``).
+    """
+    evaluator_class(numerics).check_available()

@@ -22,9 +22,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from mpinfer.checks import Checks, parse_checks
-from mpinfer.compare.generate import Decoder, measure_candidate
 from mpinfer.data.decode import kv_layout, load_prompts, wants_decode
 from mpinfer.errors import InvalidInputError, format_message
+from mpinfer.generation import Decoder, measure_candidate
 from mpinfer.metrics import GENERATION_OUTPUT
 from mpinfer.precision.evaluators import evaluator_class
 from mpinfer.specs import specs_from_onnx

@@ -22,7 +22,7 @@ from typing import Any
 
 from mpinfer.checks import parse_checks
 from mpinfer.errors import InvalidInputError, format_message
-from mpinfer.precision.evaluators import EVALUATORS, evaluator_class
+from mpinfer.precision.evaluators import EVALUATORS, check_numerics, evaluator_class
 from mpinfer.specs import Precision
 
 logger = logging.getLogger(__name__)
@@ -106,7 +106,7 @@ def resolve_options(cfg: Any, plan: Any = None) -> Options:
             with ``--plan``.
     """
     numerics = cfg.numerics if cfg.numerics is not None else "strict"
-    evaluator_class(numerics)  # an unknown name: refused with the names there are
+    check_numerics(numerics)  # an unknown name, or numerics this machine cannot run (no CUDA provider, no GPU)
     search = cfg.search_samples if cfg.search_samples is not None else DEFAULT_SEARCH_SAMPLES
     for flag, value in (("--search-samples", search), ("--verify-samples", cfg.verify_samples)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):

@@ -3,7 +3,7 @@
 The budget search reads a slice of the calibration data (``--search-samples``); the guarantee never does.
 After the search, :func:`verify_and_repair` streams every calibration sample (or ``--verify-samples``),
 batch by batch, through the converted model exactly as it will be written, under the chosen numerics
-(strict emulation: :class:`mpinfer.backends.strict.StrictRunner`; or ONNX Runtime), against the FP32
+(strict emulation: :class:`mpinfer.precision.strict.StrictRunner`; or ONNX Runtime), against the FP32
 model run by ONNX Runtime — the same computation ``mpinfer compare --numerics strict|ort`` does. Only the
 running sums of the metrics core are kept, never the outputs, so memory is one batch whatever the data.
 

@@ -12,17 +12,14 @@ import logging
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from mpinfer.claim import claim_outputs
+from mpinfer.claim import OutputClaim, claim_outputs
 from mpinfer.compare.result import ComparisonResult
 from mpinfer.errors import InvalidInputError, format_message
 from mpinfer.fileio import check_output_path, read_json
 from mpinfer.report.html import render_html
 from mpinfer.report.markdown import render_markdown
-
-if TYPE_CHECKING:
-    from mpinfer.claim import OutputClaim
 
 logger = logging.getLogger(__name__)
 

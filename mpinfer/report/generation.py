@@ -1,7 +1,7 @@
 """Generation figures (``mpinfer compare --generate N``) in the console and the Markdown report.
 
 They travel in the report JSON as ``data["generation"]``: one :meth:`GenerationResult.to_dict
-<mpinfer.compare.generate.GenerationResult.to_dict>` per candidate.
+<mpinfer.generation.GenerationResult.to_dict>` per candidate.
 """
 
 from __future__ import annotations

@@ -293,6 +293,12 @@ class AmpTrainer:
         logger.info("training %s on %s: %s, %s, epochs %d-%d, %d process(es)", cfg.to_dict()["model"],
                     self._data_desc, cfg.precision.value, dist.device, self.start_epoch + 1, cfg.epochs,
                     dist.world)
+        self._epochs(stop_after_epoch, overflow_path)
+        return self._finish(t_start, overflow_path)
+
+    def _epochs(self, stop_after_epoch: int | None, overflow_path: Path | None) -> None:
+        """Train (and evaluate, and checkpoint) epoch by epoch; the overflow report written on a collapse."""
+        cfg, dist = self.config, self.dist
         with self._progress() as progress:
             for epoch in range(self.start_epoch, cfg.epochs):
                 try:
@@ -308,6 +314,11 @@ class AmpTrainer:
                 barrier(dist)
                 if stop_after_epoch is not None and epoch + 1 >= stop_after_epoch:
                     break
+
+    def _finish(self, t_start: float, overflow_path: Path | None) -> TrainResult:
+        """Log the end, write the overflow report and the summary; the result's paths."""
+        cfg, dist = self.config, self.dist
+        out = cfg.output
         done = self.history[-1]["epoch"] if self.history else 0
         logger.info("training done after epoch %d in %.1f s", done, time.perf_counter() - t_start)
         if self.monitor is not None and overflow_path is not None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from mpinfer.backends import open_runner
 from mpinfer.errors import ModelLoadError
+from mpinfer.runners import open_runner
 
 
 def test_directory_is_not_called_a_missing_file(tmp_path):

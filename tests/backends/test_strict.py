@@ -8,9 +8,9 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from mpinfer.backends.ort import OrtRunner
-from mpinfer.backends.strict import StrictRunner
 from mpinfer.errors import BackendUnavailableError, InvalidInputError
 from mpinfer.modelio import save_onnx
+from mpinfer.precision.strict import StrictRunner
 from tests.precision.numerics_graphs import export_module
 from tests.tolerances import assert_onnx_outputs_close
 

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from mpinfer.backends import open_runner
 from mpinfer.backends.ort import OrtRunner
 from mpinfer.backends.torch_runner import TorchRunner
 from mpinfer.errors import BackendUnavailableError, InvalidInputError, ModelLoadError
+from mpinfer.runners import open_runner
 from tests.tolerances import torch_reorder_atol
 
 

@@ -226,7 +226,7 @@ def test_precision_summary_from_model_and_plan(mlp_files):
 
 def test_strict_numerics_sees_what_ort_hides(mlp_files):
     """ORT's CPU provider folds Cast pairs and computes in FP32; the strict emulator overflows like a GPU."""
-    pytest.importorskip("mpinfer.backends.strict", reason="strict numerics not in this build")
+    pytest.importorskip("mpinfer.precision.strict", reason="strict numerics not in this build")
     kw = {"data": str(mlp_files["big"]), "checks": "cosine>=0.9999"}
     assert compare_models(_cfg(mlp_files["base"], mlp_files["fp16"], **kw))
     strict = compare_models(_cfg(mlp_files["base"], mlp_files["fp16"], numerics="strict", **kw))

@@ -10,9 +10,9 @@ import numpy as np
 import onnx
 import pytest
 
-from mpinfer.compare.generate import GenerateConfig, first_divergence, generate_compare, perplexity, step_cosines
 from mpinfer.errors import InvalidInputError
 from mpinfer.export import ExportConfig, export_onnx
+from mpinfer.generation import GenerateConfig, first_divergence, generate_compare, perplexity, step_cosines
 from tests.conftest import assert_user_error
 from tests.kv_models import llama_folder, prompts_npz
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from mpinfer.engine.machine import tensorrt_installed
+from mpinfer.gpu import tensorrt_installed
 from tests.conftest import assert_user_error
 
 

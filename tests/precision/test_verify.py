@@ -292,7 +292,7 @@ def test_pipeline_convert_table_takes_the_knobs_and_budget_none(grown, tmp_path)
 @pytest.fixture
 def strict_rows(monkeypatch):
     """The sample counts of every batch the strict emulator runs (StrictRunner._infer), in order."""
-    from mpinfer.backends.strict import StrictRunner
+    from mpinfer.precision.strict import StrictRunner
 
     ran: list[int] = []
     real = StrictRunner._infer
