@@ -84,14 +84,9 @@ def _published(names: str, tmp: Path) -> list[tuple[str, dict[str, Any]]]:
     sys.path.insert(0, str(ROOT / "bench"))
     import published
 
-    models = published.fetch()
-    tasks = published.tasks(models)
     cases = []
-    for name in names.split(","):
-        task = tasks[name]
-        npz = tmp / f"{name}.cal.npz"
-        np.savez(npz, **task.calibration())
-        common = dict(model=models[name], calibration=str(npz), batch_size=task.batch_size)
+    for name, model, npz, batch_size in published.task_cases(names, tmp):
+        common = dict(model=model, calibration=str(npz), batch_size=batch_size)
         cases.append((f"{name}-strict-floor", common))
         cases.append((f"{name}-ort-budget", dict(common, budget="cosine>=0.9999", numerics="ort")))
         cases.append((f"{name}-strict-tight", dict(common, budget="cosine_min>=0.99999")))  # searches move groups

@@ -518,6 +518,21 @@ def main() -> None:
     (args.out / "published.md").write_text(markdown(rows))
     print(markdown(rows))
 
+def task_cases(names: str, out: Path) -> list[tuple[str, Path, Path, int | None]]:
+    """Models by name (``layout,vad``) with their task calibration data written to ``out``: (name, model, .npz,
+    batch size). For benchmarks that convert these models (bench/verify_cost.py, bench/plan_digest.py)."""
+    models = fetch()
+    all_tasks = tasks(models)
+    cases = []
+    for name in names.split(","):
+        task = all_tasks[name]
+        npz = out / f"{name}.cal.npz"
+        if not npz.exists():
+            np.savez(npz, **task.calibration())
+        cases.append((name, models[name], npz, task.batch_size))
+    return cases
+
+
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":

@@ -109,16 +109,7 @@ def published_cases(names: str, out: Path) -> list[tuple[str, Path, Path, int | 
     sys.path.insert(0, str(ROOT / "bench"))
     import published
 
-    models = published.fetch()
-    tasks = published.tasks(models)
-    cases = []
-    for name in names.split(","):
-        task = tasks[name]
-        npz = out / f"{name}.cal.npz"
-        if not npz.exists():
-            np.savez(npz, **task.calibration())
-        cases.append((name, models[name], npz, task.batch_size))
-    return cases
+    return published.task_cases(names, out)
 
 
 def run(tree: Path, model: Path, data: Path, out: Path, budget: str | None, numerics: str,

@@ -32,12 +32,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     has_gpu = None
     has_trt = find_spec("tensorrt") is not None
     for item in items:
-        if "gpu" in item.keywords:
+        if item.get_closest_marker("gpu") is not None:  # the marker, not any keyword (a test or param id)
             if has_gpu is None:
                 has_gpu = _cuda_available()
             if not has_gpu:
                 item.add_marker(no_gpu)
-        if "tensorrt" in item.keywords and not has_trt:
+        if item.get_closest_marker("tensorrt") is not None and not has_trt:
             item.add_marker(no_trt)
 
 

@@ -84,7 +84,9 @@ class ConvertConfig:
         keep_ops / low_ops: Op types forced FP32 / low.
         keep_nodes / low_nodes: Node-address regexes forced FP32 / low.
         keep_fp32_from: An overflow.json from ``mpinfer train``: its modules stay FP32.
-        numerics: ``strict`` (GraphEmulator) or ``ort`` (ONNX Runtime) for verifying candidates; None = strict.
+        numerics: The evaluator that verifies candidates and the final model (``strict``: the GraphEmulator;
+            ``ort``/``ort-cuda``: ONNX Runtime's CPU/CUDA kernels; ``tensorrt``: an engine per candidate;
+            :data:`mpinfer.precision.evaluators.EVALUATORS`); None = strict.
         keep_io_types: Graph inputs/outputs stay FP32; None = True (with ``plan``: the plan's; a different
             value is applied and recorded in the plan written beside the output).
         opset: Upgrade the model to this default-domain opset first (ONNX's version converter), e.g. 22, where

@@ -52,7 +52,8 @@ class Options:
     Attributes:
         precision: FP16 or BF16.
         keep_io_types: Graph inputs/outputs stay FP32.
-        numerics: ``strict`` or ``ort``.
+        numerics: An :data:`~mpinfer.precision.evaluators.EVALUATORS` name (``strict``, ``ort``, ``ort-cuda``,
+            ``tensorrt``), checked runnable here.
         opset: The opset to upgrade to first, or None.
         budget: The budget the plan must meet on the calibration data, or None (no budget at all).
         default_budget: True when ``budget`` is the default floor (no ``--budget`` given).
