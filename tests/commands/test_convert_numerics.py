@@ -30,8 +30,7 @@ MISSING = {
                  lambda: tensorrt_installed() and gpu_info(0) is not None),
 }
 
-# Test ids that are not the bare word "tensorrt": conftest skips an item with that keyword where TensorRT is absent,
-# and these tests need its absence.
+# Test ids apart from the marker names (conftest skips by the `tensorrt` marker; these tests need TensorRT's absence).
 NUMERICS_IDS = [f"numerics-{name}" for name in sorted(MISSING)]
 
 
