@@ -84,13 +84,20 @@ def test_a_second_run_on_a_work_dir_fails_at_once(tmp_path):
     assert run_pipeline(toml, registry=REGISTRY).stages[0].status == "ran"
 
 
+def _default_sigint() -> None:
+    """In the child before exec: SIGINT as a terminal delivers it. A harness that starts the suite in the background
+    (`cmd &` in a non-interactive shell) has SIGINT ignored, an ignored signal stays ignored across exec, and Python
+    then installs no KeyboardInterrupt handler: the Ctrl-C would never arrive."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_during_convert_exits_130_and_writes_nothing(tmp_path):
     model = make_mlp(tmp_path / "m.onnx", width=512, layers=8)
     out = tmp_path / "m16.onnx"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen([sys.executable, "-m", "mpinfer", "convert", str(model), "-o", str(out),
                              "--calibration", "random:64", "--budget", "cosine>=0.9999999"],
-                            cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True)
+                            cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True, preexec_fn=_default_sigint)
     deadline = time.monotonic() + 60
     while not lock_path(out).exists():  # claimed: the work has started
         assert proc.poll() is None and time.monotonic() < deadline
