@@ -81,3 +81,21 @@ def test_dims_as_a_mapping_and_defaults(mlp, tmp_path):
     result = mpinfer.convert(model, out, calibration="random:8", dim={"batch": 4}, budget="none")
     assert result.plan.precision.value == "fp16"  # the CLI's default precision
     assert out.is_file()
+
+
+def test_every_cli_option_is_a_config_field():
+    """convert and compare build their config from click's parameters by name: an option without a field of its
+    name (or a mapped one) would fail only when used, as a TypeError; this says which at once."""
+    from dataclasses import fields
+
+    from mpinfer.commands import compare as compare_cmd
+    from mpinfer.commands import convert as convert_cmd
+    from mpinfer.compare import CompareConfig
+    from mpinfer.precision import ConvertConfig
+
+    convert_fields = {f.name for f in fields(ConvertConfig)}
+    assert {p.name for p in convert_cmd.convert.params} <= convert_fields
+    compare_fields = {f.name for f in fields(CompareConfig)}
+    mapped = {compare_cmd.CONFIG_NAMES.get(p.name, p.name) for p in compare_cmd.compare.params
+              if p.name not in compare_cmd.OUTPUT_OPTIONS}
+    assert mapped <= compare_fields, mapped - compare_fields
