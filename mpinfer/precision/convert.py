@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -24,13 +25,18 @@ from mpinfer.errors import AccuracyMismatchError, InvalidInputError, format_mess
 from mpinfer.fileio import check_output_path, sha256_file
 from mpinfer.memory import budgeted, release_memory
 from mpinfer.modelio import (
+    DATA_ALIGNMENT,
+    EXTERNAL_DATA_THRESHOLD,
     MAX_OPSET,
     data_file,
     external_data_files,
+    iter_graphs,
     load_onnx,
     name_nodes,
     require_file,
     save_onnx,
+    save_streamed,
+    small_enough_to_size,
     uses_external_data,
 )
 from mpinfer.precision.apply import ApplyResult
@@ -62,6 +68,13 @@ from mpinfer.precision.verify import verification_record, verify_and_repair
 from mpinfer.specs import Precision
 
 logger = logging.getLogger(__name__)
+
+# Weights embedded in the input .onnx beyond this many bytes are converted like external ones (``_load``): written
+# once as external data into the run's staging folder and memory-mapped from there, never held in memory. In memory,
+# convert peaks at about 6x the weights (the proto, its copies in the search's and the rewrite's models, the
+# serialized output: bench/RESULTS.md, issue 22), so 256 MiB is where that reaches ~1.5 GB; a copy of the weights
+# costs one sequential write (a second per few hundred MB) and their size in temporary disk space.
+EMBEDDED_LAZY_BYTES = 256 * 2**20
 
 
 @dataclass(frozen=True)
@@ -215,7 +228,8 @@ def _convert(cfg: ConvertConfig, claim: OutputClaim) -> ConvertResult:
     start = time.perf_counter()
     out, plan_out = _check_outputs(cfg)
     opts, in_place = _resolve(cfg, plan_out)
-    info, sha, large = _load(Path(cfg.model), opts, force=cfg.force)
+    loaded = _load(Path(cfg.model), opts, force=cfg.force, scratch=claim.scratch)
+    info, sha = loaded.info, loaded.sha
     opts = split_generation_budget(cfg, opts, info.model)  # token_agreement... verified by decoding
     if cfg.plan is not None:
         made = _reapply(Path(cfg.plan), opts, info, sha, force=cfg.force)
@@ -224,7 +238,7 @@ def _convert(cfg: ConvertConfig, claim: OutputClaim) -> ConvertResult:
     release_memory()  # the search's emulator and its rounded weights (reference cycles) go before the rewrite
     # External weights: each candidate is written (streamed, tensor by tensor) at the claim's staged path and gated
     # and verified there, like a small model in memory; publishing moves model and data into place.
-    staged = (claim.stage(out), Path(cfg.model)) if large else None
+    staged = (claim.stage(out), loaded.weights) if loaded.weights is not None else None
     result = _apply(made, info, opts.precision, staged=staged)
     verification = None
     if made.verify is not None:
@@ -233,6 +247,8 @@ def _convert(cfg: ConvertConfig, claim: OutputClaim) -> ConvertResult:
     plan = _summarize(made, info, result, verification, opts.precision)
     if staged is None:
         save_onnx(result.model, claim.stage(out))  # already through the validity gate (apply_validated)
+    elif loaded.copied:
+        _embed_weights(staged[0])  # the user's model was one file: so is the output, where it fits one
     if not in_place:
         plan.save(claim.stage(plan_out))
     claim.publish()  # model, data and plan: both or neither
@@ -276,17 +292,81 @@ def _resolve(cfg: ConvertConfig, plan_out: Path) -> tuple[Options, bool]:
     return opts, in_place
 
 
-def _load(model_path: Path, opts: Options, *, force: bool) -> tuple[GraphInfo, str, bool]:
-    """Load, check and name the model; returns its GraphInfo, sha256 and whether weights stay external."""
-    # External weights stay where they are: calibration's ONNX Runtime sessions and the strict emulator memory-map
-    # them from the model's folder, so the proto in memory is the graph alone however big the weights.
+def _load(model_path: Path, opts: Options, *, force: bool, scratch: Callable[[], Path]) -> _Loaded:
+    """Load, check and name the model; its weights stay on disk when external, or copied there when big.
+
+    External weights stay where they are: calibration's ONNX Runtime sessions and the strict emulator memory-map
+    them from the model's folder, so the proto in memory is the graph alone however big the weights. Weights
+    embedded in the .onnx that pass EMBEDDED_LAZY_BYTES are written once as external data into ``scratch()`` (a
+    private folder of the run's staging folder, removed with it) and the model is converted from that copy.
+    """
     model: Any = load_onnx(model_path, load_external_data=False)
-    large = uses_external_data(model)
-    base_dir = str(model_path.resolve().parent)
+    weights = model_path if uses_external_data(model) else None
     sha = sha256_file(model_path)
     model = check_not_low(model, str(model_path), force=force)
+    if weights is None and embedded_bytes(model) > EMBEDDED_LAZY_BYTES:
+        weights = scratch() / "input.onnx"
+        logger.info("Weights embedded in '%s' (%.0f MB): converted from a copy in external data in the run's scratch "
+                    "folder, memory-mapped", model_path, embedded_bytes(model) / 1e6)
+        ir_version = model.ir_version
+        save_streamed(model, weights, data_file(weights).name)  # (clears the weights out of this proto as it goes)
+        del model
+        release_memory()  # the whole proto, before the graph alone is read back
+        model = load_onnx(weights, load_external_data=False)
+        model.ir_version = ir_version  # (save_streamed wrote the IR version it writes outputs at)
     model = ensure_opset(name_nodes(model), opts.precision, opset=opts.opset)
-    return GraphInfo(model, base_dir=base_dir if large else None), sha, large
+    base_dir = str(weights.resolve().parent) if weights is not None else None
+    return _Loaded(GraphInfo(model, base_dir=base_dir), sha, weights, weights is not None and weights != model_path)
+
+
+@dataclass(frozen=True)
+class _Loaded:
+    """The input model as convert reads it.
+
+    Attributes:
+        info: Its GraphInfo (the graph alone when ``weights`` is set: ``info.base_dir`` is that file's folder).
+        sha: The sha256 of the user's file.
+        weights: The .onnx file whose external data holds the weights (the user's file, or ``copied`` into the
+            run's scratch folder); None = in memory.
+        copied: Whether ``weights`` is the scratch copy of an input with embedded weights.
+    """
+
+    info: GraphInfo
+    sha: str
+    weights: Path | None
+    copied: bool
+
+
+def embedded_bytes(model: Any) -> int:
+    """The bytes of the initializers stored in ``model``'s proto itself (bodies included)."""
+    return sum(len(t.raw_data) for g in iter_graphs(model.graph) for t in g.initializer)
+
+
+def _embed_weights(path: Path) -> None:
+    """Bring the staged output's weights back into its .onnx when the whole fits one file (under 2 GB).
+
+    What the in-memory path writes (:func:`mpinfer.modelio.save_onnx`'s rule): the converted weights are read once,
+    the model serialized once, and the data file removed.
+    """
+    data = data_file(path)
+    if not data.exists():
+        return
+    graph = load_onnx(path, load_external_data=False)
+    tensors = [t for g in iter_graphs(graph.graph) for t in g.initializer if t.external_data]
+    if data.stat().st_size - DATA_ALIGNMENT * len(tensors) >= EXTERNAL_DATA_THRESHOLD:
+        return  # (the tensors alone pass 2 GB, whatever their padding)
+    del graph, tensors
+    model = load_onnx(path)
+    for g in iter_graphs(model.graph):
+        for t in g.initializer:
+            t.ClearField("data_location")  # (load_external_data_for_model sets it to DEFAULT: as if never external)
+    if not small_enough_to_size(model) or model.ByteSize() >= EXTERNAL_DATA_THRESHOLD:
+        return
+    tmp = path.with_name(path.name + ".embedded")
+    tmp.write_bytes(model.SerializeToString(deterministic=True))
+    del model
+    os.replace(tmp, path)
+    data.unlink()
 
 
 def _rule_options(cfg: ConvertConfig, model: Any) -> RuleOptions:
