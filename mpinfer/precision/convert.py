@@ -23,7 +23,7 @@ from mpinfer.checks import parse_checks
 from mpinfer.claim import OutputClaim, claim_outputs
 from mpinfer.errors import AccuracyMismatchError, InvalidInputError, format_message
 from mpinfer.fileio import check_output_path, sha256_file
-from mpinfer.memory import budgeted, release_memory
+from mpinfer.memory import budgeted, current_budget, release_memory
 from mpinfer.modelio import (
     DATA_ALIGNMENT,
     EXTERNAL_DATA_THRESHOLD,
@@ -69,12 +69,18 @@ from mpinfer.specs import Precision
 
 logger = logging.getLogger(__name__)
 
-# Weights embedded in the input .onnx beyond this many bytes are converted like external ones (``_load``): written
-# once as external data into the run's staging folder and memory-mapped from there, never held in memory. In memory,
-# convert peaks at about 6x the weights (the proto, its copies in the search's and the rewrite's models, the
-# serialized output: bench/RESULTS.md, issue 22), so 256 MiB is where that reaches ~1.5 GB; a copy of the weights
-# costs one sequential write (a second per few hundred MB) and their size in temporary disk space.
-EMBEDDED_LAZY_BYTES = 256 * 2**20
+
+def lazy_threshold() -> int:
+    """Embedded weight bytes above which convert reads the weights from a scratch copy in external data (``_load``).
+
+    The memory budget's probe slice (the limit / 24: 500 MB at the default 12 GB cap, less with a smaller
+    ``--memory-limit``): in memory, convert peaks at about 6x the weights (the proto, its copies in the search's and
+    the rewrite's models, the serialized output: bench/RESULTS.md, issue 22), and above that slice the budget search
+    already gives up its ONNX Runtime probe (a second copy of the converted weights) and measures with the emulator,
+    as it does for external weights, so a model planned from the copy gets the plan it gets in memory. The copy costs
+    one sequential write of the weights and their size in temporary disk space beside the output.
+    """
+    return current_budget().probe
 
 
 @dataclass(frozen=True)
@@ -297,14 +303,14 @@ def _load(model_path: Path, opts: Options, *, force: bool, scratch: Callable[[],
 
     External weights stay where they are: calibration's ONNX Runtime sessions and the strict emulator memory-map
     them from the model's folder, so the proto in memory is the graph alone however big the weights. Weights
-    embedded in the .onnx that pass EMBEDDED_LAZY_BYTES are written once as external data into ``scratch()`` (a
+    embedded in the .onnx that pass :func:`lazy_threshold` are written once as external data into ``scratch()`` (a
     private folder of the run's staging folder, removed with it) and the model is converted from that copy.
     """
     model: Any = load_onnx(model_path, load_external_data=False)
     weights = model_path if uses_external_data(model) else None
     sha = sha256_file(model_path)
     model = check_not_low(model, str(model_path), force=force)
-    if weights is None and embedded_bytes(model) > EMBEDDED_LAZY_BYTES:
+    if weights is None and embedded_bytes(model) > lazy_threshold():
         weights = scratch() / "input.onnx"
         logger.info("Weights embedded in '%s' (%.0f MB): converted from a copy in external data in the run's scratch "
                     "folder, memory-mapped", model_path, embedded_bytes(model) / 1e6)

@@ -1,4 +1,4 @@
-"""Embedded weights past EMBEDDED_LAZY_BYTES: converted from a scratch copy in external data, published as before."""
+"""Embedded weights past convert.lazy_threshold(): converted from a scratch copy in external data."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def _entries(folder: Path) -> set[str]:
 @pytest.fixture
 def lazy(monkeypatch):
     """Every embedded model takes the scratch-copy path."""
-    monkeypatch.setattr(convert_module, "EMBEDDED_LAZY_BYTES", 0)
+    monkeypatch.setattr(convert_module, "lazy_threshold", lambda: 0)
 
 
 @pytest.mark.parametrize("numerics", ["strict", "ort"])
@@ -50,7 +50,7 @@ def test_scratch_copy_plans_and_writes_what_the_in_memory_path_does(tmp_path, mo
     src = save(chain(6), tmp_path / "in" / "m.onnx")
     cal = _npz(tmp_path / "cal.npz")
     memory = _convert(src, tmp_path / "memory" / "m.fp16.onnx", cal, numerics=numerics)
-    monkeypatch.setattr(convert_module, "EMBEDDED_LAZY_BYTES", 0)
+    monkeypatch.setattr(convert_module, "lazy_threshold", lambda: 0)
     with caplog.at_level(logging.INFO, logger="mpinfer.precision.convert"):
         lazy = _convert(src, tmp_path / "lazy" / "m.fp16.onnx", cal, numerics=numerics)
     assert any("external data in the run's scratch folder" in r.getMessage() for r in caplog.records)
