@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import logging
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import onnx
@@ -15,6 +20,8 @@ from mpinfer.precision import ConvertConfig, convert_precision
 from mpinfer.precision.convert import plan_path_for
 from tests.precision.graphs import chain, save
 from tests.precision.test_search import _npz
+from tests.test_fault_injection import ROOT, make_mlp
+from tests.test_pipeline_errors import _default_sigint
 
 BUDGET = "max_abs<=2e-3"  # a mixed plan under strict numerics: the search moves groups back to FP32
 
@@ -96,3 +103,29 @@ def test_scratch_copy_is_removed_on_error_and_interrupt(tmp_path, monkeypatch, l
         _convert(src, out, cal)
     assert not (tmp_path / "out").exists() or _entries(tmp_path / "out") == set()
     assert _entries(tmp_path / "in") == {"m.onnx"}
+
+
+def test_cli_ctrl_c_after_the_copy_leaves_nothing(tmp_path):
+    """End to end, no patching: a --memory-limit whose probe share (limit / 24: 11 MB) the 16 MB of weights pass."""
+    model = make_mlp(tmp_path / "m.onnx", width=1024, layers=4)
+    out = tmp_path / "m16.onnx"
+    args = [sys.executable, "-m", "mpinfer", "-v", "convert", str(model), "--memory-limit", "256MiB"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([*args, "-o", str(tmp_path / "ok.onnx"), "--calibration", "random:8"], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "external data in the run's scratch folder" in done.stderr  # the copy was taken
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx", "ok.onnx", "ok.plan.json"]
+    for name in ("ok.onnx", "ok.plan.json"):
+        (tmp_path / name).unlink()
+    proc = subprocess.Popen([*args, "-o", str(out), "--calibration", "random:64", "--budget", "cosine>=0.9999999"],
+                            cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True, preexec_fn=_default_sigint)
+    deadline = time.monotonic() + 60
+    while not list(tmp_path.glob(".*.tmp/.scratch/input.onnx.data")):  # the copy is being written or is there
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "Interrupted. Nothing was written" in err and "Traceback" not in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]  # no output, no lock, no copy
