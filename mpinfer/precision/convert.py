@@ -310,10 +310,11 @@ def _load(model_path: Path, opts: Options, *, force: bool, scratch: Callable[[],
     weights = model_path if uses_external_data(model) else None
     sha = sha256_file(model_path)
     model = check_not_low(model, str(model_path), force=force)
-    if weights is None and embedded_bytes(model) > lazy_threshold():
+    embedded = embedded_bytes(model) if weights is None else 0
+    if embedded > lazy_threshold():
         weights = scratch() / "input.onnx"
         logger.info("Weights embedded in '%s' (%.0f MB): converted from a copy in external data in the run's scratch "
-                    "folder, memory-mapped", model_path, embedded_bytes(model) / 1e6)
+                    "folder, memory-mapped", model_path, embedded / 1e6)
         ir_version = model.ir_version
         save_streamed(model, weights, data_file(weights).name)  # (clears the weights out of this proto as it goes)
         del model
