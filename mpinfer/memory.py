@@ -105,6 +105,18 @@ def available_memory() -> int | None:
     return None
 
 
+class _Slice:
+    """A :class:`MemoryBudget` attribute named for a key of :data:`SHARES`: that slice of the budget's limit."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        if name not in SHARES:
+            raise KeyError(f"MemoryBudget.{name}: no share of that name in SHARES")
+        self.name = name
+
+    def __get__(self, budget: MemoryBudget, owner: type | None = None) -> int:
+        return budget.slice(self.name)
+
+
 @dataclass(frozen=True)
 class MemoryBudget:
     """The most bytes a run holds besides the model's memory-mapped weights, and its slices.
@@ -121,55 +133,17 @@ class MemoryBudget:
         """The bytes of slice ``name`` (a key of :data:`SHARES`): the limit divided by its share."""
         return max(1, self.limit // SHARES[name])
 
-    @property
-    def calibration_call(self) -> int:
-        """Tensors one ONNX Runtime call of calibration returns."""
-        return self.slice("calibration_call")
-
-    @property
-    def capture(self) -> int:
-        """Calibration's captured FP32 tensors of the first batches."""
-        return self.slice("capture")
-
-    @property
-    def capture_outputs(self) -> int:
-        """Calibration's kept graph outputs of the later batches (the final verification's reference)."""
-        return self.slice("capture_outputs")
-
-    @property
-    def random_calibration(self) -> int:
-        """Bytes of FP32 tensors after which default random calibration data stops."""
-        return self.slice("random_calibration")
-
-    @property
-    def search(self) -> int:
-        """FP32 tensors of the samples the budget search verifies on."""
-        return self.slice("search")
-
-    @property
-    def verify_run(self) -> int:
-        """FP32 tensors of one run of convert's final verification."""
-        return self.slice("verify_run")
-
-    @property
-    def weight_cache(self) -> int:
-        """The strict emulator's cache of rounded weights."""
-        return self.slice("weight_cache")
-
-    @property
-    def probe(self) -> int:
-        """The search's ONNX Runtime probe model."""
-        return self.slice("probe")
-
-    @property
-    def divergence_chunk(self) -> int:
-        """Compare's divergence tensors per model run."""
-        return self.slice("divergence_chunk")
-
-    @property
-    def body(self) -> int:
-        """Compare's baseline body observations per batch."""
-        return self.slice("body")
+    # One attribute per slice, documented in SHARES: ``budget.search == budget.slice("search")``.
+    calibration_call = _Slice()
+    capture = _Slice()
+    capture_outputs = _Slice()
+    random_calibration = _Slice()
+    search = _Slice()
+    verify_run = _Slice()
+    weight_cache = _Slice()
+    probe = _Slice()
+    divergence_chunk = _Slice()
+    body = _Slice()
 
     @classmethod
     def from_setting(cls, setting: str | int | None) -> MemoryBudget:
