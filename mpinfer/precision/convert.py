@@ -233,14 +233,15 @@ def _convert(cfg: ConvertConfig, claim: OutputClaim) -> ConvertResult:
     """
     start = time.perf_counter()
     out, plan_out = _check_outputs(cfg)
-    opts, in_place = _resolve(cfg, plan_out)
+    opts, in_place, given_plan = _resolve(cfg, plan_out)
     loaded = _load(Path(cfg.model), opts, force=cfg.force, scratch=claim.scratch)
     info, sha = loaded.info, loaded.sha
-    opts = split_generation_budget(cfg, opts, info.model)  # token_agreement... verified by decoding
-    if cfg.plan is not None:
-        made = _reapply(Path(cfg.plan), opts, info, sha, force=cfg.force)
+    if given_plan is not None:
+        made = _reapply(given_plan, Path(str(cfg.plan)), opts, info, sha, force=cfg.force)
     else:
-        made = _make_plan(opts, info, sha, _rule_options(cfg, info.model), CalibrationSettings.of(cfg))
+        data = CalibrationSettings.of(cfg)
+        opts = split_generation_budget(data, opts, info.model)  # token_agreement... verified by decoding
+        made = _make_plan(opts, info, sha, _rule_options(cfg, info.model), data)
     release_memory()  # the search's emulator and its rounded weights (reference cycles) go before the rewrite
     # External weights: each candidate is written (streamed, tensor by tensor) at the claim's staged path and gated
     # and verified there, like a small model in memory; publishing moves model and data into place.
@@ -281,7 +282,7 @@ def _check_outputs(cfg: ConvertConfig) -> tuple[Path, Path]:
     return out, plan_path_for(out)
 
 
-def _resolve(cfg: ConvertConfig, plan_out: Path) -> tuple[Options, bool]:
+def _resolve(cfg: ConvertConfig, plan_out: Path) -> tuple[Options, bool, PrecisionPlan | None]:
     """The options resolved against the defaults and ``--plan``; whether the plan is re-applied in place."""
     loaded = None
     if cfg.plan is not None:
@@ -295,7 +296,7 @@ def _resolve(cfg: ConvertConfig, plan_out: Path) -> tuple[Options, bool]:
     if not in_place:  # (re-applied in place: not rewritten)
         # an existing plan may hold a user's edits: replaced only with --force, like the model beside it
         check_output_path(plan_out, [cfg.model, cfg.keep_fp32_from], force=cfg.force)
-    return opts, in_place
+    return opts, in_place, loaded
 
 
 def _load(model_path: Path, opts: Options, *, force: bool, scratch: Callable[[], Path]) -> _Loaded:
@@ -490,9 +491,11 @@ def _expected_error(opts: Options, info: GraphInfo, nodes: list[NodeDecision], c
     return expected
 
 
-def _reapply(plan_path: Path, opts: Options, info: GraphInfo, sha: str, *, force: bool) -> _Planned:
+def _reapply(
+    plan: PrecisionPlan, plan_path: Path, opts: Options, info: GraphInfo, sha: str, *, force: bool
+) -> _Planned:
     """The plan of ``--plan``, with explicit ``--keep-io-types``/``--opset`` applied to it."""
-    plan = _read_plan(plan_path, info, sha, force=force)
+    _check_plan(plan, plan_path, info, sha, force=force)
     rewrite_planned_masks(info, plan.nodes, plan.precision)  # the attention masks the plan rewrites
     plan.keep_io_types = opts.keep_io_types
     expected, search_cost = plan.summary.get("expected_error", {}), plan.summary.get("search")
@@ -514,9 +517,8 @@ def _reapply(plan_path: Path, opts: Options, info: GraphInfo, sha: str, *, force
     return _Planned(plan, expected, search_cost)
 
 
-def _read_plan(plan_path: Path, info: GraphInfo, sha: str, *, force: bool) -> PrecisionPlan:
-    """The ``--plan`` file, checked against this model (its nodes, and low only where the node can be)."""
-    plan = PrecisionPlan.load(plan_path)
+def _check_plan(plan: PrecisionPlan, plan_path: Path, info: GraphInfo, sha: str, *, force: bool) -> None:
+    """``--plan`` (as :func:`_resolve` read it) against this model: its nodes, low only where they can be."""
     plan.check_matches([ref.address for ref in info.nodes], sha, str(plan_path), force=force)
     for n in plan.nodes:
         if not n.precision.is_low:
@@ -533,7 +535,6 @@ def _read_plan(plan_path: Path, info: GraphInfo, sha: str, *, force: bool) -> Pr
                     f'{why}; set its "precision" to "fp32"',
                 )
             )
-    return plan
 
 
 def _apply(

@@ -70,17 +70,17 @@ class GenerationBudget:
                 "numerics": "ort", "figures": dict(self.last)}
 
 
-def split_generation_budget(cfg: Any, opts: Any, model: Any) -> Any:
+def split_generation_budget(data: Any, opts: Any, model: Any) -> Any:
     """``opts`` with the budget's generation checks taken out of ``budget`` and put in ``generation``, ready to verify.
 
     Args:
-        cfg: The ConvertConfig (calibration, plan).
+        data: The CalibrationSettings (``source``: the prompts; ``model``: the FP32 file).
         opts: The resolved Options (``opts.budget``).
         model: The FP32 ``onnx.ModelProto`` (its inputs say whether it has a KV cache).
 
     Raises:
-        InvalidInputError: Generation checks on a model without a KV cache, without prompt calibration, or with
-            ``--plan``; all before anything runs.
+        InvalidInputError: Generation checks on a model without a KV cache or without prompt calibration; before
+            anything runs. (With ``--plan`` there is no budget: options.resolve_options refuses one.)
     """
     if not opts.budget:
         return opts
@@ -89,33 +89,29 @@ def split_generation_budget(cfg: Any, opts: Any, model: Any) -> Any:
     if not gen:
         return opts
     text = ",".join(str(c) for c in gen)
-    prompts, tokens = _prompts(cfg, text, model)
+    prompts, tokens = _prompts(data.source, text, model)
     rest = checks.without_generation()
     outputs = str(rest) if rest is not None else OUTPUTS_FLOOR
     if evaluator_class(opts.numerics).emulated:
         logger.info("The budget's generation checks (%s) are verified with ONNX Runtime's kernels: the strict "
                     "emulator verifies the outputs, not the decode loop.", text)
-    budget = GenerationBudget(text, Checks(gen, text), str(cfg.model), str(cfg.calibration), prompts, tokens)
+    budget = GenerationBudget(text, Checks(gen, text), str(data.model), str(data.source), prompts, tokens)
     return replace(opts, budget=outputs, generation=budget)
 
 
-def _prompts(cfg: Any, text: str, model: Any) -> tuple[Any, int]:
+def _prompts(source: str | None, text: str, model: Any) -> tuple[Any, int]:
     """The calibration prompts and tokens per prompt (prefill + the calibration's decode steps)."""
     specs = specs_from_onnx(model)
     what = f"--budget '{text}'"
-    if cfg.plan is not None:
-        raise InvalidInputError(format_message(what, "generation checks with --plan",
-                                               "generation checks when convert plans (no --plan)",
-                                               "check a re-applied plan with mpinfer compare --generate N"))
     if kv_layout(specs) is None:
         raise InvalidInputError(format_message(what, "generation checks on a model without a KV cache",
                                                "a decoder exported with past_key_values.*/present.*",
                                                "mpinfer export of a causal LM folder adds it (unless --no-past)"))
-    if not wants_decode(cfg.calibration, specs):
+    if not wants_decode(source, specs):
         raise InvalidInputError(format_message(
-            what, f"generation checks with --calibration {cfg.calibration}",
+            what, f"generation checks with --calibration {source}",
             "prompt calibration: --calibration prompts:FILE[:steps=N] (or an .npz of input_ids)",
             "generation figures come from greedy decoding of the calibration prompts"))
     vocab = next((int(s.value_range[1]) for s in specs if s.name == "input_ids" and s.value_range), None)
-    prompts, spec = load_prompts(str(cfg.calibration), vocab)
+    prompts, spec = load_prompts(str(source), vocab)
     return prompts, spec.steps + 1
