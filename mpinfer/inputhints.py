@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from typing import Any
 
@@ -96,10 +97,10 @@ def index_ranges(model: Any) -> dict[str, tuple[int, int]]:
     shapes = _static_shapes(model)
     scalars = {}
     for t in model.graph.initializer:
-        if len(t.dims) <= 1 and t.data_type in (6, 7):  # INT32, INT64
-            values = numpy_helper.to_array(t).reshape(-1)
-            if values.size == 1:
-                scalars[t.name] = int(values[0])
+        # one-element INT32/INT64 tensors only: their size from dims, so no other tensor is read (an external one
+        # of a graph-only proto has its data beside the model file, not here)
+        if t.data_type in (6, 7) and len(t.dims) <= 1 and math.prod(t.dims) == 1:
+            scalars[t.name] = int(numpy_helper.to_array(t).reshape(-1)[0])
     consumers: dict[str, list[tuple[Any, int]]] = defaultdict(list)
     for node in model.graph.node:
         for i, name in enumerate(node.input):

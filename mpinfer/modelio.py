@@ -441,10 +441,9 @@ def ort_session(
     providers = providers or ["CPUExecutionProvider"]
     try:
         if isinstance(model, onnx.ModelProto):
-            if base_dir and uses_external_data(model) and small_enough_to_size(model):
-                so.add_session_config_entry("session.model_external_initializers_file_folder_path", str(base_dir))
-                return ort.InferenceSession(model.SerializeToString(), so, providers=providers)
             if small_enough_to_size(model):
+                if base_dir and uses_external_data(model):
+                    so.add_session_config_entry("session.model_external_initializers_file_folder_path", str(base_dir))
                 return ort.InferenceSession(model.SerializeToString(), so, providers=providers)
             with tempfile.TemporaryDirectory() as td:
                 p = save_onnx(model, Path(td) / "model.onnx", external_data=True)

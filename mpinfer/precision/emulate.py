@@ -390,10 +390,11 @@ class GraphEmulator:
         key = (name, num.precision)
         cached = self._rounded.get(key)
         if cached is None:
-            cached = num.store(value)
-            if self._rounded_bytes + cached.nbytes <= self._cache_limit:
-                self._rounded[key] = cached
-                self._rounded_bytes += cached.nbytes
+            need = value.size * np.dtype(num.dtype).itemsize
+            if self._rounded_bytes + need > self._cache_limit:
+                return num.load(value)  # past the cache: rounded straight from float32, nothing stored
+            cached = self._rounded[key] = num.store(value)
+            self._rounded_bytes += cached.nbytes
         return num.load(cached)
 
     def _exec_step(
