@@ -25,6 +25,7 @@ from typing import Any
 
 from mpinfer import __version__
 from mpinfer.claim import claim_outputs
+from mpinfer.data.decode import PROMPTS_PREFIX
 from mpinfer.errors import InvalidInputError, MpinferError, format_message
 from mpinfer.fileio import discard, make_dirs, sha256_file, sweep_temps, write_json_atomic
 from mpinfer.pipeline_stages import default_stages
@@ -252,8 +253,8 @@ def _check_data_paths(doc: Mapping[str, Any], registry: Mapping[str, Stage], roo
     for name, stage in registry.items():
         for key in stage.data_keys:
             value = doc.get(name, {}).get(key)
-            if isinstance(value, str) and value.startswith("prompts:"):  # prompts:FILE[:steps=N]: the FILE
-                value = value[len("prompts:"):].split(":", 1)[0]
+            if isinstance(value, str) and value.startswith(PROMPTS_PREFIX):  # prompts:FILE[:steps=N]: the FILE
+                value = value[len(PROMPTS_PREFIX):].split(":", 1)[0]
             if not isinstance(value, str) or not ("/" in value or "." in Path(value).name):
                 continue  # random:16, none, a data set's name
             if not (root / Path(value).expanduser()).exists():

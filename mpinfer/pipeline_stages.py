@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from mpinfer.backends.ort import cuda_usable
+from mpinfer.data.decode import PROMPTS_PREFIX
 from mpinfer.engine import BuildConfig, build_engine
 from mpinfer.engine.build import probe_tensorrt, select_backend
 from mpinfer.engine.config import Backend
@@ -196,7 +197,6 @@ def _resolve_value(ctx: StageContext, value: Any, inputs: list[Path]) -> Any:
 
 
 # Calibration from prompts (mpinfer.data.decode): ``prompts:FILE[:steps=N][:tokenizer=DIR]``.
-PROMPTS_PREFIX = "prompts:"
 
 
 def resolve_section(

@@ -64,7 +64,7 @@ def open_runner(
     if is_torch_spec(text):
         return TorchRunner(text, device=device, name=label)
     path = _model_file(text)
-    if _is_engine(path):
+    if is_engine_artifact(path):  # an engine suffix, or any file with an engine sidecar
         return load_engine_runner(path, device=device)
     if path.suffix.lower() == ".onnx":
         if numerics == "strict":
@@ -94,11 +94,6 @@ def _model_file(text: str) -> Path:
     if not path.is_file():
         raise ModelLoadError(format_message(f"Model '{text}'", "no such file", MODEL_KINDS))
     return path
-
-
-def _is_engine(path: Path) -> bool:
-    """An engine suffix, or any file with an engine sidecar."""
-    return path.suffix.lower() in ENGINE_SUFFIXES or bool(is_engine_artifact(path))
 
 
 __all__ = ["ENGINE_SUFFIXES", "NUMERICS", "is_torch_spec", "open_runner"]

@@ -22,6 +22,19 @@ def memory_limit_option(f: F) -> F:
     )(f)
 
 
+def input_range_option(f: F) -> F:
+    """``--input-range NAME=LO..HI`` (:func:`mpinfer.data.feeds.parse_input_ranges`), shared by convert and compare."""
+    import click
+
+    return click.option(  # type: ignore[no-any-return]
+        "--input-range",
+        "input_ranges",
+        multiple=True,
+        metavar="NAME=LO..HI",
+        help="Value range of an input's random data, e.g. input_ids=0..30522 (integers: LO to HI-1).",
+    )(f)
+
+
 def class_outputs_option(f: F) -> F:
     """``--class-outputs NAMES`` (:func:`mpinfer.metrics.parse_class_outputs`), shared by convert and compare."""
     import click

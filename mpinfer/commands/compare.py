@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 
 from mpinfer.claim import claim_outputs
-from mpinfer.commands import class_outputs_option, memory_limit_option
+from mpinfer.commands import class_outputs_option, input_range_option, memory_limit_option
 from mpinfer.compare import CompareConfig, ComparisonResult, compare_models
 from mpinfer.fileio import check_output_path
 from mpinfer.metrics import METRIC_DOCS
@@ -110,8 +110,7 @@ def _warn_latency_options(ctx: click.Context) -> None:
 )
 @click.option("--num-batches", type=click.IntRange(min=1), help="Compare at most this many batches.")
 @click.option("--dim", "dims", multiple=True, help="Size of a symbolic dim for random data, e.g. seq=32.")
-@click.option("--input-range", "input_ranges", multiple=True, metavar="NAME=LO..HI",
-              help="Value range of an input's random data, e.g. input_ids=0..30522 (integers: LO to HI-1).")
+@input_range_option
 @click.option(
     "--image-preprocess",
     metavar="SPEC",

@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from mpinfer.checks import parse_checks
-from mpinfer.commands import class_outputs_option, memory_limit_option
+from mpinfer.commands import class_outputs_option, input_range_option, memory_limit_option
 from mpinfer.data import parse_dims
 from mpinfer.modelio import MAX_OPSET
 from mpinfer.precision import ConvertConfig, convert_precision
@@ -95,13 +95,7 @@ from mpinfer.specs import Precision
     help="Calibration samples the final verification reads (default: all).",
 )
 @click.option("--dim", "dims", multiple=True, help="Size of a symbolic dim for random data, e.g. height=48.")
-@click.option(
-    "--input-range",
-    "input_ranges",
-    multiple=True,
-    metavar="NAME=LO..HI",
-    help="Value range of an input's random data, e.g. input_ids=0..30522 (integers: LO to HI-1).",
-)
+@input_range_option
 @click.option(
     "--image-preprocess",
     metavar="SPEC",

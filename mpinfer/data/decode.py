@@ -333,10 +333,6 @@ class DecodeFeedSource(FeedSource):
     batch_steps: tuple[int, ...] = ()
 
 
-def _session_of(model: Any) -> Any:
-    return ort_session(model)
-
-
 def decode_source(source: str | Path, specs: Sequence[TensorSpec], model: Any, *, batch_size: int,
                   num_batches: int | None = None) -> DecodeFeedSource:
     """A feed source that decodes prompts with the FP32 ``model`` and yields every call's feeds.
@@ -374,7 +370,7 @@ def decode_source(source: str | Path, specs: Sequence[TensorSpec], model: Any, *
     outputs = layout.output_names
 
     def gen() -> Iterator[dict[str, np.ndarray]]:
-        run = ort_run_fn(_session_of(model), outputs)
+        run = ort_run_fn(ort_session(model), outputs)
         for lo, hi in dict.fromkeys(g for g, _ in plan):
             last = max(step for g, step in plan if g == (lo, hi))
             for item in greedy_decode(run, layout, prompts.input_ids[lo:hi], prompts.attention_mask[lo:hi], last):

@@ -42,9 +42,7 @@ def sample_axes(
     out = _declared_axes(specs, batch_names)
     if arrays is None:
         return out
-    if all(s.name in arrays and s.matches(np.shape(arrays[s.name])) and not s.symbols for s in specs):
-        return dict.fromkeys(out)  # one batch: every array exactly its input's static shape
-    if not batch_names:
+    if not batch_names:  # (every array exactly its input's static shape: all fed whole, the file is one batch)
         for s in specs:
             if s.name in arrays and s.matches(np.shape(arrays[s.name])):
                 out[s.name] = None
