@@ -149,9 +149,17 @@ def verify_inputs(
         progress=opts.progress,
         generation=opts.generation,
     )
-    rank_rows = max(1, current_budget().search // per_sample) if per_sample else None
+    rank_rows = search_rows(per_sample)
     known = stats.reference_outputs if stats is not None else None
     return VerifyInputs(settings, decisions, calibrated.feeds, known, rank_rows)
+
+
+def search_rows(per_sample: int | None) -> int | None:
+    """Samples whose FP32 tensors fit the memory budget's ``search`` slice (None: their size is unknown).
+
+    The budget search keeps that many; a repair round of the final verification ranks groups on as many.
+    """
+    return max(1, current_budget().search // per_sample) if per_sample else None
 
 
 def count_rows(model: Any, batches: Any) -> int:
@@ -186,7 +194,7 @@ def search_data(
     """
     refs, tensors = getattr(stats, "reference_outputs", None), getattr(stats, "reference_tensors", None)
     per_sample = getattr(stats, "sample_bytes", None)
-    cap = max(1, current_budget().search // per_sample) if per_sample else None
+    cap = search_rows(per_sample)
     want = opts.search_samples if cap is None else min(opts.search_samples, cap)
     slicer = BatchSlicer(model)
     chosen: list[dict[str, Any]] = []
