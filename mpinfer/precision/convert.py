@@ -40,12 +40,11 @@ from mpinfer.modelio import (
     uses_external_data,
 )
 from mpinfer.precision.apply import ApplyResult
-from mpinfer.precision.emulate import GraphEmulator
-from mpinfer.precision.evaluators import OrtEvaluator, evaluator_class
+from mpinfer.precision.evaluators import evaluator_class
 from mpinfer.precision.genbudget import split_generation_budget
 from mpinfer.precision.graphinfo import GraphInfo
 from mpinfer.precision.normalize import check_not_low, ensure_opset
-from mpinfer.precision.options import Options, refuse_in_place_changes, resolve_options
+from mpinfer.precision.options import Options, floor_for_model, refuse_in_place_changes, resolve_options
 from mpinfer.precision.overflow import overflow_nodes
 from mpinfer.precision.plan import NodeDecision, PrecisionPlan
 from mpinfer.precision.plandata import (
@@ -398,7 +397,7 @@ def _make_plan(
     opts: Options, info: GraphInfo, sha: str, rules: RuleOptions, data: CalibrationSettings
 ) -> _Planned:
     """Rules → calibration → search (with a budget): the plan, its figures and the final verification's inputs."""
-    opts = _effective_budget(opts, info.model)
+    opts = floor_for_model(opts, info.model)  # the default floor where it can apply, under numerics that can run
     check_overrides(info, rules)
     calibrated = calibrate_for_plan(data, opts, info.model, info.types, base_dir=info.base_dir or "")
     stats = calibrated.stats
@@ -597,38 +596,6 @@ def _summarize(
     plan.opset = info.opsets.get("") or None  # what the plan was made for (and is applied at)
     _warn_opset_blocked(plan.nodes, info, precision)
     return plan
-
-
-def _effective_budget(opts: Options, model: Any) -> Options:
-    """The default floor where it can apply: none on a model without float outputs; ORT numerics where needed."""
-    if opts.default_budget and not any(o.type.tensor_type.elem_type in (1, 10, 11, 16) for o in model.graph.output):
-        logger.info("No float outputs: the default floor (%s) has nothing to measure; none applied.", opts.budget)
-        return replace(opts, budget=None, default_budget=False)
-    return _floor_numerics(opts, model)
-
-
-def _floor_numerics(opts: Options, model: Any) -> Options:
-    """The default floor's numerics on a model strict emulation cannot run (custom-domain ops).
-
-    ONNX Runtime numerics verify it then (FP16; BF16 has none on the CPU provider: no floor), said in a warning.
-    An explicit budget is refused there by the search, which names ``--numerics ort``.
-    """
-    if not opts.default_budget or not evaluator_class(opts.numerics).emulated:
-        return opts
-    missing = GraphEmulator(model).unsupported_ops()
-    if not missing:
-        return opts
-    if opts.precision is Precision.BF16:
-        logger.warning(
-            "No default floor: strict emulation cannot run %s and ONNX Runtime's CPU provider has no BF16 "
-            "MatMul/Conv to verify it with.", ", ".join(sorted(missing))
-        )
-        return replace(opts, budget=None, default_budget=False)
-    logger.warning(
-        "The default floor is verified with ONNX Runtime numerics: strict emulation cannot run %s (ORT's CPU "
-        "provider computes many FP16 ops in FP32 and understates the error a GPU shows).", ", ".join(sorted(missing))
-    )
-    return replace(opts, numerics=OrtEvaluator.name)
 
 
 def _warn_foreign(nodes: list[NodeDecision]) -> None:

@@ -16,13 +16,14 @@ explicit value can be told from a default. :func:`resolve_options` is the one pl
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from mpinfer.checks import parse_checks
 from mpinfer.errors import InvalidInputError, format_message
-from mpinfer.precision.evaluators import EVALUATORS, check_numerics, evaluator_class
+from mpinfer.precision.emulate import GraphEmulator
+from mpinfer.precision.evaluators import EVALUATORS, OrtEvaluator, check_numerics, evaluator_class
 from mpinfer.specs import Precision
 
 logger = logging.getLogger(__name__)
@@ -197,6 +198,38 @@ def _resolve_with_plan(cfg: Any, plan: Any, numerics: str, search: int) -> Optio
         changed=changed,
         progress=cfg.progress,
     )
+
+
+def floor_for_model(opts: Options, model: Any) -> Options:
+    """The default floor where it can apply: none on a model without float outputs; ORT numerics where needed."""
+    if opts.default_budget and not any(o.type.tensor_type.elem_type in (1, 10, 11, 16) for o in model.graph.output):
+        logger.info("No float outputs: the default floor (%s) has nothing to measure; none applied.", opts.budget)
+        return replace(opts, budget=None, default_budget=False)
+    return _floor_numerics(opts, model)
+
+
+def _floor_numerics(opts: Options, model: Any) -> Options:
+    """The default floor's numerics on a model strict emulation cannot run (custom-domain ops).
+
+    ONNX Runtime numerics verify it then (FP16; BF16 has none on the CPU provider: no floor), said in a warning.
+    An explicit budget is refused there by the search, which names ``--numerics ort``.
+    """
+    if not opts.default_budget or not evaluator_class(opts.numerics).emulated:
+        return opts
+    missing = GraphEmulator(model).unsupported_ops()
+    if not missing:
+        return opts
+    if opts.precision is Precision.BF16:
+        logger.warning(
+            "No default floor: strict emulation cannot run %s and ONNX Runtime's CPU provider has no BF16 "
+            "MatMul/Conv to verify it with.", ", ".join(sorted(missing))
+        )
+        return replace(opts, budget=None, default_budget=False)
+    logger.warning(
+        "The default floor is verified with ONNX Runtime numerics: strict emulation cannot run %s (ORT's CPU "
+        "provider computes many FP16 ops in FP32 and understates the error a GPU shows).", ", ".join(sorted(missing))
+    )
+    return replace(opts, numerics=OrtEvaluator.name)
 
 
 def refuse_in_place_changes(options: Options, plan_path: Path, plan_out: Path) -> None:
