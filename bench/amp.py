@@ -38,6 +38,10 @@ from mpinfer.train.trainer import autocast_for  # noqa: E402
 
 # name -> (factory kwargs, batch, input builder) for each size; "large" sizes are where tensor cores pay off.
 SIZES = {
+    "tiny": {  # the CPU dry run of bench/gpu_check.sh (tests/test_gpu_check.py): plumbing, not speed
+        "resnet": ({"width": 4}, 4, 16),
+        "transformer": ({"dim": 32, "heads": 2, "depth": 1}, 4, 16),
+    },
     "small": {
         "resnet": ({"width": 16}, 32, 64),
         "transformer": ({"dim": 128, "heads": 4, "depth": 2}, 16, 128),

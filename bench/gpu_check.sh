@@ -1,45 +1,105 @@
 #!/usr/bin/env bash
-# GPU check: on a machine with an NVIDIA GPU, run the GPU and TensorRT tests and the engine latency
-# benchmark (FP32 vs FP16 on ONNX Runtime CUDA, and TensorRT when installed), then print a summary.
-# Usage: bench/gpu_check.sh [python]   (default: .venv/bin/python if present, else python3)
+# GPU truth (issue 30): measure on a lent GPU machine as it is, with what bench/gpu_prepare.py made on a CPU.
+# bench/GPU.md is the runbook (the device calls, their carry lists and time limits).
+#
+#   bench/gpu_check.sh piece              copy the carried .ortgpuN/ wheel pieces to /tmp/gpu/pieces
+#   bench/gpu_check.sh install            piece, then reassemble the onnxruntime-gpu wheel (sha256 checked) and
+#                                         install it with --target /tmp/ortgpu; prints ONNX Runtime's providers
+#   bench/gpu_check.sh measure [--dry-run] [--models DIR] [--out DIR] [--steps env,unpack,...]
+#                                         every step of bench/gpu_measure.py under its own time limit, then
+#                                         results.json + results.md in --out (default $OUT, else out/gpu)
+#
+# --dry-run: on a CPU, ONNX Runtime's CPU provider, a few iterations, AMP on CPU bf16 (tests/test_gpu_check.py).
+# Environment: PY (default python3), GPU_TMP (default /tmp/gpu), GPU_WORK (default $GPU_TMP/work).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-PY="${1:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}"
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-LOG="$(mktemp -d)"
+PY="${PY:-python3}"
+TMPD="${GPU_TMP:-/tmp/gpu}"
+WORK="${GPU_WORK:-$TMPD/work}"
+ORT_TARGET="$TMPD/ortgpu"
+MODE="${1:-measure}"; shift || true
 
-echo "== machine"
-nvidia-smi --query-gpu=name,compute_cap,driver_version,memory.total --format=csv,noheader || {
-    echo "nvidia-smi failed: no NVIDIA GPU/driver here; this script needs a GPU machine"; exit 2; }
-"$PY" - <<'PYEOF'
-import importlib.util
-import onnxruntime as ort
-import torch
-print("torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available())
-print("onnxruntime", ort.__version__, ort.get_available_providers())
-if importlib.util.find_spec("tensorrt"):
-    try:
-        import tensorrt
-        print("tensorrt", tensorrt.__version__)
-    except Exception as err:  # the registry stub fails on import
-        print("tensorrt import failed:", err)
-else:
-    print("tensorrt not installed: pip install tensorrt, with NVIDIA's package index added as an extra index (NVIDIA's TensorRT install guide gives it)")
-PYEOF
+copy_pieces() {
+    mkdir -p "$TMPD/pieces"
+    local found=0
+    for d in .ortgpu*/; do
+        [ -d "$d" ] || continue
+        cp "$d"/* "$TMPD/pieces/" && found=1
+    done
+    [ "$found" = 1 ] || echo "no .ortgpuN/ folder in this call's tree (carry one)"
+    ls -l "$TMPD/pieces"
+}
 
-echo "== tests: pytest -m 'gpu or tensorrt'"
-"$PY" -m pytest -m "gpu or tensorrt" -q -rs -p no:cacheprovider 2>&1 | tee "$LOG/tests.txt" | tail -25
-TEST_RC=${PIPESTATUS[0]}
+install_wheel() {
+    copy_pieces
+    local info="$TMPD/pieces/wheel.json"
+    [ -f "$info" ] || { echo "no wheel.json among the pieces: run bench/gpu_prepare.py --wheel and carry .ortgpuN/"; return 2; }
+    local name sha count have
+    name=$("$PY" -c "import json,sys; print(json.load(open(sys.argv[1]))['name'])" "$info")
+    sha=$("$PY" -c "import json,sys; print(json.load(open(sys.argv[1]))['sha256'])" "$info")
+    count=$("$PY" -c "import json,sys; print(json.load(open(sys.argv[1]))['pieces'])" "$info")
+    have=$(ls "$TMPD/pieces/$name".part* 2>/dev/null | wc -l)
+    if [ "$have" != "$count" ]; then
+        echo "have $have of $count pieces of $name: carry the missing .ortgpuN/ (the machine may have been given back)"
+        return 2
+    fi
+    cat $(ls "$TMPD/pieces/$name".part* | sort) > "$TMPD/$name"  # part00, part01, ...: their order
+    echo "$sha  $TMPD/$name" | sha256sum -c - || return 2
+    rm -rf "$ORT_TARGET"
+    timeout 240 "$PY" -m pip install -q --no-deps --no-index --target "$ORT_TARGET" "$TMPD/$name" || return 2
+    setup_env
+    "$PY" -c "import onnxruntime as o; print('onnxruntime', o.__version__, o.__file__, o.get_available_providers())"
+}
 
-echo "== latency: FP32 vs FP16 engines"
-"$PY" bench/engine_latency.py --device cuda 2>&1 | tee "$LOG/latency.txt" | grep -v -i warning
-BENCH_RC=${PIPESTATUS[0]}
+setup_env() {
+    export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+    if [ -d "$ORT_TARGET/onnxruntime" ]; then
+        export PYTHONPATH="$ORT_TARGET:$PYTHONPATH"
+    fi
+    local nv libs
+    nv=$("$PY" -c "import nvidia, os; print(os.pathsep.join(nvidia.__path__))" 2>/dev/null || true)
+    if [ -n "$nv" ]; then
+        libs=$(find ${nv//:/ } -name 'lib*.so*' -printf '%h\n' 2>/dev/null | sort -u | paste -sd: -)
+        [ -n "$libs" ] && export LD_LIBRARY_PATH="$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    fi
+}
 
-echo
-echo "== summary"
-echo "GPU:     $(nvidia-smi --query-gpu=name,compute_cap --format=csv,noheader | head -1)"
-echo "tests:   $(tail -1 "$LOG/tests.txt")   (exit $TEST_RC)"
-echo "latency: exit $BENCH_RC"
-grep -E "fp16/fp32|^Latency" "$LOG/latency.txt" || true
-echo "Copy the latency table into bench/RESULTS.md with the GPU named."
-[ "$TEST_RC" -eq 0 ] && [ "$BENCH_RC" -eq 0 ]
+measure() {
+    local dry="" models=".gpumodels" out="${OUT:-out/gpu}" steps="env,unpack,latency,accuracy,decode,convert,amp"
+    while [ $# -gt 0 ]; do
+        case "$1" in
+            --dry-run) dry="--dry-run" ;;
+            --models) models="$2"; shift ;;
+            --out) out="$2"; shift ;;
+            --steps) steps="$2"; shift ;;
+            *) echo "unknown option $1"; return 2 ;;
+        esac
+        shift
+    done
+    [ -f "$models/manifest.json" ] || { echo "no $models/manifest.json: carry .gpumodels (bench/gpu_prepare.py)"; return 2; }
+    setup_env
+    mkdir -p "$out" "$WORK"
+    # time limits (s): together 480, so a measuring call fits 8 of its 10 minutes
+    declare -A LIMIT=([env]=30 [unpack]=45 [latency]=120 [accuracy]=60 [decode]=60 [convert]=60 [amp]=90)
+    local rc=0 step
+    for step in ${steps//,/ }; do
+        echo "== $step (limit ${LIMIT[$step]:-60} s)"
+        timeout -k 5 "${LIMIT[$step]:-60}" "$PY" bench/gpu_measure.py "$step" --models "$models" --work "$WORK" \
+            --out "$out" $dry 2>&1 | tail -n 25
+        local s=${PIPESTATUS[0]}
+        if [ "$s" -ne 0 ]; then
+            rc=1
+            [ "$s" -ge 124 ] && echo "{\"error\": \"timed out after ${LIMIT[$step]:-60} s\"}" > "$out/$step.json"
+        fi
+    done
+    timeout 30 "$PY" bench/gpu_measure.py summarize --models "$models" --work "$WORK" --out "$out" $dry
+    cat "$out/results.md"
+    return $rc
+}
+
+case "$MODE" in
+    piece) copy_pieces ;;
+    install) install_wheel ;;
+    measure) measure "$@" ;;
+    *) echo "usage: bench/gpu_check.sh piece|install|measure [--dry-run] [--models DIR] [--out DIR] [--steps LIST]"; exit 2 ;;
+esac
