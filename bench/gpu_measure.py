@@ -13,7 +13,9 @@ Steps (each writes ``$OUT/<step>.json``; a failure writes ``{"error": ...}`` and
 * ``decode``: tokens/s of the decoder with its KV cache (``compare --generate``'s code), FP32 vs FP16;
 * ``convert``: ``mpinfer convert --numerics ort-cuda`` end to end on the encoder (the CLI, timed);
 * ``amp``: bench/amp.py on CUDA (fp32 vs bf16 vs fp16 + GradScaler);
-* ``summarize``: ``results.json`` and ``results.md`` (the tables for bench/RESULTS.md).
+* ``gputests``: the tests marked ``gpu`` (pytest; they skip on a CPU), counted from pytest's JUnit XML;
+* ``summarize``: ``results.json`` and ``results.md`` (the tables for bench/RESULTS.md);
+* ``smoke`` (no ``--out``): ONNX Runtime's providers, and a one-node model run on CUDA (bench/gpu_check.sh install).
 
 ``--dry-run``: ONNX Runtime's CPU provider instead of CUDA, a few iterations, AMP on CPU bf16.
 """
@@ -41,7 +43,9 @@ sys.path.insert(0, str(ROOT / "bench"))
 CUDA = ["CUDAExecutionProvider", "CPUExecutionProvider"]
 CPU = ["CPUExecutionProvider"]
 VARIANTS = ("fp32", "mpinfer", "autocast")
-STEPS = ("env", "unpack", "latency", "accuracy", "decode", "convert", "amp")
+STEPS = ("env", "unpack", "latency", "accuracy", "decode", "convert", "amp", "gputests")
+GPU_TEST_FILES = ("tests/precision/test_evaluators.py", "tests/engine/test_engine_ort.py", "tests/train/test_scaler.py",
+                  "tests/train/test_ddp.py")
 KEY_FIGURES = ("max_abs", "rel_l2", "cosine_min", "nonfinite", "top1")
 RunFn = Callable[[Mapping[str, np.ndarray]], Mapping[str, np.ndarray]]
 
@@ -124,6 +128,25 @@ def step_env(ctx: Context) -> dict:
     if not ctx.dry and "CUDAExecutionProvider" not in out["providers"]:
         raise RuntimeError(f"onnxruntime {ort.__version__} ({ort.__file__}) has no CUDA provider: {out['providers']}")
     return out
+
+
+def smoke(dry: bool) -> int:
+    """Print ONNX Runtime's version and providers, and run a one-node model on CUDA (on the CPU when ``dry``)."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    print("onnxruntime", ort.__version__, ort.__file__, ort.get_available_providers(), flush=True)
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "smoke",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    sess = ort.InferenceSession(model.SerializeToString(), providers=CPU if dry else CUDA)
+    y = sess.run(None, {"x": np.array([-1, 0, 1, 2], np.float32)})[0]
+    print("session providers:", sess.get_providers(), "relu:", y.tolist(), flush=True)
+    return 0 if sess.get_providers()[0] == (CPU if dry else CUDA)[0] and y.tolist() == [0, 0, 1, 2] else 1
 
 
 def step_unpack(ctx: Context) -> dict:
@@ -285,6 +308,21 @@ def step_amp(ctx: Context) -> dict:
     return data
 
 
+def step_gputests(ctx: Context) -> dict:
+    import xml.etree.ElementTree as ET
+
+    xml = ctx.work / "gputests.xml"
+    cmd = [ctx.python, "-m", "pytest", "-m", "gpu", "-q", "-rs", "-p", "no:cacheprovider", f"--junitxml={xml}",
+           *GPU_TEST_FILES]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    suite = ET.parse(xml).getroot()
+    suite = suite if suite.tag == "testsuite" else suite[0]
+    counts = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
+    failed = [f"{c.get('classname')}::{c.get('name')}" for c in suite.iter("testcase")
+              if c.find("failure") is not None or c.find("error") is not None]
+    return {**counts, "exit": proc.returncode, "failed": failed, "tail": proc.stdout.strip().splitlines()[-1:]}
+
+
 def _ms(r: dict | None) -> str:
     if not r:
         return ""
@@ -361,6 +399,11 @@ def markdown(res: dict) -> str:
                  str(r["skipped_steps"])] for r in amp["rows"]]
         lines += md_table(["model", "precision", "batch", "step ms", "samples/s", "x fp32", "peak MiB", "x fp32",
                            "skipped steps"], rows) + [""]
+    tests = res.get("gputests", {})
+    if tests and "error" not in tests:
+        lines += [f"Tests marked `gpu` ({', '.join(GPU_TEST_FILES)}): {tests['tests']} collected, {tests['failures']} "
+                  f"failed, {tests['errors']} errors, {tests['skipped']} skipped"
+                  + (f"; failing: {', '.join(tests['failed'])}" if tests["failed"] else "") + ".", ""]
     failed = [f"{k}: {v['error']}" for k, v in res.items() if isinstance(v, dict) and "error" in v]
     if failed:
         lines += ["Steps that failed:", "", *(f"- {f}" for f in failed), ""]
@@ -380,12 +423,16 @@ def step_summarize(ctx: Context) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("step", choices=[*STEPS, "summarize"])
+    ap.add_argument("step", choices=[*STEPS, "summarize", "smoke"])
     ap.add_argument("--models", type=Path, default=ROOT / ".gpumodels")
     ap.add_argument("--work", type=Path, default=Path("/tmp/gpu/work"))
-    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--dry-run", action="store_true")
     args = ap.parse_args(argv)
+    if args.step == "smoke":
+        return smoke(args.dry_run)
+    if args.out is None:
+        ap.error("--out is required")
     args.out.mkdir(parents=True, exist_ok=True)
     ctx = Context(args)
     start = time.perf_counter()

@@ -229,7 +229,8 @@ def prepare_model(name: str, cfg: dict, work: Path, out: Path, autocast_python: 
                              "calibration": calibration.replace(str(cal_path), cal_path.name),
                              "eval": f"{name}.eval.npz", "batches": cfg.get("batches", []), "variants": {}}
     np.savez_compressed(out / entry["eval"], **ev)
-    shutil.copyfile(cal_path, out / cal_path.name)
+    if name in ("encoder", "decoder"):  # the GPU side converts the encoder and decodes the decoder's prompts
+        shutil.copyfile(cal_path, out / cal_path.name)
     variants = {"mpinfer": lambda d: convert_mpinfer(fp32, d, calibration)}
     if autocast_python:
         ac_cal = cal_path
@@ -301,6 +302,9 @@ def main(argv: list[str] | None = None) -> int:
     for folder in (args.out, args.work):
         folder.mkdir(parents=True, exist_ok=True)
     manifest = {"tiny": args.tiny, "created": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "models": {}}
+    old = args.out / "manifest.json"
+    if old.exists() and json.loads(old.read_text()).get("tiny") == args.tiny:  # re-prepare some, keep the rest
+        manifest["models"] = json.loads(old.read_text())["models"]
     for name in names:
         manifest["models"][name] = prepare_model(name, configs[name], args.work, args.out, args.autocast_python)
         (args.out / "manifest.json").write_text(json.dumps(manifest, indent=1))

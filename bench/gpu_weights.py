@@ -8,7 +8,8 @@ the graph, the small initializers, and for every initializer of ``MIN_ELEMS`` or
   (the benchmark's FP32 models with random weights are *defined* by these draws: :func:`regenerate_weights`
   replaces the exported weights with them before anything is converted);
 * ``{"cast": SOURCE, "dtype": "float16"}``: the FP32 model's initializer ``SOURCE`` cast to ``dtype`` (how the
-  FP16 models of mpinfer and AutoCast hold their weights), matched bit for bit when packed;
+  FP16 models of mpinfer and AutoCast hold their weights), matched bit for bit when packed, with a ``patch``
+  (element indices and values) where a few elements differ from numpy's rounding;
 
 A published model's FP32 file (trained weights) travels whole; its FP16 models travel as cast recipes.
 
@@ -26,6 +27,7 @@ from typing import Any
 import numpy as np
 
 MIN_ELEMS = 4096  # smaller tensors (biases, norms, shapes) stay in the skeleton: they cost little to carry
+PATCH_SHARE = 0.001  # a cast whose elements differ from numpy's astype in at most this share travels as a patch
 REGEN_KEY = "bench.gpu_weights.regen"  # metadata_props entry: initializer -> [seed, mean, std] of its draw
 
 
@@ -92,6 +94,30 @@ def _arrays_one(model: Any, name: str) -> np.ndarray:
     return numpy_helper.to_array(next(t for t in model.graph.initializer if t.name == name))
 
 
+def _bits(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a).reshape(-1).view(f"u{a.dtype.itemsize}")
+
+
+def _cast_recipe(a: np.ndarray, name: str, index: dict[tuple[str, str], str],
+                 sources: dict[str, np.ndarray]) -> dict | None:
+    """``a`` as a cast of an FP32 initializer: exact, or with a patch of at most ``PATCH_SHARE`` of its elements
+    (AutoCast replaces FP16-underflowing weights by the smallest subnormal, where numpy rounds them to zero)."""
+    src = index.get((a.dtype.name, hashlib.sha1(a.tobytes()).hexdigest()))
+    if src is not None:
+        return {"cast": src, "dtype": a.dtype.name, "crc": _crc(a)}
+    names = [name] if name in sources else []
+    names += [n for n, v in sources.items() if v.shape == a.shape and n != name]
+    for src in names:
+        if sources[src].shape != a.shape:
+            continue
+        diff = np.flatnonzero(_bits(sources[src].astype(a.dtype)) != _bits(a))
+        if diff.size <= PATCH_SHARE * a.size:
+            flat = a.reshape(-1)
+            return {"cast": src, "dtype": a.dtype.name, "crc": _crc(a),
+                    "patch": [diff.tolist(), flat[diff].astype(np.float64).tolist()]}
+    return None
+
+
 def pack(path: Path, fp32: Path, dest: Path, *, regenerated: bool, min_elems: int = MIN_ELEMS) -> dict[str, int]:
     """Write the skeleton of ``path`` (FP32 model ``fp32``) to ``dest`` and its recipes to ``dest.weights.json``.
 
@@ -102,6 +128,7 @@ def pack(path: Path, fp32: Path, dest: Path, *, regenerated: bool, min_elems: in
 
     base = onnx.load(str(fp32))
     own, index = _recipes_of_fp32(base, regenerated, min_elems)
+    base_arrays = _arrays(base)
     model = onnx.load(str(path))
     recipes: dict[str, dict] = {}
     kept = stripped = 0
@@ -115,11 +142,10 @@ def pack(path: Path, fp32: Path, dest: Path, *, regenerated: bool, min_elems: in
                 raise ValueError(f"{fp32.name}: an FP32 model with its own weights travels whole, not packed")
             recipe = own[t.name]
         else:
-            src = index.get((a.dtype.name, hashlib.sha1(a.tobytes()).hexdigest()))
-            if src is None:
+            recipe = _cast_recipe(a, t.name, index, base_arrays)
+            if recipe is None:
                 kept += t.ByteSize()
                 continue
-            recipe = {"cast": src, "dtype": a.dtype.name, "crc": _crc(a)}
         recipes[t.name] = recipe
         stripped += a.nbytes
         t.ClearField("raw_data")
@@ -155,6 +181,9 @@ def unpack(skeleton: Path, dest: Path, *, fp32: Path | None = None) -> Path:
             a = _draw(t.name, shape, mean, std)
         else:
             a = sources[r["cast"]].astype(r["dtype"])
+            if "patch" in r:
+                idx, vals = r["patch"]
+                a.reshape(-1)[np.asarray(idx, np.int64)] = np.asarray(vals, a.dtype)
         if _crc(a) != r["crc"]:
             raise RuntimeError(f"{skeleton.name}: initializer {t.name} rebuilt with other bits than packed")
         t.CopyFrom(numpy_helper.from_array(a.reshape(shape), t.name))
