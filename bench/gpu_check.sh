@@ -48,7 +48,7 @@ install_wheel() {
     cat $(ls "$TMPD/pieces/$name".part* | sort) > "$TMPD/$name"  # part00, part01, ...: their order
     echo "$sha  $TMPD/$name" | sha256sum -c - || return 2
     rm -rf "$ORT_TARGET"
-    if ! timeout 240 "$PY" -m pip install -q --no-deps --no-index --target "$ORT_TARGET" "$TMPD/$name"; then
+    if ! timeout 120 "$PY" -m pip install -q --no-deps --no-index --target "$ORT_TARGET" "$TMPD/$name"; then
         echo "pip install failed: unpacking the wheel instead (a wheel is a zip of the installed files)"
         timeout 120 "$PY" -m zipfile -e "$TMPD/$name" "$ORT_TARGET" || return 2
     fi

@@ -15,7 +15,8 @@ Steps (each writes ``$OUT/<step>.json``; a failure writes ``{"error": ...}`` and
 * ``amp``: bench/amp.py on CUDA (fp32 vs bf16 vs fp16 + GradScaler);
 * ``gputests``: the tests marked ``gpu`` (pytest; they skip on a CPU), counted from pytest's JUnit XML;
 * ``summarize``: ``results.json`` and ``results.md`` (the tables for bench/RESULTS.md);
-* ``smoke`` (no ``--out``): ONNX Runtime's providers, and a one-node model run on CUDA (bench/gpu_check.sh install).
+* ``smoke`` (no ``--out``): ONNX Runtime's providers, and a one-node model run on CUDA (bench/gpu_check.sh install);
+* ``predictions`` (no ``--out``): the manifest's strict vs ONNX Runtime CPU error table (made on the CPU).
 
 ``--dry-run``: ONNX Runtime's CPU provider instead of CUDA, a few iterations, AMP on CPU bf16.
 """
@@ -410,6 +411,25 @@ def markdown(res: dict) -> str:
     return "\n".join(lines)
 
 
+def predictions(models: Path) -> str:
+    """The manifest's CPU figures as Markdown: per model, FP16 model and output, the strict emulator's predicted
+    error and ONNX Runtime CPU's (both measured by bench/gpu_prepare.py on the held-out data)."""
+    from mpinfer.report.markdown import md_table
+
+    manifest = json.loads((models / "manifest.json").read_text())
+    rows = []
+    for name, m in manifest["models"].items():
+        for variant, info in m["variants"].items():
+            for o, fig in info.get("strict", {}).items():
+                cpu = info["ort_cpu"][o]
+                known = fig.get("max_abs") and cpu.get("max_abs") is not None
+                ratio = cpu["max_abs"] / fig["max_abs"] if known else None
+                rows.append([name, variant, o, _g(fig.get("max_abs")), _g(cpu.get("max_abs")), _g(ratio, "{:.2f}"),
+                             _g(fig.get("rel_l2")), _g(cpu.get("rel_l2"))])
+    return "\n".join(md_table(["model", "FP16", "output", "strict max_abs", "ORT CPU max_abs", "ratio",
+                                "strict rel_l2", "ORT CPU rel_l2"], rows))
+
+
 def step_summarize(ctx: Context) -> dict:
     res = {}
     for step in STEPS:
@@ -423,7 +443,7 @@ def step_summarize(ctx: Context) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("step", choices=[*STEPS, "summarize", "smoke"])
+    ap.add_argument("step", choices=[*STEPS, "summarize", "smoke", "predictions"])
     ap.add_argument("--models", type=Path, default=ROOT / ".gpumodels")
     ap.add_argument("--work", type=Path, default=Path("/tmp/gpu/work"))
     ap.add_argument("--out", type=Path, default=None)
@@ -431,6 +451,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.step == "smoke":
         return smoke(args.dry_run)
+    if args.step == "predictions":
+        print(predictions(args.models))
+        return 0
     if args.out is None:
         ap.error("--out is required")
     args.out.mkdir(parents=True, exist_ok=True)
