@@ -285,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--wheel", action="store_true", help="also download and split the onnxruntime-gpu wheel")
     ap.add_argument("--models", default="cnn,encoder,detector,decoder")
-    ap.add_argument("--encoder-depth", type=int, default=2)
+    ap.add_argument("--encoder-depth", type=int, default=12, help="BERT-base has 12")
     ap.add_argument("--autocast-python", default=None, help="python with nvidia-modelopt[onnx] (none: no AutoCast)")
     ap.add_argument("--out", type=Path, default=ROOT / ".gpumodels")
     ap.add_argument("--work", type=Path, default=WORK)
