@@ -4,9 +4,9 @@ The lent GPU machine takes at most 64 MiB per call, so the prepared models (issu
 the graph, the small initializers, and for every initializer of ``MIN_ELEMS`` or more elements a recipe in
 ``<model>.weights.json``:
 
-* ``{"regen": [seed, mean, std]}``: a seeded draw, ``standard_normal(float32) * std + mean`` with numpy's PCG64
-  (the benchmark's FP32 models with random weights are *defined* by these draws: :func:`regenerate_weights`
-  replaces the exported weights with them before anything is converted);
+* ``{"regen": [seed, mean, std]}``: a seeded uniform draw with that mean and std from PCG64's raw bits (the
+  benchmark's FP32 models with random weights are *defined* by these draws: :func:`regenerate_weights` replaces
+  the exported weights with them before anything is converted);
 * ``{"cast": SOURCE, "dtype": "float16"}``: the FP32 model's initializer ``SOURCE`` cast to ``dtype`` (how the
   FP16 models of mpinfer and AutoCast hold their weights), matched bit for bit when packed, with a ``patch``
   (element indices and values) where a few elements differ from numpy's rounding;
@@ -42,8 +42,11 @@ def _crc(a: np.ndarray) -> int:
 
 
 def _draw(name: str, shape: tuple[int, ...], mean: float, std: float) -> np.ndarray:
-    z = np.random.default_rng(zlib.crc32(name.encode())).standard_normal(shape, dtype=np.float32)
-    return (z * np.float32(std) + np.float32(mean)).astype(np.float32)
+    """Uniform values with ``mean`` and ``std``, from PCG64's raw bits (a stream numpy keeps stable across versions)
+    through exact float32 steps and two correctly rounded ones: the same bits on any machine and numpy."""
+    raw = np.random.PCG64(zlib.crc32(name.encode())).random_raw(int(np.prod(shape, dtype=np.int64)))
+    u = (raw >> np.uint64(40)).astype(np.float32) * np.float32(2.0**-24) - np.float32(0.5)  # exact, in [-0.5, 0.5)
+    return (u * np.float32(std * 12**0.5) + np.float32(mean)).astype(np.float32).reshape(shape)
 
 
 def regenerate_weights(model: Any, min_elems: int = MIN_ELEMS) -> Any:
