@@ -38,7 +38,6 @@ from mpinfer.engine.trt_builder import build_trt_engine, plan_network_mode
 from mpinfer.errors import BackendUnavailableError, InvalidInputError, format_message
 from mpinfer.fileio import check_output_path, sha256_file, write_json_atomic
 from mpinfer.gpu import TENSORRT_INSTALL_HINT, GpuInfo, cuda_device_count, import_tensorrt, require_gpu
-from mpinfer.memory import budgeted
 from mpinfer.modelio import data_file, external_data_files, load_onnx, require_file
 from mpinfer.specs import Precision, specs_from_onnx
 
@@ -224,7 +223,6 @@ def _build_onnxruntime(
     return {"onnxruntime": section, "io": io}, gpu, notes
 
 
-@budgeted
 def build_engine(cfg: BuildConfig) -> BuildResult:
     """Build a TensorRT or ONNX Runtime engine from an ONNX model and write ``<engine>.json`` beside it.
 
