@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 TORCH_VERSION ?= 2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-shuffled test-gpu lint bench clean
+.PHONY: install demo test test-shuffled test-kernels test-gpu lint bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,23 @@ test-shuffled: $(STAMP)
 	@seed=$${SEED:-$$($(PY) -c 'import random; print(random.randrange(1, 2**31))')}; \
 	echo "test-shuffled: --randomly-seed=$$seed (replay: make test-shuffled SEED=$$seed)"; \
 	$(PY) -m pytest -m "not gpu and not tensorrt and not slow" -q --timeout=600 -p randomly --randomly-seed=$$seed
+
+# The same suite on other kernel paths, as on another CPU (issue 28): ONNX Runtime with 1 and with 3 intra-op
+# threads (tests/kernel_paths.py splits every session's sums differently), then numpy, OpenBLAS and torch held
+# below this CPU's widest SIMD (numpy >= 2.4 feature names; features a CPU lacks are ignored). Three full runs;
+# the counts per CPU are in bench/RESULTS.md, "Test-suite stability".
+NARROW_SIMD := NPY_DISABLE_CPU_FEATURES="X86_V4 AVX512_ICL AVX512_SPR" OPENBLAS_CORETYPE=Sandybridge \
+	ATEN_CPU_CAPABILITY=avx2
+test-kernels: $(STAMP)
+	@failed=""; \
+	for variant in "--ort-threads 1" "--ort-threads 3" "narrow-simd"; do \
+		echo "test-kernels: $$variant"; \
+		if [ "$$variant" = narrow-simd ]; then env $(NARROW_SIMD) $(PY) -m pytest -m "not gpu and not tensorrt and not slow" \
+			-q --timeout=600 -p no:randomly || failed="$$failed [$$variant]"; \
+		else $(PY) -m pytest -m "not gpu and not tensorrt and not slow" -q --timeout=600 -p no:randomly \
+			-p tests.kernel_paths $$variant || failed="$$failed [$$variant]"; fi; \
+	done; \
+	if [ -n "$$failed" ]; then echo "test-kernels: failed under$$failed"; exit 1; fi
 
 test-gpu: $(STAMP)
 	$(PY) -m pytest -m "gpu or tensorrt" -q

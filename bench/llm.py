@@ -71,7 +71,7 @@ def measured(cmd: list[str]) -> dict[str, Any]:
 
 def mpinfer(*args: str, memory_limit: str | None = None) -> dict[str, Any]:
     """``python -m mpinfer ARGS`` measured."""
-    extra = ["--memory-limit", memory_limit] if memory_limit and args[0] != "export" else []
+    extra = ["--memory-limit", memory_limit] if memory_limit and args[0] in ("convert", "compare") else []
     return measured([sys.executable, "-m", "mpinfer", *args, *extra])
 
 
@@ -143,7 +143,7 @@ def run_steps(args: argparse.Namespace, folder: Path) -> dict[str, dict[str, Any
         "compare": lambda: mpinfer("compare", str(src), str(low), "--data", str(cal), "--generate", str(GENERATE),
                                    "--quiet", memory_limit=mem),
         "build-engine": lambda: mpinfer("build-engine", str(low), "--backend", "onnxruntime", "-o",
-                                        str(folder / "model.fp16.ort.onnx"), "--force", memory_limit=mem),
+                                        str(folder / "model.fp16.ort.onnx"), "--force"),
         "autocast": lambda: autocast(src, auto, args.autocast),
     }
     results: dict[str, dict[str, Any]] = {}
@@ -220,7 +220,7 @@ def main() -> None:
     p.add_argument("--steps", nargs="+", choices=STEPS, default=list(STEPS))
     p.add_argument("--autocast", default=str(ROOT / ".venv-modelopt" / "bin" / "python"),
                    help="a python with nvidia-modelopt[onnx] (for the autocast step)")
-    p.add_argument("--memory-limit", default=None, help="--memory-limit of convert, compare and build-engine")
+    p.add_argument("--memory-limit", default=None, help="--memory-limit of convert and compare")
     args = p.parse_args()
     folder = args.out
     folder.mkdir(parents=True, exist_ok=True)

@@ -102,7 +102,7 @@ def run_step(args: list[str], root: Path, memory_limit: str | None) -> dict:
         "Path('/proc/self/status').read_text().splitlines() if l.startswith('VmHWM')), file=sys.stderr)); "
         "from mpinfer.cli import main; main()"
     )
-    if memory_limit:
+    if memory_limit and args[0] in ("convert", "compare"):  # build-engine sizes nothing from a memory limit
         args = [*args, "--memory-limit", memory_limit]
     env = {**os.environ, "PYTHONPATH": str(root), "PYTHONDONTWRITEBYTECODE": "1"}
     start = time.perf_counter()
@@ -124,7 +124,8 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--steps", nargs="+", choices=STEPS, default=list(STEPS))
     p.add_argument("--root", type=Path, default=ROOT, help="mpinfer source tree to run (default: this one)")
-    p.add_argument("--memory-limit", default=None, help="--memory-limit for every step (default: mpinfer's)")
+    p.add_argument("--memory-limit", default=None,
+                   help="--memory-limit of the convert and compare steps (default: mpinfer's)")
     args = p.parse_args()
     folder = args.out or Path(tempfile.mkdtemp(prefix="mpinfer-scale-"))
     folder.mkdir(parents=True, exist_ok=True)

@@ -9,9 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mpinfer import __version__
-
-TENSORRT_HINT = ("pip install tensorrt, with NVIDIA's package index as an extra index (see NVIDIA's TensorRT "
-                 "install guide), on a machine with an NVIDIA GPU")
+from mpinfer.gpu import TENSORRT_INSTALL_HINT, probe_tensorrt, tensorrt_installed, visible_gpus
 
 
 @dataclass(frozen=True)
@@ -41,11 +39,7 @@ def collect_checks() -> list[Check]:
     ov = _version("onnx")
     checks.append(Check("onnx", ov is not None, ov or "missing", "pip install onnx"))
     _ort_checks(checks, gpus)
-    trt = _version("tensorrt")
-    trt_detail = trt or "missing"
-    if trt is not None:
-        trt_detail += " (strongly typed only)" if int(trt.split(".")[0]) >= 11 else " (strong and weak typing)"
-    checks.append(Check("tensorrt", trt is not None, trt_detail, "" if trt else TENSORRT_HINT))
+    checks.append(_tensorrt_check())
     for mod, hint in (("ml_dtypes", "pip install ml_dtypes"), ("matplotlib", "pip install matplotlib"),
                       ("transformers", "pip install 'mpinfer[hf]' (Hugging Face folders)")):
         v = _version(mod)
@@ -59,17 +53,22 @@ def _torch_checks(checks: list[Check]) -> list[str]:
     checks.append(Check("torch", tv is not None, tv or "missing", "pip install torch==2.13.0"))
     gpus: list[str] = []
     if tv is not None:
-        import torch
-
-        if torch.cuda.is_available():
-            for i in range(torch.cuda.device_count()):
-                cap = torch.cuda.get_device_capability(i)
-                gpus.append(f"{torch.cuda.get_device_name(i)} (sm_{cap[0]}{cap[1]})")
+        gpus = [f"{g.name} (sm_{g.compute_capability[0]}{g.compute_capability[1]})" for g in visible_gpus()]
         no_gpu = "TensorRT engines, ONNX Runtime CUDA and fast fp16 training need an NVIDIA GPU"
         checks.append(Check("CUDA GPU", bool(gpus), ", ".join(gpus) or "none visible to torch",
                             "" if gpus else no_gpu))
         checks.append(Check("bf16 on CPU (torch)", True, "available (autocast cpu, bfloat16)"))
     return gpus
+
+
+def _tensorrt_check() -> Check:
+    """TensorRT as build-engine sees it (mpinfer.gpu.probe_tensorrt): the PyPI stub or a placeholder is not usable."""
+    probe = probe_tensorrt()
+    if probe.version is None:
+        detail = "installed but not usable" if tensorrt_installed() else "missing"
+        return Check("tensorrt", False, detail, probe.reason if tensorrt_installed() else TENSORRT_INSTALL_HINT)
+    typing = " (strongly typed only)" if int(probe.version.split(".")[0]) >= 11 else " (strong and weak typing)"
+    return Check("tensorrt", True, probe.version + typing)
 
 
 def _ort_checks(checks: list[Check], gpus: list[str]) -> None:

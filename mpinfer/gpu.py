@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from importlib.util import find_spec
+from typing import Any
 
 from mpinfer.errors import BackendUnavailableError, format_message
 
@@ -79,6 +80,28 @@ def import_tensorrt() -> object:
     return trt
 
 
+@dataclass(frozen=True)
+class TensorRTProbe:
+    """Whether TensorRT can be used here, and why not.
+
+    Attributes:
+        version: ``tensorrt.__version__``, or None when unusable.
+        reason: Why it is unusable (empty when usable).
+    """
+
+    version: str | None
+    reason: str = ""
+
+
+def probe_tensorrt() -> TensorRTProbe:
+    """Try to import TensorRT (the PyPI stub fails here) and report the version or the reason."""
+    try:
+        trt: Any = import_tensorrt()
+    except BackendUnavailableError as err:
+        return TensorRTProbe(None, str(err))
+    return TensorRTProbe(str(trt.__version__))
+
+
 def cuda_device_count() -> int:
     """Number of CUDA devices torch can see (0 without torch or without a GPU)."""
     try:
@@ -102,6 +125,11 @@ def gpu_info(index: int = 0) -> GpuInfo | None:
         compute_capability=(int(props.major), int(props.minor)),
         total_memory=int(props.total_memory),
     )
+
+
+def visible_gpus() -> list[GpuInfo]:
+    """Every CUDA device torch can see (empty without torch or without a GPU)."""
+    return [info for i in range(cuda_device_count()) if (info := gpu_info(i)) is not None]
 
 
 def device_index(device: str) -> int:

@@ -1,12 +1,12 @@
 """One memory budget for a run: ``--memory-limit`` and every byte slice derived from it.
 
-``convert``, ``compare`` and ``build-engine`` take ``--memory-limit SIZE`` (``memory_limit`` in a
-pipeline.toml stage); without it the limit is :data:`DEFAULT_SHARE` of the machine's available memory
-(``MemAvailable`` in ``/proc/meminfo``, at most :data:`DEFAULT_MAX`). What a run holds beyond the model's
-weights (which are memory-mapped, never copied) is cut into the slices of :data:`SHARES`, each a fixed share
-of the limit, so a smaller limit means smaller calls, fewer kept tensors and more passes, never a different
-algorithm. The API functions activate a budget with :func:`use_budget`; the code that sizes its work reads
-:func:`current_budget`.
+``convert`` and ``compare`` take ``--memory-limit SIZE`` (``memory_limit`` in their pipeline.toml tables;
+``build-engine`` holds nothing mpinfer sizes: TensorRT's builder takes ``--workspace``); without it the limit is
+:data:`DEFAULT_SHARE` of the machine's available memory (``MemAvailable`` in ``/proc/meminfo``, at most
+:data:`DEFAULT_MAX`). What a run holds beyond the model's weights (which are memory-mapped, never copied) is cut
+into the slices of :data:`SHARES`, each a fixed share of the limit, so a smaller limit means smaller calls, fewer
+kept tensors and more passes, never a different algorithm. The API functions activate a budget with
+:func:`use_budget`; the code that sizes its work reads :func:`current_budget`.
 """
 
 from __future__ import annotations

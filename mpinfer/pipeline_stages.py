@@ -26,11 +26,11 @@ from typing import Any
 from mpinfer.backends.ort import cuda_usable
 from mpinfer.data.decode import PROMPTS_PREFIX
 from mpinfer.engine import BuildConfig, build_engine
-from mpinfer.engine.build import probe_tensorrt, select_backend
+from mpinfer.engine.build import select_backend
 from mpinfer.engine.config import Backend
 from mpinfer.errors import BackendUnavailableError, InvalidInputError, MpinferError, format_message
 from mpinfer.fileio import write_json_atomic, write_text_atomic
-from mpinfer.gpu import cuda_device_count, gpu_info
+from mpinfer.gpu import cuda_device_count, gpu_info, probe_tensorrt
 from mpinfer.specs import Precision
 from mpinfer.stage import (
     ARTEFACT_DIR,

@@ -206,3 +206,24 @@ def test_every_public_name_resolves():
         assert getattr(mpinfer, name) is not None, name
     with pytest.raises(AttributeError):
         mpinfer.no_such_name  # noqa: B018
+
+
+def test_doctor_sees_tensorrt_as_build_engine_does(invoke, tmp_path, monkeypatch):
+    """doctor's TensorRT line is mpinfer.gpu.probe_tensorrt's verdict: a `tensorrt` package without the bindings
+    (the registry's placeholder) is installed but not usable, with the reason, not a version that works."""
+    import json
+
+    from mpinfer.gpu import probe_tensorrt
+
+    if probe_tensorrt().version is not None:
+        pytest.skip("a working TensorRT is installed here")
+    (tmp_path / "tensorrt").mkdir()
+    (tmp_path / "tensorrt" / "__init__.py").write_text('__version__ = "10.0.0"\n')  # no Builder: a placeholder
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        checks = {c["name"]: c for c in json.loads(invoke("doctor", "--json").output)}
+    finally:
+        sys.modules.pop("tensorrt", None)  # the placeholder imported by the probe must not outlive the test
+    trt = checks["tensorrt"]
+    assert not trt["ok"] and trt["detail"] == "installed but not usable"
+    assert "placeholder" in trt["hint"] and "pip install tensorrt" in trt["hint"]

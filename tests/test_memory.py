@@ -70,14 +70,19 @@ def test_engine_sizes_share_the_parser():
 
 
 def test_memory_limit_on_the_cli(invoke, tmp_path):
-    """convert, compare and build-engine take --memory-limit; a bad one is a user error before any work."""
+    """convert and compare take --memory-limit; a bad one is a user error before any work. build-engine sizes
+    nothing from it (its host memory is TensorRT's or ONNX Runtime's builder's): not an option there."""
+    from mpinfer.engine import BuildConfig
     from tests.conftest import assert_user_error
     from tests.precision.graphs import mlp, save
 
     src = save(mlp(), tmp_path / "m.onnx")
-    for args in (("convert", src, "-o", tmp_path / "o.onnx"), ("compare", src, src),
-                 ("build-engine", src, "--backend", "onnxruntime", "-o", tmp_path / "m.ort")):
+    for args in (("convert", src, "-o", tmp_path / "o.onnx"), ("compare", src, src)):
         assert_user_error(invoke(*args, "--memory-limit", "lots"), "--memory-limit")
+    r = invoke("build-engine", src, "--backend", "onnxruntime", "-o", tmp_path / "m.ort", "--memory-limit", "1GB")
+    assert r.exit_code == 2 and "No such option '--memory-limit'" in r.output
+    with pytest.raises(InvalidInputError, match=r"unknown key\(s\) \['memory_limit'\].*--workspace"):
+        BuildConfig.from_mapping({"model": src, "memory_limit": "8GB"})
     assert not (tmp_path / "o.onnx").exists() and not (tmp_path / "m.ort").exists()
     r = invoke("convert", src, "--calibration", "none", "-o", tmp_path / "o.onnx", "--memory-limit", "1GB")
     assert r.exit_code == 0, r.output

@@ -191,3 +191,47 @@ def torch_reorder_atol(module: Any, *inputs: Any, **kwargs: Any) -> float:
         return reorder_atol(np.float32)
     n = max(k for k, _ in found)
     return reorder_atol(np.float32, n=n, magnitude=max(v for _, v in found), stages=len(found))
+
+
+# Error figures (mpinfer.metrics) that are a function of the error d = candidate - baseline alone, each mapped to
+# the error size it measures: absolute ones in the outputs' units, the others relative to the baseline's rms.
+ABSOLUTE_ERROR_FIGURES = ("max_abs", "mean_abs")
+RELATIVE_ERROR_FIGURES = ("rel_l2", "snr_db", "cosine", "cosine_min")
+
+
+def error_amplitude(metric: str, value: float) -> float:
+    """A figure as the error it measures, on a scale where noise adds linearly.
+
+    ``max_abs``/``mean_abs``/``rel_l2`` are themselves; ``snr_db`` is ``rel_l2 = 10**(-snr/20)``; ``cosine`` is
+    ``sqrt(2 (1 - cos))``, the error orthogonal to the baseline relative to its norm (the relative error when the
+    norms agree). On those scales a figure of float32 noise is ~1e-7 and moves by ~1e-7 between two kernels; on
+    the figures' own scales it is 140 dB moving by a dB, or a cosine 1 - 1e-14 moving by 1e-14.
+    """
+    if metric == "snr_db":
+        return 10.0 ** (-value / 20.0)
+    if metric in ("cosine", "cosine_min"):
+        return float(np.sqrt(max(2.0 * (1.0 - value), 0.0)))
+    return float(value)
+
+
+def assert_error_figures_agree(
+    want: Any, got: Any, *, atol: float, rms: float, sample_rms: float | None = None,
+    metrics: Any = ABSOLUTE_ERROR_FIGURES + RELATIVE_ERROR_FIGURES[:3], err_msg: str = "",
+) -> None:
+    """Two measurements of one output's error figures (two code paths, kernels or thread counts) agree.
+
+    ``atol`` bounds how far the error ``d`` of one element moves between the two (twice :func:`reorder_atol`
+    of the model when both the baseline and the candidate are recomputed), so ``max_abs`` and ``mean_abs`` move
+    by at most ``atol``, and
+    ``rel_l2``, ``snr_db`` and ``cosine`` (as :func:`error_amplitude`) by ``atol / rms`` (``rms``: the
+    baseline's root mean square; ``cosine_min``, a per-sample figure, by ``atol / sample_rms``, the smallest
+    sample's rms). A real difference (other samples, numerics or model) moves them by the error
+    itself; a figure at the float noise floor (an SNR of 140 dB) is compared as the noise it is.
+    """
+    for metric in metrics:
+        a, b = float(want[metric]), float(got[metric])
+        if metric == "cosine_min" and sample_rms is None:
+            raise ValueError("cosine_min needs sample_rms, the smallest rms of one sample of the baseline")
+        tol = atol if metric in ABSOLUTE_ERROR_FIGURES else atol / (sample_rms if metric == "cosine_min" else rms)
+        ea, eb = error_amplitude(metric, a), error_amplitude(metric, b)
+        assert abs(ea - eb) <= tol, f"{err_msg}: {metric} {a!r} vs {b!r}: as error {ea:.3g} vs {eb:.3g}, tol {tol:.3g}"

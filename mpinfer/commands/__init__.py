@@ -10,7 +10,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def memory_limit_option(f: F) -> F:
-    """``--memory-limit SIZE`` (:mod:`mpinfer.memory`), shared by convert, compare and build-engine."""
+    """``--memory-limit SIZE`` (:mod:`mpinfer.memory`), shared by convert and compare."""
     import click
 
     return click.option(  # type: ignore[no-any-return]

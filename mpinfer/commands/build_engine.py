@@ -6,7 +6,6 @@ from pathlib import Path
 
 import click
 
-from mpinfer.commands import memory_limit_option
 from mpinfer.engine import BuildConfig
 from mpinfer.engine import build_engine as build
 from mpinfer.engine.config import DEFAULT_OPT_LEVEL, MAX_OPT_LEVEL
@@ -63,7 +62,6 @@ from mpinfer.engine.config import DEFAULT_OPT_LEVEL, MAX_OPT_LEVEL
     "with external data).",
 )
 @click.option("--force", is_flag=True, help="Overwrite an existing engine.")
-@memory_limit_option
 @click.pass_context
 def build_engine(
     ctx: click.Context,
@@ -78,7 +76,6 @@ def build_engine(
     device: str,
     output: Path | None,
     force: bool,
-    memory_limit: str | None,
 ) -> None:
     """Build an engine from an ONNX model (strongly typed: precisions come from the graph).
 
@@ -100,7 +97,6 @@ def build_engine(
             "weak_precisions": weak,
             "device": device,
             "force": force,
-            "memory_limit": memory_limit,
         }
     )
     result = build(cfg)

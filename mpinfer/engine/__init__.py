@@ -14,7 +14,7 @@ TensorRT, onnxruntime and torch are imported only when a function needs them.
 
 from __future__ import annotations
 
-from mpinfer.engine.build import build_engine, probe_tensorrt, select_backend
+from mpinfer.engine.build import build_engine, select_backend
 from mpinfer.engine.config import (
     Backend,
     BuildConfig,
@@ -26,6 +26,7 @@ from mpinfer.engine.config import (
 )
 from mpinfer.engine.load import is_engine_artifact, load_engine_runner
 from mpinfer.engine.sidecar import read_sidecar, sidecar_path
+from mpinfer.gpu import probe_tensorrt
 
 __all__ = [
     "Backend",

@@ -37,34 +37,18 @@ from mpinfer.engine.sidecar import (
 from mpinfer.engine.trt_builder import build_trt_engine, plan_network_mode
 from mpinfer.errors import BackendUnavailableError, InvalidInputError, format_message
 from mpinfer.fileio import check_output_path, sha256_file, write_json_atomic
-from mpinfer.gpu import TENSORRT_INSTALL_HINT, GpuInfo, cuda_device_count, import_tensorrt, require_gpu
-from mpinfer.memory import budgeted
+from mpinfer.gpu import (
+    TENSORRT_INSTALL_HINT,
+    GpuInfo,
+    TensorRTProbe,
+    cuda_device_count,
+    probe_tensorrt,
+    require_gpu,
+)
 from mpinfer.modelio import data_file, external_data_files, load_onnx, require_file
 from mpinfer.specs import Precision, specs_from_onnx
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class TensorRTProbe:
-    """Whether TensorRT can be used here, and why not.
-
-    Attributes:
-        version: ``tensorrt.__version__``, or None when unusable.
-        reason: Why it is unusable (empty when usable).
-    """
-
-    version: str | None
-    reason: str = ""
-
-
-def probe_tensorrt() -> TensorRTProbe:
-    """Try to import TensorRT (the PyPI stub fails here) and report the version or the reason."""
-    try:
-        trt: Any = import_tensorrt()
-    except BackendUnavailableError as err:
-        return TensorRTProbe(None, str(err))
-    return TensorRTProbe(str(trt.__version__))
 
 
 def select_backend(
@@ -224,7 +208,6 @@ def _build_onnxruntime(
     return {"onnxruntime": section, "io": io}, gpu, notes
 
 
-@budgeted
 def build_engine(cfg: BuildConfig) -> BuildResult:
     """Build a TensorRT or ONNX Runtime engine from an ONNX model and write ``<engine>.json`` beside it.
 

@@ -292,8 +292,6 @@ class BuildConfig:
         device: ``auto``, ``cpu``, ``cuda`` or ``cuda:N``.
         force: Overwrite an existing output.
         plan: Precision plan to summarise in the sidecar (default: ``<model stem>.plan.json`` if present).
-        memory_limit: ``--memory-limit`` (a size or a share of the available memory; :mod:`mpinfer.memory`);
-            None = the default budget.
     """
 
     model: Path
@@ -307,7 +305,6 @@ class BuildConfig:
     device: str = "auto"
     force: bool = False
     plan: Path | None = None
-    memory_limit: str | int | None = None
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> BuildConfig:
@@ -319,9 +316,13 @@ class BuildConfig:
         known = set(cls.__dataclass_fields__)
         unknown = sorted(set(values) - known)
         if unknown:
+            hint = (
+                "build-engine holds no memory mpinfer sizes; TensorRT's builder takes workspace (--workspace, "
+                "GPU memory)" if "memory_limit" in unknown else None
+            )
             raise InvalidInputError(
                 format_message(
-                    "build-engine settings", f"unknown key(s) {unknown}", f"keys among {sorted(known)}"
+                    "build-engine settings", f"unknown key(s) {unknown}", f"keys among {sorted(known)}", hint
                 )
             )
         kw: dict[str, Any] = dict(values)

@@ -10,12 +10,11 @@ from typing import Any
 from mpinfer.backends.base import Runner
 from mpinfer.backends.ort import cuda_usable
 from mpinfer.backends.trt_runner import TrtRunner
-from mpinfer.engine.build import probe_tensorrt
 from mpinfer.engine.ort_engine import OrtEngineRunner
 from mpinfer.engine.sidecar import MachineFacts, check_compatible, read_sidecar, sidecar_path
 from mpinfer.errors import BackendUnavailableError, InvalidInputError, ModelLoadError, format_message
 from mpinfer.fileio import sha256_file
-from mpinfer.gpu import gpu_info, require_gpu
+from mpinfer.gpu import gpu_info, probe_tensorrt, require_gpu
 
 logger = logging.getLogger(__name__)
 

@@ -7,6 +7,8 @@ import math
 import numpy as np
 import pytest
 
+from tests.tolerances import gamma
+
 
 def _reference_error(pairs):
     """Relative L2 error and max abs of finite pairs in float64, as TensorAcc's masked path computes them."""
@@ -40,7 +42,9 @@ def test_divergence_accumulator_float32_path_matches_float64(dtype):
     for b, c in pairs:
         acc.update(b, c)
     err, top = _reference_error(pairs)
-    assert acc.error == pytest.approx(err, rel=1e-5) and acc.max_abs == pytest.approx(top, rel=1e-6)
+    # sums of squares are float32 BLAS dots of 10,000 positive terms, in the order the CPU's kernel picks: each
+    # within gamma_n of float64's, and so is the square root of their ratio (a dropped pair moves it by O(1))
+    assert acc.error == pytest.approx(err, rel=gamma(10_000)) and acc.max_abs == pytest.approx(top, rel=1e-6)
 
     b = rng.standard_normal(100).astype(np.float32)
     c = b.copy()

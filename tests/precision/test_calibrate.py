@@ -22,7 +22,7 @@ from mpinfer.precision.calibrate import (
 from mpinfer.specs import parse_tensor_spec, specs_from_onnx
 from tests.budget import set_slice
 from tests.precision.numerics_graphs import make_model, ort_run
-from tests.tolerances import assert_onnx_outputs_close, network_atol, onnx_reductions, reorder_atol
+from tests.tolerances import assert_onnx_outputs_close, gamma, network_atol, onnx_reductions, reorder_atol
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -354,8 +354,9 @@ def test_streamed_stats_match_exact_numbers_on_hostile_values(chunk, finite_only
         assert round(got.fp16_overflow_frac * mags.size) == np.count_nonzero(finite > FP16_MAX) + np.isinf(mags).sum()
         assert got.min_nonzero == (nonzero.min() if nonzero.size else None)
         assert got.nan_count == np.isnan(mags).sum() and got.inf_count == np.isinf(mags).sum()
-        # float32 pairwise sums per chunk (tensorstats.sum_of_magnitudes): ~1e-7 relative, not float64's 1e-16
-        assert got.mean_abs == pytest.approx(finite.mean() if finite.size else 0.0, rel=1e-6)
+        # float32 sums of positive terms per chunk (tensorstats.sum_of_magnitudes), in numpy's order: within gamma_n
+        # of float64's (below 1/n, what one value miscounted moves the mean by, for these n < 3000)
+        assert got.mean_abs == pytest.approx(finite.mean() if finite.size else 0.0, rel=gamma(mags.size))
         assert round(got.fp16_underflow_frac * mags.size) == np.count_nonzero(nonzero < 2.0**-24)
 
 
