@@ -373,12 +373,14 @@ def _batch_error(ref: Mapping[str, np.ndarray], cand: Mapping[str, np.ndarray], 
     """How wrong a batch is, to pick the one to rank groups on: the worst relative L2 error of its outputs."""
     worst = 0.0
     for name in names:
-        r, c = np.asarray(ref[name], np.float64), np.asarray(cand[name], np.float64)
+        r, c = np.asarray(ref[name], np.float64).reshape(-1), np.asarray(cand[name], np.float64).reshape(-1)
         ok = np.isfinite(r)
-        if not np.isfinite(c[ok]).all():
+        if not ok.all():  # (the masked copies only where the reference has inf or NaN: a segmentation map is big)
+            r, c = r[ok], c[ok]
+        if not np.isfinite(c).all():
             return math.inf
-        d = c[ok] - r[ok]
-        worst = max(worst, relative_l2(float(np.dot(d, d)), float(np.dot(r[ok], r[ok]))))
+        d = c - r
+        worst = max(worst, relative_l2(float(np.dot(d, d)), float(np.dot(r, r))))
     return worst
 
 
