@@ -421,3 +421,38 @@ def test_the_default_floor_is_not_a_refusal_when_nothing_is_low(tmp_path):
         pytest.skip(f"{name}: not run by this ONNX Runtime")
     result = conformance.convert_case(cases[0], "own", tmp_path)
     assert result is not None and result.status == "ok", result
+
+
+def test_one_fp32_pass_the_search_and_the_verification_take_calibrations_reference(grown, tmp_path, monkeypatch):
+    """Issue 27: with data, the FP32 model runs once (calibration). The search's first candidate is judged against
+    calibration's outputs (a batch it read in part: their first rows), with no FP32 emulator run of its samples,
+    and the verification opens no FP32 session."""
+    import mpinfer.precision.plandata as plandata
+    import mpinfer.precision.verify as verify
+    from mpinfer.precision.emulate import GraphEmulator
+
+    passes = {"calibrate": 0, "emulator_fp32": 0, "reference_session": 0}
+    real_calibrate, real_run, real_reference = plandata.calibrate, GraphEmulator.run, verify._ReferenceRunner.__call__
+
+    def calibrate(*a, **k):
+        passes["calibrate"] += 1
+        return real_calibrate(*a, **k)
+
+    def run(self, feeds, low=None, **k):
+        # (the verification's StrictRunner runs the written model: its nodes follow their inputs' dtypes)
+        passes["emulator_fp32"] += not self.follow_input_dtypes and not any(p.is_low for p in (low or {}).values())
+        return real_run(self, feeds, low, **k)
+
+    def reference(self, batch):
+        passes["reference_session"] += 1
+        return real_reference(self, batch)
+
+    monkeypatch.setattr(plandata, "calibrate", calibrate)
+    monkeypatch.setattr(GraphEmulator, "run", run)
+    monkeypatch.setattr(verify._ReferenceRunner, "__call__", reference)
+    src, data = grown
+    res = _convert(src, data, tmp_path / "o.onnx", batch_size=16, search_samples=40)  # the default floor
+    summary = res.plan.summary
+    assert summary["verification"]["passed"] and summary["verification"]["samples"] == 128
+    assert summary["search"]["verifications"] == 1 and summary["nodes_low"] == 5
+    assert passes == {"calibrate": 1, "emulator_fp32": 0, "reference_session": 0}
