@@ -392,6 +392,11 @@ class BatchSlicer:
         if any(axes[s.name] is None and s.shape for s in specs):
             self._axes = {}
 
+    @property
+    def axis0(self) -> bool:
+        """True when every input that holds samples holds them on axis 0 (and some do)."""
+        return bool(self._axes) and all(a == 0 for a in self._axes.values())
+
     def rows(self, batch: Mapping[str, np.ndarray]) -> int:
         """Samples in ``batch``; 1 when it cannot be cut (no sample axis, or inputs that disagree)."""
         counts = {np.shape(batch[n])[a] for n, a in self._axes.items() if n in batch}
@@ -581,16 +586,37 @@ class _Run:
         collector = self.first_pass.collector
         if rows <= per_call:
             _run_chunk(sess, chunk, batch, collector, keep, capture.wanted(b))
-        else:  # too many bytes for one call: slices of samples, and the outputs from a run of their own
+        else:  # too many bytes for one call: slices of samples (the outputs joined from them, or run on their own)
+            pieces: list[tuple[int, dict[str, np.ndarray]]] = []
             for row in range(0, rows, per_call):
-                _run_chunk(sess, chunk, self.slicer.slice(batch, row, row + per_call), collector)
+                part = self.slicer.slice(batch, row, row + per_call)
+                got: dict[str, np.ndarray] | None = {} if keep is not None and index == 0 else None
+                _run_chunk(sess, chunk, part, collector, got, capture.outputs)
+                if got is not None:
+                    pieces.append((self.slicer.rows(part), got))
             if keep is not None and index == 0:
                 if b < capture.batches:  # a batch above the call limit is above the capture limit too
                     keep = capture.outputs_only(b)
                 out_names = sorted(capture.outputs)
-                values = _run(self.sessions.session(out_names), out_names, batch)
-                keep.update((n, np.asarray(v, np.float32)) for n, v in zip(out_names, values, strict=True))
+                joined = self._joined(pieces, out_names)
+                if joined is None:
+                    values = _run(self.sessions.session(out_names), out_names, batch)
+                    joined = dict(zip(out_names, (np.asarray(v, np.float32) for v in values), strict=True))
+                keep.update(joined)
         capture.account(index, b, keep)
+
+    def _joined(self, pieces: list[tuple[int, dict[str, np.ndarray]]], names: list[str]) -> dict[str, Any] | None:
+        """The outputs ``names`` of a batch from its slices' runs (rows, outputs), or None.
+
+        Only when every input and every output holds the samples on axis 0 (each slice's outputs as many rows as
+        its inputs): else the caller runs the whole batch for them.
+        """
+        if not self.slicer.axis0 or not pieces:
+            return None
+        if any(set(names) - set(got) or any(np.ndim(got[n]) == 0 or len(got[n]) != k for n in names)
+               for k, got in pieces):
+            return None
+        return {n: np.concatenate([got[n] for _, got in pieces]) for n in names}
 
     def _count(self, b: int, batch: Mapping[str, np.ndarray], max_bytes: int | None) -> None:
         """The first pass's statistics of batch ``b`` besides ONNX Runtime's; the bytes read against ``max_bytes``."""
