@@ -31,7 +31,7 @@ from mpinfer.data.feeds import sample_axes, take_samples
 from mpinfer.errors import InvalidInputError, ModelLoadError, format_message
 from mpinfer.memory import current_budget
 from mpinfer.modelio import iter_nodes, name_nodes, ort_session, save_onnx
-from mpinfer.precision.emulate import GraphEmulator
+from mpinfer.precision.emulator.emulate import GraphEmulator
 from mpinfer.precision.graphinfo import FLOAT
 from mpinfer.precision.tensorstats import (
     BF16_MIN_NORMAL,

@@ -6,7 +6,8 @@ the samples, for screening), each group's local error (sensitivity), and a runne
 written. :class:`Evaluator` is that protocol; :func:`evaluator_class` is the one place that maps a
 ``--numerics`` name to its class.
 
-- :class:`StrictEvaluator` (``strict``): the strict emulator (:class:`~mpinfer.precision.emulate.GraphEmulator`),
+- :class:`StrictEvaluator` (``strict``): the strict emulator
+  (:class:`~mpinfer.precision.emulator.emulate.GraphEmulator`),
   incremental runs from kept FP32 reference runs.
 - :class:`OrtEvaluator` (``ort``; ``ort-cuda`` for the CUDA provider): the candidate applied and run by ONNX
   Runtime; sensitivities from the one-session probe.
@@ -34,9 +35,9 @@ from mpinfer.metrics import relative_l2
 from mpinfer.modelio import ort_session, save_onnx
 from mpinfer.precision import probe
 from mpinfer.precision.apply import apply_plan
-from mpinfer.precision.emulate import GraphEmulator
+from mpinfer.precision.emulator.emulate import GraphEmulator
+from mpinfer.precision.emulator.kernels.numerics import is_float
 from mpinfer.precision.graphinfo import GraphInfo
-from mpinfer.precision.kernels.numerics import is_float
 from mpinfer.precision.strict import StrictRunner
 from mpinfer.specs import Precision
 

@@ -36,7 +36,7 @@ from mpinfer.checks import Checks, parse_checks
 from mpinfer.errors import AccuracyMismatchError, BackendUnavailableError, InvalidInputError, format_message
 from mpinfer.metrics import QUANTILE_METRICS, ModelAccumulator, worst_values
 from mpinfer.precision import evaluators
-from mpinfer.precision.emulate import GraphEmulator
+from mpinfer.precision.emulator.emulate import GraphEmulator
 from mpinfer.precision.evaluators import Evaluator, evaluator_class
 from mpinfer.precision.graphinfo import GraphInfo, components
 from mpinfer.precision.plan import NodeDecision

@@ -198,7 +198,7 @@ def test_captured_tensors_are_every_float32_tensor_onnxruntime_computed(exported
     """capture_tensors keeps each FLOAT node output of the first batches (for the strict search's reference
     run), in every pass when the graph takes several, and nothing of the later batches."""
     import mpinfer.precision.calibrate as cal
-    from mpinfer.precision.emulate import GraphEmulator
+    from mpinfer.precision.emulator.emulate import GraphEmulator
 
     model, feeds = exported("transformer_small")
     batches = [feeds, {k: (v + 7) % 1000 for k, v in feeds.items()}]

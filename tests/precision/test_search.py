@@ -294,7 +294,7 @@ def test_strict_reference_run_takes_calibrations_fp32_tensors(tmp_path, monkeypa
     """With strict numerics the emulator's FP32 reference run executes no FP32 node whose tensors calibration
     computed (ONNX Runtime's), and the search decides as it does from the emulator's own FP32 run."""
     import mpinfer.precision.plandata as plandata
-    from mpinfer.precision.emulate import GraphEmulator
+    from mpinfer.precision.emulator.emulate import GraphEmulator
 
     executed: list[int] = []
     real_run, real_exec = GraphEmulator.run, GraphEmulator._exec_step
@@ -335,7 +335,7 @@ def test_expected_error_without_a_budget_compares_with_calibrations_outputs(tmp_
     """Without a budget the plan's expected error is the strict run of the plan against the FP32 outputs
     calibration kept (no FP32 emulator run); the emulator computes them only when none were kept."""
     import mpinfer.precision.plandata as plandata
-    from mpinfer.precision.emulate import GraphEmulator
+    from mpinfer.precision.emulator.emulate import GraphEmulator
     from mpinfer.precision.search import measure_plan
 
     model = chain(4)

@@ -429,7 +429,7 @@ def test_one_fp32_pass_the_search_and_the_verification_take_calibrations_referen
     and the verification opens no FP32 session."""
     import mpinfer.precision.plandata as plandata
     import mpinfer.precision.verify as verify
-    from mpinfer.precision.emulate import GraphEmulator
+    from mpinfer.precision.emulator.emulate import GraphEmulator
 
     passes = {"calibrate": 0, "emulator_fp32": 0, "reference_session": 0}
     real_calibrate, real_run, real_reference = plandata.calibrate, GraphEmulator.run, verify._ReferenceRunner.__call__

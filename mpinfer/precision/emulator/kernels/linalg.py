@@ -15,9 +15,9 @@ from typing import Any
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from mpinfer.precision.kernels import ortexec
-from mpinfer.precision.kernels.blas import one_thread_below
-from mpinfer.precision.kernels.numerics import NodeInfo, Numerics, RejectedInput
+from mpinfer.precision.emulator.kernels import ortexec
+from mpinfer.precision.emulator.kernels.blas import one_thread_below
+from mpinfer.precision.emulator.kernels.numerics import NodeInfo, Numerics, RejectedInput
 
 
 def matmul(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
