@@ -43,17 +43,17 @@ prof = args.get("profile")
 if prof:
     import cProfile
     p = cProfile.Profile()
-start = time.perf_counter()
+start, cpu0 = time.perf_counter(), time.process_time()
 if prof:
     p.enable()
 res = convert_precision(cfg)
 if prof:
     p.disable()
     p.dump_stats(prof)
-wall = time.perf_counter() - start
+wall, cpu = time.perf_counter() - start, time.process_time() - cpu0
 
 def one_pass(path):
-    t = time.perf_counter()
+    t, c = time.perf_counter(), time.process_time()
     sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
     with np.load(args["data"]) as z:
         data = {k: z[k] for k in z.files}
@@ -61,13 +61,13 @@ def one_pass(path):
     b = args["batch"] or n
     for i in range(0, n, b):
         sess.run(None, {k: v[i:i + b] for k, v in data.items()})
-    return time.perf_counter() - t
+    return time.perf_counter() - t, time.process_time() - c
 
-ref = one_pass(args["model"])
-ver = one_pass(args["output"])
+(ref, ref_cpu), (ver, ver_cpu) = one_pass(args["model"]), one_pass(args["output"])
 s = res.plan.summary
 v = s.get("verification") or {}
-print(json.dumps({"wall_s": wall, "floor_s": ref + ver, "ref_s": ref, "ver_s": ver,
+print(json.dumps({"wall_s": wall, "floor_s": ref + ver, "ref_s": ref, "ver_s": ver, "cpu_s": cpu,
+                  "floor_cpu_s": ref_cpu + ver_cpu,
                   "low_share_flops": s.get("low_share_flops"), "verification": v, "search": s.get("search"),
                   "nodes_low": s.get("nodes_low"), "nodes_total": s.get("nodes_total")}))
 """
@@ -201,9 +201,9 @@ def main() -> None:
     trees = [Path(t) for t in a.trees.split(",")]
     print("shared 2-core machine; wall s of the call (imports excluded); floor = FP32 ORT pass + written model's "
           "ORT pass over the calibration data, sessions included")
-    print("| model | tree | run | convert s | floor s | convert/floor | AutoCast s | convert/AutoCast | FP16 FLOPs "
-          "| nodes low | verification per output |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| model | tree | run | convert s | floor s | convert/floor | CPU s convert / floor | AutoCast s "
+          "| convert/AutoCast | FP16 FLOPs | nodes low | verification per output |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for name, model, npz, batch in cases(a):
         auto = None
         if a.modelopt_python:
@@ -225,7 +225,8 @@ def main() -> None:
                     continue
                 at = auto.get("wall_s") if auto and "error" not in auto else None
                 print(f"| {name} | {tree.name} | {tag} | {r['wall_s']:.2f} | {r['floor_s']:.2f} | "
-                      f"{r['wall_s'] / r['floor_s']:.2f}x | {'' if at is None else f'{at:.2f}'} | "
+                      f"{r['wall_s'] / r['floor_s']:.2f}x | {r['cpu_s']:.1f} / {r['floor_cpu_s']:.1f} | "
+                      f"{'' if at is None else f'{at:.2f}'} | "
                       f"{'' if at is None else f'{ratio(r, at):.2f}x'} | "
                       f"{(r.get('low_share_flops') or 0):.1%} | {r.get('nodes_low')}/{r.get('nodes_total')} | "
                       f"{verdicts(r)} |", flush=True)
