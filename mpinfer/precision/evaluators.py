@@ -273,7 +273,7 @@ class StrictEvaluator:
         self._open()
         outs = []
         for ref in self._emu.refs:
-            run = self._emu.emu.run_from(ref, low, keep=False)
+            run = emu.run_from(ref, low, keep=False)
             self.evaluations += run.recomputed
             outs.append(run.outputs)
         return outs
