@@ -171,20 +171,41 @@ def child(tree: Path, script: str, args: dict, python: str = sys.executable) -> 
 
 
 def verdicts(res: dict) -> str:
-    """The verification's figures per output: 'output: metric=value ..., met/failed'."""
+    """The verification's verdict per output: the budget's metrics (and max_abs) measured on every sample."""
     ver = res.get("verification") or {}
-    figures = ver.get("figures") or {}
+    terms = {t.split("<")[0].split(">")[0].split(":")[-1] for t in str(ver.get("budget") or "").split(",")}
     parts = []
-    for out, values in figures.items():
-        shown = ", ".join(f"{k}={v:.4g}" for k, v in values.items() if isinstance(v, (int, float)))
+    for out, values in (ver.get("figures") or {}).items():
+        shown = ", ".join(f"{k}={v:.4g}" for k, v in values.items() if k in terms | {"max_abs"}
+                          and isinstance(v, (int, float)))
         parts.append(f"{out}: {shown}")
-    met = ver.get("met")
-    return "; ".join(parts) + ("" if met is None else f" ({'met' if met else 'not met'})")
+    passed = ver.get("passed")
+    return "; ".join(parts) + ("" if passed is None else f" ({'met' if passed else 'not met'})")
 
 
 def ratio(res: dict, autocast_s: float) -> float:
     """convert time / AutoCast time."""
     return res["wall_s"] / autocast_s
+
+
+def table_row(name: str, tree: str, tag: str, r: dict, auto: dict | None) -> str:
+    """One line of the table."""
+    at = auto.get("wall_s") if auto and "error" not in auto else None
+    return (f"| {name} | {tree} | {tag} | {r['wall_s']:.2f} | {r['floor_s']:.2f} | "
+            f"{r['wall_s'] / r['floor_s']:.2f}x | {r['cpu_s']:.1f} / {r['floor_cpu_s']:.1f} | "
+            f"{'' if at is None else f'{at:.2f}'} | {'' if at is None else f'{ratio(r, at):.2f}x'} | "
+            f"{(r.get('low_share_flops') or 0):.1%} | {r.get('nodes_low')}/{r.get('nodes_total')} | {verdicts(r)} |")
+
+
+def reprint(path: Path) -> None:
+    """The table of a runs.jsonl written by earlier runs."""
+    for line in path.read_text().splitlines():
+        row = json.loads(line)
+        r = row["result"]
+        if "error" in r:
+            print(f"| {row['model']} | {Path(row['tree']).name} | {row['run']} | {r['error']} |")
+        else:
+            print(table_row(row["model"], Path(row["tree"]).name, row["run"], r, row.get("autocast")))
 
 
 def main() -> None:
@@ -196,7 +217,11 @@ def main() -> None:
     p.add_argument("--modelopt-python", default="", help="a Python with modelopt for the AutoCast column")
     p.add_argument("--profile", default="", help="cProfile the convert of these models (stats in --out)")
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "convert_cost")
+    p.add_argument("--table", type=Path, help="print the table of this runs.jsonl and exit")
     a = p.parse_args()
+    if a.table:
+        reprint(a.table)
+        return
     a.out.mkdir(parents=True, exist_ok=True)
     trees = [Path(t) for t in a.trees.split(",")]
     print("shared 2-core machine; wall s of the call (imports excluded); floor = FP32 ORT pass + written model's "
@@ -223,13 +248,7 @@ def main() -> None:
                 if "error" in r:
                     print(f"| {name} | {tree.name} | {tag} | {r['error']} |", flush=True)
                     continue
-                at = auto.get("wall_s") if auto and "error" not in auto else None
-                print(f"| {name} | {tree.name} | {tag} | {r['wall_s']:.2f} | {r['floor_s']:.2f} | "
-                      f"{r['wall_s'] / r['floor_s']:.2f}x | {r['cpu_s']:.1f} / {r['floor_cpu_s']:.1f} | "
-                      f"{'' if at is None else f'{at:.2f}'} | "
-                      f"{'' if at is None else f'{ratio(r, at):.2f}x'} | "
-                      f"{(r.get('low_share_flops') or 0):.1%} | {r.get('nodes_low')}/{r.get('nodes_total')} | "
-                      f"{verdicts(r)} |", flush=True)
+                print(table_row(name, tree.name, tag, r, auto), flush=True)
 
 
 if __name__ == "__main__":
