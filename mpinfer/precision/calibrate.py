@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import math
 import re
 import tempfile
 import time
@@ -78,6 +79,10 @@ RANDOM_DATA_WARNING = (
 # Models with more weight bytes than this are calibrated from a temporary external-data copy, so the
 # per-chunk session models are graph-only protos instead of full copies of the weights.
 IN_MEMORY_LIMIT = 256 * 2**20
+# Outputs of calibration's later batches past the ``capture_outputs`` slice go to an unlinked temporary file while
+# they come to at most this many slices (2 GiB of disk at the default budget); past that, the verification runs
+# those batches in FP32 again.
+SPILL_SHARES = 8
 # Tensors fetched per pass of ONNX Runtime over the data (bytes bound the memory: the budget's calibration_call).
 MAX_OUTPUTS_PER_SESSION = 4096
 # Two slices of the memory budget (:mod:`mpinfer.memory`) size calibration:
@@ -253,7 +258,36 @@ class _Sessions:
 
 
 def _nbytes(captured: list[dict[str, np.ndarray]]) -> int:
-    return sum(v.nbytes for c in captured for v in c.values())
+    """Bytes the captured batches hold in memory."""
+    return sum(v.nbytes for c in captured if not isinstance(c, _OnDisk) for v in c.values())
+
+
+class _OnDisk(Mapping[str, np.ndarray]):
+    """One batch's FP32 outputs in an unlinked temporary file, each read back when it is looked up.
+
+    The file has no name (removed when this object goes) and the arrays are read, not memory-mapped, so a
+    batch costs memory only while the verification reads it.
+    """
+
+    def __init__(self, arrays: Mapping[str, np.ndarray]) -> None:
+        self._file = tempfile.TemporaryFile(prefix="mpinfer-reference-")
+        self._index: dict[str, tuple[int, tuple[int, ...]]] = {}
+        for name, value in arrays.items():
+            arr = np.ascontiguousarray(value, np.float32)
+            self._index[name] = (self._file.tell(), arr.shape)
+            arr.tofile(self._file)
+        self._file.flush()
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        offset, shape = self._index[name]
+        self._file.seek(offset)
+        return np.fromfile(self._file, np.float32, count=math.prod(shape)).reshape(shape)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._index)
+
+    def __len__(self) -> int:
+        return len(self._index)
 
 
 def _outputs_only(captured: list[dict[str, np.ndarray]], outputs: set[str]) -> list[dict[str, np.ndarray]]:
@@ -695,6 +729,7 @@ class _Capture:
         # batches whose outputs are kept (bytes permitting; only in one pass, where a call returns every output)
         self.keep_until = max(batches, outputs_too if run.passes == 1 else 0)
         self.captured: list[dict[str, np.ndarray]] = []
+        self.spilled = 0  # bytes of the outputs kept on disk (:class:`_OnDisk`)
 
     def open(self, index: int, b: int) -> None:
         """Pass ``index`` reads batch ``b``: the first pass opens its dict when it is kept."""
@@ -722,12 +757,29 @@ class _Capture:
         # the bytes all captured batches and passes will hold, projected from those run so far
         done, total = index * self.batches + b + 1, self.passes * self.batches
         if b >= self.batches and index == 0:
-            if _nbytes(self.captured[self.batches :]) > current_budget().capture_outputs:
-                self.captured.pop()  # above the outputs' limit: the later batches' outputs are not kept
-                self.keep_until = b
+            if self.spilled or _nbytes(self.captured[self.batches :]) > current_budget().capture_outputs:
+                self._spill(b)
         elif self.tensors and _nbytes(self.captured) * total > self.limit * done:
             logger.debug("captured tensors above %d bytes: keeping outputs only", self.limit)
             self.outputs_only(b)
+
+    def _spill(self, b: int) -> None:
+        """Batch ``b``'s outputs, past the ``capture_outputs`` slice, to disk while they fit ``SPILL_SHARES`` of it.
+
+        An FP32 reference read back from disk costs far less than running the model again on the batch (a CNN
+        whose outputs are feature maps: 75 MB a batch of 16 at 128x96x96).
+        """
+        limit = SPILL_SHARES * current_budget().capture_outputs
+        spilled = self.spilled + _nbytes(self.captured[b:])
+        try:
+            if spilled > limit:
+                raise OSError(f"more than {limit} bytes")
+            self.captured[b] = _OnDisk(self.captured[b])
+            self.spilled = spilled
+        except OSError as err:  # (a full or read-only temporary folder: the verification runs these batches)
+            logger.debug("calibration outputs from batch %d on not kept: %s", b, err)
+            self.captured.pop()  # the later batches' outputs are not kept
+            self.keep_until = b
 
     def references(
         self, floats: list[str], types: Mapping[str, int]
@@ -740,7 +792,8 @@ class _Capture:
         if not (captured and floats and all(c.keys() >= set(floats) for c in captured)):
             return None, None
         # Copies: ONNX Runtime's output arrays are views that keep the session's whole memory arena alive.
-        reference = [{n: np.array(c[n], np.float32) for n in floats} for c in captured]
+        reference = [c if isinstance(c, _OnDisk) else {n: np.array(c[n], np.float32) for n in floats}
+                     for c in captured]
         if not self.tensors:
             return reference, None
         return reference, [{n: v for n, v in c.items() if types.get(n) == FLOAT} for c in captured[: self.batches]]
