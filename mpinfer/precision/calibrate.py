@@ -265,18 +265,19 @@ def _nbytes(captured: list[dict[str, np.ndarray]]) -> int:
 class _OnDisk(Mapping[str, np.ndarray]):
     """One batch's FP32 outputs in an unlinked temporary file, each read back when it is looked up.
 
-    The file has no name (removed when this object goes) and the arrays are read, not memory-mapped, so a
-    batch costs memory only while the verification reads it.
+    The file (one for all the batches of a calibration run) has no name and goes with the last batch that reads it;
+    the arrays are read, not memory-mapped, so a batch costs memory only while the verification reads it.
     """
 
-    def __init__(self, arrays: Mapping[str, np.ndarray]) -> None:
-        self._file = tempfile.TemporaryFile(prefix="mpinfer-reference-")
+    def __init__(self, file: Any, arrays: Mapping[str, np.ndarray]) -> None:
+        self._file = file
         self._index: dict[str, tuple[int, tuple[int, ...]]] = {}
+        file.seek(0, 2)  # (appended after the batches before it)
         for name, value in arrays.items():
             arr = np.ascontiguousarray(value, np.float32)
-            self._index[name] = (self._file.tell(), arr.shape)
-            arr.tofile(self._file)
-        self._file.flush()
+            self._index[name] = (file.tell(), arr.shape)
+            arr.tofile(file)
+        file.flush()
 
     def __getitem__(self, name: str) -> np.ndarray:
         offset, shape = self._index[name]
@@ -730,6 +731,7 @@ class _Capture:
         self.keep_until = max(batches, outputs_too if run.passes == 1 else 0)
         self.captured: list[dict[str, np.ndarray]] = []
         self.spilled = 0  # bytes of the outputs kept on disk (:class:`_OnDisk`)
+        self._disk: Any = None  # their file
 
     def open(self, index: int, b: int) -> None:
         """Pass ``index`` reads batch ``b``: the first pass opens its dict when it is kept."""
@@ -774,7 +776,9 @@ class _Capture:
         try:
             if spilled > limit:
                 raise OSError(f"more than {limit} bytes")
-            self.captured[b] = _OnDisk(self.captured[b])
+            if self._disk is None:
+                self._disk = tempfile.TemporaryFile(prefix="mpinfer-reference-")
+            self.captured[b] = _OnDisk(self._disk, self.captured[b])
             self.spilled = spilled
         except OSError as err:  # (a full or read-only temporary folder: the verification runs these batches)
             logger.debug("calibration outputs from batch %d on not kept: %s", b, err)
