@@ -729,7 +729,7 @@ class _Capture:
         self.batches, self.passes = batches, run.passes
         # batches whose outputs are kept (bytes permitting; only in one pass, where a call returns every output)
         self.keep_until = max(batches, outputs_too if run.passes == 1 else 0)
-        self.captured: list[dict[str, np.ndarray]] = []
+        self.captured: list[Any] = []  # one dict a kept batch (an _OnDisk once spilled)
         self.spilled = 0  # bytes of the outputs kept on disk (:class:`_OnDisk`)
         self._disk: Any = None  # their file
 
