@@ -796,8 +796,8 @@ class _Capture:
         if not (captured and floats and all(c.keys() >= set(floats) for c in captured)):
             return None, None
         # Copies: ONNX Runtime's output arrays are views that keep the session's whole memory arena alive.
-        reference = [c if isinstance(c, _OnDisk) else {n: np.array(c[n], np.float32) for n in floats}
-                     for c in captured]
+        reference: list[Any] = [c if isinstance(c, _OnDisk) else {n: np.array(c[n], np.float32) for n in floats}
+                                for c in captured]
         if not self.tensors:
             return reference, None
         return reference, [{n: v for n, v in c.items() if types.get(n) == FLOAT} for c in captured[: self.batches]]
