@@ -48,7 +48,7 @@ def main() -> None:
 
     from models import resnet_small
     from mpinfer.modelio import iter_nodes, name_nodes
-    from mpinfer.precision.emulate import GraphEmulator
+    from mpinfer.precision.emulator.emulate import GraphEmulator
     from mpinfer.specs import Precision
 
     module = resnet_small.build()

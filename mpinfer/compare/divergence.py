@@ -29,7 +29,7 @@ from mpinfer.compare.tensoracc import SKIP_OPS, TensorAcc
 from mpinfer.memory import current_budget
 from mpinfer.modelio import iter_nodes, load_onnx, name_nodes, ort_session, tensor_array, uses_external_data
 from mpinfer.precision.calibrate import BatchSlicer, pack_chunks
-from mpinfer.precision.emulate import GraphEmulator
+from mpinfer.precision.emulator.emulate import GraphEmulator
 from mpinfer.progress import progress_bar
 from mpinfer.specs import is_float_dtype
 

@@ -2,7 +2,7 @@
 
 The public entry point is :func:`convert_precision` with a :class:`ConvertConfig`; it returns a
 :class:`ConvertResult` holding the written model, the plan file and the :class:`PrecisionPlan`.
-Names are imported lazily so that ``import mpinfer.precision.emulate`` stays light.
+Names are imported lazily so that ``import mpinfer.precision.emulator.emulate`` stays light.
 """
 
 from __future__ import annotations

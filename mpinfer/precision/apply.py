@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 
 from mpinfer.modelio import tensor_array
+from mpinfer.precision.emulator.kernels import ortexec
 from mpinfer.precision.graphinfo import FLOAT, FLOAT16, GraphInfo, Slots, constant_tensor
-from mpinfer.precision.kernels import ortexec
 from mpinfer.specs import Precision
 
 logger = logging.getLogger(__name__)
@@ -46,7 +46,7 @@ def low_array(arr: np.ndarray, low: Precision) -> np.ndarray:
     """``arr`` in the low dtype (FP16 or BF16); large float32 arrays to FP16 through ONNX Runtime's Cast.
 
     The conversion is exact (round to nearest even), the same bits as numpy's ``astype`` (checked on first
-    use, see :mod:`mpinfer.precision.kernels.ortexec`), and 15x faster: every verification of the budget
+    use, see :mod:`mpinfer.precision.emulator.kernels.ortexec`), and 15x faster: every verification of the budget
     search converts the model's weights again.
     """
     if low is Precision.FP16 and arr.dtype == np.float32:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import math
 import re
 import tempfile
 import time
@@ -31,7 +32,7 @@ from mpinfer.data.feeds import sample_axes, take_samples
 from mpinfer.errors import InvalidInputError, ModelLoadError, format_message
 from mpinfer.memory import current_budget
 from mpinfer.modelio import iter_nodes, name_nodes, ort_session, save_onnx
-from mpinfer.precision.emulate import GraphEmulator
+from mpinfer.precision.emulator.emulate import GraphEmulator
 from mpinfer.precision.graphinfo import FLOAT
 from mpinfer.precision.tensorstats import (
     BF16_MIN_NORMAL,
@@ -78,6 +79,10 @@ RANDOM_DATA_WARNING = (
 # Models with more weight bytes than this are calibrated from a temporary external-data copy, so the
 # per-chunk session models are graph-only protos instead of full copies of the weights.
 IN_MEMORY_LIMIT = 256 * 2**20
+# Outputs of calibration's later batches past the ``capture_outputs`` slice go to an unlinked temporary file while
+# they come to at most this many slices (2 GiB of disk at the default budget); past that, the verification runs
+# those batches in FP32 again.
+SPILL_SHARES = 8
 # Tensors fetched per pass of ONNX Runtime over the data (bytes bound the memory: the budget's calibration_call).
 MAX_OUTPUTS_PER_SESSION = 4096
 # Two slices of the memory budget (:mod:`mpinfer.memory`) size calibration:
@@ -253,7 +258,37 @@ class _Sessions:
 
 
 def _nbytes(captured: list[dict[str, np.ndarray]]) -> int:
-    return sum(v.nbytes for c in captured for v in c.values())
+    """Bytes the captured batches hold in memory."""
+    return sum(v.nbytes for c in captured if not isinstance(c, _OnDisk) for v in c.values())
+
+
+class _OnDisk(Mapping[str, np.ndarray]):
+    """One batch's FP32 outputs in an unlinked temporary file, each read back when it is looked up.
+
+    The file (one for all the batches of a calibration run) has no name and goes with the last batch that reads it;
+    the arrays are read, not memory-mapped, so a batch costs memory only while the verification reads it.
+    """
+
+    def __init__(self, file: Any, arrays: Mapping[str, np.ndarray]) -> None:
+        self._file = file
+        self._index: dict[str, tuple[int, tuple[int, ...]]] = {}
+        file.seek(0, 2)  # (appended after the batches before it)
+        for name, value in arrays.items():
+            arr = np.ascontiguousarray(value, np.float32)
+            self._index[name] = (file.tell(), arr.shape)
+            arr.tofile(file)
+        file.flush()
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        offset, shape = self._index[name]
+        self._file.seek(offset)
+        return np.fromfile(self._file, np.float32, count=math.prod(shape)).reshape(shape)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._index)
+
+    def __len__(self) -> int:
+        return len(self._index)
 
 
 def _outputs_only(captured: list[dict[str, np.ndarray]], outputs: set[str]) -> list[dict[str, np.ndarray]]:
@@ -391,6 +426,11 @@ class BatchSlicer:
         self._axes = {s.name: a for s in specs if (a := axes[s.name]) is not None and isinstance(s.shape[a], str)}
         if any(axes[s.name] is None and s.shape for s in specs):
             self._axes = {}
+
+    @property
+    def axis0(self) -> bool:
+        """True when every input that holds samples holds them on axis 0 (and some do)."""
+        return bool(self._axes) and all(a == 0 for a in self._axes.values())
 
     def rows(self, batch: Mapping[str, np.ndarray]) -> int:
         """Samples in ``batch``; 1 when it cannot be cut (no sample axis, or inputs that disagree)."""
@@ -581,16 +621,37 @@ class _Run:
         collector = self.first_pass.collector
         if rows <= per_call:
             _run_chunk(sess, chunk, batch, collector, keep, capture.wanted(b))
-        else:  # too many bytes for one call: slices of samples, and the outputs from a run of their own
+        else:  # too many bytes for one call: slices of samples (the outputs joined from them, or run on their own)
+            pieces: list[tuple[int, dict[str, np.ndarray]]] = []
             for row in range(0, rows, per_call):
-                _run_chunk(sess, chunk, self.slicer.slice(batch, row, row + per_call), collector)
+                part = self.slicer.slice(batch, row, row + per_call)
+                got: dict[str, np.ndarray] | None = {} if keep is not None and index == 0 else None
+                _run_chunk(sess, chunk, part, collector, got, capture.outputs)
+                if got is not None:
+                    pieces.append((self.slicer.rows(part), got))
             if keep is not None and index == 0:
                 if b < capture.batches:  # a batch above the call limit is above the capture limit too
                     keep = capture.outputs_only(b)
                 out_names = sorted(capture.outputs)
-                values = _run(self.sessions.session(out_names), out_names, batch)
-                keep.update((n, np.asarray(v, np.float32)) for n, v in zip(out_names, values, strict=True))
+                joined = self._joined(pieces, out_names)
+                if joined is None:
+                    values = _run(self.sessions.session(out_names), out_names, batch)
+                    joined = dict(zip(out_names, (np.asarray(v, np.float32) for v in values), strict=True))
+                keep.update(joined)
         capture.account(index, b, keep)
+
+    def _joined(self, pieces: list[tuple[int, dict[str, np.ndarray]]], names: list[str]) -> dict[str, Any] | None:
+        """The outputs ``names`` of a batch from its slices' runs (rows, outputs), or None.
+
+        Only when every input and every output holds the samples on axis 0 (each slice's outputs as many rows as
+        its inputs): else the caller runs the whole batch for them.
+        """
+        if not self.slicer.axis0 or not pieces:
+            return None
+        if any(set(names) - set(got) or any(np.ndim(got[n]) == 0 or len(got[n]) != k for n in names)
+               for k, got in pieces):
+            return None
+        return {n: np.concatenate([got[n] for _, got in pieces]) for n in names}
 
     def _count(self, b: int, batch: Mapping[str, np.ndarray], max_bytes: int | None) -> None:
         """The first pass's statistics of batch ``b`` besides ONNX Runtime's; the bytes read against ``max_bytes``."""
@@ -668,7 +729,9 @@ class _Capture:
         self.batches, self.passes = batches, run.passes
         # batches whose outputs are kept (bytes permitting; only in one pass, where a call returns every output)
         self.keep_until = max(batches, outputs_too if run.passes == 1 else 0)
-        self.captured: list[dict[str, np.ndarray]] = []
+        self.captured: list[Any] = []  # one dict a kept batch (an _OnDisk once spilled)
+        self.spilled = 0  # bytes of the outputs kept on disk (:class:`_OnDisk`)
+        self._disk: Any = None  # their file
 
     def open(self, index: int, b: int) -> None:
         """Pass ``index`` reads batch ``b``: the first pass opens its dict when it is kept."""
@@ -696,12 +759,31 @@ class _Capture:
         # the bytes all captured batches and passes will hold, projected from those run so far
         done, total = index * self.batches + b + 1, self.passes * self.batches
         if b >= self.batches and index == 0:
-            if _nbytes(self.captured[self.batches :]) > current_budget().capture_outputs:
-                self.captured.pop()  # above the outputs' limit: the later batches' outputs are not kept
-                self.keep_until = b
+            if self.spilled or _nbytes(self.captured[self.batches :]) > current_budget().capture_outputs:
+                self._spill(b)
         elif self.tensors and _nbytes(self.captured) * total > self.limit * done:
             logger.debug("captured tensors above %d bytes: keeping outputs only", self.limit)
             self.outputs_only(b)
+
+    def _spill(self, b: int) -> None:
+        """Batch ``b``'s outputs, past the ``capture_outputs`` slice, to disk while they fit ``SPILL_SHARES`` of it.
+
+        An FP32 reference read back from disk costs far less than running the model again on the batch (a CNN
+        whose outputs are feature maps: 75 MB a batch of 16 at 128x96x96).
+        """
+        limit = SPILL_SHARES * current_budget().capture_outputs
+        spilled = self.spilled + _nbytes(self.captured[b:])
+        try:
+            if spilled > limit:
+                raise OSError(f"more than {limit} bytes")
+            if self._disk is None:
+                self._disk = tempfile.TemporaryFile(prefix="mpinfer-reference-")
+            self.captured[b] = _OnDisk(self._disk, self.captured[b])
+            self.spilled = spilled
+        except OSError as err:  # (a full or read-only temporary folder: the verification runs these batches)
+            logger.debug("calibration outputs from batch %d on not kept: %s", b, err)
+            self.captured.pop()  # the later batches' outputs are not kept
+            self.keep_until = b
 
     def references(
         self, floats: list[str], types: Mapping[str, int]
@@ -714,7 +796,8 @@ class _Capture:
         if not (captured and floats and all(c.keys() >= set(floats) for c in captured)):
             return None, None
         # Copies: ONNX Runtime's output arrays are views that keep the session's whole memory arena alive.
-        reference = [{n: np.array(c[n], np.float32) for n in floats} for c in captured]
+        reference: list[Any] = [c if isinstance(c, _OnDisk) else {n: np.array(c[n], np.float32) for n in floats}
+                                for c in captured]
         if not self.tensors:
             return reference, None
         return reference, [{n: v for n, v in c.items() if types.get(n) == FLOAT} for c in captured[: self.batches]]

@@ -6,7 +6,8 @@ the samples, for screening), each group's local error (sensitivity), and a runne
 written. :class:`Evaluator` is that protocol; :func:`evaluator_class` is the one place that maps a
 ``--numerics`` name to its class.
 
-- :class:`StrictEvaluator` (``strict``): the strict emulator (:class:`~mpinfer.precision.emulate.GraphEmulator`),
+- :class:`StrictEvaluator` (``strict``): the strict emulator
+  (:class:`~mpinfer.precision.emulator.emulate.GraphEmulator`),
   incremental runs from kept FP32 reference runs.
 - :class:`OrtEvaluator` (``ort``; ``ort-cuda`` for the CUDA provider): the candidate applied and run by ONNX
   Runtime; sensitivities from the one-session probe.
@@ -34,9 +35,9 @@ from mpinfer.metrics import relative_l2
 from mpinfer.modelio import ort_session, save_onnx
 from mpinfer.precision import probe
 from mpinfer.precision.apply import apply_plan
-from mpinfer.precision.emulate import GraphEmulator
+from mpinfer.precision.emulator.emulate import GraphEmulator
+from mpinfer.precision.emulator.kernels.numerics import is_float
 from mpinfer.precision.graphinfo import GraphInfo
-from mpinfer.precision.kernels.numerics import is_float
 from mpinfer.precision.strict import StrictRunner
 from mpinfer.specs import Precision
 
@@ -158,15 +159,22 @@ class _EmulatorRefs:
         self.opened = False
         self.evaluations = 0
 
+    def emulator(self) -> GraphEmulator | None:
+        """The emulator (compiled on first use; None when it cannot run the model and is not ``required``)."""
+        if self.emu is None and not self.opened:
+            self.emu = open_emulator(self.model, required=self.required, base_dir=self.info.base_dir)
+            self.opened = self.emu is None
+        return self.emu
+
     def open(self, known: list[Outputs] | None = None) -> None:
         """Open the emulator and run (or take from ``known``, one dict per batch) the FP32 reference runs."""
         if self.opened:
             return
+        emu = self.emulator()
         self.opened = True
-        self.emu = open_emulator(self.model, required=self.required, base_dir=self.info.base_dir)
-        if self.emu is not None:
+        if emu is not None:
             seeds = known if known is not None and len(known) == len(self.batches) else [None] * len(self.batches)
-            self.refs = [self.emu.run(b, None, keep=True, known=k) for b, k in zip(self.batches, seeds, strict=True)]
+            self.refs = [emu.run(b, None, keep=True, known=k) for b, k in zip(self.batches, seeds, strict=True)]
             self.evaluations += len(self.info.nodes) * len(self.refs)
 
     def local_errors(self, groups: Sequence[Any], batches: list[Outputs], subset: bool, low: Precision) -> dict:
@@ -208,10 +216,17 @@ class StrictEvaluator:
         known_outputs: list[Outputs] | None = None,
         known_tensors: list[Outputs] | None = None,
     ) -> None:
-        del known_outputs, keep_io_types  # the emulator computes its own outputs; it runs plans, not models
+        del keep_io_types  # the emulator runs plans, not models
         self.info, self.precision = info, precision
         self._emu = _EmulatorRefs(model, info, batches, required=True)
-        self._emu.open(known_tensors)
+        self._emu.emulator()  # (refuses a model with ops the emulator cannot run, before any work)
+        # The FP32 runs every candidate is an incremental run from are made when a candidate needs them. Without
+        # calibration's tensors (too many bytes to keep) the first candidate (the rule plan, which most often passes)
+        # runs whole, against calibration's FP32 outputs, and the runs are made only if a second candidate comes.
+        self._known_tensors = known_tensors
+        self._known_outputs = known_outputs if known_outputs is not None and len(known_outputs) == len(batches) \
+            else None
+        self._first_run = False  # whether the first candidate ran (whole runs, no kept FP32 runs needed)
         self._screen_ref: tuple[np.ndarray, Any] | None = None  # (screening rows, their kept FP32 run)
         self._values_per_node: float | None = None
         self._extra = 0
@@ -226,8 +241,17 @@ class StrictEvaluator:
         self._extra = value - self._emu.evaluations
 
     def reference(self) -> list[Outputs]:
-        """The outputs of the kept FP32 emulator runs."""
+        """The FP32 outputs: calibration's (ONNX Runtime's) where it kept them, else those of the kept FP32 runs."""
+        if self._known_outputs is not None:
+            return self._known_outputs
+        self._open()
         return [r.outputs for r in self._emu.refs]
+
+    def _open(self) -> None:
+        """The kept FP32 emulator runs, made (or taken from calibration's tensors) on first use."""
+        if not self._emu.opened:
+            self._emu.open(self._known_tensors)
+            self._known_tensors = None  # (the runs hold them now)
 
     def candidate(self, low: Mapping[str, Precision]) -> Candidate:
         """A candidate run incrementally from the kept FP32 runs."""
@@ -235,10 +259,21 @@ class StrictEvaluator:
 
     def run_from_refs(self, low: dict[str, Precision]) -> list[Outputs]:
         """The candidate's outputs on every search batch, each an incremental run from the batch's FP32 run."""
-        assert self._emu.emu is not None
+        emu = self._emu.emu
+        assert emu is not None
+        first, self._first_run = not self._first_run, True
+        if first and not self._emu.opened and self._known_tensors is None:
+            # the first candidate, and no FP32 tensors from calibration to take the FP32 runs from: whole runs (an FP32
+            # run of the search samples costs as much again, and is made only if a second candidate needs it)
+            outs = []
+            for batch in self._emu.batches:
+                outs.append(emu.run(batch, low).outputs)
+                self.evaluations += len(self.info.nodes)
+            return outs
+        self._open()
         outs = []
         for ref in self._emu.refs:
-            run = self._emu.emu.run_from(ref, low, keep=False)
+            run = emu.run_from(ref, low, keep=False)
             self.evaluations += run.recomputed
             outs.append(run.outputs)
         return outs
@@ -268,6 +303,9 @@ class StrictEvaluator:
         """
         if self._screen_ref is not None:
             return self._screen_ref[0]
+        if not self._first_run:
+            return None  # (before the first candidate's runs: no hardness to screen on yet)
+        self._open()
         if self._values_per_node is None:
             values = sum(
                 v.size
@@ -282,6 +320,7 @@ class StrictEvaluator:
 
     def sensitivities(self, groups: Sequence[Any], batches: list[Outputs], subset: bool) -> dict[str, float]:
         """Each group run alone as a small emulator sub-model on FP32 tensors."""
+        self._open()
         return self._emu.local_errors(groups, batches, subset, self.precision)
 
     @classmethod

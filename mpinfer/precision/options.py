@@ -22,7 +22,7 @@ from typing import Any
 
 from mpinfer.checks import parse_checks
 from mpinfer.errors import InvalidInputError, format_message
-from mpinfer.precision.emulate import GraphEmulator
+from mpinfer.precision.emulator.emulate import GraphEmulator
 from mpinfer.precision.evaluators import EVALUATORS, OrtEvaluator, check_numerics, evaluator_class
 from mpinfer.specs import Precision
 

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from mpinfer.data import load_feeds
+from mpinfer.data.feeds import sample_axes
 from mpinfer.errors import BackendUnavailableError, InternalError, InvalidInputError, format_message
 from mpinfer.memory import current_budget
 from mpinfer.precision.calibrate import BatchSlicer, CalibrationStats, FeedsRejectedError, calibrate, check_data_fits
@@ -198,7 +199,7 @@ def search_data(
     want = opts.search_samples if cap is None else min(opts.search_samples, cap)
     slicer = BatchSlicer(model)
     chosen: list[dict[str, Any]] = []
-    taken, cut = 0, False
+    taken, cut = 0, None
     for batch in feeds:
         if taken >= want:
             break
@@ -207,13 +208,15 @@ def search_data(
         if whole_batch:
             stop = rows if cap is None else max(1, min(rows, cap - taken))
         if stop < rows:
-            batch, rows, cut = slicer.slice(batch, 0, stop), stop, True
+            batch, cut = slicer.slice(batch, 0, stop), (len(chosen), rows, stop)
+            rows = stop
         chosen.append(batch)
         taken += rows
     if not chosen:
         return feeds, refs, tensors
-    if cut:
-        refs = tensors = None  # calibration's reference holds whole batches
+    if cut is not None:
+        tensors = None  # calibration's tensors hold whole batches (and not every tensor holds samples on axis 0)
+        refs = _cut_outputs(model, refs, *cut)
     if refs is not None:
         refs = refs[: len(chosen)] if len(refs) >= len(chosen) else None
     if tensors is not None:
@@ -223,7 +226,25 @@ def search_data(
             "searching on the first %d sample(s): their FP32 tensors come to %.1f GB (%d would hold %.1f)",
             taken, taken * per_sample / 1e9, opts.search_samples, opts.search_samples * per_sample / 1e9,
         )
-    return SearchRows(chosen, getattr(feeds, "labels", None), whole=not cut), refs, tensors
+    return SearchRows(chosen, getattr(feeds, "labels", None), whole=cut is None), refs, tensors
+
+
+def _cut_outputs(model: Any, refs: Any, index: int, rows: int, stop: int) -> Any:
+    """Calibration's FP32 outputs of the search's batches, batch ``index`` cut to its first ``stop`` of ``rows``.
+
+    None when they cannot be cut: calibration did not keep that batch, or the samples are not on axis 0 of every
+    input and output (the search then computes its reference itself).
+    """
+    if refs is None or len(refs) <= index:
+        return None
+    specs = specs_from_onnx(model)
+    axes = sample_axes(specs)
+    if not specs or any(axes[s.name] != 0 for s in specs):
+        return None
+    last = refs[index]
+    if any(np.ndim(v) == 0 or len(v) != rows for v in last.values()):
+        return None
+    return [*refs[:index], {n: v[:stop] for n, v in last.items()}]
 
 
 def calibrate_for_plan(

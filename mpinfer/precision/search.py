@@ -36,7 +36,7 @@ from mpinfer.checks import Checks, parse_checks
 from mpinfer.errors import AccuracyMismatchError, BackendUnavailableError, InvalidInputError, format_message
 from mpinfer.metrics import QUANTILE_METRICS, ModelAccumulator, worst_values
 from mpinfer.precision import evaluators
-from mpinfer.precision.emulate import GraphEmulator
+from mpinfer.precision.emulator.emulate import GraphEmulator
 from mpinfer.precision.evaluators import Evaluator, evaluator_class
 from mpinfer.precision.graphinfo import GraphInfo, components
 from mpinfer.precision.plan import NodeDecision
@@ -141,7 +141,8 @@ class _Verifier:
         # Screening: per-sample hardness over the search samples (batches concatenated),
         # the worst relative error each sample showed in a full verification; None until one ran, or
         # when the samples cannot be split (see _screen_rows). ``screened``: candidates rejected early.
-        self.hardness: np.ndarray | None = None
+        self._hardness: np.ndarray | None = None
+        self._unread: list[dict[str, np.ndarray]] | None = None  # a full verification's outputs not yet in hardness
         self.screened = 0
         self._splittable: bool | None = None
         self._joined: tuple[dict[str, np.ndarray], dict[str, np.ndarray]] | None = None  # (feeds, reference)
@@ -164,7 +165,9 @@ class _Verifier:
             return rejected
         outs = cand.outputs()
         metrics = self.compare(outs)
-        self._update_hardness(outs)
+        if self._unread is not None:
+            self._update_hardness(self._unread)
+        self._unread = outs  # read into the hardness when a later candidate screens (the first often passes)
         if self.budget.met(metrics):
             self.passing_outputs = (dict(low), outs)
             verified = cand.verified()
@@ -298,6 +301,14 @@ class _Verifier:
             self._joined = feeds, {n: np.concatenate([r[n] for r in refs]) for n in self.names}
         return self._joined
 
+    @property
+    def hardness(self) -> np.ndarray | None:
+        """Per sample, the largest error relative to its output's scale in any full verification so far."""
+        if self._unread is not None:
+            outs, self._unread = self._unread, None
+            self._update_hardness(outs)
+        return self._hardness
+
     def _update_hardness(self, outs: list[dict[str, np.ndarray]]) -> None:
         """Per sample, the largest error relative to its output's scale seen in a full verification."""
         if not self.splittable():
@@ -316,7 +327,7 @@ class _Verifier:
             row = err.max(axis=1) if err.shape[1] else np.zeros(len(err))
             worst = row if worst is None else np.maximum(worst, row)
         if worst is not None:
-            self.hardness = worst if self.hardness is None else np.maximum(self.hardness, worst)
+            self._hardness = worst if self._hardness is None else np.maximum(self._hardness, worst)
 
 
 def build_groups(info: GraphInfo, nodes: Sequence[NodeDecision], decisions: Mapping[str, Decision]) -> list[_Group]:

@@ -20,7 +20,7 @@ import numpy as np
 from mpinfer.backends.base import Runner
 from mpinfer.errors import BackendUnavailableError, format_message
 from mpinfer.modelio import load_onnx
-from mpinfer.precision.emulate import GraphEmulator
+from mpinfer.precision.emulator.emulate import GraphEmulator
 from mpinfer.specs import TensorSpec, specs_from_onnx
 
 logger = logging.getLogger(__name__)

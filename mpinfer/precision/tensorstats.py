@@ -288,6 +288,25 @@ def usable_cpus() -> int:
         return os.cpu_count() or 1
 
 
+def _update_all(jobs: list[tuple[_Accumulator, np.ndarray]]) -> None:
+    for acc, arr in jobs:
+        acc.update(arr)
+
+
+def _shares(jobs: list[tuple[_Accumulator, np.ndarray]], workers: int) -> list[list[tuple[_Accumulator, np.ndarray]]]:
+    """``jobs`` dealt into at most ``workers`` lists of about equal values, largest first.
+
+    One task per thread: a task per tensor cost more in the pool's locks than the statistics of a small tensor.
+    """
+    shares: list[list[tuple[_Accumulator, np.ndarray]]] = [[] for _ in range(workers)]
+    sizes = [0] * workers
+    for job in sorted(jobs, key=lambda job: -job[1].size):
+        least = sizes.index(min(sizes))
+        shares[least].append(job)
+        sizes[least] += job[1].size
+    return [share for share in shares if share]
+
+
 def stats_workers() -> int:
     """Threads for :meth:`StatsCollector.update_many`: the CPUs this process may use, at most 8."""
     return min(usable_cpus(), MAX_WORKERS)
@@ -336,8 +355,7 @@ class StatsCollector:
             return
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="mpinfer-stats")
-        jobs.sort(key=lambda job: -job[1].size)  # largest first: the threads finish together
-        for future in [self._pool.submit(acc.update, arr) for acc, arr in jobs]:
+        for future in [self._pool.submit(_update_all, share) for share in _shares(jobs, self.workers)]:
             future.result()  # re-raises a worker's exception here
 
     def close(self) -> None:

@@ -173,7 +173,7 @@ def test_loop_body_tensors_accumulate_over_iterations(tmp_path):
 
 
 def test_unsupported_ops_skip_body_coverage_with_a_note(tmp_path, monkeypatch):
-    from mpinfer.precision.emulate import GraphEmulator
+    from mpinfer.precision.emulator.emulate import GraphEmulator
 
     monkeypatch.setattr(GraphEmulator, "unsupported_ops", lambda self: {"custom::Nms"})
     base = _loop_model()

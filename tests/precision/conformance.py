@@ -121,7 +121,7 @@ def _run_converted(model: Any, feeds: dict[str, Any]) -> list[Any]:
             )
         ):
             raise
-    from mpinfer.precision.emulate import GraphEmulator
+    from mpinfer.precision.emulator.emulate import GraphEmulator
 
     emu = GraphEmulator(model, follow_input_dtypes=True)
     run = emu.run(feeds)

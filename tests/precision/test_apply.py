@@ -460,7 +460,7 @@ def test_low_graph_output_also_read_by_an_fp32_node_gets_uniquely_named_casts():
 def test_weights_go_to_fp16_with_the_same_bits_through_onnxruntime():
     """low_array: large float32 weights take ONNX Runtime's Cast, small ones numpy's; the bits are numpy's."""
     from mpinfer.precision.apply import low_array
-    from mpinfer.precision.kernels import ortexec
+    from mpinfer.precision.emulator.kernels import ortexec
 
     rng = np.random.default_rng(3)
     large = (rng.standard_normal(ortexec.MIN_SIZE * 2) * np.exp(rng.uniform(-20, 12, ortexec.MIN_SIZE * 2)))

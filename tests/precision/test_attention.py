@@ -11,7 +11,7 @@ from onnx import TensorProto, helper
 
 from mpinfer.modelio import name_nodes
 from mpinfer.precision import ConvertConfig, convert_precision
-from mpinfer.precision.emulate import GraphEmulator
+from mpinfer.precision.emulator.emulate import GraphEmulator
 from mpinfer.precision.graphinfo import GraphInfo
 from mpinfer.precision.masks import BF16_LOWEST, FP16_MASK_LOWEST, find_mask_sites
 from mpinfer.precision.planner import RuleOptions, rule_plan

@@ -11,7 +11,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from mpinfer.errors import BackendUnavailableError, InvalidInputError
 from mpinfer.modelio import iter_nodes
-from mpinfer.precision.emulate import GraphEmulator
+from mpinfer.precision.emulator.emulate import GraphEmulator
 from mpinfer.specs import Precision
 from tests.precision.numerics_graphs import MODEL_NAMES, export_dynamo, make_model, ort_run
 from tests.tolerances import assert_onnx_outputs_close, assert_reorder_close, eps
@@ -966,7 +966,7 @@ def test_onnx_node_conformance_suite():
 def test_onnx_conformance_with_onnxruntime_doing_every_cast_and_conv(monkeypatch):
     """The ONNX Runtime paths (ortexec) on ONNX's own cases: every Conv/ConvTranspose case, every case typed
     FP16/BF16 and every Cast case, with no array too small to take them."""
-    from mpinfer.precision.kernels import ortexec
+    from mpinfer.precision.emulator.kernels import ortexec
 
     monkeypatch.setattr(ortexec, "MIN_SIZE", 1)
     monkeypatch.setattr(ortexec, "_ops", {})
@@ -1043,8 +1043,8 @@ def test_lstm_in_fp16_keeps_its_state_in_fp16(rng):
 
 @pytest.mark.parametrize("engine", ["onnxruntime", "numpy"])
 def test_fast_fp16_rounding_is_bit_exact(engine, monkeypatch):
-    from mpinfer.precision.kernels import ortexec
-    from mpinfer.precision.kernels.numerics import Numerics, fp16_to_float32, round_to_fp16
+    from mpinfer.precision.emulator.kernels import ortexec
+    from mpinfer.precision.emulator.kernels.numerics import Numerics, fp16_to_float32, round_to_fp16
 
     # every array takes ONNX Runtime's Cast, or none does (numpy's integer rounding and table lookup)
     monkeypatch.setattr(ortexec, "MIN_SIZE", 1 if engine == "onnxruntime" else 1 << 62)
@@ -1074,8 +1074,8 @@ def test_fast_fp16_rounding_is_bit_exact(engine, monkeypatch):
 
 def test_onnxruntime_casts_are_checked_before_use(monkeypatch):
     """A cast whose result differs from numpy's on the check values is never used: numpy rounds instead."""
-    from mpinfer.precision.kernels import ortexec
-    from mpinfer.precision.kernels.numerics import round_to_fp16
+    from mpinfer.precision.emulator.kernels import ortexec
+    from mpinfer.precision.emulator.kernels.numerics import round_to_fp16
 
     v = np.linspace(-3, 3, ortexec.MIN_SIZE, dtype=np.float32)
     monkeypatch.setattr(ortexec, "_casts", {})
@@ -1093,8 +1093,8 @@ def test_onnxruntime_casts_are_checked_before_use(monkeypatch):
 def test_erf_is_accurate_with_either_engine(engine, monkeypatch):
     import math
 
-    from mpinfer.precision.kernels import ortexec
-    from mpinfer.precision.kernels.numerics import erf
+    from mpinfer.precision.emulator.kernels import ortexec
+    from mpinfer.precision.emulator.kernels.numerics import erf
 
     monkeypatch.setattr(ortexec, "MIN_SIZE", 1 if engine == "onnxruntime" else 1 << 62)
     x = np.concatenate([np.linspace(-7, 7, 20001), [0.0, -0.0, 1e-30, np.inf, -np.inf]]).astype(np.float32)
@@ -1122,7 +1122,7 @@ def test_erf_is_accurate_with_either_engine(engine, monkeypatch):
 )
 def test_onnxruntime_convolutions_match_the_numpy_kernels(op, x_shape, w_shape, attrs, rng, monkeypatch):
     """Conv/ConvTranspose through ONNX Runtime (large inputs) and through numpy im2col agree, FP32 and FP16."""
-    from mpinfer.precision.kernels import ortexec
+    from mpinfer.precision.emulator.kernels import ortexec
 
     bias = w_shape[0] if op == "Conv" else w_shape[1] * attrs.get("group", 1)
     inits = [
@@ -1153,7 +1153,7 @@ def test_onnxruntime_convolutions_match_the_numpy_kernels(op, x_shape, w_shape, 
 
 def test_onnxruntime_step_sessions_stay_small():
     """Each step session has at most MAX_THREADS threads that sleep between calls and no memory arena."""
-    from mpinfer.precision.kernels import ortexec
+    from mpinfer.precision.emulator.kernels import ortexec
     from mpinfer.precision.tensorstats import usable_cpus
 
     x = np.linspace(-2, 2, ortexec.MIN_SIZE, dtype=np.float32)

@@ -8,7 +8,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from mpinfer.precision.emulate import GraphEmulator
+from mpinfer.precision.emulator.emulate import GraphEmulator
 from tests.precision.graphs import run_ort
 
 RNG = np.random.default_rng(0)

@@ -294,7 +294,7 @@ def test_strict_reference_run_takes_calibrations_fp32_tensors(tmp_path, monkeypa
     """With strict numerics the emulator's FP32 reference run executes no FP32 node whose tensors calibration
     computed (ONNX Runtime's), and the search decides as it does from the emulator's own FP32 run."""
     import mpinfer.precision.plandata as plandata
-    from mpinfer.precision.emulate import GraphEmulator
+    from mpinfer.precision.emulator.emulate import GraphEmulator
 
     executed: list[int] = []
     real_run, real_exec = GraphEmulator.run, GraphEmulator._exec_step
@@ -335,7 +335,7 @@ def test_expected_error_without_a_budget_compares_with_calibrations_outputs(tmp_
     """Without a budget the plan's expected error is the strict run of the plan against the FP32 outputs
     calibration kept (no FP32 emulator run); the emulator computes them only when none were kept."""
     import mpinfer.precision.plandata as plandata
-    from mpinfer.precision.emulate import GraphEmulator
+    from mpinfer.precision.emulator.emulate import GraphEmulator
     from mpinfer.precision.search import measure_plan
 
     model = chain(4)
@@ -452,12 +452,16 @@ def test_search_data_is_bounded_by_bytes(tmp_path, monkeypatch):
     assert [len(b["x"]) for b in got] == [16] and len(refs) == len(tensors) == 1  # --search-samples 16
     set_slice(monkeypatch, "search", 20 * per)  # one batch of 16 fits, two do not: 20 samples
     got, refs, tensors = conv.search_data(opts, model, feeds, stats)
-    assert [len(b["x"]) for b in got] == [16, 4] and refs is None and tensors is None
+    # calibration's outputs of the cut batch are cut with it (issue 27: the search takes them as its reference);
+    # its tensors are not (an intermediate need not hold the samples on axis 0)
+    assert [len(b["x"]) for b in got] == [16, 4] and tensors is None
+    assert [len(r["y"]) for r in refs] == [16, 4]
+    np.testing.assert_array_equal(refs[1]["y"], stats.reference_outputs[1]["y"][:4])
     set_slice(monkeypatch, "search", 5 * per)  # not even one batch: its first 5 samples
     got, refs, tensors = conv.search_data(opts, model, feeds, stats)
     (batch,) = list(got)
     np.testing.assert_array_equal(batch["x"], data["x"][:5])
-    assert refs is None and tensors is None and list(got.labels[:5]) == [0, 1, 2, 3, 0]
+    assert [len(r["y"]) for r in refs] == [5] and tensors is None and list(got.labels[:5]) == [0, 1, 2, 3, 0]
     res = convert_precision(
         ConvertConfig(model=save(model, tmp_path / "m.onnx"), output=tmp_path / "o.onnx", calibration=str(path),
                       batch_size=16, budget="max_abs<=1e-3,accuracy>=0", progress=False)

@@ -476,3 +476,67 @@ def test_the_default_floor_is_not_a_refusal_when_nothing_is_low(tmp_path):
         pytest.skip(f"{name}: not run by this ONNX Runtime")
     result = conformance.convert_case(cases[0], "own", tmp_path)
     assert result is not None and result.status == "ok", result
+
+
+def test_one_fp32_pass_the_search_and_the_verification_take_calibrations_reference(grown, tmp_path, monkeypatch):
+    """Issue 27: with data, the FP32 model runs once (calibration). The search's first candidate is judged against
+    calibration's outputs (a batch it read in part: their first rows), with no FP32 emulator run of its samples,
+    and the verification opens no FP32 session."""
+    import mpinfer.precision.plandata as plandata
+    import mpinfer.precision.verify as verify
+    from mpinfer.precision.emulator.emulate import GraphEmulator
+
+    passes = {"calibrate": 0, "emulator_fp32": 0, "reference_session": 0}
+    real_calibrate, real_run, real_reference = plandata.calibrate, GraphEmulator.run, verify._ReferenceRunner.__call__
+
+    def calibrate(*a, **k):
+        passes["calibrate"] += 1
+        return real_calibrate(*a, **k)
+
+    def run(self, feeds, low=None, **k):
+        # (the verification's StrictRunner runs the written model: its nodes follow their inputs' dtypes)
+        passes["emulator_fp32"] += not self.follow_input_dtypes and not any(p.is_low for p in (low or {}).values())
+        return real_run(self, feeds, low, **k)
+
+    def reference(self, batch):
+        passes["reference_session"] += 1
+        return real_reference(self, batch)
+
+    monkeypatch.setattr(plandata, "calibrate", calibrate)
+    monkeypatch.setattr(GraphEmulator, "run", run)
+    monkeypatch.setattr(verify._ReferenceRunner, "__call__", reference)
+    src, data = grown
+    res = _convert(src, data, tmp_path / "o.onnx", batch_size=16, search_samples=40)  # the default floor
+    summary = res.plan.summary
+    assert summary["verification"]["passed"] and summary["verification"]["samples"] == 128
+    assert summary["search"]["verifications"] == 1 and summary["nodes_low"] == 5
+    assert passes == {"calibrate": 1, "emulator_fp32": 0, "reference_session": 0}
+
+
+def test_outputs_past_the_capture_slice_are_kept_on_disk_not_run_again(grown, tmp_path, monkeypatch):
+    """Issue 27: calibration's FP32 outputs past the memory budget's capture_outputs slice go to an unlinked
+    temporary file (the same values, read back per batch), so the verification still opens no FP32 session."""
+    import onnx
+
+    import mpinfer.precision.verify as verify
+    from mpinfer.data import load_feeds
+    from mpinfer.precision.calibrate import calibrate
+    from mpinfer.specs import specs_from_onnx
+    from tests.budget import set_slice
+
+    src, data = grown
+    model = onnx.load(str(src))
+    feeds = load_feeds(str(data), specs_from_onnx(model), batch_size=16)
+    whole = calibrate(model, feeds, progress=False, capture_batches=1, capture_outputs=100)
+    set_slice(monkeypatch, "capture_outputs", 16 * 8 * 4)  # one batch of 16 samples of y[8] in memory
+    spilled = calibrate(model, feeds, progress=False, capture_batches=1, capture_outputs=100)
+    assert len(spilled.reference_outputs) == len(whole.reference_outputs) == 8
+    assert isinstance(spilled.reference_outputs[1], dict) and not isinstance(spilled.reference_outputs[-1], dict)
+    for kept, want in zip(spilled.reference_outputs, whole.reference_outputs, strict=True):
+        np.testing.assert_array_equal(kept["y"], want["y"])  # what ONNX Runtime computed, bit for bit
+    sessions = []
+    real = verify._ReferenceRunner.__call__
+    monkeypatch.setattr(verify._ReferenceRunner, "__call__", lambda self, b: sessions.append(1) or real(self, b))
+    res = _convert(src, data, tmp_path / "o.onnx", batch_size=16)
+    assert res.plan.summary["verification"]["passed"] and res.plan.summary["verification"]["samples"] == 128
+    assert sessions == []

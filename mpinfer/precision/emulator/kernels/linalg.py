@@ -15,16 +15,18 @@ from typing import Any
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from mpinfer.precision.kernels import ortexec
-from mpinfer.precision.kernels.numerics import NodeInfo, Numerics, RejectedInput
+from mpinfer.precision.emulator.kernels import ortexec
+from mpinfer.precision.emulator.kernels.blas import one_thread_below
+from mpinfer.precision.emulator.kernels.numerics import NodeInfo, Numerics, RejectedInput
 
 
 def matmul(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
     """ONNX MatMul (numpy matmul broadcasting rules are ONNX's)."""
     a, b = x
-    if a.ndim > 2 and b.ndim == 2:  # activations @ weights: one big GEMM instead of one per batch row
-        return [(a.reshape(-1, a.shape[-1]) @ b).reshape(a.shape[:-1] + (b.shape[1],))]
-    return [np.matmul(a, b)]
+    with one_thread_below(a.size * b.size // max(1, a.shape[-1] if a.ndim else 1)):  # (batched: an upper bound)
+        if a.ndim > 2 and b.ndim == 2:  # activations @ weights: one big GEMM instead of one per batch row
+            return [(a.reshape(-1, a.shape[-1]) @ b).reshape(a.shape[:-1] + (b.shape[1],))]
+        return [np.matmul(a, b)]
 
 
 def gemm(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
@@ -35,7 +37,8 @@ def gemm(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
         a = a.T
     if n.get("transB", 0):
         b = b.T
-    y = a @ b
+    with one_thread_below(a.size * b.shape[-1]):
+        y = a @ b
     alpha, beta = n.get("alpha", 1.0), n.get("beta", 1.0)
     if alpha != 1.0:
         y = y * np.asarray(alpha, y.dtype)

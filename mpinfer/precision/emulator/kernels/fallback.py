@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from mpinfer.precision.kernels.numerics import NodeInfo, Numerics
+from mpinfer.precision.emulator.kernels.numerics import NodeInfo, Numerics
 
 
 @functools.lru_cache(maxsize=1024)

@@ -1,10 +1,10 @@
-"""Numpy kernels of the strict emulator, one module per op family; see :mod:`mpinfer.precision.emulate`."""
+"""Numpy kernels of the strict emulator, one module per op family; see :mod:`mpinfer.precision.emulator.emulate`."""
 
 from __future__ import annotations
 
-from mpinfer.precision.kernels import attention, elementwise, linalg, norm, pool, quant, recurrent, tensor
-from mpinfer.precision.kernels.fallback import reference_available, reference_kernel
-from mpinfer.precision.kernels.numerics import (
+from mpinfer.precision.emulator.kernels import attention, elementwise, linalg, norm, pool, quant, recurrent, tensor
+from mpinfer.precision.emulator.kernels.fallback import reference_available, reference_kernel
+from mpinfer.precision.emulator.kernels.numerics import (
     NodeInfo,
     Numerics,
     RejectedInput,

@@ -11,8 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from mpinfer.precision.kernels.linalg import _conv_geometry, conv_windows
-from mpinfer.precision.kernels.numerics import NodeInfo, Numerics, UnsupportedVariant
+from mpinfer.precision.emulator.kernels.linalg import _conv_geometry, conv_windows
+from mpinfer.precision.emulator.kernels.numerics import NodeInfo, Numerics, UnsupportedVariant
 
 
 def _pool_geometry(

@@ -23,7 +23,7 @@ import numpy as np
 from mpinfer.errors import BackendUnavailableError, InternalError, InvalidInputError, MpinferError, format_message
 from mpinfer.memory import current_budget
 from mpinfer.modelio import iter_nodes, name_nodes, tensor_array
-from mpinfer.precision.kernels import (
+from mpinfer.precision.emulator.kernels import (
     NodeInfo,
     Numerics,
     RejectedInput,
@@ -34,7 +34,7 @@ from mpinfer.precision.kernels import (
     reference_available,
     reference_kernel,
 )
-from mpinfer.precision.kernels.control import CONTROL_FLOW_KERNELS
+from mpinfer.precision.emulator.kernels.control import CONTROL_FLOW_KERNELS
 from mpinfer.specs import Precision, is_float_dtype
 
 logger = logging.getLogger(__name__)

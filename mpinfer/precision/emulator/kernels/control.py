@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from mpinfer.precision.kernels.numerics import NodeInfo, UnsupportedVariant
+from mpinfer.precision.emulator.kernels.numerics import NodeInfo, UnsupportedVariant
 
 BodyRunner = Callable[[Any, Mapping[str, Any]], list[Any]]
 

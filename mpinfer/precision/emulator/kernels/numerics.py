@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from mpinfer.precision.kernels import ortexec
+from mpinfer.precision.emulator.kernels import ortexec
 from mpinfer.specs import Precision, is_float_dtype
 
 # Float dtypes the emulator treats as "float tensors" (rounded by low-precision nodes). float64 is left as

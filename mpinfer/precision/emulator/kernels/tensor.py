@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from mpinfer.precision.kernels.numerics import NodeInfo, Numerics, RejectedInput, UnsupportedVariant
+from mpinfer.precision.emulator.kernels.numerics import NodeInfo, Numerics, RejectedInput, UnsupportedVariant
 
 
 def _ints(v: Any) -> list[int]:

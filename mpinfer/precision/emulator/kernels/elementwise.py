@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from mpinfer.precision.kernels.numerics import SQRT_HALF, NodeInfo, Numerics, erf
+from mpinfer.precision.emulator.kernels.numerics import SQRT_HALF, NodeInfo, Numerics, erf
 
 Kernel = Callable[[NodeInfo, Numerics, list[Any]], list[np.ndarray]]
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from mpinfer.precision.kernels.numerics import NodeInfo, Numerics, UnsupportedVariant
+from mpinfer.precision.emulator.kernels.numerics import NodeInfo, Numerics, UnsupportedVariant
 
 # TensorProto element types this module writes: INT8, UINT8, INT16, UINT16, INT32, UINT32 (ONNX numbering)
 _INT_TYPES = {3: np.int8, 2: np.uint8, 5: np.int16, 4: np.uint16, 6: np.int32, 12: np.uint32}

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from mpinfer.precision.kernels.numerics import NodeInfo, Numerics, UnsupportedVariant
+from mpinfer.precision.emulator.kernels.numerics import NodeInfo, Numerics, UnsupportedVariant
 from mpinfer.specs import Precision
 
 

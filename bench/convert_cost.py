@@ -1,0 +1,255 @@
+"""The cost of convert with calibration data against the two-pass floor and AutoCast (issue 27).
+
+The floor of any verifying converter: one FP32 ONNX Runtime pass over the calibration data (the reference) plus
+one pass of the written model (the verification), sessions included. Each tree given (``--trees``: the baseline
+checkout first, then this one) converts each model in its own subprocess, interleaved per model, with the
+calibration data and the default floor (and once more with ``--budget``); the floor is measured in the same child
+right after the convert, on the model that tree wrote. AutoCast (``convert_to_mixed_precision`` with the same .npz
+as ``calibration_data``, keep_io_types) runs under ``--modelopt-python``. Times are wall seconds of the call alone
+(imports excluded), OMP_NUM_THREADS unset (ONNX Runtime's default threads).
+
+Models: ``cnn`` (8 Conv3x3+ReLU, 32->128 channels, input 3x96x96, 192 samples, batch 16) and ``deep`` (100
+unrolled gated steps tanh(xW+b)*sigmoid(xV) over [N, 32, 64], 600 nodes, 192 samples, batch 16), built with
+onnx.helper and seeded; ``--published layout,orientation``: bench/published.py's models on their task data.
+
+    PYTHONPATH=$PWD .venv/bin/python bench/convert_cost.py --trees /tmp/base93,$PWD [--models cnn,deep]
+        [--published orientation] [--budget "cosine>=0.999"] [--modelopt-python .venv-modelopt/bin/python]
+        [--profile deep]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLES = 192
+BATCH = 16
+
+CHILD = r"""
+import json, sys, time
+from pathlib import Path
+args = json.loads(sys.argv[1])
+import numpy as np, onnxruntime as ort
+from mpinfer.precision import ConvertConfig, convert_precision
+cfg = ConvertConfig(model=Path(args["model"]), output=Path(args["output"]), calibration=args["data"],
+                    budget=args["budget"], force=True, progress=False, batch_size=args["batch"])
+prof = args.get("profile")
+if prof:
+    import cProfile
+    p = cProfile.Profile()
+start, cpu0 = time.perf_counter(), time.process_time()
+if prof:
+    p.enable()
+res = convert_precision(cfg)
+if prof:
+    p.disable()
+    p.dump_stats(prof)
+wall, cpu = time.perf_counter() - start, time.process_time() - cpu0
+
+def one_pass(path):
+    t, c = time.perf_counter(), time.process_time()
+    sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    with np.load(args["data"]) as z:
+        data = {k: z[k] for k in z.files}
+    n = len(next(iter(data.values())))
+    b = args["batch"] or n
+    for i in range(0, n, b):
+        sess.run(None, {k: v[i:i + b] for k, v in data.items()})
+    return time.perf_counter() - t, time.process_time() - c
+
+(ref, ref_cpu), (ver, ver_cpu) = one_pass(args["model"]), one_pass(args["output"])
+s = res.plan.summary
+v = s.get("verification") or {}
+print(json.dumps({"wall_s": wall, "floor_s": ref + ver, "ref_s": ref, "ver_s": ver, "cpu_s": cpu,
+                  "floor_cpu_s": ref_cpu + ver_cpu,
+                  "low_share_flops": s.get("low_share_flops"), "verification": v, "search": s.get("search"),
+                  "nodes_low": s.get("nodes_low"), "nodes_total": s.get("nodes_total")}))
+"""
+
+AUTOCAST = r"""
+import json, sys, time
+import onnx
+from modelopt.onnx.autocast import convert_to_mixed_precision
+args = json.loads(sys.argv[1])
+t = time.perf_counter()
+out = convert_to_mixed_precision(onnx_path=args["model"], low_precision_type="fp16", keep_io_types=True,
+                                 calibration_data=args["data"])
+onnx.save(out, args["output"])
+print(json.dumps({"wall_s": time.perf_counter() - t}))
+"""
+
+
+def _save(model, path: Path) -> None:
+    import onnx
+
+    model.ir_version = 10
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+
+
+def build_cnn(out: Path) -> tuple[Path, Path]:
+    """8 Conv3x3 (pad 1) + ReLU, channels 3 -> 32, 32, 64, 64, 128, 128, 128, 128; input [N, 3, 96, 96]."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    chans = [3, 32, 32, 64, 64, 128, 128, 128, 128]
+    nodes, inits, prev = [], [], "x"
+    for i, (cin, cout) in enumerate(zip(chans, chans[1:])):
+        w = (rng.standard_normal((cout, cin, 3, 3)) * np.sqrt(2.0 / (cin * 9))).astype(np.float32)
+        b = (rng.standard_normal(cout) * 0.05).astype(np.float32)
+        inits += [numpy_helper.from_array(w, f"w{i}"), numpy_helper.from_array(b, f"b{i}")]
+        nodes.append(helper.make_node("Conv", [prev, f"w{i}", f"b{i}"], [f"c{i}"], name=f"conv{i}", pads=[1] * 4))
+        prev = "y" if i == len(chans) - 2 else f"r{i}"
+        nodes.append(helper.make_node("Relu", [f"c{i}"], [prev], name=f"relu{i}"))
+    graph = helper.make_graph(
+        nodes, "cnn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 96, 96])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 128, 96, 96])], inits)
+    path, npz = out / "cnn.onnx", out / "cnn.npz"
+    _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    np.savez(npz, x=rng.standard_normal((SAMPLES, 3, 96, 96)).astype(np.float32))
+    return path, npz
+
+
+def build_deep(out: Path, steps: int = 100) -> tuple[Path, Path]:
+    """``steps`` unrolled gated steps x <- tanh(xW+b) * sigmoid(xV) over [N, 32, 64] (6 nodes a step)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    nodes, inits, prev = [], [], "x"
+    for i in range(steps):
+        w = (rng.standard_normal((64, 64)) / 8).astype(np.float32)
+        v = (rng.standard_normal((64, 64)) / 8).astype(np.float32)
+        b = (rng.standard_normal(64) * 0.1).astype(np.float32)
+        inits += [numpy_helper.from_array(a, f"{n}{i}") for n, a in (("w", w), ("v", v), ("b", b))]
+        out_name = "y" if i == steps - 1 else f"h{i}"
+        nodes += [
+            helper.make_node("MatMul", [prev, f"w{i}"], [f"xw{i}"], name=f"mm_w{i}"),
+            helper.make_node("Add", [f"xw{i}", f"b{i}"], [f"xwb{i}"], name=f"add{i}"),
+            helper.make_node("Tanh", [f"xwb{i}"], [f"t{i}"], name=f"tanh{i}"),
+            helper.make_node("MatMul", [prev, f"v{i}"], [f"xv{i}"], name=f"mm_v{i}"),
+            helper.make_node("Sigmoid", [f"xv{i}"], [f"s{i}"], name=f"sig{i}"),
+            helper.make_node("Mul", [f"t{i}", f"s{i}"], [out_name], name=f"mul{i}"),
+        ]
+        prev = out_name
+    graph = helper.make_graph(
+        nodes, "deep", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 32, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 32, 64])], inits)
+    path, npz = out / "deep.onnx", out / "deep.npz"
+    _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    np.savez(npz, x=rng.standard_normal((SAMPLES, 32, 64)).astype(np.float32))
+    return path, npz
+
+
+def cases(args: argparse.Namespace) -> list[tuple[str, Path, Path, int | None]]:
+    """(name, model, calibration .npz, batch size) for each model asked for."""
+    found: list[tuple[str, Path, Path, int | None]] = []
+    builders = {"cnn": build_cnn, "deep": build_deep}
+    for name in filter(None, args.models.split(",")):
+        model, npz = builders[name](args.out)
+        found.append((name, model, npz, BATCH))
+    if args.published:
+        sys.path.insert(0, str(ROOT / "bench"))
+        import published
+
+        found += published.task_cases(args.published, args.out)
+    return found
+
+
+def child(tree: Path, script: str, args: dict, python: str = sys.executable) -> dict:
+    proc = subprocess.run([python, "-c", script, json.dumps(args)], capture_output=True, text=True,
+                          env={"PYTHONPATH": str(tree), "PATH": "/usr/bin:/bin"}, check=False)
+    if proc.returncode:
+        tail = proc.stderr.strip().splitlines()
+        return {"error": tail[-1][:200] if tail else "failed"}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def verdicts(res: dict) -> str:
+    """The verification's verdict per output: the budget's metrics (and max_abs) measured on every sample."""
+    ver = res.get("verification") or {}
+    terms = {t.split("<")[0].split(">")[0].split(":")[-1] for t in str(ver.get("budget") or "").split(",")}
+    parts = []
+    for out, values in (ver.get("figures") or {}).items():
+        shown = ", ".join(f"{k}={v:.4g}" for k, v in values.items() if k in terms | {"max_abs"}
+                          and isinstance(v, (int, float)))
+        parts.append(f"{out}: {shown}")
+    passed = ver.get("passed")
+    return "; ".join(parts) + ("" if passed is None else f" ({'met' if passed else 'not met'})")
+
+
+def ratio(res: dict, autocast_s: float) -> float:
+    """convert time / AutoCast time."""
+    return res["wall_s"] / autocast_s
+
+
+def table_row(name: str, tree: str, tag: str, r: dict, auto: dict | None) -> str:
+    """One line of the table."""
+    at = auto.get("wall_s") if auto and "error" not in auto else None
+    return (f"| {name} | {tree} | {tag} | {r['wall_s']:.2f} | {r['floor_s']:.2f} | "
+            f"{r['wall_s'] / r['floor_s']:.2f}x | {r['cpu_s']:.1f} / {r['floor_cpu_s']:.1f} | "
+            f"{'' if at is None else f'{at:.2f}'} | {'' if at is None else f'{ratio(r, at):.2f}x'} | "
+            f"{(r.get('low_share_flops') or 0):.1%} | {r.get('nodes_low')}/{r.get('nodes_total')} | {verdicts(r)} |")
+
+
+def reprint(path: Path) -> None:
+    """The table of a runs.jsonl written by earlier runs."""
+    for line in path.read_text().splitlines():
+        row = json.loads(line)
+        r = row["result"]
+        if "error" in r:
+            print(f"| {row['model']} | {Path(row['tree']).name} | {row['run']} | {r['error']} |")
+        else:
+            print(table_row(row["model"], Path(row["tree"]).name, row["run"], r, row.get("autocast")))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--trees", default=str(ROOT), help="mpinfer checkouts, comma-separated (baseline first)")
+    p.add_argument("--models", default="cnn,deep")
+    p.add_argument("--published", default="")
+    p.add_argument("--budget", default="cosine>=0.999", help="the --budget run's budget ('' skips that run)")
+    p.add_argument("--modelopt-python", default="", help="a Python with modelopt for the AutoCast column")
+    p.add_argument("--profile", default="", help="cProfile the convert of these models (stats in --out)")
+    p.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "convert_cost")
+    p.add_argument("--table", type=Path, help="print the table of this runs.jsonl and exit")
+    a = p.parse_args()
+    if a.table:
+        reprint(a.table)
+        return
+    a.out.mkdir(parents=True, exist_ok=True)
+    trees = [Path(t) for t in a.trees.split(",")]
+    print("shared 2-core machine; wall s of the call (imports excluded); floor = FP32 ORT pass + written model's "
+          "ORT pass over the calibration data, sessions included")
+    print("| model | tree | run | convert s | floor s | convert/floor | CPU s convert / floor | AutoCast s "
+          "| convert/AutoCast | FP16 FLOPs | nodes low | verification per output |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for name, model, npz, batch in cases(a):
+        auto = None
+        if a.modelopt_python:
+            auto = child(ROOT, AUTOCAST, {"model": str(model), "data": str(npz),
+                                          "output": str(a.out / f"{name}.autocast.onnx")}, a.modelopt_python)
+        runs = [("floor", None)] + ([("--budget", a.budget)] if a.budget else [])
+        for tag, budget in runs:
+            for k, tree in enumerate(trees):
+                args = {"model": str(model), "data": str(npz), "output": str(a.out / f"{name}.{k}.onnx"),
+                        "budget": budget, "batch": batch}
+                if name in a.profile.split(",") and tag == "floor":
+                    args["profile"] = str(a.out / f"{name}.{k}.prof")
+                r = child(tree, CHILD, args)
+                with (a.out / "runs.jsonl").open("a") as f:
+                    f.write(json.dumps({"model": name, "tree": str(tree), "run": tag, "result": r,
+                                        "autocast": auto}) + "\n")
+                if "error" in r:
+                    print(f"| {name} | {tree.name} | {tag} | {r['error']} |", flush=True)
+                    continue
+                print(table_row(name, tree.name, tag, r, auto), flush=True)
+
+
+if __name__ == "__main__":
+    main()
