@@ -343,7 +343,8 @@ def decode_source(source: str | Path, specs: Sequence[TensorSpec], model: Any, *
     Args:
         source: ``prompts:FILE[:steps=N]`` or a prompts-only .npz path.
         specs: The model's inputs (must include a KV cache).
-        model: The FP32 model (ModelProto or path) that decodes.
+        model: The FP32 model (ModelProto or path) that decodes, or a :data:`RunFn` running it (an open
+            session's: no second one is opened).
         batch_size: Prompts per batch.
         num_batches: Cap on the number of batches.
 
@@ -370,7 +371,7 @@ def decode_source(source: str | Path, specs: Sequence[TensorSpec], model: Any, *
     outputs = layout.output_names
 
     def gen() -> Iterator[dict[str, np.ndarray]]:
-        run = ort_run_fn(ort_session(model), outputs)
+        run = model if callable(model) else ort_run_fn(ort_session(model), outputs)
         for lo, hi in dict.fromkeys(g for g, _ in plan):
             last = max(step for g, step in plan if g == (lo, hi))
             for item in greedy_decode(run, layout, prompts.input_ids[lo:hi], prompts.attention_mask[lo:hi], last):

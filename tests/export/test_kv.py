@@ -184,3 +184,46 @@ def test_text_prompts_are_tokenized_with_a_local_tokenizer(tmp_path, llama):
         load_feeds(f"prompts:{text}", specs, model=res.path)
     with pytest.raises(InvalidInputError, match="Tokenizer"):
         load_feeds(f"prompts:{text}:tokenizer={tmp_path / 'none'}", specs, model=res.path)
+
+
+def test_a_big_decoder_is_written_once_with_streamed_weights_after_torch_is_freed(tmp_path, monkeypatch):
+    """Above the external-data threshold (set small here) the export streams the weights to ``.onnx.data``
+    (never save_onnx's copy of the whole proto), and the torch model is gone before ONNX Runtime runs parity."""
+    import gc
+    import weakref
+
+    from mpinfer.export import exporter, parity
+
+    folder = llama_folder(tmp_path / "llama")
+    monkeypatch.setattr(exporter, "EXTERNAL_WEIGHTS_BYTES", 10_000)
+    monkeypatch.setattr(exporter, "save_onnx", lambda *a, **k: pytest.fail("the whole model was copied and saved"))
+    torch_model, alive_at_parity = [], []
+    real_reference, real_compare = parity.parity_reference, parity.compare_parity
+
+    def reference(module, *a, **k):
+        torch_model.append(weakref.ref(module))
+        return real_reference(module, *a, **k)
+
+    def compare(*a, **k):
+        gc.collect()
+        alive_at_parity.append(torch_model[0]() is not None)
+        return real_compare(*a, **k)
+
+    monkeypatch.setattr(exporter, "parity_reference", reference)
+    monkeypatch.setattr(exporter, "compare_parity", compare)
+    res = export_onnx(ExportConfig(source=str(folder), output=tmp_path / "m.onnx"))
+    assert res.parity.passed and alive_at_parity == [False]
+    data = tmp_path / "m.onnx.data"
+    graph = onnx.load(str(res.path), load_external_data=False).graph
+    external = [t for t in graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
+    assert data.stat().st_size >= 10_000 and external
+    assert all(len(t.raw_data) == 0 for t in external)
+    # the file runs as exported: the same logits as the torch model's prefill, within parity's tolerance
+    (prefill,) = [r for r in res.parity.runs if r.label == "prefill"]
+    assert prefill.passed and prefill.errors["logits"]["max_abs"] <= 1e-4
+
+
+def test_a_small_decoder_keeps_its_weights_embedded(llama):
+    _, res = llama
+    assert not (res.path.parent / (res.path.name + ".data")).exists()
+    assert not any(t.data_location == onnx.TensorProto.EXTERNAL for t in onnx.load(str(res.path)).graph.initializer)
