@@ -227,3 +227,26 @@ def test_a_small_decoder_keeps_its_weights_embedded(llama):
     _, res = llama
     assert not (res.path.parent / (res.path.name + ".data")).exists()
     assert not any(t.data_location == onnx.TensorProto.EXTERNAL for t in onnx.load(str(res.path)).graph.initializer)
+
+
+def test_prompts_are_decoded_once_for_every_pass(llama, tmp_path):
+    """Calibration, the search and the verification read a prompts source several times: it decodes once (the
+    model's run is called only in the first pass) and yields the same feeds each time."""
+    from mpinfer.data.decode import decode_source
+
+    _, res = llama
+    specs = specs_from_onnx(onnx.load(str(res.path)))
+    layout = kv_layout(specs)
+    session_run = ort_run_fn(ort_session(res.path), layout.output_names)
+    calls = []
+
+    def run(feeds):
+        calls.append(feeds["input_ids"].shape)
+        return session_run(feeds)
+
+    source = decode_source(f"prompts:{prompts_npz(tmp_path / 'p.npz')}:steps=2", specs, run, batch_size=4)
+    first, second = list(source), list(source)
+    assert len(calls) == len(first) == 2 * 3  # two groups of prompts, a prefill and 2 steps each
+    assert len(second) == len(first)
+    for a, b in zip(first, second):
+        assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
