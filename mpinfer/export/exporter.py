@@ -41,6 +41,7 @@ from mpinfer.export.kv import EXPORTER_REASON, with_kv_cache
 from mpinfer.export.loader import LoadedModel, bind_hf_inputs, load_model, split_source
 from mpinfer.export.outputs import flatten_outputs
 from mpinfer.export.parity import ParityReport, compare_parity, parity_reference
+from mpinfer.export.tidy import drop_noop_casts
 from mpinfer.fileio import check_output_path, write_json_atomic
 from mpinfer.modelio import (
     data_file,
@@ -319,6 +320,7 @@ def _post_process(path: Path, specs: Sequence[TensorSpec], description: str, exp
     import onnx
 
     model = name_nodes(load_onnx(path, load_external_data=False))
+    drop_noop_casts(model)
     ranges = {s.name: list(s.value_range) for s in specs if s.value_range is not None}
     # the sizes the specs give their symbolic dims (seq=16, samples=16000): random data for convert and compare
     # uses them instead of guessing (a speech model fed 2 audio samples rejects them)

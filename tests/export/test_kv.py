@@ -250,3 +250,41 @@ def test_prompts_are_decoded_once_for_every_pass(llama, tmp_path):
     assert len(second) == len(first)
     for a, b in zip(first, second):
         assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+
+
+def test_the_export_keeps_no_cast_to_the_type_a_tensor_already_has(llama):
+    """The TorchScript exporter's no-op Casts (most of a Llama's) are removed at export; parity still holds."""
+    _, res = llama
+    model = onnx.shape_inference.infer_shapes(onnx.load(str(res.path)))
+    g = model.graph
+    types = {v.name: v.type.tensor_type.elem_type for v in [*g.value_info, *g.input, *g.output]}
+    types |= {t.name: t.data_type for t in g.initializer}
+    casts = [n for n in g.node if n.op_type == "Cast"]
+    assert casts and len(casts) <= 2  # the mask to bool, the positions to float: both change the type
+    assert all(types.get(n.input[0]) != n.attribute[0].i for n in casts)
+    assert res.parity.passed
+
+
+def test_noop_cast_removal_keeps_graph_output_names():
+    """A no-op Cast that makes a graph output becomes an Identity; one inside the graph is bypassed."""
+    from onnx import TensorProto, helper
+
+    from mpinfer.export.tidy import drop_noop_casts
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])
+    z = helper.make_tensor_value_info("z", TensorProto.INT64, [2])
+    nodes = [helper.make_node("Cast", ["x"], ["a"], to=TensorProto.FLOAT),
+             helper.make_node("Relu", ["a"], ["b"]),
+             helper.make_node("Cast", ["b"], ["y"], to=TensorProto.FLOAT),
+             helper.make_node("Cast", ["b"], ["z"], to=TensorProto.INT64)]
+    model = helper.make_model(helper.make_graph(nodes, "g", [x], [y, z]), ir_version=10,
+                              opset_imports=[helper.make_operatorsetid("", 17)])
+    assert drop_noop_casts(model) == 2
+    assert [n.op_type for n in model.graph.node] == ["Relu", "Identity", "Cast"]
+    assert list(model.graph.node[0].input) == ["x"] and list(model.graph.node[1].output) == ["y"]
+    onnx.checker.check_model(model, full_check=True)
+    from mpinfer.modelio import ort_session
+
+    out = ort_session(model).run(None, {"x": np.array([-1.0, 2.0], np.float32)})
+    assert out[0].tolist() == [0.0, 2.0] and out[1].tolist() == [0, 2]
