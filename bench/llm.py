@@ -15,6 +15,7 @@ model's size (the exported ONNX file plus its external data):
 * ``compare``: ``mpinfer compare FP32 FP16 --data CAL --generate 32`` (its report's token agreement and
   perplexity ratio, and its decode tokens/s, are read back);
 * ``build-engine``: ``mpinfer build-engine FP16 --backend onnxruntime``;
+* ``autocast-compare``: ``compare --generate`` of the AutoCast model (its token agreement and perplexity ratio);
 * ``autocast``: ModelOpt AutoCast's ``convert_to_mixed_precision`` (defaults, keep_io_types) on the same exported
   file (``--autocast PY``: a python with nvidia-modelopt[onnx]; bench/precision.py's worker).
 
@@ -41,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-STEPS = ("export", "convert", "plain-loop", "compare", "build-engine", "autocast")
+STEPS = ("export", "convert", "plain-loop", "compare", "build-engine", "autocast", "autocast-compare")
 BUDGET = "cosine>=0.999"
 PROMPTS, PROMPT_LEN, CAL_STEPS, GENERATE = 16, 32, 4, 32
 VOCAB = 32000
@@ -150,6 +151,7 @@ def run_steps(args: argparse.Namespace, folder: Path) -> dict[str, dict[str, Any
         "build-engine": lambda: mpinfer("build-engine", str(low), "--backend", "onnxruntime", "-o",
                                         str(folder / "model.fp16.ort.onnx"), "--force", memory_limit=mem),
         "autocast": lambda: autocast(src, auto, args.autocast),
+        "autocast-compare": lambda: compare(src, auto, cal, folder / "report-autocast", mem),
     }
     results: dict[str, dict[str, Any]] = {}
     for step in args.steps:
