@@ -59,15 +59,18 @@ model.save_pretrained(sys.argv[2])
 
 
 def measured(cmd: list[str]) -> dict[str, Any]:
-    """Wall time, exit status and peak RSS (GNU time's %M, the child's own high-water mark) of ``cmd``."""
+    """Wall time, CPU time, exit status and peak RSS (GNU time's %M, the child's own high-water mark) of ``cmd``."""
     timer = shutil.which("time") or "/usr/bin/time"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONDONTWRITEBYTECODE": "1"}
     start = time.perf_counter()
-    out = subprocess.run([timer, "-f", "peak_kb=%M", *cmd], env=env, cwd=ROOT, capture_output=True, text=True)
+    out = subprocess.run([timer, "-f", "peak_kb=%M cpu_s=%U+%S", *cmd], env=env, cwd=ROOT, capture_output=True,
+                         text=True)
     row: dict[str, Any] = {"wall_s": round(time.perf_counter() - start, 1), "exit": out.returncode}
     lines = out.stderr.strip().splitlines()
     peak = [ln for ln in lines if ln.startswith("peak_kb=")]
-    row["peak_rss_bytes"] = int(peak[-1].split("=")[1]) * 1024 if peak else -1
+    row["peak_rss_bytes"] = int(peak[-1].split()[0].split("=")[1]) * 1024 if peak else -1
+    # CPU seconds (user + system, every thread): steadier than the wall time on a shared machine
+    row["cpu_s"] = round(sum(float(x) for x in peak[-1].split("cpu_s=")[1].split("+")), 1) if peak else -1
     row["stdout_tail"] = out.stdout.strip().splitlines()[-3:]
     if out.returncode:
         row["error"] = [ln for ln in lines if not ln.startswith("peak_kb=")][-3:]
@@ -259,14 +262,15 @@ def autocast_worker(src: str, dst: str, feeds: str) -> None:
 
 def markdown(results: dict[str, dict[str, Any]], size: int, shares: dict[str, dict[str, Any]]) -> str:
     """The table: per step wall time, peak RSS and its ratio to the FP32 size; Casts and FP16 FLOPs."""
-    lines = ["| step | tool | exit | wall s | peak RSS GB | peak / FP32 size | Casts (FP32 model's) | "
-             "FP16 share of FLOPs |", "|" + "---|" * 8]
+    lines = ["| step | tool | exit | wall s | CPU s | peak RSS GB | peak / FP32 size | Casts (FP32 model's) | "
+             "FP16 share of FLOPs |", "|" + "---|" * 9]
     for step, r in results.items():
         tool = "AutoCast" if step == "autocast" else "mpinfer"
         share = shares.get("autocast" if step == "autocast" else ("convert" if step == "convert" else ""), {})
         peak = r["peak_rss_bytes"]
         casts = f"{share['casts']} ({share['casts_fp32']})" if share else ""
-        lines.append(f"| {step} | {tool} | {r['exit']} | {r['wall_s']} | {peak / 1e9:.2f} | {peak / size:.2f}x | "
+        lines.append(f"| {step} | {tool} | {r['exit']} | {r['wall_s']} | {r.get('cpu_s', '')} | {peak / 1e9:.2f} | "
+                     f"{peak / size:.2f}x | "
                      f"{casts} | "
                      f"{format(share['fp16_flops'], '.1%') if 'fp16_flops' in share else ''} |")
     return "\n".join(lines)
@@ -300,7 +304,9 @@ def main() -> None:
     print(markdown(results, size, shares))
     if "plain-loop" in results and "compare" in results:
         gen, loop = results["compare"]["wall_s"], results["plain-loop"]["wall_s"]
-        print(f"compare --generate {gen} s vs the plain loop {loop} s ({gen / max(loop, 1e-9):.2f}x); plain loop: "
+        cgen, cloop = results["compare"].get("cpu_s", 0), results["plain-loop"].get("cpu_s", 0)
+        print(f"compare --generate {gen} s vs the plain loop {loop} s ({gen / max(loop, 1e-9):.2f}x); CPU {cgen} s vs "
+              f"{cloop} s ({cgen / max(cloop, 1e-9):.2f}x); plain loop: "
               f"{results['plain-loop']['stdout_tail'][-1:]}; compare: {results['compare'].get('generation')} "
               f"{results['compare'].get('latency')}")
     (folder / "llm.json").write_text(json.dumps({"layers": args.layers, "model_bytes": size, "steps": results,
