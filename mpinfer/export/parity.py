@@ -187,7 +187,7 @@ def compare_parity(cases: Sequence[ParityCase], onnx_path: Path, out_names: Sequ
 
 
 def _compare_run(ref: Sequence[np.ndarray], sess: Any, feeds: dict[str, np.ndarray], out_names: Sequence[str],
-                 atol: float, rtol: float, label: str) -> ParityRun:
+                 atol: float, rtol: float, label: str | None) -> ParityRun:
     shapes = {k: list(v.shape) for k, v in feeds.items()}
     try:
         got = sess.run(list(out_names), feeds)
