@@ -9,8 +9,13 @@ model's size (the exported ONNX file plus its external data):
 * ``export``: ``mpinfer export FOLDER`` (default: with the KV cache);
 * ``convert``: ``mpinfer convert --calibration prompts:CAL:steps=4 --budget "cosine>=0.999"`` (16 prompts of 32
   seeded random tokens, each prefilled and decoded 4 greedy steps by the FP32 model);
-* ``compare``: ``mpinfer compare FP32 FP16 --data CAL --generate 32``;
+* ``plain-loop``: the floor for ``compare``: a plain ONNX Runtime greedy loop (no mpinfer) over the same prompts
+  and tokens, the FP32 model then the FP16 one, each in its own session (opened, all 16 prompts decoded as one
+  batch, 32 tokens with the KV cache, closed);
+* ``compare``: ``mpinfer compare FP32 FP16 --data CAL --generate 32`` (its report's token agreement and
+  perplexity ratio, and its decode tokens/s, are read back);
 * ``build-engine``: ``mpinfer build-engine FP16 --backend onnxruntime``;
+* ``autocast-compare``: ``compare --generate`` of the AutoCast model (its token agreement and perplexity ratio);
 * ``autocast``: ModelOpt AutoCast's ``convert_to_mixed_precision`` (defaults, keep_io_types) on the same exported
   file (``--autocast PY``: a python with nvidia-modelopt[onnx]; bench/precision.py's worker).
 
@@ -37,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-STEPS = ("export", "convert", "compare", "build-engine", "autocast")
+STEPS = ("export", "convert", "plain-loop", "compare", "build-engine", "autocast", "autocast-compare")
 BUDGET = "cosine>=0.999"
 PROMPTS, PROMPT_LEN, CAL_STEPS, GENERATE = 16, 32, 4, 32
 VOCAB = 32000
@@ -54,15 +59,18 @@ model.save_pretrained(sys.argv[2])
 
 
 def measured(cmd: list[str]) -> dict[str, Any]:
-    """Wall time, exit status and peak RSS (GNU time's %M, the child's own high-water mark) of ``cmd``."""
+    """Wall time, CPU time, exit status and peak RSS (GNU time's %M, the child's own high-water mark) of ``cmd``."""
     timer = shutil.which("time") or "/usr/bin/time"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONDONTWRITEBYTECODE": "1"}
     start = time.perf_counter()
-    out = subprocess.run([timer, "-f", "peak_kb=%M", *cmd], env=env, cwd=ROOT, capture_output=True, text=True)
+    out = subprocess.run([timer, "-f", "peak_kb=%M cpu_s=%U+%S", *cmd], env=env, cwd=ROOT, capture_output=True,
+                         text=True)
     row: dict[str, Any] = {"wall_s": round(time.perf_counter() - start, 1), "exit": out.returncode}
     lines = out.stderr.strip().splitlines()
     peak = [ln for ln in lines if ln.startswith("peak_kb=")]
-    row["peak_rss_bytes"] = int(peak[-1].split("=")[1]) * 1024 if peak else -1
+    row["peak_rss_bytes"] = int(peak[-1].split()[0].split("=")[1]) * 1024 if peak else -1
+    # CPU seconds (user + system, every thread): steadier than the wall time on a shared machine
+    row["cpu_s"] = round(sum(float(x) for x in peak[-1].split("cpu_s=")[1].split("+")), 1) if peak else -1
     row["stdout_tail"] = out.stdout.strip().splitlines()[-3:]
     if out.returncode:
         row["error"] = [ln for ln in lines if not ln.startswith("peak_kb=")][-3:]
@@ -140,11 +148,13 @@ def run_steps(args: argparse.Namespace, folder: Path) -> dict[str, dict[str, Any
         "export": lambda: mpinfer("export", str(hf), "-o", str(src), "--force"),
         "convert": lambda: mpinfer("convert", str(src), "-o", str(low), "--force", "--calibration",
                                    f"prompts:{cal}:steps={CAL_STEPS}", "--budget", BUDGET, memory_limit=mem),
-        "compare": lambda: mpinfer("compare", str(src), str(low), "--data", str(cal), "--generate", str(GENERATE),
-                                   "--quiet", memory_limit=mem),
+        "plain-loop": lambda: measured([sys.executable, str(Path(__file__).resolve()), "--plain-loop", str(src),
+                                        str(low), str(cal)]),
+        "compare": lambda: compare(src, low, cal, folder / "report", mem),
         "build-engine": lambda: mpinfer("build-engine", str(low), "--backend", "onnxruntime", "-o",
                                         str(folder / "model.fp16.ort.onnx"), "--force"),
         "autocast": lambda: autocast(src, auto, args.autocast),
+        "autocast-compare": lambda: compare(src, auto, cal, folder / "report-autocast", mem),
     }
     results: dict[str, dict[str, Any]] = {}
     for step in args.steps:
@@ -152,6 +162,58 @@ def run_steps(args: argparse.Namespace, folder: Path) -> dict[str, dict[str, Any
         results[step] = commands[step]()
         print(f"  {json.dumps(results[step])}", flush=True)
     return results
+
+
+def plain_loop(models: list[str], prompts_path: str) -> None:
+    """Greedy-decode every prompt of ``prompts_path`` (one batch) for GENERATE tokens with each model in turn;
+    prints each model's wall time (session included) and decode tokens/s as JSON."""
+    import numpy as np
+    import onnxruntime as ort
+
+    ids = np.load(prompts_path)["input_ids"].astype(np.int64)
+    report = {}
+    for path in models:
+        start = time.perf_counter()
+        sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+        inputs = {i.name: i for i in sess.get_inputs()}
+        pasts = [n for n in inputs if n.startswith("past_key_values.")]
+        kv_type = np.float16 if inputs[pasts[0]].type == "tensor(float16)" else np.float32
+        heads, dim = inputs[pasts[0]].shape[1], inputs[pasts[0]].shape[3]
+        batch, length = ids.shape
+        feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids),
+                 **{n: np.zeros((batch, heads, 0, dim), kv_type) for n in pasts}}
+        if "position_ids" in inputs:
+            feeds["position_ids"] = np.arange(length, dtype=np.int64)[None].repeat(batch, 0)
+        outs = ["logits", *(n.replace("past_key_values.", "present.") for n in pasts)]
+        decode_start = start
+        for step in range(GENERATE):
+            res = dict(zip(outs, sess.run(outs, feeds)))
+            token = res["logits"][:, -1].argmax(-1).astype(np.int64)[:, None]
+            if step == 0:
+                decode_start = time.perf_counter()
+            total = feeds["attention_mask"].shape[1] + 1
+            feeds = {"input_ids": token, "attention_mask": np.ones((batch, total), np.int64),
+                     **{n: res[n.replace("past_key_values.", "present.")] for n in pasts}}
+            if "position_ids" in inputs:
+                feeds["position_ids"] = np.full((batch, 1), total - 1, np.int64)
+        end = time.perf_counter()
+        del sess
+        report[Path(path).name] = {"wall_s": round(end - start, 2),
+                                   "decode_tokens_per_s": round(batch * (GENERATE - 1) / (end - decode_start), 1)}
+    print(json.dumps(report))
+
+
+def compare(src: Path, low: Path, cal: Path, report: Path, mem: str | None) -> dict[str, Any]:
+    """``mpinfer compare --generate``, measured; the generation figures read back from its report.json."""
+    row = mpinfer("compare", str(src), str(low), "--data", str(cal), "--generate", str(GENERATE), "--quiet",
+                  "--report", str(report), "--force", memory_limit=mem)
+    path = report / "report.json"
+    if row["exit"] in (0, 1) and path.is_file():  # 1: a failed check, the figures are there all the same
+        gen = json.loads(path.read_text()).get("data", {}).get("generation") or [{}]
+        metrics, latency = gen[0].get("metrics", {}), gen[0].get("latency", {})
+        row["generation"] = {k: metrics.get(k) for k in ("token_agreement", "ppl_ratio", "first_divergence")}
+        row["latency"] = latency
+    return row
 
 
 def autocast_feeds(src: Path, path: Path) -> None:
@@ -200,14 +262,15 @@ def autocast_worker(src: str, dst: str, feeds: str) -> None:
 
 def markdown(results: dict[str, dict[str, Any]], size: int, shares: dict[str, dict[str, Any]]) -> str:
     """The table: per step wall time, peak RSS and its ratio to the FP32 size; Casts and FP16 FLOPs."""
-    lines = ["| step | tool | exit | wall s | peak RSS GB | peak / FP32 size | Casts (FP32 model's) | "
-             "FP16 share of FLOPs |", "|" + "---|" * 8]
+    lines = ["| step | tool | exit | wall s | CPU s | peak RSS GB | peak / FP32 size | Casts (FP32 model's) | "
+             "FP16 share of FLOPs |", "|" + "---|" * 9]
     for step, r in results.items():
         tool = "AutoCast" if step == "autocast" else "mpinfer"
         share = shares.get("autocast" if step == "autocast" else ("convert" if step == "convert" else ""), {})
         peak = r["peak_rss_bytes"]
         casts = f"{share['casts']} ({share['casts_fp32']})" if share else ""
-        lines.append(f"| {step} | {tool} | {r['exit']} | {r['wall_s']} | {peak / 1e9:.2f} | {peak / size:.2f}x | "
+        lines.append(f"| {step} | {tool} | {r['exit']} | {r['wall_s']} | {r.get('cpu_s', '')} | {peak / 1e9:.2f} | "
+                     f"{peak / size:.2f}x | "
                      f"{casts} | "
                      f"{format(share['fp16_flops'], '.1%') if 'fp16_flops' in share else ''} |")
     return "\n".join(lines)
@@ -239,6 +302,13 @@ def main() -> None:
             shares[tool] = fp16_share_and_casts(src, dst)
     print(f"FP32 model: {size / 1e9:.2f} GB ({args.layers} layers)")
     print(markdown(results, size, shares))
+    if "plain-loop" in results and "compare" in results:
+        gen, loop = results["compare"]["wall_s"], results["plain-loop"]["wall_s"]
+        cgen, cloop = results["compare"].get("cpu_s", 0), results["plain-loop"].get("cpu_s", 0)
+        print(f"compare --generate {gen} s vs the plain loop {loop} s ({gen / max(loop, 1e-9):.2f}x); CPU {cgen} s vs "
+              f"{cloop} s ({cgen / max(cloop, 1e-9):.2f}x); plain loop: "
+              f"{results['plain-loop']['stdout_tail'][-1:]}; compare: {results['compare'].get('generation')} "
+              f"{results['compare'].get('latency')}")
     (folder / "llm.json").write_text(json.dumps({"layers": args.layers, "model_bytes": size, "steps": results,
                                                   "shares": shares}, indent=1))
 
@@ -246,5 +316,7 @@ def main() -> None:
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--autocast-worker":
         autocast_worker(*sys.argv[2:5])
+    elif len(sys.argv) > 1 and sys.argv[1] == "--plain-loop":
+        plain_loop(sys.argv[2:4], sys.argv[4])
     else:
         main()

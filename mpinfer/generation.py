@@ -5,13 +5,22 @@ feeding each call's ``present.*`` back as the next ``past_key_values.*`` (see :m
 each candidate:
 
 * ``first_divergence``: per prompt, the index of the first generated token where the candidate's own greedy
-  continuation differs from the baseline's (``N`` when none does); reported as the mean and the minimum;
+  continuation differs from the baseline's (``N`` when none does); reported as the mean and the minimum. It is
+  read off the teacher-forced decode below: up to the first position where the candidate's forced choice differs
+  from the baseline's token, its forced context is its own greedy context, so that position is where its own
+  continuation leaves the baseline's (one decode of the candidate, not two);
 * ``token_agreement``: with the candidate fed the baseline's continuation (teacher forcing), the share of
   positions where its next-token choice equals the baseline's;
 * ``step_cosine``: per step, the mean over prompts of the cosine between the two models' next-token logits
   (teacher-forced, so every step compares the same context);
 * perplexity of each model on the baseline's greedy continuation, and the candidate's ratio to the baseline's;
-* latency: prefill milliseconds and decode tokens per second for each batch size.
+* latency: prefill milliseconds and decode tokens per second. By default they are those of the decodes above
+  (every prompt in batches of ``batch_size``, one run each: the baseline's greedy decode and the candidate's
+  teacher-forced one); ``latency_batch_sizes`` asks for timed runs at those batch sizes instead (the median of
+  :data:`LATENCY_REPEATS` after a warm-up run).
+
+Memory and time at model size: each model file is read once for its inputs (:class:`Decoder`), the prompts once,
+and one ONNX Runtime session is alive at a time (the baseline's, closed before the candidate's opens).
 """
 
 from __future__ import annotations
@@ -20,7 +29,7 @@ import logging
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,10 +42,8 @@ from mpinfer.specs import specs_from_onnx
 
 logger = logging.getLogger(__name__)
 
-# Timed repetitions of each latency measurement (the median is reported) after one untimed warm-up run.
+# Timed repetitions of each asked-for latency measurement (the median is reported) after one untimed warm-up run.
 LATENCY_REPEATS = 5
-# Latency batch sizes when none are asked for: one prompt, and up to this many at once.
-DEFAULT_LATENCY_BATCH = 8
 
 
 @dataclass
@@ -45,6 +52,16 @@ class DecodeRun:
 
     tokens: np.ndarray  # [prompts, N]
     logits: np.ndarray  # [prompts, N, vocab]
+    prefill_s: float = 0.0  # seconds in the prefill calls (every batch)
+    decode_s: float = 0.0  # seconds in the decode-step calls (every batch)
+    batch: int = 0  # prompts per call
+
+    def latency(self) -> dict[str, float]:
+        """Prefill ms per batch and decode tokens/s of this run (the figures of :func:`time_decode`)."""
+        prompts, steps = self.tokens.shape
+        calls = -(-prompts // max(self.batch, 1))
+        rate = prompts * (steps - 1) / self.decode_s if steps > 1 and self.decode_s > 0 else 0.0
+        return {"prefill_ms": 1000 * self.prefill_s / max(calls, 1), "decode_tokens_per_s": rate}
 
 
 @dataclass
@@ -100,8 +117,10 @@ class GenerateConfig:
         prompts: ``.npz`` with ``input_ids`` [N, T] (+ optional ``attention_mask``), or ``prompts:FILE[:...]``.
         tokens: Tokens to generate per prompt.
         batch_size: Prompts decoded together.
-        latency_batch_sizes: Batch sizes of the latency figures (default 1 and up to 8).
+        latency_batch_sizes: Batch sizes of timed latency runs (default none: the figures of the decodes at
+            ``batch_size``).
         providers: ONNX Runtime providers (default CPU).
+        checked: What :func:`check_generate` read (prompts and decoders), kept so nothing is read twice.
     """
 
     baseline: str
@@ -111,6 +130,7 @@ class GenerateConfig:
     batch_size: int = 16
     latency_batch_sizes: tuple[int, ...] = ()
     providers: tuple[str, ...] = ()
+    checked: Any = field(default=None, compare=False, repr=False)
 
 
 class Decoder:
@@ -120,7 +140,8 @@ class Decoder:
     """
 
     def __init__(self, path: Any, what: str = "--generate") -> None:
-        layout = kv_layout(_specs(path))
+        self.specs = _specs(path)
+        layout = kv_layout(self.specs)
         if layout is None:
             name = path if isinstance(path, (str, Path)) else "the model"
             raise InvalidInputError(format_message(f"{what} with '{name}'", "a model without a KV cache",
@@ -142,14 +163,23 @@ class Decoder:
     def decode(self, prompts: Prompts, tokens: int, batch: int, forced: np.ndarray | None = None) -> DecodeRun:
         """Greedy decode of every prompt (``tokens`` chosen each), ``batch`` prompts at a time."""
         all_tokens, all_logits = [], []
+        prefill = decode = 0.0
         for lo in range(0, prompts.count, batch):
             hi = min(lo + batch, prompts.count)
             force = None if forced is None else forced[lo:hi]
-            steps = list(greedy_decode(self.run, self.layout, prompts.input_ids[lo:hi],
-                                       prompts.attention_mask[lo:hi], tokens - 1, forced=force))
-            all_tokens.append(np.stack([s.tokens for s in steps], axis=1))
-            all_logits.append(np.stack([s.logits for s in steps], axis=1).astype(np.float32))
-        return DecodeRun(np.concatenate(all_tokens), np.concatenate(all_logits))
+            rows_t, rows_l = [], []
+            stamp = time.perf_counter()
+            for s in greedy_decode(self.run, self.layout, prompts.input_ids[lo:hi], prompts.attention_mask[lo:hi],
+                                   tokens - 1, forced=force):
+                now = time.perf_counter()
+                prefill, decode = (prefill + now - stamp, decode) if s.step == 0 else (prefill, decode + now - stamp)
+                rows_t.append(s.tokens)
+                rows_l.append(s.logits.astype(np.float32))
+                stamp = time.perf_counter()
+            all_tokens.append(np.stack(rows_t, axis=1))
+            all_logits.append(np.stack(rows_l, axis=1))
+        return DecodeRun(np.concatenate(all_tokens), np.concatenate(all_logits), prefill, decode,
+                         min(batch, prompts.count))
 
 
 def _log_softmax(logits: np.ndarray) -> np.ndarray:
@@ -198,33 +228,44 @@ def time_decode(model: Decoder, prompts: Prompts, tokens: int, batch: int) -> di
 
 def measure_candidate(cand: Decoder, ref: DecodeRun, prompts: Prompts, tokens: int, batch: int, *,
                       name: str) -> GenerationResult:
-    """The generation figures of one open candidate against the baseline's decode ``ref`` (no latency)."""
-    free = cand.decode(prompts, tokens, batch)
+    """The generation figures of one open candidate against the baseline's decode ``ref``.
+
+    One teacher-forced decode: ``first_divergence`` is where its choices first differ from the baseline's tokens
+    (see the module docstring). The latency is that decode's, beside the baseline's own decode.
+    """
     forced = cand.decode(prompts, tokens, batch, forced=ref.tokens)
     return GenerationResult(
         candidate=name, tokens=tokens, prompts=prompts.count,
-        first_divergence=first_divergence(ref.tokens, free.tokens),
+        first_divergence=first_divergence(ref.tokens, forced.tokens),
         token_agreement=float(np.mean(forced.tokens == ref.tokens)),
         step_cosine=step_cosines(ref.logits, forced.logits),
-        ppl_baseline=perplexity(ref.logits, ref.tokens), ppl_candidate=perplexity(forced.logits, ref.tokens))
+        ppl_baseline=perplexity(ref.logits, ref.tokens), ppl_candidate=perplexity(forced.logits, ref.tokens),
+        latency={ref.batch: {"baseline": ref.latency(), "candidate": forced.latency()}})
 
 
-def check_generate(cfg: GenerateConfig) -> Prompts:
+def check_generate(cfg: GenerateConfig) -> tuple[Prompts, list[Decoder]]:
     """Check the models (each with a KV cache) and read the prompts, before any model runs.
+
+    Each model's graph is read once here and the prompts are read (tokenized) once; both are returned (and kept
+    in ``cfg.checked`` by :func:`generate_config`) for :func:`generate_compare`.
+
+    Returns:
+        The prompts, and one :class:`Decoder` per model (the baseline first), none of them open.
 
     Raises:
         InvalidInputError: ``tokens < 1``, a model without a KV cache, prompts that are missing or do not fit.
     """
+    if cfg.checked is not None:
+        return cfg.checked  # type: ignore[no-any-return]
     if cfg.tokens < 1:
         raise InvalidInputError(format_message("--generate", cfg.tokens, "a number of tokens >= 1"))
-    for path in (cfg.baseline, *cfg.candidates):
-        Decoder(path)
-    vocab = next((int(s.value_range[1]) for s in _specs(cfg.baseline) if s.name == "input_ids" and s.value_range),
-                 None)
     if str(cfg.prompts).startswith("random"):
         raise InvalidInputError(format_message("--generate", f"--data {cfg.prompts}",
                                                "prompts: an .npz of input_ids [N, T] (or prompts:FILE...)"))
-    return load_prompts(cfg.prompts, vocab)[0]
+    decoders = [Decoder(path) for path in (cfg.baseline, *cfg.candidates)]
+    vocab = next((int(s.value_range[1]) for s in decoders[0].specs if s.name == "input_ids" and s.value_range),
+                 None)
+    return load_prompts(cfg.prompts, vocab)[0], decoders
 
 
 def generate_compare(cfg: GenerateConfig) -> list[GenerationResult]:
@@ -236,19 +277,20 @@ def generate_compare(cfg: GenerateConfig) -> list[GenerationResult]:
     Raises:
         InvalidInputError: See :func:`check_generate`.
     """
-    prompts = check_generate(cfg)
+    prompts, (base, *cands) = check_generate(cfg)
     start = time.perf_counter()
-    sizes = cfg.latency_batch_sizes or tuple(sorted({1, min(DEFAULT_LATENCY_BATCH, prompts.count)}))
-    base = Decoder(cfg.baseline).open(cfg.providers)
+    sizes = cfg.latency_batch_sizes
+    base.open(cfg.providers)
     ref = base.decode(prompts, cfg.tokens, cfg.batch_size)
     base_latency = {b: time_decode(base, prompts, cfg.tokens, b) for b in sizes}
     base.close()
     results = []
-    for path in cfg.candidates:
-        cand = Decoder(path).open(cfg.providers)
+    for path, cand in zip(cfg.candidates, cands, strict=True):
+        cand.open(cfg.providers)
         res = measure_candidate(cand, ref, prompts, cfg.tokens, cfg.batch_size, name=path)
-        res.latency = {b: {"baseline": base_latency[b], "candidate": time_decode(cand, prompts, cfg.tokens, b)}
-                       for b in sizes}
+        if sizes:
+            res.latency = {b: {"baseline": base_latency[b], "candidate": time_decode(cand, prompts, cfg.tokens, b)}
+                           for b in sizes}
         results.append(res)
         cand.close()
     logger.info("generation of %d tokens for %d prompts with %d model(s) took %.1f s", cfg.tokens, prompts.count,
@@ -288,5 +330,4 @@ def generate_config(compare: Any, tokens: int) -> GenerateConfig:
     cfg = GenerateConfig(baseline=str(compare.baseline), candidates=tuple(compare.candidates),
                          prompts=str(compare.data), tokens=tokens, batch_size=compare.batch_size or 16,
                          latency_batch_sizes=tuple(compare.batch_sizes or ()))
-    check_generate(cfg)
-    return cfg
+    return replace(cfg, checked=check_generate(cfg))

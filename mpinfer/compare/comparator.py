@@ -190,13 +190,17 @@ ONE_AT_A_TIME_SHARE = 4
 
 
 def _one_at_a_time(cfg: CompareConfig) -> bool:
-    """Whether the models are big enough next to the memory budget to run one at a time.
+    """Whether the models run one at a time.
 
-    ONNX files only, and not with latency (which runs every model on the same batch).
+    They do when big enough next to the memory budget, or for decoders compared with ``--generate`` (whose
+    generation loads one model at a time anyway: the output pass does the same). ONNX files only, and not with
+    latency (which runs every model on the same batch).
     """
     specs = (cfg.baseline, *cfg.candidates)
     if cfg.latency or not all(str(s).lower().endswith(".onnx") for s in specs):
         return False
+    if cfg.generate:
+        return True
     return sum(model_size(s) or 0 for s in specs) > current_budget().limit // ONE_AT_A_TIME_SHARE
 
 
@@ -416,8 +420,13 @@ def _run_one_at_a_time(
     kept: list[dict[str, np.ndarray]] = []
     labeled: set[str] = set()
     offset = 0
+    # decoded prompts come from the baseline's runner during its pass: kept (small: one decode's feeds) for the
+    # candidates, which cannot decode them again once the baseline is closed
+    decoded: list[dict[str, np.ndarray]] | None = [] if hasattr(feeds, "batch_steps") else None  # a DecodeFeedSource
     with baseline.runner:
         for index, batch in enumerate(_iter_progress(feeds, cfg.show_progress)):
+            if decoded is not None:
+                decoded.append(batch)
             n = next(iter(batch.values())).shape[0] if batch else 0
             labs.append(labels[offset : offset + n] if labels is not None and offset + n <= len(labels) else None)
             offset += n
@@ -432,7 +441,7 @@ def _run_one_at_a_time(
                                                "at least one batch of samples"))
     for cname, runner in candidates.items():
         with runner.runner:
-            for index, batch in enumerate(feeds):
+            for index, batch in enumerate(feeds if decoded is None else decoded):
                 cout = _infer(runner.runner, batch, f"Candidate '{cname}'", index)
                 _check_batch_outputs(bouts[index], cout, cname)
                 for o in out_names:
@@ -506,7 +515,7 @@ def compare_models(config: CompareConfig) -> ComparisonResult:
         checks.check_outputs(out_names)
         if config.class_outputs is not None:
             check_output_names(config.class_outputs, out_names, "--class-outputs")
-        feeds = _open_data(config, specs)
+        feeds = _open_data(config, specs, None if baseline.is_active else baseline)
         _check_label_metrics(checks, feeds.labels is not None, config)
 
         hashed = FingerprintedFeeds(feeds)  # the data's fingerprint, to set beside a plan's verified figures
@@ -539,12 +548,23 @@ def compare_models(config: CompareConfig) -> ComparisonResult:
     return comparison
 
 
-def _open_data(config: CompareConfig, specs: Any) -> Any:
-    """The comparison's batches, from the options as the CLI names them."""
+def _open_data(config: CompareConfig, specs: Any, sequential: Any = None) -> Any:
+    """The comparison's batches, from the options as the CLI names them.
+
+    ``sequential``: the baseline when models run one at a time. Prompts for a KV-cache model are then decoded
+    by the baseline's own runner during its pass (no second session of the FP32 model), and the batches are
+    kept for the candidates' passes (:func:`_run_one_at_a_time`).
+    """
+    decoder: Any = config.baseline
+    if sequential is not None:
+
+        def decoder(feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+            return sequential.runner.infer(feeds)
+
     return load_feeds(
         config.data,
         specs,
-        model=config.baseline,  # decodes prompts for a KV-cache model (mpinfer.data.decode)
+        model=decoder,  # decodes prompts for a KV-cache model (mpinfer.data.decode)
         batch_size=config.batch_size,
         num_batches=config.num_batches,
         seed=config.seed,

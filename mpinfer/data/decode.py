@@ -37,6 +37,10 @@ PRESENT_VALUE = "present.{layer}.value"
 # the past to grow past the prompt and for decode-shaped (one token) batches to weigh in the statistics.
 DEFAULT_CALIBRATION_STEPS = 4
 PROMPTS_PREFIX = "prompts:"
+# A prompts source decodes once and keeps the feeds when they come to at most this many bytes: calibration, the
+# budget search and the verification read the same batches again without opening the FP32 model again, and the
+# decoding session is closed before the first batch is used. Past it, each pass decodes again as it goes.
+DECODE_CACHE_BYTES = 512 * 2**20
 _PAST_RE = re.compile(r"^past_key_values\.(\d+)\.(key|value)$")
 
 # run(feeds) -> outputs by name
@@ -343,7 +347,8 @@ def decode_source(source: str | Path, specs: Sequence[TensorSpec], model: Any, *
     Args:
         source: ``prompts:FILE[:steps=N]`` or a prompts-only .npz path.
         specs: The model's inputs (must include a KV cache).
-        model: The FP32 model (ModelProto or path) that decodes.
+        model: The FP32 model (ModelProto or path) that decodes, or a :data:`RunFn` running it (an open
+            session's: no second one is opened).
         batch_size: Prompts per batch.
         num_batches: Cap on the number of batches.
 
@@ -368,13 +373,35 @@ def decode_source(source: str | Path, specs: Sequence[TensorSpec], model: Any, *
     if num_batches is not None:
         plan = plan[:num_batches]
     outputs = layout.output_names
+    cache: list[list[dict[str, np.ndarray]]] = []
 
-    def gen() -> Iterator[dict[str, np.ndarray]]:
-        run = ort_run_fn(ort_session(model), outputs)
+    def decoded() -> Iterator[dict[str, np.ndarray]]:
+        run = model if callable(model) else ort_run_fn(ort_session(model), outputs)
         for lo, hi in dict.fromkeys(g for g, _ in plan):
             last = max(step for g, step in plan if g == (lo, hi))
             for item in greedy_decode(run, layout, prompts.input_ids[lo:hi], prompts.attention_mask[lo:hi], last):
                 yield item.feeds
+
+    def gen() -> Iterator[dict[str, np.ndarray]]:
+        if cache:
+            yield from cache[0]
+            return
+        held: list[dict[str, np.ndarray]] | None = []
+        size = 0
+        stream = decoded()
+        for feeds in stream:
+            if held is None:  # past the cache's size: decoded as read, the session held meanwhile
+                yield feeds
+                continue
+            held.append(feeds)
+            size += sum(np.asarray(v).nbytes for v in feeds.values())
+            if size > DECODE_CACHE_BYTES:
+                yield from held
+                held = None
+        if held is not None:
+            del stream  # the decoding session is closed before any batch is used
+            cache.append(held)
+            yield from held
 
     return DecodeFeedSource(
         "prompts", f"{spec.path} ({prompts.count} prompts, prefill + {steps} greedy decode steps)", specs, gen,

@@ -292,7 +292,7 @@ def load_feeds(
     Args:
         source: Path, ``"random"``/``"random:N"`` or None (random).
         specs: The model's inputs.
-        model: The FP32 model (ModelProto or path) that decodes prompts for a model with a KV cache
+        model: The FP32 model (ModelProto, path, or a run function) that decodes prompts for a model with a KV cache
             (``prompts:FILE[:steps=N]``, or an .npz of ``input_ids`` only; see :mod:`mpinfer.data.decode`).
         batch_size: Samples per batch (default 16, or the model's fixed batch dim).
         num_batches: Cap on the number of batches.

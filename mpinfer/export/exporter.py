@@ -1,19 +1,27 @@
 """``export_onnx``: torch model → checked ONNX model with a parity record.
 
-Order of work (nothing is written until every check passed): load the model, resolve input specs, export
-(dynamo first, TorchScript fallback under ``auto``), name every node, full ``onnx.checker``, parity torch vs
-ONNX Runtime on seeded inputs of several shapes, then write ``<name>.onnx`` and ``<name>.export.json``
-atomically.
+Order of work (nothing is published until every check passed): load the model, resolve input specs, run the
+torch model on the parity inputs (seeded inputs of several shapes; a decoder's prefill and decode steps), export
+(dynamo first, TorchScript fallback under ``auto``), free the torch model, name every node, write the model once
+into the output's staging folder, full ``onnx.checker``, parity of ONNX Runtime on that file against the torch
+outputs, then publish ``<name>.onnx`` (with ``<name>.onnx.data``) and ``<name>.export.json`` together.
+
+At model size: the torch model and the ONNX model are never both in memory with ONNX Runtime's session, and a
+model whose weights come to :data:`EXTERNAL_WEIGHTS_BYTES` or more is written with its weights in
+``<name>.onnx.data``, one tensor at a time (:func:`mpinfer.modelio.save_streamed`: never a second copy of the
+proto, never the whole model serialized).
 """
 
 from __future__ import annotations
 
 import contextlib
+import gc
 import io
 import json
 import logging
 import os
 import re
+import shutil
 import sys
 import tempfile
 import time
@@ -32,9 +40,19 @@ from mpinfer.errors import AccuracyMismatchError, ExportError, InvalidInputError
 from mpinfer.export.kv import EXPORTER_REASON, with_kv_cache
 from mpinfer.export.loader import LoadedModel, bind_hf_inputs, load_model, split_source
 from mpinfer.export.outputs import flatten_outputs
-from mpinfer.export.parity import ParityReport, check_parity
+from mpinfer.export.parity import ParityReport, compare_parity, parity_reference
+from mpinfer.export.tidy import drop_noop_casts
 from mpinfer.fileio import check_output_path, write_json_atomic
-from mpinfer.modelio import data_file, default_opset, load_onnx, name_nodes, save_onnx
+from mpinfer.modelio import (
+    data_file,
+    default_opset,
+    iter_graphs,
+    load_onnx,
+    name_nodes,
+    save_onnx,
+    save_streamed,
+    uses_external_data,
+)
 from mpinfer.specs import TensorSpec, parse_tensor_spec
 
 logger = logging.getLogger(__name__)
@@ -42,6 +60,9 @@ logger = logging.getLogger(__name__)
 EXPORTERS = ("auto", "dynamo", "torchscript")
 # Opset for the TorchScript exporter when none is asked for: the newest it supports well (torch 2.x).
 DEFAULT_TORCHSCRIPT_OPSET = 17
+# Models whose weights come to at least this many bytes are written with external data (streamed, one tensor at a
+# time): ONNX Runtime and every later step (convert, compare) then memory-map them instead of parsing them.
+EXTERNAL_WEIGHTS_BYTES = 1_000_000_000
 _OP_RE = re.compile(r"\b((?:aten|prim|[a-z_][a-z0-9_]*)::[A-Za-z0-9_]+|aten\.[A-Za-z0-9_]+(?:\.[a-z]+)?)")
 
 
@@ -294,10 +315,12 @@ def onnx_opset(path: Path) -> int:
     return default_opset(onnx.load(str(path), load_external_data=False))
 
 
-def _post_process(path: Path, specs: Sequence[TensorSpec], loaded: LoadedModel, exporter: str) -> Any:
+def _post_process(path: Path, specs: Sequence[TensorSpec], description: str, exporter: str) -> Any:
+    """The exported graph, nodes named and mpinfer's metadata set; external weights stay in their file."""
     import onnx
 
-    model = name_nodes(load_onnx(path))
+    model = name_nodes(load_onnx(path, load_external_data=False))
+    drop_noop_casts(model)
     ranges = {s.name: list(s.value_range) for s in specs if s.value_range is not None}
     # the sizes the specs give their symbolic dims (seq=16, samples=16000): random data for convert and compare
     # uses them instead of guessing (a speech model fed 2 audio samples rejects them)
@@ -306,9 +329,36 @@ def _post_process(path: Path, specs: Sequence[TensorSpec], loaded: LoadedModel, 
     del model.metadata_props[:]
     model.metadata_props.extend(keep)
     for key, value in (("mpinfer.input_ranges", json.dumps(ranges)), ("mpinfer.dim_sizes", json.dumps(sizes)),
-                       ("mpinfer.exporter", exporter), ("mpinfer.source", loaded.description)):
+                       ("mpinfer.exporter", exporter), ("mpinfer.source", description)):
         model.metadata_props.append(onnx.StringStringEntryProto(key=key, value=value))
     return model
+
+
+def weight_bytes(model: Any) -> int:
+    """Bytes of every initializer, embedded (its serialized size) or external (its recorded length)."""
+    total = 0
+    for graph in iter_graphs(model.graph):
+        for tensor in graph.initializer:
+            length = next((int(e.value) for e in tensor.external_data if e.key == "length"), None)
+            total += tensor.ByteSize() if length is None else length
+    return total
+
+
+def _write_model(model: Any, staged: Path, data_name: str, source_dir: Path) -> Path:
+    """Write the exported model once, at ``staged``.
+
+    Its weights are streamed to ``data_name`` beside it when they come to :data:`EXTERNAL_WEIGHTS_BYTES` or more,
+    embedded otherwise. ``source_dir``: where the exporter's own external data is (read tensor by tensor).
+    ``model`` may be left without its weights: the caller drops it.
+    """
+    if weight_bytes(model) >= EXTERNAL_WEIGHTS_BYTES:
+        logger.info("writing the weights to %s, one tensor at a time", data_name)
+        return save_streamed(model, staged, data_name, base_dir=source_dir)
+    if uses_external_data(model):
+        from onnx.external_data_helper import load_external_data_for_model
+
+        load_external_data_for_model(model, str(source_dir))
+    return save_onnx(model, staged)
 
 
 def _check_config(cfg: ExportConfig) -> None:
@@ -386,26 +436,30 @@ def _export(cfg: ExportConfig, claim: Any, out: Path, sidecar: Path) -> ExportRe
     if len(out_names) != len(ref):
         raise InvalidInputError(format_message("Output names", f"{len(out_names)} names", f"{len(ref)} outputs"))
     tmp = claim.scratch()  # the exporters' scratch files: in the claim's staging folder, removed with it
+    # the torch side of parity first: the torch model is freed before the ONNX model is read and run
+    cases = parity_reference(loaded.module, specs, runs=cfg.parity_runs)
     path, exporter, why = _run_exporters(cfg, loaded, args, specs, out_names, tmp)
-    model = _post_process(path, specs, loaded, exporter)
-
-    checked = save_onnx(model, tmp / "checked.onnx")
+    description = loaded.description
+    del loaded, args, ref
+    gc.collect()
+    model = _post_process(path, specs, description, exporter)
+    opset = default_opset(model)
+    staged = _write_model(model, claim.stage(out), data_file(out).name, path.parent)
+    del model  # the proto held the weights until written: dropped before ONNX Runtime maps them
+    shutil.rmtree(tmp, ignore_errors=True)
     try:
-        onnx.checker.check_model(str(checked), full_check=True)
+        onnx.checker.check_model(str(staged), full_check=True)
     except Exception as err:  # checker raises ValidationError / InferenceError
         raise ExportError(f"The {exporter} exporter produced a model onnx.checker rejects: {err}. "
                           "Hint: try the other --exporter or another --opset.") from err
-    parity = check_parity(loaded.module, checked, specs, out_names, runs=cfg.parity_runs,
-                          atol=cfg.atol, rtol=cfg.rtol)
+    parity = compare_parity(cases, staged, out_names, atol=cfg.atol, rtol=cfg.rtol)
     if not parity.passed:
         raise AccuracyMismatchError(
             f"Parity torch vs ONNX Runtime failed for '{cfg.source}' ({exporter} exporter): "
             f"{parity.worst_summary()} exceeds atol={cfg.atol}, rtol={cfg.rtol}. "
             "Hint: try the other --exporter; nothing was written.")
-    opset = default_opset(model)
-    save_onnx(model, claim.stage(out))
     info = {
-        "schema_version": 1, "mpinfer_version": __version__, "source": loaded.description,
+        "schema_version": 1, "mpinfer_version": __version__, "source": description,
         "exporter": exporter, "fallback_reason": why, "opset": opset,
         "ir_version": int(onnx.load(str(claim.stage(out)), load_external_data=False).ir_version),
         "torch_version": torch.__version__, "onnx_version": onnx.__version__,
@@ -415,4 +469,4 @@ def _export(cfg: ExportConfig, claim: Any, out: Path, sidecar: Path) -> ExportRe
     write_json_atomic(claim.stage(sidecar), info)
     claim.publish()  # model, data and sidecar: both or neither
     logger.info("exported %s with %s (opset %d); parity max abs %.3g", out, exporter, opset, parity.max_abs)
-    return ExportResult(out, sidecar, exporter, opset, parity, why, list(specs))
+    return ExportResult(out, sidecar, exporter, opset, parity, why, specs)

@@ -104,9 +104,23 @@ def _errors(ref: np.ndarray, got: np.ndarray, atol: float, rtol: float) -> tuple
     return {"max_abs": float(diff.max(initial=0.0)), "max_rel": float((diff / scale).max(initial=0.0))}, ok
 
 
+@dataclass
+class ParityCase:
+    """One parity input and the torch model's outputs on it (computed before ONNX Runtime loads the model)."""
+
+    feeds: dict[str, np.ndarray]
+    shapes: dict[str, list[int]]
+    ref: list[np.ndarray] | None  # None when skipped
+    skipped: str | None = None
+    label: str | None = None
+
+
 def check_parity(module: Any, onnx_path: Path, specs: Sequence[TensorSpec], out_names: Sequence[str], *,
                  runs: int = 3, atol: float = 1e-4, rtol: float = 1e-3, seed: int = 1) -> ParityReport:
     """Run torch and ONNX Runtime on ``runs`` seeded inputs and compare every output.
+
+    :func:`parity_reference` then :func:`compare_parity` (export calls them apart, to free the torch model
+    between the two).
 
     Args:
         module: The torch model (Module, ScriptModule or ExportedProgram).
@@ -118,12 +132,19 @@ def check_parity(module: Any, onnx_path: Path, specs: Sequence[TensorSpec], out_
         rtol: Relative tolerance.
         seed: Base seed.
 
-    A decoder wrapped with its KV cache (a module with a ``kv_layout``) is checked by :func:`check_kv_parity`
-    instead, ``runs`` being its decode steps.
-
     Returns:
         The parity report. A run whose inputs the torch model itself rejects (other than the first, at the
         example size the export ran) is skipped with the reason; one ONNX Runtime rejects fails.
+    """
+    cases = parity_reference(module, specs, runs=runs, seed=seed)
+    return compare_parity(cases, onnx_path, out_names, atol=atol, rtol=rtol)
+
+
+def parity_reference(module: Any, specs: Sequence[TensorSpec], *, runs: int = 3, seed: int = 1) -> list[ParityCase]:
+    """The torch side of parity: ``runs`` seeded inputs and the torch model's outputs on each.
+
+    A decoder wrapped with its KV cache (a module with a ``kv_layout``) gets :func:`kv_parity_reference`
+    instead, ``runs`` being its decode steps.
     """
     import logging
 
@@ -131,11 +152,9 @@ def check_parity(module: Any, onnx_path: Path, specs: Sequence[TensorSpec], out_
 
     layout = getattr(module, "kv_layout", None)
     if layout is not None:  # a decoder wrapped with its KV cache (mpinfer.export.kv)
-        return check_kv_parity(module, onnx_path, layout, specs, steps=runs, atol=atol, rtol=rtol, seed=seed)
-
-    sess = ort_session(onnx_path)
+        return kv_parity_reference(module, layout, specs, steps=runs, seed=seed)
     fn = module.module() if isinstance(module, torch.export.ExportedProgram) else module
-    result = ParityReport()
+    cases = []
     for i, dims in enumerate(parity_dims(specs, runs)):
         batch = random_batch(specs, np.random.default_rng(seed + i), dims)
         shapes = {s.name: list(batch[s.name].shape) for s in specs}
@@ -148,25 +167,27 @@ def check_parity(module: Any, onnx_path: Path, specs: Sequence[TensorSpec], out_
                 raise
             why = f"the torch model rejects these shapes ({type(err).__name__}: {str(err).splitlines()[0][:200]})"
             logging.getLogger(__name__).warning("parity run at %s skipped: %s", shapes, why)
-            result.runs.append(ParityRun(shapes, {}, True, skipped=why))
+            cases.append(ParityCase(batch, shapes, None, skipped=why))
             continue
-        try:
-            got = sess.run(list(out_names), batch)  # type: ignore[attr-defined]
-        except Exception as err:  # onnxruntime's own exception types
-            failed = {"max_abs": float("inf"), "max_rel": float("inf"), "error": str(err).splitlines()[0][:300]}
-            result.runs.append(ParityRun(shapes, {name: failed for name in out_names}, False))
+        cases.append(ParityCase(batch, shapes, ref))
+    return cases
+
+
+def compare_parity(cases: Sequence[ParityCase], onnx_path: Path, out_names: Sequence[str], *, atol: float = 1e-4,
+                   rtol: float = 1e-3) -> ParityReport:
+    """The ONNX Runtime side of parity: run the model on each case's feeds and compare with the torch outputs."""
+    sess = ort_session(onnx_path)
+    result = ParityReport()
+    for case in cases:
+        if case.ref is None:
+            result.runs.append(ParityRun(case.shapes, {}, True, skipped=case.skipped, label=case.label))
             continue
-        errors, ok = {}, True
-        for name, r, g in zip(out_names, ref, got):
-            errors[name], passed = _errors(r, np.asarray(g), atol, rtol)
-            errors[name]["passed"] = passed
-            ok = ok and passed
-        result.runs.append(ParityRun(shapes, errors, ok))
+        result.runs.append(_compare_run(case.ref, sess, case.feeds, out_names, atol, rtol, case.label))
     return result
 
 
 def _compare_run(ref: Sequence[np.ndarray], sess: Any, feeds: dict[str, np.ndarray], out_names: Sequence[str],
-                 atol: float, rtol: float, label: str) -> ParityRun:
+                 atol: float, rtol: float, label: str | None) -> ParityRun:
     shapes = {k: list(v.shape) for k, v in feeds.items()}
     try:
         got = sess.run(list(out_names), feeds)
@@ -194,7 +215,14 @@ def kv_parity_prompts(specs: Sequence[TensorSpec], seed: int) -> tuple[np.ndarra
 
 def check_kv_parity(module: Any, onnx_path: Path, layout: Any, specs: Sequence[TensorSpec], *, steps: int = 3,
                     atol: float = 1e-4, rtol: float = 1e-3, seed: int = 1) -> ParityReport:
-    """Parity of a decoder with a KV cache: a prefill on an empty past, then ``steps`` greedy decode steps.
+    """Parity of a decoder with a KV cache: :func:`kv_parity_reference`, then :func:`compare_parity`."""
+    cases = kv_parity_reference(module, layout, specs, steps=steps, seed=seed)
+    return compare_parity(cases, onnx_path, layout.output_names, atol=atol, rtol=rtol)
+
+
+def kv_parity_reference(module: Any, layout: Any, specs: Sequence[TensorSpec], *, steps: int = 3,
+                        seed: int = 1) -> list[ParityCase]:
+    """The torch side of a decoder's parity: a prefill on an empty past, then ``steps`` greedy decode steps.
 
     Both runtimes get the same feeds at every step: the prompts (one left-padded), then the torch model's
     greedy token and its presents as the past, so an error shows where it arises instead of compounding.
@@ -202,20 +230,16 @@ def check_kv_parity(module: Any, onnx_path: Path, layout: Any, specs: Sequence[T
 
     Args:
         module: The wrapped torch decoder (flat inputs in ``layout.input_names`` order).
-        onnx_path: The exported model.
         layout: Its :class:`mpinfer.data.decode.KvLayout`.
         specs: Its input specs (the token range and example length).
         steps: Decode steps after the prefill.
-        atol: Absolute tolerance.
-        rtol: Relative tolerance.
         seed: Seed of the prompts.
 
     Returns:
-        The parity report, one run per model call, labelled ``prefill`` and ``decode step i``.
+        One case per model call, labelled ``prefill`` and ``decode step i``.
     """
     import torch
 
-    sess = ort_session(onnx_path)
     names = layout.output_names
     refs: list[list[np.ndarray]] = []
 
@@ -226,9 +250,10 @@ def check_kv_parity(module: Any, onnx_path: Path, layout: Any, specs: Sequence[T
         refs.append([t.detach().cpu().numpy() for t in out])
         return dict(zip(names, refs[-1]))
 
-    result = ParityReport()
+    cases = []
     ids, mask = kv_parity_prompts(specs, seed)
     for item in greedy_decode(run_torch, layout, ids, mask, steps):
         label = "prefill" if item.step == 0 else f"decode step {item.step}"
-        result.runs.append(_compare_run(refs[-1], sess, item.feeds, names, atol, rtol, label))
-    return result
+        cases.append(ParityCase(item.feeds, {k: list(v.shape) for k, v in item.feeds.items()}, refs[-1],
+                                label=label))
+    return cases

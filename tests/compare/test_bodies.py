@@ -194,3 +194,25 @@ def test_model_without_bodies_has_no_body_notes(mlp_files):
     div = result.candidates[0].divergence
     assert div is not None and div.notes == [] and not div.skipped.get("subgraph_nodes")
     assert not any("/" in n.address and n.address.startswith(("If", "Loop")) for n in div.nodes)
+
+
+def test_divergence_reads_big_embedded_weights_from_a_scratch_copy(mlp_files, monkeypatch):
+    """Past SPILL_BYTES (set small here) a model's embedded weights are written once to a scratch external-data
+    copy for the divergence's sessions: the same per-node errors as from the proto, and the copy removed after."""
+    from mpinfer.compare import divergence
+
+    batch = dict(np.load(mlp_files["small"]))
+    batch = {k: v for k, v in batch.items() if not k.startswith("_")}
+    plain = find_divergence(mlp_files["base"], mlp_files["broken"], [batch])
+    folder = set(mlp_files["broken"].parent.iterdir())
+    spilled = []
+    real_save = divergence.save_streamed
+    monkeypatch.setattr(divergence, "SPILL_BYTES", 0)
+    monkeypatch.setattr(divergence, "save_streamed", lambda m, p, *a: spilled.append(p) or real_save(m, p, *a))
+    copied = find_divergence(mlp_files["base"], mlp_files["broken"], [batch])
+    assert len(spilled) == 2 and not any(p.parent.exists() for p in spilled)
+    assert set(mlp_files["broken"].parent.iterdir()) == folder
+    assert [n.address for n in copied.nodes] == [n.address for n in plain.nodes] and plain.nodes
+    for a, b in zip(copied.nodes, plain.nodes):
+        assert a.error == pytest.approx(b.error, rel=1e-6, abs=1e-12)
+    assert (copied.first_jump is None) == (plain.first_jump is None)

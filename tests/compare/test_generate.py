@@ -41,9 +41,9 @@ def test_identical_models_agree_on_every_token(decoders):
     eps = float(np.finfo(np.float32).eps)  # same session, same inputs: equal up to rounding
     assert m["step_cosine_min"] >= 1 - 16 * eps and abs(m["ppl_ratio"] - 1) <= 16 * eps
     assert len(res.step_cosine) == TOKENS
-    assert set(res.latency) == {1, 6}
+    assert set(res.latency) == {4}  # the decodes' own figures, at their batch size
     for who in ("baseline", "candidate"):
-        assert res.latency[6][who]["prefill_ms"] > 0 and res.latency[6][who]["decode_tokens_per_s"] > 0
+        assert res.latency[4][who]["prefill_ms"] > 0 and res.latency[4][who]["decode_tokens_per_s"] > 0
 
 
 def test_a_different_model_diverges_and_is_measured_so(decoders):
@@ -108,3 +108,55 @@ def test_cli_generate_without_data_is_a_user_error(invoke, decoders):
     assert_user_error(r, "--generate: received no --data")
     r = invoke("compare", base, base, "--generate", "4", "--data", "random:2")
     assert_user_error(r, "--generate: received --data random:2")
+
+
+def test_generate_reads_each_model_and_the_prompts_once_with_one_session_open(decoders, monkeypatch):
+    """compare --generate's config check reads each graph and the prompts once, generate_compare reuses them,
+    and no two models are open at once."""
+    from types import SimpleNamespace
+
+    from mpinfer import generation
+    from mpinfer.generation import Decoder, generate_config
+
+    base, other, prompts = decoders
+    read, loads, open_now, most = [], [], [0], [0]
+    real_specs, real_load, real_open, real_close = (generation._specs, generation.load_prompts, Decoder.open,
+                                                    Decoder.close)
+
+    def spy_open(self, providers):
+        open_now[0] += 1
+        most[0] = max(most[0], open_now[0])
+        return real_open(self, providers)
+
+    def spy_close(self):
+        open_now[0] -= 1
+        real_close(self)
+
+    monkeypatch.setattr(generation, "_specs", lambda p: read.append(str(p)) or real_specs(p))
+    monkeypatch.setattr(generation, "load_prompts", lambda *a: loads.append(a) or real_load(*a))
+    monkeypatch.setattr(Decoder, "open", spy_open)
+    monkeypatch.setattr(Decoder, "close", spy_close)
+    compare = SimpleNamespace(data=str(prompts), baseline=str(base), candidates=[str(other)], batch_size=4,
+                              batch_sizes=None)
+    (res,) = generate_compare(generate_config(compare, TOKENS))
+    assert read == [str(base), str(other)] and len(loads) == 1
+    assert most[0] == 1 and open_now[0] == 0
+    assert res.prompts == 6 and len(res.step_cosine) == TOKENS
+
+
+def test_first_divergence_from_the_forced_decode_is_the_free_decodes(decoders):
+    """The teacher-forced decode gives each prompt's first divergence: the same as the candidate's own greedy
+    continuation against the baseline's."""
+    from mpinfer.data.decode import load_prompts
+    from mpinfer.generation import Decoder
+
+    base, other, prompts_path = decoders
+    (res,) = generate_compare(GenerateConfig(str(base), (str(other),), str(prompts_path), TOKENS, batch_size=3))
+    prompts = load_prompts(str(prompts_path))[0]
+    runs = []
+    for path in (base, other):
+        model = Decoder(str(path)).open(())
+        runs.append(model.decode(prompts, TOKENS, 3))
+        model.close()
+    assert res.first_divergence == first_divergence(runs[0].tokens, runs[1].tokens)
+    assert min(res.first_divergence) < TOKENS  # a real divergence was located

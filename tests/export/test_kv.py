@@ -184,3 +184,107 @@ def test_text_prompts_are_tokenized_with_a_local_tokenizer(tmp_path, llama):
         load_feeds(f"prompts:{text}", specs, model=res.path)
     with pytest.raises(InvalidInputError, match="Tokenizer"):
         load_feeds(f"prompts:{text}:tokenizer={tmp_path / 'none'}", specs, model=res.path)
+
+
+def test_a_big_decoder_is_written_once_with_streamed_weights_after_torch_is_freed(tmp_path, monkeypatch):
+    """Above the external-data threshold (set small here) the export streams the weights to ``.onnx.data``
+    (never save_onnx's copy of the whole proto), and the torch model is gone before ONNX Runtime runs parity."""
+    import gc
+    import weakref
+
+    from mpinfer.export import exporter, parity
+
+    folder = llama_folder(tmp_path / "llama")
+    monkeypatch.setattr(exporter, "EXTERNAL_WEIGHTS_BYTES", 10_000)
+    monkeypatch.setattr(exporter, "save_onnx", lambda *a, **k: pytest.fail("the whole model was copied and saved"))
+    torch_model, alive_at_parity = [], []
+    real_reference, real_compare = parity.parity_reference, parity.compare_parity
+
+    def reference(module, *a, **k):
+        torch_model.append(weakref.ref(module))
+        return real_reference(module, *a, **k)
+
+    def compare(*a, **k):
+        gc.collect()
+        alive_at_parity.append(torch_model[0]() is not None)
+        return real_compare(*a, **k)
+
+    monkeypatch.setattr(exporter, "parity_reference", reference)
+    monkeypatch.setattr(exporter, "compare_parity", compare)
+    res = export_onnx(ExportConfig(source=str(folder), output=tmp_path / "m.onnx"))
+    assert res.parity.passed and alive_at_parity == [False]
+    data = tmp_path / "m.onnx.data"
+    graph = onnx.load(str(res.path), load_external_data=False).graph
+    external = [t for t in graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
+    assert data.stat().st_size >= 10_000 and external
+    assert all(len(t.raw_data) == 0 for t in external)
+    # the written file is what parity ran: its prefill and decode steps each compared, every output
+    labels = [r.label for r in res.parity.runs]
+    assert labels[0] == "prefill" and len(labels) == 4 and all(r.passed and r.errors for r in res.parity.runs)
+
+
+def test_a_small_decoder_keeps_its_weights_embedded(llama):
+    _, res = llama
+    assert not (res.path.parent / (res.path.name + ".data")).exists()
+    assert not any(t.data_location == onnx.TensorProto.EXTERNAL for t in onnx.load(str(res.path)).graph.initializer)
+
+
+def test_prompts_are_decoded_once_for_every_pass(llama, tmp_path):
+    """Calibration, the search and the verification read a prompts source several times: it decodes once (the
+    model's run is called only in the first pass) and yields the same feeds each time."""
+    from mpinfer.data.decode import decode_source
+
+    _, res = llama
+    specs = specs_from_onnx(onnx.load(str(res.path)))
+    layout = kv_layout(specs)
+    session_run = ort_run_fn(ort_session(res.path), layout.output_names)
+    calls = []
+
+    def run(feeds):
+        calls.append(feeds["input_ids"].shape)
+        return session_run(feeds)
+
+    source = decode_source(f"prompts:{prompts_npz(tmp_path / 'p.npz')}:steps=2", specs, run, batch_size=4)
+    first, second = list(source), list(source)
+    assert len(calls) == len(first) == 2 * 3  # two groups of prompts, a prefill and 2 steps each
+    assert len(second) == len(first)
+    for a, b in zip(first, second):
+        assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+
+
+def test_the_export_keeps_no_cast_to_the_type_a_tensor_already_has(llama):
+    """The TorchScript exporter's no-op Casts (most of a Llama's) are removed at export; parity still holds."""
+    _, res = llama
+    model = onnx.shape_inference.infer_shapes(onnx.load(str(res.path)))
+    g = model.graph
+    types = {v.name: v.type.tensor_type.elem_type for v in [*g.value_info, *g.input, *g.output]}
+    types |= {t.name: t.data_type for t in g.initializer}
+    casts = [n for n in g.node if n.op_type == "Cast"]
+    assert casts and len(casts) <= 2  # the mask to bool, the positions to float: both change the type
+    assert all(types.get(n.input[0]) != n.attribute[0].i for n in casts)
+    assert res.parity.passed
+
+
+def test_noop_cast_removal_keeps_graph_output_names():
+    """A no-op Cast that makes a graph output becomes an Identity; one inside the graph is bypassed."""
+    from onnx import TensorProto, helper
+
+    from mpinfer.export.tidy import drop_noop_casts
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])
+    z = helper.make_tensor_value_info("z", TensorProto.INT64, [2])
+    nodes = [helper.make_node("Cast", ["x"], ["a"], to=TensorProto.FLOAT),
+             helper.make_node("Relu", ["a"], ["b"]),
+             helper.make_node("Cast", ["b"], ["y"], to=TensorProto.FLOAT),
+             helper.make_node("Cast", ["b"], ["z"], to=TensorProto.INT64)]
+    model = helper.make_model(helper.make_graph(nodes, "g", [x], [y, z]), ir_version=10,
+                              opset_imports=[helper.make_operatorsetid("", 17)])
+    assert drop_noop_casts(model) == 2
+    assert [n.op_type for n in model.graph.node] == ["Relu", "Identity", "Cast"]
+    assert list(model.graph.node[0].input) == ["x"] and list(model.graph.node[1].output) == ["y"]
+    onnx.checker.check_model(model, full_check=True)
+    from mpinfer.modelio import ort_session
+
+    out = ort_session(model).run(None, {"x": np.array([-1.0, 2.0], np.float32)})
+    assert out[0].tolist() == [0.0, 2.0] and out[1].tolist() == [0, 2]
