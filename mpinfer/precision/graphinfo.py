@@ -135,6 +135,9 @@ class GraphInfo:
                 if name:
                     self.producer[name] = ref.address
         self._schemas: dict[str, Any] = {}
+        # main-graph inputs/outputs the user's model had in FP16/BF16 before --force brought it back to FP32
+        # (name -> element type): the rewrite gives them that type again
+        self.low_io: dict[str, int] = {}
 
     def _collect(self, graph: Any) -> None:
         import onnx
