@@ -605,7 +605,27 @@ def _summarize(
         plan.summary["verification"] = verification
     plan.opset = info.opsets.get("") or None  # what the plan was made for (and is applied at)
     _warn_opset_blocked(plan.nodes, info, precision)
+    double = fp64_nodes(info)
+    if double:
+        plan.summary["fp64_nodes"] = len(double)
+        logger.warning(
+            "%d node(s) compute in FP64 (double), left as they are (mpinfer converts FP32 alone): %s. Cast them "
+            "to float32 in the model if they should run in %s.",
+            len(double), ", ".join(f"{op} x{k}" for op, k in Counter(double.values()).most_common()),
+            precision.value,
+        )
     return plan
+
+
+def fp64_nodes(info: GraphInfo) -> dict[str, str]:
+    """The nodes that read or write a double (FP64) tensor, Casts aside: address -> op type."""
+    double = 11  # onnx.TensorProto.DOUBLE
+    return {
+        ref.address: ref.node.op_type
+        for ref in info.nodes
+        if ref.node.op_type != "Cast"
+        and any(n and info.types.get(n) == double for n in [*ref.node.input, *ref.node.output])
+    }
 
 
 def _warn_foreign(nodes: list[NodeDecision]) -> None:
