@@ -6,7 +6,8 @@ in-process by ``convert_precision`` under one plan. The file written must pass t
 inference and an ONNX Runtime load; otherwise convert must have refused it with an ``MpinferError`` and written
 nothing. Cases whose FP32 input model is itself invalid at that opset (the op changed signature) are skipped.
 
-Graph shapes (``SHAPES``): the node alone; Identity and Cast chains at the graph inputs and outputs; float inputs
+Graph shapes (``SHAPES``): the node alone; Identity and Cast chains at the graph inputs and outputs (in order, and
+with the node list reversed: ONNX Runtime loads such a graph, the checker refuses it); float inputs
 made initializers (shared between inputs of one shape) and a Constant node; FP16 graph inputs and outputs made by
 Casts (converted with ``--force``); the node inside an If body reading outer-scope values.
 Plans (``PLANS``): the rules alone, all low (``--low-op`` of every op), all FP32 (``--keep-op``), alternating nodes
@@ -30,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-SHAPES = ("plain", "io-chains", "constants", "low-io", "if-body")
+SHAPES = ("plain", "io-chains", "unsorted", "constants", "low-io", "if-body")
 PLANS = ("rules", "all-low", "all-fp32", "alternating", "forced")
 FIRST_OPSET = 11
 STATUSES = ("ok", "refused", "invalid", "crash")
@@ -46,12 +47,14 @@ class Case:
     shape: str
     plan: str
     keep_io_types: bool
+    data: bool = False  # calibrate on the test's own inputs (an .npz): the range rules, the search, the emulator
 
     @property
     def name(self) -> str:
         """A readable id."""
         io = "" if self.keep_io_types else ",no-keep-io"
-        return f"{self.test}@{self.opset}[{self.shape},{self.plan}{io}]"
+        data = ",data" if self.data else ""
+        return f"{self.test}@{self.opset}[{self.shape},{self.plan}{io}{data}]"
 
 
 @dataclass
@@ -94,7 +97,8 @@ def float_tests() -> list[Any]:
     """ONNX's node test cases with FP32 tensors and a single default-domain node (the conformance set)."""
     from tests.precision.conformance import float_cases
 
-    return [c for c in float_cases() if len(c.model.graph.node) == 1 and c.model.graph.node[0].domain in ("", "ai.onnx")]
+    single = [c for c in float_cases() if len(c.model.graph.node) == 1]
+    return [c for c in single if c.model.graph.node[0].domain in ("", "ai.onnx")]
 
 
 def cases(tests: list[Any], count: int, seed: int) -> list[Case]:
@@ -114,7 +118,8 @@ def cases(tests: list[Any], count: int, seed: int) -> list[Case]:
             defs.get_schema(op, opset, "")
         except Exception:  # noqa: BLE001 - SchemaError: the op is newer than this opset
             continue
-        out.append(Case(test.name, op, opset, rng.choice(SHAPES), rng.choice(PLANS), rng.random() < 0.8))
+        shape, plan, keep_io = rng.choice(SHAPES), rng.choice(PLANS), rng.random() < 0.8
+        out.append(Case(test.name, op, opset, shape, plan, keep_io, rng.random() < 0.3))
     return out
 
 
@@ -139,8 +144,12 @@ def build(test: Any, case: Case) -> tuple[Any, dict[str, np.ndarray]] | None:
     feeds = dict(zip(names, test.data_sets[0][0], strict=False))
     if len(feeds) != len(names) or not all(isinstance(v, np.ndarray) for v in feeds.values()):
         return None
-    if case.shape == "io-chains":
+    if case.shape in ("io-chains", "unsorted"):
         _io_chains(g)
+        if case.shape == "unsorted":  # keras2onnx writes such node lists: ONNX Runtime loads them, the checker not
+            nodes = list(g.node)[::-1]
+            del g.node[:]
+            g.node.extend(nodes)
     elif case.shape == "constants":
         feeds = _constants(g, feeds)
     elif case.shape == "low-io":
@@ -291,15 +300,20 @@ def plan_options(model: Any, case: Case) -> dict[str, Any]:
     return {}
 
 
-def check_file(path: Path) -> str | None:
-    """None when ``path`` passes the full checker, strict type inference and an ONNX Runtime load, else why."""
+def check_file(path: Path, *, runtime_only: bool = False) -> str | None:
+    """None when ``path`` passes the full checker, strict type inference and an ONNX Runtime load, else why.
+
+    ``runtime_only``: the ONNX Runtime load alone (an input model: ONNX Runtime takes an unsorted node list).
+    """
     import onnx
     import onnxruntime as ort
 
     try:
         model = onnx.load(str(path))
-        onnx.checker.check_model(model, full_check=True)
-        onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True)
+        if not runtime_only:
+            onnx.checker.check_model(model, full_check=True)
+        if not runtime_only:
+            onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True)
         so = ort.SessionOptions()
         so.log_severity_level = 4
         ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
@@ -320,16 +334,20 @@ def run_case(test: Any, case: Case, folder: Path) -> Result | None:
     built = build(test, case)
     if built is None:
         return None
-    model, _ = built
+    model, feeds = built
     src = folder / f"{case.test}.onnx"
     onnx.save(model, str(src))
-    if check_file(src) is not None:
+    if check_file(src, runtime_only=case.shape == "unsorted") is not None:
         return None
+    calibration = "none"
+    if case.data:
+        calibration = str(folder / "data.npz")
+        np.savez(calibration, **feeds)
     out = folder / "out.onnx"
     for stale in folder.glob("out*"):
         stale.unlink()
     cfg = ConvertConfig(
-        model=src, output=out, calibration="none", force=case.shape == "low-io", progress=False,
+        model=src, output=out, calibration=calibration, force=case.shape == "low-io", progress=False,
         keep_io_types=case.keep_io_types, **plan_options(model, case),
     )
     try:

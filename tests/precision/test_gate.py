@@ -200,7 +200,10 @@ def _out_of_range_model() -> onnx.ModelProto:
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])
     w = numpy_helper.from_array(np.array([1e5, -1e5, 1, 2], np.float32), "w")
-    nodes = [helper.make_node("Add", ["x", "w"], ["s"], name="add"), helper.make_node("Relu", ["s"], ["y"], name="relu")]
+    nodes = [
+        helper.make_node("Add", ["x", "w"], ["s"], name="add"),
+        helper.make_node("Relu", ["s"], ["y"], name="relu"),
+    ]
     return helper.make_model(helper.make_graph(nodes, "g", [x], [y], [w]), opset_imports=[helper.make_opsetid("", 17)])
 
 
@@ -252,7 +255,7 @@ def test_an_opset_newer_than_onnxruntime_reads_is_refused_naming_the_versions(tm
     with pytest.raises(InvalidInputError, match=rf"opset {max_opset + 1}.*opset {max_opset} or lower"):
         convert_precision(ConvertConfig(model=src, output=tmp_path / "o.onnx", calibration="none", progress=False))
     result = invoke("convert", src, "--calibration", "none", "-o", tmp_path / "o.onnx")
-    assert_user_error(result, rf"onnxruntime .*loads")
+    assert_user_error(result, r"onnxruntime .*loads")
     assert not (tmp_path / "o.onnx").exists()
 
 
@@ -267,7 +270,8 @@ def test_fp64_arithmetic_is_left_as_it_is_and_reported(tmp_path, caplog):
         helper.make_node("Add", ["m64", "d"], ["a64"], name="add64"),
         helper.make_node("Cast", ["a64"], ["y"], name="down", to=TensorProto.FLOAT),
     ]
-    model = helper.make_model(helper.make_graph(nodes, "g", [x], [y], inits), opset_imports=[helper.make_opsetid("", 17)])
+    graph = helper.make_graph(nodes, "g", [x], [y], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     src = _save(model, tmp_path / "m.onnx")
     out = tmp_path / "o.onnx"
     with caplog.at_level(logging.WARNING, logger="mpinfer"):
