@@ -2,12 +2,13 @@
 
 ONNX's operator test cases (one float node each) declared at seeded opsets from 11 to the newest the installed
 ONNX Runtime loads, wrapped in one of six graph shapes (the node alone; Identity and Cast chains at the graph's
-inputs and outputs, in order and with the node list reversed; initializers shared between inputs and a Constant node; FP16 graph inputs and outputs made by
-Casts, converted with ``--force``; the node inside an If body), converted in-process by ``convert_precision`` under
-one of five plans (rules, all low, all FP32, alternating nodes low, the op forced low; 20% without
-``--keep-io-types``; 30% calibrated on the case's own inputs). Each written file is loaded back and checked (full
-checker, strict type inference, ONNX Runtime load); a refusal must be an ``MpinferError`` with nothing written.
-The cases live in tests/precision/gatesweep.py (the CI suite runs a sample of them).
+inputs and outputs, in order and with the node list reversed; initializers shared between inputs and a Constant
+node; FP16 graph inputs and outputs made by Casts, converted with ``--force``; the node inside an If body),
+converted in-process by ``convert_precision`` under one of five plans (rules, all low, all FP32, alternating nodes
+low, the op forced low; 20% without ``--keep-io-types``; 30% calibrated on the case's own inputs). Each written
+file is loaded back and checked (full checker, strict type inference, ONNX Runtime load); a refusal must be an
+``MpinferError`` with nothing written. The cases live in tests/precision/gatesweep.py (the CI suite runs a sample
+of them).
 
     PYTHONPATH=$PWD .venv/bin/python bench/gate_sweep.py [--cases 3000] [--seed 2028] [-v]
 """

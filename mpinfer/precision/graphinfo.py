@@ -277,17 +277,35 @@ class GraphInfo:
             and all(self.types.get(n) == FLOAT and not pin for n, pin in bound[v])
         }
         if float_vars and not lowered:
-            out.blocked = (
-                f"{node.op_type} (opset {self.opset_of(node)}) has no "
-                f"{low_str[7:-1]} type for its float tensors"
-                if not any(_base(v) in allowed and low_str in allowed[_base(v)] for v in float_vars)
-                else f"{node.op_type} ties its float tensors to a type shared with tensors that stay as they are"
-            )
+            out.blocked = self._why_not_low(node, float_vars, allowed, low_str, bound)
             return
         out.inputs = [i for i in float_in if in_params[i] in lowered and i not in pinned]
         out.outputs = [i for i in float_out if out_params[i] in lowered]
         if not out.inputs and not out.outputs:
             out.blocked = f"{node.op_type} has only fixed-type float tensors"
+
+    def _why_not_low(
+        self, node: Any, float_vars: set[str], allowed: Mapping[str, set[str]], low_str: str,
+        bound: Mapping[str, list[tuple[str, bool]]],
+    ) -> str:
+        """Why no type variable of ``node``'s float tensors can take ``low_str``."""
+        if not any(_base(v) in allowed and low_str in allowed[_base(v)] for v in float_vars):
+            return f"{node.op_type} (opset {self.opset_of(node)}) has no {low_str[7:-1]} type for its float tensors"
+        for v in sorted(float_vars):
+            for name, pin in bound[v]:
+                if pin:
+                    return f"{node.op_type} binds its pinned input '{name}' to type {_base(v)} with its float tensors"
+                if name not in self.types:
+                    return (
+                        f"{node.op_type}: '{name}' shares type {_base(v)} with its float tensors and its type is "
+                        "unknown (downstream of an op ONNX type inference does not know)"
+                    )
+                if self.types[name] != FLOAT:
+                    return (
+                        f"{node.op_type} binds '{name}' (element type {self.types[name]}) to type {_base(v)} with its "
+                        "float tensors: one dtype for all of them, and that one is not FP32"
+                    )
+        return f"{node.op_type} has no type variable its float tensors can share in {low_str[7:-1]}"
 
     @staticmethod
     def _bound_key(param: Any, position: int) -> str:
