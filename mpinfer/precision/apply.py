@@ -54,7 +54,8 @@ def low_array(arr: np.ndarray, low: Precision) -> np.ndarray:
     The conversion is exact (round to nearest even), the same bits as numpy's ``astype`` (checked on first
     use, see :mod:`mpinfer.precision.kernels.ortexec`), and 15x faster: every verification of the budget
     search converts the model's weights again. Finite values past the format's range are clamped to its largest
-    finite value (``LOW_MAX``), never turned into inf; inf and NaN stay what they are.
+    finite value (``LOW_MAX``), never turned into inf; inf and NaN stay what they are, and so do float32's own
+    extremes (``finfo(float32).min``: an additive mask's minus infinity).
     """
     out = None
     if low is Precision.FP16 and arr.dtype == np.float32:
@@ -65,19 +66,26 @@ def low_array(arr: np.ndarray, low: Precision) -> np.ndarray:
     if out.size and arr.dtype.kind == "f":
         overflow = np.isinf(out) if out.dtype.kind == "f" else np.isinf(out.astype(np.float32))  # (BF16: kind "V")
         if overflow.any():
-            overflow &= np.isfinite(arr)
+            overflow &= _clampable(arr)
             if overflow.any():
                 fixed = np.array(arr, copy=True)
                 fixed[overflow] = np.copysign(LOW_MAX[low], arr[overflow])
-                out = fixed.astype(low.numpy_dtype)
+                with np.errstate(over="ignore"):  # (float32's extremes: to inf, as they mean)
+                    out = fixed.astype(low.numpy_dtype)
     return out
 
 
+def _clampable(arr: np.ndarray) -> np.ndarray:
+    """Finite values short of float32's own extremes (``finfo.max``/``min`` stand for infinity: mask constants)."""
+    with np.errstate(invalid="ignore"):
+        return np.isfinite(arr) & (np.abs(arr) < np.finfo(np.float32).max)
+
+
 def out_of_range(arr: np.ndarray, low: Precision) -> float:
-    """The largest finite magnitude of ``arr`` when it is past the low format's range, else 0."""
+    """The largest magnitude ``low_array`` clamps in ``arr`` when it is past the low format's range, else 0."""
     if arr.size == 0 or arr.dtype.kind != "f":
         return 0.0
-    finite = np.abs(arr[np.isfinite(arr)])
+    finite = np.abs(arr[_clampable(arr)])
     peak = float(finite.max()) if finite.size else 0.0
     return peak if peak > LOW_MAX[low] else 0.0
 

@@ -281,3 +281,17 @@ def test_fp64_arithmetic_is_left_as_it_is_and_reported(tmp_path, caplog):
     written = onnx.load(str(out))
     add = next(n for n in written.graph.node if n.name == "add64")
     assert next(t for t in written.graph.initializer if t.name == add.input[1]).data_type == TensorProto.DOUBLE
+
+
+def test_low_array_clamps_finite_values_and_keeps_float32_extremes_as_infinity():
+    """Clamped to +-65504; inf, NaN and float32's own extremes (a mask's minus infinity) stay what they mean."""
+    from mpinfer.precision.apply import low_array
+    from mpinfer.specs import Precision
+
+    f32 = np.finfo(np.float32)
+    arr = np.array([1e5, -7e4, f32.min, f32.max, np.inf, np.nan, 3.0], np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        got = low_array(arr, Precision.FP16)
+    want = np.array([65504, -65504, -np.inf, np.inf, np.inf, np.nan, 3.0], np.float16)
+    np.testing.assert_array_equal(got, want)
