@@ -167,6 +167,8 @@ def _print_summary(result: object, plan_in: Path | None = None) -> None:
     table.add_row("FLOPs low", f"{s['low_share_flops']:.1%}")
     table.add_row("weight bytes low", f"{s['low_share_weight_bytes']:.1%}")
     table.add_row("casts", str(s["cast_count"]))
+    if s.get("fp64_nodes"):
+        table.add_row("FP64 nodes", f"{s['fp64_nodes']} left as they are (double)")
     kept = {k: v for k, v in s.get("reasons", {}).items()}
     table.add_row("reasons", ", ".join(f"{k}: {v}" for k, v in kept.items()))
     if s.get("expected_error"):

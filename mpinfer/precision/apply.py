@@ -11,7 +11,8 @@ Casts go only where a tensor's dtype and its consumer's disagree.
   ``RandomNormal/RandomUniform(Like).dtype``, ``EyeLike.dtype``, ``Constant.value``.
 * If/Loop/Scan bodies are rewritten like the main graph; values from the outer scope are cast inside the
   body where they enter, and body outputs are cast back so the container's interface keeps its types.
-* ``value_info`` is retyped; graph inputs/outputs keep FP32 with ``keep_io_types``.
+* ``value_info`` is retyped; graph inputs/outputs keep FP32 with ``keep_io_types`` (but those the user's model had
+  in the low dtype before ``--force`` brought it back to FP32 keep that dtype: ``GraphInfo.low_io``).
 """
 
 from __future__ import annotations
@@ -42,18 +43,51 @@ DTYPE_ATTR_OPS = {
 }
 
 
+# The largest finite value of each low format: a finite FP32 weight past it is clamped there, never rounded to inf
+# (ModelOpt AutoCast's rule; the planner warns, naming the weight, when a user forces such a node low).
+LOW_MAX = {Precision.FP16: 65504.0, Precision.BF16: 3.3895313892515355e38}
+
+
 def low_array(arr: np.ndarray, low: Precision) -> np.ndarray:
     """``arr`` in the low dtype (FP16 or BF16); large float32 arrays to FP16 through ONNX Runtime's Cast.
 
     The conversion is exact (round to nearest even), the same bits as numpy's ``astype`` (checked on first
     use, see :mod:`mpinfer.precision.emulator.kernels.ortexec`), and 15x faster: every verification of the budget
-    search converts the model's weights again.
+    search converts the model's weights again. Finite values past the format's range are clamped to its largest
+    finite value (``LOW_MAX``), never turned into inf; inf and NaN stay what they are, and so do float32's own
+    extremes (``finfo(float32).min``: an additive mask's minus infinity).
     """
+    out = None
     if low is Precision.FP16 and arr.dtype == np.float32:
-        fast = ortexec.cast(arr, "to_fp16")
-        if fast is not None:
-            return fast
-    return arr.astype(low.numpy_dtype)
+        out = ortexec.cast(arr, "to_fp16")
+    if out is None:
+        with np.errstate(over="ignore"):
+            out = arr.astype(low.numpy_dtype)
+    if out.size and arr.dtype.kind == "f":
+        overflow = np.isinf(out) if out.dtype.kind == "f" else np.isinf(out.astype(np.float32))  # (BF16: kind "V")
+        if overflow.any():
+            overflow &= _clampable(arr)
+            if overflow.any():
+                fixed = np.array(arr, copy=True)
+                fixed[overflow] = np.copysign(LOW_MAX[low], arr[overflow])
+                with np.errstate(over="ignore"):  # (float32's extremes: to inf, as they mean)
+                    out = fixed.astype(low.numpy_dtype)
+    return out
+
+
+def _clampable(arr: np.ndarray) -> np.ndarray:
+    """Finite values short of float32's own extremes (``finfo.max``/``min`` stand for infinity: mask constants)."""
+    with np.errstate(invalid="ignore"):
+        return np.isfinite(arr) & (np.abs(arr) < np.finfo(np.float32).max)
+
+
+def out_of_range(arr: np.ndarray, low: Precision) -> float:
+    """The largest magnitude ``low_array`` clamps in ``arr`` when it is past the low format's range, else 0."""
+    if arr.size == 0 or arr.dtype.kind != "f":
+        return 0.0
+    finite = np.abs(arr[_clampable(arr)])
+    peak = float(finite.max()) if finite.size else 0.0
+    return peak if peak > LOW_MAX[low] else 0.0
 
 
 def to_low_tensor(tensor: Any, low: Precision, base_dir: str = "") -> Any:
@@ -103,14 +137,21 @@ class GraphRewriter:
         m = onnx.ModelProto()
         m.CopyFrom(model)
         graph = m.graph
-        if not self.keep_io_types:
-            inits = {i.name for i in graph.initializer}
-            for vi in graph.input:
-                if vi.name not in inits and vi.type.tensor_type.elem_type == FLOAT:
-                    vi.type.tensor_type.elem_type = self.low_type
-                    self.types[vi.name] = self.low_type
+        inits = {i.name for i in graph.initializer}
+        for vi in graph.input:
+            if self._low_io(vi.name) and vi.name not in inits and vi.type.tensor_type.elem_type == FLOAT:
+                vi.type.tensor_type.elem_type = self.low_type
+                self.types[vi.name] = self.low_type
         self._rewrite_graph(graph, "", [], main=True)
         return m
+
+    def _low_io(self, name: str) -> bool:
+        """Whether main-graph input or output ``name`` takes the low dtype.
+
+        All of them without ``keep_io_types``; with it, those the user's model had in this low dtype before
+        ``--force`` brought it back to FP32 (``info.low_io``: the user's low-precision I/O is kept, as AutoCast does).
+        """
+        return not self.keep_io_types or self.info.low_io.get(name) == self.low_type
 
     # -- graphs ---------------------------------------------------------------------------------------
     def _rewrite_graph(
@@ -166,7 +207,7 @@ class GraphRewriter:
             else:
                 wants.add(FLOAT)
         if name in self.info.graph_outputs:
-            wants.add(FLOAT if self.keep_io_types else self.low_type)
+            wants.add(self.low_type if self._low_io(name) else FLOAT)
         return wants
 
     def _convert_initializers(self, graph: Any, *, main: bool) -> None:
@@ -232,7 +273,7 @@ class GraphRewriter:
             orig = self.info.types.get(name)
             if orig != FLOAT or have is None:
                 continue
-            want = FLOAT if (self.keep_io_types or not main) else self.low_type
+            want = self.low_type if (main and self._low_io(name)) else FLOAT
             if have == want:
                 if main:
                     vi.type.tensor_type.elem_type = want

@@ -43,7 +43,7 @@ from mpinfer.precision.apply import ApplyResult
 from mpinfer.precision.evaluators import evaluator_class
 from mpinfer.precision.genbudget import split_generation_budget
 from mpinfer.precision.graphinfo import GraphInfo
-from mpinfer.precision.normalize import check_not_low, ensure_opset
+from mpinfer.precision.normalize import check_not_low, ensure_opset, low_io_types, sort_nodes
 from mpinfer.precision.options import Options, floor_for_model, refuse_in_place_changes, resolve_options
 from mpinfer.precision.overflow import overflow_nodes
 from mpinfer.precision.plan import NodeDecision, PrecisionPlan
@@ -62,7 +62,7 @@ from mpinfer.precision.planner import RuleOptions, check_overrides, rewrite_plan
 from mpinfer.precision.quantized import warn_quantized
 from mpinfer.precision.rules import CONTROL_FLOW_OPS
 from mpinfer.precision.search import SearchConfig, SearchOutcome, measure_plan, search_plan
-from mpinfer.precision.validate import apply_validated
+from mpinfer.precision.validate import apply_validated, fit_runtime, gate, gate_published
 from mpinfer.precision.verify import verification_record, verify_and_repair
 from mpinfer.specs import Precision
 
@@ -252,9 +252,12 @@ def _convert(cfg: ConvertConfig, claim: OutputClaim) -> ConvertResult:
         result, made.plan.nodes, verification = _verify(made, info, result, staged)
     plan = _summarize(made, info, result, verification, opts.precision)
     if staged is None:
-        save_onnx(result.model, claim.stage(out))  # already through the validity gate (apply_validated)
+        save_onnx(result.model, claim.stage(out))
     elif loaded.copied:
         _embed_weights(staged[0])  # the user's model was one file: so is the output, where it fits one
+    # the gate on the very bytes published (apply_validated gated the model in memory or a candidate's file)
+    gate_published(claim.stage(out), baseline_model=info.model if loaded.weights is None else None,
+                   baseline_path=loaded.weights)
     if not in_place:
         plan.save(claim.stage(plan_out))
     claim.publish()  # model, data and plan: both or neither
@@ -309,7 +312,12 @@ def _load(model_path: Path, opts: Options, *, force: bool, scratch: Callable[[],
     model: Any = load_onnx(model_path, load_external_data=False)
     weights = model_path if uses_external_data(model) else None
     sha = sha256_file(model_path)
-    model = check_not_low(model, str(model_path), force=force)
+    model = fit_runtime(model, str(model_path))  # an IR version ONNX Runtime reads; an opset it cannot: refused
+    low_io = low_io_types(model)
+    normalized = check_not_low(model, str(model_path), force=force)
+    if normalized is not model:  # --force's return to FP32 is a rewrite too: gated against the model as read
+        gate(normalized, baseline_model=model, stage="--force's return to FP32")
+    model = sort_nodes(normalized)  # (ONNX Runtime takes an unsorted node list; the checker does not)
     embedded = embedded_bytes(model) if weights is None else 0
     if embedded > lazy_threshold():
         weights = scratch() / "input.onnx"
@@ -323,7 +331,9 @@ def _load(model_path: Path, opts: Options, *, force: bool, scratch: Callable[[],
         model.ir_version = ir_version  # (save_streamed wrote the IR version it writes outputs at)
     model = ensure_opset(name_nodes(model), opts.precision, opset=opts.opset)
     base_dir = str(weights.resolve().parent) if weights is not None else None
-    return _Loaded(GraphInfo(model, base_dir=base_dir), sha, weights, weights is not None and weights != model_path)
+    info = GraphInfo(model, base_dir=base_dir)
+    info.low_io = low_io
+    return _Loaded(info, sha, weights, weights is not None and weights != model_path)
 
 
 @dataclass(frozen=True)
@@ -595,7 +605,27 @@ def _summarize(
         plan.summary["verification"] = verification
     plan.opset = info.opsets.get("") or None  # what the plan was made for (and is applied at)
     _warn_opset_blocked(plan.nodes, info, precision)
+    double = fp64_nodes(info)
+    if double:
+        plan.summary["fp64_nodes"] = len(double)
+        logger.warning(
+            "%d node(s) compute in FP64 (double), left as they are (mpinfer converts FP32 alone): %s. Cast them "
+            "to float32 in the model if they should run in %s.",
+            len(double), ", ".join(f"{op} x{k}" for op, k in Counter(double.values()).most_common()),
+            precision.value,
+        )
     return plan
+
+
+def fp64_nodes(info: GraphInfo) -> dict[str, str]:
+    """The nodes that read or write a double (FP64) tensor, Casts aside: address -> op type."""
+    double = 11  # onnx.TensorProto.DOUBLE
+    return {
+        ref.address: ref.node.op_type
+        for ref in info.nodes
+        if ref.node.op_type != "Cast"
+        and any(n and info.types.get(n) == double for n in [*ref.node.input, *ref.node.output])
+    }
 
 
 def _warn_foreign(nodes: list[NodeDecision]) -> None:
@@ -643,7 +673,7 @@ def convert_model(
     Raises:
         InternalError: The rewritten model fails the validity gate.
     """
-    named = ensure_opset(name_nodes(model), precision)
+    named = ensure_opset(name_nodes(sort_nodes(model)), precision)
     info = GraphInfo(named)
     options = RuleOptions(keep_ops, low_ops, keep_nodes, low_nodes)
     _, nodes = rule_plan(info, precision, options, keep_io_types=keep_io_types, stats=stats)

@@ -135,6 +135,9 @@ class GraphInfo:
                 if name:
                     self.producer[name] = ref.address
         self._schemas: dict[str, Any] = {}
+        # main-graph inputs/outputs the user's model had in FP16/BF16 before --force brought it back to FP32
+        # (name -> element type): the rewrite gives them that type again
+        self.low_io: dict[str, int] = {}
 
     def _collect(self, graph: Any) -> None:
         import onnx
@@ -246,24 +249,72 @@ class GraphInfo:
     def _schema_slots(
         self, node: Any, schema: Any, low_type: int, float_in: list[int], float_out: list[int], out: Slots
     ) -> None:
-        """Fill ``out`` from the schema: the float slots whose type variable allows ``low_type`` (else blocked)."""
-        in_params = _formal(schema.inputs, len(node.input))
-        out_params = _formal(schema.outputs, len(node.output))
+        """Fill ``out`` from the schema: one precision per type variable (else blocked).
+
+        The one rule for every op and opset: the inputs and outputs a schema binds to one type variable (``T`` of
+        BatchNormalization before opset 15 holds all five inputs and the output) take one dtype. A variable goes
+        low when it allows ``low_type`` and every tensor bound to it is FP32 (a pinned input, an integer or an
+        untyped tensor bound to it keeps it FP32); the float tensors of fixed types or of other variables stay.
+        """
+        in_params = _formal(schema.inputs, len(node.input), self._bound_key)
+        out_params = _formal(schema.outputs, len(node.output), self._bound_key)
         allowed = {c.type_param_str: set(c.allowed_type_strs) for c in schema.type_constraints}
         low_str = "tensor(float16)" if low_type == FLOAT16 else "tensor(bfloat16)"
         pinned = set(PINNED_INPUTS.get(node.op_type, ()))
+        bound: dict[str, list[tuple[str, bool]]] = {}  # variable -> (tensor, pinned) of every slot bound to it
+        for i, name in enumerate(node.input):
+            if name:
+                bound.setdefault(in_params[i], []).append((name, i in pinned))
+        for i, name in enumerate(node.output):
+            if name:
+                bound.setdefault(out_params[i], []).append((name, False))
         float_vars = {in_params[i] for i in float_in if i not in pinned} | {out_params[i] for i in float_out}
-        lowered = {v for v in float_vars if v in allowed and low_str in allowed[v]}
+        lowered = {
+            v
+            for v in float_vars
+            if _base(v) in allowed
+            and low_str in allowed[_base(v)]
+            and all(self.types.get(n) == FLOAT and not pin for n, pin in bound[v])
+        }
         if float_vars and not lowered:
-            out.blocked = (
-                f"{node.op_type} (opset {self.opset_of(node)}) has no "
-                f"{low_str[7:-1]} type for its float tensors"
-            )
+            out.blocked = self._why_not_low(node, float_vars, allowed, low_str, bound)
             return
         out.inputs = [i for i in float_in if in_params[i] in lowered and i not in pinned]
         out.outputs = [i for i in float_out if out_params[i] in lowered]
         if not out.inputs and not out.outputs:
             out.blocked = f"{node.op_type} has only fixed-type float tensors"
+
+    def _why_not_low(
+        self, node: Any, float_vars: set[str], allowed: Mapping[str, set[str]], low_str: str,
+        bound: Mapping[str, list[tuple[str, bool]]],
+    ) -> str:
+        """Why no type variable of ``node``'s float tensors can take ``low_str``."""
+        if not any(_base(v) in allowed and low_str in allowed[_base(v)] for v in float_vars):
+            return f"{node.op_type} (opset {self.opset_of(node)}) has no {low_str[7:-1]} type for its float tensors"
+        for v in sorted(float_vars):
+            for name, pin in bound[v]:
+                if pin:
+                    return f"{node.op_type} binds its pinned input '{name}' to type {_base(v)} with its float tensors"
+                if name not in self.types:
+                    return (
+                        f"{node.op_type}: '{name}' shares type {_base(v)} with its float tensors and its type is "
+                        "unknown (downstream of an op ONNX type inference does not know)"
+                    )
+                if self.types[name] != FLOAT:
+                    return (
+                        f"{node.op_type} binds '{name}' (element type {self.types[name]}) to type {_base(v)} with its "
+                        "float tensors: one dtype for all of them, and that one is not FP32"
+                    )
+        return f"{node.op_type} has no type variable its float tensors can share in {low_str[7:-1]}"
+
+    @staticmethod
+    def _bound_key(param: Any, position: int) -> str:
+        """The type variable of an actual slot; a heterogeneous variadic's slots each get their own."""
+        from onnx import defs
+
+        if param.option == defs.OpSchema.FormalParameterOption.Variadic and not param.is_homogeneous:
+            return f"{param.type_str}#{position}"
+        return str(param.type_str)
 
     # -- values ---------------------------------------------------------------------------------------
     def const_array(self, name: str) -> np.ndarray | None:
@@ -417,13 +468,18 @@ def _infer_types(model: Any) -> Any:
             t.raw_data = raw
 
 
-def _formal(params: Any, count: int) -> list[str]:
+def _formal(params: Any, count: int, key: Callable[[Any, int], str] | None = None) -> list[str]:
     """Type-parameter string of each actual position, expanding a trailing variadic formal."""
     out = []
     for i in range(count):
         j = min(i, len(params) - 1) if params else -1
-        out.append(params[j].type_str if j >= 0 else "")
+        out.append((key(params[j], i) if key else params[j].type_str) if j >= 0 else "")
     return out
+
+
+def _base(var: str) -> str:
+    """The schema's name of a slot key of :func:`_formal` (a heterogeneous variadic's ``V#3`` is ``V``)."""
+    return var.split("#", 1)[0]
 
 
 def constant_tensor(node: Any) -> Any:

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from mpinfer.errors import InvalidInputError, format_message
-from mpinfer.modelio import default_opset, iter_graphs, name_nodes
+from mpinfer.modelio import default_opset, iter_graphs, name_nodes, subgraphs
 from mpinfer.precision.graphinfo import BFLOAT16, FLOAT, FLOAT16, GraphInfo
 from mpinfer.specs import Precision
 
@@ -39,6 +39,18 @@ def low_tensor_count(model: Any) -> tuple[int, int]:
             if node.op_type == "Cast":
                 low += any(a.name == "to" and a.i in LOW_TYPES for a in node.attribute)
     return low, high
+
+
+def low_io_types(model: Any) -> dict[str, int]:
+    """The main graph's FP16/BF16 inputs and outputs (name -> element type), initializers aside."""
+    inits = {t.name for t in model.graph.initializer}
+    out = {}
+    for vi in list(model.graph.input) + list(model.graph.output):
+        if vi.name in inits or not vi.type.HasField("tensor_type"):
+            continue
+        if vi.type.tensor_type.elem_type in LOW_TYPES:
+            out[vi.name] = vi.type.tensor_type.elem_type
+    return out
 
 
 def check_not_low(model: Any, path: str, *, force: bool) -> Any:
@@ -124,23 +136,11 @@ def _drop_casts(graph: Any, casts: list[Any]) -> None:
     input (an Identity instead when that is a graph input, an initializer or another output).
     """
     outputs = {o.name for o in graph.output}
-    produced = {o: n for n in graph.node for o in n.output if o}
+    inputs = {i.name for i in graph.input} | {t.name for t in graph.initializer}
+    dropped = {id(c) for c in casts}
+    # the live producers (a dropped Cast produces nothing once it is gone: a chain of Casts resolves through it)
+    produced = {o: n for n in graph.node if id(n) not in dropped for o in n.output if o}
     renames: dict[str, str] = {}  # tensor name -> the name its uses read instead
-    for cast in casts:
-        src, dst = cast.input[0], cast.output[0]
-        if dst not in outputs:
-            renames[dst] = src
-        elif src in produced and src not in outputs and src not in renames.values():
-            producer = produced[src]
-            producer.output[list(producer.output).index(src)] = dst
-            renames[src] = dst
-        else:
-            cast.op_type = "Identity"
-            del cast.attribute[:]
-            continue
-        graph.node.remove(cast)  # a Cast has no bodies: the other nodes (and their bodies) stay as they are
-    if not renames:
-        return
 
     def resolve(name: str) -> str:
         seen = set()
@@ -148,6 +148,29 @@ def _drop_casts(graph: Any, casts: list[Any]) -> None:
             seen.add(name)
             name = renames[name]
         return name
+
+    for cast in casts:
+        dst = cast.output[0]
+        if dst not in outputs:
+            renames[dst] = cast.input[0]
+            graph.node.remove(cast)  # a Cast has no bodies: the other nodes (and their bodies) stay as they are
+    for cast in casts:
+        src, dst = resolve(cast.input[0]), cast.output[0]
+        if dst not in outputs:
+            continue
+        if src in produced and src not in outputs and src not in inputs:
+            producer = produced.pop(src)
+            producer.output[list(producer.output).index(src)] = dst
+            produced[dst] = producer
+            renames[src] = dst
+            graph.node.remove(cast)
+        else:
+            cast.op_type = "Identity"
+            del cast.attribute[:]
+            cast.input[0] = src
+            produced[dst] = cast
+    if not renames:
+        return
 
     for g in iter_graphs(graph):  # outer-scope uses inside bodies too
         for node in g.node:
@@ -157,6 +180,80 @@ def _drop_casts(graph: Any, casts: list[Any]) -> None:
     stale = [vi for vi in graph.value_info if vi.name in renames]
     for vi in stale:
         graph.value_info.remove(vi)
+
+
+def sort_nodes(model: Any) -> Any:
+    """``model`` with the nodes of every graph in topological order (the same model when they already are).
+
+    ONNX Runtime loads a graph whose node list is out of order (keras2onnx writes such graphs); the ONNX checker
+    refuses it, and so would the validity gate refuse the converted model. The sort is stable (nodes keep their
+    relative order wherever the data allows it); a body's reads of outer-scope values count as its node's inputs.
+    A graph with a cycle or a value nothing produces is left as it is (the checker names what is wrong).
+    """
+    import onnx
+
+    if all(_sorted(g) for g in iter_graphs(model.graph)):
+        return model
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    moved = 0
+    for g in iter_graphs(m.graph):
+        order = _topological(g)
+        if order is not None and order != list(range(len(g.node))):
+            nodes = [g.node[i] for i in order]
+            copies = [onnx.NodeProto() for _ in nodes]
+            for c, n in zip(copies, nodes):
+                c.CopyFrom(n)
+            del g.node[:]
+            g.node.extend(copies)
+            moved += 1
+    if moved:
+        logger.info("The model's node lists were not in topological order: sorted (%d graph(s)).", moved)
+    return m
+
+
+def _reads(node: Any) -> set[str]:
+    """The values ``node`` reads: its inputs and the outer-scope values its bodies read."""
+    out = {n for n in node.input if n}
+    for body in subgraphs(node):
+        local = {i.name for i in body.input} | {t.name for t in body.initializer}
+        for g in iter_graphs(body):
+            local |= {i.name for i in g.input} | {t.name for t in g.initializer}
+            local |= {o for n in g.node for o in n.output if o}
+        for g in iter_graphs(body):
+            out |= {n for b in g.node for n in b.input if n and n not in local}
+        out |= {o.name for o in body.output if o.name not in local}
+    return out
+
+
+def _sorted(graph: Any) -> bool:
+    order = _topological(graph)
+    return order is None or order == list(range(len(graph.node)))
+
+
+def _topological(graph: Any) -> list[int] | None:
+    """A stable topological order of ``graph.node`` (indices), or None when there is none."""
+    import heapq
+
+    producer = {o: i for i, n in enumerate(graph.node) for o in n.output if o}
+    needs: list[set[int]] = []
+    users: dict[int, list[int]] = {}
+    for i, node in enumerate(graph.node):
+        deps = {producer[r] for r in _reads(node) if r in producer and producer[r] != i}
+        needs.append(deps)
+        for d in deps:
+            users.setdefault(d, []).append(i)
+    ready = [i for i, d in enumerate(needs) if not d]
+    heapq.heapify(ready)
+    order: list[int] = []
+    while ready:
+        i = heapq.heappop(ready)
+        order.append(i)
+        for u in users.get(i, []):
+            needs[u].discard(i)
+            if not needs[u]:
+                heapq.heappush(ready, u)
+    return order if len(order) == len(graph.node) else None
 
 
 def ensure_opset(model: Any, precision: Precision, *, opset: int | None = None) -> Any:

@@ -163,6 +163,7 @@ class RuleContext:
     # node reading each mask constant, and every tensor carrying a mask (its calibrated range is the mask's).
     mask_sites: Mapping[str, Any] = field(default_factory=dict)
     mask_tensors: frozenset[str] = frozenset()
+    clamped: set[str] = field(default_factory=set)  # weights said to be clamped (warned once each)
 
 
 class NodeRule(abc.ABC):
@@ -528,7 +529,29 @@ def _respect_schema(verdict: Decision, ref: NodeRef, ctx: RuleContext) -> Decisi
     blocked = slots.blocked or _never_low(ref, ctx)
     if blocked:
         return Decision(Kind.KEEP, "rule:keep-fp32", f"{blocked} ({verdict.detail})")
+    _warn_clamped(ref, ctx, slots.inputs, verdict)
     return verdict
+
+
+def _warn_clamped(ref: NodeRef, ctx: RuleContext, lowered: Sequence[int], verdict: Decision) -> None:
+    """Say which weights of a node made low are past the low format's range: the rewrite clamps them."""
+    from mpinfer.precision.apply import LOW_MAX, out_of_range
+
+    for i in lowered:
+        name = ref.node.input[i]
+        if name in ctx.clamped or not ctx.info.is_const(name):
+            continue
+        arr = ctx.info.const_array(name)
+        peak = out_of_range(np.asarray(arr), ctx.precision) if arr is not None else 0.0
+        if peak:
+            ctx.clamped.add(name)
+            logger.warning(
+                "Weight '%s' reaches |%.4g|, past %s's largest finite value %.6g; node '%s' runs %s (%s), so the "
+                "weight is clamped to +-%.6g there, not rounded to inf. Keep the node FP32 (--keep-node) to keep "
+                "the value.",
+                name, peak, ctx.precision.value.upper(), LOW_MAX[ctx.precision], ref.address, ctx.precision.value,
+                verdict.detail, LOW_MAX[ctx.precision],
+            )
 
 
 def _never_low(ref: NodeRef, ctx: RuleContext) -> str | None:

@@ -284,7 +284,8 @@ def verify_model(
     start = time.perf_counter()
     names = [o.name for o in reference.graph.output]
     floats = [o.name for o in reference.graph.output if o.type.tensor_type.elem_type in (1, 10, 11, 16)]
-    run = evaluator_class(settings.numerics).model_runner(candidate if candidate_path is None else candidate_path)
+    runner = evaluator_class(settings.numerics).model_runner(candidate if candidate_path is None else candidate_path)
+    run = _fed_as_declared(candidate, runner)
     ref_run = _ReferenceRunner(reference, reference_dir, names)
     figures = _accumulator(names, settings)
     hashers: dict[str, Any] = {}
@@ -310,6 +311,26 @@ def verify_model(
         worst_batch=tally.worst_batch,
         wall_s=round(time.perf_counter() - start, 3),
     ))
+
+
+def _fed_as_declared(candidate: Any, run: Any) -> Any:
+    """``run`` fed float32 data cast to the candidate's FP16/BF16 graph inputs.
+
+    With ``--no-keep-io-types`` (or FP16 I/O kept under ``--force``) the calibration data is the FP32 model's, and
+    the converted model takes it cast.
+    """
+    low = {
+        vi.name: (np.dtype(np.float16) if vi.type.tensor_type.elem_type == 10 else Precision.BF16.numpy_dtype)
+        for vi in candidate.graph.input
+        if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type in (10, 16)
+    }
+    if not low:
+        return run
+
+    def cast_run(batch: Mapping[str, np.ndarray]) -> Any:
+        return run({k: v.astype(low[k]) if k in low and v.dtype == np.float32 else v for k, v in batch.items()})
+
+    return cast_run
 
 
 class _ReferenceRunner:
