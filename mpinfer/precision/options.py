@@ -237,8 +237,7 @@ def floor_budget(model: Any) -> str:
 
 
 def _one_value_per_sample(output: Any) -> bool:
-    """True when a graph output's declared shape holds one value per sample: rank <= 1, or every dim after the
-    first is 1."""
+    """True when an output's declared shape holds one value per sample (rank <= 1, or every dim but the first 1)."""
     tensor = output.type.tensor_type
     if not tensor.HasField("shape"):
         return False

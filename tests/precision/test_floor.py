@@ -126,7 +126,8 @@ def test_floor_terms_widen_by_the_noise_as_a_triangle_inequality():
 def test_the_floor_reads_cosine_min_only_on_outputs_with_more_than_one_value_per_sample():
     def model(shapes):
         outs = [helper.make_node("Identity", ["x"], [n], name=f"id_{n}") for n in shapes]
-        return helper.make_model(helper.make_graph(outs, "g", [fvi("x", ["N", 1])], [fvi(n, s) for n, s in shapes.items()]))
+        graph = helper.make_graph(outs, "g", [fvi("x", ["N", 1])], [fvi(n, s) for n, s in shapes.items()])
+        return helper.make_model(graph)
 
     assert floor_budget(model({"a": ["N", 4], "b": None})) == DEFAULT_BUDGET  # unknown shape: as many values
     assert floor_budget(model({"p": ["N", 1], "q": ["N"], "r": [1, 1, 1]})) == FLOOR_OUTPUTS
