@@ -16,12 +16,16 @@ explicit value can be told from a default. :func:`resolve_options` is the one pl
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from mpinfer.checks import parse_checks
 from mpinfer.errors import InvalidInputError, format_message
+from mpinfer.metrics import guess_class_output
 from mpinfer.precision.emulate import GraphEmulator
 from mpinfer.precision.evaluators import EVALUATORS, OrtEvaluator, check_numerics, evaluator_class
 from mpinfer.specs import Precision
@@ -43,7 +47,14 @@ FLOOR_COSINE = "cosine_min>=0.999"
 # constant offset), and no NaN/Inf where FP32 is finite. 1%: FP16 keeps the repo's models and the issue-27
 # scores (a probability, a ReLU'd score) well inside it; a 1-5 score off by 0.1 or a score on an offset of 1000
 # rounded to steps of 0.5 are outside it.
-FLOOR_OUTPUTS = "range_err<=0.01,nonfinite<=0"
+FLOOR_RANGE = "range_err<=0.01"
+FLOOR_NONFINITE = "nonfinite<=0"
+FLOOR_OUTPUTS = f"{FLOOR_RANGE},{FLOOR_NONFINITE}"
+# The default floor's term on class-score outputs, in place of range_err: at most 1% of the class decisions
+# (argmax per row) change. A softmax over thousands of classes moves single probabilities by a few hundredths in
+# FP16 (an OCR recognizer: 0.046) while every decision and every sample's cosine hold; the decision is what a
+# class-score output is read for.
+FLOOR_TOP1 = "top1>=0.99"
 # The budget convert applies with calibration data and no --budget (docs/convert.md, "The default floor"), on a
 # model whose outputs all hold more than one value per sample (floor_budget fits it to the model's outputs).
 DEFAULT_BUDGET = f"{FLOOR_COSINE},{FLOOR_OUTPUTS}"
@@ -222,18 +233,45 @@ def floor_for_model(opts: Options, model: Any) -> Options:
     return _floor_numerics(replace(opts, budget=floor_budget(model)), model)
 
 
-def floor_budget(model: Any) -> str:
-    """The default floor for ``model``'s outputs: :data:`DEFAULT_BUDGET`, its cosine term where it means something.
+def floor_budget(model: Any, class_outputs: Collection[str] = ()) -> str:
+    """The default floor for ``model``'s outputs: :data:`DEFAULT_BUDGET`, each term where it means something.
 
     ``cosine_min`` reads the float outputs with more than one value per sample (or a shape not known); an
     output with one value per sample (``[N]``, ``[N, 1]``, ``[1, 1]``) is judged by ``range_err`` alone, since
-    the cosine of one value is its sign (0 when FP32 gives a value and the candidate 0).
+    the cosine of one value is its sign (0 when FP32 gives a value and the candidate 0). ``class_outputs``
+    (class scores) are judged by their decisions (:data:`FLOOR_TOP1`) instead of ``range_err``.
     """
     floats = [o for o in model.graph.output if o.type.tensor_type.elem_type in (1, 10, 11, 16)]
     many = [o.name for o in floats if not _one_value_per_sample(o)]
-    if len(many) == len(floats) or any("," in n for n in many):  # a name with a comma cannot be selected
+    classes = [o.name for o in floats if o.name in class_outputs]
+    if any("," in o.name for o in floats):  # a name with a comma cannot be selected
         return DEFAULT_BUDGET
-    return ",".join([*(f"{n}:{FLOOR_COSINE}" for n in many), FLOOR_OUTPUTS])
+    if not classes:
+        if len(many) == len(floats):
+            return DEFAULT_BUDGET
+        return ",".join([*(f"{n}:{FLOOR_COSINE}" for n in many), FLOOR_OUTPUTS])
+    terms = [f"{o.name}:{FLOOR_COSINE}" for o in floats if o.name in many]
+    terms += [f"{o.name}:{FLOOR_TOP1 if o.name in classes else FLOOR_RANGE}" for o in floats]
+    return ",".join([*terms, FLOOR_NONFINITE])
+
+
+def floor_for_classes(opts: Options, model: Any, reference: Sequence[Mapping[str, Any]] | None) -> Options:
+    """The default floor once calibration has the FP32 outputs: class-score outputs judged by their decisions.
+
+    The class-score outputs are the user's (``--class-outputs``) or the metrics core's guess on the first
+    calibration batch (:func:`mpinfer.metrics.guess_class_output`), then fixed for the search and the
+    verification alike, so the floor's ``top1`` reads the outputs it was written for.
+    """
+    if not opts.default_budget or not reference:
+        return opts
+    first = reference[0]
+    if opts.class_outputs is not None:
+        classes = tuple(opts.class_outputs)
+    else:
+        classes = tuple(n for n, v in first.items() if isinstance(v, np.ndarray) and guess_class_output(n, v))
+    if not classes:
+        return opts
+    return replace(opts, budget=floor_budget(model, classes), class_outputs=classes)
 
 
 def _one_value_per_sample(output: Any) -> bool:

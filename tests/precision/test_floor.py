@@ -71,13 +71,13 @@ def test_a_relud_score_where_fp16_is_fine_stays_all_low(tmp_path):
 
 
 def _noisy_model():
-    """y[N, 8]: an MLP FP16 serves well; noise[N, 1]: (x·w by MatMul - x·w by ReduceSum) * 1e6, pure summation
+    """feat[N, 8]: an MLP FP16 serves well; noise[N, 1]: (x·w by MatMul - x·w by ReduceSum) * 1e6, pure summation
     order, which the strict emulator and ONNX Runtime compute differently even in FP32."""
     w = rng_w(32, 1, seed=3)
     nodes = [
         helper.make_node("MatMul", ["x", "w1"], ["h"], name="fc1"),
         helper.make_node("Relu", ["h"], ["r"], name="relu"),
-        helper.make_node("MatMul", ["r", "w2"], ["y"], name="fc2"),
+        helper.make_node("MatMul", ["r", "w2"], ["feat"], name="fc2"),
         helper.make_node("MatMul", ["x", "w"], ["a"], name="dot_mm"),
         helper.make_node("Mul", ["x", "wt"], ["p"], name="dot_mul"),
         helper.make_node("ReduceSum", ["p", "axes"], ["s"], name="dot_sum", keepdims=1),
@@ -89,7 +89,7 @@ def _noisy_model():
         init("w", w), init("wt", w.reshape(1, 32)), init("axes", np.array([1], np.int64)),
         init("gain", np.array(1e6, np.float32)),
     ]
-    return make(nodes, [fvi("x", ["N", 32])], [fvi("y", ["N", 8]), fvi("noise", ["N", 1])], inits)
+    return make(nodes, [fvi("x", ["N", 32])], [fvi("feat", ["N", 8]), fvi("noise", ["N", 1])], inits)
 
 
 def test_the_floor_starts_from_the_evaluators_own_noise(tmp_path):
@@ -104,7 +104,7 @@ def test_the_floor_starts_from_the_evaluators_own_noise(tmp_path):
     assert noise["figures"]["noise"]["range_err"] > 0.01 and noise["samples"] == 96
     widened = {(c.output, c.metric): c.value for c in parse_checks(noise["budget"])}
     assert widened[("noise", "range_err")] == pytest.approx(0.01 + noise["figures"]["noise"]["range_err"], rel=1e-9)
-    assert 0.01 <= widened[("y", "range_err")] < 0.011  # y's own noise is float32 rounding: its floor stays
+    assert 0.01 <= widened[("feat", "range_err")] < 0.011  # feat's own noise is float32 rounding: its floor stays
     assert ver["figures"]["noise"]["range_err"] <= widened[("noise", "range_err")]
 
 
@@ -133,3 +133,25 @@ def test_the_floor_reads_cosine_min_only_on_outputs_with_more_than_one_value_per
     assert floor_budget(model({"p": ["N", 1], "q": ["N"], "r": [1, 1, 1]})) == FLOOR_OUTPUTS
     assert floor_budget(model({"p": ["N", 1], "logits": ["N", 10]})) == f"logits:cosine_min>=0.999,{FLOOR_OUTPUTS}"
     assert floor_budget(model({"p": ["N", 1], "a,b": ["N", 10]})) == DEFAULT_BUDGET  # a comma: no selector
+    with_classes = floor_budget(model({"p": ["N", 1], "logits": ["N", 10]}), class_outputs=("logits",))
+    assert with_classes == "logits:cosine_min>=0.999,p:range_err<=0.01,logits:top1>=0.99,nonfinite<=0"
+
+
+def test_class_score_outputs_are_judged_by_their_decisions(tmp_path):
+    """A softmax over classes: the floor reads top1 (and cosine_min) there, range_err on the other outputs."""
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["h"], name="fc1"),
+        helper.make_node("Relu", ["h"], ["r"], name="relu"),
+        helper.make_node("MatMul", ["r", "w2"], ["logits"], name="fc2"),
+        helper.make_node("Softmax", ["logits"], ["probs"], name="softmax", axis=-1),
+        helper.make_node("ReduceMax", ["logits"], ["score"], name="score", keepdims=1, axes=[1]),
+    ]
+    inits = [init("w1", rng_w(32, 64, seed=1, scale=0.2)), init("w2", rng_w(64, 10, seed=2, scale=0.5))]
+    model = make(nodes, [fvi("x", ["N", 32])], [fvi("probs", ["N", 10]), fvi("score", ["N", 1])], inits)
+    x = (np.random.default_rng(0).standard_normal((64, 32)) * 3).astype(np.float32)
+    np.savez(tmp_path / "cal.npz", x=x)
+    _, _, plan = _convert(tmp_path, model, tmp_path / "cal.npz")
+    assert plan["budget"] == "probs:cosine_min>=0.999,probs:top1>=0.99,score:range_err<=0.01,nonfinite<=0"
+    figures = plan["summary"]["verification"]["figures"]
+    assert plan["summary"]["verification"]["passed"] and figures["probs"]["top1"] >= 0.99
+    assert figures["score"]["top1"] is None and figures["score"]["range_err"] <= 0.01
