@@ -64,6 +64,7 @@ def row(head: str, seed: int, tmp: Path) -> str:
 def published_rows(names: str, tmp: Path) -> None:
     """The default floor's verdict per output on bench/published.py's models (strict numerics)."""
     sys.path.insert(0, str(ROOT / "bench"))
+    import plan_digest
     import published
 
     print("| model | FP16 nodes | moved back | output | floor terms | figures | verdict |")
@@ -75,6 +76,7 @@ def published_rows(names: str, tmp: Path) -> None:
         ver = plan["summary"]["verification"]
         floor = ver.get("noise", {}).get("budget", ver["budget"])
         low = sum(n["precision"] != "fp32" for n in plan["nodes"])
+        print(f"{name}-strict-floor digest {plan_digest._digest(res.plan)}", file=sys.stderr, flush=True)
         for out, figs in ver["figures"].items():
             shown = ", ".join(f"{k}={figs[k]:.4g}" for k in ("cosine_min", "range_err")
                               if isinstance(figs.get(k), float))

@@ -258,9 +258,10 @@ def floor_budget(model: Any, class_outputs: Collection[str] = ()) -> str:
 def floor_for_classes(opts: Options, model: Any, reference: Sequence[Mapping[str, Any]] | None) -> Options:
     """The default floor once calibration has the FP32 outputs: class-score outputs judged by their decisions.
 
-    The class-score outputs are the user's (``--class-outputs``) or the metrics core's guess on the first
-    calibration batch (:func:`mpinfer.metrics.guess_class_output`), then fixed for the search and the
-    verification alike, so the floor's ``top1`` reads the outputs it was written for.
+    The class-score outputs are the user's (``--class-outputs``), else the outputs the metrics core guesses to
+    hold class scores (:func:`mpinfer.metrics.guess_class_output`) on the first calibration batch and whose
+    values are probabilities (softmax rows); they are then fixed for the search and the verification alike, so
+    the floor's ``top1`` reads the outputs it was written for.
     """
     if not opts.default_budget or not reference:
         return opts
@@ -268,10 +269,21 @@ def floor_for_classes(opts: Options, model: Any, reference: Sequence[Mapping[str
     if opts.class_outputs is not None:
         classes = tuple(opts.class_outputs)
     else:
-        classes = tuple(n for n, v in first.items() if isinstance(v, np.ndarray) and guess_class_output(n, v))
+        classes = tuple(n for n, v in first.items() if isinstance(v, np.ndarray) and _softmax_scores(n, v))
     if not classes:
         return opts
     return replace(opts, budget=floor_budget(model, classes), class_outputs=classes)
+
+
+def _softmax_scores(name: str, value: np.ndarray) -> bool:
+    """True for an output guessed to hold class probabilities (rows in [0, 1] that sum to 1).
+
+    The floor trusts the guess only there: a few scores per sample on another scale (a 1-5 quality score, a
+    state) can pass for class scores, and their values, not an argmax, are what they are read for.
+    """
+    if not guess_class_output(name, value) or not value.size:
+        return False
+    return float(np.min(value)) >= 0.0 and float(np.max(value)) <= 1.0
 
 
 def _one_value_per_sample(output: Any) -> bool:

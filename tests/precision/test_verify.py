@@ -107,8 +107,8 @@ def test_the_default_floor_applies_with_data_and_is_said(grown, tmp_path, invoke
     text = " ".join(r.output.split())
     assert "the default floor" in text and "--budget none" in text and "verified on 128 samples" in text
     plan = json.loads((tmp_path / "a.plan.json").read_text())
-    # y[N, 8] is guessed to hold class scores: the floor judges its decisions (top1) there, not range_err
-    assert plan["budget"] == floor_budget(onnx.load(src), ("y",)) and plan["summary"]["verification"]["default_budget"]
+    # y[N, 8] passes for class scores but holds no probabilities: the floor reads range_err there, not top1
+    assert plan["budget"] == floor_budget(onnx.load(src)) and plan["summary"]["verification"]["default_budget"]
     # --budget none opts out; --calibration none has no data, hence no floor; random data: no floor
     cases = {
         "b": ("--calibration", data, "--budget", "none"),
