@@ -48,12 +48,13 @@ FLOOR_COSINE = "cosine_min>=0.999"
 # probability: 0.4%, a ReLU'd score: 0.1%) inside it; a 1-5 score off by 0.1 or a score on an offset of 1000
 # rounded to steps of 0.5 (4%) are outside it (bench/RESULTS.md, issue 27).
 FLOOR_RANGE = "range_err<=0.01"
+# The same for BF16, 8x looser: BF16's unit roundoff (2^-8) is 8x FP16's (2^-11), and rounding an output alone
+# moves it by up to 0.4% of its magnitude. An offset of 1000 rounds to steps of 4 there (31% of the range).
+FLOOR_RANGE_BF16 = "range_err<=0.08"
 FLOOR_NONFINITE = "nonfinite<=0"
 FLOOR_OUTPUTS = f"{FLOOR_RANGE},{FLOOR_NONFINITE}"
-# The default floor's term on class-score outputs, in place of range_err: at most 1% of the class decisions
-# (argmax per row) change. A softmax over thousands of classes moves single probabilities by a few hundredths in
-# FP16 (an OCR recognizer: 0.046) while every decision and every sample's cosine hold; the decision is what a
-# class-score output is read for.
+# The default floor's term on the class-score outputs the user names (--class-outputs), in place of range_err: at
+# most 1% of the class decisions (argmax per row) change; the decision is what a class-score output is read for.
 FLOOR_TOP1 = "top1>=0.99"
 # The budget convert applies with calibration data and no --budget (docs/convert.md, "The default floor"), on a
 # model whose outputs all hold more than one value per sample (floor_budget fits it to the model's outputs).
@@ -230,49 +231,56 @@ def floor_for_model(opts: Options, model: Any) -> Options:
     if not any(o.type.tensor_type.elem_type in (1, 10, 11, 16) for o in model.graph.output):
         logger.info("No float outputs: the default floor (%s) has nothing to measure; none applied.", opts.budget)
         return replace(opts, budget=None, default_budget=False)
-    return _floor_numerics(replace(opts, budget=floor_budget(model)), model)
+    return _floor_numerics(replace(opts, budget=_for_precision(floor_budget(model), opts.precision)), model)
 
 
-def floor_budget(model: Any, class_outputs: Collection[str] = ()) -> str:
+def _for_precision(floor: str, precision: Precision) -> str:
+    """The floor's range term for ``precision`` (:data:`FLOOR_RANGE_BF16` for BF16)."""
+    return floor.replace(FLOOR_RANGE, FLOOR_RANGE_BF16) if precision is Precision.BF16 else floor
+
+
+def floor_budget(model: Any, class_outputs: Collection[str] = (), softmax: Collection[str] = ()) -> str:
     """The default floor for ``model``'s outputs: :data:`DEFAULT_BUDGET`, each term where it means something.
 
     ``cosine_min`` reads the float outputs with more than one value per sample (or a shape not known); an
     output with one value per sample (``[N]``, ``[N, 1]``, ``[1, 1]``) is judged by ``range_err`` alone, since
     the cosine of one value is its sign (0 when FP32 gives a value and the candidate 0). ``class_outputs``
-    (class scores) are judged by their decisions (:data:`FLOOR_TOP1`) instead of ``range_err``.
+    (the user's class scores) are judged by their decisions (:data:`FLOOR_TOP1`) instead of ``range_err``, and
+    ``softmax`` outputs (rows of probabilities) by ``cosine_min`` alone.
     """
     floats = [o for o in model.graph.output if o.type.tensor_type.elem_type in (1, 10, 11, 16)]
     many = [o.name for o in floats if not _one_value_per_sample(o)]
     classes = [o.name for o in floats if o.name in class_outputs]
+    rows = [o.name for o in floats if o.name in softmax and o.name not in classes and o.name in many]
     if any("," in o.name for o in floats):  # a name with a comma cannot be selected
         return DEFAULT_BUDGET
-    if not classes:
+    if not classes and not rows:
         if len(many) == len(floats):
             return DEFAULT_BUDGET
         return ",".join([*(f"{n}:{FLOOR_COSINE}" for n in many), FLOOR_OUTPUTS])
     terms = [f"{o.name}:{FLOOR_COSINE}" for o in floats if o.name in many]
-    terms += [f"{o.name}:{FLOOR_TOP1 if o.name in classes else FLOOR_RANGE}" for o in floats]
+    terms += [f"{o.name}:{FLOOR_TOP1 if o.name in classes else FLOOR_RANGE}" for o in floats if o.name not in rows]
     return ",".join([*terms, FLOOR_NONFINITE])
 
 
 def floor_for_classes(opts: Options, model: Any, reference: Sequence[Mapping[str, Any]] | None) -> Options:
-    """The default floor once calibration has the FP32 outputs: class-score outputs judged by their decisions.
+    """The default floor once calibration has the FP32 outputs: class scores and probability rows.
 
-    The class-score outputs are the user's (``--class-outputs``), else the outputs the metrics core guesses to
-    hold class scores (:func:`mpinfer.metrics.guess_class_output`) on the first calibration batch and whose
-    values are probabilities (softmax rows); they are then fixed for the search and the verification alike, so
-    the floor's ``top1`` reads the outputs it was written for.
+    The user's class-score outputs (``--class-outputs``) are judged by their decisions (:data:`FLOOR_TOP1`);
+    the outputs the metrics core guesses to hold class scores (:func:`mpinfer.metrics.guess_class_output`) on
+    the first calibration batch and whose values are probabilities (softmax rows: a classifier's, an OCR
+    recognizer's, attention weights) by ``cosine_min`` per sample, as before ``range_err``: FP16 moves single
+    probabilities of a softmax over thousands of classes by a few hundredths while every row keeps its
+    direction, and a guess is not trusted with decisions (attention rows have near-ties BF16 flips).
     """
     if not opts.default_budget or not reference:
         return opts
     first = reference[0]
-    if opts.class_outputs is not None:
-        classes = tuple(opts.class_outputs)
-    else:
-        classes = tuple(n for n, v in first.items() if isinstance(v, np.ndarray) and _softmax_scores(n, v))
-    if not classes:
+    classes = tuple(opts.class_outputs or ())
+    rows = tuple(n for n, v in first.items() if isinstance(v, np.ndarray) and _softmax_scores(n, v))
+    if not classes and not rows:
         return opts
-    return replace(opts, budget=floor_budget(model, classes), class_outputs=classes)
+    return replace(opts, budget=_for_precision(floor_budget(model, classes, rows), opts.precision))
 
 
 def _softmax_scores(name: str, value: np.ndarray) -> bool:

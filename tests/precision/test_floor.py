@@ -138,7 +138,7 @@ def test_the_floor_reads_cosine_min_only_on_outputs_with_more_than_one_value_per
 
 
 def test_class_score_outputs_are_judged_by_their_decisions(tmp_path):
-    """A softmax over classes: the floor reads top1 (and cosine_min) there, range_err on the other outputs."""
+    """A softmax over classes: cosine_min there (top1 too when the user names it), range_err elsewhere."""
     nodes = [
         helper.make_node("MatMul", ["x", "w1"], ["h"], name="fc1"),
         helper.make_node("Relu", ["h"], ["r"], name="relu"),
@@ -151,6 +151,9 @@ def test_class_score_outputs_are_judged_by_their_decisions(tmp_path):
     x = (np.random.default_rng(0).standard_normal((64, 32)) * 3).astype(np.float32)
     np.savez(tmp_path / "cal.npz", x=x)
     _, _, plan = _convert(tmp_path, model, tmp_path / "cal.npz")
+    # guessed softmax rows: cosine_min per sample (a guess is not trusted with decisions); range_err elsewhere
+    assert plan["budget"] == "probs:cosine_min>=0.999,score:range_err<=0.01,nonfinite<=0"
+    _, _, plan = _convert(tmp_path, model, tmp_path / "cal.npz", "named.onnx", class_outputs=("probs",))
     assert plan["budget"] == "probs:cosine_min>=0.999,probs:top1>=0.99,score:range_err<=0.01,nonfinite<=0"
     figures = plan["summary"]["verification"]["figures"]
     assert plan["summary"]["verification"]["passed"] and figures["probs"]["top1"] >= 0.99
