@@ -65,7 +65,10 @@ METRIC_DOCS: dict[str, str] = {
     "p99_rel": "99th percentile relative error (global, histogram estimate)",
     "rel_l2": "relative L2 error sqrt(sum (c-b)^2 / sum b^2) over all elements (global; alias rel)",
     "cosine": "cosine similarity of the output flattened over all samples (global)",
-    "cosine_min": "cosine similarity of each sample (axis 0) flattened, worst sample (per sample, min)",
+    "cosine_min": "cosine similarity of each sample (axis 0) flattened, worst sample (per sample, min; of a "
+    "sample with one value: its sign)",
+    "range_err": "largest |candidate - baseline| as a share of the baseline's range (max - min) over all the "
+    "data; of a constant output, of its magnitude (global; the default floor's figure)",
     "snr_db": "signal-to-noise ratio 10*log10(sum b^2 / sum (c-b)^2) in dB (global; alias snr)",
     "top1": "share of rows (every index but the last axis) whose baseline argmax is the candidate's (class scores)",
     "top5": "share of rows whose baseline argmax is in the candidate's top 5 (class scores; any topK, K<=100)",
@@ -117,6 +120,8 @@ _SUMS = (
     "n", "elements", "sum_abs", "max_abs", "sum_rel", "max_rel", "sum_d2", "sum_b2", "sum_c2", "sum_bc",
     "nan", "inf", "nonfinite", "equal", "samples", "rows", "labeled", "correct_b", "correct_c",
 )  # fmt: skip
+# The baseline's extremes over the data (range_err's scale), kept beside the sums: they start empty.
+_EXTREMES = {"b_min": math.inf, "b_max": -math.inf}
 
 
 def topk_of(metric: str) -> int | None:
@@ -161,6 +166,22 @@ def relative_l2(noise: float, signal: float) -> float:
     if signal > 0:
         return math.sqrt(noise / signal)
     return 0.0 if noise == 0 else math.inf
+
+
+def range_error(max_abs: float, low: float, high: float) -> float:
+    """``range_err``: the largest error as a share of the baseline's range ``high - low`` over the data.
+
+    An output that does not vary over the data (``high == low``) carries no spread to judge against: its
+    error is judged against its magnitude instead (a relative error), and an all-zero one is 0 without error
+    and inf with any.
+    """
+    spread = high - low
+    if spread > 0:
+        return max_abs / spread
+    magnitude = max(abs(low), abs(high))
+    if magnitude > 0:
+        return max_abs / magnitude
+    return 0.0 if max_abs == 0 else math.inf
 
 
 def name_words(name: str) -> list[str]:
@@ -257,7 +278,7 @@ class OutputAccumulator:
         self.baseline_dtype = ""
         self.candidate_dtype = ""
         self.integer = False
-        self.s: dict[str, float] = dict.fromkeys(_SUMS, 0.0)
+        self.s: dict[str, float] = {**dict.fromkeys(_SUMS, 0.0), **_EXTREMES}
         self.cosine_min = 1.0
         self.rank_counts = np.zeros(MAX_TOPK + 1, np.int64)  # rows by the rank of the baseline's top (capped)
         self.hist_abs = LogHistogram()
@@ -337,6 +358,8 @@ class OutputAccumulator:
         if a.size:
             s["max_abs"] = max(s["max_abs"], float(a.max()))
             s["max_rel"] = max(s["max_rel"], float(rel.max()))
+            seen = b if ok is None else b[ok]
+            s["b_min"], s["b_max"] = min(s["b_min"], float(seen.min())), max(s["b_max"], float(seen.max()))
         if self.quantiles:
             self.hist_abs.add(a, infinite=nonfinite)
             self.hist_rel.add(rel, infinite=nonfinite)
@@ -370,6 +393,7 @@ class OutputAccumulator:
 
         * ``max_*``, ``cosine_min``, ``nan``/``inf``/``nonfinite``, ``mismatch``: the subset's own value (the
           other samples could be perfect);
+        * ``range_err``: the subset's largest error against the whole set's range;
         * ``mean_*``, median, p99: the subset's errors with a zero error on every other element;
         * ``rel_l2``, ``snr_db``: the subset's error energy against the whole set's signal energy;
         * ``cosine``: the supremum over every possible candidate on the other samples,
@@ -382,6 +406,7 @@ class OutputAccumulator:
         rest_n, rest_rows = f["n"] - s["n"] - s["nonfinite"], f["rows"] - s["rows"]
         cos = _cosine_bound(s["sum_bc"], s["sum_b2"], s["sum_c2"], f["sum_b2"] - s["sum_b2"])
         s.update(n=f["n"], sum_b2=f["sum_b2"], elements=f["elements"], rows=f["rows"])
+        s.update(b_min=f["b_min"], b_max=f["b_max"])  # range_err: the whole set's range
         s["equal"] += f["elements"] - self.s["elements"]
         s["correct_c"] += f["labeled"] - self.s["labeled"]
         s.update(labeled=f["labeled"], correct_b=f["correct_b"])
@@ -418,6 +443,7 @@ class OutputAccumulator:
             "median_rel": quantile(h_rel, 0.5, s["max_rel"]),
             "p99_rel": quantile(h_rel, 0.99, s["max_rel"]),
             "rel_l2": worst(relative_l2(s["sum_d2"], s["sum_b2"]), math.inf),
+            "range_err": worst(range_error(s["max_abs"], s["b_min"], s["b_max"]) if n else None, math.inf),
             "cosine": worst(_cosine(s["sum_bc"], s["sum_b2"], s["sum_c2"]), -1.0),
             "cosine_min": worst(cosine_min if s["samples"] else None, -1.0),
             "snr_db": worst(_snr_db(s["sum_b2"], s["sum_d2"]), -math.inf),

@@ -50,6 +50,7 @@ def test_streaming_equals_one_shot_definitions():
     per_sample = (b * c).sum(1) / np.sqrt((b * b).sum(1) * (c * c).sum(1))
     assert v["cosine_min"] == pytest.approx(per_sample.min(), rel=tol)
     assert v["rel_l2"] == pytest.approx(math.sqrt((d * d).sum() / (b * b).sum()), rel=tol)
+    assert v["range_err"] == d.max() / (b.max() - b.min())  # max and min are exact in any order
     assert v["snr_db"] == pytest.approx(10 * math.log10((b * b).sum() / (d * d).sum()), rel=tol)
     step = 10 ** (1 / BINS_PER_DECADE)
     for key, q in (("median_abs", 50), ("p99_abs", 99)):
@@ -171,6 +172,32 @@ def test_model_accumulator_takes_the_users_class_outputs():
         ModelAccumulator(["logits", "boxes"], class_outputs=["box"])
     with pytest.raises(InvalidInputError, match="Class-score output 'n'"):
         ModelAccumulator(["n"], class_outputs=["n"]).update({"n": np.ones(3, np.int64)}, {"n": np.ones(3, np.int64)})
+
+
+def test_range_err_judges_each_output_against_its_own_spread_over_the_data():
+    """One value per sample: an error riding on a large offset is material against the spread, whatever the
+    cosine says; a constant output is judged against its magnitude, an all-zero one exactly."""
+    z = np.random.default_rng(0).standard_normal((160, 1)).astype(np.float32)
+    b = z + np.float32(1000.0)
+    c = b.astype(np.float16).astype(np.float32)  # FP16 rounds 1000 + z to steps of 0.5
+    acc = OutputAccumulator("score")
+    for lo in range(0, 160, 16):
+        acc.update(b[lo : lo + 16], c[lo : lo + 16])
+    v = acc.finalize()
+    d = np.abs(c.astype(np.float64) - b)
+    assert v["cosine_min"] == 1.0 and v["cosine"] > 0.9999999  # the cosine of one positive value is 1
+    assert v["range_err"] == d.max() / (float(b.max()) - float(b.min())) > 0.01  # 0.25 of a range of ~5
+    const = OutputAccumulator("c")
+    const.update(np.full((4, 2), 4.0, np.float32), np.full((4, 2), 4.5, np.float32))
+    assert const.finalize()["range_err"] == 0.125  # 0.5 against |4|
+    zero = OutputAccumulator("z")
+    zero.update(np.zeros((4, 1), np.float32), np.zeros((4, 1), np.float32))
+    assert zero.finalize()["range_err"] == 0.0
+    zero.update(np.zeros((1, 1), np.float32), np.full((1, 1), 1e-30, np.float32))
+    assert zero.finalize()["range_err"] == math.inf
+    nan_ref = OutputAccumulator("n")  # elements where the baseline is NaN are left out of the range too
+    nan_ref.update(np.array([[0.0], [np.nan], [2.0]], np.float32), np.array([[0.0], [7.0], [2.5]], np.float32))
+    assert nan_ref.finalize()["range_err"] == 0.25
 
 
 def test_worst_values_take_each_metrics_worst_output():

@@ -40,7 +40,7 @@ from mpinfer.specs import Precision
     help='Accuracy budget, e.g. "cosine>=0.9999,top1>=0.999,max_abs<=1e-2" or "logits:top1>=0.99,boxes:max_abs<=0.5" '
     "(the check grammar of `mpinfer compare --check`; metrics defined in docs/compare.md), verified on every "
     "calibration sample before anything is written. Default with calibration data: the floor \"" + DEFAULT_BUDGET
-    + '"; "none": no budget.',
+    + '" (cosine_min only on outputs with more than one value per sample); "none": no budget.',
 )
 @class_outputs_option
 @click.option(
@@ -217,5 +217,8 @@ def verification_line(plan: object) -> str | None:
                     f"({gen['numerics']}): {got}")
         budget += f",{gen['budget']}"
     moved = f"; {ver['moved_to_fp32']} node(s) moved back to FP32 to meet it" if ver.get("moved_to_fp32") else ""
+    noise = ver.get("noise")
+    if noise and noise["budget"] != ver["budget"]:  # the floor judged from the all-FP32 candidate's own noise
+        budget += f", judged from the noise of the all-FP32 model under {ver['numerics']} numerics ({noise['budget']})"
     verdict = "met" if ver.get("passed", True) else "NOT verifiable (see the warning above)"
     return f"{head} on {ver['samples']} samples ({ver['numerics']} numerics): {figures} — {budget} {verdict}{moved}"

@@ -44,7 +44,13 @@ from mpinfer.precision.evaluators import evaluator_class
 from mpinfer.precision.genbudget import split_generation_budget
 from mpinfer.precision.graphinfo import GraphInfo
 from mpinfer.precision.normalize import check_not_low, ensure_opset, low_io_types, sort_nodes
-from mpinfer.precision.options import Options, floor_for_model, refuse_in_place_changes, resolve_options
+from mpinfer.precision.options import (
+    Options,
+    floor_for_classes,
+    floor_for_model,
+    refuse_in_place_changes,
+    resolve_options,
+)
 from mpinfer.precision.overflow import overflow_nodes
 from mpinfer.precision.plan import NodeDecision, PrecisionPlan
 from mpinfer.precision.plandata import (
@@ -411,6 +417,7 @@ def _make_plan(
     check_overrides(info, rules)
     calibrated = calibrate_for_plan(data, opts, info.model, info.types, base_dir=info.base_dir or "")
     stats = calibrated.stats
+    opts = floor_for_classes(opts, info.model, stats.reference_outputs if stats is not None else None)
     if stats is not None and stats.sample_shapes:
         info.observe_shapes(stats.sample_shapes)  # FLOPs at the sizes the data has, not 1 per unknown dim
     decisions, nodes = rule_plan(info, opts.precision, rules, keep_io_types=opts.keep_io_types, stats=stats)

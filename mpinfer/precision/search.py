@@ -64,8 +64,8 @@ PROBE_SHARE = 1 / 4
 PROBE_MIN_ROWS = 4
 # The figures a plan summary's expected error shows (each the worst output's; top-k from class-score outputs
 # alone), besides any metric the budget names.
-SUMMARY_METRICS = ("cosine", "cosine_min", "max_abs", "mean_abs", "rel_l2", "snr_db", "top1", "top5", "nonfinite",
-                   "mismatch")
+SUMMARY_METRICS = ("cosine", "cosine_min", "max_abs", "mean_abs", "rel_l2", "range_err", "snr_db", "top1", "top5",
+                   "nonfinite", "mismatch")
 # Floor of the error used in the FLOPs-per-error score (a group with zero local error is not infinitely good).
 ERROR_FLOOR = 1e-7
 # The local error a group inside an If/Loop/Scan body is ranked with (none is measured there): as bad as any,

@@ -33,6 +33,7 @@ from mpinfer.metrics import GENERATION_OUTPUT, ModelAccumulator, relative_l2, wo
 from mpinfer.modelio import ort_session
 from mpinfer.precision.calibrate import BatchSlicer
 from mpinfer.precision.evaluators import evaluator_class
+from mpinfer.precision.noisefloor import floor_from_noise
 from mpinfer.precision.plan import NodeDecision
 from mpinfer.precision.search import build_groups, group_errors
 from mpinfer.precision.validate import apply_validated
@@ -426,6 +427,7 @@ class Repaired:
     rounds: int = 0
     demoted: list[str] = field(default_factory=list)
     wall_s: float = 0.0  # every verification pass, repairs included
+    noise: dict[str, Any] | None = None  # the default floor judged from the evaluator's noise (noisefloor)
 
 
 def verify_and_repair(
@@ -469,6 +471,12 @@ def verify_and_repair(
     )
     _log(ver, settings, 0)
     rounds, demoted, spent = 0, list[str](), ver.wall_s
+    noise = None
+    if not ver.passed and settings.default_budget:  # the floor's zero: the all-FP32 candidate under these numerics
+        fp32 = verify_model(info.model, info.model, feeds, settings, known_reference=known_reference,
+                            reference_dir=info.base_dir, candidate_path=staged[1] if staged is not None else None)
+        settings, noise = floor_from_noise(settings, ver, fp32)
+        spent += fp32.wall_s
     while not ver.passed:
         groups = build_groups(info, nodes, decisions)
         if not groups and _floor_sees_only_fp32(nodes, ver, settings):
@@ -485,7 +493,7 @@ def verify_and_repair(
         ver = verify_model(result.model, info.model, feeds, settings, known_reference=known_reference, **where)
         spent += ver.wall_s
         _log(ver, settings, rounds)
-    return Repaired(result, nodes, ver, rounds, demoted, round(spent, 3))
+    return Repaired(result, nodes, ver, rounds, demoted, round(spent, 3), noise)
 
 
 def _floor_sees_only_fp32(nodes: list[NodeDecision], ver: Verification, settings: VerifySettings) -> bool:
@@ -590,6 +598,7 @@ def verification_record(ver: Verification, settings: VerifySettings, repaired: R
         "moved_to_fp32": len(repaired.demoted),
         "wall_s": repaired.wall_s,
         **({"generation": settings.generation.describe()} if settings.generation is not None else {}),
+        **({"noise": repaired.noise} if repaired.noise is not None else {}),
     }
 
 

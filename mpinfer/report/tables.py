@@ -16,6 +16,7 @@ ACCURACY_COLUMNS = [
     ("p99 rel", "p99_rel"),
     ("cosine", "cosine"),
     ("cosine min", "cosine_min"),
+    ("range err", "range_err"),
     ("SNR dB", "snr_db"),
     ("top-1", "top1"),
     ("top-5", "top5"),
@@ -24,8 +25,8 @@ ACCURACY_COLUMNS = [
     ("Inf", "inf"),
 ]
 # Columns shown only when an output has a value there: top-k (class-score outputs), mismatch (integer outputs),
-# cosine min (absent from reports of older versions).
-OPTIONAL_COLUMNS = frozenset({"top1", "top5", "mismatch", "cosine_min"})
+# cosine min and range err (absent from reports of older versions).
+OPTIONAL_COLUMNS = frozenset({"top1", "top5", "mismatch", "cosine_min", "range_err"})
 # Divergence nodes listed in the tables.
 TOP_NODES = 5
 

@@ -85,6 +85,55 @@ def chain(n: int, width: int = 16) -> onnx.ModelProto:
     return make(nodes, [fvi("x", ["N", width])], [fvi("y", ["N", width])], inits)
 
 
+# The heads of :func:`score_mlp` (issue 27's repro models): what the one value per sample goes through last.
+SCORE_HEADS = ("sigmoid", "offset", "relu")
+
+
+def score_mlp(head: str, *, width: int = 96, hidden: int = 384) -> onnx.ModelProto:
+    """An MLP ``x[N, 96] -> 384 -> 384 -> 1`` (Gemm, ReLU) with one score per sample, ``y[N, 1]``.
+
+    ``head``: ``sigmoid`` (the logit times 40 into a Sigmoid: a probability that saturates to exactly 0 or 1
+    on many samples), ``offset`` (``Add(z, 1000)``: a score on a large constant, which FP16 rounds to steps of
+    0.5) or ``relu`` (a ReLU'd score, where FP16 is fine).
+    """
+    nodes = [
+        helper.make_node("Gemm", ["x", "w1", "b1"], ["h1"], name="fc1"),
+        helper.make_node("Relu", ["h1"], ["r1"], name="relu1"),
+        helper.make_node("Gemm", ["r1", "w2", "b2"], ["h2"], name="fc2"),
+        helper.make_node("Relu", ["h2"], ["r2"], name="relu2"),
+        helper.make_node("Gemm", ["r2", "w3", "b3"], ["z"], name="fc3"),
+    ]
+    inits = [
+        init("w1", rng_w(width, hidden, seed=11, scale=1.0 / math.sqrt(width))),
+        init("b1", rng_w(hidden, seed=12, scale=0.1)),
+        init("w2", rng_w(hidden, hidden, seed=13, scale=1.0 / math.sqrt(hidden))),
+        init("b2", rng_w(hidden, seed=14, scale=0.1)),
+        init("w3", rng_w(hidden, 1, seed=15, scale=1.1 / math.sqrt(hidden))),
+        init("b3", np.zeros(1, np.float32)),
+    ]
+    if head == "sigmoid":
+        nodes += [
+            helper.make_node("Mul", ["z", "gain"], ["zg"], name="gain"),
+            helper.make_node("Sigmoid", ["zg"], ["y"], name="prob"),
+        ]
+        inits.append(init("gain", np.array(40.0, np.float32)))
+    elif head == "offset":
+        nodes.append(helper.make_node("Add", ["z", "offset"], ["y"], name="offset"))
+        inits.append(init("offset", np.array(1000.0, np.float32)))
+    elif head == "relu":
+        nodes.append(helper.make_node("Relu", ["z"], ["y"], name="relu_out"))
+    else:
+        raise ValueError(f"head {head!r}: expected one of {SCORE_HEADS}")
+    return make(nodes, [fvi("x", ["N", width])], [fvi("y", ["N", 1])], inits)
+
+
+def score_data(path: Path, n: int = 160, *, seed: int = 0, width: int = 96) -> Path:
+    """``n`` samples ``x ~ N(0, 3^2)`` for :func:`score_mlp`, saved as an .npz."""
+    x = (np.random.default_rng(seed).standard_normal((n, width)) * 3.0).astype(np.float32)
+    np.savez(path, x=x)
+    return path
+
+
 def export_digits(path: Path) -> Path:
     """The digits CNN of models/ (width 8) exported by TorchScript at opset 17 with a dynamic batch."""
     import torch
