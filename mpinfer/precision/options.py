@@ -239,22 +239,25 @@ def _for_precision(floor: str, precision: Precision) -> str:
     return floor.replace(FLOOR_RANGE, FLOOR_RANGE_BF16) if precision is Precision.BF16 else floor
 
 
-def floor_budget(model: Any, class_outputs: Collection[str] = (), softmax: Collection[str] = ()) -> str:
+def floor_budget(
+    model: Any, class_outputs: Collection[str] = (), softmax: Collection[str] = (), empty: Collection[str] = ()
+) -> str:
     """The default floor for ``model``'s outputs: :data:`DEFAULT_BUDGET`, each term where it means something.
 
     ``cosine_min`` reads the float outputs with more than one value per sample (or a shape not known); an
     output with one value per sample (``[N]``, ``[N, 1]``, ``[1, 1]``) is judged by ``range_err`` alone, since
     the cosine of one value is its sign (0 when FP32 gives a value and the candidate 0). ``class_outputs``
     (the user's class scores) are judged by their decisions (:data:`FLOOR_TOP1`) instead of ``range_err``, and
-    ``softmax`` outputs (rows of probabilities) by ``cosine_min`` alone.
+    ``softmax`` outputs (rows of probabilities) by ``cosine_min`` alone; ``empty`` outputs (no elements on the
+    data) by nothing: they have no values to measure.
     """
-    floats = [o for o in model.graph.output if o.type.tensor_type.elem_type in (1, 10, 11, 16)]
+    floats = [o for o in model.graph.output if o.type.tensor_type.elem_type in (1, 10, 11, 16) and o.name not in empty]
     many = [o.name for o in floats if not _one_value_per_sample(o)]
     classes = [o.name for o in floats if o.name in class_outputs]
     rows = [o.name for o in floats if o.name in softmax and o.name not in classes and o.name in many]
     if any("," in o.name for o in floats):  # a name with a comma cannot be selected
         return DEFAULT_BUDGET
-    if not classes and not rows:
+    if not classes and not rows and not empty:
         if len(many) == len(floats):
             return DEFAULT_BUDGET
         return ",".join([*(f"{n}:{FLOOR_COSINE}" for n in many), FLOOR_OUTPUTS])
@@ -276,11 +279,16 @@ def floor_for_classes(opts: Options, model: Any, reference: Sequence[Mapping[str
     if not opts.default_budget or not reference:
         return opts
     first = reference[0]
+    floats = [o.name for o in model.graph.output if o.type.tensor_type.elem_type in (1, 10, 11, 16)]
+    empty = tuple(n for n in floats if isinstance(first.get(n), np.ndarray) and not first[n].size)
+    if empty and len(empty) == len(floats):
+        logger.info("Every float output is empty on the data: the default floor has nothing to measure; none applied.")
+        return replace(opts, budget=None, default_budget=False)
     classes = tuple(opts.class_outputs or ())
     rows = tuple(n for n, v in first.items() if isinstance(v, np.ndarray) and _softmax_scores(n, v))
-    if not classes and not rows:
+    if not classes and not rows and not empty:
         return opts
-    return replace(opts, budget=_for_precision(floor_budget(model, classes, rows), opts.precision))
+    return replace(opts, budget=_for_precision(floor_budget(model, classes, rows, empty), opts.precision))
 
 
 def _softmax_scores(name: str, value: np.ndarray) -> bool:

@@ -158,3 +158,30 @@ def test_class_score_outputs_are_judged_by_their_decisions(tmp_path):
     figures = plan["summary"]["verification"]["figures"]
     assert plan["summary"]["verification"]["passed"] and figures["probs"]["top1"] >= 0.99
     assert figures["score"]["top1"] is None and figures["score"]["range_err"] <= 0.01
+
+
+def _empty_output_model(with_score: bool):
+    """x [N, 8] -> MatMul -> Relu -> y; Slice(y, 2:2 on axis 1) -> empty [N, 0] (found by issue 28's sweep)."""
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["h"], name="mm"),
+        helper.make_node("Relu", ["h"], ["y"], name="relu"),
+        helper.make_node("Slice", ["y", "s", "s", "ax"], ["empty"], name="cut"),
+    ]
+    outputs = [fvi("empty", ["N", 0])] + ([fvi("y", ["N", 8])] if with_score else [])
+    inits = [init("w", rng_w(8, 8)), init("s", np.array([2], np.int64)), init("ax", np.array([1], np.int64))]
+    return make(nodes, [fvi("x", ["N", 8])], outputs, inits)
+
+
+@pytest.mark.parametrize("with_score", [False, True], ids=["only-empty", "empty-and-y"])
+def test_the_floor_skips_outputs_with_no_values(tmp_path, with_score):
+    """An output with no elements on the data has nothing to measure: the floor leaves it out instead of refusing
+    the model ("checks that apply to no output"), and skips itself when no output is left."""
+    data = tmp_path / "cal.npz"
+    np.savez(data, x=np.random.default_rng(0).standard_normal((32, 8)).astype(np.float32))
+    _, res, plan = _convert(tmp_path, _empty_output_model(with_score), data)
+    assert {"mm", "relu"} <= _low(plan)
+    if with_score:
+        assert plan["budget"] and "empty" not in plan["budget"] and plan["summary"]["verification"]["passed"]
+        assert plan["summary"]["verification"]["figures"]["y"]["range_err"] <= 0.01
+    else:
+        assert not plan["budget"]
