@@ -103,6 +103,11 @@ MAX_OUTPUTS_PER_SESSION = 4096
 _FLOAT_TYPES = (1, 10, 11, 16)  # FLOAT, FLOAT16, DOUBLE, BFLOAT16
 
 
+def float_outputs(model: Any) -> list[Any]:
+    """The graph outputs of ``model`` declared float (FLOAT, FLOAT16, DOUBLE, BFLOAT16)."""
+    return [o for o in model.graph.output if o.type.tensor_type.elem_type in _FLOAT_TYPES]
+
+
 @dataclass
 class CalibrationStats(Mapping[str, TensorStats]):
     """Tensor name -> :class:`TensorStats`, plus where the data came from.

@@ -26,6 +26,7 @@ import numpy as np
 from mpinfer.checks import parse_checks
 from mpinfer.errors import InvalidInputError, format_message
 from mpinfer.metrics import guess_class_output
+from mpinfer.precision.calibrate import float_outputs
 from mpinfer.precision.emulator.emulate import GraphEmulator
 from mpinfer.precision.evaluators import EVALUATORS, OrtEvaluator, check_numerics, evaluator_class
 from mpinfer.specs import Precision
@@ -228,7 +229,7 @@ def floor_for_model(opts: Options, model: Any) -> Options:
     """
     if not opts.default_budget:
         return opts
-    if not any(o.type.tensor_type.elem_type in (1, 10, 11, 16) for o in model.graph.output):
+    if not float_outputs(model):
         logger.info("No float outputs: the default floor (%s) has nothing to measure; none applied.", opts.budget)
         return replace(opts, budget=None, default_budget=False)
     return _floor_numerics(replace(opts, budget=_for_precision(floor_budget(model), opts.precision)), model)
@@ -251,7 +252,7 @@ def floor_budget(
     ``softmax`` outputs (rows of probabilities) by ``cosine_min`` alone; ``empty`` outputs (no elements on the
     data) by nothing: they have no values to measure.
     """
-    floats = [o for o in model.graph.output if o.type.tensor_type.elem_type in (1, 10, 11, 16) and o.name not in empty]
+    floats = [o for o in float_outputs(model) if o.name not in empty]
     many = [o.name for o in floats if not _one_value_per_sample(o)]
     classes = [o.name for o in floats if o.name in class_outputs]
     rows = [o.name for o in floats if o.name in softmax and o.name not in classes and o.name in many]
@@ -279,7 +280,7 @@ def floor_for_classes(opts: Options, model: Any, reference: Sequence[Mapping[str
     if not opts.default_budget or not reference:
         return opts
     first = reference[0]
-    floats = [o.name for o in model.graph.output if o.type.tensor_type.elem_type in (1, 10, 11, 16)]
+    floats = [o.name for o in float_outputs(model)]
     empty = tuple(n for n in floats if isinstance(first.get(n), np.ndarray) and not first[n].size)
     if empty and len(empty) == len(floats):
         logger.info("Every float output is empty on the data: the default floor has nothing to measure; none applied.")

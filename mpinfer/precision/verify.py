@@ -31,7 +31,7 @@ from mpinfer.data.feeds import sample_axes
 from mpinfer.errors import AccuracyMismatchError, format_message
 from mpinfer.metrics import GENERATION_OUTPUT, ModelAccumulator, relative_l2, worst_values
 from mpinfer.modelio import ort_session
-from mpinfer.precision.calibrate import BatchSlicer
+from mpinfer.precision.calibrate import BatchSlicer, float_outputs
 from mpinfer.precision.evaluators import evaluator_class
 from mpinfer.precision.noisefloor import floor_from_noise
 from mpinfer.precision.plan import NodeDecision
@@ -284,7 +284,7 @@ def verify_model(
     """
     start = time.perf_counter()
     names = [o.name for o in reference.graph.output]
-    floats = [o.name for o in reference.graph.output if o.type.tensor_type.elem_type in (1, 10, 11, 16)]
+    floats = [o.name for o in float_outputs(reference)]
     runner = evaluator_class(settings.numerics).model_runner(candidate if candidate_path is None else candidate_path)
     run = _fed_as_declared(candidate, runner)
     ref_run = _ReferenceRunner(reference, reference_dir, names)
