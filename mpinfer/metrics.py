@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Collection, Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -159,6 +160,11 @@ def with_generation(
     if generation:
         out[GENERATION_OUTPUT] = dict(generation)
     return out
+
+
+def json_number(v: Any) -> Any:
+    """A figure for a JSON record: a non-finite float as a string (``"inf"``, ``"nan"``), anything else as it is."""
+    return str(v) if isinstance(v, float) and not math.isfinite(v) else v
 
 
 def relative_l2(noise: float, signal: float) -> float:

@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from mpinfer.checks import Check, parse_checks
-from mpinfer.metrics import GENERATION_OUTPUT, higher_is_better, topk_of
+from mpinfer.metrics import GENERATION_OUTPUT, higher_is_better, json_number, topk_of
 
 logger = logging.getLogger(__name__)
 
@@ -100,7 +100,7 @@ def floor_from_noise(settings: Any, ver: Any, fp32: Any) -> tuple[Any, dict[str,
     metrics = parse_checks(settings.budget).metrics
     record = {
         "budget": floor or settings.budget,
-        "figures": {o: {k: _clean(v) for k, v in m.items() if k in metrics} for o, m in fp32.figures.items()},
+        "figures": {o: {k: json_number(v) for k, v in m.items() if k in metrics} for o, m in fp32.figures.items()},
         "samples": fp32.samples,
         "wall_s": fp32.wall_s,
     }
@@ -108,8 +108,3 @@ def floor_from_noise(settings: Any, ver: Any, fp32: Any) -> tuple[Any, dict[str,
         return settings, record
     ver.failures = parse_checks(floor).failures(ver.figures)
     return dataclasses.replace(settings, budget=floor), record
-
-
-def _clean(v: Any) -> Any:
-    """JSON-safe number (inf/nan as strings)."""
-    return str(v) if isinstance(v, float) and not math.isfinite(v) else v

@@ -29,7 +29,7 @@ import numpy as np
 from mpinfer.checks import parse_checks
 from mpinfer.data.feeds import sample_axes
 from mpinfer.errors import AccuracyMismatchError, format_message
-from mpinfer.metrics import GENERATION_OUTPUT, ModelAccumulator, relative_l2, worst_values
+from mpinfer.metrics import GENERATION_OUTPUT, ModelAccumulator, json_number, relative_l2, worst_values
 from mpinfer.modelio import ort_session
 from mpinfer.precision.calibrate import BatchSlicer, float_outputs
 from mpinfer.precision.evaluators import evaluator_class
@@ -592,7 +592,7 @@ def verification_record(ver: Verification, settings: VerifySettings, repaired: R
         "samples": ver.samples,
         "batches": ver.batches,
         "fingerprint": ver.fingerprint,
-        "figures": {o: {k: _clean(v) for k, v in m.items()} for o, m in ver.figures.items()},
+        "figures": {o: {k: json_number(v) for k, v in m.items()} for o, m in ver.figures.items()},
         "passed": ver.passed,
         "repair_rounds": repaired.rounds,
         "moved_to_fp32": len(repaired.demoted),
@@ -600,9 +600,3 @@ def verification_record(ver: Verification, settings: VerifySettings, repaired: R
         **({"generation": settings.generation.describe()} if settings.generation is not None else {}),
         **({"noise": repaired.noise} if repaired.noise is not None else {}),
     }
-
-
-def _clean(v: Any) -> Any:
-    if isinstance(v, float) and not math.isfinite(v):
-        return str(v)
-    return v
