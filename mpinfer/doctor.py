@@ -65,8 +65,9 @@ def _tensorrt_check() -> Check:
     """TensorRT as build-engine sees it (mpinfer.gpu.probe_tensorrt): the PyPI stub or a placeholder is not usable."""
     probe = probe_tensorrt()
     if probe.version is None:
-        detail = "installed but not usable" if tensorrt_installed() else "missing"
-        return Check("tensorrt", False, detail, probe.reason if tensorrt_installed() else TENSORRT_INSTALL_HINT)
+        if tensorrt_installed():
+            return Check("tensorrt", False, "installed but not usable", probe.reason)
+        return Check("tensorrt", False, "missing", TENSORRT_INSTALL_HINT)
     typing = " (strongly typed only)" if int(probe.version.split(".")[0]) >= 11 else " (strong and weak typing)"
     return Check("tensorrt", True, probe.version + typing)
 

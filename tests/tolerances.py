@@ -37,6 +37,8 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
+from mpinfer.report.plan_check import error_amplitude  # (the one conversion: compare's plan check uses it)
+
 
 def eps(dtype: Any = np.float32) -> float:
     """Machine epsilon of ``dtype`` (the gap from 1.0 to the next value): 2**-23 float32, 2**-10 float16."""
@@ -197,21 +199,6 @@ def torch_reorder_atol(module: Any, *inputs: Any, **kwargs: Any) -> float:
 # the error size it measures: absolute ones in the outputs' units, the others relative to the baseline's rms.
 ABSOLUTE_ERROR_FIGURES = ("max_abs", "mean_abs")
 RELATIVE_ERROR_FIGURES = ("rel_l2", "snr_db", "cosine", "cosine_min")
-
-
-def error_amplitude(metric: str, value: float) -> float:
-    """A figure as the error it measures, on a scale where noise adds linearly.
-
-    ``max_abs``/``mean_abs``/``rel_l2`` are themselves; ``snr_db`` is ``rel_l2 = 10**(-snr/20)``; ``cosine`` is
-    ``sqrt(2 (1 - cos))``, the error orthogonal to the baseline relative to its norm (the relative error when the
-    norms agree). On those scales a figure of float32 noise is ~1e-7 and moves by ~1e-7 between two kernels; on
-    the figures' own scales it is 140 dB moving by a dB, or a cosine 1 - 1e-14 moving by 1e-14.
-    """
-    if metric == "snr_db":
-        return 10.0 ** (-value / 20.0)
-    if metric in ("cosine", "cosine_min"):
-        return float(np.sqrt(max(2.0 * (1.0 - value), 0.0)))
-    return float(value)
 
 
 def assert_error_figures_agree(

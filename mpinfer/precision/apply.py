@@ -27,6 +27,7 @@ import numpy as np
 from mpinfer.modelio import tensor_array
 from mpinfer.precision.emulator.kernels import ortexec
 from mpinfer.precision.graphinfo import FLOAT, FLOAT16, GraphInfo, Slots, constant_tensor
+from mpinfer.precision.masks import BF16_LOWEST, FP16_MAX
 from mpinfer.specs import Precision
 
 logger = logging.getLogger(__name__)
@@ -45,7 +46,7 @@ DTYPE_ATTR_OPS = {
 
 # The largest finite value of each low format: a finite FP32 weight past it is clamped there, never rounded to inf
 # (ModelOpt AutoCast's rule; the planner warns, naming the weight, when a user forces such a node low).
-LOW_MAX = {Precision.FP16: 65504.0, Precision.BF16: 3.3895313892515355e38}
+LOW_MAX = {Precision.FP16: FP16_MAX, Precision.BF16: -BF16_LOWEST}
 
 
 def low_array(arr: np.ndarray, low: Precision) -> np.ndarray:

@@ -18,8 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from onnx import defs
-
 from mpinfer.errors import InternalError, InvalidInputError, format_message
 from mpinfer.modelio import (
     data_file,
@@ -211,7 +209,7 @@ def runtime_limits() -> tuple[int, int]:
     release, and a model past either is refused at load with an error naming only a file offset.
     """
     import onnx
-    from onnx import helper
+    from onnx import defs, helper
 
     def loads(ir: int, opset: int) -> bool:
         x = helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])

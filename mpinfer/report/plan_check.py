@@ -26,7 +26,7 @@ PLAN_MATCH_ATOL = 1e-6
 # An error whose relative L2 size is below this (8 float32 ulps) is float32 noise: the FP32 reference computed
 # twice differs by that much, so such figures differ between CPUs and thread counts by as much as they measure.
 NOISE_REL_L2 = 1e-6
-# Figures on a logarithmic or squared scale, compared as the relative error they measure (see _amplitude): an SNR
+# Figures on a logarithmic or squared scale, compared as the relative error they measure (see error_amplitude): an SNR
 # of 140 dB is float32 noise that moves by a dB between CPUs, a cosine of 1 - 1e-14 the same noise squared.
 _RELATIVE = frozenset({"snr_db", "cosine", "cosine_min", "rel_l2"})
 HEADERS = ["output", "metric", "plan said", "measured", ""]
@@ -39,13 +39,19 @@ def _number(v: Any) -> float | None:
         return None
 
 
-def _amplitude(metric: str, v: float) -> float:
-    """``snr_db`` as ``rel_l2`` (``10**(-snr/20)``), a cosine as ``sqrt(2 (1 - cos))``: noise adds linearly there."""
+def error_amplitude(metric: str, value: float) -> float:
+    """A figure as the error it measures, on a scale where noise adds linearly.
+
+    ``max_abs``/``mean_abs``/``rel_l2`` are themselves; ``snr_db`` is ``rel_l2 = 10**(-snr/20)``; ``cosine`` is
+    ``sqrt(2 (1 - cos))``, the error orthogonal to the baseline relative to its norm (the relative error when the
+    norms agree). On those scales a figure of float32 noise is ~1e-7 and moves by ~1e-7 between two kernels; on
+    the figures' own scales it is 140 dB moving by a dB, or a cosine 1 - 1e-14 moving by 1e-14.
+    """
     if metric == "snr_db":
-        return 10.0 ** (-v / 20.0)
+        return 10.0 ** (-value / 20.0)
     if metric in ("cosine", "cosine_min"):
-        return math.sqrt(max(2.0 * (1.0 - v), 0.0))
-    return v
+        return math.sqrt(max(2.0 * (1.0 - value), 0.0))
+    return float(value)
 
 
 def _agree(metric: str, said: float | None, got: float | None, noise: bool) -> bool:
@@ -57,7 +63,7 @@ def _agree(metric: str, said: float | None, got: float | None, noise: bool) -> b
     if said == got or noise:
         return True
     if metric in _RELATIVE and math.isfinite(said) and math.isfinite(got):
-        a, b = _amplitude(metric, said), _amplitude(metric, got)
+        a, b = error_amplitude(metric, said), error_amplitude(metric, got)
         return math.isclose(a, b, rel_tol=PLAN_MATCH_RTOL, abs_tol=NOISE_REL_L2)
     return math.isclose(said, got, rel_tol=PLAN_MATCH_RTOL, abs_tol=PLAN_MATCH_ATOL)
 
