@@ -227,18 +227,17 @@ def step_accuracy(ctx: Context) -> dict:
         s32 = ctx.session(ctx.path(name, "fp32"))  # type: ignore[arg-type]
         names = [o.name for o in s32.get_outputs()]
 
-        def run_of(sess: Any, names: list[str] = names) -> RunFn:
-            return lambda f: dict(zip(names, sess.run(names, dict(f))))
-
+        from mpinfer.data.decode import ort_run_fn
         from mpinfer.modelio import ort_session
 
         cpu32 = ort_session(ctx.path(name, "fp32"))
-        out[f"{name}/fp32"] = {"device_vs_cpu": error_figures(run_of(cpu32), run_of(s32), feeds, batch)}
+        out[f"{name}/fp32"] = {"device_vs_cpu": error_figures(ort_run_fn(cpu32, names), ort_run_fn(s32, names),
+                                                               feeds, batch)}
         for variant, info in m["variants"].items():
             path = ctx.path(name, variant)
             if path is None:
                 continue
-            measured = error_figures(run_of(s32), run_of(ctx.session(path)), feeds, batch)
+            measured = error_figures(ort_run_fn(s32, names), ort_run_fn(ctx.session(path), names), feeds, batch)
             row: dict[str, Any] = {"device": measured, "strict": info["strict"], "ort_cpu": info["ort_cpu"],
                                    "ratio_max_abs": {}, "ratio_rel_l2": {}}
             for o, fig in measured.items():

@@ -195,6 +195,7 @@ def predict(fp32: Path, cand: Path, feeds: dict[str, np.ndarray], batch: int) ->
     """The FP16 model's error against FP32 on ``feeds``: strict emulator (the prediction) and ORT CPU."""
     import gpu_measure
 
+    from mpinfer.data.decode import ort_run_fn
     from mpinfer.modelio import ort_session
     from mpinfer.precision.strict import StrictRunner
 
@@ -202,8 +203,7 @@ def predict(fp32: Path, cand: Path, feeds: dict[str, np.ndarray], batch: int) ->
         strict = gpu_measure.error_figures(lambda f: r32.infer(f), lambda f: r16.infer(f), feeds, batch)
     s32, s16 = ort_session(fp32), ort_session(cand)
     names = [o.name for o in s32.get_outputs()]
-    cpu = gpu_measure.error_figures(lambda f: dict(zip(names, s32.run(names, f))),
-                                    lambda f: dict(zip(names, s16.run(names, f))), feeds, batch)
+    cpu = gpu_measure.error_figures(ort_run_fn(s32, names), ort_run_fn(s16, names), feeds, batch)
     return {"strict": strict, "ort_cpu": cpu}
 
 

@@ -91,12 +91,6 @@ def _recipes_of_fp32(
     return recipes, index
 
 
-def _arrays_one(model: Any, name: str) -> np.ndarray:
-    from onnx import numpy_helper
-
-    return numpy_helper.to_array(next(t for t in model.graph.initializer if t.name == name))
-
-
 def _bits(a: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(a).reshape(-1).view(f"u{a.dtype.itemsize}")
 
@@ -128,6 +122,7 @@ def pack(path: Path, fp32: Path, dest: Path, *, regenerated: bool, min_elems: in
     bytes kept inline and the bytes turned into recipes.
     """
     import onnx
+    from onnx import numpy_helper
 
     base = onnx.load(str(fp32))
     own, index = _recipes_of_fp32(base, regenerated, min_elems)
@@ -136,7 +131,7 @@ def pack(path: Path, fp32: Path, dest: Path, *, regenerated: bool, min_elems: in
     recipes: dict[str, dict] = {}
     kept = stripped = 0
     for t in model.graph.initializer:
-        a = _arrays_one(model, t.name) if t.dims else None
+        a = numpy_helper.to_array(t) if t.dims else None
         if a is None or a.size < min_elems or a.dtype not in (np.float32, np.float16):
             kept += t.ByteSize()
             continue

@@ -171,8 +171,10 @@ class Decoder:
             stamp = time.perf_counter()
             for s in greedy_decode(self.run, self.layout, prompts.input_ids[lo:hi], prompts.attention_mask[lo:hi],
                                    tokens - 1, forced=force):
-                now = time.perf_counter()
-                prefill, decode = (prefill + now - stamp, decode) if s.step == 0 else (prefill, decode + now - stamp)
+                if s.step == 0:
+                    prefill += time.perf_counter() - stamp
+                else:
+                    decode += time.perf_counter() - stamp
                 rows_t.append(s.tokens)
                 rows_l.append(s.logits.astype(np.float32))
                 stamp = time.perf_counter()

@@ -14,6 +14,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from mpinfer.modelio import iter_graphs
+
 logger = logging.getLogger(__name__)
 
 
@@ -71,13 +73,13 @@ def drop_noop_casts(model: Any) -> int:
             rename[node.output[0]] = rename.get(node.input[0], node.input[0])
     if not removed:
         return 0
-    for node in kept:
-        for i, name in enumerate(node.input):
-            if name in rename:
-                node.input[i] = rename[name]
-    _rename_in_bodies(kept, rename)
     del model.graph.node[:]
     model.graph.node.extend(kept)
+    for graph in iter_graphs(model.graph):  # outer-scope names the bodies read too
+        for node in graph.node:
+            for i, name in enumerate(node.input):
+                if name in rename:
+                    node.input[i] = rename[name]
     gone = set(rename)
     kept_info = [v for v in model.graph.value_info if v.name not in gone]
     del model.graph.value_info[:]
@@ -85,15 +87,3 @@ def drop_noop_casts(model: Any) -> int:
     logger.info("removed %d Cast(s) to the type their input already has", removed)
     return removed
 
-
-def _rename_in_bodies(nodes: Any, rename: dict[str, str]) -> None:
-    """Outer-scope names a subgraph (If/Loop/Scan body) reads, renamed like the main graph's."""
-    from mpinfer.modelio import subgraphs
-
-    for node in nodes:
-        for body in subgraphs(node):
-            _rename_in_bodies(body.node, rename)
-            for inner in body.node:
-                for i, name in enumerate(inner.input):
-                    if name in rename:
-                        inner.input[i] = rename[name]
