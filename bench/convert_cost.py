@@ -14,7 +14,11 @@ onnx.helper and seeded; ``--published layout,orientation``: bench/published.py's
 
     PYTHONPATH=$PWD .venv/bin/python bench/convert_cost.py --trees /tmp/base93,$PWD [--models cnn,deep]
         [--published orientation] [--budget "cosine>=0.999"] [--modelopt-python .venv-modelopt/bin/python]
-        [--profile deep]
+        [--profile deep] [--samples 1920]
+
+``--samples`` sets the synthetic nets' calibration samples (default 192): with 10x the data, the fixed cost of a
+convert (rules, plan, validity gate, sessions) is spread over ten times the passes, which shows what convert
+costs per sample against the floor's per-sample cost.
 """
 
 from __future__ import annotations
@@ -93,7 +97,7 @@ def _save(model, path: Path) -> None:
     onnx.save(model, str(path))
 
 
-def build_cnn(out: Path) -> tuple[Path, Path]:
+def build_cnn(out: Path, samples: int = SAMPLES) -> tuple[Path, Path]:
     """8 Conv3x3 (pad 1) + ReLU, channels 3 -> 32, 32, 64, 64, 128, 128, 128, 128; input [N, 3, 96, 96]."""
     from onnx import TensorProto, helper, numpy_helper
 
@@ -112,11 +116,11 @@ def build_cnn(out: Path) -> tuple[Path, Path]:
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 128, 96, 96])], inits)
     path, npz = out / "cnn.onnx", out / "cnn.npz"
     _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
-    np.savez(npz, x=rng.standard_normal((SAMPLES, 3, 96, 96)).astype(np.float32))
+    np.savez(npz, x=rng.standard_normal((samples, 3, 96, 96)).astype(np.float32))
     return path, npz
 
 
-def build_deep(out: Path, steps: int = 100) -> tuple[Path, Path]:
+def build_deep(out: Path, samples: int = SAMPLES, steps: int = 100) -> tuple[Path, Path]:
     """``steps`` unrolled gated steps x <- tanh(xW+b) * sigmoid(xV) over [N, 32, 64] (6 nodes a step)."""
     from onnx import TensorProto, helper, numpy_helper
 
@@ -142,7 +146,7 @@ def build_deep(out: Path, steps: int = 100) -> tuple[Path, Path]:
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 32, 64])], inits)
     path, npz = out / "deep.onnx", out / "deep.npz"
     _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
-    np.savez(npz, x=rng.standard_normal((SAMPLES, 32, 64)).astype(np.float32))
+    np.savez(npz, x=rng.standard_normal((samples, 32, 64)).astype(np.float32))
     return path, npz
 
 
@@ -151,8 +155,8 @@ def cases(args: argparse.Namespace) -> list[tuple[str, Path, Path, int | None]]:
     found: list[tuple[str, Path, Path, int | None]] = []
     builders = {"cnn": build_cnn, "deep": build_deep}
     for name in filter(None, args.models.split(",")):
-        model, npz = builders[name](args.out)
-        found.append((name, model, npz, BATCH))
+        model, npz = builders[name](args.out, args.samples)
+        found.append((name if args.samples == SAMPLES else f"{name}@{args.samples}", model, npz, BATCH))
     if args.published:
         sys.path.insert(0, str(ROOT / "bench"))
         import published
@@ -212,6 +216,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--trees", default=str(ROOT), help="mpinfer checkouts, comma-separated (baseline first)")
     p.add_argument("--models", default="cnn,deep")
+    p.add_argument("--samples", type=int, default=SAMPLES, help="calibration samples of the synthetic nets")
     p.add_argument("--published", default="")
     p.add_argument("--budget", default="cosine>=0.999", help="the --budget run's budget ('' skips that run)")
     p.add_argument("--modelopt-python", default="", help="a Python with modelopt for the AutoCast column")

@@ -177,10 +177,19 @@ def _check_names(arrays: Mapping[str, np.ndarray], specs: Sequence[TensorSpec], 
         )
 
 
+def widens_exactly(have: np.dtype, want: np.dtype) -> bool:
+    """True when float data of dtype ``have`` converts to ``want`` without changing a value (FP16 → float32).
+
+    Such data is taken and cast as it is fed: a model that declares FP16 inputs and is brought back to FP32
+    (``convert --force``) still takes the FP16 arrays saved for it, and FP16 data feeds an FP32 model exactly.
+    """
+    return have != want and have.kind == want.kind == "f" and np.can_cast(have, want, "safe")
+
+
 def _check_array(arr: np.ndarray, spec: TensorSpec, axis: int | None, origin: str,
                  specs: Sequence[TensorSpec]) -> None:
     what = f"Data '{origin}': input '{spec.name}'"
-    if arr.dtype != spec.dtype:
+    if arr.dtype != spec.dtype and not widens_exactly(arr.dtype, np.dtype(spec.dtype)):
         raise InvalidInputError(format_message(what, f"dtype {arr.dtype}", f"{spec.dtype}",
                                                f"save it as {spec.dtype} (e.g. arr.astype(np.{spec.dtype}))"))
     # the sample axis may hold any count (batches are cut to the batch size); every other fixed dim must match
@@ -203,12 +212,17 @@ def _check_array(arr: np.ndarray, spec: TensorSpec, axis: int | None, origin: st
                                                "clean the data; NaN would poison every statistic"))
 
 
+def _as_declared(value: np.ndarray, spec: TensorSpec) -> np.ndarray:
+    """``value`` in its input's dtype: float data of a narrower float type (checked by :func:`_check_array`) cast."""
+    return value if value.dtype == spec.dtype else value.astype(spec.dtype)
+
+
 def split_batches(arrays: Mapping[str, np.ndarray], specs: Sequence[TensorSpec], layout: FileLayout,
                   batch_size: int, limit: int | None) -> Iterator[dict[str, np.ndarray]]:
     """The file's batches: ``batch_size`` samples each (the model's fixed batch, when it has one)."""
     if all(a is None for a in layout.axes.values()):
         if limit is None or limit > 0:
-            yield {s.name: np.asarray(arrays[s.name]) for s in specs}
+            yield {s.name: _as_declared(np.asarray(arrays[s.name]), s) for s in specs}
         return
     step = layout.step or batch_size
     for count, start in enumerate(range(0, layout.samples, step)):
@@ -216,4 +230,5 @@ def split_batches(arrays: Mapping[str, np.ndarray], specs: Sequence[TensorSpec],
             return
         if layout.step and start + step > layout.samples:
             return  # a model with a fixed batch dim cannot take a short last batch
-        yield {s.name: take_samples(arrays[s.name], layout.axes[s.name], start, start + step) for s in specs}
+        yield {s.name: _as_declared(take_samples(arrays[s.name], layout.axes[s.name], start, start + step), s)
+               for s in specs}

@@ -100,3 +100,20 @@ def test_an_empty_but_static_input_and_infinities_are_data(tmp_path):
 
 def test_a_model_without_inputs_runs_once():
     assert list(load_feeds(None, [])) == [{}]
+
+
+def test_narrower_float_data_is_taken_and_fed_in_the_declared_dtype(tmp_path):
+    # FP16 data saved for a model that declared FP16 inputs, fed after convert --force brought it back to FP32
+    x = parse_tensor_spec("x:batchx3:float32")
+    half = RNG.standard_normal((5, 3)).astype(np.float16)
+    np.savez(tmp_path / "d.npz", x=half)
+    batches = list(load_feeds(tmp_path / "d.npz", [x], batch_size=2))
+    assert all(b["x"].dtype == np.float32 for b in batches)
+    np.testing.assert_array_equal(np.concatenate([b["x"] for b in batches]), half.astype(np.float32))
+
+
+def test_float_data_that_would_lose_values_is_refused(tmp_path):
+    x = parse_tensor_spec("x:batchx3:float16")
+    np.savez(tmp_path / "d.npz", x=_f32(4, 3))
+    with pytest.raises(InvalidInputError, match="received dtype float32, expected float16"):
+        load_feeds(tmp_path / "d.npz", [x])

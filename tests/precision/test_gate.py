@@ -295,3 +295,20 @@ def test_low_array_clamps_finite_values_and_keeps_float32_extremes_as_infinity()
         got = low_array(arr, Precision.FP16)
     want = np.array([65504, -65504, -np.inf, np.inf, np.inf, np.nan, 3.0], np.float16)
     np.testing.assert_array_equal(got, want)
+
+
+def test_force_takes_the_fp16_data_saved_for_an_fp16_model(tmp_path):
+    """--force brings an FP16-input model back to FP32; the FP16 .npz saved for its inputs still calibrates it."""
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array((rng.standard_normal((8, 4)) * 0.3).astype(np.float16), "w")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["m"], name="mm"), helper.make_node("Relu", ["m"], ["y"], name="relu")],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT16, ["N", 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT16, ["N", 4])], [w])
+    src = _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "m.onnx")
+    np.savez(tmp_path / "d.npz", x=rng.standard_normal((32, 8)).astype(np.float16))
+    out = tmp_path / "o.onnx"
+    res = convert_precision(ConvertConfig(model=src, output=out, force=True, calibration=str(tmp_path / "d.npz"),
+                                          progress=False))
+    assert check_file(out) is None
+    assert res.plan.summary["verification"]["samples"] == 32 and res.plan.summary["verification"]["passed"]
