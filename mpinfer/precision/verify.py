@@ -80,6 +80,8 @@ class Verification:
         failures: The budget terms the figures break (empty: the budget holds).
         worst_batch: The batch the candidate got most wrong (kept for ranking the groups to repair).
         wall_s: Seconds the pass took.
+        complete: False when the pass stopped early, once the samples seen proved the budget cannot hold on the
+            whole set (``failures`` are then those bounds': :meth:`mpinfer.metrics.ModelAccumulator.optimistic`).
     """
 
     figures: dict[str, dict[str, float | None]]
@@ -90,6 +92,7 @@ class Verification:
     failures: list[str] = field(default_factory=list)
     worst_batch: dict[str, np.ndarray] | None = field(default=None, repr=False)
     wall_s: float = 0.0
+    complete: bool = True
 
     @property
     def passed(self) -> bool:
@@ -264,6 +267,8 @@ def verify_model(
     known_candidate: Sequence[Mapping[str, np.ndarray]] | None = None,
     reference_dir: str = "",
     candidate_path: Path | None = None,
+    bound: Any = None,
+    probe: Mapping[str, np.ndarray] | None = None,
 ) -> Verification:
     """Stream the data through ``candidate`` (as written) and the FP32 ``reference``; check the budget.
 
@@ -278,6 +283,10 @@ def verify_model(
         reference_dir: The folder ``reference``'s external weights are relative to (memory-mapped from there).
         candidate_path: ``candidate`` as written to a file (external weights): the runner loads that file, its
             weights memory-mapped, instead of the proto.
+        bound: The reference against itself on every sample (:func:`reference_sums`): the pass then stops after
+            the first run whose figures prove the budget fails on the whole set, whatever the rest gives.
+        probe: With ``bound``: a batch to run first, alone (the last round's worst): when it proves the budget
+            fails, the pass ends there; else its figures are dropped and the data streams as without it.
 
     Returns:
         The figures per output, what was verified, and the failures.
@@ -288,10 +297,13 @@ def verify_model(
     runner = evaluator_class(settings.numerics).model_runner(candidate if candidate_path is None else candidate_path)
     run = _fed_as_declared(candidate, runner)
     ref_run = _ReferenceRunner(reference, reference_dir, names)
+    if bound is not None and probe is not None and (proved := _probe(reference, probe, run, ref_run, settings, bound)):
+        proved.wall_s = round(time.perf_counter() - start, 3)
+        return proved
     figures = _accumulator(names, settings)
     hashers: dict[str, Any] = {}
     labels = getattr(feeds, "labels", None)
-    tally = _Tally()
+    tally, early = _Tally(), list[str]()
     with progress_bar("Verifying", enabled=settings.progress) as bar:
         task = bar.add_task("", total=None)
         for batch, rows, kept, given in _runs(feeds, reference, settings, known_reference, names, known_candidate):
@@ -301,6 +313,8 @@ def verify_model(
             figures.update(ref, cand, _batch_labels(labels, tally.samples, rows))
             tally.add(batch, rows, _batch_error(ref, cand, floats))
             bar.advance(task)
+            if bound is not None and (early := budget_failures(settings.budget, figures.optimistic(bound))):
+                break
     figs = figures.finalize()
     return _with_generation(candidate, settings, Verification(
         figures=figs,
@@ -308,10 +322,54 @@ def verify_model(
         batches=tally.batches,
         numerics=settings.numerics,
         fingerprint=fingerprint_digest(hashers),
-        failures=budget_failures(settings.budget, figs),
+        failures=early or budget_failures(settings.budget, figs),
         worst_batch=tally.worst_batch,
         wall_s=round(time.perf_counter() - start, 3),
+        complete=not early,
     ))
+
+
+def _probe(
+    reference: Any,
+    batch: Mapping[str, np.ndarray],
+    run: Any,
+    ref_run: _ReferenceRunner,
+    settings: VerifySettings,
+    bound: Any,
+) -> Verification | None:
+    """``batch`` alone through the candidate: a failed Verification when it proves the budget fails, else None."""
+    ref, cand = ref_run(batch), run(batch)
+    acc = _accumulator(list(ref), settings)
+    acc.update(ref, cand, None)
+    failures = budget_failures(settings.budget, acc.optimistic(bound))
+    if not failures:
+        return None
+    return Verification(figures=acc.finalize(), samples=BatchSlicer(reference).rows(batch), batches=1,
+                        numerics=settings.numerics, fingerprint="", failures=failures, worst_batch=dict(batch),
+                        complete=False)
+
+
+def reference_sums(
+    reference: Any,
+    feeds: Any,
+    settings: VerifySettings,
+    known_reference: Sequence[Mapping[str, np.ndarray]] | None = None,
+    reference_dir: str = "",
+) -> Any:
+    """The FP32 reference against itself on every sample a verification reads: the whole set's sums.
+
+    With them a repair round's pass stops as soon as the samples it has seen fail the budget's bound on the whole
+    set (:meth:`mpinfer.metrics.ModelAccumulator.optimistic`); a candidate that meets the budget is still run on
+    every sample. Calibration's kept FP32 outputs are read, not recomputed.
+    """
+    names = [o.name for o in reference.graph.output]
+    ref_run = _ReferenceRunner(reference, reference_dir, names)
+    full, labels, seen = _accumulator(names, settings), getattr(feeds, "labels", None), 0
+    for batch, rows, kept, _ in _runs(feeds, reference, settings, known_reference, names):
+        ref = kept if kept is not None else ref_run(batch)
+        full.update(ref, ref, _batch_labels(labels, seen, rows))
+        seen += rows
+    return full
 
 
 def _fed_as_declared(candidate: Any, run: Any) -> Any:
@@ -471,26 +529,30 @@ def verify_and_repair(
     )
     _log(ver, settings, 0)
     rounds, demoted, spent = 0, list[str](), ver.wall_s
-    noise = None
+    noise, ranks = None, _RankCache()
     if not ver.passed and settings.default_budget:  # the floor's zero: the all-FP32 candidate under these numerics
         fp32 = verify_model(info.model, info.model, feeds, settings, known_reference=known_reference,
                             reference_dir=info.base_dir, candidate_path=staged[1] if staged is not None else None)
         settings, noise = floor_from_noise(settings, ver, fp32)
         spent += fp32.wall_s
+    bound = None
     while not ver.passed:
         groups = build_groups(info, nodes, decisions)
         if not groups and _floor_sees_only_fp32(nodes, ver, settings):
             break
         if not groups or rounds >= MAX_REPAIR_ROUNDS:
             raise _unrecoverable(ver, settings, demoted)
-        back = _groups_to_demote(info, groups, ver, settings, rounds, rank_rows)
+        back = _groups_to_demote(info, groups, ver, settings, rounds, rank_rows, ranks)
         demoted.extend(sorted(back))
         nodes = _to_fp32(nodes, back, ver)
         rounds += 1
         result, nodes = apply_validated(
             info, nodes, settings.precision, keep_io_types=settings.keep_io_types, staged=staged
         )
-        ver = verify_model(result.model, info.model, feeds, settings, known_reference=known_reference, **where)
+        if bound is None:
+            bound = reference_sums(info.model, feeds, settings, known_reference, info.base_dir)
+        ver = verify_model(result.model, info.model, feeds, settings, known_reference=known_reference, bound=bound,
+                           probe=ver.worst_batch, **where)
         spent += ver.wall_s
         _log(ver, settings, rounds)
     return Repaired(result, nodes, ver, rounds, demoted, round(spent, 3), noise)
@@ -513,10 +575,17 @@ def _floor_sees_only_fp32(nodes: list[NodeDecision], ver: Verification, settings
 
 
 def _groups_to_demote(
-    info: Any, groups: list[Any], ver: Verification, settings: VerifySettings, rounds: int, rank_rows: int | None
+    info: Any,
+    groups: list[Any],
+    ver: Verification,
+    settings: VerifySettings,
+    rounds: int,
+    rank_rows: int | None,
+    ranks: _RankCache | None = None,
 ) -> set[str]:
     """The nodes of this round's worst groups: 2**rounds of them, every group in the last round."""
-    ranked = _rank(info, groups, _first_rows(info.model, ver.worst_batch, rank_rows), settings.precision)
+    batch = _first_rows(info.model, ver.worst_batch, rank_rows)
+    ranked = _rank(info, groups, batch, settings.precision, ranks)
     take = ranked if rounds + 1 >= MAX_REPAIR_ROUNDS else ranked[: 2**rounds]
     return {a for g in take for a in g.members}
 
@@ -524,7 +593,7 @@ def _groups_to_demote(
 def _to_fp32(nodes: list[NodeDecision], back: set[str], ver: Verification) -> list[NodeDecision]:
     """The plan entries with ``back`` moved to FP32, saying the final verification did it and why."""
     detail = (
-        f"kept FP32 by the final verification on {ver.samples} samples: "
+        f"kept FP32 by the final verification on {ver.samples}{'' if ver.complete else ' (of the hardest)'} samples: "
         f"its group broke the budget ({'; '.join(ver.failures[:2])})"
     )
     return [
@@ -541,10 +610,57 @@ def _first_rows(model: Any, batch: Mapping[str, np.ndarray] | None, rows: int | 
     return batch if slicer.rows(batch) <= rows else slicer.slice(batch, 0, rows)
 
 
-def _rank(info: Any, groups: list[Any], batch: Mapping[str, np.ndarray] | None, precision: Precision) -> list[Any]:
+def _rank(
+    info: Any,
+    groups: list[Any],
+    batch: Mapping[str, np.ndarray] | None,
+    precision: Precision,
+    ranks: _RankCache | None = None,
+) -> list[Any]:
     """The groups, the one that contributes most error first: local error on the worst batch, then FLOPs."""
-    errors = group_errors(info, groups, [batch] if batch is not None else [], precision)
+    if ranks is None:
+        errors = group_errors(info, groups, [batch] if batch is not None else [], precision)
+    else:
+        errors = ranks.errors(info, groups, batch, precision)
     return sorted(groups, key=lambda g: (-errors.get(g.anchor, 0.0), -g.flops, g.anchor))
+
+
+class _RankCache:
+    """Group local errors already measured on a batch, for the next repair rounds.
+
+    A group's local error is measured alone, fed the FP32 tensors of the batch (:func:`search.group_errors`): it
+    does not depend on which other groups are low. When the next round's worst batch is the same data, the groups
+    still low rank as they did, so only groups not measured yet (a group that changed members) are run again.
+    """
+
+    def __init__(self) -> None:
+        self._batch: str | None = None
+        self._errors: dict[tuple[str, frozenset[str]], float | None] = {}  # None: not measurable (in a body)
+
+    def errors(
+        self, info: Any, groups: list[Any], batch: Mapping[str, np.ndarray] | None, precision: Precision
+    ) -> dict[str, float]:
+        """Anchor -> local error of each group on ``batch`` (what :func:`search.group_errors` returns)."""
+        key = _batch_digest(batch, precision)
+        if key != self._batch:
+            self._batch, self._errors = key, {}
+        todo = [g for g in groups if (g.anchor, frozenset(g.members)) not in self._errors]
+        if todo:
+            got = group_errors(info, todo, [batch] if batch is not None else [], precision)
+            self._errors.update({(g.anchor, frozenset(g.members)): got.get(g.anchor) for g in todo})
+            logger.debug("repair: %d group errors measured, %d taken from the last round", len(todo),
+                         len(groups) - len(todo))
+        return {g.anchor: v for g in groups if (v := self._errors.get((g.anchor, frozenset(g.members)))) is not None}
+
+
+def _batch_digest(batch: Mapping[str, np.ndarray] | None, precision: Precision) -> str:
+    """A digest of a batch's arrays (names, dtypes, shapes, bytes) and the precision its groups run in."""
+    h = hashlib.sha256(precision.value.encode())
+    for name in sorted(batch or {}):
+        value = np.asarray((batch or {})[name])
+        h.update(f"{name}:{value.dtype.str}:{value.shape}".encode())
+        h.update(value.tobytes())
+    return h.hexdigest()
 
 
 def _unrecoverable(ver: Verification, settings: VerifySettings, demoted: list[str]) -> AccuracyMismatchError:

@@ -542,3 +542,60 @@ def test_outputs_past_the_capture_slice_are_kept_on_disk_not_run_again(grown, tm
     res = _convert(src, data, tmp_path / "o.onnx", batch_size=16)
     assert res.plan.summary["verification"]["passed"] and res.plan.summary["verification"]["samples"] == 128
     assert sessions == []
+
+
+def _all_low(src: Path, tmp_path: Path) -> onnx.ModelProto:
+    out = tmp_path / "low.onnx"
+    convert_precision(ConvertConfig(model=src, output=out, calibration="none", progress=False))
+    return onnx.load(str(out))
+
+
+def test_a_repair_pass_stops_once_its_samples_prove_the_budget_fails(grown, tmp_path):
+    """With the whole set's reference sums a failing candidate stops early; one that passes reads every sample."""
+    from mpinfer.data import load_feeds
+    from mpinfer.precision.verify import VerifySettings, reference_sums, verify_model
+    from mpinfer.specs import specs_from_onnx
+
+    src, data = grown
+    reference, low = onnx.load(str(src)), _all_low(src, tmp_path)
+    feeds = load_feeds(data, specs_from_onnx(reference), batch_size=16)
+    settings = VerifySettings(budget="max_abs<=1e-3", precision=Precision.FP16, progress=False)
+    bound = reference_sums(reference, feeds, settings)
+    whole = verify_model(low, reference, feeds, settings)
+    early = verify_model(low, reference, feeds, settings, bound=bound)
+    assert not whole.passed and whole.complete and whole.samples == 128
+    # the first 32 samples are small (errors far below 1e-3); the first large batch proves the failure
+    assert not early.passed and not early.complete and 32 < early.samples < 128
+    probed = verify_model(low, reference, feeds, settings, bound=bound, probe=whole.worst_batch)
+    assert not probed.passed and not probed.complete and probed.batches == 1 and probed.worst_batch is not None
+    assert [f.split(" (")[0] for f in early.failures] == [f.split(" (")[0] for f in whole.failures]
+    fp32 = verify_model(reference, reference, feeds, settings, bound=bound)
+    assert fp32.passed and fp32.complete and fp32.samples == 128
+
+
+def test_repair_rounds_rank_groups_once_per_worst_batch_and_decide_as_before(grown, tmp_path, monkeypatch):
+    """A group's local error does not depend on the other groups: rounds on the same worst batch reuse it."""
+    import mpinfer.precision.verify as verify
+
+    src, data = grown
+    measured: list[int] = []
+    real = verify.group_errors
+
+    def counted(info, groups, batches, low):
+        measured.append(len(groups))
+        return real(info, groups, batches, low)
+
+    monkeypatch.setattr(verify, "group_errors", counted)
+    budget = "max_abs<=2e-4"
+    cached = _convert(src, data, tmp_path / "a.onnx", budget=budget)
+    cached_count = sum(measured)
+    measured.clear()
+    # the same conversion ranking every round from scratch (what repair did before the cache)
+    monkeypatch.setattr(verify._RankCache, "errors",
+                        lambda self, info, groups, batch, low: counted(info, groups, [batch], low))
+    fresh = _convert(src, data, tmp_path / "b.onnx", budget=budget)
+    ver = cached.plan.summary["verification"]
+    assert ver["repair_rounds"] >= 2 and ver["passed"]
+    assert [(n["name"], n["precision"]) for n in cached.plan.to_dict()["nodes"]] == \
+        [(n["name"], n["precision"]) for n in fresh.plan.to_dict()["nodes"]]
+    assert cached_count < sum(measured)
