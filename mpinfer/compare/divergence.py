@@ -36,6 +36,7 @@ from mpinfer.modelio import (
     iter_nodes,
     load_onnx,
     name_nodes,
+    ort_log_level,
     ort_session,
     save_streamed,
     tensor_array,
@@ -129,8 +130,19 @@ def tensor_bytes(
     slicer = BatchSlicer(model)
     rows = slicer.rows(feeds)
     sample = slicer.slice(feeds, 0, 1) if rows > 1 else feeds
-    sess = ort_session(_with_outputs(model, names), providers, base_dir=base_dir or None)
+    sess = _session(_with_outputs(model, names), providers, base_dir)
     return [np.asarray(v).nbytes * rows for v in sess.run(list(names), dict(sample))]
+
+
+def _session(model: Any, providers: list[str], base_dir: str) -> Any:
+    """A session for one chunk, without a memory arena: its extra outputs are copied out and its intermediates
+    freed as they die (an arena keeps a decoder's whole run, rounded up, until the session closes)."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.log_severity_level = ort_log_level()
+    so.enable_cpu_mem_arena = False
+    return ort_session(model, providers, so, base_dir=base_dir or None)
 
 
 def measure_tensors(
@@ -143,6 +155,7 @@ def measure_tensors(
     strict: bool = False,
     show_progress: bool = False,
     dirs: tuple[str, str] = ("", ""),
+    sizes: Sequence[int] | None = None,
 ) -> dict[str, TensorAcc]:
     """Run both models with ``names`` as extra outputs, chunk by chunk, and accumulate per-tensor error.
 
@@ -150,12 +163,16 @@ def measure_tensors(
     strict FP16/BF16 emulator (which compares each chunk tensor as it computes it and keeps none). The extra
     outputs decide what onnxruntime fuses, so the chunking is part of the result: keep it stable. ``dirs``: the
     folders the baseline's and the candidate's external weights are in (memory-mapped from there, never loaded).
+    ``sizes``: each tensor's bytes on the largest batch, when :func:`fit_batches` measured them (then one chunk
+    holds them all: a model whose weights outweigh a chunk pays a session per chunk).
     """
     accs = {n: TensorAcc() for n in names}
-    size = STRICT_CHUNK_SIZE if strict else CHUNK_SIZE
+    size = len(names) if sizes is not None else STRICT_CHUNK_SIZE if strict else CHUNK_SIZE
     # a chunk's tensors come to at most the budget's divergence slice per model run (sizes from a one-sample probe)
     limit = current_budget().divergence_chunk
-    chunks = pack_chunks(names, tensor_bytes(base, names, batches, providers, base_dir=dirs[0]), size, limit)
+    if sizes is None:
+        sizes = tensor_bytes(base, names, batches, providers, base_dir=dirs[0])
+    chunks = pack_chunks(names, sizes, size, limit)
     emu = None
     if strict:
 
@@ -163,7 +180,7 @@ def measure_tensors(
     with progress_bar(enabled=show_progress) as progress:
         task = progress.add_task("divergence: intermediate tensors", total=len(chunks) * len(batches))
         for chunk in chunks:
-            sb: Any = ort_session(_with_outputs(base, chunk), providers, base_dir=dirs[0] or None)
+            sb: Any = _session(_with_outputs(base, chunk), providers, dirs[0])
             if emu is not None:
                 for feeds in batches:
                     _strict_pass(emu, chunk, sb.run(chunk, dict(feeds)), feeds, accs)
@@ -175,7 +192,7 @@ def measure_tensors(
             # Copies: ONNX Runtime's output arrays are views that keep the session's whole arena alive.
             kept = [[np.array(v) for v in sb.run(chunk, dict(feeds))] for feeds in batches]
             del sb
-            sc: Any = ort_session(_with_outputs(cand, chunk), providers, base_dir=dirs[1] or None)
+            sc: Any = _session(_with_outputs(cand, chunk), providers, dirs[1])
             for feeds in batches:
                 rb, rc = kept.pop(0), sc.run(chunk, dict(feeds))
                 for n, b, c in zip(chunk, rb, rc, strict=True):
@@ -184,6 +201,51 @@ def measure_tensors(
                 progress.advance(task)
             del sc
     return {n: a for n, a in accs.items() if a.dtype}
+
+
+def weight_bytes(model: Any) -> int:
+    """Bytes of a model's initializers, embedded or external (the ``length`` its external-data entries record)."""
+    total = 0
+    for graph in iter_graphs(model.graph):
+        for t in graph.initializer:
+            info = {e.key: e.value for e in t.external_data}
+            total += int(info.get("length", 0)) if t.external_data else t.ByteSize()
+    return total
+
+
+def fit_batches(
+    base: Any,
+    names: Sequence[str],
+    batches: Sequence[Mapping[str, np.ndarray]],
+    providers: list[str],
+    base_dir: str = "",
+) -> tuple[list[Mapping[str, np.ndarray]], list[int] | None, list[str]]:
+    """The batches cut to the samples whose tensors fit one chunk, for a model whose weights outweigh a chunk.
+
+    Every chunk costs a session of each model; a session of a decoder of a few GB costs seconds and its weights'
+    memory, a chunk's tensors a fraction of that. Such a model's divergence reads the first samples of each batch
+    that fit one chunk (at least one; a chunk's tensors of every batch are held together, beside one run's), in
+    one session per model. Other models are measured as given.
+
+    Returns:
+        (batches, each tensor's bytes on the largest of them or None when not cut, notes for the report).
+    """
+    limit = current_budget().divergence_chunk
+    if not batches or not names or weight_bytes(base) <= limit:
+        return list(batches), None, []
+    sizes = tensor_bytes(base, names, batches, providers, base_dir=base_dir)
+    slicer = BatchSlicer(base)
+    rows = max(slicer.rows(b) for b in batches)
+    # held at once: the baseline's chunk tensors of every batch, and one run's outputs in the session making them
+    total, held = sum(sizes), limit // (len(batches) + 1)
+    if total <= held or rows <= 1 or not slicer.axis0:
+        return list(batches), (sizes if total <= held else None), []
+    keep = max(1, rows * held // total)
+    cut = [slicer.slice(b, 0, keep) if slicer.rows(b) > keep else b for b in batches]
+    note = (f"Intermediate tensors compared on the first {keep} of {rows} samples of each batch: the model's "
+            f"weights ({weight_bytes(base) / 2**20:.0f} MiB) cost more per session than one chunk of tensors "
+            f"({limit / 2**20:.0f} MiB), so one session per model measures them all.")
+    return cut, [s * keep // rows for s in sizes], [note]
 
 
 def rank_nodes(
@@ -402,8 +464,9 @@ def _find_divergence(base: Any, cand: Any, dirs: tuple[str, str], candidate: str
     shared, skipped = _shared_tensors(base, cand)
     providers = resolve_providers(device)
     strict = numerics == "strict"
+    batches, sizes, fitted = fit_batches(base, shared, batches, providers, dirs[0])
     accs = measure_tensors(
-        base, cand, shared, batches, providers, strict=strict, show_progress=show_progress, dirs=dirs
+        base, cand, shared, batches, providers, strict=strict, show_progress=show_progress, dirs=dirs, sizes=sizes
     )
     bodies = _cover_bodies(base, cand, batches, skipped, dirs)
     nodes = rank_nodes(
@@ -432,7 +495,7 @@ def _find_divergence(base: Any, cand: Any, dirs: tuple[str, str], candidate: str
         ranking=_ranking(nodes),
         skipped=skipped,
         note=note if not blind else "not located",
-        notes=blind + (bodies.notes if bodies else []),
+        notes=fitted + blind + (bodies.notes if bodies else []),
     )
 
 

@@ -482,3 +482,30 @@ def test_big_models_are_compared_one_at_a_time_with_the_same_figures(tmp_path, m
     for a, b in zip(together.candidates[0].outputs, apart.candidates[0].outputs, strict=True):
         assert a.values == b.values
     assert bool(apart) == bool(together)
+
+
+def test_a_model_heavier_than_a_chunk_is_measured_in_one_session_per_model(mlp_files, monkeypatch):
+    """Its weights cost more per session than a chunk of tensors: the divergence reads the first samples of each
+    batch that fit one chunk, one session per model, says so, and finds the same jump as on every sample."""
+    import mpinfer.compare.divergence as dv
+
+    big = dict(np.load(mlp_files["big"]))
+    batches = [{"x": big["x"][:16]}, {"x": big["x"][16:32]}]
+    whole = dv.find_divergence(mlp_files["base"], mlp_files["broken"], batches)
+    base, cand = onnx.load(str(mlp_files["base"])), onnx.load(str(mlp_files["broken"]))
+    names, _ = dv._shared_tensors(base, cand)
+    total = sum(dv.tensor_bytes(base, names, batches, ["CPUExecutionProvider"]))
+    limit = (total // 4) * (len(batches) + 1)  # a quarter of a batch's tensors per batch held
+    assert dv.weight_bytes(base) > limit, "the MLP's weights must outweigh the chunk for this test"
+    set_slice(monkeypatch, "divergence_chunk", limit)
+    cut, sizes, notes = dv.fit_batches(base, names, batches, ["CPUExecutionProvider"])
+    assert [len(b["x"]) for b in cut] == [4, 4] and sizes is not None and sum(sizes) <= limit
+    assert notes and "first 4 of 16 samples" in notes[0]
+    sessions: list[int] = []
+    real = dv._session
+    monkeypatch.setattr(dv, "_session", lambda *a: sessions.append(1) or real(*a))
+    fitted = dv.find_divergence(mlp_files["base"], mlp_files["broken"], batches)
+    assert len(sessions) == 3  # the one-sample size probe, then one session of each model
+    assert fitted.notes[:1] == notes
+    assert whole.first_jump is not None and fitted.first_jump is not None
+    assert fitted.first_jump.address == whole.first_jump.address
