@@ -135,8 +135,11 @@ def tensor_bytes(
 
 
 def _session(model: Any, providers: list[str], base_dir: str) -> Any:
-    """A session for one chunk, without a memory arena: its extra outputs are copied out and its intermediates
-    freed as they die (an arena keeps a decoder's whole run, rounded up, until the session closes)."""
+    """A session for one chunk, without a memory arena.
+
+    Its extra outputs are copied out and its intermediates freed as they die (an arena keeps a decoder's whole
+    run, rounded up, until the session closes).
+    """
     import onnxruntime as ort
 
     so = ort.SessionOptions()
