@@ -6,10 +6,12 @@ import json
 
 import ml_dtypes
 import numpy as np
+import onnx
 import pytest
 from onnx import TensorProto, helper
 
 from mpinfer.precision import ConvertConfig, convert_precision
+from mpinfer.precision.apply import apply_plan
 from mpinfer.precision.emulator.castgraph import (
     ENGINE_CASTS,
     ENGINE_EMULATOR,
@@ -205,8 +207,6 @@ def test_convert_verifies_a_cnn_through_the_cast_graph_and_records_it(tmp_path, 
                                           precision=Precision.parse(precision), progress=False, batch_size=16))
     ver = json.loads(res.plan_path.read_text())["summary"]["verification"]
     assert ver["engine"] == ENGINE_CASTS and ver["samples"] == 48 and res.plan.summary["nodes_low"] == 6
-    import onnx
-
     written = onnx.load(res.output)
     x = np.random.default_rng(1).standard_normal((5, 3, 16, 16)).astype(np.float32)
     emulator = StrictRunner(written)
@@ -239,3 +239,15 @@ def test_the_searchs_first_candidate_through_the_cast_graph_is_the_emulators_run
             want = emu.run(batch, low).outputs["y"]
             assert out["y"].dtype == np.float32 and _same_bits(out["y"], want)
         assert ev.evaluations == len(info.nodes) * len(batches)
+
+
+def test_a_pass_asked_for_the_emulator_gets_it_with_the_same_bits():
+    """verify_and_repair runs the floor's noise pass and the repairs on the first pass's engine (fast=False when
+    that was the emulator); on a qualifying model both engines give the same outputs."""
+    model = _cnn()
+    x = {"x": np.random.default_rng(3).standard_normal((3, 3, 16, 16)).astype(np.float32)}
+    info = GraphInfo(model)
+    written = apply_plan(model, info, {a: Precision.FP16 for a in info.by_address}, Precision.FP16).model
+    fast, slow = StrictEvaluator.model_runner(written), StrictEvaluator.model_runner(written, fast=False)
+    assert (fast.engine, slow.engine) == (ENGINE_CASTS, ENGINE_EMULATOR)
+    assert _same_bits(fast(x)["y"], slow(x)["y"]) and (fast.engine, slow.engine) == (ENGINE_CASTS, ENGINE_EMULATOR)
