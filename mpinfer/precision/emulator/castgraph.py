@@ -112,6 +112,10 @@ def cast_graph(model: Any) -> tuple[CastGraph | None, str]:
         return _build(model), ""
     except _Refused as why:
         return None, str(why)
+    except Exception as err:  # a model the translation did not foresee: the emulator still runs it, said loudly
+        logger.warning("The cast graph of this model could not be built (%s: %s); the strict emulator runs it. "
+                       "This is a bug in mpinfer: please report it with the model.", type(err).__name__, err)
+        return None, f"{type(err).__name__}: {err}"
 
 
 def _build(model: Any) -> CastGraph:
