@@ -40,6 +40,7 @@ import json, sys, time
 from pathlib import Path
 args = json.loads(sys.argv[1])
 import numpy as np, onnxruntime as ort
+import mpinfer
 from mpinfer.precision import ConvertConfig, convert_precision
 cfg = ConvertConfig(model=Path(args["model"]), output=Path(args["output"]), calibration=args["data"],
                     budget=args["budget"], force=True, progress=False, batch_size=args["batch"])
@@ -73,7 +74,8 @@ v = s.get("verification") or {}
 print(json.dumps({"wall_s": wall, "floor_s": ref + ver, "ref_s": ref, "ver_s": ver, "cpu_s": cpu,
                   "floor_cpu_s": ref_cpu + ver_cpu,
                   "low_share_flops": s.get("low_share_flops"), "verification": v, "search": s.get("search"),
-                  "nodes_low": s.get("nodes_low"), "nodes_total": s.get("nodes_total")}))
+                  "nodes_low": s.get("nodes_low"), "nodes_total": s.get("nodes_total"),
+                  "mpinfer": mpinfer.__file__}))
 """
 
 AUTOCAST = r"""
@@ -166,8 +168,10 @@ def cases(args: argparse.Namespace) -> list[tuple[str, Path, Path, int | None]]:
 
 
 def child(tree: Path, script: str, args: dict, python: str = sys.executable) -> dict:
+    # cwd=tree: ``python -c`` puts the working directory first on sys.path, ahead of PYTHONPATH, so a child started
+    # from another checkout would import that checkout's mpinfer, not the tree's
     proc = subprocess.run([python, "-c", script, json.dumps(args)], capture_output=True, text=True,
-                          env={"PYTHONPATH": str(tree), "PATH": "/usr/bin:/bin"}, check=False)
+                          env={"PYTHONPATH": str(tree), "PATH": "/usr/bin:/bin"}, check=False, cwd=str(tree))
     if proc.returncode:
         tail = proc.stderr.strip().splitlines()
         return {"error": tail[-1][:200] if tail else "failed"}

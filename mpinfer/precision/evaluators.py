@@ -17,6 +17,7 @@ written. :class:`Evaluator` is that protocol; :func:`evaluator_class` is the one
 
 from __future__ import annotations
 
+import logging
 import math
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
@@ -35,11 +36,14 @@ from mpinfer.metrics import relative_l2
 from mpinfer.modelio import ort_session, save_onnx
 from mpinfer.precision import probe
 from mpinfer.precision.apply import apply_plan
+from mpinfer.precision.emulator.castgraph import StrictModelRunner, may_qualify, open_cast_session
 from mpinfer.precision.emulator.emulate import GraphEmulator
-from mpinfer.precision.emulator.kernels.numerics import is_float
+from mpinfer.precision.emulator.kernels.numerics import is_float, is_low_float
 from mpinfer.precision.graphinfo import GraphInfo
 from mpinfer.precision.strict import StrictRunner
 from mpinfer.specs import Precision
+
+logger = logging.getLogger(__name__)
 
 # Strict numerics screen only models whose kept FP32 reference runs hold at least this many float values per
 # node (CNNs: ~1e6; small transformers: ~1e4, where the per-node overhead dominates the emulator's time).
@@ -97,8 +101,12 @@ class Evaluator(Protocol):
         """
 
     @classmethod
-    def model_runner(cls, model: Any) -> Runner:
-        """``batch → outputs`` of a whole converted model under these numerics (the final verification)."""
+    def model_runner(cls, model: Any, *, fast: bool = True) -> Runner:
+        """``batch → outputs`` of a whole converted model under these numerics (the final verification).
+
+        ``fast=False``: the numerics' own engine where they have a faster one (strict: the emulator, never the
+        cast graph), so that passes compared with one another (the floor's noise, repairs) use one engine.
+        """
 
 
 # -- strict emulation ------------------------------------------------------------------------------------------
@@ -216,8 +224,7 @@ class StrictEvaluator:
         known_outputs: list[Outputs] | None = None,
         known_tensors: list[Outputs] | None = None,
     ) -> None:
-        del keep_io_types  # the emulator runs plans, not models
-        self.info, self.precision = info, precision
+        self.info, self.precision, self.keep_io_types = info, precision, keep_io_types
         self._emu = _EmulatorRefs(model, info, batches, required=True)
         self._emu.emulator()  # (refuses a model with ops the emulator cannot run, before any work)
         # The FP32 runs every candidate is an incremental run from are made when a candidate needs them. Without
@@ -264,7 +271,11 @@ class StrictEvaluator:
         first, self._first_run = not self._first_run, True
         if first and not self._emu.opened and self._known_tensors is None:
             # the first candidate, and no FP32 tensors from calibration to take the FP32 runs from: whole runs (an FP32
-            # run of the search samples costs as much again, and is made only if a second candidate needs it)
+            # run of the search samples costs as much again, and is made only if a second candidate needs it), in
+            # ONNX Runtime when the applied candidate qualifies for a cast graph (castgraph: the emulator's bits)
+            fast = self._cast_graph_runs(low)
+            if fast is not None:
+                return fast
             outs = []
             for batch in self._emu.batches:
                 outs.append(emu.run(batch, low).outputs)
@@ -276,6 +287,27 @@ class StrictEvaluator:
             run = emu.run_from(ref, low, keep=False)
             self.evaluations += run.recomputed
             outs.append(run.outputs)
+        return outs
+
+    def _cast_graph_runs(self, low: dict[str, Precision]) -> list[Outputs] | None:
+        """The candidate applied and run on every search batch as a cast graph; None where it does not qualify."""
+        if not may_qualify((self.info.by_address[a].node.op_type for a in low), self._emu.model):
+            return None
+        precisions = {a: low.get(a, Precision.FP32) for a in self.info.by_address}
+        applied = apply_plan(self._emu.model, self.info, precisions, self.precision, keep_io_types=self.keep_io_types)
+        sess, why = open_cast_session(applied.model)
+        if sess is None:
+            logger.debug("search: the emulator judges the first candidate (no cast graph: %s)", why)
+            return None
+        outs = []
+        try:
+            for batch in self._emu.batches:  # (the FP32 model's outputs are float32: a low output comes back widened)
+                outs.append({k: v.astype(np.float32) if is_low_float(v) else v for k, v in sess(batch).items()})
+        except Exception as err:  # onnxruntime's own types: data it refuses; the emulator decides (and names it)
+            logger.debug("search: the cast graph failed (%s); the emulator judges the first candidate", err)
+            return None
+        self.evaluations += len(self.info.nodes) * len(self._emu.batches)
+        logger.info("search: the first candidate judged by ONNX Runtime as a float32 graph with rounding casts")
         return outs
 
     def strict_rows(self, feeds: Mapping[str, np.ndarray], rows: np.ndarray, low: Mapping[str, Precision]) -> Outputs:
@@ -324,11 +356,21 @@ class StrictEvaluator:
         return self._emu.local_errors(groups, batches, subset, self.precision)
 
     @classmethod
-    def model_runner(cls, model: Any) -> Runner:
-        """The converted model as ``mpinfer compare --numerics strict`` runs it (:class:`StrictRunner`)."""
-        runner = StrictRunner(model, name="candidate")
-        runner.activate()
-        return runner.infer
+    def model_runner(cls, model: Any, *, fast: bool = True) -> Runner:
+        """The converted model under strict numerics: its cast graph where it qualifies, else :class:`StrictRunner`.
+
+        ``fast=False``: :class:`StrictRunner` whatever the model.
+
+        The runner's ``engine`` says which ran (:class:`~mpinfer.precision.emulator.castgraph.StrictModelRunner`).
+        """
+        return StrictModelRunner(model, _emulator_runner, cast_graph=fast)
+
+
+def _emulator_runner(model: Any) -> Runner:
+    """The converted model as ``mpinfer compare --numerics strict`` runs it (:class:`StrictRunner`)."""
+    runner = StrictRunner(model, name="candidate")
+    runner.activate()
+    return runner.infer
 
 
 class _StrictCandidate:
@@ -428,8 +470,8 @@ class _AppliedEvaluator:
         return errors
 
     @classmethod
-    def model_runner(cls, model: Any) -> Runner:
-        """The converted model in a session of this runtime."""
+    def model_runner(cls, model: Any, *, fast: bool = True) -> Runner:
+        """The converted model in a session of this runtime (``fast``: no other engine to choose)."""
         return cls.session(model)
 
 
@@ -485,8 +527,8 @@ class OrtEvaluator(_AppliedEvaluator):
         return lambda batch: cls.ort_run(sess, batch)
 
     @classmethod
-    def model_runner(cls, model: Any) -> Runner:
-        """The converted model as ``mpinfer compare --numerics ort`` runs it (:class:`OrtRunner`)."""
+    def model_runner(cls, model: Any, *, fast: bool = True) -> Runner:
+        """The converted model as ``mpinfer compare --numerics ort`` runs it (:class:`OrtRunner`; no other engine)."""
         runner = OrtRunner(model, device=cls.device, name="candidate")
         runner.activate()
         return runner.infer

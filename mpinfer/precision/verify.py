@@ -32,6 +32,7 @@ from mpinfer.errors import AccuracyMismatchError, format_message
 from mpinfer.metrics import GENERATION_OUTPUT, ModelAccumulator, json_number, relative_l2, worst_values
 from mpinfer.modelio import ort_session
 from mpinfer.precision.calibrate import BatchSlicer, float_outputs
+from mpinfer.precision.emulator.castgraph import ENGINE_EMULATOR
 from mpinfer.precision.evaluators import evaluator_class
 from mpinfer.precision.noisefloor import floor_from_noise
 from mpinfer.precision.plan import NodeDecision
@@ -82,6 +83,8 @@ class Verification:
         wall_s: Seconds the pass took.
         complete: False when the pass stopped early, once the samples seen proved the budget cannot hold on the
             whole set (``failures`` are then those bounds': :meth:`mpinfer.metrics.ModelAccumulator.optimistic`).
+        engine: What ran the candidate under strict numerics: ``ort-casts`` (its cast graph in ONNX Runtime),
+            ``emulator``, or both joined by ``+`` (see :mod:`mpinfer.precision.emulator.castgraph`); else empty.
     """
 
     figures: dict[str, dict[str, float | None]]
@@ -93,6 +96,7 @@ class Verification:
     worst_batch: dict[str, np.ndarray] | None = field(default=None, repr=False)
     wall_s: float = 0.0
     complete: bool = True
+    engine: str = ""
 
     @property
     def passed(self) -> bool:
@@ -269,6 +273,7 @@ def verify_model(
     candidate_path: Path | None = None,
     bound: Any = None,
     probe: Mapping[str, np.ndarray] | None = None,
+    fast: bool = True,
 ) -> Verification:
     """Stream the data through ``candidate`` (as written) and the FP32 ``reference``; check the budget.
 
@@ -287,6 +292,8 @@ def verify_model(
             the first run whose figures prove the budget fails on the whole set, whatever the rest gives.
         probe: With ``bound``: a batch to run first, alone (the last round's worst): when it proves the budget
             fails, the pass ends there; else its figures are dropped and the data streams as without it.
+        fast: False runs the numerics' own engine where they have a faster one (strict: the emulator, not the
+            cast graph), as an earlier pass this one is compared with did.
 
     Returns:
         The figures per output, what was verified, and the failures.
@@ -294,11 +301,13 @@ def verify_model(
     start = time.perf_counter()
     names = [o.name for o in reference.graph.output]
     floats = [o.name for o in float_outputs(reference)]
-    runner = evaluator_class(settings.numerics).model_runner(candidate if candidate_path is None else candidate_path)
+    runner = evaluator_class(settings.numerics).model_runner(
+        candidate if candidate_path is None else candidate_path, fast=fast
+    )
     run = _fed_as_declared(candidate, runner)
     ref_run = _ReferenceRunner(reference, reference_dir, names)
     if bound is not None and probe is not None and (proved := _probe(reference, probe, run, ref_run, settings, bound)):
-        proved.wall_s = round(time.perf_counter() - start, 3)
+        proved.wall_s, proved.engine = round(time.perf_counter() - start, 3), getattr(runner, "engine", "")
         return proved
     figures = _accumulator(names, settings)
     hashers: dict[str, Any] = {}
@@ -326,6 +335,7 @@ def verify_model(
         worst_batch=tally.worst_batch,
         wall_s=round(time.perf_counter() - start, 3),
         complete=not early,
+        engine=getattr(runner, "engine", ""),
     ))
 
 
@@ -530,9 +540,12 @@ def verify_and_repair(
     _log(ver, settings, 0)
     rounds, demoted, spent = 0, list[str](), ver.wall_s
     noise, ranks = None, _RankCache()
+    # the passes after the first run on its engine: the noise and the repaired candidates are judged as it was
+    where["fast"] = ENGINE_EMULATOR not in ver.engine.split("+")
     if not ver.passed and settings.default_budget:  # the floor's zero: the all-FP32 candidate under these numerics
         fp32 = verify_model(info.model, info.model, feeds, settings, known_reference=known_reference,
-                            reference_dir=info.base_dir, candidate_path=staged[1] if staged is not None else None)
+                            reference_dir=info.base_dir, candidate_path=staged[1] if staged is not None else None,
+                            fast=where["fast"])
         settings, noise = floor_from_noise(settings, ver, fp32)
         spent += fp32.wall_s
     bound = None
@@ -684,10 +697,11 @@ def _unrecoverable(ver: Verification, settings: VerifySettings, demoted: list[st
 
 def _log(ver: Verification, settings: VerifySettings, rounds: int) -> None:
     logger.info(
-        "verify%s: %d samples (%s numerics) in %.1fs: %s",
+        "verify%s: %d samples (%s numerics%s) in %.1fs: %s",
         f" (repair round {rounds})" if rounds else "",
         ver.samples,
         ver.numerics,
+        f", {ver.engine}" if ver.engine else "",
         ver.wall_s,
         "budget met" if ver.passed else "; ".join(ver.failures[:3]),
     )
@@ -705,6 +719,7 @@ def verification_record(ver: Verification, settings: VerifySettings, repaired: R
         "budget": settings.budget,
         "default_budget": settings.default_budget,
         "numerics": ver.numerics,
+        **({"engine": ver.engine} if ver.engine else {}),
         "samples": ver.samples,
         "batches": ver.batches,
         "fingerprint": ver.fingerprint,

@@ -135,7 +135,7 @@ def _conv_channels_last(
 
 def conv(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
     """ONNX Conv (1-D/2-D/3-D, groups, pads, strides, dilations, auto_pad) in float32."""
-    fast = ortexec.float32_op("Conv", n.attrs, [v for v in x if v is not None])
+    fast = ortexec.float32_op("Conv", n.attrs, [v for v in x if v is not None], min_size=ortexec.CONV_MIN_SIZE)
     if fast is not None:
         return [fast]
     xin, w = x[0], x[1]
@@ -189,7 +189,9 @@ def conv_transpose(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]
     output_shape handling has differed from the spec across versions).
     """
     if n.get("output_shape") is None and _auto_pad(n) in ("NOTSET", "VALID"):
-        fast = ortexec.float32_op("ConvTranspose", n.attrs, [v for v in x if v is not None])
+        fast = ortexec.float32_op(
+            "ConvTranspose", n.attrs, [v for v in x if v is not None], min_size=ortexec.CONV_MIN_SIZE
+        )
         if fast is not None:
             return [fast]
     xin, w = x[0], x[1]

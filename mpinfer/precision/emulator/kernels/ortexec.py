@@ -9,7 +9,9 @@
 * Conv and ConvTranspose in float32: the emulator's tensor-core model (:mod:`linalg`) rounds the inputs to
   the low dtype, accumulates the products in float32 and rounds the output once. Products of FP16 or BF16
   values are exact in float32, so ONNX Runtime's float32 kernels compute the same model, 3-25x faster than
-  numpy im2col. One session per attribute set, shared by the nodes that have it.
+  numpy im2col. One session per attribute set, shared by the nodes that have it; at every size
+  (:data:`CONV_MIN_SIZE`), so the cast graph (:mod:`castgraph`), which runs every convolution in ONNX Runtime,
+  gives the emulator's bits on small ones too.
 * Erf in float32 (:func:`numerics.erf`: a function evaluated accurately, then rounded by the node).
 
 Every helper returns None when ONNX Runtime cannot do the step (not installed, an attribute combination it
@@ -22,7 +24,7 @@ from __future__ import annotations
 import functools
 import logging
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -35,6 +37,9 @@ logger = logging.getLogger(__name__)
 # Arrays with fewer values go through numpy: below this the gain is under ~0.1 ms a call, and a model whose
 # tensors are all this small never pays for building and checking the sessions (~25 ms once).
 MIN_SIZE = 1 << 14
+# ... except Conv and ConvTranspose, run here at every size: the cast graph (castgraph.py) computes them in ONNX
+# Runtime whatever their size, and gives the emulator's bits only where the emulator calls the same kernel.
+CONV_MIN_SIZE = 0
 # Sessions kept for float32 ops (one per op type, attribute set and input ranks); the oldest is dropped.
 # (layout_cdla, 1493 nodes, needs 15.)
 MAX_OP_SESSIONS = 64
@@ -131,16 +136,25 @@ def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:
     return bool(np.array_equal(a.view(width)[~nan_a], b.view(width)[~nan_b]))
 
 
+def cast_matches_numpy(name: str, run: Callable[[np.ndarray], np.ndarray]) -> bool:
+    """True when ``run`` (an ONNX Runtime cast ``name`` of :data:`CASTS`) gives numpy's bits on every check value.
+
+    The check values: every FP16 pattern, the ties between them, BF16 ties, 16K float32 bit patterns over the
+    whole range (inf, NaN, subnormals). Any NaN matches any NaN.
+    """
+    values = _check_values()
+    with np.errstate(over="ignore", invalid="ignore"):  # the check values overflow FP16 on purpose
+        if CASTS[name][0] == _FLOAT16:
+            values = values.astype(np.float16)
+        got = run(values)
+        want = _reference_cast(name, values)
+    return _same_bits(got, want)
+
+
 def _open_cast(name: str) -> Any:
     try:
         sess = _build_cast(name)
-        values = _check_values()
-        with np.errstate(over="ignore", invalid="ignore"):  # the check values overflow FP16 on purpose
-            if CASTS[name][0] == _FLOAT16:
-                values = values.astype(np.float16)
-            got = sess.run(None, {"x": values})[0]
-            want = _reference_cast(name, values)
-        if not _same_bits(got, want):
+        if not cast_matches_numpy(name, lambda v: sess.run(None, {"x": v})[0]):
             logger.debug("ONNX Runtime's %s differs from numpy's: numpy does it", name)
             return None
         return sess
@@ -182,16 +196,18 @@ def _build_op(op_type: str, attrs: Mapping[str, Any], ranks: Sequence[int]) -> A
     return _session(_model([node], inputs, [helper.make_tensor_value_info("y", _FLOAT, None)]))
 
 
-def float32_op(op_type: str, attrs: Mapping[str, Any], inputs: Sequence[Any]) -> np.ndarray | None:
+def float32_op(
+    op_type: str, attrs: Mapping[str, Any], inputs: Sequence[Any], *, min_size: int | None = None
+) -> np.ndarray | None:
     """The single output of ai.onnx ``op_type`` on float32 ``inputs``, computed by ONNX Runtime, or None.
 
     Only for ops whose float32 kernels are the emulator's model of them (Conv, ConvTranspose: float32
-    accumulation; Erf: an accurate float32 value). None when an input is missing or not float32, or
-    ONNX Runtime refuses the node.
+    accumulation; Erf: an accurate float32 value). None when an input is missing or not float32, its first
+    input has fewer than ``min_size`` values (default :data:`MIN_SIZE`), or ONNX Runtime refuses the node.
     """
     if not inputs or any(not isinstance(v, np.ndarray) or v.dtype != np.float32 for v in inputs):
         return None
-    if inputs[0].size < MIN_SIZE:
+    if inputs[0].size < (MIN_SIZE if min_size is None else min_size):
         return None
     key = (op_type, tuple(sorted((k, _hashable(v)) for k, v in attrs.items())), tuple(v.ndim for v in inputs))
     sess = _ops.get(key, False)

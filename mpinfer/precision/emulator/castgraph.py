@@ -1,0 +1,450 @@
+"""Strict numerics at ONNX Runtime speed: a converted model as one float32 graph with rounding Cast pairs.
+
+The emulator (:mod:`emulate`) runs a converted model node by node: a node with FP16/BF16 inputs reads them as
+float32, computes, and stores its float outputs rounded to its dtype. For the ops of :data:`ROUNDED_OPS` the
+computation is a single float32 operation (+, -, *, /: float32 carries more than twice the bits of either low
+dtype, so float32-then-round is the correctly rounded low-precision result; Conv/ConvTranspose: ONNX Runtime's
+own float32 kernel on the rounded inputs, see :mod:`kernels.ortexec`), and the ops of :data:`EXACT_OPS` return
+values of their inputs, which need no rounding. For those ops the emulator's result is, bit for bit, that of
+one float32 graph where every FP16/BF16 tensor becomes a float32 tensor holding the same (representable) values:
+
+- FP16/BF16 initializers become float32 (exact); the graph's FP16/BF16 inputs are fed, and its outputs
+  returned, in their declared dtype (the runner casts them; exact, or rounded when float32 data is fed);
+- a ``Cast`` to FP16/BF16 becomes a Cast pair (to the low dtype and back to float32): the rounding;
+- a low node of :data:`ROUNDED_OPS` is followed by a Cast pair on each float output; one of :data:`EXACT_OPS`
+  is left as it is (its inputs are representable, so are its outputs); ``Relu`` is written ``Max(x, 0)``,
+  which gives numpy's bits (ONNX Runtime's Relu keeps -0.0, numpy's ``maximum(x, 0)`` gives +0.0);
+- FP32 nodes are left as they are: ONNX Runtime computes them, as it computes the FP32 reference. The
+  emulator's FP32 kernels match ONNX Runtime only to float32 rounding, so on FP32 nodes the two engines may
+  differ by that much; on low nodes they agree bit for bit (``tests/precision/test_castgraph.py``).
+
+The session runs with every graph optimisation off (``ORT_DISABLE_ALL``): at ``ORT_ENABLE_ALL`` ONNX Runtime
+moves a Conv with constant weights to its NCHWc kernel, whose sums land on other bits than the plain kernel
+the emulator calls, and fusions could merge a node with its neighbour across a rounding. The Cast pairs are
+checked bit for bit against numpy (:func:`kernels.ortexec.cast_matches_numpy`) once per process; a pair that
+differs is never used.
+
+:func:`cast_graph` says why a model does not qualify (a low node of another op type, low tensors inside an
+If/Loop/Scan body, external or too many weights, ...); the caller then runs the emulator, as before.
+:func:`strict_model_runner` picks the engine and says which one ran.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from mpinfer.memory import current_budget
+from mpinfer.modelio import ort_log_level
+from mpinfer.precision.emulator.emulate import SKIP_ROUNDING
+from mpinfer.precision.emulator.kernels import ortexec
+from mpinfer.precision.tensorstats import usable_cpus
+from mpinfer.specs import Precision
+
+logger = logging.getLogger(__name__)
+
+ENGINE_CASTS = "ort-casts"
+ENGINE_EMULATOR = "emulator"
+
+# Low-precision ops computed as one float32 op and rounded once, with ONNX Runtime's float32 kernel giving the
+# emulator's bits (each tested bit for bit against the emulator, FP16 and BF16, with inf/NaN/subnormal/tie inputs).
+# Not MatMul/Gemm (numpy's BLAS and ONNX Runtime's MLAS sum in other orders), not Tanh/Sigmoid/Exp/Erf (other
+# approximations), not the pools (MaxPool: ONNX Runtime drops a NaN that numpy's max keeps; averages: sum order).
+ROUNDED_OPS = frozenset({"Conv", "ConvTranspose", "Add", "Sub", "Mul", "Div"})
+# Low-precision ops whose outputs are values of their inputs (or 0): representable in, representable out.
+EXACT_OPS = frozenset(
+    {"Relu", "Max", "Min", "Abs", "Neg", "Identity", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose",
+     "Concat", "Slice", "Split"}
+)
+# Ops whose outputs are never float: the same on the float32 copy of a low tensor as on the tensor itself.
+SHAPE_OPS = frozenset({"Shape", "Size"})
+_FLOAT, _FLOAT16, _BFLOAT16 = 1, 10, 16
+_LOW = {_FLOAT16: Precision.FP16, _BFLOAT16: Precision.BF16}
+_ROUND_CAST = {_FLOAT16: "round_fp16", _BFLOAT16: "round_bf16"}
+_ZERO = "mpinfer_castgraph_zero"
+
+
+@dataclass(frozen=True)
+class CastGraph:
+    """The float32 graph of a converted model, and the low dtypes of its I/O.
+
+    Attributes:
+        model: The float32 ``onnx.ModelProto`` (Cast pairs where the converted model rounds).
+        low_inputs: Graph input name -> the numpy dtype the converted model declares (FP16/BF16).
+        low_outputs: Graph output name -> the numpy dtype the converted model declares (FP16/BF16).
+        rounded: Low nodes followed by a Cast pair (Casts to a low dtype included).
+    """
+
+    model: Any
+    low_inputs: dict[str, np.dtype]
+    low_outputs: dict[str, np.dtype]
+    rounded: int
+
+
+class _Refused(Exception):
+    """The model does not qualify for the cast graph (the message says why)."""
+
+
+def may_qualify(op_types: Iterable[str], model: Any) -> bool:
+    """False when a plan cannot give a model with a cast graph: a low op off the lists, or external weights.
+
+    A cheap check before applying a plan (``op_types``: those of its low nodes; ``model``: the FP32 model).
+    """
+    from onnx.external_data_helper import uses_external_data
+
+    listed = ROUNDED_OPS | EXACT_OPS | SHAPE_OPS | {"Cast"}
+    return all(op in listed for op in op_types) and not any(uses_external_data(t) for t in model.graph.initializer)
+
+
+def cast_graph(model: Any) -> tuple[CastGraph | None, str]:
+    """The float32 cast graph of a converted model, or None and the reason it does not qualify.
+
+    Args:
+        model: The converted ``onnx.ModelProto`` (not modified), weights in the proto.
+    """
+    try:
+        return _build(model), ""
+    except _Refused as why:
+        return None, str(why)
+    except Exception as err:  # a model the translation did not foresee: the emulator still runs it, said loudly
+        logger.warning("The cast graph of this model could not be built (%s: %s); the strict emulator runs it. "
+                       "This is a bug in mpinfer: please report it with the model.", type(err).__name__, err)
+        return None, f"{type(err).__name__}: {err}"
+
+
+def _build(model: Any) -> CastGraph:
+    from onnx import helper, numpy_helper
+    from onnx.external_data_helper import uses_external_data
+
+    graph = model.graph
+    if model.functions or graph.sparse_initializer:
+        raise _Refused("model-local functions or sparse initializers")
+    if any(uses_external_data(t) for t in graph.initializer):
+        raise _Refused("weights in external data")
+    types = _elem_types(model)
+    unknown = [o for n in graph.node for o in n.output if o and o not in types]
+    if unknown:
+        raise _Refused(f"tensors whose type inference cannot tell: {', '.join(unknown[:3])}")
+    lows = {t for t in types.values() if t in _LOW}
+    opset = next((int(o.version) for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+    if opset < 8 or (_BFLOAT16 in lows and opset < 13):  # (Max with a broadcast scalar: 8; BF16 Casts: 13)
+        raise _Refused(f"default-domain opset {opset}")
+    for t in lows:
+        if not _pair_exact(_ROUND_CAST[t]):
+            raise _Refused(f"ONNX Runtime's {_ROUND_CAST[t]} cast pair differs from numpy's")
+    inits, weight_bytes = [], 0
+    for t in graph.initializer:
+        if t.data_type in _LOW:
+            t = numpy_helper.from_array(numpy_helper.to_array(t).astype(np.float32), t.name)
+        weight_bytes += int(np.prod(t.dims, dtype=np.int64)) * 4
+        inits.append(t)
+    if weight_bytes > current_budget().weight_cache:
+        raise _Refused(f"{weight_bytes / 1e9:.2f} GB of float32 weights (past the weight_cache slice)")
+    nodes: list[Any] = []
+    rounded = 0
+    for node in graph.node:
+        rounded += _translate(node, types, nodes, inits)
+    inputs = [_as_float(vi, types) for vi in graph.input]
+    outputs = [_as_float(vi, types) for vi in graph.output]
+    fast = helper.make_graph(nodes, graph.name or "castgraph", inputs, outputs, inits)
+    out = helper.make_model(fast, opset_imports=list(model.opset_import))
+    out.ir_version = model.ir_version
+    low_in = {vi.name: _LOW[types[vi.name]].numpy_dtype for vi in graph.input if types.get(vi.name) in _LOW}
+    low_out = {vi.name: _LOW[types[vi.name]].numpy_dtype for vi in graph.output if types.get(vi.name) in _LOW}
+    return CastGraph(out, low_in, low_out, rounded)
+
+
+def _elem_types(model: Any) -> dict[str, int]:
+    """Tensor name -> ONNX element type of every main-graph tensor (type inference on a weightless copy)."""
+    import onnx
+    from onnx import helper
+
+    graph = model.graph
+    declared = {vi.name for vi in graph.input}
+    weights = [helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)) for t in graph.initializer
+               if t.name not in declared]
+    skeleton = helper.make_graph(list(graph.node), "skeleton", list(graph.input) + weights, list(graph.output))
+    light = helper.make_model(skeleton, opset_imports=list(model.opset_import))
+    light.ir_version = model.ir_version
+    try:
+        inferred = onnx.shape_inference.infer_shapes(light).graph
+    except Exception as err:  # onnx raises its own types
+        raise _Refused(f"type inference failed ({err})") from err
+    types = {t.name: t.data_type for t in graph.initializer}
+    for vi in list(inferred.input) + list(inferred.value_info) + list(inferred.output):
+        if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type:
+            types[vi.name] = vi.type.tensor_type.elem_type
+    return types
+
+
+def _as_float(vi: Any, types: Mapping[str, int]) -> Any:
+    """A graph input/output's value info, FP16/BF16 declared as float32 (the runner casts at the boundary)."""
+    if types.get(vi.name) not in _LOW:
+        return vi
+    out = type(vi)()
+    out.CopyFrom(vi)
+    out.type.tensor_type.elem_type = _FLOAT
+    return out
+
+
+def _translate(node: Any, types: Mapping[str, int], nodes: list[Any], inits: list[Any]) -> int:
+    """Append ``node``'s float32 form to ``nodes``; 1 when it got Cast pairs, 0 when not.
+
+    Raises:
+        _Refused: A low node of an op type off the lists, or a low tensor this translation cannot place.
+    """
+    from onnx import AttributeProto, helper
+
+    if node.domain not in ("", "ai.onnx"):
+        raise _Refused(f"node '{node.name}' of domain {node.domain}")
+    if any(a.type in (AttributeProto.GRAPH, AttributeProto.GRAPHS) for a in node.attribute):
+        _check_body(node, types)
+        nodes.append(node)
+        return 0
+    skip = SKIP_ROUNDING.get(node.op_type, ())
+    low = next((types[n] for i, n in enumerate(node.input) if n and i not in skip and types.get(n) in _LOW), None)
+    if node.op_type == "Cast":
+        to = next(a.i for a in node.attribute if a.name == "to")
+        if to in _LOW:
+            nodes.extend(_round_pair(node, to))
+            return 1
+        if low is not None and to != _FLOAT:
+            raise _Refused(f"Cast '{node.name}' from a low dtype to element type {to}")
+        nodes.append(node)
+        return 0
+    if low is not None and node.op_type in SHAPE_OPS:
+        nodes.append(node)
+        return 0
+    if low is None:  # an FP32 node: ONNX Runtime computes it (its float outputs must be float32)
+        nodes.append(_fp32_node(node, types))
+        return 0
+    _check_low_node(node, types, low, skip)
+    if node.op_type == "Relu":
+        if not any(t.name == _ZERO for t in inits):
+            inits.append(helper.make_tensor(_ZERO, _FLOAT, [], [0.0]))
+        nodes.append(helper.make_node("Max", [node.input[0], _ZERO], list(node.output), name=node.name))
+        return 0
+    if node.op_type in EXACT_OPS:
+        nodes.append(node)
+        return 0
+    nodes.extend(_round_pair(node, low))
+    return 1
+
+
+def _check_low_node(node: Any, types: Mapping[str, int], low: int, skip: tuple[int, ...]) -> None:
+    """Refuse a low node off the lists, or one whose float inputs and outputs are not all of its low dtype."""
+    op = node.op_type
+    if op not in ROUNDED_OPS and op not in EXACT_OPS:
+        raise _Refused(f"low-precision {op} node '{node.name}' (not computed bit for bit by a cast graph)")
+    if op == "ConvTranspose" and any(a.name == "output_shape" for a in node.attribute):
+        raise _Refused(f"ConvTranspose '{node.name}' with output_shape (the emulator computes it in numpy)")
+    if op == "ConvTranspose" and _auto_pad(node) not in ("NOTSET", "VALID"):
+        raise _Refused(f"ConvTranspose '{node.name}' with auto_pad (the emulator computes it in numpy)")
+    floats = [n for i, n in enumerate(node.input) if n and i not in skip and _is_float(types.get(n))]
+    floats += [n for n in node.output if n and _is_float(types.get(n))]
+    if any(types.get(n) != low for n in floats) or any(n and n not in types for n in node.output):
+        raise _Refused(f"low-precision {op} node '{node.name}' with tensors of mixed or unknown float types")
+
+
+def _fp32_node(node: Any, types: Mapping[str, int]) -> Any:
+    """An FP32 node as it goes into the float32 graph: a Constant of a low dtype becomes float32, exactly."""
+    from onnx import helper, numpy_helper
+
+    if not any(types.get(n) in _LOW for n in node.output if n):
+        return node
+    if node.op_type not in ("Constant", "ConstantOfShape"):
+        raise _Refused(f"{node.op_type} node '{node.name}' that makes a low-precision tensor from FP32 inputs")
+    attrs = {}
+    for a in node.attribute:
+        if a.name != "value" or a.type != a.TENSOR:
+            raise _Refused(f"{node.op_type} node '{node.name}' with attribute {a.name}")
+        attrs["value"] = numpy_helper.from_array(numpy_helper.to_array(a.t).astype(np.float32))
+    return helper.make_node(node.op_type, list(node.input), list(node.output), name=node.name, **attrs)
+
+
+def _round_pair(node: Any, low: int) -> list[Any]:
+    """``node`` with each output through a Cast pair (to ``low`` and back to float32) under its original name."""
+    from onnx import helper
+
+    raw = [f"{o}__castgraph_raw" if o else "" for o in node.output]
+    first = helper.make_node(node.op_type, list(node.input), raw, name=node.name, domain=node.domain)
+    first.attribute.extend(node.attribute)
+    out = [first]
+    for o, r in zip(node.output, raw, strict=True):
+        if o:
+            out.append(helper.make_node("Cast", [r], [f"{o}__castgraph_low"], to=low))
+            out.append(helper.make_node("Cast", [f"{o}__castgraph_low"], [o], to=_FLOAT))
+    return out
+
+
+def _check_body(node: Any, types: Mapping[str, int]) -> None:
+    """Refuse an If/Loop/Scan whose bodies hold or read low-precision tensors (the emulator rounds inside them)."""
+    for a in node.attribute:
+        for body in [a.g] if a.type == a.GRAPH else list(a.graphs):
+            if _holds_low(body) or any(types.get(n) in _LOW for n in _outer(body)):
+                raise _Refused(f"{node.op_type} '{node.name}' with low-precision tensors in its bodies")
+
+
+def _holds_low(graph: Any) -> bool:
+    """True when a graph (or a body nested in it) stores, declares, casts to or makes an FP16/BF16 tensor."""
+    declared = list(graph.input) + list(graph.output) + list(graph.value_info)
+    if any(t.data_type in _LOW for t in graph.initializer) or any(
+        vi.type.tensor_type.elem_type in _LOW for vi in declared
+    ):
+        return True
+    for n in graph.node:
+        for a in n.attribute:
+            if (a.name == "to" and a.type == a.INT and a.i in _LOW) or (a.type == a.TENSOR and a.t.data_type in _LOW):
+                return True
+            if any(_holds_low(g) for g in ([a.g] if a.type == a.GRAPH else list(a.graphs))):
+                return True
+    return False
+
+
+def _outer(body: Any) -> set[str]:
+    """Names a body (and its nested bodies) reads from enclosing graphs."""
+    defined = {t.name for t in body.initializer} | {vi.name for vi in body.input}
+    defined |= {o for n in body.node for o in n.output}
+    reads = {i for n in body.node for i in n.input if i}
+    for n in body.node:
+        for a in n.attribute:
+            for g in [a.g] if a.type == a.GRAPH else list(a.graphs):
+                reads |= _outer(g)
+    return reads - defined
+
+
+def _auto_pad(node: Any) -> str:
+    for a in node.attribute:
+        if a.name == "auto_pad":
+            return a.s.decode()
+    return "NOTSET"
+
+
+def _is_float(elem: int | None) -> bool:
+    return elem in (_FLOAT, _FLOAT16, _BFLOAT16, 11)
+
+
+@functools.lru_cache(maxsize=4)
+def _pair_exact(name: str) -> bool:
+    """True when the Cast pair ``name`` (round_fp16 / round_bf16) at ORT_DISABLE_ALL gives numpy's bits."""
+    from onnx import helper
+
+    to = _FLOAT16 if name == "round_fp16" else _BFLOAT16
+    nodes = [helper.make_node("Cast", ["x"], ["h"], to=to), helper.make_node("Cast", ["h"], ["y"], to=_FLOAT)]
+    g = helper.make_graph(nodes, "pair", [helper.make_tensor_value_info("x", _FLOAT, [None])],
+                          [helper.make_tensor_value_info("y", _FLOAT, None)])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    try:
+        sess = _session(model)
+        return ortexec.cast_matches_numpy(name, lambda v: sess.run(None, {"x": v})[0])
+    except Exception as err:  # no ml_dtypes, or an ONNX Runtime without the cast
+        logger.debug("cast graph: %s unavailable (%s)", name, err)
+        return False
+
+
+def _session(model: Any) -> Any:
+    """An ONNX Runtime CPU session with every graph optimisation off (see the module docstring)."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.log_severity_level = ort_log_level()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    so.intra_op_num_threads = min(ortexec.MAX_THREADS, usable_cpus())  # (the emulator's Conv sessions' threads)
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+
+
+class CastGraphSession:
+    """``feeds -> outputs`` of a converted model through its cast graph, in the converted model's declared dtypes.
+
+    FP16/BF16 inputs take data in that dtype, or float32 data, which is rounded to it (as the emulator rounds it
+    at the first low node); FP16/BF16 outputs come back in their dtype.
+    """
+
+    def __init__(self, built: CastGraph) -> None:
+        self._built = built
+        self._sess = _session(built.model)
+        self._names = [o.name for o in built.model.graph.output]
+
+    def __call__(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The outputs on ``feeds`` (graph output name -> array)."""
+        low_in, low_out = self._built.low_inputs, self._built.low_outputs
+        fed = {k: np.asarray(v).astype(low_in[k]).astype(np.float32) if k in low_in else v for k, v in feeds.items()}
+        values = self._sess.run(self._names, fed)
+        return {n: v.astype(low_out[n]) if n in low_out else v for n, v in zip(self._names, values, strict=True)}
+
+
+def open_cast_session(model: Any) -> tuple[CastGraphSession | None, str]:
+    """A session of ``model``'s cast graph, or None and the reason it does not qualify (or ORT refused it)."""
+    built, why = cast_graph(model)
+    if built is None:
+        return None, why
+    try:
+        return CastGraphSession(built), ""
+    except Exception as err:  # onnxruntime raises its own types: an attribute set or shape it refuses
+        return None, f"ONNX Runtime refused the cast graph ({type(err).__name__}: {err})"
+
+
+class StrictModelRunner:
+    """A converted model under strict numerics: its cast graph where it qualifies, else the emulator.
+
+    ``engine`` says which ran: :data:`ENGINE_CASTS`, :data:`ENGINE_EMULATOR`, or both joined by ``+`` when a
+    cast-graph run failed (ONNX Runtime refusing the data) and the emulator took over from there.
+
+    Args:
+        model: The converted ``onnx.ModelProto``, or its file (external weights: the emulator runs it).
+        open_emulator: ``model -> (feeds -> outputs)``: the emulator's runner (opened only when needed).
+        cast_graph: False runs the emulator whatever the model.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        open_emulator: Callable[[Any], Callable[..., dict[str, np.ndarray]]],
+        *,
+        cast_graph: bool = True,
+    ) -> None:
+        self._model, self._open_emulator = model, open_emulator
+        self._emulator: Callable[..., dict[str, np.ndarray]] | None = None
+        self._fast: CastGraphSession | None = None
+        why = "asked for the emulator" if not cast_graph else "a model file (external weights)"
+        if cast_graph and not isinstance(model, (str, os.PathLike)):
+            self._fast, why = open_cast_session(model)
+        self._used: list[str] = []
+        if self._fast is None:
+            logger.info("strict numerics: the emulator runs the model (no cast graph: %s)", why)
+        else:
+            logger.info("strict numerics: ONNX Runtime runs the model as a float32 graph with rounding casts")
+
+    @property
+    def engine(self) -> str:
+        """The engines that ran so far (the planned one before any run)."""
+        if not self._used:
+            return ENGINE_CASTS if self._fast is not None else ENGINE_EMULATOR
+        return "+".join(self._used)
+
+    def __call__(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The converted model's outputs on ``feeds``."""
+        if self._fast is not None:
+            try:
+                out = self._fast(feeds)
+                self._note(ENGINE_CASTS)
+                return out
+            except Exception as err:  # onnxruntime's own types: data it refuses; the emulator decides (and names it)
+                logger.info("strict numerics: the cast graph failed (%s); the emulator runs the rest", err)
+                self._fast = None
+        if self._emulator is None:
+            self._emulator = self._open_emulator(self._model)
+        self._note(ENGINE_EMULATOR)
+        return self._emulator(feeds)
+
+    def _note(self, engine: str) -> None:
+        if engine not in self._used:
+            self._used.append(engine)
