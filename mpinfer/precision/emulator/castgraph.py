@@ -3,8 +3,8 @@
 The emulator (:mod:`emulate`) runs a converted model node by node: a node with FP16/BF16 inputs reads them as
 float32, computes, and stores its float outputs rounded to its dtype. For the ops of :data:`ROUNDED_OPS` the
 computation is a single float32 operation (+, -, *, /: float32 carries more than twice the bits of either low
-dtype, so float32-then-round is the correctly rounded low-precision result; Conv/ConvTranspose: ONNX Runtime's
-own float32 kernel on the rounded inputs, see :mod:`kernels.ortexec`), and the ops of :data:`EXACT_OPS` return
+dtype, so float32-then-round is the correctly rounded low-precision result; Conv/ConvTranspose, MatMul/Gemm,
+Tanh/Sigmoid: ONNX Runtime's own float32 kernel on the rounded inputs, see :mod:`kernels.ortexec`), and the ops of :data:`EXACT_OPS` return
 values of their inputs, which need no rounding. For those ops the emulator's result is, bit for bit, that of
 one float32 graph where every FP16/BF16 tensor becomes a float32 tensor holding the same (representable) values:
 
@@ -54,9 +54,10 @@ ENGINE_EMULATOR = "emulator"
 
 # Low-precision ops computed as one float32 op and rounded once, with ONNX Runtime's float32 kernel giving the
 # emulator's bits (each tested bit for bit against the emulator, FP16 and BF16, with inf/NaN/subnormal/tie inputs).
-# Not MatMul/Gemm (numpy's BLAS and ONNX Runtime's MLAS sum in other orders), not Tanh/Sigmoid/Exp/Erf (other
-# approximations), not the pools (MaxPool: ONNX Runtime drops a NaN that numpy's max keeps; averages: sum order).
-ROUNDED_OPS = frozenset({"Conv", "ConvTranspose", "Add", "Sub", "Mul", "Div"})
+# MatMul, Gemm, Tanh, Sigmoid: the emulator calls ONNX Runtime's float32 kernels for them (kernels/linalg.py,
+# kernels/elementwise.py). Not Exp/Log/Erf (numpy's approximations in the emulator), not the pools (MaxPool: ONNX
+# Runtime drops a NaN that numpy's max keeps; averages: sum order).
+ROUNDED_OPS = frozenset({"Conv", "ConvTranspose", "MatMul", "Gemm", "Tanh", "Sigmoid", "Add", "Sub", "Mul", "Div"})
 # Low-precision ops whose outputs are values of their inputs (or 0): representable in, representable out.
 EXACT_OPS = frozenset(
     {"Relu", "Max", "Min", "Abs", "Neg", "Identity", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose",

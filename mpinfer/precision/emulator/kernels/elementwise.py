@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from mpinfer.precision.emulator.kernels import ortexec
 from mpinfer.precision.emulator.kernels.numerics import SQRT_HALF, NodeInfo, Numerics, erf
 
 Kernel = Callable[[NodeInfo, Numerics, list[Any]], list[np.ndarray]]
@@ -32,6 +33,18 @@ def _unary(fn: Callable[[np.ndarray], np.ndarray]) -> Kernel:
         if out.dtype.kind == "f" and v.dtype.kind == "f" and out.dtype != v.dtype:
             out = out.astype(v.dtype, copy=False)
         return [out]
+
+    return k
+
+
+def _ort_unary(op: str, fn: Callable[[np.ndarray], np.ndarray]) -> Kernel:
+    """A unary function evaluated by ONNX Runtime's float32 kernel (an accurate float32 value, like numpy's), so
+    the cast graph (:mod:`castgraph`) computes the emulator's bits; numpy's ``fn`` where ONNX Runtime cannot."""
+    numpy_kernel = _unary(fn)
+
+    def k(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
+        fast = ortexec.float32_op(op, {}, x[:1], min_size=ortexec.PRODUCT_MIN_SIZE)
+        return [fast] if fast is not None else numpy_kernel(n, num, x)
 
     return k
 
@@ -210,8 +223,8 @@ KERNELS: dict[str, Kernel] = {
     "Exp": _unary(np.exp),
     "Log": _unary(np.log),
     "Erf": _unary(erf),
-    "Tanh": _unary(np.tanh),
-    "Sigmoid": _unary(_sigmoid),
+    "Tanh": _ort_unary("Tanh", np.tanh),
+    "Sigmoid": _ort_unary("Sigmoid", _sigmoid),
     "Relu": _unary(lambda v: np.maximum(v, 0)),
     "Neg": _unary(np.negative),
     "Abs": _unary(np.abs),

@@ -1,9 +1,10 @@
 """Matrix kernels: MatMul, Gemm, Einsum, Conv, ConvTranspose.
 
-Tensor-core behaviour: inputs arrive rounded to the low dtype, products are accumulated in float32 (numpy
-float32 BLAS) and the executor rounds the output once. Conv and ConvTranspose run in ONNX Runtime's float32
-kernels where it takes them (:func:`ortexec.float32_op`: the same model, products of rounded values are
-exact in float32), else in numpy: im2col over ``sliding_window_view`` plus one matrix product per group.
+Tensor-core behaviour: inputs arrive rounded to the low dtype, products are accumulated in float32 and the
+executor rounds the output once. MatMul, Gemm, Conv and ConvTranspose run in ONNX Runtime's float32 kernels
+where it takes them (:func:`ortexec.float32_op`: the same model, products of rounded values are exact in
+float32; the order of the float32 sums is the kernel's, as on a GPU), else in numpy: float32 BLAS, and im2col
+over ``sliding_window_view`` plus one matrix product per group for convolutions.
 """
 
 from __future__ import annotations
@@ -21,7 +22,10 @@ from mpinfer.precision.emulator.kernels.numerics import NodeInfo, Numerics, Reje
 
 
 def matmul(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
-    """ONNX MatMul (numpy matmul broadcasting rules are ONNX's)."""
+    """ONNX MatMul (numpy matmul broadcasting rules are ONNX's): ONNX Runtime's float32 kernel, else numpy's BLAS."""
+    fast = ortexec.float32_op("MatMul", {}, x, min_size=ortexec.PRODUCT_MIN_SIZE)
+    if fast is not None:
+        return [fast]
     a, b = x
     with one_thread_below(a.size * b.size // max(1, a.shape[-1] if a.ndim else 1)):  # (batched: an upper bound)
         if a.ndim > 2 and b.ndim == 2:  # activations @ weights: one big GEMM instead of one per batch row
@@ -30,7 +34,10 @@ def matmul(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
 
 
 def gemm(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
-    """ONNX Gemm: alpha * A' B' + beta * C, the epilogue in float32."""
+    """ONNX Gemm: alpha * A' B' + beta * C, the epilogue in float32 (ONNX Runtime's kernel, else numpy's BLAS)."""
+    fast = ortexec.float32_op("Gemm", n.attrs, [v for v in x if v is not None], min_size=ortexec.PRODUCT_MIN_SIZE)
+    if fast is not None:
+        return [fast]
     a, b = x[0], x[1]
     c = x[2] if len(x) > 2 else None
     if n.get("transA", 0):

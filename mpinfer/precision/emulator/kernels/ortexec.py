@@ -40,6 +40,9 @@ MIN_SIZE = 1 << 14
 # ... except Conv and ConvTranspose, run here at every size: the cast graph (castgraph.py) computes them in ONNX
 # Runtime whatever their size, and gives the emulator's bits only where the emulator calls the same kernel.
 CONV_MIN_SIZE = 0
+# ... and MatMul, Gemm, Tanh and Sigmoid, for the same reason: ONNX Runtime's float32 kernels define them (their sum
+# orders, their float32 approximations of tanh and the logistic), in the emulator and in the cast graph alike.
+PRODUCT_MIN_SIZE = 0
 # Sessions kept for float32 ops (one per op type, attribute set and input ranks); the oldest is dropped.
 # (layout_cdla, 1493 nodes, needs 15.)
 MAX_OP_SESSIONS = 64
