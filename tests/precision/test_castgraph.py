@@ -174,7 +174,9 @@ def test_gemm_gives_the_emulators_bits(kind):
     assert cast_graph(model)[0].rounded == 2  # the input Cast and the Gemm
 
 
-@pytest.mark.parametrize(("op", "reason"), [("Exp", "Exp"), ("Erf", "Erf"), ("MaxPool", "MaxPool"), ("Softmax", "Softmax")])
+@pytest.mark.parametrize(
+    ("op", "reason"), [("Exp", "Exp"), ("Erf", "Erf"), ("MaxPool", "MaxPool"), ("Softmax", "Softmax")]
+)
 def test_a_low_node_off_the_lists_keeps_the_emulator(op, reason):
     elem = TensorProto.FLOAT16
     inits, ins, attrs = [], ["x16"], {}

@@ -4,9 +4,10 @@ The emulator (:mod:`emulate`) runs a converted model node by node: a node with F
 float32, computes, and stores its float outputs rounded to its dtype. For the ops of :data:`ROUNDED_OPS` the
 computation is a single float32 operation (+, -, *, /: float32 carries more than twice the bits of either low
 dtype, so float32-then-round is the correctly rounded low-precision result; Conv/ConvTranspose, MatMul/Gemm,
-Tanh/Sigmoid: ONNX Runtime's own float32 kernel on the rounded inputs, see :mod:`kernels.ortexec`), and the ops of :data:`EXACT_OPS` return
-values of their inputs, which need no rounding. For those ops the emulator's result is, bit for bit, that of
-one float32 graph where every FP16/BF16 tensor becomes a float32 tensor holding the same (representable) values:
+Tanh/Sigmoid: ONNX Runtime's own float32 kernel on the rounded inputs, see :mod:`kernels.ortexec`), and the ops
+of :data:`EXACT_OPS` return values of their inputs, which need no rounding. For those ops the emulator's result
+is, bit for bit, that of one float32 graph where every FP16/BF16 tensor becomes a float32 tensor holding the
+same (representable) values:
 
 - FP16/BF16 initializers become float32 (exact); the graph's FP16/BF16 inputs are fed, and its outputs
   returned, in their declared dtype (the runner casts them; exact, or rounded when float32 data is fed);

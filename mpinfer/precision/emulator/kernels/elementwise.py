@@ -38,8 +38,10 @@ def _unary(fn: Callable[[np.ndarray], np.ndarray]) -> Kernel:
 
 
 def _ort_unary(op: str, fn: Callable[[np.ndarray], np.ndarray]) -> Kernel:
-    """A unary function evaluated by ONNX Runtime's float32 kernel (an accurate float32 value, like numpy's), so
-    the cast graph (:mod:`castgraph`) computes the emulator's bits; numpy's ``fn`` where ONNX Runtime cannot."""
+    """A unary function evaluated by ONNX Runtime's float32 kernel (an accurate float32 value, like numpy's).
+
+    The cast graph (:mod:`castgraph`) then computes the emulator's bits; numpy's ``fn`` where ONNX Runtime cannot.
+    """
     numpy_kernel = _unary(fn)
 
     def k(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
