@@ -6,10 +6,11 @@ torch model on the parity inputs (seeded inputs of several shapes; a decoder's p
 into the output's staging folder, full ``onnx.checker``, parity of ONNX Runtime on that file against the torch
 outputs, then publish ``<name>.onnx`` (with ``<name>.onnx.data``) and ``<name>.export.json`` together.
 
-At model size: the torch model and the ONNX model are never both in memory with ONNX Runtime's session, and a
-model whose weights come to :data:`EXTERNAL_WEIGHTS_BYTES` or more is written with its weights in
-``<name>.onnx.data``, one tensor at a time (:func:`mpinfer.modelio.save_streamed`: never a second copy of the
-proto, never the whole model serialized).
+At model size: the torch model and the ONNX model are never both in memory with ONNX Runtime's session; the
+TorchScript exporter writes the graph alone and the weights are streamed from the torch model to external data
+(:mod:`mpinfer.export.streaming`: never a copy of them in a proto, never the whole model serialized), and a model
+whose weights come to :data:`EXTERNAL_WEIGHTS_BYTES` or more keeps them in ``<name>.onnx.data`` (the exporter's
+data file moved there), a smaller one embedded.
 """
 
 from __future__ import annotations
