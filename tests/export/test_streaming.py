@@ -130,3 +130,32 @@ def test_a_big_export_moves_the_exporters_data_file_instead_of_copying_it(tmp_pa
     locations = {e.value for t in model.graph.initializer for e in t.external_data if e.key == "location"}
     assert locations == {"m.onnx.data"} and (tmp_path / "out" / "m.onnx.data").is_file()
     assert not list((tmp_path / "out").glob(".*"))  # the exporter's scratch folder went with the staging
+
+
+@pytest.mark.parametrize("exporter_name", ["dynamo", "torchscript"])
+def test_the_torch_weights_are_freed_before_onnx_runtime_runs_parity(tmp_path, monkeypatch, exporter_name):
+    """Every torch weight is gone when ONNX Runtime's parity session opens, whichever exporter ran (onnxscript's
+    rewrite rules, run by the dynamo exporter, kept the last graph they matched and with it every weight)."""
+    import gc
+    import weakref
+
+    weights, alive_at_parity = [], []
+    real_reference, real_compare = exporter.parity_reference, exporter.compare_parity
+
+    def reference(module, *a, **k):
+        weights.extend(weakref.ref(p) for p in module.parameters())
+        return real_reference(module, *a, **k)
+
+    def compare(*a, **k):
+        gc.collect()
+        alive_at_parity.append(sum(w() is not None for w in weights))
+        return real_compare(*a, **k)
+
+    monkeypatch.setattr(exporter, "parity_reference", reference)
+    monkeypatch.setattr(exporter, "compare_parity", compare)
+    src = tmp_path / "net.py"
+    src.write_text("import torch\nfrom tests.export.test_streaming import _Net\n"
+                   "INPUT_SPECS = ['ids:batchxseq=5:int64:0..300']\n\ndef build():\n    return _Net().eval()\n")
+    res = export_onnx(ExportConfig(source=f"{src}:build", output=tmp_path / "m.onnx", exporter=exporter_name))
+    assert res.exporter == exporter_name and res.parity.passed
+    assert len(weights) > 5 and alive_at_parity == [0]
