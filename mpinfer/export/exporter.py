@@ -42,7 +42,7 @@ from mpinfer.export.kv import EXPORTER_REASON, with_kv_cache
 from mpinfer.export.loader import LoadedModel, bind_hf_inputs, load_model, split_source
 from mpinfer.export.outputs import flatten_outputs
 from mpinfer.export.parity import ParityReport, compare_parity, parity_reference
-from mpinfer.export.streaming import adopt_external_data, export_torchscript_streamed
+from mpinfer.export.streaming import adopt_external_data, export_torchscript_streamed, release_dynamo_weights
 from mpinfer.export.tidy import drop_noop_casts
 from mpinfer.fileio import check_output_path, write_json_atomic
 from mpinfer.modelio import (
@@ -219,39 +219,8 @@ def _export_dynamo(module: Any, args: tuple[Any, ...], specs: Sequence[TensorSpe
     path = tmp / "dynamo.onnx"
     with _quiet_torch_onnx():
         prog.save(str(path), external_data=True)  # type: ignore[union-attr]
-    _drop_torch_weights(prog)
+    release_dynamo_weights(prog)
     return path
-
-
-# What an onnxscript pattern matcher keeps of its last match (onnxscript 0.7: the graph, the node, the tracer); its
-# next match sets them again.
-_MATCHER_STATE = ("_graph", "_current_node", "_tracer")
-
-
-def _drop_torch_weights(prog: Any) -> None:
-    """Let the torch weights go with the torch model once the dynamo export is saved.
-
-    The program's initializers wrap the torch weights (views, no copies), and onnxscript's rewrite rules,
-    module-level objects, keep the last node and match they saw, hence the graph and the values they reach, after
-    the export returns: the weights outlived the torch model (a 1 GB model's export peaked at 2.5x its size with
-    ONNX Runtime's parity session on top). The rules' matchers drop their last match (each new match resets them), and
-    the program's initializers let go of their data.
-    """
-    for name, mod in list(sys.modules.items()):
-        if mod is None or not name.startswith("onnxscript.rewriter"):
-            continue
-        for obj in list(vars(mod).values()):
-            for rule in obj if isinstance(obj, (list, tuple)) else (obj,):
-                matcher = getattr(rule, "_matcher", None)
-                for attr in _MATCHER_STATE:
-                    if getattr(matcher, attr, None) is not None:
-                        setattr(matcher, attr, None)
-                match = getattr(matcher, "_match", None)
-                if match is not None:
-                    matcher._match = type(match)()
-    graph = getattr(getattr(prog, "model", None), "graph", None)
-    for value in getattr(graph, "initializers", {}).values():
-        value.const_value = None
 
 
 def _export_torchscript(module: Any, args: tuple[Any, ...], specs: Sequence[TensorSpec],
