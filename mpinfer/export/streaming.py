@@ -65,65 +65,72 @@ def _captured_params(utils: Any) -> Iterator[dict[str, Any]]:
 
     utils._model_to_graph = model_to_graph
     try:
-        with _small_params_for_shape_inference(utils):
-            yield captured
+        yield captured
     finally:
         utils._model_to_graph = original
 
 
+def _nbytes(t: Any) -> int:
+    return int(t.numel() * t.element_size()) if hasattr(t, "element_size") else 0
+
+
 @contextlib.contextmanager
-def _small_params_for_shape_inference(utils: Any) -> Iterator[None]:
+def _small_params_for_shape_inference(jit: Any) -> Iterator[None]:
     """The exporter's graph shape inference given only the params under SHAPE_INFERENCE_MAX_BYTES in the block.
 
     The others stay graph inputs of known type and shape to it.
     """
-    jit = utils._C
     original = jit._jit_pass_onnx_graph_shape_type_inference
 
     def shape_type_inference(graph: Any, params: Mapping[str, Any], *args: Any) -> Any:
-        small = {k: v for k, v in params.items()
-                 if not hasattr(v, "element_size") or v.numel() * v.element_size() < SHAPE_INFERENCE_MAX_BYTES}
-        return original(graph, small, *args)
+        return original(graph, {k: v for k, v in params.items() if _nbytes(v) < SHAPE_INFERENCE_MAX_BYTES}, *args)
 
     jit._jit_pass_onnx_graph_shape_type_inference = shape_type_inference
     try:
-        with _cheap_deduplication(jit):
-            yield
+        yield
     finally:
         jit._jit_pass_onnx_graph_shape_type_inference = original
+
+
+def _stand_ins(params: Mapping[str, Any]) -> dict[str, Any]:
+    """``params`` with a distinct one-element stand-in for each big weight no other one has the layout of.
+
+    The stand-ins are int64 of shape ``(1,) * rank``, a layout no weight has (``rank`` grows until none does), so
+    the deduplication only compares them with each other, and their values differ.
+    """
+    import torch
+
+    def layout(t: Any) -> tuple[Any, ...]:
+        return (t.dtype, tuple(t.shape), tuple(t.stride()))
+
+    tensors = [t for t in params.values() if isinstance(t, torch.Tensor)]
+    counts: dict[tuple[Any, ...], int] = {}
+    for t in tensors:
+        counts[layout(t)] = counts.get(layout(t), 0) + 1
+    rank = 1
+    while (torch.int64, (1,) * rank, (1,) * rank) in counts:
+        rank += 1
+    light = dict(params)
+    for i, (name, t) in enumerate(params.items()):
+        if isinstance(t, torch.Tensor) and counts[layout(t)] == 1 and _nbytes(t) >= SHAPE_INFERENCE_MAX_BYTES:
+            light[name] = torch.full((1,) * rank, i, dtype=torch.int64)
+    return light
 
 
 @contextlib.contextmanager
 def _cheap_deduplication(jit: Any) -> Iterator[None]:
     """The exporter's initializer deduplication given stand-ins for the big weights nothing could equal, in the block.
 
-    A weight no other one shares its dtype, sizes and strides with cannot be merged, yet the pass copied one
-    such weight whole (+0.27 GB of anonymous memory on the 3-layer 1.1B Llama: the folded, transposed LM head is
-    262 MB); each gets a one-element stand-in instead. Stand-ins keep
-    the pass's result (the names it keeps, the Identity nodes it adds for equal weights), not the values it
-    returns; :func:`attach_weights` takes the values from the exporter's own params.
+    A weight no other one shares its dtype, sizes and strides with cannot be merged (by data or by value), yet
+    the pass copied one such weight whole (+0.27 GB of anonymous memory on the 3-layer 1.1B Llama: the folded,
+    transposed LM head is 262 MB); each gets a stand-in instead (:func:`_stand_ins`). The pass's result is kept
+    (the names it keeps, the Identity nodes it adds for equal weights), not the values it returns:
+    :func:`attach_weights` takes the values from the exporter's own params.
     """
     original = jit._jit_pass_onnx_deduplicate_initializers
 
     def deduplicate(graph: Any, params: Mapping[str, Any], *args: Any) -> Any:
-        import torch
-
-        def layout(t: Any) -> tuple[Any, ...]:
-            return (t.dtype, tuple(t.shape), tuple(t.stride()))
-
-        counts: dict[tuple[Any, ...], int] = {}
-        for t in params.values():
-            if isinstance(t, torch.Tensor):
-                counts[layout(t)] = counts.get(layout(t), 0) + 1
-        stand_ins: dict[tuple[Any, ...], Any] = {}
-        light = {}
-        for name, t in params.items():
-            if (isinstance(t, torch.Tensor) and counts[layout(t)] == 1
-                    and t.numel() * t.element_size() >= SHAPE_INFERENCE_MAX_BYTES):
-                # one stand-in per distinct tensor (a weight shared by two names stays shared), all different
-                t = stand_ins.setdefault((t.data_ptr(), *layout(t)), torch.tensor([len(stand_ins)], dtype=torch.int64))
-            light[name] = t
-        return original(graph, light, *args)
+        return original(graph, _stand_ins(params), *args)
 
     jit._jit_pass_onnx_deduplicate_initializers = deduplicate
     try:
@@ -149,7 +156,8 @@ def export_torchscript_streamed(module: Any, args: tuple[Any, ...], path: Path, 
         logger.info("the TorchScript exporter's internals are not the ones known here: weights exported in the proto")
         torch.onnx.export(module, args, str(path), dynamo=False, **kwargs)
         return path
-    with _captured_params(utils) as params:
+    with (_captured_params(utils) as params, _small_params_for_shape_inference(utils._C),
+          _cheap_deduplication(utils._C)):
         torch.onnx.export(module, args, str(path), dynamo=False, export_params=False, **kwargs)
     attach_weights(path, params, kwargs.get("input_names") or ())
     return path
@@ -222,7 +230,10 @@ def _initializer(vi: Any, tensor: Any, f: Any, location: str) -> Any:
     import onnx
 
     elem = vi.type.tensor_type.elem_type
-    size = onnx.helper.tensor_dtype_to_np_dtype(elem).itemsize if elem != onnx.TensorProto.BFLOAT16 else 2
+    try:
+        size = onnx.helper.tensor_dtype_to_np_dtype(elem).itemsize if elem != onnx.TensorProto.BFLOAT16 else 2
+    except KeyError:  # no type, or one without a numpy equivalent
+        size = -1
     if size != tensor.element_size():
         raise ExportError(f"Weight '{vi.name}': the graph says ONNX type {elem} ({size} bytes), the torch tensor is "
                           f"{tensor.dtype}. Hint: this is a bug in mpinfer's streamed export; try --exporter dynamo.")
