@@ -159,3 +159,18 @@ def test_the_torch_weights_are_freed_before_onnx_runtime_runs_parity(tmp_path, m
     res = export_onnx(ExportConfig(source=f"{src}:build", output=tmp_path / "m.onnx", exporter=exporter_name))
     assert res.exporter == exporter_name and res.parity.passed
     assert len(weights) > 5 and alive_at_parity == [0]
+
+
+def test_stand_ins_take_a_layout_no_weight_has_and_only_for_big_unmatched_weights(monkeypatch):
+    """A stand-in never equals a real weight (its layout is free), two stand-ins never equal each other, and a
+    big weight that shares its layout with another (it may be merged with it) is passed as it is."""
+    monkeypatch.setattr(streaming, "SHAPE_INFERENCE_MAX_BYTES", 64)
+    lone, twin_a, twin_b = torch.randn(40, 3), torch.randn(5, 8), torch.randn(5, 8)
+    params = {"lone": lone, "lone_t": lone.t(), "a": twin_a, "b": twin_b, "id": torch.tensor([0]),
+              "id2": torch.tensor([[1]]), "tiny": torch.randn(2)}
+    light = streaming._stand_ins(params)
+    assert light["a"] is twin_a and light["b"] is twin_b and light["tiny"] is params["tiny"]
+    assert light["id"] is params["id"] and light["id2"] is params["id2"]
+    stand = [light["lone"], light["lone_t"]]
+    assert all(s.dtype == torch.int64 and s.shape == (1, 1, 1) for s in stand)  # (1,) and (1, 1) are taken
+    assert not torch.equal(stand[0], stand[1])
