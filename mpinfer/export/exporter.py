@@ -6,10 +6,11 @@ torch model on the parity inputs (seeded inputs of several shapes; a decoder's p
 into the output's staging folder, full ``onnx.checker``, parity of ONNX Runtime on that file against the torch
 outputs, then publish ``<name>.onnx`` (with ``<name>.onnx.data``) and ``<name>.export.json`` together.
 
-At model size: the torch model and the ONNX model are never both in memory with ONNX Runtime's session, and a
-model whose weights come to :data:`EXTERNAL_WEIGHTS_BYTES` or more is written with its weights in
-``<name>.onnx.data``, one tensor at a time (:func:`mpinfer.modelio.save_streamed`: never a second copy of the
-proto, never the whole model serialized).
+At model size: the torch model and the ONNX model are never both in memory with ONNX Runtime's session; the
+TorchScript exporter writes the graph alone and the weights are streamed from the torch model to external data
+(:mod:`mpinfer.export.streaming`: never a copy of them in a proto, never the whole model serialized), and a model
+whose weights come to :data:`EXTERNAL_WEIGHTS_BYTES` or more keeps them in ``<name>.onnx.data`` (the exporter's
+data file moved there), a smaller one embedded.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from mpinfer.export.kv import EXPORTER_REASON, with_kv_cache
 from mpinfer.export.loader import LoadedModel, bind_hf_inputs, load_model, split_source
 from mpinfer.export.outputs import flatten_outputs
 from mpinfer.export.parity import ParityReport, compare_parity, parity_reference
+from mpinfer.export.streaming import adopt_external_data, export_torchscript_streamed, release_dynamo_weights
 from mpinfer.export.tidy import drop_noop_casts
 from mpinfer.fileio import check_output_path, write_json_atomic
 from mpinfer.modelio import (
@@ -217,6 +219,7 @@ def _export_dynamo(module: Any, args: tuple[Any, ...], specs: Sequence[TensorSpe
     path = tmp / "dynamo.onnx"
     with _quiet_torch_onnx():
         prog.save(str(path), external_data=True)  # type: ignore[union-attr]
+    release_dynamo_weights(prog)
     return path
 
 
@@ -230,10 +233,10 @@ def _export_torchscript(module: Any, args: tuple[Any, ...], specs: Sequence[Tens
     axes = {s.name: {i: d for i, d in enumerate(s.shape) if isinstance(d, str)} for s in specs}
     axes = {k: v for k, v in axes.items() if v} | {k: v for k, v in (out_axes or {}).items() if k in out_names}
     path = tmp / "torchscript.onnx"
-    with _quiet_torch_onnx():
-        torch.onnx.export(module, args, str(path), dynamo=False, input_names=[s.name for s in specs],
-                          output_names=list(out_names), dynamic_axes=axes or None,
-                          opset_version=opset or DEFAULT_TORCHSCRIPT_OPSET, do_constant_folding=True)
+    with _quiet_torch_onnx():  # the graph alone from the exporter, the weights streamed to its data file
+        export_torchscript_streamed(module, args, path, input_names=[s.name for s in specs],
+                                    output_names=list(out_names), dynamic_axes=axes or None,
+                                    opset_version=opset or DEFAULT_TORCHSCRIPT_OPSET, do_constant_folding=True)
     return path
 
 
@@ -347,11 +350,15 @@ def weight_bytes(model: Any) -> int:
 def _write_model(model: Any, staged: Path, data_name: str, source_dir: Path) -> Path:
     """Write the exported model once, at ``staged``.
 
-    Its weights are streamed to ``data_name`` beside it when they come to :data:`EXTERNAL_WEIGHTS_BYTES` or more,
-    embedded otherwise. ``source_dir``: where the exporter's own external data is (read tensor by tensor).
+    Its weights go to ``data_name`` beside it when they come to :data:`EXTERNAL_WEIGHTS_BYTES` or more (the
+    exporter's own data file moved there when it holds them all, else streamed tensor by tensor), embedded
+    otherwise. ``source_dir``: where the exporter's own external data is (read tensor by tensor).
     ``model`` may be left without its weights: the caller drops it.
     """
     if weight_bytes(model) >= EXTERNAL_WEIGHTS_BYTES:
+        if adopt_external_data(model, source_dir, staged, data_name):
+            logger.info("the exporter's weight file moved to %s", data_name)
+            return staged
         logger.info("writing the weights to %s, one tensor at a time", data_name)
         return save_streamed(model, staged, data_name, base_dir=source_dir)
     if uses_external_data(model):

@@ -10,7 +10,9 @@ The TorchScript exporter is used (``auto`` picks it): ``torch.export`` specializ
 export of such a wrapper (tried with the cache as one tuple input and a dynamic past dim) assumed a non-empty past,
 and its graph computed logits up to 0.3 off for a 5-token prefill on an empty past on a 2-layer Llama, where
 TorchScript's matched torch to 2e-7 at every past length tried, 0 included. With the variadic cache inputs here,
-``torch.export`` refuses the wrapper outright, and ``--exporter dynamo`` says so.
+``torch.export`` (torch 2.13) refuses the wrapper outright (a dynamic ``total`` below 4; with
+``backed_size_oblivious``, a guard ``seq != 1`` that drops the one-token decode step), and ``--exporter dynamo``
+says so.
 """
 
 from __future__ import annotations
