@@ -353,17 +353,17 @@ def test_pipeline_convert_table_takes_the_knobs_and_budget_none(grown, tmp_path)
 
 @pytest.fixture
 def strict_rows(monkeypatch):
-    """The sample counts of every batch the strict emulator runs (StrictRunner._infer), in order."""
-    from mpinfer.precision.strict import StrictRunner
+    """The sample counts of every batch the verification's strict runner runs (cast graph or emulator), in order."""
+    from mpinfer.precision.emulator.castgraph import StrictModelRunner
 
     ran: list[int] = []
-    real = StrictRunner._infer
+    real = StrictModelRunner.__call__
 
     def counting(self, feeds):
         ran.append(len(feeds["x"]))
         return real(self, feeds)
 
-    monkeypatch.setattr(StrictRunner, "_infer", counting)
+    monkeypatch.setattr(StrictModelRunner, "__call__", counting)
     return ran
 
 
