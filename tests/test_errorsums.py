@@ -74,6 +74,9 @@ def test_chunked_histograms_are_the_general_paths(shape):
     h_abs, h_rel = LogHistogram(), LogHistogram()
     for seed in range(2):
         b, c = _pair(shape, seed)
+        if seed:  # magnitudes from 1e-14 to 1e14: errors in the tiny and huge buckets too
+            scale = (10.0 ** np.random.default_rng(seed).uniform(-14, 14, b.shape)).astype(np.float32)
+            b, c = b * scale, c * scale
         acc.update(b, c)
         d = np.abs(c.astype(np.float64) - b.astype(np.float64))
         h_abs.add(d)
@@ -82,6 +85,8 @@ def test_chunked_histograms_are_the_general_paths(shape):
         assert (got.zeros, got.tiny, got.huge) == (want.zeros, want.tiny, want.huge)
         assert np.array_equal(got.counts, want.counts)
     assert acc.hist_abs.zeros > 0  # (the equal values)
+    if len(shape) > 1 and shape[-1] > 100:  # (enough values to reach both ends)
+        assert acc.hist_abs.tiny > 0 and acc.hist_abs.huge > 0
 
 
 def test_error_sums_refuses_nonfinite_and_accumulator_falls_back():
