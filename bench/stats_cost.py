@@ -4,7 +4,9 @@ Each tree given (``--trees``: the baseline checkout first) runs in its own subpr
 imports that tree's mpinfer), ``--rounds`` times interleaved, on the shapes of bench/convert_cost.py's nets:
 
 * ``metrics``: ``OutputAccumulator.update`` (quantiles on, as the verification has them) of one batch of the CNN's
-  output, float32 ``[16, 128, 96, 96]`` (75 MB), the candidate the baseline plus noise;
+  output, float32 ``[16, 128, 96, 96]`` (75 MB, a ReLU's: half zeros), the candidate the baseline rounded to
+  float16 (its zeros stay, as in convert's verification); ``metrics (no zero error)``: the candidate the baseline
+  plus noise everywhere;
 * ``stats cnn``: ``StatsCollector.update_many`` of one batch of the CNN's 16 tensors (8 Conv outputs, 8 ReLU
   outputs, 32 to 128 channels at 96x96, 16 samples: 0.8 GB);
 * ``stats deep``: ``update_many`` of one batch of the deep net's 600 tensors ``[16, 32, 64]``.
@@ -39,9 +41,11 @@ def cost(fn):
         times.append(time.process_time() - c)
     return sorted(times)[len(times) // 2]
 b = np.maximum(rng.standard_normal((16, 128, 96, 96), dtype=np.float32), 0)
-c = b + rng.standard_normal(b.shape, dtype=np.float32) * np.float32(1e-3)
+c = b.astype(np.float16).astype(np.float32)  # (FP16's rounding: the ReLU's zeros stay zeros, as in convert)
 acc = OutputAccumulator("y")
 out = {"metrics": cost(lambda: acc.update(b, c))}
+c = b + rng.standard_normal(b.shape, dtype=np.float32) * np.float32(1e-3)
+out["metrics (no zero error)"] = cost(lambda: acc.update(b, c))
 del b, c
 chans = [32, 32, 64, 64, 128, 128, 128, 128]
 conv = [rng.standard_normal((16, ch, 96, 96), dtype=np.float32) for ch in chans]
