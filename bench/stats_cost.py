@@ -11,9 +11,11 @@ imports that tree's mpinfer), ``--rounds`` times interleaved, on the shapes of b
   outputs, 32 to 128 channels at 96x96, 16 samples: 0.8 GB);
 * ``stats deep``: ``update_many`` of one batch of the deep net's 600 tensors ``[16, 32, 64]``.
 
-Figures are ``time.process_time`` seconds (every thread) per batch, the median of ``--repeat`` calls:
+Figures are ``time.process_time`` seconds (every thread) per batch, the median of ``--repeat`` calls; with
+``--convert DIR``, CPU seconds of the thread running ``OutputAccumulator.update`` in a whole convert of the CNN:
 
     PYTHONPATH=$PWD .venv/bin/python bench/stats_cost.py --trees /work/main,$PWD
+    PYTHONPATH=$PWD .venv/bin/python bench/stats_cost.py --trees /work/main,$PWD --convert /tmp/cc --rounds 1
 """
 
 from __future__ import annotations
@@ -59,10 +61,36 @@ col.close()
 print(json.dumps(out))
 """
 
+# --convert DIR: convert DIR/cnn.onnx with DIR/cnn.npz (bench/convert_cost.py writes both there) as convert_cost
+# does, timing every OutputAccumulator.update on the thread that runs it (time.thread_time: ONNX Runtime's and the
+# statistics' threads left out), summed for the search's accumulators (no quantiles) and the verification's.
+CONVERT = r"""
+import json, sys, time
+from pathlib import Path
+import mpinfer.metrics as m
+from mpinfer.precision import ConvertConfig, convert_precision
+d = Path(sys.argv[1])
+spent = {"metrics in search": 0.0, "metrics in verification": 0.0}
+update = m.OutputAccumulator.update
+def timed(self, b, c, labels=None):
+    t = time.thread_time()
+    update(self, b, c, labels)
+    spent["metrics in verification" if self.quantiles else "metrics in search"] += time.thread_time() - t
+m.OutputAccumulator.update = timed
+cfg = ConvertConfig(model=d / "cnn.onnx", output=d / "cnn.stats_cost.onnx", calibration=str(d / "cnn.npz"),
+                    budget=None, force=True, progress=False, batch_size=16)
+convert_precision(cfg)
+print(json.dumps(spent))
+"""
+
 
 def run(tree: Path, repeat: int) -> dict[str, float]:
     """One child's figures (CPU s per batch)."""
-    proc = subprocess.run([sys.executable, "-c", CHILD, str(repeat)], capture_output=True, text=True, cwd=tree,
+    return _child(tree, CHILD, str(repeat))
+
+
+def _child(tree: Path, script: str, arg: str) -> dict[str, float]:
+    proc = subprocess.run([sys.executable, "-c", script, arg], capture_output=True, text=True, cwd=tree,
                           env={"PYTHONPATH": str(tree), "PATH": "/usr/bin:/bin"}, check=True)
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -72,14 +100,16 @@ def main() -> None:
     p.add_argument("--trees", required=True, help="mpinfer checkouts, comma-separated (baseline first)")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--repeat", type=int, default=5)
+    p.add_argument("--convert", type=Path, help="time the metrics in a convert of DIR/cnn.onnx instead")
     a = p.parse_args()
     trees = [Path(t).resolve() for t in a.trees.split(",")]
     got: dict[Path, list[dict[str, float]]] = {t: [] for t in trees}
     for _ in range(a.rounds):
         for tree in trees:
-            got[tree].append(run(tree, a.repeat))
+            got[tree].append(_child(tree, CONVERT, str(a.convert.resolve())) if a.convert else run(tree, a.repeat))
     keys = list(got[trees[0]][0])
-    print("CPU s per batch (median of rounds); ratio against the first tree")
+    what = "CPU s in the convert" if a.convert else "CPU s per batch"
+    print(f"{what} (median of rounds); ratio against the first tree")
     print("| tree | " + " | ".join(keys) + " |")
     print("|---" * (len(keys) + 1) + "|")
     base = {k: statistics.median(r[k] for r in got[trees[0]]) for k in keys}
