@@ -39,6 +39,13 @@ class LogHistogram:
         idx = idx[(idx >= 0) & (idx < self.counts.size)]
         self.counts += np.bincount(idx, minlength=self.counts.size)
 
+    def add_counts(self, counts: np.ndarray, zeros: int, tiny: int, huge: int) -> None:
+        """Add counts made elsewhere with :meth:`add`'s bins (:mod:`mpinfer.errorsums`)."""
+        self.counts += counts
+        self.zeros += int(zeros)
+        self.tiny += int(tiny)
+        self.huge += int(huge)
+
     @property
     def total(self) -> int:
         """Number of values added."""

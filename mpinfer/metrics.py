@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from mpinfer.errors import InvalidInputError, format_message
+from mpinfer.errorsums import FAST_DTYPES, ErrorSums, cosines, error_sums
 from mpinfer.histogram import LogHistogram
 
 # Added to |baseline| in the relative error so exact zeros in the baseline do not divide by zero.
@@ -224,13 +225,6 @@ def _as_samples(a: np.ndarray) -> np.ndarray:
     return a.reshape(1, -1) if a.ndim == 0 else a.reshape(a.shape[0], -1)
 
 
-def _cosines(bc: np.ndarray, b2: np.ndarray, c2: np.ndarray) -> np.ndarray:
-    """Cosines from dot products and squared norms: 1 when both are zero, 0 when one is."""
-    den = np.sqrt(b2 * c2)
-    safe = np.where(den > 0, den, 1.0)
-    return np.where(den > 0, bc / safe, np.where((b2 == 0) & (c2 == 0), 1.0, 0.0))
-
-
 def _comparable(a: np.ndarray) -> np.ndarray:
     """Class scores in a dtype numpy compares natively (bfloat16 and other extension floats as float32)."""
     return a if a.dtype.kind == "f" else a.astype(np.float32)
@@ -320,6 +314,11 @@ class OutputAccumulator:
         if b_in.ndim == 0:
             self._update_chunk(b_in, c_in)
             return
+        if b_in.dtype in FAST_DTYPES and c_in.dtype in FAST_DTYPES:  # float32/float16: in cache-sized chunks
+            sums = error_sums(_as_samples(b_in), _as_samples(c_in), REL_EPS, self.quantiles)
+            if sums is not None:  # (None: NaN/Inf in the batch, which the general path below handles)
+                self._add_sums(sums, b_in.size)
+                return
         # whole samples at a time, about CHUNK_ELEMENTS values: the float64 temporaries stay small
         step = max(1, CHUNK_ELEMENTS // max(1, b_in.size // max(1, len(b_in))))
         for lo in range(0, len(b_in), step):
@@ -342,7 +341,7 @@ class OutputAccumulator:
         bs, cs, ds = _as_samples(b), _as_samples(c), _as_samples(d)
         b2, c2 = np.einsum("ij,ij->i", bs, bs), np.einsum("ij,ij->i", cs, cs)
         bc, d2 = np.einsum("ij,ij->i", bs, cs), np.einsum("ij,ij->i", ds, ds)
-        cos = _cosines(bc, b2, c2)
+        cos = cosines(bc, b2, c2)
         nonfinite = 0
         if bad is not None:
             bad_samples = _as_samples(bad).any(axis=1)
@@ -369,6 +368,23 @@ class OutputAccumulator:
         if self.quantiles:
             self.hist_abs.add(a, infinite=nonfinite)
             self.hist_rel.add(rel, infinite=nonfinite)
+
+    def _add_sums(self, e: ErrorSums, size: int) -> None:
+        """Add a batch's figures from :func:`mpinfer.errorsums.error_sums` (``size`` values, all finite)."""
+        s = self.s
+        cos = np.concatenate(e.cos) if e.cos else np.ones(0)
+        s["samples"] += len(cos)
+        if len(cos):
+            self.cosine_min = min(self.cosine_min, float(cos.min()))
+        for key in ("sum_b2", "sum_c2", "sum_bc", "sum_d2", "sum_abs", "sum_rel"):
+            s[key] += getattr(e, key)
+        s["n"] += size
+        if size:
+            s["max_abs"], s["max_rel"] = max(s["max_abs"], e.max_abs), max(s["max_rel"], e.max_rel)
+            s["b_min"], s["b_max"] = min(s["b_min"], e.b_min), max(s["b_max"], e.b_max)
+        if self.quantiles and e.hist_abs is not None and e.hist_rel is not None:
+            self.hist_abs.add_counts(e.hist_abs.counts, e.hist_abs.zeros, e.hist_abs.tiny, e.hist_abs.huge)
+            self.hist_rel.add_counts(e.hist_rel.counts, e.hist_rel.zeros, e.hist_rel.tiny, e.hist_rel.huge)
 
     def _update_classes(self, b_in: np.ndarray, c_in: np.ndarray, labels: np.ndarray | None) -> None:
         classes = b_in.shape[-1]

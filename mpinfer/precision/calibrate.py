@@ -296,6 +296,11 @@ class _OnDisk(Mapping[str, np.ndarray]):
         return len(self._index)
 
 
+def _owned(value: np.ndarray) -> np.ndarray:
+    """``value`` as a float32 array that owns its memory (a copy unless it already is one)."""
+    return value if value.base is None and value.dtype == np.float32 else np.array(value, np.float32)
+
+
 def _outputs_only(captured: list[dict[str, np.ndarray]], outputs: set[str]) -> list[dict[str, np.ndarray]]:
     """The captured batches with their graph outputs only (the other tensors dropped)."""
     return [{n: v for n, v in c.items() if n in outputs} for c in captured]
@@ -800,9 +805,9 @@ class _Capture:
         captured = self.captured
         if not (captured and floats and all(c.keys() >= set(floats) for c in captured)):
             return None, None
-        # Copies: ONNX Runtime's output arrays are views that keep the session's whole memory arena alive.
-        reference: list[Any] = [c if isinstance(c, _OnDisk) else {n: np.array(c[n], np.float32) for n in floats}
-                                for c in captured]
+        # Copies of ONNX Runtime's output arrays, views that keep the session's whole memory arena alive (an
+        # array that owns its memory, joined from a batch's slices, is kept as it is: 75 MB a batch of a CNN).
+        reference: list[Any] = [c if isinstance(c, _OnDisk) else {n: _owned(c[n]) for n in floats} for c in captured]
         if not self.tensors:
             return reference, None
         return reference, [{n: v for n, v in c.items() if types.get(n) == FLOAT} for c in captured[: self.batches]]
@@ -816,7 +821,7 @@ class _FirstPass:
         self.batches = self.samples = 0
         self._specs = specs_from_onnx(model)
         self._inputs = {vi.name for vi in model.graph.input}
-        self._observe = _observer(self.collector, set(emulated))
+        self._observe = self.collector.observer(set(emulated))
         has_bodies = any(a.type in (5, 10) for n in model.graph.node for a in n.attribute)  # GRAPH(S)
         self._emulator = None
         if has_bodies or emulated:
@@ -836,15 +841,3 @@ class _FirstPass:
         self.batches += 1
         first = next(iter(batch.values()), None)
         self.samples += int(first.shape[0]) if first is not None and np.ndim(first) else 1
-
-
-def _observer(collector: StatsCollector, main_names: set[str]) -> Any:
-    """Emulator observer collecting every body tensor (qualified name) and the listed main-graph tensors."""
-
-    def observe(prefix: str, name: str, value: np.ndarray) -> None:
-        if not isinstance(value, np.ndarray):
-            return  # a sequence or an optional: planned around, never measured
-        if prefix or name in main_names:
-            collector.update(prefix + name, value)
-
-    return observe

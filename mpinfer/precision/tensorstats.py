@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -357,6 +357,15 @@ class StatsCollector:
             self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="mpinfer-stats")
         for future in [self._pool.submit(_update_all, share) for share in _shares(jobs, self.workers)]:
             future.result()  # re-raises a worker's exception here
+
+    def observer(self, main_names: set[str]) -> Callable[[str, str, Any], None]:
+        """An emulator observer collecting every body tensor (qualified name) and the listed main-graph tensors."""
+
+        def observe(prefix: str, name: str, value: Any) -> None:
+            if isinstance(value, np.ndarray) and (prefix or name in main_names):  # (sequences, optionals: never)
+                self.update(prefix + name, value)
+
+        return observe
 
     def close(self) -> None:
         """Stop the worker threads (the statistics stay readable)."""
