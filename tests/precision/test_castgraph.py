@@ -16,6 +16,7 @@ from mpinfer.precision.emulator.castgraph import (
     ENGINE_CASTS,
     ENGINE_EMULATOR,
     EXACT_OPS,
+    EXPANDED_OPS,
     ROUNDED_OPS,
     SHAPE_OPS,
     cast_graph,
@@ -73,6 +74,13 @@ def _converted(op: str, kind: str, opset: int = 17, **attrs) -> object:
         w.flat[:4] = [30000.0, -3.0e38 if kind == "bf16" else -60000.0, 1e-6, 0.0]  # overflow, a tiny weight, a zero
         inits += [init("w", w.astype(dtype)), init("b", rng_w(6, seed=4).astype(dtype))]
         ins += ["w", "b"]
+    elif op == "BatchNormalization":
+        rng = np.random.default_rng(5)
+        scale, shift = rng.standard_normal(4) * 3, rng.standard_normal(4)
+        mean, var = rng.standard_normal(4), np.array([1e-4, 0.5, 2.0, 1e4])  # a tiny variance: a large folded scale
+        for n, v in (("scale", scale), ("shift", shift), ("mean", mean), ("var", var)):
+            inits.append(init(n, v.astype(np.float32).astype(dtype)))
+        ins += ["scale", "shift", "mean", "var"]
     elif op == "MatMul":
         w = rng_w(8, 5, seed=3, scale=0.4)
         w.flat[:3] = [30000.0, -3.0e38 if kind == "bf16" else -60000.0, 1e-6]  # overflow, a tiny weight
@@ -111,7 +119,7 @@ CASES = [
     ("Conv", {"pads": [1, 1, 1, 1]}),
     ("Conv", {"strides": [2, 2], "auto_pad": "SAME_UPPER"}),
     ("ConvTranspose", {"strides": [2, 2], "pads": [1, 1, 1, 1]}),
-    ("MatMul", {}), ("Tanh", {}), ("Sigmoid", {}),
+    ("MatMul", {}), ("Tanh", {}), ("Sigmoid", {}), ("HardSwish", {}), ("BatchNormalization", {"epsilon": 1e-3}),
     ("Add", {}), ("Sub", {}), ("Mul", {}), ("Div", {}),
     ("Relu", {}), ("Max", {}), ("Min", {}), ("Abs", {}), ("Neg", {}), ("Identity", {}),
     ("Reshape", {}), ("Flatten", {"axis": 2}), ("Transpose", {"perm": [0, 2, 3, 1]}), ("Concat", {"axis": 1}),
@@ -136,7 +144,7 @@ def test_each_listed_op_gives_the_emulators_bits(op, attrs, kind):
         want, got = emulator.infer(feeds), sess(feeds)
         for name in want:
             assert _same_bits(np.asarray(want[name]), np.asarray(got[name])), (op, kind, rows, name)
-    if op in ROUNDED_OPS:  # the test would pass for an op that never rounds: check that this one does round
+    if op in ROUNDED_OPS or op in EXPANDED_OPS:  # the test would pass for an op that never rounds: it does round
         assert cast_graph(model)[0].rounded == len(model.graph.input) + 1, op  # the input Casts, and the op
     else:
         assert op in EXACT_OPS | SHAPE_OPS

@@ -45,6 +45,7 @@ from mpinfer.memory import current_budget
 from mpinfer.modelio import ort_log_level
 from mpinfer.precision.emulator.emulate import SKIP_ROUNDING
 from mpinfer.precision.emulator.kernels import ortexec
+from mpinfer.precision.emulator.kernels.numerics import Numerics
 from mpinfer.precision.tensorstats import usable_cpus
 from mpinfer.specs import Precision
 
@@ -64,6 +65,11 @@ EXACT_OPS = frozenset(
     {"Relu", "Max", "Min", "Abs", "Neg", "Identity", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose",
      "Concat", "Slice", "Split"}
 )
+# Low-precision ops the emulator computes as a few float32 steps, each rounded: written as those steps, each one of
+# the lists above. HardSwish: x * clip(x * (1/6) + 1/2, 0, 1), rounded after the product, the sum and the last
+# product (kernels/elementwise.py); BatchNormalization (inference): x * a + b with a = scale / sqrt(var + eps) and
+# b = bias - mean * a computed in float32 and rounded, then rounded after the product and the sum (kernels/norm.py).
+EXPANDED_OPS = frozenset({"HardSwish", "BatchNormalization"})
 # Ops whose outputs are never float: the same on the float32 copy of a low tensor as on the tensor itself.
 SHAPE_OPS = frozenset({"Shape", "Size"})
 _FLOAT, _FLOAT16, _BFLOAT16 = 1, 10, 16
@@ -100,7 +106,7 @@ def may_qualify(op_types: Iterable[str], model: Any) -> bool:
     """
     from onnx.external_data_helper import uses_external_data
 
-    listed = ROUNDED_OPS | EXACT_OPS | SHAPE_OPS | {"Cast"}
+    listed = ROUNDED_OPS | EXACT_OPS | EXPANDED_OPS | SHAPE_OPS | {"Cast"}
     return all(op in listed for op in op_types) and not any(uses_external_data(t) for t in model.graph.initializer)
 
 
@@ -162,7 +168,13 @@ def _build(model: Any) -> CastGraph:
     return CastGraph(out, low_in, low_out, rounded)
 
 
-def _elem_types(model: Any) -> dict[str, int]:
+class _Types(dict[str, int]):
+    """Tensor name -> ONNX element type; ``ranks``: tensor name -> rank, where shape inference gave one."""
+
+    ranks: dict[str, int]
+
+
+def _elem_types(model: Any) -> _Types:
     """Tensor name -> ONNX element type of every main-graph tensor (type inference on a weightless copy)."""
     import onnx
     from onnx import helper
@@ -178,10 +190,13 @@ def _elem_types(model: Any) -> dict[str, int]:
         inferred = onnx.shape_inference.infer_shapes(light).graph
     except Exception as err:  # onnx raises its own types
         raise _Refused(f"type inference failed ({err})") from err
-    types = {t.name: t.data_type for t in graph.initializer}
+    types = _Types({t.name: t.data_type for t in graph.initializer})
+    types.ranks = {t.name: len(t.dims) for t in graph.initializer}
     for vi in list(inferred.input) + list(inferred.value_info) + list(inferred.output):
         if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type:
             types[vi.name] = vi.type.tensor_type.elem_type
+            if vi.type.tensor_type.HasField("shape"):
+                types.ranks[vi.name] = len(vi.type.tensor_type.shape.dim)
     return types
 
 
@@ -226,6 +241,9 @@ def _translate(node: Any, types: Mapping[str, int], nodes: list[Any], inits: lis
     if low is None:  # an FP32 node: ONNX Runtime computes it (its float outputs must be float32)
         nodes.append(_fp32_node(node, types))
         return 0
+    if node.op_type in EXPANDED_OPS:
+        nodes.extend(_expanded(node, types, low, inits))
+        return 1
     _check_low_node(node, types, low, skip)
     if node.op_type == "Relu":
         if not any(t.name == _ZERO for t in inits):
@@ -237,6 +255,61 @@ def _translate(node: Any, types: Mapping[str, int], nodes: list[Any], inits: lis
         return 0
     nodes.extend(_round_pair(node, low))
     return 1
+
+
+def _expanded(node: Any, types: Mapping[str, int], low: int, inits: list[Any]) -> list[Any]:
+    """A low HardSwish or BatchNormalization as the float32 steps the emulator rounds one by one.
+
+    Raises:
+        _Refused: A variant the emulator does not compute so (training mode, BatchNorm parameters that are not
+            initializers, tensors of mixed float types).
+    """
+    from onnx import helper, numpy_helper
+
+    x, y = node.input[0], node.output[0]
+    if types.get(x) != low or types.get(y) != low or len([o for o in node.output if o]) != 1:
+        raise _Refused(f"low-precision {node.op_type} node '{node.name}' with tensors of mixed float types")
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    tag = f"{y}__castgraph"
+
+    def const(name: str, value: np.ndarray) -> str:
+        inits.append(numpy_helper.from_array(np.asarray(value, np.float32), f"{tag}_{name}"))
+        return f"{tag}_{name}"
+
+    def rounded(op: str, ins: list[str], out: str) -> list[Any]:
+        return _round_pair(helper.make_node(op, ins, [out], name=f"{node.name}__{out.rsplit('_', 1)[-1]}"), low)
+
+    if node.op_type == "HardSwish":
+        zero, one = const("zero", np.float32(0.0)), const("one", np.float32(1.0))
+        return [
+            *rounded("Mul", [x, const("sixth", np.float32(1.0 / 6.0))], f"{tag}_scaled"),
+            *rounded("Add", [f"{tag}_scaled", const("half", np.float32(0.5))], f"{tag}_shifted"),
+            helper.make_node("Max", [f"{tag}_shifted", zero], [f"{tag}_floor"], name=f"{node.name}__floor"),
+            helper.make_node("Min", [f"{tag}_floor", one], [f"{tag}_gate"], name=f"{node.name}__gate"),
+            *rounded("Mul", [x, f"{tag}_gate"], y),
+        ]
+    if attrs.get("training_mode", 0) or attrs.get("spatial", 1) != 1 or set(attrs) - {"epsilon", "momentum", "spatial"}:
+        raise _Refused(f"BatchNormalization '{node.name}' with attributes {sorted(attrs)}")
+    weights = {t.name: t for t in inits}
+    if any(n not in weights for n in node.input[1:5]) or len(node.input) < 5:
+        raise _Refused(f"BatchNormalization '{node.name}' whose parameters are not initializers")
+    scale, bias, mean, var = (numpy_helper.to_array(weights[n]).astype(np.float32) for n in node.input[1:5])
+    rank = _rank(node, types)
+    num = Numerics(_LOW[low])
+    f = np.float32
+    a = scale / np.sqrt(var + f(attrs.get("epsilon", 1e-5)))  # (kernels/norm.batch_norm, step for step)
+    b = bias - mean * a
+    shape = (1, -1) + (1,) * (rank - 2)
+    a, b = num.r(a.reshape(shape)), num.r(b.reshape(shape))
+    return [*rounded("Mul", [x, const("a", a)], f"{tag}_scaled"), *rounded("Add", [f"{tag}_scaled", const("b", b)], y)]
+
+
+def _rank(node: Any, types: Mapping[str, int]) -> int:
+    """The rank of a BatchNormalization's input, from the ranks shape inference recorded (:func:`_elem_types`)."""
+    rank = (types.ranks if isinstance(types, _Types) else {}).get(node.input[0])
+    if not isinstance(rank, int) or rank < 2:
+        raise _Refused(f"BatchNormalization '{node.name}' whose input rank is not known")
+    return rank
 
 
 def _check_low_node(node: Any, types: Mapping[str, int], low: int, skip: tuple[int, ...]) -> None:
