@@ -74,6 +74,9 @@ def _converted(op: str, kind: str, opset: int = 17, **attrs) -> object:
         w.flat[:4] = [30000.0, -3.0e38 if kind == "bf16" else -60000.0, 1e-6, 0.0]  # overflow, a tiny weight, a zero
         inits += [init("w", w.astype(dtype)), init("b", rng_w(6, seed=4).astype(dtype))]
         ins += ["w", "b"]
+    elif op == "Clip":
+        inits += [init("lo", np.array(-2.5, dtype)), init("hi", np.array(6.0, dtype))]
+        ins += ["lo", "hi"]
     elif op == "BatchNormalization":
         rng = np.random.default_rng(5)
         scale, shift = rng.standard_normal(4) * 3, rng.standard_normal(4)
@@ -120,6 +123,9 @@ CASES = [
     ("Conv", {"strides": [2, 2], "auto_pad": "SAME_UPPER"}),
     ("ConvTranspose", {"strides": [2, 2], "pads": [1, 1, 1, 1]}),
     ("MatMul", {}), ("Tanh", {}), ("Sigmoid", {}), ("HardSwish", {}), ("BatchNormalization", {"epsilon": 1e-3}),
+    ("HardSigmoid", {"alpha": 0.3, "beta": 0.4}), ("Clip", {}), ("GlobalAveragePool", {}),
+    ("AveragePool", {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1], "strides": [2, 2]}),
+    ("AveragePool", {"kernel_shape": [2, 2], "pads": [1, 0, 1, 0], "count_include_pad": 1, "ceil_mode": 1}),
     ("Add", {}), ("Sub", {}), ("Mul", {}), ("Div", {}),
     ("Relu", {}), ("Max", {}), ("Min", {}), ("Abs", {}), ("Neg", {}), ("Identity", {}),
     ("Reshape", {}), ("Flatten", {"axis": 2}), ("Transpose", {"perm": [0, 2, 3, 1]}), ("Concat", {"axis": 1}),

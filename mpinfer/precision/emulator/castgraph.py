@@ -56,10 +56,13 @@ ENGINE_EMULATOR = "emulator"
 
 # Low-precision ops computed as one float32 op and rounded once, with ONNX Runtime's float32 kernel giving the
 # emulator's bits (each tested bit for bit against the emulator, FP16 and BF16, with inf/NaN/subnormal/tie inputs).
-# MatMul, Gemm, Tanh, Sigmoid: the emulator calls ONNX Runtime's float32 kernels for them (kernels/linalg.py,
-# kernels/elementwise.py). Not Exp/Log/Erf (numpy's approximations in the emulator), not the pools (MaxPool: ONNX
-# Runtime drops a NaN that numpy's max keeps; averages: sum order).
-ROUNDED_OPS = frozenset({"Conv", "ConvTranspose", "MatMul", "Gemm", "Tanh", "Sigmoid", "Add", "Sub", "Mul", "Div"})
+# MatMul, Gemm, Tanh, Sigmoid, AveragePool, GlobalAveragePool: the emulator calls ONNX Runtime's float32 kernels
+# for them (kernels/linalg.py, kernels/elementwise.py, kernels/pool.py). Not Exp/Log/Erf (numpy's approximations
+# in the emulator), not MaxPool (ONNX Runtime drops a NaN that numpy's max keeps).
+ROUNDED_OPS = frozenset(
+    {"Conv", "ConvTranspose", "MatMul", "Gemm", "Tanh", "Sigmoid", "AveragePool", "GlobalAveragePool", "Add", "Sub",
+     "Mul", "Div"}
+)
 # Low-precision ops whose outputs are values of their inputs (or 0): representable in, representable out.
 EXACT_OPS = frozenset(
     {"Relu", "Max", "Min", "Abs", "Neg", "Identity", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose",
@@ -69,7 +72,9 @@ EXACT_OPS = frozenset(
 # the lists above. HardSwish: x * clip(x * (1/6) + 1/2, 0, 1), rounded after the product, the sum and the last
 # product (kernels/elementwise.py); BatchNormalization (inference): x * a + b with a = scale / sqrt(var + eps) and
 # b = bias - mean * a computed in float32 and rounded, then rounded after the product and the sum (kernels/norm.py).
-EXPANDED_OPS = frozenset({"HardSwish", "BatchNormalization"})
+# HardSigmoid: clip(x * alpha + beta, 0, 1), rounded after the product and the sum; Clip: Max/Min with its bounds
+# (numpy's maximum/minimum, NaN kept), rounded (an opset-6 Clip's float attributes need not be representable).
+EXPANDED_OPS = frozenset({"HardSwish", "HardSigmoid", "BatchNormalization", "Clip"})
 # Ops whose outputs are never float: the same on the float32 copy of a low tensor as on the tensor itself.
 SHAPE_OPS = frozenset({"Shape", "Size"})
 _FLOAT, _FLOAT16, _BFLOAT16 = 1, 10, 16
@@ -169,9 +174,14 @@ def _build(model: Any) -> CastGraph:
 
 
 class _Types(dict[str, int]):
-    """Tensor name -> ONNX element type; ``ranks``: tensor name -> rank, where shape inference gave one."""
+    """Tensor name -> ONNX element type of every main-graph tensor.
+
+    ``ranks``: tensor name -> rank, where shape inference gave one; ``constants``: tensor name -> the TensorProto of
+    each Constant node's ``value``.
+    """
 
     ranks: dict[str, int]
+    constants: dict[str, Any]
 
 
 def _elem_types(model: Any) -> _Types:
@@ -192,6 +202,8 @@ def _elem_types(model: Any) -> _Types:
         raise _Refused(f"type inference failed ({err})") from err
     types = _Types({t.name: t.data_type for t in graph.initializer})
     types.ranks = {t.name: len(t.dims) for t in graph.initializer}
+    types.constants = {n.output[0]: a.t for n in graph.node if n.op_type == "Constant"
+                       for a in n.attribute if a.name == "value" and a.type == a.TENSOR}
     for vi in list(inferred.input) + list(inferred.value_info) + list(inferred.output):
         if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type:
             types[vi.name] = vi.type.tensor_type.elem_type
@@ -271,6 +283,8 @@ def _expanded(node: Any, types: Mapping[str, int], low: int, inits: list[Any]) -
         raise _Refused(f"low-precision {node.op_type} node '{node.name}' with tensors of mixed float types")
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
     tag = f"{y}__castgraph"
+    if node.op_type == "Clip":
+        return _clip(node, attrs, tag, low, inits)
 
     def const(name: str, value: np.ndarray) -> str:
         inits.append(numpy_helper.from_array(np.asarray(value, np.float32), f"{tag}_{name}"))
@@ -279,6 +293,14 @@ def _expanded(node: Any, types: Mapping[str, int], low: int, inits: list[Any]) -
     def rounded(op: str, ins: list[str], out: str) -> list[Any]:
         return _round_pair(helper.make_node(op, ins, [out], name=f"{node.name}__{out.rsplit('_', 1)[-1]}"), low)
 
+    if node.op_type == "HardSigmoid":
+        return [
+            *rounded("Mul", [x, const("alpha", np.float32(attrs.get("alpha", 0.2)))], f"{tag}_scaled"),
+            *rounded("Add", [f"{tag}_scaled", const("beta", np.float32(attrs.get("beta", 0.5)))], f"{tag}_shifted"),
+            helper.make_node("Max", [f"{tag}_shifted", const("zero", np.float32(0.0))], [f"{tag}_floor"],
+                             name=f"{node.name}__floor"),
+            helper.make_node("Min", [f"{tag}_floor", const("one", np.float32(1.0))], [y], name=f"{node.name}__gate"),
+        ]
     if node.op_type == "HardSwish":
         zero, one = const("zero", np.float32(0.0)), const("one", np.float32(1.0))
         return [
@@ -288,11 +310,13 @@ def _expanded(node: Any, types: Mapping[str, int], low: int, inits: list[Any]) -
             helper.make_node("Min", [f"{tag}_floor", one], [f"{tag}_gate"], name=f"{node.name}__gate"),
             *rounded("Mul", [x, f"{tag}_gate"], y),
         ]
-    if attrs.get("training_mode", 0) or attrs.get("spatial", 1) != 1 or set(attrs) - {"epsilon", "momentum", "spatial"}:
+    known = set(attrs) <= {"epsilon", "momentum", "spatial", "training_mode"}
+    if attrs.get("training_mode", 0) or attrs.get("spatial", 1) != 1 or not known:
         raise _Refused(f"BatchNormalization '{node.name}' with attributes {sorted(attrs)}")
     weights = {t.name: t for t in inits}
-    if any(n not in weights for n in node.input[1:5]) or len(node.input) < 5:
-        raise _Refused(f"BatchNormalization '{node.name}' whose parameters are not initializers")
+    weights.update(types.constants if isinstance(types, _Types) else {})
+    if len(node.input) < 5 or any(n not in weights for n in node.input[1:5]):
+        raise _Refused(f"BatchNormalization '{node.name}' whose parameters are not constants")
     scale, bias, mean, var = (numpy_helper.to_array(weights[n]).astype(np.float32) for n in node.input[1:5])
     rank = _rank(node, types)
     num = Numerics(_LOW[low])
@@ -302,6 +326,29 @@ def _expanded(node: Any, types: Mapping[str, int], low: int, inits: list[Any]) -
     shape = (1, -1) + (1,) * (rank - 2)
     a, b = num.r(a.reshape(shape)), num.r(b.reshape(shape))
     return [*rounded("Mul", [x, const("a", a)], f"{tag}_scaled"), *rounded("Add", [f"{tag}_scaled", const("b", b)], y)]
+
+
+def _clip(node: Any, attrs: Mapping[str, Any], tag: str, low: int, inits: list[Any]) -> list[Any]:
+    """A low Clip as Max with its lower bound, then Min with its upper bound, rounded (kernels/elementwise._clip)."""
+    from onnx import helper, numpy_helper
+
+    x, y = node.input[0], node.output[0]
+    if any(n not in ("min", "max") for n in attrs):
+        raise _Refused(f"Clip '{node.name}' with attributes {sorted(attrs)}")
+    bounds = []
+    for i, key in ((1, "min"), (2, "max")):
+        if len(node.input) > i and node.input[i]:
+            bounds.append((node.input[i], "Max" if key == "min" else "Min"))
+        elif key in attrs:  # opset 6: float attributes, float32 in the emulator
+            inits.append(numpy_helper.from_array(np.asarray(attrs[key], np.float32), f"{tag}_{key}"))
+            bounds.append((f"{tag}_{key}", "Max" if key == "min" else "Min"))
+    nodes, prev = [], x
+    for k, (bound, op) in enumerate(bounds[:-1]):
+        nodes.append(helper.make_node(op, [prev, bound], [f"{tag}_{k}"], name=f"{node.name}__{op.lower()}"))
+        prev = f"{tag}_{k}"
+    last = (helper.make_node(bounds[-1][1], [prev, bounds[-1][0]], [y], name=f"{node.name}__last") if bounds
+            else helper.make_node("Identity", [prev], [y], name=f"{node.name}__last"))
+    return nodes + _round_pair(last, low)
 
 
 def _rank(node: Any, types: Mapping[str, int]) -> int:

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from mpinfer.precision.emulator.kernels import ortexec
 from mpinfer.precision.emulator.kernels.linalg import _conv_geometry, conv_windows
 from mpinfer.precision.emulator.kernels.numerics import NodeInfo, Numerics, UnsupportedVariant
 
@@ -71,8 +72,15 @@ def max_pool(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
 
 
 def average_pool(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
-    """AveragePool; the divisor counts padding only with count_include_pad, never the ceil_mode extra."""
+    """AveragePool; the divisor counts padding only with count_include_pad, never the ceil_mode extra.
+
+    ONNX Runtime's float32 kernel where it takes the node (the sum order is the kernel's, as on a GPU; the cast
+    graph computes it so too), else numpy.
+    """
     v = x[0]
+    fast = ortexec.float32_op("AveragePool", n.attrs, [v], min_size=ortexec.PRODUCT_MIN_SIZE)
+    if fast is not None:
+        return [fast]
     kernel, strides, dil, begin, end, extra, outs = _pool_geometry(n, v)
     empty = _empty_pool(v, outs)
     if empty is not None:
@@ -94,8 +102,11 @@ def average_pool(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
 
 
 def global_average_pool(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
-    """GlobalAveragePool (float32 accumulation)."""
+    """GlobalAveragePool (float32 accumulation): ONNX Runtime's float32 kernel where it runs, else numpy."""
     v = x[0]
+    fast = ortexec.float32_op("GlobalAveragePool", {}, [v], min_size=ortexec.PRODUCT_MIN_SIZE)
+    if fast is not None:
+        return [fast]
     return [np.mean(v, axis=tuple(range(2, v.ndim)), keepdims=True, dtype=np.float32).astype(v.dtype, copy=False)]
 
 
