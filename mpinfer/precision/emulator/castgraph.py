@@ -74,7 +74,9 @@ EXACT_OPS = frozenset(
 # b = bias - mean * a computed in float32 and rounded, then rounded after the product and the sum (kernels/norm.py).
 # HardSigmoid: clip(x * alpha + beta, 0, 1), rounded after the product and the sum; Clip: Max/Min with its bounds
 # (numpy's maximum/minimum, NaN kept), rounded (an opset-6 Clip's float attributes need not be representable).
-EXPANDED_OPS = frozenset({"HardSwish", "HardSigmoid", "BatchNormalization", "Clip"})
+# Softmax (opset 13 on): x - ReduceMax(x), Exp, ReduceL1 (the sum of the non-negative exponentials), divide, each
+# rounded; the emulator's softmax runs the same ONNX Runtime kernels (kernels/norm.py).
+EXPANDED_OPS = frozenset({"HardSwish", "HardSigmoid", "BatchNormalization", "Clip", "Softmax"})
 # Ops whose outputs are never float: the same on the float32 copy of a low tensor as on the tensor itself.
 SHAPE_OPS = frozenset({"Shape", "Size"})
 _FLOAT, _FLOAT16, _BFLOAT16 = 1, 10, 16
@@ -177,11 +179,12 @@ class _Types(dict[str, int]):
     """Tensor name -> ONNX element type of every main-graph tensor.
 
     ``ranks``: tensor name -> rank, where shape inference gave one; ``constants``: tensor name -> the TensorProto of
-    each Constant node's ``value``.
+    each Constant node's ``value``; ``opset``: the default domain's opset.
     """
 
     ranks: dict[str, int]
     constants: dict[str, Any]
+    opset: int
 
 
 def _elem_types(model: Any) -> _Types:
@@ -202,6 +205,7 @@ def _elem_types(model: Any) -> _Types:
         raise _Refused(f"type inference failed ({err})") from err
     types = _Types({t.name: t.data_type for t in graph.initializer})
     types.ranks = {t.name: len(t.dims) for t in graph.initializer}
+    types.opset = next((int(o.version) for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
     types.constants = {n.output[0]: a.t for n in graph.node if n.op_type == "Constant"
                        for a in n.attribute if a.name == "value" and a.type == a.TENSOR}
     for vi in list(inferred.input) + list(inferred.value_info) + list(inferred.output):
@@ -285,6 +289,8 @@ def _expanded(node: Any, types: Mapping[str, int], low: int, inits: list[Any]) -
     tag = f"{y}__castgraph"
     if node.op_type == "Clip":
         return _clip(node, attrs, tag, low, inits)
+    if node.op_type == "Softmax":
+        return _softmax(node, attrs, tag, low, inits, types.opset if isinstance(types, _Types) else 0)
 
     def const(name: str, value: np.ndarray) -> str:
         inits.append(numpy_helper.from_array(np.asarray(value, np.float32), f"{tag}_{name}"))
@@ -326,6 +332,34 @@ def _expanded(node: Any, types: Mapping[str, int], low: int, inits: list[Any]) -
     shape = (1, -1) + (1,) * (rank - 2)
     a, b = num.r(a.reshape(shape)), num.r(b.reshape(shape))
     return [*rounded("Mul", [x, const("a", a)], f"{tag}_scaled"), *rounded("Add", [f"{tag}_scaled", const("b", b)], y)]
+
+
+def _softmax(node: Any, attrs: Mapping[str, Any], tag: str, low: int, inits: list[Any], opset: int) -> list[Any]:
+    """A low Softmax as the emulator's rounded steps: max, x - max, exp, sum, divide (kernels/norm.softmax)."""
+    from onnx import helper, numpy_helper
+
+    if opset < 13:
+        raise _Refused(f"Softmax '{node.name}' at opset {opset} (the 2-D coercion of opsets before 13)")
+    x, y = node.input[0], node.output[0]
+    axis = int(attrs.get("axis", -1))
+
+    def reduce(op: str, src: str, out: str) -> Any:
+        if opset >= 18:  # axes became an input
+            if not any(t.name == f"{tag}_axes" for t in inits):
+                inits.append(numpy_helper.from_array(np.array([axis], np.int64), f"{tag}_axes"))
+            return helper.make_node(op, [src, f"{tag}_axes"], [out], name=f"{node.name}__{op}", keepdims=1)
+        return helper.make_node(op, [src], [out], name=f"{node.name}__{op}", axes=[axis], keepdims=1)
+
+    def rounded(made: Any) -> list[Any]:
+        return _round_pair(made, low)
+
+    return [
+        reduce("ReduceMax", x, f"{tag}_max"),
+        *rounded(helper.make_node("Sub", [x, f"{tag}_max"], [f"{tag}_d"], name=f"{node.name}__sub")),
+        *rounded(helper.make_node("Exp", [f"{tag}_d"], [f"{tag}_e"], name=f"{node.name}__exp")),
+        *rounded(reduce("ReduceL1", f"{tag}_e", f"{tag}_s")),
+        *rounded(helper.make_node("Div", [f"{tag}_e", f"{tag}_s"], [y], name=f"{node.name}__div")),
+    ]
 
 
 def _clip(node: Any, attrs: Mapping[str, Any], tag: str, low: int, inits: list[Any]) -> list[Any]:

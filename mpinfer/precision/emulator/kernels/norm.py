@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from mpinfer.precision.emulator.kernels import ortexec
 from mpinfer.precision.emulator.kernels.numerics import NodeInfo, Numerics, UnsupportedVariant
 from mpinfer.specs import Precision
 
@@ -109,11 +110,21 @@ def _softmax_axes(n: NodeInfo, v: np.ndarray) -> tuple[np.ndarray, tuple[int, ..
 
 
 def softmax(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
-    """Softmax: max, x - max, exp, sum, divide; each step rounded."""
+    """Softmax: max, x - max, exp, sum, divide; each step rounded.
+
+    The max, the exp and the sum are ONNX Runtime's float32 kernels (ReduceMax, Exp, ReduceL1 of the non-negative
+    exponentials) where it runs them, so the cast graph (:mod:`castgraph`) writes the same steps and gets the
+    same bits; numpy's where it does not.
+    """
     v, axes, shape = _softmax_axes(n, x[0])
     r = num.r
-    e = r(np.exp(r(v - np.max(v, axis=axes, keepdims=True))))
-    s = r(np.sum(e, axis=axes, keepdims=True))
+    reduce = {"axes": list(axes), "keepdims": 1}
+    top = ortexec.float32_op("ReduceMax", reduce, [v], min_size=ortexec.PRODUCT_MIN_SIZE)
+    d = r(v - (np.max(v, axis=axes, keepdims=True) if top is None else top))
+    exp = ortexec.float32_op("Exp", {}, [d], min_size=ortexec.PRODUCT_MIN_SIZE)
+    e = r(np.exp(d) if exp is None else exp)
+    total = ortexec.float32_op("ReduceL1", reduce, [e], min_size=ortexec.PRODUCT_MIN_SIZE)
+    s = r(np.sum(e, axis=axes, keepdims=True) if total is None else total)
     return [(e / s).reshape(shape)]
 
 
