@@ -124,7 +124,9 @@ CASES = [
     ("ConvTranspose", {"strides": [2, 2], "pads": [1, 1, 1, 1]}),
     ("MatMul", {}), ("Tanh", {}), ("Sigmoid", {}), ("HardSwish", {}), ("BatchNormalization", {"epsilon": 1e-3}),
     ("HardSigmoid", {"alpha": 0.3, "beta": 0.4}), ("Clip", {}), ("GlobalAveragePool", {}),
-    ("Softmax", {}), ("Softmax", {"axis": 1}), ("Softmax", {"axis": 2, "opset": 18}),
+    ("Softmax", {}), ("Softmax", {"axis": 1}), ("Softmax", {"axis": 2, "opset": 18}), ("Softmax", {"opset": 12}),
+    ("MaxPool", {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1], "strides": [2, 2]}),
+    ("MaxPool", {"kernel_shape": [2, 2], "strides": [3, 3], "ceil_mode": 1}),
     ("AveragePool", {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1], "strides": [2, 2]}),
     ("AveragePool", {"kernel_shape": [2, 2], "pads": [1, 0, 1, 0], "count_include_pad": 1, "ceil_mode": 1}),
     ("Add", {}), ("Sub", {}), ("Mul", {}), ("Div", {}),
@@ -141,6 +143,9 @@ def test_each_listed_op_gives_the_emulators_bits(op, attrs, kind):
     below and above the emulator's ONNX Runtime threshold (its numpy casts and its ONNX Runtime casts)."""
     model = _converted(op, kind, **({**attrs, "opset": 18} if op == "Split" else attrs))
     sess, why = open_cast_session(model)
+    if kind == "bf16" and attrs.get("opset", 17) < 13:  # (BF16 Casts need opset 13: refused, the emulator runs it)
+        assert sess is None and "opset 12" in why
+        return
     assert sess is not None, why
     emulator = StrictRunner(model)
     emulator.activate()
@@ -190,7 +195,7 @@ def test_gemm_gives_the_emulators_bits(kind):
 
 
 @pytest.mark.parametrize(
-    ("op", "reason"), [("Exp", "Exp"), ("Erf", "Erf"), ("MaxPool", "MaxPool"), ("LogSoftmax", "LogSoftmax")]
+    ("op", "reason"), [("Exp", "Exp"), ("Erf", "Erf"), ("GlobalMaxPool", "GlobalMaxPool"), ("LogSoftmax", "LogSoftmax")]
 )
 def test_a_low_node_off_the_lists_keeps_the_emulator(op, reason):
     elem = TensorProto.FLOAT16
@@ -258,10 +263,10 @@ def test_convert_verifies_a_cnn_through_the_cast_graph_and_records_it(tmp_path, 
     assert _same_bits(open_cast_session(written)[0]({"x": x})["y"], emulator.infer({"x": x})["y"])
 
 
-def test_a_maxpool_model_is_verified_by_the_emulator_and_says_so(tmp_path):
+def test_a_model_with_a_low_op_off_the_lists_is_verified_by_the_emulator_and_says_so(tmp_path):
     nodes = [helper.make_node("MatMul", ["x", "w"], ["h"], name="fc"),
-             helper.make_node("MaxPool", ["h"], ["y"], name="pool", kernel_shape=[2])]
-    src = save(make(nodes, [fvi("x", ["N", 4, 8])], [fvi("y", ["N", 4, 7])], [init("w", rng_w(8, 8))]),
+             helper.make_node("LeakyRelu", ["h"], ["y"], name="act", alpha=0.1)]
+    src = save(make(nodes, [fvi("x", ["N", 4, 8])], [fvi("y", ["N", 4, 8])], [init("w", rng_w(8, 8))]),
                tmp_path / "m.onnx")
     np.savez(tmp_path / "cal.npz", x=np.random.default_rng(0).standard_normal((32, 4, 8)).astype(np.float32))
     res = convert_precision(ConvertConfig(model=src, output=tmp_path / "o.onnx", calibration=str(tmp_path / "cal.npz"),

@@ -58,15 +58,15 @@ ENGINE_EMULATOR = "emulator"
 # emulator's bits (each tested bit for bit against the emulator, FP16 and BF16, with inf/NaN/subnormal/tie inputs).
 # MatMul, Gemm, Tanh, Sigmoid, AveragePool, GlobalAveragePool: the emulator calls ONNX Runtime's float32 kernels
 # for them (kernels/linalg.py, kernels/elementwise.py, kernels/pool.py). Not Exp/Log/Erf (numpy's approximations
-# in the emulator), not MaxPool (ONNX Runtime drops a NaN that numpy's max keeps).
+# in the emulator).
 ROUNDED_OPS = frozenset(
     {"Conv", "ConvTranspose", "MatMul", "Gemm", "Tanh", "Sigmoid", "AveragePool", "GlobalAveragePool", "Add", "Sub",
      "Mul", "Div"}
 )
 # Low-precision ops whose outputs are values of their inputs (or 0): representable in, representable out.
 EXACT_OPS = frozenset(
-    {"Relu", "Max", "Min", "Abs", "Neg", "Identity", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose",
-     "Concat", "Slice", "Split"}
+    {"Relu", "MaxPool", "Max", "Min", "Abs", "Neg", "Identity", "Reshape", "Flatten", "Squeeze", "Unsqueeze",
+     "Transpose", "Concat", "Slice", "Split"}
 )
 # Low-precision ops the emulator computes as a few float32 steps, each rounded: written as those steps, each one of
 # the lists above. HardSwish: x * clip(x * (1/6) + 1/2, 0, 1), rounded after the product, the sum and the last
@@ -338,10 +338,13 @@ def _softmax(node: Any, attrs: Mapping[str, Any], tag: str, low: int, inits: lis
     """A low Softmax as the emulator's rounded steps: max, x - max, exp, sum, divide (kernels/norm.softmax)."""
     from onnx import helper, numpy_helper
 
-    if opset < 13:
-        raise _Refused(f"Softmax '{node.name}' at opset {opset} (the 2-D coercion of opsets before 13)")
     x, y = node.input[0], node.output[0]
-    axis = int(attrs.get("axis", -1))
+    axis = int(attrs.get("axis", -1 if opset >= 13 else 1))
+    head: list[Any] = []
+    if opset < 13:  # the input coerced to 2-D at ``axis``, the softmax over its second dim, the shape restored
+        head = [helper.make_node("Flatten", [x], [f"{tag}_flat"], name=f"{node.name}__flatten", axis=axis),
+                helper.make_node("Shape", [x], [f"{tag}_shape"], name=f"{node.name}__shape")]
+        x, y, axis = f"{tag}_flat", f"{tag}_flat_out", 1
 
     def reduce(op: str, src: str, out: str) -> Any:
         if opset >= 18:  # axes became an input
@@ -353,13 +356,17 @@ def _softmax(node: Any, attrs: Mapping[str, Any], tag: str, low: int, inits: lis
     def rounded(made: Any) -> list[Any]:
         return _round_pair(made, low)
 
-    return [
+    steps = [
+        *head,
         reduce("ReduceMax", x, f"{tag}_max"),
         *rounded(helper.make_node("Sub", [x, f"{tag}_max"], [f"{tag}_d"], name=f"{node.name}__sub")),
         *rounded(helper.make_node("Exp", [f"{tag}_d"], [f"{tag}_e"], name=f"{node.name}__exp")),
         *rounded(reduce("ReduceL1", f"{tag}_e", f"{tag}_s")),
         *rounded(helper.make_node("Div", [f"{tag}_e", f"{tag}_s"], [y], name=f"{node.name}__div")),
     ]
+    if head:
+        steps.append(helper.make_node("Reshape", [y, f"{tag}_shape"], [node.output[0]], name=f"{node.name}__back"))
+    return steps
 
 
 def _clip(node: Any, attrs: Mapping[str, Any], tag: str, low: int, inits: list[Any]) -> list[Any]:
@@ -398,6 +405,8 @@ def _check_low_node(node: Any, types: Mapping[str, int], low: int, skip: tuple[i
     op = node.op_type
     if op not in ROUNDED_OPS and op not in EXACT_OPS:
         raise _Refused(f"low-precision {op} node '{node.name}' (not computed bit for bit by a cast graph)")
+    if op == "MaxPool" and len(node.output) > 1 and node.output[1]:
+        raise _Refused(f"MaxPool '{node.name}' with its Indices output (the emulator computes it in onnx.reference)")
     if op == "ConvTranspose" and any(a.name == "output_shape" for a in node.attribute):
         raise _Refused(f"ConvTranspose '{node.name}' with output_shape (the emulator computes it in numpy)")
     if op == "ConvTranspose" and _auto_pad(node) not in ("NOTSET", "VALID"):

@@ -55,10 +55,17 @@ def _empty_pool(v: np.ndarray, outs: tuple[int, ...]) -> list[np.ndarray] | None
 
 
 def max_pool(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
-    """MaxPool (pads, strides, dilations, ceil_mode, auto_pad); the Indices output falls back."""
+    """MaxPool (pads, strides, dilations, ceil_mode, auto_pad); the Indices output falls back.
+
+    ONNX Runtime's float32 kernel where it runs the node (a window's NaN is dropped there, as cuDNN's default
+    pooling drops it; the cast graph computes it so too), else numpy's max (which keeps a NaN).
+    """
     if len(n.node.output) > 1 and n.node.output[1]:
         raise UnsupportedVariant("MaxPool with Indices output")
     v = x[0]
+    fast = ortexec.float32_op("MaxPool", n.attrs, [v], min_size=ortexec.PRODUCT_MIN_SIZE)
+    if fast is not None:
+        return [fast]
     kernel, strides, dil, begin, end, extra, outs = _pool_geometry(n, v)
     empty = _empty_pool(v, outs)
     if empty is not None:
