@@ -194,6 +194,20 @@ def test_gemm_gives_the_emulators_bits(kind):
     assert cast_graph(model)[0].rounded == 2  # the input Cast and the Gemm
 
 
+@pytest.mark.parametrize("kind", ["fp16", "bf16"])
+def test_a_batchnorm_whose_input_rank_is_not_inferred_gives_the_emulators_bits(kind):
+    """Shape inference cannot tell the input's rank: the folded scale and shift are shaped from it at run time."""
+    model = _converted("BatchNormalization", kind)
+    model.graph.input[0].type.tensor_type.ClearField("shape")
+    model.graph.output[0].type.tensor_type.ClearField("shape")
+    sess, why = open_cast_session(model)
+    assert sess is not None, why
+    assert any(n.op_type == "Shape" for n in cast_graph(model)[0].model.graph.node)
+    feeds = {"x": _feed(kind, ROWS[1], 0)}
+    want = GraphEmulator(model, follow_input_dtypes=True).run(feeds).outputs
+    assert _same_bits(np.asarray(want["z"]), np.asarray(sess(feeds)["z"]))
+
+
 @pytest.mark.parametrize(
     ("op", "reason"), [("Exp", "Exp"), ("Erf", "Erf"), ("GlobalMaxPool", "GlobalMaxPool"), ("LogSoftmax", "LogSoftmax")]
 )

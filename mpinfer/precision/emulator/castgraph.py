@@ -324,14 +324,19 @@ def _expanded(node: Any, types: Mapping[str, int], low: int, inits: list[Any]) -
     if len(node.input) < 5 or any(n not in weights for n in node.input[1:5]):
         raise _Refused(f"BatchNormalization '{node.name}' whose parameters are not constants")
     scale, bias, mean, var = (numpy_helper.to_array(weights[n]).astype(np.float32) for n in node.input[1:5])
-    rank = _rank(node, types)
     num = Numerics(_LOW[low])
     f = np.float32
     a = scale / np.sqrt(var + f(attrs.get("epsilon", 1e-5)))  # (kernels/norm.batch_norm, step for step)
     b = bias - mean * a
-    shape = (1, -1) + (1,) * (rank - 2)
-    a, b = num.r(a.reshape(shape)), num.r(b.reshape(shape))
-    return [*rounded("Mul", [x, const("a", a)], f"{tag}_scaled"), *rounded("Add", [f"{tag}_scaled", const("b", b)], y)]
+    a, b = num.r(a.reshape(-1)), num.r(b.reshape(-1))
+    rank = (types.ranks if isinstance(types, _Types) else {}).get(x)
+    shaped: list[Any]
+    if isinstance(rank, int) and rank >= 2:
+        shaped, a_name, b_name = [], const("a", a.reshape((1, -1) + (1,) * (rank - 2))), const("b", b.reshape(
+            (1, -1) + (1,) * (rank - 2)))
+    else:  # rank not inferred: [1, C, 1, ...] built from the input's own shape at run time
+        shaped, a_name, b_name = _channel_shaped(node, x, tag, const("a", a), const("b", b), inits)
+    return [*shaped, *rounded("Mul", [x, a_name], f"{tag}_scaled"), *rounded("Add", [f"{tag}_scaled", b_name], y)]
 
 
 def _softmax(node: Any, attrs: Mapping[str, Any], tag: str, low: int, inits: list[Any], opset: int) -> list[Any]:
@@ -392,12 +397,30 @@ def _clip(node: Any, attrs: Mapping[str, Any], tag: str, low: int, inits: list[A
     return nodes + _round_pair(last, low)
 
 
-def _rank(node: Any, types: Mapping[str, int]) -> int:
-    """The rank of a BatchNormalization's input, from the ranks shape inference recorded (:func:`_elem_types`)."""
-    rank = (types.ranks if isinstance(types, _Types) else {}).get(node.input[0])
-    if not isinstance(rank, int) or rank < 2:
-        raise _Refused(f"BatchNormalization '{node.name}' whose input rank is not known")
-    return rank
+def _channel_shaped(
+    node: Any, x: str, tag: str, a: str, b: str, inits: list[Any]
+) -> tuple[list[Any], str, str]:
+    """Nodes reshaping per-channel ``a`` and ``b`` to ``[1, C, 1, ...]`` for ``x`` of any rank.
+
+    The target shape is built from ``x``'s own: first dim 1, second -1, every other 1 (shape ops, no float steps).
+    """
+    from onnx import helper, numpy_helper
+
+    inits += [numpy_helper.from_array(np.array(v, np.int64), f"{tag}_{k}")
+              for k, v in (("zero", 0), ("lead", [1, -1]), ("two", [2]), ("big", [2**62]), ("ax0", [0]))]
+    nodes = [
+        helper.make_node("Shape", [x], [f"{tag}_shape"], name=f"{node.name}__shape"),
+        helper.make_node("Slice", [f"{tag}_shape", f"{tag}_two", f"{tag}_big", f"{tag}_ax0"], [f"{tag}_rest"],
+                         name=f"{node.name}__rest"),
+        helper.make_node("Mul", [f"{tag}_rest", f"{tag}_zero"], [f"{tag}_zeros"], name=f"{node.name}__zeros"),
+        helper.make_node("Equal", [f"{tag}_zeros", f"{tag}_zeros"], [f"{tag}_true"], name=f"{node.name}__true"),
+        helper.make_node("Cast", [f"{tag}_true"], [f"{tag}_ones"], name=f"{node.name}__ones", to=7),
+        helper.make_node("Concat", [f"{tag}_lead", f"{tag}_ones"], [f"{tag}_target"], name=f"{node.name}__target",
+                         axis=0),
+        helper.make_node("Reshape", [a, f"{tag}_target"], [f"{tag}_a4"], name=f"{node.name}__a"),
+        helper.make_node("Reshape", [b, f"{tag}_target"], [f"{tag}_b4"], name=f"{node.name}__b"),
+    ]
+    return nodes, f"{tag}_a4", f"{tag}_b4"
 
 
 def _check_low_node(node: Any, types: Mapping[str, int], low: int, skip: tuple[int, ...]) -> None:
