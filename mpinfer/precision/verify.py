@@ -667,13 +667,10 @@ class _RankCache:
 
 
 def _batch_digest(batch: Mapping[str, np.ndarray] | None, precision: Precision) -> str:
-    """A digest of a batch's arrays (names, dtypes, shapes, bytes) and the precision its groups run in."""
-    h = hashlib.sha256(precision.value.encode())
-    for name in sorted(batch or {}):
-        value = np.asarray((batch or {})[name])
-        h.update(f"{name}:{value.dtype.str}:{value.shape}".encode())
-        h.update(value.tobytes())
-    return h.hexdigest()
+    """The batch's data fingerprint (:func:`fingerprint_update`) and the precision its groups run in."""
+    hashers: dict[str, Any] = {}
+    fingerprint_update(hashers, batch or {})
+    return f"{precision.value}:{fingerprint_digest(hashers)}"
 
 
 def _unrecoverable(ver: Verification, settings: VerifySettings, demoted: list[str]) -> AccuracyMismatchError:

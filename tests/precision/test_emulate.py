@@ -1134,7 +1134,7 @@ def test_onnxruntime_convolutions_match_the_numpy_kernels(op, x_shape, w_shape, 
     runs = {}
     for engine, size in (("onnxruntime", 1), ("numpy", 1 << 62)):
         monkeypatch.setattr(ortexec, "MIN_SIZE", size)
-        monkeypatch.setattr(ortexec, "CONV_MIN_SIZE", size)
+        monkeypatch.setattr(ortexec, "KERNEL_MIN_SIZE", size)
         monkeypatch.setattr(ortexec, "_ops", {})
         emu = GraphEmulator(model)
         runs[engine] = [emu.run(feeds, p).outputs["y"] for p in (None, {f"{op}_0": Precision.FP16})]

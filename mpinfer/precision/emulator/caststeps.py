@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from mpinfer.precision.emulator.kernels.norm import fold_batch_norm
 from mpinfer.precision.emulator.kernels.numerics import Numerics
 from mpinfer.specs import Precision
 
@@ -95,11 +96,9 @@ def expand(node: Any, types: Mapping[str, int], low: int, inits: list[Any]) -> l
     weights.update(types.constants if isinstance(types, Types) else {})
     if len(node.input) < 5 or any(n not in weights for n in node.input[1:5]):
         raise Refused(f"BatchNormalization '{node.name}' whose parameters are not constants")
-    scale, bias, mean, var = (numpy_helper.to_array(weights[n]).astype(np.float32) for n in node.input[1:5])
+    scale, bias, mean, var = (numpy_helper.to_array(weights[n]) for n in node.input[1:5])
     num = Numerics(LOW[low])
-    f = np.float32
-    a = scale / np.sqrt(var + f(attrs.get("epsilon", 1e-5)))  # (kernels/norm.batch_norm, step for step)
-    b = bias - mean * a
+    a, b = fold_batch_norm(scale, bias, mean, var, attrs.get("epsilon", 1e-5))  # (as kernels/norm.batch_norm)
     a, b = num.r(a.reshape(-1)), num.r(b.reshape(-1))
     rank = (types.ranks if isinstance(types, Types) else {}).get(x)
     shaped: list[Any]

@@ -42,13 +42,7 @@ def _ort_unary(op: str, fn: Callable[[np.ndarray], np.ndarray]) -> Kernel:
 
     The cast graph (:mod:`castgraph`) then computes the emulator's bits; numpy's ``fn`` where ONNX Runtime cannot.
     """
-    numpy_kernel = _unary(fn)
-
-    def k(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
-        fast = ortexec.float32_op(op, {}, x[:1], min_size=ortexec.PRODUCT_MIN_SIZE)
-        return [fast] if fast is not None else numpy_kernel(n, num, x)
-
-    return k
+    return ortexec.first(op, attrs=False)(_unary(fn))
 
 
 def _div(a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -21,11 +21,9 @@ from mpinfer.precision.emulator.kernels.blas import one_thread_below
 from mpinfer.precision.emulator.kernels.numerics import NodeInfo, Numerics, RejectedInput
 
 
+@ortexec.first("MatMul")
 def matmul(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
     """ONNX MatMul (numpy matmul broadcasting rules are ONNX's): ONNX Runtime's float32 kernel, else numpy's BLAS."""
-    fast = ortexec.float32_op("MatMul", {}, x, min_size=ortexec.PRODUCT_MIN_SIZE)
-    if fast is not None:
-        return [fast]
     a, b = x
     with one_thread_below(a.size * b.size // max(1, a.shape[-1] if a.ndim else 1)):  # (batched: an upper bound)
         if a.ndim > 2 and b.ndim == 2:  # activations @ weights: one big GEMM instead of one per batch row
@@ -33,11 +31,9 @@ def matmul(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
         return [np.matmul(a, b)]
 
 
+@ortexec.first("Gemm")
 def gemm(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
     """ONNX Gemm: alpha * A' B' + beta * C, the epilogue in float32 (ONNX Runtime's kernel, else numpy's BLAS)."""
-    fast = ortexec.float32_op("Gemm", n.attrs, [v for v in x if v is not None], min_size=ortexec.PRODUCT_MIN_SIZE)
-    if fast is not None:
-        return [fast]
     a, b = x[0], x[1]
     c = x[2] if len(x) > 2 else None
     if n.get("transA", 0):
@@ -140,11 +136,9 @@ def _conv_channels_last(
     return (cols @ wk).reshape(batch, p, m).transpose(0, 2, 1)  # FP32 accumulation
 
 
+@ortexec.first("Conv")
 def conv(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
     """ONNX Conv (1-D/2-D/3-D, groups, pads, strides, dilations, auto_pad) in float32."""
-    fast = ortexec.float32_op("Conv", n.attrs, [v for v in x if v is not None], min_size=ortexec.CONV_MIN_SIZE)
-    if fast is not None:
-        return [fast]
     xin, w = x[0], x[1]
     bias = x[2] if len(x) > 2 else None
     group = int(n.get("group", 1))
@@ -196,9 +190,7 @@ def conv_transpose(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]
     output_shape handling has differed from the spec across versions).
     """
     if n.get("output_shape") is None and _auto_pad(n) in ("NOTSET", "VALID"):
-        fast = ortexec.float32_op(
-            "ConvTranspose", n.attrs, [v for v in x if v is not None], min_size=ortexec.CONV_MIN_SIZE
-        )
+        fast = ortexec.kernel("ConvTranspose", n.attrs, x)
         if fast is not None:
             return [fast]
     xin, w = x[0], x[1]

@@ -119,11 +119,11 @@ def softmax(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
     v, axes, shape = _softmax_axes(n, x[0])
     r = num.r
     reduce = {"axes": list(axes), "keepdims": 1}
-    top = ortexec.float32_op("ReduceMax", reduce, [v], min_size=ortexec.PRODUCT_MIN_SIZE)
+    top = ortexec.kernel("ReduceMax", reduce, [v])
     d = r(v - (np.max(v, axis=axes, keepdims=True) if top is None else top))
-    exp = ortexec.float32_op("Exp", {}, [d], min_size=ortexec.PRODUCT_MIN_SIZE)
+    exp = ortexec.kernel("Exp", {}, [d])
     e = r(np.exp(d) if exp is None else exp)
-    total = ortexec.float32_op("ReduceL1", reduce, [e], min_size=ortexec.PRODUCT_MIN_SIZE)
+    total = ortexec.kernel("ReduceL1", reduce, [e])
     s = r(np.sum(e, axis=axes, keepdims=True) if total is None else total)
     return [(e / s).reshape(shape)]
 
@@ -201,14 +201,21 @@ def skip_layer_norm(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray
     return [y.astype(v.dtype, copy=False), mean, inv, total.astype(v.dtype, copy=False)]
 
 
+def fold_batch_norm(
+    scale: np.ndarray, bias: np.ndarray, mean: np.ndarray, var: np.ndarray, eps: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """BatchNorm's scale and shift folded in float32: ``a = scale / sqrt(var + eps)``, ``b = bias - mean * a``."""
+    f = np.float32
+    a = scale.astype(f) / np.sqrt(var.astype(f) + f(eps))
+    return a, bias.astype(f) - mean.astype(f) * a
+
+
 def batch_norm(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
     """BatchNormalization (inference): folded to y = x * a + b, a and b computed in FP32, then rounded."""
     if n.get("training_mode", 0) or len(n.node.output) > 1:
         raise UnsupportedVariant("BatchNormalization in training mode")
     v, scale, bias, mean, var = x[:5]
-    f = np.float32
-    a = scale.astype(f) / np.sqrt(var.astype(f) + f(n.get("epsilon", 1e-5)))
-    b = bias.astype(f) - mean.astype(f) * a
+    a, b = fold_batch_norm(scale, bias, mean, var, n.get("epsilon", 1e-5))
     shape = (1, -1) + (1,) * (v.ndim - 2)
     a, b = num.r(a.reshape(shape)), num.r(b.reshape(shape))
     return [(num.r(v * a) + b).astype(v.dtype, copy=False)]

@@ -10,7 +10,7 @@
   the low dtype, accumulates the products in float32 and rounds the output once. Products of FP16 or BF16
   values are exact in float32, so ONNX Runtime's float32 kernels compute the same model, 3-25x faster than
   numpy im2col. One session per attribute set, shared by the nodes that have it; at every size
-  (:data:`CONV_MIN_SIZE`), so the cast graph (:mod:`castgraph`), which runs every convolution in ONNX Runtime,
+  (:data:`KERNEL_MIN_SIZE`), so the cast graph (:mod:`castgraph`), which runs every convolution in ONNX Runtime,
   gives the emulator's bits on small ones too.
 * Erf in float32 (:func:`numerics.erf`: a function evaluated accurately, then rounded by the node).
 
@@ -37,12 +37,11 @@ logger = logging.getLogger(__name__)
 # Arrays with fewer values go through numpy: below this the gain is under ~0.1 ms a call, and a model whose
 # tensors are all this small never pays for building and checking the sessions (~25 ms once).
 MIN_SIZE = 1 << 14
-# ... except Conv and ConvTranspose, run here at every size: the cast graph (castgraph.py) computes them in ONNX
-# Runtime whatever their size, and gives the emulator's bits only where the emulator calls the same kernel.
-CONV_MIN_SIZE = 0
-# ... and MatMul, Gemm, Tanh and Sigmoid, for the same reason: ONNX Runtime's float32 kernels define them (their sum
-# orders, their float32 approximations of tanh and the logistic), in the emulator and in the cast graph alike.
-PRODUCT_MIN_SIZE = 0
+# ... except the ops whose float32 kernels define the emulator's numerics (:func:`kernel`: Conv, ConvTranspose,
+# MatMul, Gemm, the pools, Tanh, Sigmoid, softmax's steps), run here at every size: the cast graph (castgraph.py)
+# computes them in ONNX Runtime whatever their size, and gives the emulator's bits only where the emulator calls
+# the same kernel.
+KERNEL_MIN_SIZE = 0
 # Sessions kept for float32 ops (one per op type, attribute set and input ranks); the oldest is dropped.
 # (layout_cdla, 1493 nodes, needs 15.)
 MAX_OP_SESSIONS = 64
@@ -197,6 +196,34 @@ def _build_op(op_type: str, attrs: Mapping[str, Any], ranks: Sequence[int]) -> A
     node = helper.make_node(op_type, names, ["y"], **dict(attrs))
     inputs = [helper.make_tensor_value_info(n, _FLOAT, [None] * r) for n, r in zip(names, ranks, strict=True)]
     return _session(_model([node], inputs, [helper.make_tensor_value_info("y", _FLOAT, None)]))
+
+
+def kernel(op_type: str, attrs: Mapping[str, Any], inputs: Sequence[Any]) -> np.ndarray | None:
+    """:func:`float32_op` at every size (:data:`KERNEL_MIN_SIZE`), the missing optional inputs left out.
+
+    For the ops whose ONNX Runtime float32 kernel is the emulator's definition of them; None where numpy must do it.
+    """
+    return float32_op(op_type, attrs, [v for v in inputs if v is not None], min_size=KERNEL_MIN_SIZE)
+
+
+def first(
+    op_type: str, *, attrs: bool = True
+) -> Callable[[Callable[..., list[np.ndarray]]], Callable[..., list[np.ndarray]]]:
+    """Decorate an emulator kernel ``(node, numerics, inputs)`` to try ONNX Runtime's ``op_type`` first.
+
+    :func:`kernel`, with the node's attributes unless ``attrs`` is False, where it runs the node; the decorated
+    numpy kernel where not.
+    """
+
+    def wrap(numpy_kernel: Callable[..., list[np.ndarray]]) -> Callable[..., list[np.ndarray]]:
+        @functools.wraps(numpy_kernel)
+        def k(n: Any, num: Any, x: list[Any]) -> list[np.ndarray]:
+            fast = kernel(op_type, n.attrs if attrs else {}, x)
+            return [fast] if fast is not None else numpy_kernel(n, num, x)
+
+        return k
+
+    return wrap
 
 
 def float32_op(

@@ -63,7 +63,7 @@ def max_pool(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
     if len(n.node.output) > 1 and n.node.output[1]:
         raise UnsupportedVariant("MaxPool with Indices output")
     v = x[0]
-    fast = ortexec.float32_op("MaxPool", n.attrs, [v], min_size=ortexec.PRODUCT_MIN_SIZE)
+    fast = ortexec.kernel("MaxPool", n.attrs, [v])
     if fast is not None:
         return [fast]
     kernel, strides, dil, begin, end, extra, outs = _pool_geometry(n, v)
@@ -78,6 +78,7 @@ def max_pool(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
     return [np.ascontiguousarray(win.max(axis=tuple(range(-sp, 0))))]
 
 
+@ortexec.first("AveragePool")
 def average_pool(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
     """AveragePool; the divisor counts padding only with count_include_pad, never the ceil_mode extra.
 
@@ -85,9 +86,6 @@ def average_pool(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
     graph computes it so too), else numpy.
     """
     v = x[0]
-    fast = ortexec.float32_op("AveragePool", n.attrs, [v], min_size=ortexec.PRODUCT_MIN_SIZE)
-    if fast is not None:
-        return [fast]
     kernel, strides, dil, begin, end, extra, outs = _pool_geometry(n, v)
     empty = _empty_pool(v, outs)
     if empty is not None:
@@ -108,12 +106,10 @@ def average_pool(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
     return [(total / count).astype(v.dtype, copy=False)]
 
 
+@ortexec.first("GlobalAveragePool", attrs=False)
 def global_average_pool(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
     """GlobalAveragePool (float32 accumulation): ONNX Runtime's float32 kernel where it runs, else numpy."""
     v = x[0]
-    fast = ortexec.float32_op("GlobalAveragePool", {}, [v], min_size=ortexec.PRODUCT_MIN_SIZE)
-    if fast is not None:
-        return [fast]
     return [np.mean(v, axis=tuple(range(2, v.ndim)), keepdims=True, dtype=np.float32).astype(v.dtype, copy=False)]
 
 
