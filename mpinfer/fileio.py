@@ -16,7 +16,9 @@ import logging
 import os
 import re
 import shutil
+import signal
 import tempfile
+import threading
 import uuid
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -113,11 +115,28 @@ def check_writable_location(folder: str | os.PathLike[str], what: object = None)
         err = NotADirectoryError(errno.ENOTDIR, "a file stands where a folder is needed", str(probe_dir))
         raise _unwritable(what, err)
     try:
-        fd, probe = tempfile.mkstemp(prefix=".mpinfer-probe-", dir=probe_dir)
-        os.close(fd)
-        os.unlink(probe)
+        with _signals_deferred():  # a Ctrl-C between create and unlink would leave the probe behind
+            fd, probe = tempfile.mkstemp(prefix=".mpinfer-probe-", dir=probe_dir)
+            try:
+                os.close(fd)
+            finally:
+                os.unlink(probe)
     except OSError as err:
         raise _unwritable(what, err, where=probe_dir) from err
+
+
+@contextlib.contextmanager
+def _signals_deferred() -> Iterator[None]:
+    """Hold SIGINT and SIGTERM back (main thread, POSIX) for a few system calls; they arrive on exit."""
+    held = {signal.SIGINT, signal.SIGTERM}
+    if not hasattr(signal, "pthread_sigmask") or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
 
 
 def make_dirs(folder: str | os.PathLike[str], what: object = None) -> Path:

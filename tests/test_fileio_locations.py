@@ -7,6 +7,7 @@ location into an InvalidInputError before any work is done.
 from __future__ import annotations
 
 import os
+import signal
 import tempfile
 from pathlib import Path
 
@@ -169,3 +170,30 @@ def test_an_output_whose_data_file_is_the_inputs_is_refused(invoke, tmp_path):
     finally:
         os.chdir(cwd)
     assert again.exit_code == 0, again.output
+
+
+class _Interrupted(Exception):
+    pass
+
+
+def test_a_ctrl_c_the_moment_the_probe_exists_leaves_no_probe_behind(tmp_path, monkeypatch):
+    """The writability probe holds Ctrl-C back between creating and removing its file (CI found a leftover
+    ``.mpinfer-probe-*`` after a Ctrl-C during convert): the interrupt still arrives, after the cleanup."""
+    real_mkstemp = tempfile.mkstemp
+
+    def mkstemp_then_ctrl_c(*args, **kwargs):
+        made = real_mkstemp(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGINT)  # arrives the moment the probe file exists
+        return made
+
+    def raise_interrupted(signum, frame):
+        raise _Interrupted
+
+    monkeypatch.setattr(tempfile, "mkstemp", mkstemp_then_ctrl_c)
+    before = signal.signal(signal.SIGINT, raise_interrupted)
+    try:
+        with pytest.raises(_Interrupted):
+            check_writable_location(tmp_path / "out")
+    finally:
+        signal.signal(signal.SIGINT, before)
+    assert list(tmp_path.iterdir()) == []
