@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -147,7 +148,8 @@ def run_steps(args: argparse.Namespace, folder: Path) -> dict[str, dict[str, Any
     commands = {
         "export": lambda: mpinfer("export", str(hf), "-o", str(src), "--force"),
         "convert": lambda: mpinfer("convert", str(src), "-o", str(low), "--force", "--calibration",
-                                   f"prompts:{cal}:steps={CAL_STEPS}", "--budget", BUDGET, memory_limit=mem),
+                                   f"prompts:{cal}:steps={CAL_STEPS}", "--budget", BUDGET, *shlex.split(args.convert_args),
+                                   memory_limit=mem),
         "plain-loop": lambda: measured([sys.executable, str(Path(__file__).resolve()), "--plain-loop", str(src),
                                         str(low), str(cal)]),
         "compare": lambda: compare(src, low, cal, folder / "report", mem),
@@ -284,6 +286,7 @@ def main() -> None:
     p.add_argument("--autocast", default=str(ROOT / ".venv-modelopt" / "bin" / "python"),
                    help="a python with nvidia-modelopt[onnx] (for the autocast step)")
     p.add_argument("--memory-limit", default=None, help="--memory-limit of convert and compare")
+    p.add_argument("--convert-args", default="", help='more options for convert, e.g. --convert-args="--opset 23"')
     args = p.parse_args()
     folder = args.out
     folder.mkdir(parents=True, exist_ok=True)

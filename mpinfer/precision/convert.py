@@ -41,6 +41,7 @@ from mpinfer.modelio import (
 )
 from mpinfer.precision.apply import ApplyResult
 from mpinfer.precision.evaluators import evaluator_class
+from mpinfer.precision.fusion import fuse_norms
 from mpinfer.precision.genbudget import split_generation_budget
 from mpinfer.precision.graphinfo import GraphInfo
 from mpinfer.precision.normalize import check_not_low, ensure_opset, low_io_types, sort_nodes
@@ -336,6 +337,7 @@ def _load(model_path: Path, opts: Options, *, force: bool, scratch: Callable[[],
         model = load_onnx(weights, load_external_data=False)
         model.ir_version = ir_version  # (save_streamed wrote the IR version it writes outputs at)
     model = ensure_opset(name_nodes(model), opts.precision, opset=opts.opset)
+    fuse_norms(model)  # (at opset 23 and later: RMSNorm chains become RMSNormalization, no FP32 island)
     base_dir = str(weights.resolve().parent) if weights is not None else None
     info = GraphInfo(model, base_dir=base_dir)
     info.low_io = low_io
@@ -681,6 +683,7 @@ def convert_model(
         InternalError: The rewritten model fails the validity gate.
     """
     named = ensure_opset(name_nodes(sort_nodes(model)), precision)
+    fuse_norms(named)
     info = GraphInfo(named)
     options = RuleOptions(keep_ops, low_ops, keep_nodes, low_nodes)
     _, nodes = rule_plan(info, precision, options, keep_io_types=keep_io_types, stats=stats)

@@ -178,7 +178,7 @@ def rms_norm(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
     r = _stash(n, num).r
     ms = r(np.mean(r(v * v), axis=tuple(range(axis, v.ndim)), keepdims=True, dtype=np.float32))
     rms = r(np.sqrt(r(ms + np.float32(n.get("epsilon", 1e-5)))))
-    return [(num.r(r(v / rms)) * x[1]).astype(v.dtype, copy=False)]
+    return [num.r(num.r(r(v / rms)) * x[1]).astype(v.dtype, copy=False)]
 
 
 def skip_layer_norm(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:

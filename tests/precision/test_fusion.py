@@ -1,0 +1,124 @@
+"""Decomposed RMSNorm chains fused into RMSNormalization (opset 23, float32 stash): which chains, and what changes."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper
+
+from mpinfer.modelio import name_nodes
+from mpinfer.precision.fusion import FUSED_SUFFIX, find_rms_chains, fuse_norms, fuse_rms_norms
+from mpinfer.precision.normalize import ensure_opset
+from mpinfer.specs import Precision
+from tests.precision.graphs import fvi, init, make, rng_w, run_ort
+from tests.tolerances import assert_reorder_close
+
+H = 32
+
+
+def _rms_model(*, square="pow", inverse="div1", exponent=2.0, axes=(-1,), keepdims=1, extra_output=False,
+               weight="init", opset=17, eps=1e-6):
+    """inp[N,T,H] -> MatMul -> x -> RMSNorm written out as an exporter writes it -> MatMul -> y (with variants
+    to refuse)."""
+    nodes = [helper.make_node("MatMul", ["inp", "w0"], ["x"]),
+             helper.make_node("Constant", [], ["two"], value=helper.make_tensor("", 1, [], [exponent])),
+             helper.make_node("Constant", [], ["eps"], value=helper.make_tensor("", 1, [], [eps])),
+             helper.make_node("Constant", [], ["one"], value=helper.make_tensor("", 1, [], [1.0]))]
+    nodes.append(helper.make_node("Pow", ["x", "two"], ["sq"]) if square == "pow" else
+                 helper.make_node("Mul", ["x", "x"], ["sq"]))
+    if opset >= 18:
+        nodes.append(helper.make_node("Constant", [], ["axes"], value=helper.make_tensor("", 7, [len(axes)], axes)))
+        nodes.append(helper.make_node("ReduceMean", ["sq", "axes"], ["ms"], keepdims=keepdims))
+    else:
+        nodes.append(helper.make_node("ReduceMean", ["sq"], ["ms"], axes=list(axes), keepdims=keepdims))
+    nodes += [helper.make_node("Add", ["ms", "eps"], ["mse"]), helper.make_node("Sqrt", ["mse"], ["rms"])]
+    if inverse == "div1":
+        nodes += [helper.make_node("Div", ["one", "rms"], ["inv"]), helper.make_node("Mul", ["x", "inv"], ["n"])]
+    elif inverse == "reciprocal":
+        nodes += [helper.make_node("Reciprocal", ["rms"], ["inv"]), helper.make_node("Mul", ["inv", "x"], ["n"])]
+    else:
+        nodes.append(helper.make_node("Div", ["x", "rms"], ["n"]))
+    inits = [init("w", rng_w(H, H, seed=2)), init("w0", rng_w(H, H, seed=3))]
+    inputs = [fvi("inp", ["N", "T", H])]
+    if weight == "init":
+        inits.append(init("g", 1.0 + rng_w(H, seed=1)))
+    elif weight == "shared":  # one initializer read through an Identity, as exporters share equal weights
+        inits.append(init("g0", np.ones(H, np.float32)))
+        nodes.append(helper.make_node("Identity", ["g0"], ["g"]))
+    else:  # a runtime input: not a constant, no fusion
+        inputs.append(fvi("g", [H]))
+    nodes += [helper.make_node("Mul", ["g", "n"], ["normed"]), helper.make_node("MatMul", ["normed", "w"], ["y"])]
+    outputs = [fvi("y", ["N", "T", H])] + ([fvi("ms", ["N", "T", 1])] if extra_output else [])
+    return name_nodes(make(nodes, inputs, outputs, inits, opset=opset))
+
+
+def _feeds(model):
+    rng = np.random.default_rng(0)
+    feeds = {"inp": (rng.standard_normal((3, 5, H)) * 40).astype(np.float32)}
+    if any(i.name == "g" for i in model.graph.input):
+        feeds["g"] = rng.standard_normal(H).astype(np.float32)
+    return feeds
+
+
+@pytest.mark.parametrize("opset", [17, 18])
+@pytest.mark.parametrize("square,inverse,weight", [("pow", "div1", "init"), ("mul", "reciprocal", "init"),
+                                                    ("pow", "divx", "shared")])
+def test_each_exported_form_fuses_into_one_node_with_the_same_outputs(square, inverse, weight, opset):
+    model = _rms_model(square=square, inverse=inverse, weight=weight, opset=opset)
+    upgraded = ensure_opset(model, Precision.FP16, opset=23)
+    (chain,) = fuse_norms(upgraded)
+    assert chain.scale == ("g0" if weight == "shared" else "g") and chain.epsilon == pytest.approx(1e-6)
+    ops = [n.op_type for n in upgraded.graph.node]
+    assert ops == ["MatMul", "RMSNormalization", "MatMul"], ops  # (the chain's Constants and Identity went with it)
+    fused = upgraded.graph.node[1]
+    assert fused.name.endswith(FUSED_SUFFIX)
+    assert {a.name: helper.get_attribute_value(a) for a in fused.attribute}["stash_type"] == 1
+    onnx.checker.check_model(upgraded, full_check=True)
+    feeds = _feeds(model)
+    (want,), (got,) = run_ort(model, feeds), run_ort(upgraded, feeds)
+    # the chain's rounding against the fused kernel's: a few float32 roundings before an H-term MatMul whose
+    # inputs are O(1) after the norm (|normed| <= sqrt(H) |g|), so the worst case is the MatMul's own bound
+    magnitude = np.abs(want).max() + H * np.abs(rng_w(H, H, seed=2)).max() * 4 * np.sqrt(H)
+    assert_reorder_close(got, want, n=H, magnitude=magnitude, stages=3)
+
+
+@pytest.mark.parametrize("variant", [{"exponent": 3.0}, {"axes": (-2, -1)}, {"axes": (2,)}, {"keepdims": 0},
+                                     {"extra_output": True}, {"weight": "input"}])
+def test_chains_that_are_not_exactly_rms_normalization_stay_as_they_are(variant):
+    model = ensure_opset(_rms_model(**variant), Precision.FP16, opset=23)
+    before = [n.name for n in model.graph.node]
+    assert fuse_rms_norms(model) == [] and [n.name for n in model.graph.node] == before
+
+
+def test_below_opset_23_nothing_changes_and_the_hint_names_the_option(caplog):
+    model = _rms_model()
+    assert len(find_rms_chains(model.graph)) == 1
+    before = model.SerializeToString()
+    with caplog.at_level("INFO", logger="mpinfer.precision.fusion"):
+        assert fuse_norms(model) == []
+    assert model.SerializeToString() == before
+    assert "1 decomposed RMSNorm chain(s) stay FP32 islands" in caplog.text and "`--opset 23`" in caplog.text
+
+
+def test_convert_at_opset_23_runs_the_fused_norm_low_without_casts(tmp_path, invoke):
+    """The same model and data: at opset 17 the norm is an FP32 island behind two Casts; at 23 it is one
+    RMSNormalization node in FP16 (its statistics in float32) with none, within the same budget."""
+    src = tmp_path / "m.onnx"
+    src.write_bytes(_rms_model().SerializeToString())
+    np.savez(tmp_path / "cal.npz", inp=(np.random.default_rng(1).standard_normal((32, 5, H)) * 40).astype(np.float32))
+    casts = {}
+    for opset in (17, 23):
+        out = tmp_path / f"m{opset}.onnx"
+        args = ["convert", src, "-o", out, "--calibration", tmp_path / "cal.npz", "--budget", "cosine>=0.999"]
+        r = invoke(*args, *(["--opset", "23"] if opset == 23 else []))
+        assert r.exit_code == 0, r.output
+        converted = onnx.load(str(out))
+        casts[opset] = sum(n.op_type == "Cast" for n in converted.graph.node)
+        if opset == 23:
+            (norm,) = [n for n in converted.graph.node if n.op_type == "RMSNormalization"]
+            inits = {t.name: t.data_type for t in converted.graph.initializer}
+            assert inits.get(norm.input[1]) == onnx.TensorProto.FLOAT16  # its weight converted: the node runs low
+            assert "Pow" not in {n.op_type for n in converted.graph.node}
+    # inp in and y out stay FP32 (keep-io-types): 2 Casts; the FP32 island between the MatMuls adds 2
+    assert casts == {17: 4, 23: 2}, casts
