@@ -148,8 +148,8 @@ def run_steps(args: argparse.Namespace, folder: Path) -> dict[str, dict[str, Any
     commands = {
         "export": lambda: mpinfer("export", str(hf), "-o", str(src), "--force"),
         "convert": lambda: mpinfer("convert", str(src), "-o", str(low), "--force", "--calibration",
-                                   f"prompts:{cal}:steps={CAL_STEPS}", "--budget", BUDGET, *shlex.split(args.convert_args),
-                                   memory_limit=mem),
+                                   f"prompts:{cal}:steps={CAL_STEPS}", "--budget", BUDGET,
+                                   *shlex.split(args.convert_args), memory_limit=mem),
         "plain-loop": lambda: measured([sys.executable, str(Path(__file__).resolve()), "--plain-loop", str(src),
                                         str(low), str(cal)]),
         "compare": lambda: compare(src, low, cal, folder / "report", mem),

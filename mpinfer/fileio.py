@@ -127,16 +127,31 @@ def check_writable_location(folder: str | os.PathLike[str], what: object = None)
 
 @contextlib.contextmanager
 def _signals_deferred() -> Iterator[None]:
-    """Hold SIGINT and SIGTERM back (main thread, POSIX) for a few system calls; they arrive on exit."""
-    held = {signal.SIGINT, signal.SIGTERM}
-    if not hasattr(signal, "pthread_sigmask") or threading.current_thread() is not threading.main_thread():
+    """Hold SIGINT and SIGTERM back for a few system calls: they are handled, as usual, when the block ends.
+
+    Python runs signal handlers in the main thread between bytecodes, whichever thread the signal reached, so
+    a thread's signal mask cannot keep a KeyboardInterrupt out of a block once other threads (ONNX Runtime's,
+    torch's) exist. The handlers are swapped instead for one that only records; on exit the real ones are put
+    back and each recorded signal is raised again. Outside the main thread (where handlers cannot be set),
+    nothing is held.
+    """
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
-    before = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    caught: list[int] = []
+
+    def record(signum: int, frame: object) -> None:
+        caught.append(signum)
+
+    held = (signal.SIGINT, signal.SIGTERM)
+    previous = {s: signal.signal(s, record) for s in held}
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+        for s, handler in previous.items():
+            signal.signal(s, handler if handler is not None else signal.SIG_DFL)
+        for signum in dict.fromkeys(caught):
+            signal.raise_signal(signum)
 
 
 def make_dirs(folder: str | os.PathLike[str], what: object = None) -> Path:

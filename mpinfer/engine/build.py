@@ -24,7 +24,7 @@ from mpinfer.engine.config import (
     check_profiles,
     complete_profiles,
 )
-from mpinfer.engine.machine import check_capability
+from mpinfer.engine.machine import check_capability, check_tensorrt_ops
 from mpinfer.engine.ort_engine import build_ort_engine
 from mpinfer.engine.sidecar import (
     SCHEMA_VERSION,
@@ -45,7 +45,7 @@ from mpinfer.gpu import (
     probe_tensorrt,
     require_gpu,
 )
-from mpinfer.modelio import data_file, external_data_files, load_onnx, require_file
+from mpinfer.modelio import data_file, external_data_files, iter_graphs, load_onnx, require_file
 from mpinfer.specs import Precision, specs_from_onnx
 
 logger = logging.getLogger(__name__)
@@ -188,6 +188,7 @@ def _build_tensorrt(
     notes = check_capability(low, gpu.compute_capability, gpu.name)
 
     plan_network_mode(probe.version, cfg.weak_precisions)  # refuse --fp16 on TensorRT 11 before building
+    check_tensorrt_ops(probe.version, {n.op_type for g in iter_graphs(c.model.graph) for n in g.node})
     facts = build_trt_engine(cfg, c.model_path, c.output, gpu)
     notes += facts.pop("notes", [])
     return {"tensorrt": facts["tensorrt"], "io": facts["io"]}, gpu, notes
