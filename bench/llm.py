@@ -22,7 +22,7 @@ model's size (the exported ONNX file plus its external data):
 For both converted models: Casts added and the FP16 share of the Conv/MatMul/Gemm FLOPs (as bench/hf_archs.py
 counts them, at batch 1, 32 new tokens on a 32-token past), read from the graphs without their weights.
 
-    PYTHONPATH=$PWD .venv/bin/python bench/llm.py [--layers 22] [--out DIR] [--steps export convert ...]
+    PYTHONPATH=$PWD .venv/bin/python bench/llm.py [--layers 22] [--shape 3b] [--out DIR] [--steps export ...]
         [--autocast .venv-modelopt/bin/python] [--memory-limit SIZE]
 
 ``--layers N`` scales the model down (every layer is the same size, so the ratios to the model size carry over,
@@ -48,11 +48,17 @@ BUDGET = "cosine>=0.999"
 PROMPTS, PROMPT_LEN, CAL_STEPS, GENERATE = 16, 32, 4, 32
 VOCAB = 32000
 
+# --shape: the LlamaConfig sizes (the layer count comes from --layers)
+SHAPES = {
+    "1.1b": {"hidden_size": 2048, "intermediate_size": 5632, "num_attention_heads": 32, "num_key_value_heads": 4},
+    # Llama-3.2-3B's body (hidden 3072, 28 layers, GQA 24/8 heads) with this vocabulary: 3.0 B parameters, 12 GB
+    "3b": {"hidden_size": 3072, "intermediate_size": 8192, "num_attention_heads": 24, "num_key_value_heads": 8},
+}
 BUILD = """
-import sys, torch, transformers as t
+import json, sys, torch, transformers as t
 torch.manual_seed(0)
-cfg = t.LlamaConfig(hidden_size=2048, num_hidden_layers=int(sys.argv[1]), intermediate_size=5632,
-                    num_attention_heads=32, num_key_value_heads=4, vocab_size=32000, max_position_embeddings=2048)
+cfg = t.LlamaConfig(num_hidden_layers=int(sys.argv[1]), vocab_size=32000, max_position_embeddings=2048,
+                    **json.loads(sys.argv[3]))
 model = t.LlamaForCausalLM(cfg).eval()
 print(sum(p.numel() for p in model.parameters()))
 model.save_pretrained(sys.argv[2])
@@ -84,10 +90,10 @@ def mpinfer(*args: str, memory_limit: str | None = None) -> dict[str, Any]:
     return measured([sys.executable, "-m", "mpinfer", *args, *extra])
 
 
-def build(folder: Path, layers: int) -> int:
+def build(folder: Path, layers: int, shape: str) -> int:
     """The seeded random-weight model written with save_pretrained to ``folder``; its parameter count."""
-    out = subprocess.run([sys.executable, "-c", BUILD, str(layers), str(folder)], capture_output=True, text=True,
-                         check=True)
+    out = subprocess.run([sys.executable, "-c", BUILD, str(layers), str(folder), json.dumps(SHAPES[shape])],
+                         capture_output=True, text=True, check=True)
     return int(out.stdout.strip().splitlines()[-1])
 
 
@@ -281,6 +287,8 @@ def markdown(results: dict[str, dict[str, Any]], size: int, shares: dict[str, di
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--layers", type=int, default=22)
+    p.add_argument("--shape", choices=sorted(SHAPES), default="1.1b",
+                   help="layer sizes: 1.1b (TinyLlama, the default) or 3b (Llama-3.2-3B's, with --layers 28)")
     p.add_argument("--out", type=Path, default=Path("/tmp/mpinfer-llm"))
     p.add_argument("--steps", nargs="+", choices=STEPS, default=list(STEPS))
     p.add_argument("--autocast", default=str(ROOT / ".venv-modelopt" / "bin" / "python"),
@@ -292,7 +300,7 @@ def main() -> None:
     folder.mkdir(parents=True, exist_ok=True)
     if not (folder / "hf" / "config.json").is_file():
         start = time.perf_counter()
-        params = build(folder / "hf", args.layers)
+        params = build(folder / "hf", args.layers, args.shape)
         print(f"built {params / 1e9:.3f} B parameters in {time.perf_counter() - start:.0f}s", flush=True)
     if not (folder / "prompts.npz").is_file():
         prompts(folder / "prompts.npz")
@@ -312,7 +320,7 @@ def main() -> None:
               f"{cloop} s ({cgen / max(cloop, 1e-9):.2f}x); plain loop: "
               f"{results['plain-loop']['stdout_tail'][-1:]}; compare: {results['compare'].get('generation')} "
               f"{results['compare'].get('latency')}")
-    (folder / "llm.json").write_text(json.dumps({"layers": args.layers, "model_bytes": size, "steps": results,
+    (folder / "llm.json").write_text(json.dumps({"layers": args.layers, "shape": args.shape, "model_bytes": size, "steps": results,
                                                   "shares": shares}, indent=1))
 
 
