@@ -320,8 +320,8 @@ def main() -> None:
               f"{cloop} s ({cgen / max(cloop, 1e-9):.2f}x); plain loop: "
               f"{results['plain-loop']['stdout_tail'][-1:]}; compare: {results['compare'].get('generation')} "
               f"{results['compare'].get('latency')}")
-    (folder / "llm.json").write_text(json.dumps({"layers": args.layers, "shape": args.shape, "model_bytes": size, "steps": results,
-                                                  "shares": shares}, indent=1))
+    (folder / "llm.json").write_text(json.dumps({"layers": args.layers, "shape": args.shape, "model_bytes": size,
+                                                  "steps": results, "shares": shares}, indent=1))
 
 
 if __name__ == "__main__":
