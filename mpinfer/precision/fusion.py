@@ -13,8 +13,9 @@ float32 (the rules lower it only where the calibrated range of its input and out
 ``rules.Fp32AccumulationRule``).
 
 The fusion runs only on models at opset 23 or later: an export at that opset, or ``convert --opset 23``
-(ONNX's version converter upgrades the model first). ONNX Runtime runs RMSNormalization from 1.23 on; the
-TensorRT ONNX parser from 10.15 on, and in TensorRT 11. Below opset 23 the chains are only counted, for a hint.
+(ONNX's version converter upgrades the model first). ONNX Runtime runs RMSNormalization in the releases that
+read opset 23 (1.31 is tested here); the TensorRT ONNX parser imports it from 10.15 on, and in TensorRT 11
+(``mpinfer.engine.machine.TENSORRT_OP_SINCE``). Below opset 23 the chains are only counted, for a warning.
 
 A chain is fused only when it computes exactly RMSNormalization(x, weight, axis=-1, epsilon=eps): the exponent
 is 2, the mean runs over the last axis alone with keepdims, eps and 1 are scalar constants, the weight is a
@@ -245,7 +246,7 @@ def fuse_norms(model: Any) -> list[RmsChain]:
         return fuse_rms_norms(model)
     found = len(find_rms_chains(model.graph))
     if found:
-        logger.info("%d decomposed RMSNorm chain(s) stay FP32 islands behind two Casts each. Hint: `--opset %d` "
-                    "fuses them into RMSNormalization with float32 statistics and no Cast (ONNX Runtime 1.23+, "
-                    "TensorRT 10.15+).", found, RMS_NORM_MIN_OPSET)
+        logger.warning("%d decomposed RMSNorm chain(s) stay FP32 islands behind two Casts each. Hint: `--opset %d` "
+                    "fuses them into RMSNormalization with float32 statistics and no Cast (ONNX Runtime releases "
+                       "that read opset 23, TensorRT 10.15+).", found, RMS_NORM_MIN_OPSET)
     return []
