@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import onnx
 import pytest
@@ -122,3 +124,18 @@ def test_convert_at_opset_23_runs_the_fused_norm_low_without_casts(tmp_path, inv
             assert "Pow" not in {n.op_type for n in converted.graph.node}
     # inp in and y out stay FP32 (keep-io-types): 2 Casts; the FP32 island between the MatMuls adds 2
     assert casts == {17: 4, 23: 2}, casts
+
+
+def test_a_plan_made_at_opset_23_reapplies_the_fusion_to_the_same_bytes(tmp_path, invoke):
+    src = tmp_path / "m.onnx"
+    src.write_bytes(_rms_model().SerializeToString())
+    np.savez(tmp_path / "cal.npz", inp=(np.random.default_rng(1).standard_normal((16, 5, H)) * 40).astype(np.float32))
+    first = tmp_path / "a.onnx"
+    r = invoke("convert", src, "-o", first, "--calibration", tmp_path / "cal.npz", "--opset", "23")
+    assert r.exit_code == 0, r.output
+    plan = first.with_name("a.plan.json")
+    assert any(n["name"].endswith(FUSED_SUFFIX) and n["precision"] == "fp16" for n in json.loads(plan.read_text())["nodes"])
+    again = tmp_path / "b.onnx"
+    r = invoke("convert", src, "--plan", plan, "-o", again)  # the plan's opset: upgraded and fused again
+    assert r.exit_code == 0, r.output
+    assert again.read_bytes() == first.read_bytes()
