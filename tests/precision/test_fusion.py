@@ -134,7 +134,8 @@ def test_a_plan_made_at_opset_23_reapplies_the_fusion_to_the_same_bytes(tmp_path
     r = invoke("convert", src, "-o", first, "--calibration", tmp_path / "cal.npz", "--opset", "23")
     assert r.exit_code == 0, r.output
     plan = first.with_name("a.plan.json")
-    assert any(n["name"].endswith(FUSED_SUFFIX) and n["precision"] == "fp16" for n in json.loads(plan.read_text())["nodes"])
+    nodes = json.loads(plan.read_text())["nodes"]
+    assert any(n["name"].endswith(FUSED_SUFFIX) and n["precision"] == "fp16" for n in nodes)
     again = tmp_path / "b.onnx"
     r = invoke("convert", src, "--plan", plan, "-o", again)  # the plan's opset: upgraded and fused again
     assert r.exit_code == 0, r.output
