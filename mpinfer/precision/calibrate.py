@@ -585,6 +585,11 @@ class _Run:
         self.known, unknown, self.types = _float_tensors(model, types)
         inputs = {vi.name for vi in model.graph.input}
         names = [n for n in self.known if n not in inputs]  # graph inputs are read from the feeds
+        # The graph outputs first: they land in the first pass's chunk, whose sliced calls then give the whole
+        # batch's outputs for the capture (else a second session of the whole model would run the batch again,
+        # beside the pass's own: twice the weights in memory)
+        outputs = {vi.name for vi in model.graph.output}
+        names = [n for n in names if n in outputs] + [n for n in names if n not in outputs]
         self.slicer = BatchSlicer(model)
         one_shot = iter(feeds) is feeds
         first = next(iter(feeds), None)

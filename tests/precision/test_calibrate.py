@@ -401,6 +401,36 @@ def test_batches_above_the_call_limit_run_in_slices_with_the_same_statistics(exp
     assert sliced.reference_tensors is None and whole.reference_tensors is not None  # over the capture limit too
 
 
+def test_sliced_batches_over_several_passes_join_the_outputs_without_a_second_session(exported, monkeypatch):
+    """The graph outputs are fetched in the first pass, so its sliced calls give the whole batch's reference outputs;
+    fetched in a later pass, the capture ran the whole batch once more in a second session of the model, beside the
+    pass's own (a 3B decoder: two 12 GB copies of the weights, killed for memory on a 24 GB machine)."""
+    import mpinfer.precision.calibrate as cal
+
+    model, feeds = exported("digits_cnn")
+    rng = np.random.default_rng(3)
+    batches = [{k: rng.random((6,) + v.shape[1:], dtype=np.float32) for k, v in feeds.items()} for _ in range(2)]
+    whole = calibrate(model, batches, progress=False, capture_batches=1)
+    opened = []
+    session = cal._Sessions.session
+
+    def counted(self, names):
+        import gc
+        import onnxruntime as ort
+
+        gc.collect()
+        opened.append(sum(isinstance(o, ort.InferenceSession) for o in gc.get_objects()))
+        return session(self, names)
+
+    monkeypatch.setattr(cal._Sessions, "session", counted)
+    monkeypatch.setattr(cal, "MAX_OUTPUTS_PER_SESSION", 3)  # several passes; the output is the last node's
+    set_slice(monkeypatch, "calibration_call", 2 * _sample_bytes(model, batches[0]))
+    sliced = calibrate(model, batches, progress=False, capture_batches=1)
+    assert len(opened) > 2 and max(opened) == 0, opened  # every session opened with none other alive
+    out = model.graph.output[0].name
+    assert_onnx_outputs_close(sliced.reference_outputs[0][out], whole.reference_outputs[0][out], model)
+
+
 def test_max_bytes_stops_after_the_batch_that_reaches_it(exported):
     model, feeds = exported("digits_cnn")
     batches = [feeds] * 5
