@@ -631,7 +631,7 @@ class _Run:
         self, sess: Any, plan: _Passes, index: int, b: int, batch: Mapping[str, np.ndarray], capture: _Capture
     ) -> None:
         """Batch ``b``'s tensors of pass ``index`` into the statistics (and the captured batch, if kept)."""
-        keep = capture.kept(b)
+        keep = capture.kept(b) if index == 0 or b < capture.batches else None  # (later passes: no output)
         chunk, per_call, rows = plan.chunks[index], plan.rows_per_call[index], self.slicer.rows(batch)
         collector = self.first_pass.collector
         if rows <= per_call:
@@ -742,8 +742,11 @@ class _Capture:
         self.tensors = tensors  # every FLOAT tensor of the first ``batches`` is still kept
         self._all = (self.outputs | {n for n in run.known if run.types.get(n) == FLOAT}) if tensors else self.outputs
         self.batches, self.passes = batches, run.passes
-        # batches whose outputs are kept (bytes permitting; only in one pass, where a call returns every output)
-        self.keep_until = max(batches, outputs_too if run.passes == 1 else 0)
+        # batches whose outputs are kept (bytes permitting): in the first pass, when its calls return every output
+        # (the outputs are fetched first, see _Run: always, unless they alone overflow a pass)
+        first = set(run.plan.chunks[0]) if run.plan is not None else set()
+        in_first_pass = run.passes == 1 or self.outputs <= first
+        self.keep_until = max(batches, outputs_too if in_first_pass else 0)
         self.captured: list[Any] = []  # one dict a kept batch (an _OnDisk once spilled)
         self.spilled = 0  # bytes of the outputs kept on disk (:class:`_OnDisk`)
         self._disk: Any = None  # their file
