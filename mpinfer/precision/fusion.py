@@ -1,32 +1,34 @@
-"""Fuse decomposed RMSNorm chains into ONNX's RMSNormalization with a float32 stash (opset 23 and later).
+"""Fuse decomposed RMSNorm and LayerNorm chains into ONNX's normalization ops with a float32 stash.
 
-Exporters write a Llama-style RMSNorm as seven nodes::
+Exporters write a Llama-style RMSNorm as seven nodes, and older exporters (below opset 17) a LayerNorm as nine::
 
-    Pow(x, 2) | Mul(x, x) -> ReduceMean(last axis, keepdims) -> Add(eps) -> Sqrt
-        -> Div(1, .) | Reciprocal -> Mul(x, .)    (or Div(x, .))    -> Mul(weight, .)
+    RMSNorm:   Pow(x, 2) | Mul(x, x) -> ReduceMean(last axis) -> Add(eps) -> Sqrt
+                   -> Div(1, .) | Reciprocal -> Mul(x, .)   (or Div(x, .))   -> Mul(weight, .)
+    LayerNorm: d = Sub(x, ReduceMean(x)); the RMSNorm of d as above, then Add(bias, .) (optional)
 
-A normalization stays FP32 by rule (its sum of squares overflows FP16 and its mean loses digits), so in a model
-converted to FP16 every such chain is an FP32 island behind two Casts: 14 Casts on a 3-layer decoder, two per
-norm. ONNX's ``RMSNormalization`` (opset 23) with ``stash_type=1`` computes the same thing in float32 whatever
-its input type, so the fused op runs with FP16 input and output and no Cast at all, the statistics still in
-float32 (the rules lower it only where the calibrated range of its input and output fits the low format, see
-``rules.Fp32AccumulationRule``).
+A normalization stays FP32 by rule (a sum of squares overflows FP16 and a mean loses digits), so in a model
+converted to FP16 every such chain is an FP32 island behind two Casts: 14 Casts on a 3-layer Llama, two per norm.
+ONNX's ``RMSNormalization`` (opset 23) and ``LayerNormalization`` (opset 17) with ``stash_type=1`` compute the same
+thing in float32 whatever their input type, so a fused op runs with FP16 input and output and no Cast at all, its
+statistics still in float32 (the rules lower it only where the calibrated range of its input and output fits the
+low format, see ``rules.Fp32AccumulationRule``; without calibration data it stays FP32, as the chain did).
 
-The fusion runs only on models at opset 23 or later: an export at that opset, or ``convert --opset 23``
-(ONNX's version converter upgrades the model first). ONNX Runtime runs RMSNormalization in the releases that
-read opset 23 (1.31 is tested here); the TensorRT ONNX parser imports it from 10.15 on, and in TensorRT 11
-(``mpinfer.engine.machine.TENSORRT_OP_SINCE``). Below opset 23 the chains are only counted, for a warning.
+LayerNorm chains fuse at opset 17 and later, which ONNX Runtime and every TensorRT that mpinfer builds with (10
+and 11) run. RMSNorm chains fuse at opset 23 and later: an export at that opset, or ``convert --opset 23``
+(ONNX's version converter upgrades the model first). ONNX Runtime runs RMSNormalization in the releases that read
+opset 23 (1.31 is tested here); the TensorRT ONNX parser imports it from 10.15 on, and in TensorRT 11
+(``mpinfer.engine.machine.TENSORRT_OP_SINCE``), which is why it is not the default. Below those opsets the chains
+are only counted, for a warning.
 
-A chain is fused only when it computes exactly RMSNormalization(x, weight, axis=-1, epsilon=eps): the exponent
-is 2, the mean runs over the last axis alone with keepdims, eps and 1 are scalar constants, the weight is a
-constant broadcastable to the last axis, and no intermediate is read anywhere else (or is a graph output).
+A chain is fused only when it computes exactly the op: the exponent is 2, each mean runs over the last axis alone
+with keepdims, eps and 1 are scalar constants, weight and bias are 1-D float32 constants, and no intermediate is
+read anywhere else (or is a graph output).
 """
 
 from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,26 +39,37 @@ from mpinfer.modelio import default_opset
 logger = logging.getLogger(__name__)
 
 RMS_NORM_MIN_OPSET = 23
+LAYER_NORM_MIN_OPSET = 17
 FUSED_SUFFIX = "/RMSNormalization_fused"
+FUSED_LN_SUFFIX = "/LayerNormalization_fused"
+_DEFAULT = ("", "ai.onnx")
 
 
 @dataclass(frozen=True)
-class RmsChain:
-    """One decomposed RMSNorm found in a graph.
+class NormChain:
+    """One decomposed normalization found in a graph.
 
     Attributes:
+        op: ``RMSNormalization`` or ``LayerNormalization``.
         x: The normalized tensor.
         scale: The weight tensor (a constant).
-        output: The chain's output (the weight Mul's).
+        bias: The bias tensor (a constant; LayerNorm only), or ``""``.
+        output: The chain's output (its last node's).
         epsilon: The constant added to the mean of squares.
-        nodes: The names of the chain's nodes, first to last (the weight Mul last).
+        nodes: The names of the chain's nodes, first to last.
     """
 
+    op: str
     x: str
     scale: str
+    bias: str
     output: str
     epsilon: float
     nodes: tuple[str, ...]
+
+
+# (the name this module had for it when it fused RMSNorm alone)
+RmsChain = NormChain
 
 
 def _constants(graph: Any) -> dict[str, np.ndarray]:
@@ -68,7 +81,7 @@ def _constants(graph: Any) -> dict[str, np.ndarray]:
         if not t.external_data and int(np.prod(t.dims, dtype=np.int64)) <= 64:
             out[t.name] = numpy_helper.to_array(t)
     for node in graph.node:
-        if node.op_type == "Constant" and node.domain in ("", "ai.onnx") and len(node.attribute) == 1:
+        if node.op_type == "Constant" and node.domain in _DEFAULT and len(node.attribute) == 1:
             attr = node.attribute[0]
             if attr.name == "value" and int(np.prod(attr.t.dims, dtype=np.int64)) <= 64:
                 out[node.output[0]] = numpy_helper.to_array(attr.t)
@@ -79,50 +92,43 @@ def _constants(graph: Any) -> dict[str, np.ndarray]:
     return out
 
 
-def _scalar(consts: Mapping[str, np.ndarray], name: str) -> float | None:
-    v = consts.get(name)
-    if v is None or v.size != 1 or v.dtype.kind != "f":
-        return None
-    return float(v.reshape(()))
+class _Wiring:
+    """Who produces and who reads each tensor of one graph, and its small constants."""
 
+    def __init__(self, graph: Any) -> None:
+        self.consts = _constants(graph)
+        self.producer = {o: n for n in graph.node for o in n.output if o}
+        self.consumers: dict[str, list[Any]] = defaultdict(list)
+        for n in graph.node:
+            for i in n.input:
+                if i:
+                    self.consumers[i].append(n)
+        self.outputs = {o.name for o in graph.output}
+        self.weights = {t.name: t for t in graph.initializer}
 
-def _last_axis_only(node: Any, consts: Mapping[str, np.ndarray]) -> bool:
-    """ReduceMean over the last axis alone, with keepdims (axes as attribute before opset 18, input after)."""
-    attrs = {a.name: a for a in node.attribute}
-    if "keepdims" in attrs and attrs["keepdims"].i != 1:
-        return False
-    if "axes" in attrs:
-        axes = list(attrs["axes"].ints)
-    elif len(node.input) > 1 and node.input[1]:
-        v = consts.get(node.input[1])
-        if v is None:
-            return False
-        axes = [int(a) for a in v.reshape(-1)]
-    else:
-        return False  # (all axes)
-    return axes == [-1]
+    def scalar(self, name: str) -> float | None:
+        """The value of a one-value float constant, else None."""
+        v = self.consts.get(name)
+        if v is None or v.size != 1 or v.dtype.kind != "f":
+            return None
+        return float(v.reshape(()))
 
-
-def find_rms_chains(graph: Any) -> list[RmsChain]:
-    """Every decomposed RMSNorm of ``graph`` (its own nodes, not its subgraphs') that fuses exactly."""
-    consts = _constants(graph)
-    producer = {o: n for n in graph.node for o in n.output if o}
-    consumers: dict[str, list[Any]] = defaultdict(list)
-    for n in graph.node:
-        for i in n.input:
-            if i:
-                consumers[i].append(n)
-    outputs = {o.name for o in graph.output}
-    weights = {t.name: t for t in graph.initializer}
-
-    def sole(name: str, op: str | tuple[str, ...]) -> Any:
-        """The one consumer of ``name`` when it has exactly one, of type ``op``, and ``name`` is no graph output."""
-        users = consumers.get(name, [])
+    def sole(self, name: str, op: str | tuple[str, ...]) -> Any:
+        """The one reader of ``name`` when it has exactly one, of type ``op``, and ``name`` is no graph output."""
+        users = self.consumers.get(name, [])
         ops = (op,) if isinstance(op, str) else op
-        if len(users) != 1 or name in outputs or users[0].op_type not in ops or users[0].domain not in ("", "ai.onnx"):
+        if len(users) != 1 or name in self.outputs or users[0].op_type not in ops or users[0].domain not in _DEFAULT:
             return None
         return users[0]
 
+    def made_by(self, name: str, op: str) -> Any:
+        """The default-domain ``op`` node that produces ``name``, read by that one node alone, or None."""
+        node = self.producer.get(name)
+        if node is None or node.op_type != op or node.domain not in _DEFAULT:
+            return None
+        return node if len(self.consumers[name]) == 1 and name not in self.outputs else None
+
+    @staticmethod
     def other(node: Any, name: str) -> str | None:
         """The input of binary ``node`` that is not ``name`` (None when both are, or the arity is not 2)."""
         if len(node.input) != 2:
@@ -130,98 +136,171 @@ def find_rms_chains(graph: Any) -> list[RmsChain]:
         a, b = node.input
         return b if a == name else a if b == name else None
 
-    def constant_scale(name: str) -> str | None:
+    def constant_1d(self, name: str) -> str | None:
         """``name``, or the tensor an Identity chain copies it from, when that is a 1-D float32 constant."""
-        while name in producer and producer[name].op_type == "Identity" and name not in weights:
-            name = producer[name].input[0]  # (exporters share equal weights through Identity nodes)
-        t = weights.get(name)
-        if t is not None:
-            return name if len(t.dims) == 1 and t.data_type == 1 else None
-        v = consts.get(name)
-        return name if v is not None and v.ndim == 1 and v.dtype == np.float32 else None
+        while name in self.producer and self.producer[name].op_type == "Identity" and name not in self.weights:
+            name = self.producer[name].input[0]  # (exporters share equal weights through Identity nodes)
+        t = self.weights.get(name)
+        node = self.producer.get(name)
+        if t is None and node is not None and node.op_type == "Constant" and node.domain in _DEFAULT:
+            t = next((a.t for a in node.attribute if a.name == "value"), None)  # (any size: not read)
+        return name if t is not None and len(t.dims) == 1 and t.data_type == 1 else None
 
-    chains = []
-    for rm in graph.node:
-        if rm.op_type != "ReduceMean" or rm.domain not in ("", "ai.onnx") or not _last_axis_only(rm, consts):
-            continue
-        sq = producer.get(rm.input[0])
-        if sq is None or len(consumers[rm.input[0]]) != 1 or rm.input[0] in outputs:
-            continue
-        if sq.op_type == "Pow" and _scalar(consts, sq.input[1]) == 2.0:
-            x = sq.input[0]
-        elif sq.op_type == "Mul" and len(sq.input) == 2 and sq.input[0] == sq.input[1]:
-            x = sq.input[0]
+    def last_axis_mean(self, node: Any) -> bool:
+        """A ReduceMean over the last axis alone, with keepdims (axes an attribute before opset 18, an input after)."""
+        if node.op_type != "ReduceMean" or node.domain not in _DEFAULT:
+            return False
+        attrs = {a.name: a for a in node.attribute}
+        if "keepdims" in attrs and attrs["keepdims"].i != 1:
+            return False
+        if "axes" in attrs:
+            axes = list(attrs["axes"].ints)
+        elif len(node.input) > 1 and node.input[1]:
+            v = self.consts.get(node.input[1])
+            if v is None:
+                return False
+            axes = [int(a) for a in v.reshape(-1)]
         else:
-            continue
-        add = sole(rm.output[0], "Add")
-        eps_name = other(add, rm.output[0]) if add is not None else None
-        eps = _scalar(consts, eps_name) if eps_name else None
-        sqrt = sole(add.output[0], "Sqrt") if add is not None and eps is not None and eps >= 0 else None
-        if sqrt is None:
-            continue
-        step = sole(sqrt.output[0], ("Div", "Reciprocal"))
-        if step is None:
-            continue
+            return False  # (all axes)
+        return axes == [-1]
+
+    def squared(self, node: Any) -> str | None:
+        """``x`` when ``node`` is Pow(x, 2) or Mul(x, x), else None."""
+        if node.op_type == "Pow" and node.domain in _DEFAULT and self.scalar(node.input[1]) == 2.0:
+            return str(node.input[0])
+        same = len(node.input) == 2 and node.input[0] == node.input[1]
+        if node.op_type == "Mul" and node.domain in _DEFAULT and same:
+            return str(node.input[0])
+        return None
+
+    def scaled_rms(self, mean_sq: Any, x: str) -> tuple[float, list[Any], str] | None:
+        """From ``mean_sq`` (the ReduceMean of x^2) on: Add(eps), Sqrt, x / it (or x * 1/it), * weight.
+
+        Returns:
+            (eps, those nodes, the weight), or None when the chain differs.
+        """
+        add = self.sole(mean_sq.output[0], "Add")
+        eps_name = self.other(add, mean_sq.output[0]) if add is not None else None
+        eps = self.scalar(eps_name) if eps_name else None
+        sqrt = self.sole(add.output[0], "Sqrt") if add is not None and eps is not None and eps >= 0 else None
+        step = self.sole(sqrt.output[0], ("Div", "Reciprocal")) if sqrt is not None else None
+        if step is None or eps is None or sqrt is None:
+            return None
         if step.op_type == "Div" and list(step.input) == [x, sqrt.output[0]]:  # x / rms
             middle, norm = [step], step
         else:
             is_inverse = step.op_type == "Reciprocal" or (
-                list(step.input[1:]) == [sqrt.output[0]] and _scalar(consts, step.input[0]) == 1.0
+                list(step.input[1:]) == [sqrt.output[0]] and self.scalar(step.input[0]) == 1.0
             )
-            norm = sole(step.output[0], "Mul") if is_inverse else None
-            if norm is None or other(norm, step.output[0]) != x:
-                continue
+            norm = self.sole(step.output[0], "Mul") if is_inverse else None
+            if norm is None or self.other(norm, step.output[0]) != x:
+                return None
             middle = [step, norm]
-        wmul = sole(norm.output[0], "Mul")
-        scale = other(wmul, norm.output[0]) if wmul is not None else None
-        scale = constant_scale(scale) if scale is not None else None
+        wmul = self.sole(norm.output[0], "Mul")
+        scale = self.other(wmul, norm.output[0]) if wmul is not None else None
+        scale = self.constant_1d(scale) if scale is not None else None
         if scale is None:
+            return None
+        return eps, [add, sqrt, *middle, wmul], scale
+
+
+def find_norm_chains(graph: Any, ops: tuple[str, ...] = ("RMSNormalization", "LayerNormalization")) -> list[NormChain]:
+    """Every decomposed normalization of ``graph`` (its own nodes, not its subgraphs') that fuses exactly."""
+    w = _Wiring(graph)
+    chains = []
+    for rm in graph.node:
+        if not w.last_axis_mean(rm):
             continue
-        nodes = (sq, rm, add, sqrt, *middle, wmul)
-        chains.append(RmsChain(x, scale, wmul.output[0], eps, tuple(n.name for n in nodes)))  # type: ignore[arg-type]
+        sq = w.made_by(rm.input[0], "Pow") or w.made_by(rm.input[0], "Mul")
+        x = w.squared(sq) if sq is not None else None
+        tail = w.scaled_rms(rm, x) if x is not None else None
+        if x is None or tail is None:
+            continue
+        eps, rest, scale = tail
+        centre = w.producer.get(x)
+        mean = w.made_by(centre.input[1], "ReduceMean") if centre is not None and centre.op_type == "Sub" else None
+        if centre is not None and mean is not None and w.last_axis_mean(mean) and mean.input[0] == centre.input[0]:
+            if "LayerNormalization" not in ops or len(w.consumers[x]) != 2 or x in w.outputs:
+                continue  # (d = x - mean(x) read by the square and the division alone)
+            nodes, last, bias = [mean, centre, sq, rm, *rest], rest[-1], ""
+            badd = w.sole(last.output[0], "Add")
+            bias_name = w.other(badd, last.output[0]) if badd is not None else None
+            if bias_name is not None and w.constant_1d(bias_name) is not None:
+                bias, last = str(w.constant_1d(bias_name)), badd
+                nodes.append(badd)
+            chains.append(NormChain("LayerNormalization", str(centre.input[0]), scale, bias, str(last.output[0]), eps,
+                                    tuple(n.name for n in nodes)))
+        elif "RMSNormalization" in ops:
+            nodes = [sq, rm, *rest]
+            chains.append(NormChain("RMSNormalization", x, scale, "", str(rest[-1].output[0]), eps,
+                                    tuple(n.name for n in nodes)))
     return chains
 
 
-def fuse_rms_norms(model: Any) -> list[RmsChain]:
-    """Replace, in place, every exact decomposed RMSNorm of the main graph by one RMSNormalization (stash_type=1).
+def find_rms_chains(graph: Any) -> list[NormChain]:
+    """Every decomposed RMSNorm of ``graph`` that fuses exactly into RMSNormalization."""
+    return find_norm_chains(graph, ("RMSNormalization",))
 
-    Nothing changes below opset :data:`RMS_NORM_MIN_OPSET`. Each fused node takes the name of the chain's last
-    node plus :data:`FUSED_SUFFIX` and its place in the node list; Constant nodes left unread are removed.
-    Node names must be unique (``mpinfer.modelio.name_nodes``).
 
-    Returns:
-        The chains fused.
-    """
+def _fuse(model: Any, chains: list[NormChain]) -> None:
+    """Replace each chain of the main graph by its op, in place (see :func:`fuse_norm_chains`)."""
     from onnx import helper
 
-    if default_opset(model) < RMS_NORM_MIN_OPSET:
-        return []
     graph = model.graph
-    chains = find_rms_chains(graph)
-    if not chains:
-        return chains
     fused = {c.nodes[-1]: c for c in chains}
     dropped = {name for c in chains for name in c.nodes[:-1]}
     kept = []
     for node in graph.node:
         chain = fused.get(node.name)
         if chain is not None:
-            kept.append(helper.make_node("RMSNormalization", [chain.x, chain.scale], [chain.output],
-                                         name=node.name + FUSED_SUFFIX, axis=-1, epsilon=chain.epsilon, stash_type=1))
+            suffix = FUSED_SUFFIX if chain.op == "RMSNormalization" else FUSED_LN_SUFFIX
+            inputs = [chain.x, chain.scale] + ([chain.bias] if chain.bias else [])
+            kept.append(helper.make_node(chain.op, inputs, [chain.output], name=node.name + suffix, axis=-1,
+                                         epsilon=chain.epsilon, stash_type=1))
         elif node.name not in dropped:
             kept.append(node)
     read = {i for n in kept for i in n.input} | {o.name for o in graph.output}
     read |= {i for n in kept for g in _bodies(n) for i in _outer_reads(g)}
     # Constants and the Identity copies of shared weights that only the chains read
-    kept = [n for n in kept if n.op_type not in ("Constant", "Identity") or n.domain not in ("", "ai.onnx")
+    kept = [n for n in kept if n.op_type not in ("Constant", "Identity") or n.domain not in _DEFAULT
             or any(o in read for o in n.output)]
     gone = {o for n in graph.node for o in n.output} - {o for n in kept for o in n.output}
     del graph.node[:]
     graph.node.extend(kept)
     for vi in [vi for vi in graph.value_info if vi.name in gone]:  # the removed intermediates' shapes
         graph.value_info.remove(vi)
-    logger.info("Fused %d decomposed RMSNorm chain(s) into RMSNormalization with stash_type=1 (float32 statistics "
-                "whatever the I/O type; %d nodes replaced)", len(chains), len(dropped) + len(fused))
+
+
+def fuse_norm_chains(model: Any) -> list[NormChain]:
+    """Replace, in place, every exact decomposed normalization of the main graph by its ONNX op (stash_type=1).
+
+    LayerNorm chains from opset :data:`LAYER_NORM_MIN_OPSET`, RMSNorm chains from :data:`RMS_NORM_MIN_OPSET`; below
+    them nothing changes. Each fused node takes the name of the chain's last node plus :data:`FUSED_SUFFIX` (or
+    :data:`FUSED_LN_SUFFIX`) and its place in the node list; Constant (and weight-sharing Identity) nodes left
+    unread are removed. Node names must be unique (``mpinfer.modelio.name_nodes``).
+
+    Returns:
+        The chains fused.
+    """
+    opset = default_opset(model)
+    ops = tuple(op for op, since in (("RMSNormalization", RMS_NORM_MIN_OPSET),
+                                     ("LayerNormalization", LAYER_NORM_MIN_OPSET)) if opset >= since)
+    chains = find_norm_chains(model.graph, ops) if ops else []
+    if chains:
+        _fuse(model, chains)
+        counts = {op: sum(c.op == op for c in chains) for op in ops}
+        logger.info("Fused decomposed normalization chains into ONNX ops with stash_type=1 (float32 statistics "
+                    "whatever the I/O type): %s", ", ".join(f"{n} into {op}" for op, n in counts.items() if n))
+    return chains
+
+
+def fuse_rms_norms(model: Any) -> list[NormChain]:
+    """:func:`fuse_norm_chains`, RMSNorm chains alone (at opset 23 and later)."""
+    if default_opset(model) < RMS_NORM_MIN_OPSET:
+        return []
+    chains = find_rms_chains(model.graph)
+    if chains:
+        _fuse(model, chains)
     return chains
 
 
@@ -240,13 +319,17 @@ def _outer_reads(graph: Any) -> set[str]:
     return out
 
 
-def fuse_norms(model: Any) -> list[RmsChain]:
-    """:func:`fuse_rms_norms` at opset 23 and later; below it, a hint when the model has chains it would fuse."""
-    if default_opset(model) >= RMS_NORM_MIN_OPSET:
-        return fuse_rms_norms(model)
-    found = len(find_rms_chains(model.graph))
-    if found:
-        logger.warning("%d decomposed RMSNorm chain(s) stay FP32 islands behind two Casts each. Hint: `--opset %d` "
-                    "fuses them into RMSNormalization with float32 statistics and no Cast (ONNX Runtime releases "
-                       "that read opset 23, TensorRT 10.15+).", found, RMS_NORM_MIN_OPSET)
-    return []
+def fuse_norms(model: Any) -> list[NormChain]:
+    """:func:`fuse_norm_chains`; below an op's opset, a warning when the model has chains it would fuse."""
+    opset = default_opset(model)
+    fused = fuse_norm_chains(model)
+    waiting = find_norm_chains(model.graph) if opset < RMS_NORM_MIN_OPSET else []  # (those it could not fuse)
+    for op, since in (("RMSNormalization", RMS_NORM_MIN_OPSET), ("LayerNormalization", LAYER_NORM_MIN_OPSET)):
+        found = sum(c.op == op for c in waiting)
+        if found and opset < since:
+            runs = ("ONNX Runtime releases that read opset 23, TensorRT 10.15+" if op == "RMSNormalization"
+                    else "ONNX Runtime, TensorRT 8.6+")
+            logger.warning("%d decomposed %s chain(s) stay FP32 islands behind two Casts each. Hint: `--opset %d` "
+                           "fuses them into %s with float32 statistics and no Cast (%s).", found,
+                           "RMSNorm" if op == "RMSNormalization" else "LayerNorm", since, op, runs)
+    return fused

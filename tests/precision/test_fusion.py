@@ -10,7 +10,7 @@ import pytest
 from onnx import helper
 
 from mpinfer.modelio import name_nodes
-from mpinfer.precision.fusion import FUSED_SUFFIX, find_rms_chains, fuse_norms, fuse_rms_norms
+from mpinfer.precision.fusion import FUSED_LN_SUFFIX, FUSED_SUFFIX, find_rms_chains, fuse_norms, fuse_rms_norms
 from mpinfer.precision.normalize import ensure_opset
 from mpinfer.specs import Precision
 from tests.precision.graphs import fvi, init, make, rng_w, run_ort
@@ -140,3 +140,78 @@ def test_a_plan_made_at_opset_23_reapplies_the_fusion_to_the_same_bytes(tmp_path
     r = invoke("convert", src, "--plan", plan, "-o", again)  # the plan's opset: upgraded and fused again
     assert r.exit_code == 0, r.output
     assert again.read_bytes() == first.read_bytes()
+
+
+def _ln_model(*, bias=True, inverse="divx", opset=16, centre_read_elsewhere=False, eps=1e-5):
+    """inp -> MatMul -> x -> LayerNorm written out as the TorchScript exporter writes it below opset 17 -> MatMul."""
+    nodes = [helper.make_node("MatMul", ["inp", "w0"], ["x"]),
+             helper.make_node("Constant", [], ["two"], value=helper.make_tensor("", 1, [], [2.0])),
+             helper.make_node("Constant", [], ["eps"], value=helper.make_tensor("", 1, [], [eps])),
+             helper.make_node("ReduceMean", ["x"], ["mean"], axes=[-1]),
+             helper.make_node("Sub", ["x", "mean"], ["d"]),
+             helper.make_node("Pow", ["d", "two"], ["sq"]),
+             helper.make_node("ReduceMean", ["sq"], ["var"], axes=[-1]),
+             helper.make_node("Add", ["var", "eps"], ["ve"]),
+             helper.make_node("Sqrt", ["ve"], ["std"])]
+    if inverse == "divx":
+        nodes.append(helper.make_node("Div", ["d", "std"], ["n"]))
+    else:
+        nodes += [helper.make_node("Reciprocal", ["std"], ["inv"]), helper.make_node("Mul", ["d", "inv"], ["n"])]
+    nodes.append(helper.make_node("Mul", ["n", "g"], ["scaled"]))
+    last = "scaled"
+    if bias:
+        nodes.append(helper.make_node("Add", ["scaled", "b"], ["normed"]))
+        last = "normed"
+    head = "dd" if centre_read_elsewhere else last
+    if centre_read_elsewhere:  # the centred tensor also feeds the output: no fusion
+        nodes.append(helper.make_node("Add", [last, "d"], ["dd"]))
+    nodes.append(helper.make_node("MatMul", [head, "w"], ["y"]))
+    inits = [init("w", rng_w(H, H, seed=2)), init("w0", rng_w(H, H, seed=3)), init("g", 1.0 + rng_w(H, seed=1)),
+             init("b", rng_w(H, seed=4))]
+    return name_nodes(make(nodes, [fvi("inp", ["N", "T", H])], [fvi("y", ["N", "T", H])], inits, opset=opset))
+
+
+@pytest.mark.parametrize("bias,inverse", [(True, "divx"), (False, "reciprocal")])
+def test_a_decomposed_layer_norm_fuses_at_opset_17_with_the_same_outputs(bias, inverse):
+    model = _ln_model(bias=bias, inverse=inverse)
+    assert fuse_norms(model) == []  # opset 16: not yet
+    upgraded = ensure_opset(model, Precision.FP16, opset=17)
+    (chain,) = fuse_norms(upgraded)
+    assert chain.op == "LayerNormalization" and chain.x == "x" and chain.bias == ("b" if bias else "")
+    ops = [n.op_type for n in upgraded.graph.node]
+    assert ops == ["MatMul", "LayerNormalization", "MatMul"], ops
+    fused = upgraded.graph.node[1]
+    assert fused.name.endswith(FUSED_LN_SUFFIX) and list(fused.input) == ["x", "g"] + (["b"] if bias else [])
+    assert {a.name: helper.get_attribute_value(a) for a in fused.attribute}["stash_type"] == 1
+    onnx.checker.check_model(upgraded, full_check=True)
+    feeds = _feeds(model)
+    (want,), (got,) = run_ort(model, feeds), run_ort(upgraded, feeds)
+    magnitude = np.abs(want).max() + H * np.abs(rng_w(H, H, seed=2)).max() * 4 * np.sqrt(H)
+    assert_reorder_close(got, want, n=H, magnitude=magnitude, stages=4)
+
+
+def test_a_layer_norm_whose_centred_tensor_is_read_elsewhere_stays():
+    model = ensure_opset(_ln_model(centre_read_elsewhere=True), Precision.FP16, opset=17)
+    before = [n.name for n in model.graph.node]
+    assert fuse_norms(model) == [] and [n.name for n in model.graph.node] == before
+
+
+def test_below_opset_17_the_warning_names_opset_17_for_layer_norms(caplog):
+    with caplog.at_level("WARNING", logger="mpinfer.precision.fusion"):
+        assert fuse_norms(_ln_model()) == []
+    assert "1 decomposed LayerNorm chain(s) stay FP32 islands" in caplog.text and "`--opset 17`" in caplog.text
+
+
+def test_convert_fuses_a_layer_norm_by_default_at_opset_17(tmp_path, invoke):
+    """LayerNormalization runs in ONNX Runtime and every TensorRT mpinfer builds with: fused without asking."""
+    src = tmp_path / "m.onnx"
+    src.write_bytes(_ln_model(opset=17).SerializeToString())
+    np.savez(tmp_path / "cal.npz", inp=(np.random.default_rng(1).standard_normal((16, 5, H)) * 40).astype(np.float32))
+    out = tmp_path / "m16.onnx"
+    r = invoke("convert", src, "-o", out, "--calibration", tmp_path / "cal.npz", "--budget", "cosine>=0.999")
+    assert r.exit_code == 0, r.output
+    converted = onnx.load(str(out))
+    (norm,) = [n for n in converted.graph.node if n.op_type == "LayerNormalization"]
+    inits = {t.name: t.data_type for t in converted.graph.initializer}
+    assert inits[norm.input[1]] == inits[norm.input[2]] == onnx.TensorProto.FLOAT16  # runs low
+    assert sum(n.op_type == "Cast" for n in converted.graph.node) == 2  # the I/O's alone
