@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mpinfer.errors import InvalidInputError, format_message
+from mpinfer.precision.fusion import FUSED_LN_SUFFIX, FUSED_OPS, FUSED_SUFFIX
 from mpinfer.precision.graphinfo import FLOAT, GraphInfo
 from mpinfer.precision.masks import REASON as MASK_REASON
 from mpinfer.precision.masks import MaskSite, find_mask_sites, mask_tensors, rewrite_masks
@@ -94,7 +95,11 @@ def _check_op_types(info: GraphInfo, options: RuleOptions) -> None:
                         f"did you mean {close[0]!r}?" if close else f"the model's op types: {', '.join(present)}",
                     )
                 )
-            logger.warning("%s %s: the model has no %s node, so it changes nothing.", flag, op, op)
+            fused = sorted({ref.node.op_type for ref in info.nodes if op in FUSED_OPS
+                            and ref.node.name.endswith((FUSED_SUFFIX, FUSED_LN_SUFFIX))})
+            why = (f" (its normalization chains were fused into {' and '.join(fused)}: name that op instead)"
+                   if fused else "")
+            logger.warning("%s %s: the model has no %s node, so it changes nothing%s.", flag, op, op, why)
 
 
 def _warn_unmatched_patterns(info: GraphInfo, options: RuleOptions) -> None:

@@ -215,3 +215,12 @@ def test_convert_fuses_a_layer_norm_by_default_at_opset_17(tmp_path, invoke):
     inits = {t.name: t.data_type for t in converted.graph.initializer}
     assert inits[norm.input[1]] == inits[norm.input[2]] == onnx.TensorProto.FLOAT16  # runs low
     assert sum(n.op_type == "Cast" for n in converted.graph.node) == 2  # the I/O's alone
+
+
+def test_a_keep_op_for_a_fused_op_type_names_the_fused_op(tmp_path, invoke):
+    src = tmp_path / "m.onnx"
+    src.write_bytes(_rms_model().SerializeToString())
+    r = invoke("convert", src, "-o", tmp_path / "o.onnx", "--calibration", "none", "--opset", "23", "--keep-op", "Pow")
+    assert r.exit_code == 0, r.output
+    assert ("--keep-op Pow: the model has no Pow node, so it changes nothing (its normalization chains were fused "
+            "into RMSNormalization: name that op instead)") in " ".join(r.output.split())
