@@ -41,7 +41,7 @@ from mpinfer.modelio import (
 )
 from mpinfer.precision.apply import ApplyResult
 from mpinfer.precision.evaluators import evaluator_class
-from mpinfer.precision.fusion import fuse_norms
+from mpinfer.precision.fusion import FUSED_SUFFIXES, fuse_norms
 from mpinfer.precision.genbudget import split_generation_budget
 from mpinfer.precision.graphinfo import GraphInfo
 from mpinfer.precision.normalize import check_not_low, ensure_opset, low_io_types, sort_nodes
@@ -240,7 +240,9 @@ def _convert(cfg: ConvertConfig, claim: OutputClaim) -> ConvertResult:
     start = time.perf_counter()
     out, plan_out = _check_outputs(cfg)
     opts, in_place, given_plan = _resolve(cfg, plan_out)
-    loaded = _load(Path(cfg.model), opts, force=cfg.force, scratch=claim.scratch)
+    # a plan made before chains were fused (an earlier mpinfer) names their nodes: it is applied to them as they are
+    fuse = given_plan is None or any(n.name.endswith(FUSED_SUFFIXES) for n in given_plan.nodes)
+    loaded = _load(Path(cfg.model), opts, force=cfg.force, scratch=claim.scratch, fuse=fuse)
     info, sha = loaded.info, loaded.sha
     if given_plan is not None:
         made = _reapply(given_plan, Path(str(cfg.plan)), opts, info, sha, force=cfg.force)
@@ -308,7 +310,9 @@ def _resolve(cfg: ConvertConfig, plan_out: Path) -> tuple[Options, bool, Precisi
     return opts, in_place, loaded
 
 
-def _load(model_path: Path, opts: Options, *, force: bool, scratch: Callable[[], Path]) -> _Loaded:
+def _load(
+    model_path: Path, opts: Options, *, force: bool, scratch: Callable[[], Path], fuse: bool = True
+) -> _Loaded:
     """Load, check and name the model; its weights stay on disk when external, or copied there when big.
 
     External weights stay where they are: calibration's ONNX Runtime sessions and the strict emulator memory-map
@@ -337,7 +341,8 @@ def _load(model_path: Path, opts: Options, *, force: bool, scratch: Callable[[],
         model = load_onnx(weights, load_external_data=False)
         model.ir_version = ir_version  # (save_streamed wrote the IR version it writes outputs at)
     model = ensure_opset(name_nodes(model), opts.precision, opset=opts.opset)
-    fuse_norms(model)  # (at opset 23 and later: RMSNorm chains become RMSNormalization, no FP32 island)
+    if fuse:  # normalization chains become their ONNX op (LayerNorm from opset 17, RMSNorm from 23): no FP32 island
+        fuse_norms(model)
     base_dir = str(weights.resolve().parent) if weights is not None else None
     info = GraphInfo(model, base_dir=base_dir)
     info.low_io = low_io

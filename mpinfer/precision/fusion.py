@@ -42,6 +42,7 @@ RMS_NORM_MIN_OPSET = 23
 LAYER_NORM_MIN_OPSET = 17
 FUSED_SUFFIX = "/RMSNormalization_fused"
 FUSED_LN_SUFFIX = "/LayerNormalization_fused"
+FUSED_SUFFIXES = (FUSED_SUFFIX, FUSED_LN_SUFFIX)
 _DEFAULT = ("", "ai.onnx")
 # The op types a fused chain replaces (a --keep-op/--low-op naming one then names the fused op's node instead)
 FUSED_OPS = frozenset({"Pow", "Mul", "ReduceMean", "Add", "Sub", "Sqrt", "Div", "Reciprocal"})

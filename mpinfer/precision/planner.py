@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mpinfer.errors import InvalidInputError, format_message
-from mpinfer.precision.fusion import FUSED_LN_SUFFIX, FUSED_OPS, FUSED_SUFFIX
+from mpinfer.precision.fusion import FUSED_OPS, FUSED_SUFFIXES
 from mpinfer.precision.graphinfo import FLOAT, GraphInfo
 from mpinfer.precision.masks import REASON as MASK_REASON
 from mpinfer.precision.masks import MaskSite, find_mask_sites, mask_tensors, rewrite_masks
@@ -96,7 +96,7 @@ def _check_op_types(info: GraphInfo, options: RuleOptions) -> None:
                     )
                 )
             fused = sorted({ref.node.op_type for ref in info.nodes if op in FUSED_OPS
-                            and ref.node.name.endswith((FUSED_SUFFIX, FUSED_LN_SUFFIX))})
+                            and ref.node.name.endswith(FUSED_SUFFIXES)})
             why = (f" (its normalization chains were fused into {' and '.join(fused)}: name that op instead)"
                    if fused else "")
             logger.warning("%s %s: the model has no %s node, so it changes nothing%s.", flag, op, op, why)

@@ -222,3 +222,22 @@ def test_a_keep_op_for_a_fused_op_type_names_the_fused_op(tmp_path, invoke):
     assert r.exit_code == 0, r.output
     assert ("--keep-op Pow: the model has no Pow node, so it changes nothing (its normalization chains were fused "
             "into RMSNormalization: name that op instead)") in " ".join(r.output.split())
+
+
+def test_a_plan_made_before_fusion_is_applied_to_the_chain_as_it_is(tmp_path, invoke, monkeypatch):
+    """A plan written by an mpinfer that did not fuse names the chain's nodes: re-applied, the chain stays."""
+    import mpinfer.precision.convert as convert_mod
+
+    src = tmp_path / "m.onnx"
+    src.write_bytes(_ln_model(opset=17).SerializeToString())
+    np.savez(tmp_path / "cal.npz", inp=(np.random.default_rng(1).standard_normal((16, 5, H)) * 40).astype(np.float32))
+    old = tmp_path / "old.onnx"
+    with monkeypatch.context() as m:
+        m.setattr(convert_mod, "fuse_norms", lambda model: [])  # an earlier mpinfer
+        r = invoke("convert", src, "-o", old, "--calibration", tmp_path / "cal.npz")
+    assert r.exit_code == 0, r.output
+    assert "LayerNormalization" not in {n.op_type for n in onnx.load(str(old)).graph.node}
+    again = tmp_path / "again.onnx"
+    r = invoke("convert", src, "--plan", old.with_name("old.plan.json"), "-o", again)
+    assert r.exit_code == 0, r.output
+    assert again.read_bytes() == old.read_bytes()
