@@ -116,6 +116,16 @@ def default_opset(model: onnx.ModelProto) -> int:
     return next((int(o.version) for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
 
 
+def weight_bytes(model: onnx.ModelProto) -> int:
+    """Bytes of every initializer (bodies too): embedded, its serialized size; external, its recorded length."""
+    total = 0
+    for graph in iter_graphs(model.graph):
+        for tensor in graph.initializer:
+            length = next((int(e.value) for e in tensor.external_data if e.key == "length"), None)
+            total += tensor.ByteSize() if length is None else length
+    return total
+
+
 def subgraphs(node: onnx.NodeProto) -> Iterator[onnx.GraphProto]:
     """The If/Loop/Scan bodies held directly by ``node`` (GRAPH and GRAPHS attributes)."""
     import onnx

@@ -41,6 +41,7 @@ from mpinfer.modelio import (
     save_streamed,
     tensor_array,
     uses_external_data,
+    weight_bytes,
 )
 from mpinfer.precision.calibrate import BatchSlicer, pack_chunks
 from mpinfer.precision.emulator.emulate import GraphEmulator
@@ -204,16 +205,6 @@ def measure_tensors(
                 progress.advance(task)
             del sc
     return {n: a for n, a in accs.items() if a.dtype}
-
-
-def weight_bytes(model: Any) -> int:
-    """Bytes of a model's initializers, embedded or external (the ``length`` its external-data entries record)."""
-    total = 0
-    for graph in iter_graphs(model.graph):
-        for t in graph.initializer:
-            info = {e.key: e.value for e in t.external_data}
-            total += int(info.get("length", 0)) if t.external_data else t.ByteSize()
-    return total
 
 
 def fit_batches(

@@ -48,12 +48,12 @@ from mpinfer.fileio import check_output_path, write_json_atomic
 from mpinfer.modelio import (
     data_file,
     default_opset,
-    iter_graphs,
     load_onnx,
     name_nodes,
     save_onnx,
     save_streamed,
     uses_external_data,
+    weight_bytes,
 )
 from mpinfer.specs import TensorSpec, parse_tensor_spec
 
@@ -335,16 +335,6 @@ def _post_process(path: Path, specs: Sequence[TensorSpec], description: str, exp
                        ("mpinfer.exporter", exporter), ("mpinfer.source", description)):
         model.metadata_props.append(onnx.StringStringEntryProto(key=key, value=value))
     return model
-
-
-def weight_bytes(model: Any) -> int:
-    """Bytes of every initializer, embedded (its serialized size) or external (its recorded length)."""
-    total = 0
-    for graph in iter_graphs(model.graph):
-        for tensor in graph.initializer:
-            length = next((int(e.value) for e in tensor.external_data if e.key == "length"), None)
-            total += tensor.ByteSize() if length is None else length
-    return total
 
 
 def _write_model(model: Any, staged: Path, data_name: str, source_dir: Path) -> Path:

@@ -44,6 +44,8 @@ FUSED_SUFFIX = "/RMSNormalization_fused"
 FUSED_LN_SUFFIX = "/LayerNormalization_fused"
 FUSED_SUFFIXES = (FUSED_SUFFIX, FUSED_LN_SUFFIX)
 _DEFAULT = ("", "ai.onnx")
+# Each fused op, and the opset it arrives with
+FIRST_OPSET = (("RMSNormalization", RMS_NORM_MIN_OPSET), ("LayerNormalization", LAYER_NORM_MIN_OPSET))
 # The op types a fused chain replaces (a --keep-op/--low-op naming one then names the fused op's node instead)
 FUSED_OPS = frozenset({"Pow", "Mul", "ReduceMean", "Add", "Sub", "Sqrt", "Div", "Reciprocal"})
 
@@ -69,10 +71,6 @@ class NormChain:
     output: str
     epsilon: float
     nodes: tuple[str, ...]
-
-
-# (the name this module had for it when it fused RMSNorm alone)
-RmsChain = NormChain
 
 
 def _constants(graph: Any) -> dict[str, np.ndarray]:
@@ -240,11 +238,6 @@ def find_norm_chains(graph: Any, ops: tuple[str, ...] = ("RMSNormalization", "La
     return chains
 
 
-def find_rms_chains(graph: Any) -> list[NormChain]:
-    """Every decomposed RMSNorm of ``graph`` that fuses exactly into RMSNormalization."""
-    return find_norm_chains(graph, ("RMSNormalization",))
-
-
 def _fuse(model: Any, chains: list[NormChain]) -> None:
     """Replace each chain of the main graph by its op, in place (see :func:`fuse_norm_chains`)."""
     from onnx import helper
@@ -286,24 +279,13 @@ def fuse_norm_chains(model: Any) -> list[NormChain]:
         The chains fused.
     """
     opset = default_opset(model)
-    ops = tuple(op for op, since in (("RMSNormalization", RMS_NORM_MIN_OPSET),
-                                     ("LayerNormalization", LAYER_NORM_MIN_OPSET)) if opset >= since)
+    ops = tuple(op for op, since in FIRST_OPSET if opset >= since)
     chains = find_norm_chains(model.graph, ops) if ops else []
     if chains:
         _fuse(model, chains)
         counts = {op: sum(c.op == op for c in chains) for op in ops}
         logger.info("Fused decomposed normalization chains into ONNX ops with stash_type=1 (float32 statistics "
                     "whatever the I/O type): %s", ", ".join(f"{n} into {op}" for op, n in counts.items() if n))
-    return chains
-
-
-def fuse_rms_norms(model: Any) -> list[NormChain]:
-    """:func:`fuse_norm_chains`, RMSNorm chains alone (at opset 23 and later)."""
-    if default_opset(model) < RMS_NORM_MIN_OPSET:
-        return []
-    chains = find_rms_chains(model.graph)
-    if chains:
-        _fuse(model, chains)
     return chains
 
 
@@ -327,7 +309,7 @@ def fuse_norms(model: Any) -> list[NormChain]:
     opset = default_opset(model)
     fused = fuse_norm_chains(model)
     waiting = find_norm_chains(model.graph) if opset < RMS_NORM_MIN_OPSET else []  # (those it could not fuse)
-    for op, since in (("RMSNormalization", RMS_NORM_MIN_OPSET), ("LayerNormalization", LAYER_NORM_MIN_OPSET)):
+    for op, since in FIRST_OPSET:
         found = sum(c.op == op for c in waiting)
         if found and opset < since:
             runs = ("ONNX Runtime releases that read opset 23, TensorRT 10.15+" if op == "RMSNormalization"

@@ -10,7 +10,7 @@ import pytest
 from onnx import helper
 
 from mpinfer.modelio import name_nodes
-from mpinfer.precision.fusion import FUSED_LN_SUFFIX, FUSED_SUFFIX, find_rms_chains, fuse_norms, fuse_rms_norms
+from mpinfer.precision.fusion import FUSED_LN_SUFFIX, FUSED_SUFFIX, find_norm_chains, fuse_norm_chains, fuse_norms
 from mpinfer.precision.normalize import ensure_opset
 from mpinfer.specs import Precision
 from tests.precision.graphs import fvi, init, make, rng_w, run_ort
@@ -96,12 +96,12 @@ def _assert_one_fused_node_computes_the_chain(model, upgraded, op, suffix, *, st
 def test_chains_that_are_not_exactly_rms_normalization_stay_as_they_are(variant):
     model = ensure_opset(_rms_model(**variant), Precision.FP16, opset=23)
     before = [n.name for n in model.graph.node]
-    assert fuse_rms_norms(model) == [] and [n.name for n in model.graph.node] == before
+    assert fuse_norm_chains(model) == [] and [n.name for n in model.graph.node] == before
 
 
 def test_below_opset_23_nothing_changes_and_the_hint_names_the_option(caplog):
     model = _rms_model()
-    assert len(find_rms_chains(model.graph)) == 1
+    assert len(find_norm_chains(model.graph)) == 1
     before = model.SerializeToString()
     with caplog.at_level("WARNING", logger="mpinfer.precision.fusion"):
         assert fuse_norms(model) == []
