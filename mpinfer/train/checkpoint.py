@@ -2,7 +2,9 @@
 
 A checkpoint holds only tensors and primitive containers, so ``torch.load(weights_only=True)`` reads it:
 ``{"model", "optimizer", "amp_scaler", "scheduler", "epoch", "global_step", "rng", "config", "metrics",
-"mpinfer_version"}``. ``mpinfer export --weights`` reads ``ckpt["model"]``.
+"mpinfer_version"}``. ``mpinfer export --weights`` reads ``ckpt["model"]``. An fsdp run's checkpoint has no
+``"optimizer"``: ``"shards"`` names the DCP folder (relative to the file) holding the sharded model and optimizer
+state, and ``"model"`` is the full FP32 state_dict gathered on rank 0.
 """
 
 from __future__ import annotations
@@ -26,8 +28,12 @@ LAST = "last.pt"
 METRICS = "metrics.jsonl"
 SUMMARY = "summary.json"
 OVERFLOW = "overflow.json"
-ARTEFACTS = (BEST, LAST, METRICS, SUMMARY, OVERFLOW)
+# The DCP folders of an fsdp run (see mpinfer.train.sharded).
+SHARDS = "shards"
+ARTEFACTS = (BEST, LAST, METRICS, SUMMARY, OVERFLOW, SHARDS)
 REQUIRED_KEYS = ("model", "optimizer", "amp_scaler", "scheduler", "epoch", "rng", "config", "metrics")
+# An fsdp run's checkpoint keeps the optimizer state in its DCP folder, named by "shards".
+SHARDED_REQUIRED_KEYS = tuple(k for k in REQUIRED_KEYS if k != "optimizer") + ("shards",)
 
 
 def capture_rng() -> dict[str, Any]:
@@ -144,7 +150,8 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
                 else "it may be truncated or not a torch checkpoint",
             )
         ) from err
-    missing = [k for k in REQUIRED_KEYS if not isinstance(ckpt, dict) or k not in ckpt]
+    required = SHARDED_REQUIRED_KEYS if isinstance(ckpt, dict) and "shards" in ckpt else REQUIRED_KEYS
+    missing = [k for k in required if not isinstance(ckpt, dict) or k not in ckpt]
     if missing:
         raise InvalidInputError(
             format_message(
