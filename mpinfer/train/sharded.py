@@ -138,8 +138,11 @@ def shard_model(model: Any, precision: Precision, device_type: str) -> list[str]
 
 
 def fp32_modules(model: Any) -> list[str]:
-    """Modules whose parameters stay FP32: those with floating-point buffers of their own (BatchNorm's running
-    statistics), whose kernels want weights and statistics in one dtype; autocast runs them so under DDP too."""
+    """Modules whose parameters stay FP32: those with floating-point buffers of their own.
+
+    BatchNorm's kernels want its weights and running statistics in one dtype; autocast runs it in FP32 under
+    DDP too.
+    """
     return [
         name
         for name, m in model.named_modules()
