@@ -150,3 +150,35 @@ def test_resuming_an_fsdp_run_whose_shards_are_gone_says_how_to_fix_it(invoke, t
     shutil.copy(tmp_path / "run" / "last.pt", moved / "last.pt")  # without shards/
     result = invoke(*args, "--epochs", "2", "--resume", moved / "last.pt", "-o", moved)
     assert_user_error(result, r"folder .*moved/shards/epoch-1. is missing.*copy that folder whole")
+
+
+def test_fsdp_fp16_scales_the_loss_clips_unscaled_and_reports_overflow(tmp_path, digits_small, monkeypatch):
+    """fp16 under FSDP: the sharded grad scaler skips overflowing steps and stops at the minimum scale (with
+    the overflow report written first), and clipping sees the unscaled norm of the DTensor gradients."""
+    from mpinfer.train import LossScaleCollapseError
+    from tests.train.helpers import amplified_mlp
+
+    with pytest.raises(LossScaleCollapseError, match=r"optimizer step 3: received scale 0.5 after 4 skipped"):
+        AmpTrainer(_cfg(tmp_path, "collapse", digits_small, model=amplified_mlp, precision="fp16", epochs=1,
+                        batch_size=32, grad_accum=1, init_scale=8.0, overflow_report=True, overflow_every=1,
+                        strategy="fsdp")).fit()
+    report = (tmp_path / "collapse" / "overflow.json").read_text()
+    assert '"module": "3"' in report and not (tmp_path / "collapse" / "last.pt").exists()
+
+    real_clip = torch.nn.utils.clip_grad_norm_
+    norms: dict[str, list[float]] = {"fp16": [], "fp32": []}
+    for precision, seen in norms.items():
+
+        def spy(params, max_norm, *args, _seen=seen, **kwargs):
+            total = real_clip(params, max_norm, *args, **kwargs)
+            _seen.append(float(total.full_tensor() if hasattr(total, "full_tensor") else total))
+            return total
+
+        monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", spy)
+        run = AmpTrainer(_cfg(tmp_path, precision, digits_small, model=plain_mlp, precision=precision, epochs=1,
+                              batch_size=64, grad_accum=1, clip_grad_norm=0.5, init_scale=2.0**10,
+                              strategy="fsdp")).fit()
+        assert run.summary["skipped_steps"] == 0
+    assert len(norms["fp16"]) == len(norms["fp32"]) == 4
+    # fp16 weights and activations change the gradient by a few fp16 ulps (2**-10) of the norm, not 2**10 x
+    assert norms["fp16"][0] == pytest.approx(norms["fp32"][0], rel=0.05)
