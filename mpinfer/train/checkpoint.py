@@ -186,6 +186,22 @@ def check_same_model(model_state: dict[str, Any], ckpt_state: dict[str, Any], pa
         )
 
 
+def check_samples_per_step(batch_then: int, world_then: int, batch_now: int, world_now: int) -> list[str]:
+    """Warn when a resume at another world size changes the samples per optimizer step.
+
+    Returns:
+        The change, as an entry for the "changed settings" warning (empty when the samples per step are kept).
+    """
+    then, now = batch_then * world_then, batch_now * world_now
+    if then == now:
+        return []
+    fix = (f"pass --batch-size {then // world_now} to keep them" if then % world_now == 0
+           else f"no --batch-size keeps them over {world_now} process(es)")
+    logger.warning("Resuming a %d-process run of %d samples per optimizer step in %d process(es) with %d: %s.",
+                   world_then, then, world_now, now, fix)
+    return [f"samples per step (--batch-size x processes): {then} -> {now}"]
+
+
 def check_run_dir(output: Path, *, force: bool, resume: Path | None) -> list[Path]:
     """Check the run folder; return the artefacts of an earlier run that ``force`` allows replacing.
 

@@ -33,7 +33,7 @@ from mpinfer.specs import Precision
 from mpinfer.train import checkpoint as ck
 from mpinfer.train import sharded
 from mpinfer.train.config import DEFAULT_WARMUP_FRACTION, AmpConfig, TrainResult
-from mpinfer.train.data import load_train_data, make_loader
+from mpinfer.train.data import make_loader
 from mpinfer.train.distributed import (
     DistContext,
     all_reduce_max,
@@ -47,7 +47,7 @@ from mpinfer.train.labels import check_labels, check_same_inputs, cross_entropy,
 from mpinfer.train.metrics import best_index, peak_memory, summarize, write_metrics
 from mpinfer.train.overflow import OverflowMonitor
 from mpinfer.train.scaling import LossScaleCollapseError, LossScaler
-from mpinfer.train.source import build_model, model_train_data
+from mpinfer.train.source import build_model, load_run_data
 
 logger = logging.getLogger(__name__)
 
@@ -183,7 +183,7 @@ class AmpTrainer:
         if ckpt is not None and cfg.resume is not None:  # another model's checkpoint: said before the data's fit
             ck.check_same_model(model.state_dict(), ckpt["model"], cfg.resume)
         ck.seed_everything(cfg.seed)  # factories often seed themselves; reseed for shuffling and dropout
-        data, names = self._load_data()
+        data, names = load_run_data(cfg.model, cfg.data, cfg.eval_data)
         classes = num_classes(model, data.train, lambda x: _forward(model, _to_device(x, dist.device)), names[0])
         if data.eval is not None:  # the eval set must fit the model too: found now, not after an epoch
             eval_classes = num_classes(model, data.eval, lambda x: _forward(model, _to_device(x, dist.device)),
@@ -225,25 +225,6 @@ class AmpTrainer:
             self.monitor = OverflowMonitor(model, cfg.overflow_every)
         if dist.device_type == "cuda":
             torch.cuda.reset_peak_memory_stats(dist.device)
-
-    def _load_data(self) -> tuple[Any, tuple[str, str]]:
-        """The data sets (``--data``, else the model file's ``train_data()``, else digits) and their names."""
-        cfg = self.config
-        data_spec, eval_spec = cfg.data, cfg.eval_data
-        if data_spec is None:
-            own = model_train_data(cfg.model)
-            if own is not None and eval_spec is None:
-                data_spec, eval_spec = own
-            elif own is not None:
-                data_spec = own[0]
-            else:
-                data_spec = "digits"
-        data = load_train_data(data_spec, eval_spec)
-        shown = cfg.data if cfg.data is not None else f"{data_spec}" if isinstance(data_spec, str) else (
-            "the model file's train_data()")
-        names = (f"--data '{shown}'", f"--eval-data '{eval_spec}'" if cfg.eval_data is not None
-                 else f"the held-out part of --data '{shown}'")
-        return data, names
 
     def _check_precision(self) -> None:
         import torch
@@ -304,14 +285,9 @@ class AmpTrainer:
         changed = [f"{k}: {then.get(k)!r} -> {now[k]!r}" for k in EXACTNESS_FIELDS if then.get(k) != now[k]]
         world_then = int(ckpt.get("world_size", 1))
         if world_then != self.dist.world:  # the samples per optimizer step are what a continued curve needs
-            global_then, global_now = then.get("batch_size", 0) * world_then, cfg.batch_size * self.dist.world
             changed = [c for c in changed if not c.startswith("batch_size")]
-            if global_then != global_now:
-                changed.append(f"samples per step (--batch-size x processes): {global_then} -> {global_now}")
-                logger.warning("Resuming a %d-process run in %d process(es): pass --batch-size %s to keep the "
-                               "%d samples per optimizer step it trained with.", world_then, self.dist.world,
-                               global_then / self.dist.world if global_then % self.dist.world else
-                               global_then // self.dist.world, global_then)
+            changed += ck.check_samples_per_step(int(then.get("batch_size", 0)), world_then, cfg.batch_size,
+                                                 self.dist.world)
         if changed:
             logger.warning(
                 "Resuming with changed settings (%s): the run will not match an uninterrupted one; "
