@@ -87,3 +87,22 @@ def test_fsdp_two_processes_train_resume_anywhere_and_hold_half_the_state(tmp_pa
     fsdp = json.loads((two / "summary.json").read_text())["rank_state_bytes"]
     assert fsdp["total"] <= FSDP_SHARE_AT_2 * ddp["total"], (fsdp, ddp)
     assert ddp["parameters"] == sum(t.numel() * 4 for t in ref["model"].values() if t.is_floating_point())
+
+
+@pytest.mark.slow
+def test_fsdp_fp16_ranks_skip_the_same_steps(tmp_path):
+    """Each rank sees the Inf/NaN of its own gradient shard only; the sharded scaler all-reduces the flag, so
+    both skip the same steps and keep the same scale (else their shards would update out of step)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           str(Path(__file__).with_name("fsdp_worker.py")), str(tmp_path)]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    if proc.returncode != 0 and GLOO_EXIT_ABORT in proc.stderr and "(SIGABRT)" in proc.stderr:
+        shutil.rmtree(tmp_path / "run", ignore_errors=True)
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    s0, s1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
+    assert s0["skipped_steps"] == s1["skipped_steps"] > 0 and s0["loss_scale"] == s1["loss_scale"] < 2.0**24
+    assert s0["optimizer_steps"] == s1["optimizer_steps"] > 0
+    assert s0["eval_accuracy"] == s1["eval_accuracy"]  # uneven evaluation shards (4 and 3 batches), summed
+    assert (tmp_path / "run" / "overflow.json").is_file()
