@@ -184,3 +184,19 @@ def test_fsdp_fp16_scales_the_loss_clips_unscaled_and_reports_overflow(tmp_path,
     assert len(norms["fp16"]) == len(norms["fp32"]) == 3
     # fp16 weights and activations change the gradient by a few fp16 ulps (2**-10) of the norm, not 2**10 x
     assert norms["fp16"][0] == pytest.approx(norms["fp32"][0], rel=0.05)
+
+
+def test_only_the_shards_of_last_and_best_are_kept_and_a_carried_best_brings_its_own(tmp_path):
+    from mpinfer.train.sharded import copy_shards, prune_shards, shard_dir
+
+    run = tmp_path / "run"
+    for epoch in (1, 2, 3):
+        (run / shard_dir(epoch)).mkdir(parents=True)
+        (run / shard_dir(epoch) / ".metadata").write_text(str(epoch))
+    prune_shards(run, [shard_dir(3), shard_dir(1)])
+    assert sorted(p.name for p in (run / "shards").iterdir()) == ["epoch-1", "epoch-3"]
+    new = tmp_path / "new"
+    new.mkdir()
+    copy_shards(run / "last.pt", shard_dir(1), new)  # resumed elsewhere: best.pt is epoch 1's, copied along
+    assert (new / shard_dir(1) / ".metadata").read_text() == "1"
+    assert sorted(p.name for p in (new / "shards").iterdir()) == ["epoch-1"]  # no partial folder left
