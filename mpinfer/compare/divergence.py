@@ -43,7 +43,7 @@ from mpinfer.modelio import (
     uses_external_data,
     weight_bytes,
 )
-from mpinfer.precision.calibrate import BatchSlicer, pack_chunks
+from mpinfer.precision.calib.calibrate import BatchSlicer, pack_chunks
 from mpinfer.precision.emulator.emulate import GraphEmulator
 from mpinfer.progress import progress_bar
 from mpinfer.specs import is_float_dtype

@@ -16,8 +16,8 @@ _LAZY = {
     "ConvertResult": "mpinfer.precision.convert",
     "convert_model": "mpinfer.precision.convert",
     "ModelConversion": "mpinfer.precision.convert",
-    "PrecisionPlan": "mpinfer.precision.plan",
-    "NodeDecision": "mpinfer.precision.plan",
+    "PrecisionPlan": "mpinfer.precision.core.plan",
+    "NodeDecision": "mpinfer.precision.core.plan",
 }
 
 __all__ = sorted(_LAZY)

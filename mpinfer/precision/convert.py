@@ -39,12 +39,16 @@ from mpinfer.modelio import (
     small_enough_to_size,
     uses_external_data,
 )
-from mpinfer.precision.apply import ApplyResult
-from mpinfer.precision.evaluators import evaluator_class
-from mpinfer.precision.fusion import FUSED_SUFFIXES, fuse_norms
-from mpinfer.precision.genbudget import split_generation_budget
-from mpinfer.precision.graphinfo import GraphInfo
-from mpinfer.precision.normalize import check_not_low, ensure_opset, low_io_types, sort_nodes
+from mpinfer.precision.budget.genbudget import split_generation_budget
+from mpinfer.precision.budget.search import SearchConfig, SearchOutcome, measure_plan, search_plan
+from mpinfer.precision.budget.verify import verification_record, verify_and_repair
+from mpinfer.precision.core.graphinfo import GraphInfo
+from mpinfer.precision.core.plan import NodeDecision, PrecisionPlan
+from mpinfer.precision.graph.apply import ApplyResult
+from mpinfer.precision.graph.fusion import FUSED_SUFFIXES, fuse_norms
+from mpinfer.precision.graph.normalize import check_not_low, ensure_opset, low_io_types, sort_nodes
+from mpinfer.precision.graph.validate import apply_validated, fit_runtime, gate, gate_published
+from mpinfer.precision.numerics.strict import evaluator_class
 from mpinfer.precision.options import (
     Options,
     floor_for_classes,
@@ -52,8 +56,6 @@ from mpinfer.precision.options import (
     refuse_in_place_changes,
     resolve_options,
 )
-from mpinfer.precision.overflow import overflow_nodes
-from mpinfer.precision.plan import NodeDecision, PrecisionPlan
 from mpinfer.precision.plandata import (
     MANY,
     Calibrated,
@@ -65,12 +67,10 @@ from mpinfer.precision.plandata import (
     search_data,
     verify_inputs,
 )
-from mpinfer.precision.planner import RuleOptions, check_overrides, rewrite_planned_masks, rule_plan, summarize
-from mpinfer.precision.quantized import warn_quantized
-from mpinfer.precision.rules import CONTROL_FLOW_OPS
-from mpinfer.precision.search import SearchConfig, SearchOutcome, measure_plan, search_plan
-from mpinfer.precision.validate import apply_validated, fit_runtime, gate, gate_published
-from mpinfer.precision.verify import verification_record, verify_and_repair
+from mpinfer.precision.rules.classify import CONTROL_FLOW_OPS
+from mpinfer.precision.rules.overflow import overflow_nodes
+from mpinfer.precision.rules.planner import RuleOptions, check_overrides, rewrite_planned_masks, rule_plan, summarize
+from mpinfer.precision.rules.quantized import warn_quantized
 from mpinfer.specs import Precision
 
 logger = logging.getLogger(__name__)
@@ -111,7 +111,7 @@ class ConvertConfig:
         keep_fp32_from: An overflow.json from ``mpinfer train``: its modules stay FP32.
         numerics: The evaluator that verifies candidates and the final model (``strict``: the GraphEmulator;
             ``ort``/``ort-cuda``: ONNX Runtime's CPU/CUDA kernels; ``tensorrt``: an engine per candidate;
-            :data:`mpinfer.precision.evaluators.EVALUATORS`); None = strict.
+            :data:`mpinfer.precision.numerics.strict.EVALUATORS`); None = strict.
         keep_io_types: Graph inputs/outputs stay FP32; None = True (with ``plan``: the plan's; a different
             value is applied and recorded in the plan written beside the output).
         opset: Upgrade the model to this default-domain opset first (ONNX's version converter), e.g. 22, where

@@ -19,7 +19,7 @@ from mpinfer.errors import BackendUnavailableError, InvalidInputError
 from mpinfer.gpu import gpu_info, tensorrt_installed
 from mpinfer.pipeline import run_pipeline
 from mpinfer.precision import ConvertConfig, convert_precision
-from mpinfer.precision.evaluators import EVALUATORS, check_numerics
+from mpinfer.precision.numerics.strict import EVALUATORS, check_numerics
 from tests.conftest import assert_user_error
 from tests.precision.graphs import mlp, save
 

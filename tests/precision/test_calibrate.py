@@ -12,7 +12,7 @@ from onnx import helper, numpy_helper
 
 from mpinfer.data import load_feeds
 from mpinfer.errors import InvalidInputError
-from mpinfer.precision.calibrate import (
+from mpinfer.precision.calib.calibrate import (
     HISTOGRAM_BINS,
     CalibrationStats,
     StatsCollector,
@@ -105,7 +105,7 @@ def test_streaming_equals_all_at_once_and_memory_is_bounded():
 
 def test_threaded_statistics_equal_one_thread(monkeypatch):
     """update_many over worker threads gives the same numbers as update on one thread, tensor by tensor."""
-    from mpinfer.precision import tensorstats
+    from mpinfer.precision.calib import statistics as tensorstats
 
     monkeypatch.setattr(tensorstats, "PARALLEL_MIN_VALUES", 1)
     rng = np.random.default_rng(5)
@@ -178,7 +178,7 @@ def test_real_model_and_data_match_a_direct_run(exported, tmp_path):
 
 def test_captured_reference_outputs_equal_a_plain_run(exported, monkeypatch):
     """The search's FP32 reference can come from the calibration run, also when it takes several passes."""
-    import mpinfer.precision.calibrate as cal
+    import mpinfer.precision.calib.calibrate as cal
 
     model, feeds = exported("transformer_small")
     batches = [feeds, {k: (v + 7) % 1000 for k, v in feeds.items()}, feeds]
@@ -197,7 +197,7 @@ def test_captured_reference_outputs_equal_a_plain_run(exported, monkeypatch):
 def test_captured_tensors_are_every_float32_tensor_onnxruntime_computed(exported, monkeypatch):
     """capture_tensors keeps each FLOAT node output of the first batches (for the strict search's reference
     run), in every pass when the graph takes several, and nothing of the later batches."""
-    import mpinfer.precision.calibrate as cal
+    import mpinfer.precision.calib.calibrate as cal
     from mpinfer.precision.emulator.emulate import GraphEmulator
 
     model, feeds = exported("transformer_small")
@@ -224,7 +224,7 @@ def test_captured_tensors_are_every_float32_tensor_onnxruntime_computed(exported
 
 def test_no_captured_reference_when_onnxruntime_cannot_run_the_model(exported, monkeypatch):
     """ORT refusing the model: statistics come from the emulator and the search runs its own reference."""
-    import mpinfer.precision.calibrate as cal
+    import mpinfer.precision.calib.calibrate as cal
     from mpinfer.errors import ModelLoadError
 
     def refuse(self, names):
@@ -252,7 +252,7 @@ def test_subgraph_tensors_come_from_the_emulator(exported):
 
 
 def test_many_tensors_take_several_passes_with_the_same_result(exported, monkeypatch):
-    import mpinfer.precision.calibrate as cal
+    import mpinfer.precision.calib.calibrate as cal
 
     model, feeds = exported("transformer_small")
     batches = [feeds, {k: (v + 7) % 1000 for k, v in feeds.items()}]
@@ -274,7 +274,7 @@ def test_many_tensors_take_several_passes_with_the_same_result(exported, monkeyp
 
 
 def test_big_models_are_calibrated_from_an_external_data_copy(exported, monkeypatch):
-    import mpinfer.precision.calibrate as cal
+    import mpinfer.precision.calib.calibrate as cal
 
     model, feeds = exported("digits_cnn")
     before = model.SerializeToString()
@@ -306,7 +306,7 @@ def test_loop_body_tensors_are_counted_once_per_iteration():
 
 
 def test_underflow_energy_separates_dead_values_from_tiny_tensors():
-    from mpinfer.precision.tensorstats import StatsCollector
+    from mpinfer.precision.calib.statistics import StatsCollector
 
     col = StatsCollector()
     col.update("dead", np.array([1.0, -0.5, 1e-15, -1e-15] * 8, np.float32))
@@ -326,8 +326,8 @@ def test_streamed_stats_match_exact_numbers_on_hostile_values(chunk, finite_only
     With a tiny chunk every tensor is read in many chunks (the path big tensors take); without inf/NaN
     the fast path handles every batch.
     """
-    from mpinfer.precision import tensorstats
-    from mpinfer.precision.tensorstats import FP16_MAX, StatsCollector
+    from mpinfer.precision.calib import statistics as tensorstats
+    from mpinfer.precision.calib.statistics import FP16_MAX, StatsCollector
 
     if chunk:
         monkeypatch.setattr(tensorstats, "CHUNK", chunk)
@@ -376,7 +376,7 @@ def test_batches_above_the_call_limit_run_in_slices_with_the_same_statistics(exp
     """A batch whose tensors exceed the budget's calibration_call slice is fetched a few samples at a time (a 640x640
     detector returns ~0.7 GB per image): the statistics do not depend on how the samples are grouped, and the reference
     outputs are joined from the slices' runs (samples on axis 0 of every input and output: no run of their own)."""
-    import mpinfer.precision.calibrate as cal
+    import mpinfer.precision.calib.calibrate as cal
 
     model, feeds = exported("digits_cnn")
     rng = np.random.default_rng(3)
@@ -406,7 +406,7 @@ def test_sliced_batches_over_several_passes_join_the_outputs_without_a_second_se
     fetched in a later pass, the capture ran the whole batch once more in a second session of the model, beside the
     pass's own (a 3B decoder: two 12 GB copies of the weights, killed for memory on a 24 GB machine), and the
     outputs of the batches after the captured ones were not kept at all."""
-    import mpinfer.precision.calibrate as cal
+    import mpinfer.precision.calib.calibrate as cal
 
     model, feeds = exported("digits_cnn")
     rng = np.random.default_rng(3)

@@ -12,8 +12,11 @@ from onnx import helper
 
 import mpinfer.precision as precision_pkg
 from mpinfer.errors import BackendUnavailableError, InvalidInputError
-from mpinfer.precision.apply import apply_plan
-from mpinfer.precision.evaluators import (
+from mpinfer.precision.budget.search import build_groups
+from mpinfer.precision.core.graphinfo import GraphInfo
+from mpinfer.precision.core.plan import NodeDecision
+from mpinfer.precision.graph.apply import apply_plan
+from mpinfer.precision.numerics.strict import (
     EVALUATORS,
     OrtCudaEvaluator,
     OrtEvaluator,
@@ -21,11 +24,8 @@ from mpinfer.precision.evaluators import (
     TensorRtEvaluator,
     evaluator_class,
 )
-from mpinfer.precision.graphinfo import GraphInfo
 from mpinfer.precision.options import NUMERICS
-from mpinfer.precision.plan import NodeDecision
-from mpinfer.precision.rules import Decision, Kind
-from mpinfer.precision.search import build_groups
+from mpinfer.precision.rules.classify import Decision, Kind
 from mpinfer.specs import Precision
 from tests.precision.graphs import fvi, init, make, rng_w
 from tests.tolerances import network_atol

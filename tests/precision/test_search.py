@@ -133,9 +133,9 @@ def test_bf16_search_strict(tmp_path):
 def test_ort_search_final_model_is_its_verified_candidate_and_equals_reapplying_the_plan(tmp_path, monkeypatch):
     """With ORT numerics the last candidate that met the budget was applied and run already: the output is
     that model (no second apply), byte-identical to re-applying the written plan."""
-    import mpinfer.precision.apply as apply_mod
-    import mpinfer.precision.evaluators as ev_mod
-    import mpinfer.precision.validate as validate_mod
+    import mpinfer.precision.graph.apply as apply_mod
+    import mpinfer.precision.graph.validate as validate_mod
+    import mpinfer.precision.numerics.strict as ev_mod
 
     calls = []
     real = apply_mod.apply_plan
@@ -168,8 +168,8 @@ def test_screening_rejects_on_the_hardest_samples_and_changes_no_decision(tmp_pa
     """Candidates that fail are rejected after a run on the hardest samples (ORT: a session run on them;
     strict: an incremental emulator run from their kept FP32 run); the search's decisions, its final error
     and the written model are those of the search that runs every candidate on every sample."""
-    import mpinfer.precision.evaluators as ev_mod
-    import mpinfer.precision.search as search_mod
+    import mpinfer.precision.budget.search as search_mod
+    import mpinfer.precision.numerics.strict as ev_mod
 
     runs = []
     if numerics == "ort":
@@ -231,7 +231,7 @@ def test_ort_screening_needs_samples_it_can_split(tmp_path):
 
 def _recorded_hardness(monkeypatch):
     """A list that receives a copy of the verifier's per-sample hardness after each full verification."""
-    import mpinfer.precision.search as search_mod
+    import mpinfer.precision.budget.search as search_mod
 
     hardness = []
     real = search_mod._Verifier._update_hardness
@@ -247,7 +247,7 @@ def _recorded_hardness(monkeypatch):
 def test_ort_probe_measures_on_the_samples_the_whole_candidate_got_most_wrong(tmp_path, monkeypatch):
     """The probe ranks the groups on the hardest quarter of the samples (per-sample error of the first full
     verification); a model whose batch is fixed is probed on every sample."""
-    import mpinfer.precision.probe as probe_mod
+    import mpinfer.precision.numerics.probe as probe_mod
 
     probed, hardness = [], _recorded_hardness(monkeypatch)
     real_probe = probe_mod.probe_errors
@@ -271,7 +271,7 @@ def test_ort_probe_measures_on_the_samples_the_whole_candidate_got_most_wrong(tm
 def test_strict_sensitivities_are_measured_on_the_hardest_quarter_of_the_samples(tmp_path, monkeypatch):
     """Strict numerics rank the groups on the FP32 tensors of the quarter of the samples the whole candidate
     got most wrong (per-sample error of its strict run), as the ORT probe does."""
-    import mpinfer.precision.evaluators as ev_mod
+    import mpinfer.precision.numerics.strict as ev_mod
 
     seen, hardness = [], _recorded_hardness(monkeypatch)
     real_local = ev_mod.local_error
@@ -335,8 +335,8 @@ def test_expected_error_without_a_budget_compares_with_calibrations_outputs(tmp_
     """Without a budget the plan's expected error is the strict run of the plan against the FP32 outputs
     calibration kept (no FP32 emulator run); the emulator computes them only when none were kept."""
     import mpinfer.precision.plandata as plandata
+    from mpinfer.precision.budget.search import measure_plan
     from mpinfer.precision.emulator.emulate import GraphEmulator
-    from mpinfer.precision.search import measure_plan
 
     model = chain(4)
     x = np.random.default_rng(0).standard_normal((8, 16)).astype(np.float32)
@@ -433,7 +433,7 @@ def test_search_data_is_bounded_by_bytes(tmp_path, monkeypatch):
 
     import mpinfer.precision.plandata as conv
     from mpinfer.data import load_feeds
-    from mpinfer.precision.calibrate import calibrate
+    from mpinfer.precision.calib.calibrate import calibrate
     from mpinfer.specs import specs_from_onnx
 
     model = chain(4)

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from mpinfer.modelio import ort_log_level
-from mpinfer.precision.tensorstats import usable_cpus
+from mpinfer.precision.calib.statistics import usable_cpus
 
 logger = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
 The budget search reads a slice of the calibration data (``--search-samples``); the guarantee never does.
 After the search, :func:`verify_and_repair` streams every calibration sample (or ``--verify-samples``),
 batch by batch, through the converted model exactly as it will be written, under the chosen numerics
-(strict emulation: :class:`mpinfer.precision.strict.StrictRunner`; or ONNX Runtime), against the FP32
+(strict emulation: :class:`mpinfer.precision.emulator.runner.StrictRunner`; or ONNX Runtime), against the FP32
 model run by ONNX Runtime — the same computation ``mpinfer compare --numerics strict|ort`` does. Only the
 running sums of the metrics core are kept, never the outputs, so memory is one batch whatever the data.
 
@@ -31,13 +31,13 @@ from mpinfer.data.feeds import sample_axes
 from mpinfer.errors import AccuracyMismatchError, format_message
 from mpinfer.metrics import GENERATION_OUTPUT, ModelAccumulator, json_number, relative_l2, worst_values
 from mpinfer.modelio import ort_session
-from mpinfer.precision.calibrate import BatchSlicer, float_outputs
+from mpinfer.precision.budget.noisefloor import floor_from_noise
+from mpinfer.precision.budget.search import build_groups, group_errors
+from mpinfer.precision.calib.calibrate import BatchSlicer, float_outputs
+from mpinfer.precision.core.plan import NodeDecision
 from mpinfer.precision.emulator.castgraph import ENGINE_EMULATOR
-from mpinfer.precision.evaluators import evaluator_class
-from mpinfer.precision.noisefloor import floor_from_noise
-from mpinfer.precision.plan import NodeDecision
-from mpinfer.precision.search import build_groups, group_errors
-from mpinfer.precision.validate import apply_validated
+from mpinfer.precision.graph.validate import apply_validated
+from mpinfer.precision.numerics.strict import evaluator_class
 from mpinfer.progress import progress_bar
 from mpinfer.specs import Precision, specs_from_onnx
 
@@ -65,7 +65,7 @@ class VerifySettings:
     class_outputs: tuple[str, ...] | None = None
     run_rows: int = 0
     progress: bool = True
-    generation: Any = None  # the budget's generation checks (mpinfer.precision.genbudget.GenerationBudget)
+    generation: Any = None  # the budget's generation checks (mpinfer.precision.budget.genbudget.GenerationBudget)
 
 
 @dataclass
@@ -445,7 +445,7 @@ def _with_generation(candidate: Any, settings: VerifySettings, ver: Verification
     """The budget's generation checks, once the outputs meet theirs: greedy decoding of the calibration prompts.
 
     Their figures join ``ver.figures`` under ``generate`` and their failures ``ver.failures``, so the repair
-    loop and the plan treat them as any budget term (see :mod:`mpinfer.precision.genbudget`).
+    loop and the plan treat them as any budget term (see :mod:`mpinfer.precision.budget.genbudget`).
     """
     if settings.generation is None or not ver.passed:
         return ver
@@ -524,7 +524,7 @@ def verify_and_repair(
         rank_rows: At most this many samples of the worst batch rank the groups (their FP32 tensors are kept).
         known_candidate: ``result.model``'s outputs on the first batches (the search's), for the first pass.
         staged: (file, input model file) for external weights: every candidate is written to the file and verified
-            from it (:func:`mpinfer.precision.validate.apply_validated`).
+            from it (:func:`mpinfer.precision.graph.validate.apply_validated`).
 
     Returns:
         The candidate that meets the budget, its plan entries and its verification.

@@ -25,9 +25,9 @@ from typing import Any
 import numpy as np
 
 from mpinfer.modelio import tensor_array
+from mpinfer.precision.core.graphinfo import FLOAT, FLOAT16, GraphInfo, Slots, constant_tensor
 from mpinfer.precision.emulator.kernels import ortexec
-from mpinfer.precision.graphinfo import FLOAT, FLOAT16, GraphInfo, Slots, constant_tensor
-from mpinfer.precision.masks import BF16_LOWEST, FP16_MAX
+from mpinfer.precision.graph.masks import BF16_LOWEST, FP16_MAX
 from mpinfer.specs import Precision
 
 logger = logging.getLogger(__name__)

@@ -35,12 +35,12 @@ import numpy as np
 from mpinfer.checks import Checks, parse_checks
 from mpinfer.errors import AccuracyMismatchError, BackendUnavailableError, InvalidInputError, format_message
 from mpinfer.metrics import QUANTILE_METRICS, ModelAccumulator, worst_values
-from mpinfer.precision import evaluators
+from mpinfer.precision.core.graphinfo import GraphInfo, components
+from mpinfer.precision.core.plan import NodeDecision
 from mpinfer.precision.emulator.emulate import GraphEmulator
-from mpinfer.precision.evaluators import Evaluator, evaluator_class
-from mpinfer.precision.graphinfo import GraphInfo, components
-from mpinfer.precision.plan import NodeDecision
-from mpinfer.precision.rules import Decision, Kind
+from mpinfer.precision.numerics import strict as evaluators
+from mpinfer.precision.numerics.strict import Evaluator, evaluator_class
+from mpinfer.precision.rules.classify import Decision, Kind
 from mpinfer.progress import progress_bar
 from mpinfer.specs import Precision
 
@@ -118,7 +118,7 @@ class _Group:
 class _Verifier:
     """Judges candidate low-node sets against the FP32 reference: metrics, screening, per-sample hardness.
 
-    How a candidate is run (the numerics) is the :class:`~mpinfer.precision.evaluators.Evaluator`'s business.
+    How a candidate is run (the numerics) is the :class:`~mpinfer.precision.numerics.strict.Evaluator`'s business.
     """
 
     def __init__(

@@ -20,8 +20,8 @@ import numpy as np
 
 from mpinfer.errors import InvalidInputError, format_message
 from mpinfer.modelio import NodeRef
-from mpinfer.precision.graphinfo import CONTRIB_SLOTS, DEFAULT_DOMAINS, FLOAT, SHAPE_INPUTS, GraphInfo
-from mpinfer.precision.tensorstats import sum_of_squares
+from mpinfer.precision.calib.statistics import sum_of_squares
+from mpinfer.precision.core.graphinfo import CONTRIB_SLOTS, DEFAULT_DOMAINS, FLOAT, SHAPE_INPUTS, GraphInfo
 from mpinfer.specs import Precision
 
 logger = logging.getLogger(__name__)
@@ -159,7 +159,7 @@ class RuleContext:
     index_like: set[str]
     stats: Mapping[str, Any] | None = None
     weight_stats: dict[str, dict[str, float]] = field(default_factory=dict)
-    # Additive attention masks rewritten to the low format's safe lowest (mpinfer.precision.masks): the
+    # Additive attention masks rewritten to the low format's safe lowest (mpinfer.precision.graph.masks): the
     # node reading each mask constant, and every tensor carrying a mask (its calibrated range is the mask's).
     mask_sites: Mapping[str, Any] = field(default_factory=dict)
     mask_tensors: frozenset[str] = frozenset()
@@ -419,7 +419,7 @@ class ShapeReadRule(NodeRule):
 class MaskRule(NodeRule):
     """The node reading an additive attention mask's minus infinity runs low, its constant rewritten.
 
-    See :mod:`mpinfer.precision.masks`: the constant becomes the low format's safe lowest value, so the mask, the
+    See :mod:`mpinfer.precision.graph.masks`: the constant becomes the low format's safe lowest value, so the mask, the
     mask-add and the Softmax input fit the low format and masked positions still get probability 0.
     """
 
@@ -535,7 +535,7 @@ def _respect_schema(verdict: Decision, ref: NodeRef, ctx: RuleContext) -> Decisi
 
 def _warn_clamped(ref: NodeRef, ctx: RuleContext, lowered: Sequence[int], verdict: Decision) -> None:
     """Say which weights of a node made low are past the low format's range: the rewrite clamps them."""
-    from mpinfer.precision.apply import LOW_MAX, out_of_range
+    from mpinfer.precision.graph.apply import LOW_MAX, out_of_range
 
     for i in lowered:
         name = ref.node.input[i]

@@ -34,13 +34,13 @@ from mpinfer.errors import BackendUnavailableError, InvalidInputError, format_me
 from mpinfer.gpu import cuda_device_count, gpu_info, require_gpu, tensorrt_installed
 from mpinfer.metrics import relative_l2
 from mpinfer.modelio import ort_session, save_onnx
-from mpinfer.precision import probe
-from mpinfer.precision.apply import apply_plan
+from mpinfer.precision.core.graphinfo import GraphInfo
 from mpinfer.precision.emulator.castgraph import StrictModelRunner, may_qualify, open_cast_session
 from mpinfer.precision.emulator.emulate import GraphEmulator
 from mpinfer.precision.emulator.kernels.numerics import is_float, is_low_float
-from mpinfer.precision.graphinfo import GraphInfo
-from mpinfer.precision.strict import StrictRunner
+from mpinfer.precision.emulator.runner import StrictRunner
+from mpinfer.precision.graph.apply import apply_plan
+from mpinfer.precision.numerics import probe
 from mpinfer.specs import Precision
 
 logger = logging.getLogger(__name__)

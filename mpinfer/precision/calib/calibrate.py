@@ -32,9 +32,7 @@ from mpinfer.data.feeds import sample_axes, take_samples
 from mpinfer.errors import InvalidInputError, ModelLoadError, format_message
 from mpinfer.memory import current_budget
 from mpinfer.modelio import iter_nodes, name_nodes, ort_session, save_onnx
-from mpinfer.precision.emulator.emulate import GraphEmulator
-from mpinfer.precision.graphinfo import FLOAT
-from mpinfer.precision.tensorstats import (
+from mpinfer.precision.calib.statistics import (
     BF16_MIN_NORMAL,
     FP16_MAX,
     FP16_MIN_NORMAL,
@@ -44,6 +42,8 @@ from mpinfer.precision.tensorstats import (
     StatsCollector,
     TensorStats,
 )
+from mpinfer.precision.core.graphinfo import FLOAT
+from mpinfer.precision.emulator.emulate import GraphEmulator
 from mpinfer.progress import progress_bar
 from mpinfer.specs import specs_from_onnx
 

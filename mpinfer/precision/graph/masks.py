@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from mpinfer.precision.graphinfo import FLOAT, GraphInfo
+from mpinfer.precision.core.graphinfo import FLOAT, GraphInfo
 from mpinfer.specs import Precision
 
 logger = logging.getLogger(__name__)

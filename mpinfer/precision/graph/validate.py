@@ -29,8 +29,8 @@ from mpinfer.modelio import (
     save_streamed,
     small_enough_to_size,
 )
-from mpinfer.precision.apply import apply_plan
-from mpinfer.precision.plan import NodeDecision
+from mpinfer.precision.core.plan import NodeDecision
+from mpinfer.precision.graph.apply import apply_plan
 from mpinfer.specs import Precision
 
 logger = logging.getLogger(__name__)

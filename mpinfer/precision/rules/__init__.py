@@ -1,0 +1,1 @@
+"""Policy to decisions: op tables, the node classifier, resolution to one precision per node, the rule plan."""
