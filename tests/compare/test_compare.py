@@ -418,7 +418,7 @@ def test_latency_resizes_a_state_along_its_batch_axis(tmp_path):
 def test_divergence_chunks_are_sized_by_bytes(mlp_files, monkeypatch):
     import mpinfer.compare.divergence as dv
     from mpinfer.modelio import ort_session
-    from mpinfer.precision.calib.calibrate import pack_chunks
+    from mpinfer.precision.calib.capture import pack_chunks
 
     base, cand = onnx.load(str(mlp_files["base"])), onnx.load(str(mlp_files["fp16"]))
     names, _ = dv._shared_tensors(base, cand)

@@ -135,6 +135,7 @@ def test_ort_search_final_model_is_its_verified_candidate_and_equals_reapplying_
     that model (no second apply), byte-identical to re-applying the written plan."""
     import mpinfer.precision.graph.apply as apply_mod
     import mpinfer.precision.graph.validate as validate_mod
+    import mpinfer.precision.numerics.ort as ort_mod
     import mpinfer.precision.numerics.strict as ev_mod
 
     calls = []
@@ -144,7 +145,7 @@ def test_ort_search_final_model_is_its_verified_candidate_and_equals_reapplying_
         calls.append(1)
         return real(*args, **kw)
 
-    for mod in (apply_mod, ev_mod, validate_mod):  # every module that binds the name
+    for mod in (apply_mod, ev_mod, ort_mod, validate_mod):  # every module that binds the name
         monkeypatch.setattr(mod, "apply_plan", counting, raising=False)
     src, res = _convert_chain(tmp_path, 4, "cosine>=0.999", numerics="ort")
     s = res.plan.summary["search"]
@@ -168,18 +169,19 @@ def test_screening_rejects_on_the_hardest_samples_and_changes_no_decision(tmp_pa
     """Candidates that fail are rejected after a run on the hardest samples (ORT: a session run on them;
     strict: an incremental emulator run from their kept FP32 run); the search's decisions, its final error
     and the written model are those of the search that runs every candidate on every sample."""
-    import mpinfer.precision.budget.search as search_mod
+    import mpinfer.precision.budget.screening as screening_mod
+    import mpinfer.precision.numerics.ort as ort_mod
     import mpinfer.precision.numerics.strict as ev_mod
 
     runs = []
     if numerics == "ort":
-        real = ev_mod.OrtEvaluator.ort_run
+        real = ort_mod.OrtEvaluator.ort_run
 
         def counting(sess, batch):
             runs.append(len(next(iter(batch.values()))))
             return real(sess, batch)
 
-        monkeypatch.setattr(ev_mod.OrtEvaluator, "ort_run", staticmethod(counting))
+        monkeypatch.setattr(ort_mod.OrtEvaluator, "ort_run", staticmethod(counting))
     else:
         real_rows = ev_mod.StrictEvaluator.strict_rows
 
@@ -196,7 +198,7 @@ def test_screening_rejects_on_the_hardest_samples_and_changes_no_decision(tmp_pa
     s = screened.plan.summary["search"]
     assert s["searched"] and s["screened"] > 0, s
     assert runs.count(4) >= s["screened"]  # 32 samples: each screening run holds the 4 hardest
-    monkeypatch.setattr(search_mod, "SCREEN_MIN_TOTAL", 10**9)  # no screening
+    monkeypatch.setattr(screening_mod, "SCREEN_MIN_TOTAL", 10**9)  # no screening
     _, full = _convert_chain(tmp_path, 8, "max_abs<=1e-3", tag="f", numerics=numerics)
     f = full.plan.summary["search"]
     assert f["screened"] == 0 and f["verifications"] == s["verifications"]

@@ -575,23 +575,23 @@ def test_a_repair_pass_stops_once_its_samples_prove_the_budget_fails(grown, tmp_
 
 def test_repair_rounds_rank_groups_once_per_worst_batch_and_decide_as_before(grown, tmp_path, monkeypatch):
     """A group's local error does not depend on the other groups: rounds on the same worst batch reuse it."""
-    import mpinfer.precision.budget.verify as verify
+    import mpinfer.precision.budget.repair as repair
 
     src, data = grown
     measured: list[int] = []
-    real = verify.group_errors
+    real = repair.group_errors
 
     def counted(info, groups, batches, low):
         measured.append(len(groups))
         return real(info, groups, batches, low)
 
-    monkeypatch.setattr(verify, "group_errors", counted)
+    monkeypatch.setattr(repair, "group_errors", counted)
     budget = "max_abs<=2e-4"
     cached = _convert(src, data, tmp_path / "a.onnx", budget=budget)
     cached_count = sum(measured)
     measured.clear()
     # the same conversion ranking every round from scratch (what repair did before the cache)
-    monkeypatch.setattr(verify._RankCache, "errors",
+    monkeypatch.setattr(repair._RankCache, "errors",
                         lambda self, info, groups, batch, low: counted(info, groups, [batch], low))
     fresh = _convert(src, data, tmp_path / "b.onnx", budget=budget)
     ver = cached.plan.summary["verification"]

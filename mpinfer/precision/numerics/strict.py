@@ -1,39 +1,21 @@
-"""Evaluators: how a candidate precision assignment is run, one class per numerics.
+"""Strict numerics (``strict``): candidates run by the strict emulator, incremental runs from kept FP32 runs.
 
-The budget search, its screening and the final verification ask the same questions of whatever runs the
-candidates: the FP32 reference outputs of the search batches, a candidate's outputs on them (and on a subset of
-the samples, for screening), each group's local error (sensitivity), and a runner for a model as it will be
-written. :class:`Evaluator` is that protocol; :func:`evaluator_class` is the one place that maps a
-``--numerics`` name to its class.
-
-- :class:`StrictEvaluator` (``strict``): the strict emulator
-  (:class:`~mpinfer.precision.emulator.emulate.GraphEmulator`),
-  incremental runs from kept FP32 reference runs.
-- :class:`OrtEvaluator` (``ort``; ``ort-cuda`` for the CUDA provider): the candidate applied and run by ONNX
-  Runtime; sensitivities from the one-session probe.
-- :class:`TensorRtEvaluator` (``tensorrt``): the candidate applied, built into a strongly typed TensorRT engine
-  and run on the GPU (TensorRT and torch are imported on first use).
+:class:`StrictEvaluator` runs candidates on the strict emulator
+(:class:`~mpinfer.precision.emulator.emulate.GraphEmulator`); :func:`open_emulator`, :func:`local_error` and
+:class:`_EmulatorRefs` also serve the ONNX Runtime numerics (:mod:`.ort`) for groups its probe cannot copy.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import tempfile
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar
 
 import numpy as np
 
-from mpinfer.backends.ort import OrtRunner, cuda_usable
-from mpinfer.backends.trt_runner import TrtRunner
-from mpinfer.engine.config import Backend, BuildConfig, ShapeProfile
-from mpinfer.engine.trt_builder import build_trt_engine
-from mpinfer.errors import BackendUnavailableError, InvalidInputError, format_message
-from mpinfer.gpu import cuda_device_count, gpu_info, require_gpu, tensorrt_installed
+from mpinfer.errors import InvalidInputError, format_message
 from mpinfer.metrics import relative_l2
-from mpinfer.modelio import ort_session, save_onnx
 from mpinfer.precision.core.graphinfo import GraphInfo
 from mpinfer.precision.emulator.castgraph import StrictModelRunner, may_qualify, open_cast_session
 from mpinfer.precision.emulator.emulate import GraphEmulator
@@ -41,6 +23,7 @@ from mpinfer.precision.emulator.kernels.numerics import is_float, is_low_float
 from mpinfer.precision.emulator.runner import StrictRunner
 from mpinfer.precision.graph.apply import apply_plan
 from mpinfer.precision.numerics import probe
+from mpinfer.precision.numerics.base import Candidate, Outputs, Runner
 from mpinfer.specs import Precision
 
 logger = logging.getLogger(__name__)
@@ -49,67 +32,6 @@ logger = logging.getLogger(__name__)
 # node (CNNs: ~1e6; small transformers: ~1e4, where the per-node overhead dominates the emulator's time).
 STRICT_SCREEN_MIN_VALUES = 100_000
 
-Outputs = dict[str, np.ndarray]
-Runner = Callable[[Mapping[str, np.ndarray]], Outputs]
-
-
-class Candidate(Protocol):
-    """One candidate precision assignment, ready to run."""
-
-    def outputs(self) -> list[Outputs]:
-        """Its outputs on every search batch (one dict per batch)."""
-
-    def outputs_on(self, feeds: Mapping[str, np.ndarray], rows: np.ndarray) -> Outputs:
-        """Its outputs on the samples ``rows`` of the joined search batches (``feeds`` holds those rows)."""
-
-    def verified(self) -> tuple[dict[str, Precision], Any] | None:
-        """(precisions, ApplyResult) when the candidate was applied and run as it would be written, else None."""
-
-
-class Evaluator(Protocol):
-    """Runs candidate precision assignments of one model on fixed search batches, and counts the cost.
-
-    Class attributes say what the numerics can do: ``name`` (the ``--numerics`` value), ``supports_bf16``
-    (verifies BF16 candidates), ``wants_fp32_tensors`` (takes every FP32 tensor of calibration's run as its
-    reference, so calibration keeps them), ``emulated`` (runs on the strict emulator, so a model with ops it
-    has no kernels for cannot be verified with it).
-    """
-
-    name: ClassVar[str]
-    supports_bf16: ClassVar[bool]
-    wants_fp32_tensors: ClassVar[bool]
-    emulated: ClassVar[bool]
-    evaluations: int  # node evaluations so far: the search's cost figure
-
-    @classmethod
-    def check_available(cls) -> None:
-        """Refuse numerics this machine cannot run (a missing runtime or GPU), before any work."""
-
-    def reference(self) -> list[Outputs]:
-        """The FP32 model's outputs on the search batches (the reference every candidate is judged against)."""
-
-    def candidate(self, low: Mapping[str, Precision]) -> Candidate:
-        """The candidate whose low nodes (address → precision) are ``low``; every other node FP32."""
-
-    def screen_rows(self, hardest: Callable[[], np.ndarray | None]) -> np.ndarray | None:
-        """The samples to screen candidates on (``hardest()`` proposes them), or None: no screening."""
-
-    def sensitivities(self, groups: Sequence[Any], batches: list[Outputs], subset: bool) -> dict[str, float]:
-        """Each group's local error (only the group low, fed FP32 tensors), by anchor, on ``batches``.
-
-        ``subset``: ``batches`` are the hardest samples rather than the search batches themselves.
-        """
-
-    @classmethod
-    def model_runner(cls, model: Any, *, fast: bool = True) -> Runner:
-        """``batch → outputs`` of a whole converted model under these numerics (the final verification).
-
-        ``fast=False``: the numerics' own engine where they have a faster one (strict: the emulator, never the
-        cast graph), so that passes compared with one another (the floor's noise, repairs) use one engine.
-        """
-
-
-# -- strict emulation ------------------------------------------------------------------------------------------
 def open_emulator(model: Any, *, required: bool, base_dir: str = "") -> GraphEmulator | None:
     """The strict emulator of ``model``; None when it has ops the emulator cannot run and ``required`` is False.
 
@@ -387,283 +309,3 @@ class _StrictCandidate:
         return None
 
 
-# -- an applied model run by a runtime ---------------------------------------------------------------------------
-class _AppliedEvaluator:
-    """Numerics that run the candidate as it would be written: the plan applied, the model run by a runtime.
-
-    Subclasses say how a model is run (:meth:`session`). Sensitivities come from the ONNX Runtime probe (all
-    groups in one model), and from the strict emulator for groups the probe cannot copy.
-    """
-
-    name: ClassVar[str]
-    supports_bf16: ClassVar[bool] = False
-    wants_fp32_tensors: ClassVar[bool] = False
-    emulated: ClassVar[bool] = False
-
-    @classmethod
-    def check_available(cls) -> None:
-        """Nothing to check by default (ONNX Runtime's CPU provider is a dependency of mpinfer)."""
-
-    def __init__(
-        self,
-        model: Any,
-        info: GraphInfo,
-        batches: list[Outputs],
-        precision: Precision,
-        *,
-        keep_io_types: bool = True,
-        known_outputs: list[Outputs] | None = None,
-        known_tensors: list[Outputs] | None = None,
-    ) -> None:
-        del known_tensors  # the runtime computes every tensor; only the outputs are worth taking
-        self.model, self.info, self.batches = model, info, batches
-        self.precision, self.keep_io_types = precision, keep_io_types
-        self._ref: list[Outputs] | None = None
-        if known_outputs is not None and len(known_outputs) == len(batches) and _has_all_outputs(model, known_outputs):
-            self._ref = known_outputs  # calibration keeps float outputs: an integer one needs a run of its own
-        self._emu = _EmulatorRefs(model, info, batches, required=False)
-        self._extra = 0
-
-    @property
-    def evaluations(self) -> int:
-        """Node evaluations so far (emulator reference runs included)."""
-        return self._emu.evaluations + self._extra
-
-    @evaluations.setter
-    def evaluations(self, value: int) -> None:
-        self._extra = value - self._emu.evaluations
-
-    @classmethod
-    def session(cls, model: Any, base_dir: str = "") -> Runner:
-        """``batch → outputs`` (floats as float32) of ``model`` in this runtime.
-
-        ``base_dir``: the model file's folder when its weights stay external (memory-mapped from there).
-        """
-        raise NotImplementedError
-
-    def reference(self) -> list[Outputs]:
-        """The FP32 model run by this runtime (or the outputs calibration kept)."""
-        if self._ref is None:
-            run = self.session(self.model, self.info.base_dir)
-            self._ref = [run(b) for b in self.batches]
-        return self._ref
-
-    def candidate(self, low: Mapping[str, Precision]) -> Candidate:
-        """The plan applied (as it would be written) and loaded into a session of this runtime."""
-        precisions = {a: low.get(a, Precision.FP32) for a in self.info.by_address}
-        applied = apply_plan(self.model, self.info, precisions, self.precision, keep_io_types=self.keep_io_types)
-        return _AppliedCandidate(self, precisions, applied, self.session(applied.model, self.info.base_dir))
-
-    def screen_rows(self, hardest: Callable[[], np.ndarray | None]) -> np.ndarray | None:
-        """The hardest samples: a session runs any subset at the cost of its rows."""
-        return hardest()
-
-    def sensitivities(self, groups: Sequence[Any], batches: list[Outputs], subset: bool) -> dict[str, float]:
-        """All groups in one ONNX Runtime probe model; the emulator for groups the probe cannot copy."""
-        del subset  # the probe runs on whatever samples it is given; the emulator fallback on the kept runs
-        probed = probe.probe_errors(self.info, groups, batches, self.precision)
-        self.evaluations += probed.evaluations
-        errors = dict(probed.errors)
-        todo = [g for g in groups if g.anchor not in errors]
-        if todo:
-            errors.update(self._emu.local_errors(todo, self.batches, False, self.precision))
-        return errors
-
-    @classmethod
-    def model_runner(cls, model: Any, *, fast: bool = True) -> Runner:
-        """The converted model in a session of this runtime (``fast``: no other engine to choose)."""
-        return cls.session(model)
-
-
-class _AppliedCandidate:
-    def __init__(self, ev: _AppliedEvaluator, precisions: dict[str, Precision], applied: Any, run: Runner) -> None:
-        self.ev, self.precisions, self.applied, self.run = ev, precisions, applied, run
-
-    def outputs(self) -> list[Outputs]:
-        outs = [self.run(b) for b in self.ev.batches]
-        self.ev.evaluations += len(self.ev.info.nodes) * len(self.ev.batches)
-        return outs
-
-    def outputs_on(self, feeds: Mapping[str, np.ndarray], rows: np.ndarray) -> Outputs:
-        self.ev.evaluations += len(self.ev.info.nodes)
-        return self.run(feeds)
-
-    def verified(self) -> tuple[dict[str, Precision], Any] | None:
-        return self.precisions, self.applied
-
-
-def _has_all_outputs(model: Any, outputs: Sequence[Mapping[str, Any]]) -> bool:
-    """True when ``outputs`` hold every graph output (calibration keeps only the float ones)."""
-    return all(o.name in outputs[0] for o in model.graph.output)
-
-
-def float32_outputs(names: Sequence[str], values: Sequence[Any]) -> Outputs:
-    """Float outputs as float32, others as they come."""
-    return {
-        n: np.asarray(v, np.float32) if np.asarray(v).dtype.kind == "f" else v
-        for n, v in zip(names, values, strict=False)
-    }
-
-
-class OrtEvaluator(_AppliedEvaluator):
-    """ONNX Runtime numerics on its CPU provider (the kernels a CPU deployment runs)."""
-
-    name: ClassVar[str] = "ort"
-    providers: ClassVar[tuple[str, ...]] = ("CPUExecutionProvider",)
-    device: ClassVar[str] = "cpu"  # the OrtRunner device of the final verification
-
-    @staticmethod
-    def ort_run(sess: Any, batch: Mapping[str, np.ndarray]) -> Outputs:
-        """Float outputs as float32 (others as they come) of one ONNX Runtime session run."""
-        names = [o.name for o in sess.get_outputs()]
-        low = {i.name for i in sess.get_inputs() if i.type == "tensor(float16)"}  # --no-keep-io-types: data cast
-        feeds = {k: v.astype(np.float16) if k in low and v.dtype == np.float32 else v for k, v in batch.items()}
-        return float32_outputs(names, sess.run(names, feeds))
-
-    @classmethod
-    def session(cls, model: Any, base_dir: str = "") -> Runner:
-        """An ONNX Runtime session on :attr:`providers`."""
-        sess = ort_session(model, providers=list(cls.providers), base_dir=base_dir or None)
-        return lambda batch: cls.ort_run(sess, batch)
-
-    @classmethod
-    def model_runner(cls, model: Any, *, fast: bool = True) -> Runner:
-        """The converted model as ``mpinfer compare --numerics ort`` runs it (:class:`OrtRunner`; no other engine)."""
-        runner = OrtRunner(model, device=cls.device, name="candidate")
-        runner.activate()
-        return runner.infer
-
-
-class OrtCudaEvaluator(OrtEvaluator):
-    """ONNX Runtime numerics on its CUDA provider (a GPU's FP16/BF16 kernels; needs onnxruntime-gpu)."""
-
-    name: ClassVar[str] = "ort-cuda"
-    supports_bf16: ClassVar[bool] = True
-    providers: ClassVar[tuple[str, ...]] = ("CUDAExecutionProvider",)
-    device: ClassVar[str] = "cuda"
-
-    @classmethod
-    def check_available(cls) -> None:
-        """Refuse an ONNX Runtime without a usable CUDA provider.
-
-        Raises:
-            BackendUnavailableError: No CUDA provider, or no visible GPU.
-        """
-        if not cuda_usable():  # never a silent fall back to the CPU provider: that would be other numerics
-            raise BackendUnavailableError(
-                format_message(
-                    "--numerics ort-cuda",
-                    "an ONNX Runtime without a usable CUDA provider (or no visible GPU)",
-                    "onnxruntime-gpu with a visible GPU",
-                    "install onnxruntime-gpu, or use --numerics ort",
-                )
-            )
-
-    @classmethod
-    def session(cls, model: Any, base_dir: str = "") -> Runner:
-        """An ONNX Runtime session on the CUDA provider; refused where onnxruntime has none."""
-        cls.check_available()
-        return super().session(model, base_dir)
-
-
-class TensorRtEvaluator(_AppliedEvaluator):
-    """TensorRT numerics: each candidate applied, built into a strongly typed engine and run on the GPU.
-
-    The engine is built by :func:`mpinfer.engine.trt_builder.build_trt_engine` (``OnnxParser``,
-    ``STRONGLY_TYPED`` networks on TensorRT 10, ``build_serialized_network``) with one optimization profile
-    spanning the batches' shapes, and run by :class:`mpinfer.backends.trt_runner.TrtRunner`
-    (``set_input_shape``, ``set_tensor_address``, ``execute_async_v3``). An engine build takes seconds to
-    minutes, so a search costs that per verification.
-    """
-
-    name: ClassVar[str] = "tensorrt"
-    supports_bf16: ClassVar[bool] = True
-    device_index: ClassVar[int] = 0
-    # Largest batch the engine's profile takes (the search batches and the verification's batches).
-    max_rows: ClassVar[int] = 64
-
-    @classmethod
-    def check_available(cls) -> None:
-        """Refuse a machine without the ``tensorrt`` package or without the GPU (:attr:`device_index`).
-
-        Raises:
-            BackendUnavailableError: No TensorRT, or no such CUDA device.
-        """
-        hint = "run convert on a machine with an NVIDIA GPU and TensorRT, or use --numerics strict or ort"
-        if not tensorrt_installed():
-            raise BackendUnavailableError(
-                format_message(
-                    "--numerics tensorrt", "no `tensorrt` Python package", "TensorRT 10 or 11 and an NVIDIA GPU", hint
-                )
-            )
-        if gpu_info(cls.device_index) is None:
-            raise BackendUnavailableError(
-                format_message(
-                    "--numerics tensorrt",
-                    f"no CUDA device {cls.device_index} (this machine has {cuda_device_count()} visible GPU(s))",
-                    "an NVIDIA GPU",
-                    hint,
-                )
-            )
-
-    @classmethod
-    def session(cls, model: Any, base_dir: str = "") -> Runner:
-        """A strongly typed engine of ``model`` built in a temporary folder, loaded on the GPU."""
-        del base_dir  # the model is written whole (weights included) into the temporary folder
-        gpu = require_gpu(f"cuda:{cls.device_index}", "TensorRT numerics")
-        with tempfile.TemporaryDirectory(prefix="mpinfer-trt-eval-") as folder:
-            onnx_path, engine_path = Path(folder) / "candidate.onnx", Path(folder) / "candidate.engine"
-            save_onnx(model, onnx_path)
-            shapes = cls._profile(model)
-            cfg = BuildConfig(model=onnx_path, output=engine_path, backend=Backend.TENSORRT, shapes=shapes)
-            build_trt_engine(cfg, onnx_path, engine_path, gpu)
-            runner = TrtRunner(engine_path, device_index=cls.device_index, name="candidate")
-            runner.activate()  # reads the engine: the folder may go
-
-        def run(batch: Mapping[str, np.ndarray]) -> Outputs:
-            out = runner.infer(batch)
-            return float32_outputs(list(out), list(out.values()))
-
-        return run
-
-    @classmethod
-    def _profile(cls, model: Any) -> tuple[Any, ...]:
-        """One profile per input: every symbolic dim from 1 to :attr:`max_rows` (fixed dims as they are)."""
-        out = []
-        for vi in model.graph.input:
-            dims = vi.type.tensor_type.shape.dim
-            lo = tuple(d.dim_value if d.HasField("dim_value") else 1 for d in dims)
-            hi = tuple(d.dim_value if d.HasField("dim_value") else cls.max_rows for d in dims)
-            out.append(ShapeProfile(vi.name, lo, hi, hi))
-        return tuple(out)
-
-
-# -- the one place a --numerics name becomes a class -------------------------------------------------------------
-EVALUATORS: dict[str, type[Any]] = {
-    StrictEvaluator.name: StrictEvaluator,
-    OrtEvaluator.name: OrtEvaluator,
-    OrtCudaEvaluator.name: OrtCudaEvaluator,
-    TensorRtEvaluator.name: TensorRtEvaluator,
-}
-
-
-def evaluator_class(numerics: str) -> type[Any]:
-    """The evaluator class of a ``--numerics`` value (``strict``, ``ort``, ``ort-cuda``, ``tensorrt``).
-
-    Raises:
-        InvalidInputError: An unknown name.
-    """
-    try:
-        return EVALUATORS[numerics]
-    except KeyError:
-        raise InvalidInputError(format_message("--numerics", repr(numerics), " or ".join(EVALUATORS))) from None
-
-
-def check_numerics(numerics: str) -> None:
-    """Refuse an unknown ``--numerics`` name, or numerics this machine cannot run; before any work.
-
-    Raises:
-        InvalidInputError: An unknown name.
-        BackendUnavailableError: The numerics' runtime or GPU is missing here (``ort-cuda``, ``tensorrt``).
-    """
-    evaluator_class(numerics).check_available()
