@@ -15,7 +15,7 @@ from mpinfer.backends.ort import OrtRunner
 from mpinfer.backends.torch_runner import TorchRunner
 from mpinfer.engine import is_engine_artifact, load_engine_runner
 from mpinfer.errors import InvalidInputError, ModelLoadError, format_message
-from mpinfer.precision.emulator.runner import StrictRunner
+from mpinfer.precision.emulator import StrictRunner
 
 # File suffixes of built engines (TensorRT plans, ONNX Runtime ORT-format engines).
 ENGINE_SUFFIXES = (".engine", ".trt", ".plan", ".ort")

@@ -44,8 +44,8 @@ from mpinfer.modelio import (
     uses_external_data,
     weight_bytes,
 )
-from mpinfer.precision.calib.capture import pack_chunks
-from mpinfer.precision.emulator.emulate import GraphEmulator
+from mpinfer.precision.calib import pack_chunks
+from mpinfer.precision.emulator import GraphEmulator
 from mpinfer.progress import progress_bar
 from mpinfer.specs import is_float_dtype
 

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mpinfer.precision.core.plan import PrecisionPlan
+from mpinfer.precision.core import PrecisionPlan
 from mpinfer.specs import Precision
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from mpinfer import __version__
+from mpinfer.backends.ort import fit_runtime
 from mpinfer.checks import parse_checks
 from mpinfer.claim import OutputClaim, claim_outputs
 from mpinfer.errors import AccuracyMismatchError, InvalidInputError, format_message
@@ -30,18 +31,31 @@ from mpinfer.modelio import (
     save_streamed,
     uses_external_data,
 )
-from mpinfer.precision.budget.genbudget import split_generation_budget
-from mpinfer.precision.budget.repair import verification_record, verify_and_repair
-from mpinfer.precision.budget.search import SearchConfig, SearchOutcome, measure_plan, search_plan
+from mpinfer.precision.budget import (
+    SearchConfig,
+    SearchOutcome,
+    measure_plan,
+    search_plan,
+    split_generation_budget,
+    verification_record,
+    verify_and_repair,
+)
 from mpinfer.precision.config import ConvertConfig, ConvertResult
-from mpinfer.precision.core.graphinfo import GraphInfo
-from mpinfer.precision.core.plan import NodeDecision, PrecisionPlan
-from mpinfer.precision.graph.apply import ApplyResult
-from mpinfer.precision.graph.fusion import FUSED_SUFFIXES, fuse_norms
-from mpinfer.precision.graph.normalize import check_not_low, ensure_opset, low_io_types, sort_nodes
-from mpinfer.precision.graph.validate import apply_validated, fit_runtime, gate, gate_published
+from mpinfer.precision.core import GraphInfo, NodeDecision, PrecisionPlan
+from mpinfer.precision.graph import (
+    FUSED_SUFFIXES,
+    ApplyResult,
+    apply_validated,
+    check_not_low,
+    ensure_opset,
+    fuse_norms,
+    gate,
+    gate_published,
+    low_io_types,
+    sort_nodes,
+)
 from mpinfer.precision.notices import _warn_broken, _warn_foreign, _warn_opset_blocked, fp64_nodes
-from mpinfer.precision.numerics.registry import evaluator_class
+from mpinfer.precision.numerics import evaluator_class
 from mpinfer.precision.options import (
     Options,
     floor_for_classes,
@@ -60,10 +74,16 @@ from mpinfer.precision.plandata import (
     search_data,
     verify_inputs,
 )
-from mpinfer.precision.rules.optables import CONTROL_FLOW_OPS
-from mpinfer.precision.rules.overflow import overflow_nodes
-from mpinfer.precision.rules.planner import RuleOptions, check_overrides, rewrite_planned_masks, rule_plan, summarize
-from mpinfer.precision.rules.quantized import warn_quantized
+from mpinfer.precision.rules import (
+    CONTROL_FLOW_OPS,
+    RuleOptions,
+    check_overrides,
+    overflow_nodes,
+    rewrite_planned_masks,
+    rule_plan,
+    summarize,
+    warn_quantized,
+)
 from mpinfer.precision.weights import _embed_weights, embedded_bytes
 from mpinfer.specs import Precision
 

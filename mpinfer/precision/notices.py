@@ -13,8 +13,7 @@ from onnx import defs
 from mpinfer.modelio import (
     MAX_OPSET,
 )
-from mpinfer.precision.core.graphinfo import GraphInfo
-from mpinfer.precision.core.plan import NodeDecision
+from mpinfer.precision.core import GraphInfo, NodeDecision
 from mpinfer.specs import Precision
 
 logger = logging.getLogger(__name__)

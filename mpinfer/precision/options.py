@@ -26,10 +26,9 @@ import numpy as np
 from mpinfer.checks import parse_checks
 from mpinfer.errors import InvalidInputError, format_message
 from mpinfer.metrics import guess_class_output
-from mpinfer.precision.calib.calibrate import float_outputs
-from mpinfer.precision.emulator.emulate import GraphEmulator
-from mpinfer.precision.numerics.ort import OrtEvaluator
-from mpinfer.precision.numerics.registry import EVALUATORS, check_numerics, evaluator_class
+from mpinfer.precision.core import float_outputs
+from mpinfer.precision.emulator import GraphEmulator
+from mpinfer.precision.numerics import EVALUATORS, OrtEvaluator, check_numerics, evaluator_class
 from mpinfer.specs import Precision
 
 logger = logging.getLogger(__name__)

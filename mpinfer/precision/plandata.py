@@ -21,14 +21,14 @@ from mpinfer.data.feeds import sample_axes
 from mpinfer.data.samples import BatchSlicer
 from mpinfer.errors import BackendUnavailableError, InternalError, InvalidInputError, format_message
 from mpinfer.memory import current_budget
-from mpinfer.precision.budget.verify import RUN_ROWS, VerifySettings
-from mpinfer.precision.calib.calibrate import (
+from mpinfer.precision.budget import RUN_ROWS, VerifySettings
+from mpinfer.precision.calib import (
     CalibrationStats,
     FeedsRejectedError,
     calibrate,
     check_data_fits,
 )
-from mpinfer.precision.numerics.registry import evaluator_class
+from mpinfer.precision.numerics import evaluator_class
 from mpinfer.precision.options import NO_CALIBRATION, Options
 from mpinfer.specs import DEFAULT_DIM_SIZE, Precision, specs_from_onnx
 

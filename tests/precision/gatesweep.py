@@ -89,7 +89,7 @@ def max_opset() -> int:
     """The newest default-domain opset both ONNX and the installed ONNX Runtime know."""
     from onnx import defs
 
-    from mpinfer.precision.graph.validate import runtime_limits
+    from mpinfer.backends.ort import runtime_limits
 
     return min(defs.onnx_opset_version(), runtime_limits()[1])
 

@@ -231,7 +231,7 @@ def _relu_model(opset: int, ir_version: int) -> onnx.ModelProto:
 
 def test_an_ir_version_newer_than_onnxruntime_reads_is_lowered(tmp_path):
     """Hole 4: the IR version goes down to what the opsets need; the file loads."""
-    from mpinfer.precision.graph.validate import runtime_limits
+    from mpinfer.backends.ort import runtime_limits
 
     max_ir, _ = runtime_limits()
     if max_ir >= onnx.IR_VERSION:
@@ -245,7 +245,7 @@ def test_an_ir_version_newer_than_onnxruntime_reads_is_lowered(tmp_path):
 
 def test_an_opset_newer_than_onnxruntime_reads_is_refused_naming_the_versions(tmp_path, invoke):
     """Hole 4: a clear refusal (exit 1, no traceback, nothing written)."""
-    from mpinfer.precision.graph.validate import runtime_limits
+    from mpinfer.backends.ort import runtime_limits
     from tests.conftest import assert_user_error
 
     _, max_opset = runtime_limits()

@@ -26,7 +26,7 @@ from mpinfer.data.decode import kv_layout, load_prompts, wants_decode
 from mpinfer.errors import InvalidInputError, format_message
 from mpinfer.generation import Decoder, measure_candidate
 from mpinfer.metrics import GENERATION_OUTPUT
-from mpinfer.precision.numerics.registry import evaluator_class
+from mpinfer.precision.numerics import evaluator_class
 from mpinfer.specs import specs_from_onnx
 
 logger = logging.getLogger(__name__)

@@ -13,11 +13,10 @@ from typing import Any
 
 import numpy as np
 
-from mpinfer.precision.core.graphinfo import GraphInfo, components
-from mpinfer.precision.core.plan import NodeDecision
-from mpinfer.precision.emulator.emulate import GraphEmulator
+from mpinfer.precision.core import GraphInfo, NodeDecision, components
+from mpinfer.precision.emulator import GraphEmulator
 from mpinfer.precision.numerics import strict as evaluators
-from mpinfer.precision.rules.classify import Decision, Kind
+from mpinfer.precision.rules import Decision, Kind
 from mpinfer.specs import Precision
 
 

@@ -22,9 +22,9 @@ from mpinfer.metrics import json_number
 from mpinfer.precision.budget.groups import build_groups, group_errors
 from mpinfer.precision.budget.noisefloor import floor_from_noise
 from mpinfer.precision.budget.verify import Verification, VerifySettings, reference_sums, verify_model
-from mpinfer.precision.core.plan import NodeDecision
-from mpinfer.precision.emulator.castgraph import ENGINE_EMULATOR
-from mpinfer.precision.graph.validate import apply_validated
+from mpinfer.precision.core import NodeDecision
+from mpinfer.precision.emulator import ENGINE_EMULATOR
+from mpinfer.precision.graph import apply_validated
 from mpinfer.specs import Precision
 
 logger = logging.getLogger(__name__)
@@ -190,7 +190,7 @@ def _rank(
 class _RankCache:
     """Group local errors already measured on a batch, for the next repair rounds.
 
-    A group's local error is measured alone, fed the FP32 tensors of the batch (:func:`search.group_errors`): it
+    A group's local error is measured alone, fed the FP32 tensors of the batch (:func:`groups.group_errors`): it
     does not depend on which other groups are low. When the next round's worst batch is the same data, the groups
     still low rank as they did, so only groups not measured yet (a group that changed members) are run again.
     """
@@ -202,7 +202,7 @@ class _RankCache:
     def errors(
         self, info: Any, groups: list[Any], batch: Mapping[str, np.ndarray] | None, precision: Precision
     ) -> dict[str, float]:
-        """Anchor -> local error of each group on ``batch`` (what :func:`search.group_errors` returns)."""
+        """Anchor -> local error of each group on ``batch`` (what :func:`groups.group_errors` returns)."""
         key = _batch_digest(batch, precision)
         if key != self._batch:
             self._batch, self._errors = key, {}

@@ -17,8 +17,8 @@ import numpy as np
 
 from mpinfer.checks import Checks
 from mpinfer.metrics import QUANTILE_METRICS, ModelAccumulator
-from mpinfer.precision.core.graphinfo import GraphInfo
-from mpinfer.precision.numerics.base import Evaluator
+from mpinfer.precision.core import GraphInfo
+from mpinfer.precision.numerics import Evaluator
 from mpinfer.specs import Precision
 
 logger = logging.getLogger(__name__)

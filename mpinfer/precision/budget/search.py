@@ -37,12 +37,10 @@ from mpinfer.errors import AccuracyMismatchError, BackendUnavailableError, Inval
 from mpinfer.metrics import ModelAccumulator, worst_values
 from mpinfer.precision.budget.groups import _Group, build_groups
 from mpinfer.precision.budget.screening import SearchConfig, _batch_rows, _Verifier
-from mpinfer.precision.core.graphinfo import GraphInfo
-from mpinfer.precision.core.plan import NodeDecision
+from mpinfer.precision.core import GraphInfo, NodeDecision
+from mpinfer.precision.numerics import evaluator_class, has_all_outputs
 from mpinfer.precision.numerics import strict as evaluators
-from mpinfer.precision.numerics.base import has_all_outputs
-from mpinfer.precision.numerics.registry import evaluator_class
-from mpinfer.precision.rules.classify import Decision
+from mpinfer.precision.rules import Decision
 from mpinfer.progress import progress_bar
 from mpinfer.specs import Precision
 

@@ -30,8 +30,8 @@ from mpinfer.data.feeds import sample_axes
 from mpinfer.data.samples import BatchSlicer, fingerprint_digest, fingerprint_update, iter_samples
 from mpinfer.metrics import GENERATION_OUTPUT, ModelAccumulator, relative_l2, worst_values
 from mpinfer.modelio import ort_session
-from mpinfer.precision.calib.calibrate import float_outputs
-from mpinfer.precision.numerics.registry import evaluator_class
+from mpinfer.precision.core import float_outputs
+from mpinfer.precision.numerics import evaluator_class
 from mpinfer.progress import progress_bar
 from mpinfer.specs import Precision, specs_from_onnx
 

@@ -45,7 +45,8 @@ from mpinfer.precision.calib.statistics import (
     StatsCollector,
     TensorStats,
 )
-from mpinfer.precision.emulator.emulate import GraphEmulator
+from mpinfer.precision.core import FLOAT_TYPES
+from mpinfer.precision.emulator import GraphEmulator
 from mpinfer.progress import progress_bar
 from mpinfer.specs import specs_from_onnx
 
@@ -90,14 +91,6 @@ RANDOM_DATA_WARNING = (
 #   they come to at most this many bytes: convert's final verification takes them as its FP32 reference instead
 #   of running the model again (outputs are small next to the tensors calibration computes anyway; a segmentation
 #   map is not).
-
-_FLOAT_TYPES = (1, 10, 11, 16)  # FLOAT, FLOAT16, DOUBLE, BFLOAT16
-
-
-def float_outputs(model: Any) -> list[Any]:
-    """The graph outputs of ``model`` declared float (FLOAT, FLOAT16, DOUBLE, BFLOAT16)."""
-    return [o for o in model.graph.output if o.type.tensor_type.elem_type in _FLOAT_TYPES]
-
 
 @dataclass
 class CalibrationStats(Mapping[str, TensorStats]):
@@ -196,7 +189,7 @@ def _float_tensors(
         g = inferred.graph
         types = {vi.name: vi.type.tensor_type.elem_type for vi in list(g.value_info) + list(g.output) + list(g.input)}
     inits = {t.name for t in model.graph.initializer}
-    known = [vi.name for vi in model.graph.input if vi.name not in inits and types.get(vi.name) in _FLOAT_TYPES]
+    known = [vi.name for vi in model.graph.input if vi.name not in inits and types.get(vi.name) in FLOAT_TYPES]
     unknown: list[str] = []
     seen = set(known)
     for node in model.graph.node:
@@ -205,7 +198,7 @@ def _float_tensors(
                 continue
             seen.add(out)
             t = types.get(out, 0)
-            if t in _FLOAT_TYPES:
+            if t in FLOAT_TYPES:
                 known.append(out)
             elif t == 0:
                 unknown.append(out)
@@ -444,7 +437,7 @@ class _Run:
             "batches": first_pass.batches,
         }
         results = first_pass.collector.results()
-        floats = [vi.name for vi in self.model.graph.output if self.types.get(vi.name) in _FLOAT_TYPES]
+        floats = [vi.name for vi in self.model.graph.output if self.types.get(vi.name) in FLOAT_TYPES]
         reference, tensors = capture.references(floats, self.types)
         logger.info(
             "calibrated %d tensors over %d batches in %.1fs",

@@ -27,7 +27,7 @@ from mpinfer.modelio import iter_nodes, name_nodes, ort_session, save_onnx
 from mpinfer.precision.calib.statistics import (
     StatsCollector,
 )
-from mpinfer.precision.core.graphinfo import FLOAT
+from mpinfer.precision.core import FLOAT
 
 logger = logging.getLogger(__name__)
 

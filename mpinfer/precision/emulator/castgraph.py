@@ -41,9 +41,8 @@ from typing import Any
 
 import numpy as np
 
-from mpinfer.memory import current_budget
+from mpinfer.memory import current_budget, usable_cpus
 from mpinfer.modelio import ort_log_level
-from mpinfer.precision.calib.statistics import usable_cpus
 from mpinfer.precision.emulator.caststeps import BFLOAT16 as _BFLOAT16
 from mpinfer.precision.emulator.caststeps import EXPANDED_OPS
 from mpinfer.precision.emulator.caststeps import FLOAT as _FLOAT

@@ -14,8 +14,8 @@ import numpy as np
 from mpinfer.backends.ort import OrtRunner, cuda_usable
 from mpinfer.errors import BackendUnavailableError, format_message
 from mpinfer.modelio import ort_session
-from mpinfer.precision.core.graphinfo import GraphInfo
-from mpinfer.precision.graph.apply import apply_plan
+from mpinfer.precision.core import GraphInfo
+from mpinfer.precision.graph import apply_plan
 from mpinfer.precision.numerics import probe
 from mpinfer.precision.numerics.base import Candidate, Outputs, Runner, float32_outputs, has_all_outputs
 from mpinfer.precision.numerics.strict import _EmulatorRefs

@@ -16,12 +16,17 @@ import numpy as np
 
 from mpinfer.errors import InvalidInputError, format_message
 from mpinfer.metrics import relative_l2
-from mpinfer.precision.core.graphinfo import GraphInfo
-from mpinfer.precision.emulator.castgraph import StrictModelRunner, may_qualify, open_cast_session
-from mpinfer.precision.emulator.emulate import GraphEmulator
-from mpinfer.precision.emulator.kernels.numerics import is_float, is_low_float
-from mpinfer.precision.emulator.runner import StrictRunner
-from mpinfer.precision.graph.apply import apply_plan
+from mpinfer.precision.core import GraphInfo
+from mpinfer.precision.emulator import (
+    GraphEmulator,
+    StrictModelRunner,
+    StrictRunner,
+    is_float,
+    is_low_float,
+    may_qualify,
+    open_cast_session,
+)
+from mpinfer.precision.graph import apply_plan
 from mpinfer.precision.numerics import probe
 from mpinfer.precision.numerics.base import Candidate, Outputs, Runner
 from mpinfer.specs import Precision

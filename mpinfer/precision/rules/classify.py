@@ -20,21 +20,22 @@ import numpy as np
 
 from mpinfer.errors import InvalidInputError, format_message
 from mpinfer.modelio import NodeRef
-from mpinfer.precision.calib.statistics import sum_of_squares
-from mpinfer.precision.core.graphinfo import CONTRIB_SLOTS, DEFAULT_DOMAINS, FLOAT, SHAPE_INPUTS, GraphInfo
-from mpinfer.precision.rules.optables import (
-    CONTROL_FLOW_OPS,
-    FP16_SAFE_OPS,
-    INDEX_LIKE_OPS,
-    KEEP_FP32_OPS,
-    NEVER_LOW_OPS,
-    QDQ_OPS,
+from mpinfer.precision.core import (
+    CONTRIB_SLOTS,
+    DEFAULT_DOMAINS,
+    FLOAT,
+    FP16_MAX,
+    LOW_MAX,
+    SHAPE_INPUTS,
+    GraphInfo,
+    out_of_range,
+    sum_of_squares,
 )
+from mpinfer.precision.rules import optables
 from mpinfer.specs import Precision
 
 logger = logging.getLogger(__name__)
 
-FP16_MAX = 65504.0
 # Activations whose |x| reaches FP16_MAX / margin are kept FP32: room for the unseen inputs that go
 # beyond what the calibration data showed.
 RANGE_MARGIN = 2.0
@@ -162,7 +163,7 @@ class NoFloatRule(NodeRule):
 
     def decide(self, ref: NodeRef, ctx: RuleContext) -> Decision | None:
         """The verdict for ``ref``, or None when the rule does not apply."""
-        if ref.node.op_type in CONTROL_FLOW_OPS:
+        if ref.node.op_type in optables.CONTROL_FLOW_OPS:
             return Decision(
                 Kind.KEEP,
                 "rule:keep-fp32",
@@ -196,7 +197,7 @@ class QuantizedOpRule(NodeRule):
     def decide(self, ref: NodeRef, ctx: RuleContext) -> Decision | None:
         """The verdict for ``ref``, or None when the rule does not apply."""
         node, info = ref.node, ctx.info
-        if node.op_type in QDQ_OPS:
+        if node.op_type in optables.QDQ_OPS:
             return None
         low = ctx.precision.onnx_dtype
         for i in info.slots(node, low).inputs:
@@ -292,7 +293,7 @@ class IndexLikeRule(NodeRule):
 
     def decide(self, ref: NodeRef, ctx: RuleContext) -> Decision | None:
         """The verdict for ``ref``, or None when the rule does not apply."""
-        if ref.node.op_type in INDEX_LIKE_OPS:
+        if ref.node.op_type in optables.INDEX_LIKE_OPS:
             return Decision(Kind.KEEP, "rule:index-like", f"{ref.node.op_type} computes indices or positions")
         if ref.address in ctx.index_like:
             return Decision(Kind.KEEP, "rule:index-like", "feeds only shape/index inputs (shape arithmetic)")
@@ -408,9 +409,9 @@ class OpPolicyRule(NodeRule):
     def decide(self, ref: NodeRef, ctx: RuleContext) -> Decision | None:
         """The verdict for ``ref``, or None when the rule does not apply."""
         op = ref.node.op_type
-        if op in FP16_SAFE_OPS:
+        if op in optables.FP16_SAFE_OPS:
             return Decision(Kind.LOW, "rule:fp16-safe", f"{op} runs on matrix engines with FP32 accumulation")
-        if op in KEEP_FP32_OPS:
+        if op in optables.KEEP_FP32_OPS:
             return Decision(
                 Kind.KEEP, "rule:keep-fp32", f"{op} overflows or accumulates error in low precision"
             )
@@ -455,8 +456,6 @@ def _respect_schema(verdict: Decision, ref: NodeRef, ctx: RuleContext) -> Decisi
 
 def _warn_clamped(ref: NodeRef, ctx: RuleContext, lowered: Sequence[int], verdict: Decision) -> None:
     """Say which weights of a node made low are past the low format's range: the rewrite clamps them."""
-    from mpinfer.precision.graph.apply import LOW_MAX, out_of_range
-
     for i in lowered:
         name = ref.node.input[i]
         if name in ctx.clamped or not ctx.info.is_const(name):
@@ -476,9 +475,9 @@ def _warn_clamped(ref: NodeRef, ctx: RuleContext, lowered: Sequence[int], verdic
 
 def _never_low(ref: NodeRef, ctx: RuleContext) -> str | None:
     node = ref.node
-    if node.op_type in CONTROL_FLOW_OPS:
+    if node.op_type in optables.CONTROL_FLOW_OPS:
         return "control flow: interface kept FP32"
-    if node.op_type in NEVER_LOW_OPS:
+    if node.op_type in optables.NEVER_LOW_OPS:
         return f"{node.op_type} cannot compute in low precision"
     if any(n in ctx.info.non_tensor for n in list(node.input) + list(node.output) if n):
         return "sequence/optional values are kept FP32"
@@ -520,7 +519,7 @@ def shape_subgraph(info: GraphInfo) -> set[str]:
     index_like: set[str] = set()
     for ref in reversed(info.nodes):
         node = ref.node
-        if not node.output or node.op_type in CONTROL_FLOW_OPS or node.op_type == "Constant":
+        if not node.output or node.op_type in optables.CONTROL_FLOW_OPS or node.op_type == "Constant":
             continue
         uses = [c for o in node.output if o for c in info.consumers.get(o, [])]
         if not uses or any(o in info.graph_outputs for o in node.output):

@@ -9,11 +9,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mpinfer.errors import InvalidInputError, format_message
-from mpinfer.precision.core.graphinfo import FLOAT, GraphInfo
-from mpinfer.precision.core.plan import NodeDecision, counts_as_float, precisions_digest
-from mpinfer.precision.graph.fusion import FUSED_OPS, FUSED_SUFFIXES
-from mpinfer.precision.graph.masks import REASON as MASK_REASON
-from mpinfer.precision.graph.masks import MaskSite, find_mask_sites, mask_tensors, rewrite_masks
+from mpinfer.precision.core import FLOAT, GraphInfo, NodeDecision, counts_as_float, precisions_digest
+from mpinfer.precision.graph import FUSED_OPS, FUSED_SUFFIXES, MaskSite, find_mask_sites, mask_tensors, rewrite_masks
+from mpinfer.precision.graph import REASON as MASK_REASON
 from mpinfer.precision.rules.classify import (
     Decision,
     Kind,

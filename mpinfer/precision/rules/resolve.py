@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from mpinfer.precision.core.graphinfo import FLOAT, GraphInfo, components
+from mpinfer.precision.core import FLOAT, GraphInfo, components
 from mpinfer.precision.rules.classify import Decision, Kind
 from mpinfer.specs import Precision
 
