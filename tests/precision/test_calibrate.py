@@ -376,8 +376,11 @@ def test_batches_above_the_call_limit_run_in_slices_with_the_same_statistics(exp
     """A batch whose tensors exceed the budget's calibration_call slice is fetched a few samples at a time (a 640x640
     detector returns ~0.7 GB per image): the statistics do not depend on how the samples are grouped, and the reference
     outputs are joined from the slices' runs (samples on axis 0 of every input and output: no run of their own)."""
-    import mpinfer.precision.calib.calibrate as cal
+    import importlib
+
     import mpinfer.precision.calib.capture as capture
+
+    cal = importlib.import_module("mpinfer.precision.calib.calibrate")  # (the package's `calibrate` is the function)
 
     model, feeds = exported("digits_cnn")
     rng = np.random.default_rng(3)
