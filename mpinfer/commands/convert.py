@@ -11,8 +11,8 @@ from mpinfer.commands import class_outputs_option, input_range_option, memory_li
 from mpinfer.data import parse_dims
 from mpinfer.modelio import MAX_OPSET
 from mpinfer.precision import ConvertConfig, convert_precision
+from mpinfer.precision.budget import budget_figures
 from mpinfer.precision.options import DEFAULT_BUDGET, DEFAULT_SEARCH_SAMPLES, NUMERICS
-from mpinfer.precision.verify import budget_figures
 from mpinfer.specs import Precision
 
 

@@ -24,12 +24,12 @@ from mpinfer.compare.latency import measure_latency
 from mpinfer.compare.result import CandidateResult, ComparisonResult, LatencyResult, OutputMetrics
 from mpinfer.data import load_feeds, parse_dims
 from mpinfer.data.feeds import fixed_batch, sample_axes
+from mpinfer.data.samples import FingerprintedFeeds
 from mpinfer.errors import InvalidInputError, ModelLoadError, MpinferError, format_message
 from mpinfer.generation import attach_generation, generate_config
 from mpinfer.memory import budgeted, current_budget
 from mpinfer.metrics import LABEL_METRICS, ModelAccumulator, OutputAccumulator, check_output_names, guess_class_output
 from mpinfer.modelio import data_file, iter_graphs, load_onnx
-from mpinfer.precision.verify import FingerprintedFeeds
 from mpinfer.progress import progress_bar
 from mpinfer.runners import is_torch_spec, open_runner
 from mpinfer.specs import TensorSpec, is_float_dtype

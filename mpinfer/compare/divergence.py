@@ -28,6 +28,7 @@ from mpinfer.backends.ort import resolve_providers
 from mpinfer.compare.bodies import BodyCoverage, body_graphs, measure_body_tensors
 from mpinfer.compare.result import Divergence, NodeError
 from mpinfer.compare.tensoracc import SKIP_OPS, TensorAcc
+from mpinfer.data.samples import BatchSlicer
 from mpinfer.fileio import make_temp_dir
 from mpinfer.memory import current_budget, release_memory
 from mpinfer.modelio import (
@@ -43,8 +44,8 @@ from mpinfer.modelio import (
     uses_external_data,
     weight_bytes,
 )
-from mpinfer.precision.calibrate import BatchSlicer, pack_chunks
-from mpinfer.precision.emulator.emulate import GraphEmulator
+from mpinfer.precision.calib import pack_chunks
+from mpinfer.precision.emulator import GraphEmulator
 from mpinfer.progress import progress_bar
 from mpinfer.specs import is_float_dtype
 

@@ -226,7 +226,7 @@ def test_candidate_fails_to_run(invoke, tmp_path):
 
 
 def test_torch_baseline_and_strict_numerics(invoke, mlp_files):
-    pytest.importorskip("mpinfer.precision.strict", reason="strict numerics not in this build")
+    pytest.importorskip("mpinfer.precision.emulator.runner", reason="strict numerics not in this build")
     r = invoke(
         "compare",
         "models/mlp.py:build",
