@@ -10,6 +10,7 @@ import platform
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -25,6 +26,7 @@ from mpinfer.compare.result import CandidateResult, ComparisonResult, LatencyRes
 from mpinfer.data import load_feeds, parse_dims
 from mpinfer.data.feeds import fixed_batch, sample_axes
 from mpinfer.errors import InvalidInputError, ModelLoadError, MpinferError, format_message
+from mpinfer.fileio import sha256_file
 from mpinfer.generation import attach_generation, generate_config
 from mpinfer.memory import budgeted, current_budget
 from mpinfer.metrics import LABEL_METRICS, ModelAccumulator, OutputAccumulator, check_output_names, guess_class_output
@@ -504,6 +506,7 @@ def compare_models(config: CompareConfig) -> ComparisonResult:
         ModelLoadError: A model that cannot be loaded (named in the message).
     """
     checks = _validate_config(config)
+    same_as_baseline = _same_as_baseline(config)  # warned before the (long) run
     generation = generate_config(config, config.generate) if config.generate else None  # checked before any run
     t0 = time.perf_counter()
     with contextlib.ExitStack() as stack:
@@ -532,6 +535,7 @@ def compare_models(config: CompareConfig) -> ComparisonResult:
         if result.path.lower().endswith(".onnx"):
             _onnx_extras(config, result, kept)
     notes = _notes(feeds.is_random, result_runners=[c.runner for c in results], latency=latency is not None)
+    notes += same_as_baseline
     logger.info("compare finished in %.1f s", time.perf_counter() - t0)
     comparison = ComparisonResult(
         baseline=base_info,
@@ -698,6 +702,29 @@ def model_size(path_or_spec: str) -> int | None:
     size = p.stat().st_size
     data = data_file(p)
     return size + (data.stat().st_size if data.is_file() else 0)
+
+
+def _same_as_baseline(config: CompareConfig) -> list[str]:
+    """A note (and a warning, once) for each candidate that is the baseline's own file, or a byte-identical copy."""
+    base = Path(config.baseline)
+    if not base.is_file():
+        return []
+    notes = []
+    for cand in config.candidates:
+        c = Path(cand)
+        if not c.is_file():
+            continue
+        if c.resolve() == base.resolve():
+            what = "the same file"
+        elif c.stat().st_size == base.stat().st_size and sha256_file(c) == sha256_file(base):
+            what = "a byte-identical copy"
+        else:
+            continue
+        note = (f"Candidate '{cand}' is the baseline itself ({what}): it measures nothing but the runners; "
+                "pass the converted model (e.g. the output of mpinfer convert) as a candidate.")
+        logger.warning(note)
+        notes.append(note)
+    return notes
 
 
 def _notes(is_random: bool, result_runners: Sequence[Mapping[str, Any]], latency: bool) -> list[str]:
