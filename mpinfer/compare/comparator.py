@@ -167,6 +167,8 @@ def _activate(
     ``sequential``: the runner is activated alone, its specs and output names kept, and deactivated; it is
     activated once more for its pass over the data.
     """
+    if role == "Candidate" and cfg.numerics != "ort" and str(spec).lower().endswith(".onnx"):
+        _check_valid_candidate(spec, cfg)  # (ONNX Runtime numerics: the candidate's own session is the load check)
     try:
         runner = open_runner(
             spec, device=cfg.device, numerics=cfg.numerics if role == "Candidate" else "ort", name=spec
@@ -183,6 +185,33 @@ def _activate(
         message = f"{role} '{spec}' could not be loaded: {type(err).__name__}: {err}"
         raise ModelLoadError(_with_hint(message, spec, role, cfg)) from err
     return runner
+
+
+def _check_valid_candidate(spec: str, cfg: CompareConfig) -> None:
+    """Refuse an ONNX candidate that is not a valid, loadable model, whatever the numerics that will run it.
+
+    The strict emulator would run an invalid file (a float16 tensor where its consumer takes float32) and pass
+    it; ONNX Runtime refuses to load it. So an ONNX candidate run outside ONNX Runtime goes through the validity
+    gate convert applies to what it writes (full checker, strict type inference, an ONNX Runtime load; a kernel
+    the CPU provider lacks, such as BF16 Conv, is not held against it); a check the baseline fails too is not held
+    against it.
+
+    Raises:
+        ModelLoadError: Naming the candidate, the failed check and its node.
+    """
+    from mpinfer.precision.validate import validity_failures
+
+    base = Path(cfg.baseline)
+    failures = validity_failures(None, path=Path(spec),
+                                 baseline_path=base if base.suffix.lower() == ".onnx" and base.is_file() else None)
+    if failures:
+        f = failures[0]
+        where = f" at node '{f.node}'" if f.node else ""
+        raise ModelLoadError(format_message(
+            f"Candidate '{spec}'", f"an invalid ONNX model (the {f.check} check fails{where}: "
+            f"{' '.join(f.message.split())[:400]})", "a valid model that ONNX Runtime loads",
+            "whatever --numerics runs it, an invalid file is refused; convert the baseline again (mpinfer convert) "
+            "or fix the tool that wrote it"))
 
 
 # Models on disk above this share of the memory budget are compared one at a time (baseline first, its outputs
