@@ -10,7 +10,6 @@ import platform
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -19,6 +18,7 @@ import mpinfer
 from mpinfer.backends.base import Runner
 from mpinfer.backends.torch_runner import TorchRunner
 from mpinfer.checks import DEFAULT_CHECKS, Checks, parse_checks
+from mpinfer.compare.candidates import baseline_copies, check_valid_candidate
 from mpinfer.compare.divergence import find_divergence, load_plan_nodes
 from mpinfer.compare.hints import precision_summary, speed_hints
 from mpinfer.compare.latency import measure_latency
@@ -26,7 +26,6 @@ from mpinfer.compare.result import CandidateResult, ComparisonResult, LatencyRes
 from mpinfer.data import load_feeds, parse_dims
 from mpinfer.data.feeds import fixed_batch, sample_axes
 from mpinfer.errors import InvalidInputError, ModelLoadError, MpinferError, format_message
-from mpinfer.fileio import sha256_file
 from mpinfer.generation import attach_generation, generate_config
 from mpinfer.memory import budgeted, current_budget
 from mpinfer.metrics import LABEL_METRICS, ModelAccumulator, OutputAccumulator, check_output_names, guess_class_output
@@ -167,8 +166,9 @@ def _activate(
     ``sequential``: the runner is activated alone, its specs and output names kept, and deactivated; it is
     activated once more for its pass over the data.
     """
+    # an ONNX candidate run outside ONNX Runtime is checked (under ONNX Runtime its own session is the load check)
     if role == "Candidate" and cfg.numerics != "ort" and str(spec).lower().endswith(".onnx"):
-        _check_valid_candidate(spec, cfg)  # (ONNX Runtime numerics: the candidate's own session is the load check)
+        check_valid_candidate(spec, cfg.baseline)
     try:
         runner = open_runner(
             spec, device=cfg.device, numerics=cfg.numerics if role == "Candidate" else "ort", name=spec
@@ -185,33 +185,6 @@ def _activate(
         message = f"{role} '{spec}' could not be loaded: {type(err).__name__}: {err}"
         raise ModelLoadError(_with_hint(message, spec, role, cfg)) from err
     return runner
-
-
-def _check_valid_candidate(spec: str, cfg: CompareConfig) -> None:
-    """Refuse an ONNX candidate that is not a valid, loadable model, whatever the numerics that will run it.
-
-    The strict emulator would run an invalid file (a float16 tensor where its consumer takes float32) and pass
-    it; ONNX Runtime refuses to load it. So an ONNX candidate run outside ONNX Runtime goes through the validity
-    gate convert applies to what it writes (full checker, strict type inference, an ONNX Runtime load; a kernel
-    the CPU provider lacks, such as BF16 Conv, is not held against it); a check the baseline fails too is not held
-    against it.
-
-    Raises:
-        ModelLoadError: Naming the candidate, the failed check and its node.
-    """
-    from mpinfer.precision.validate import validity_failures
-
-    base = Path(cfg.baseline)
-    failures = validity_failures(None, path=Path(spec),
-                                 baseline_path=base if base.suffix.lower() == ".onnx" and base.is_file() else None)
-    if failures:
-        f = failures[0]
-        where = f" at node '{f.node}'" if f.node else ""
-        raise ModelLoadError(format_message(
-            f"Candidate '{spec}'", f"an invalid ONNX model (the {f.check} check fails{where}: "
-            f"{' '.join(f.message.split())[:400]})", "a valid model that ONNX Runtime loads",
-            "whatever --numerics runs it, an invalid file is refused; convert the baseline again (mpinfer convert) "
-            "or fix the tool that wrote it"))
 
 
 # Models on disk above this share of the memory budget are compared one at a time (baseline first, its outputs
@@ -535,7 +508,7 @@ def compare_models(config: CompareConfig) -> ComparisonResult:
         ModelLoadError: A model that cannot be loaded (named in the message).
     """
     checks = _validate_config(config)
-    same_as_baseline = _same_as_baseline(config)  # warned before the (long) run
+    same_as_baseline = baseline_copies(config.baseline, config.candidates)  # warned before the (long) run
     generation = generate_config(config, config.generate) if config.generate else None  # checked before any run
     t0 = time.perf_counter()
     with contextlib.ExitStack() as stack:
@@ -731,29 +704,6 @@ def model_size(path_or_spec: str) -> int | None:
     size = p.stat().st_size
     data = data_file(p)
     return size + (data.stat().st_size if data.is_file() else 0)
-
-
-def _same_as_baseline(config: CompareConfig) -> list[str]:
-    """A note (and a warning, once) for each candidate that is the baseline's own file, or a byte-identical copy."""
-    base = Path(config.baseline)
-    if not base.is_file():
-        return []
-    notes = []
-    for cand in config.candidates:
-        c = Path(cand)
-        if not c.is_file():
-            continue
-        if c.resolve() == base.resolve():
-            what = "the same file"
-        elif c.stat().st_size == base.stat().st_size and sha256_file(c) == sha256_file(base):
-            what = "a byte-identical copy"
-        else:
-            continue
-        note = (f"Candidate '{cand}' is the baseline itself ({what}): it measures nothing but the runners; "
-                "pass the converted model (e.g. the output of mpinfer convert) as a candidate.")
-        logger.warning(note)
-        notes.append(note)
-    return notes
 
 
 def _notes(is_random: bool, result_runners: Sequence[Mapping[str, Any]], latency: bool) -> list[str]:
