@@ -410,16 +410,16 @@ def _keyword_call_class() -> Any:
 def check_forward_inputs(loaded: LoadedModel, names: list[str]) -> None:
     """The export's input names are the factory model's ``forward`` arguments, in order (they are passed by position).
 
-    A forward taking ``*args`` accepts any name; other sources (TorchScript, .pt2, Hugging Face) are checked
-    elsewhere or name their inputs themselves.
+    A forward taking ``*args`` accepts any name, and so does a torch module used as it is (``nn.Sequential``);
+    other sources (TorchScript, .pt2, Hugging Face) are checked elsewhere or name their inputs themselves.
 
     Raises:
         InvalidInputError: A name that is not the forward argument at its position, naming the arguments.
     """
     import inspect
 
-    if loaded.kind != "factory":
-        return
+    if loaded.kind != "factory" or str(getattr(type(loaded.module).forward, "__module__", "")).startswith("torch."):
+        return  # a torch module as it is (nn.Sequential's ``input``): its argument name means nothing to the user
     try:
         params = list(inspect.signature(loaded.module.forward).parameters.values())
     except (TypeError, ValueError):  # a forward inspect cannot read: nothing to check against

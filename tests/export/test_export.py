@@ -214,6 +214,15 @@ def test_cli_an_input_name_forward_does_not_take_is_refused(invoke, tmp_path):
     _no_outputs(tmp_path)
 
 
+def test_cli_a_torch_module_as_it_is_takes_any_input_name(invoke, tmp_path):
+    """nn.Sequential's forward argument is 'input': a name that means nothing to the user, so any name is taken."""
+    src = tmp_path / "seq.py"
+    src.write_text("import torch\n\ndef build():\n    return torch.nn.Sequential(torch.nn.Linear(4, 2))\n")
+    r = invoke("export", f"{src}:build", "--input", "x:batchx4:float32", "-o", tmp_path / "m.onnx")
+    assert r.exit_code == 0, r.output
+    assert [i.name for i in onnx.load(str(tmp_path / "m.onnx")).graph.input] == ["x"]
+
+
 @pytest.mark.parametrize("spec", ["x:batchx64", "x:batchx-3:float32", "x:4x4:complex", "x:4x4:float32:5..1"])
 def test_cli_malformed_input_spec(invoke, tmp_path, spec):
     r = invoke("export", f"{MODELS}/mlp.py:build", "--input", spec, "-o", tmp_path / "m.onnx")
