@@ -113,11 +113,13 @@ class OrtRunner(Runner):
         specs = []
         for i in self._session.get_inputs():
             dtype = np.dtype(_ORT_TYPES.get(i.type, np.float32))
+            known = by_name.get(i.name)
+            empty = {k for k, d in enumerate(known.shape) if d == 0} if known else set()  # a declared 0 is static
             shape = tuple(
-                d if isinstance(d, int) and d > 0 else dim_symbol(i.name, k, d if isinstance(d, str) else None)
+                d if isinstance(d, int) and (d > 0 or (d == 0 and k in empty))
+                else dim_symbol(i.name, k, d if isinstance(d, str) else None)
                 for k, d in enumerate(i.shape)
             )
-            known = by_name.get(i.name)
             specs.append(TensorSpec(i.name, shape, dtype, known.value_range if known else None,
                                     dict(known.dim_sizes) if known else {}, dict(known.graph_sizes) if known else {}))
         return specs
