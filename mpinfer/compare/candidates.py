@@ -8,7 +8,7 @@ from pathlib import Path
 
 from mpinfer.errors import ModelLoadError, format_message
 from mpinfer.fileio import sha256_file
-from mpinfer.precision.validate import validity_failures
+from mpinfer.precision.graph import validity_failures
 
 logger = logging.getLogger(__name__)
 
