@@ -104,6 +104,9 @@ GENERATION_METRICS = frozenset({
 # The name generation figures go by where checks read per-output values: ``generate:token_agreement>=0.95``
 # selects them explicitly; a check without a selector (``token_agreement>=0.95``) finds them there too.
 GENERATION_OUTPUT = "generate"
+# The name the figures of the user's own metrics (``--metric NAME=FILE.py:FUNCTION``, :mod:`mpinfer.usermetric`)
+# go by where checks read per-output values: model-level, like generation figures; checks name them plain.
+USER_OUTPUT = "(user metrics)"
 HIGHER_IS_BETTER: dict[str, bool] = {
     **dict.fromkeys(METRIC_DOCS, False),
     **dict.fromkeys(("cosine", "cosine_min", "snr_db", "top1", "top5", "match", "accuracy", "baseline_accuracy"), True),
@@ -161,6 +164,21 @@ def with_generation(
     if generation:
         out[GENERATION_OUTPUT] = dict(generation)
     return out
+
+
+def with_user(
+    per_output: Mapping[str, Mapping[str, float | None]], figures: Mapping[str, float | None] | None
+) -> dict[str, Mapping[str, float | None]]:
+    """Per-output values plus the user metrics' figures under :data:`USER_OUTPUT` (as checks read them)."""
+    out = dict(per_output)
+    if figures:
+        out[USER_OUTPUT] = dict(figures)
+    return out
+
+
+def model_level(name: str) -> bool:
+    """True for the keys of per-output values that are not outputs (generation and user-metric figures)."""
+    return name in (GENERATION_OUTPUT, USER_OUTPUT)
 
 
 def json_number(v: Any) -> Any:
@@ -485,6 +503,75 @@ class OutputAccumulator:
         return out
 
 
+class UserMetricAccumulator:
+    """The figures of one user metric (:class:`mpinfer.usermetric.UserMetric`), accumulated batch by batch.
+
+    ``NAME``: the mean over samples (a float a batch returns counts once per sample of the batch); ``NAME_min``
+    and ``NAME_max``: the worst sample either way, when every batch returned one value per sample.
+    """
+
+    def __init__(self, metric: Any) -> None:
+        self.metric = metric
+        self.total = 0.0
+        self.samples = 0
+        self.low, self.high = math.inf, -math.inf
+        self.per_sample = True
+        self.batches = 0
+
+    def update(
+        self, baseline: Mapping[str, np.ndarray], candidate: Mapping[str, np.ndarray], inputs: Mapping[str, Any]
+    ) -> None:
+        """Add one batch: the user's function called on it (``inputs`` with ``_labels`` where the data has them)."""
+        rows = batch_samples(inputs)
+        value = self.metric.evaluate(baseline, candidate, inputs, rows, self.batches)
+        self.batches += 1
+        if isinstance(value, np.ndarray):
+            self.total += float(value.sum())
+            self.samples += len(value)
+            if len(value):
+                self.low, self.high = min(self.low, float(value.min())), max(self.high, float(value.max()))
+        else:
+            self.total += float(value) * rows
+            self.samples += rows
+            self.per_sample = False
+
+    def finalize(self) -> dict[str, float | None]:
+        """``NAME``, ``NAME_min`` and ``NAME_max`` (None where not measured: no samples, or a float per batch)."""
+        name, have = self.metric.name, self.samples > 0
+        extremes = have and self.per_sample
+        return {
+            name: self.total / self.samples if have else None,
+            f"{name}_min": self.low if extremes else None,
+            f"{name}_max": self.high if extremes else None,
+        }
+
+    def optimistic(self, total_samples: int, targets: Mapping[str, float]) -> dict[str, float | None]:
+        """The values closest to ``targets`` the figures can still reach over ``total_samples`` samples.
+
+        The unseen samples can hold any value: the mean can reach anything, the min anything below the seen
+        samples' min, the max anything above their max. A figure without a target keeps the seen value.
+        """
+        values = self.finalize()
+        if total_samples <= self.samples:
+            return values
+        name = self.metric.name
+        reach = {
+            name: (-math.inf, math.inf), f"{name}_min": (-math.inf, self.low), f"{name}_max": (self.high, math.inf)
+        }
+        out: dict[str, float | None] = {}
+        for fig, value in values.items():
+            lo, hi = reach[fig]
+            target = targets.get(fig)
+            out[fig] = value if target is None or (value is None and fig != name) else min(max(target, lo), hi)
+        return out
+
+
+def batch_samples(batch: Mapping[str, Any]) -> int:
+    """Samples in a batch: axis 0 of its first input that is not ``_labels`` (a scalar input: one)."""
+    first = next((v for k, v in batch.items() if k != "_labels"), None)
+    return 0 if first is None else (len(first) if np.ndim(first) else 1)
+
+
 class ModelAccumulator:
     """The error of every output of one candidate, batch by batch: one :class:`OutputAccumulator` per output.
 
@@ -494,6 +581,8 @@ class ModelAccumulator:
             (:func:`guess_class_output`).
         topk: Extra K of topK figures (``top1``/``top5`` always).
         quantiles: Keep the median/p99 histograms.
+        user_metrics: The user's own metrics (:class:`mpinfer.usermetric.UserMetric`): each batch's ``inputs``
+            must then be given to :meth:`update`.
 
     Raises:
         InvalidInputError: ``class_outputs`` names an output not in ``names``.
@@ -506,6 +595,7 @@ class ModelAccumulator:
         class_outputs: Collection[str] | None = None,
         topk: Iterable[int] = (),
         quantiles: bool = True,
+        user_metrics: Sequence[Any] = (),
     ) -> None:
         if class_outputs is not None:
             check_output_names(class_outputs, names, "--class-outputs")
@@ -516,24 +606,72 @@ class ModelAccumulator:
             )
             for n in names
         }
+        self.user = {m.name: UserMetricAccumulator(m) for m in user_metrics}
 
     def update(
         self,
         baseline: Mapping[str, np.ndarray],
         candidate: Mapping[str, np.ndarray],
         labels: np.ndarray | None = None,
+        inputs: Mapping[str, Any] | None = None,
     ) -> None:
-        """Add one batch of every output; ``labels`` are the batch's class labels (one per sample), if any."""
+        """Add one batch of every output; ``labels`` are the batch's class labels (one per sample), if any.
+
+        ``inputs``: the batch's feeds, which the user metrics read (with ``_labels`` added from ``labels``).
+        """
         for name, acc in self.outputs.items():
             acc.update(baseline[name], candidate[name], labels)
+        self.update_user(baseline, candidate, inputs, labels)
+
+    def update_user(
+        self,
+        baseline: Mapping[str, np.ndarray],
+        candidate: Mapping[str, np.ndarray],
+        inputs: Mapping[str, Any] | None,
+        labels: np.ndarray | None = None,
+    ) -> None:
+        """Add one batch to the user metrics alone (the per-output figures are added elsewhere)."""
+        if not self.user:
+            return
+        if inputs is None:
+            raise ValueError("user metrics need each batch's inputs")
+        feeds = dict(inputs)
+        if labels is not None:
+            feeds["_labels"] = np.asarray(labels)
+        for acc in self.user.values():
+            acc.update(baseline, candidate, feeds)
+
+    def user_figures(self) -> dict[str, float | None]:
+        """The user metrics' figures (``NAME``, ``NAME_min``, ``NAME_max`` of each)."""
+        return {k: v for acc in self.user.values() for k, v in acc.finalize().items()}
 
     def finalize(self) -> dict[str, dict[str, float | None]]:
-        """Output name → metric → value (None where a metric does not apply to the output)."""
-        return {name: acc.finalize() for name, acc in self.outputs.items()}
+        """Output name → metric → value (None where a metric does not apply to the output).
 
-    def optimistic(self, full: ModelAccumulator) -> dict[str, dict[str, float | None]]:
-        """Per output, :meth:`OutputAccumulator.optimistic` against ``full`` (the reference on every sample)."""
-        return {name: acc.optimistic(full.outputs[name]) for name, acc in self.outputs.items()}
+        With user metrics, their figures are under :data:`USER_OUTPUT`.
+        """
+        out = {name: acc.finalize() for name, acc in self.outputs.items()}
+        if self.user:
+            out[USER_OUTPUT] = self.user_figures()
+        return out
+
+    def optimistic(
+        self, full: ModelAccumulator, targets: Mapping[str, float] | None = None
+    ) -> dict[str, dict[str, float | None]]:
+        """Per output, :meth:`OutputAccumulator.optimistic` against ``full`` (the reference on every sample).
+
+        User metrics: :meth:`UserMetricAccumulator.optimistic` towards ``targets`` (figure → the value the
+        budget would like best: :meth:`mpinfer.checks.Checks.targets`).
+        """
+        per_output = {name: acc.optimistic(full.outputs[name]) for name, acc in self.outputs.items()}
+        figures = {
+            k: v
+            for name, acc in self.user.items()
+            for k, v in acc.optimistic(full.user[name].samples, targets or {}).items()
+        }
+        if self.user:
+            per_output[USER_OUTPUT] = figures
+        return per_output
 
     @property
     def class_outputs(self) -> list[str]:

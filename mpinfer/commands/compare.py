@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 
 from mpinfer.claim import claim_outputs
-from mpinfer.commands import class_outputs_option, input_range_option, memory_limit_option
+from mpinfer.commands import class_outputs_option, input_range_option, memory_limit_option, metric_option
 from mpinfer.compare import CompareConfig, ComparisonResult, compare_models
 from mpinfer.fileio import check_output_path
 from mpinfer.metrics import METRIC_DOCS
@@ -54,7 +54,8 @@ def _warn_latency_options(ctx: click.Context) -> None:
     epilog="Checks: [OUTPUT:]METRIC OP NUMBER, comma-separated; without OUTPUT: every output the metric applies "
     "to. Metrics: " + ", ".join(METRIC_DOCS) + ", any topK (aliases snr, rel, acc). Operators: >= <= > < ==. "
     "Generation figures (token_agreement ... ppl_ratio) are model-level, plain or as generate:METRIC, and need "
-    "--generate N. Definitions: docs/compare.md."
+    "--generate N. Metrics of your own (--metric NAME=FILE.py:FUNCTION) are model-level too: NAME, NAME_min, "
+    "NAME_max. Definitions: docs/compare.md."
 )
 @click.argument("baseline")
 @click.argument("candidates", nargs=-1, required=True)
@@ -66,6 +67,7 @@ def _warn_latency_options(ctx: click.Context) -> None:
     '"cosine>=0.999,nonfinite<=0"). Exit 1 when one fails.',
 )
 @class_outputs_option
+@metric_option
 @click.option("--latency", is_flag=True, help="Measure latency of the baseline and every candidate.")
 @click.option(
     "--generate",
@@ -140,6 +142,7 @@ def compare(
     data: str | None,
     checks: str | None,
     class_outputs: tuple[str, ...] | None,
+    metrics: tuple[object, ...],
     latency: bool,
     generate_tokens: int | None,
     batch_sizes: tuple[int, ...],
