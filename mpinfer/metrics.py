@@ -522,7 +522,7 @@ class UserMetricAccumulator:
         self, baseline: Mapping[str, np.ndarray], candidate: Mapping[str, np.ndarray], inputs: Mapping[str, Any]
     ) -> None:
         """Add one batch: the user's function called on it (``inputs`` with ``_labels`` where the data has them)."""
-        rows = batch_samples(inputs)
+        rows = batch_samples(inputs if any(k != "_labels" for k in inputs) else baseline)  # (a model without inputs)
         value = self.metric.evaluate(baseline, candidate, inputs, rows, self.batches)
         self.batches += 1
         if isinstance(value, np.ndarray):

@@ -61,8 +61,13 @@ def iou(a, b):
 
 def box_agreement(baseline, candidate, inputs):
     """Per sample: the share of FP32's boxes the candidate matches (same class, IoU >= IOU)."""
+    return agreement(_detections(baseline), _detections(candidate))
+
+
+def agreement(reference, candidate):
+    """Per sample: matched / reference boxes, given per sample (boxes [k, 4] x1y1x2y2, classes [k]) of each."""
     rates = []
-    for (rb, rk), (cb, ck) in zip(_detections(baseline), _detections(candidate)):
+    for (rb, rk), (cb, ck) in zip(reference, candidate):
         if not len(rb):
             rates.append(1.0 if not len(cb) else 0.0)
             continue
