@@ -4,7 +4,7 @@ The file is the user's code, loaded by path as a module; ``FUNCTION(baseline, ca
 per batch. ``baseline`` and ``candidate`` map each output name to the batch's numpy array (the FP32 reference and
 the candidate under the numerics in use); ``inputs`` maps each input name to the batch's feed, plus ``_labels``
 when the data holds labels. It returns a float (the batch's value, weighted by its sample count) or a 1-D array
-with one value per sample. The metrics core (:class:`mpinfer.metrics.UserMetricAccumulator`) turns the values into
+with one value per sample. The metrics core (:class:`mpinfer.userfigures.UserMetricAccumulator`) turns the values into
 the figures ``NAME`` (the mean over samples) and, with per-sample values, ``NAME_min`` and ``NAME_max``; checks
 read them like any built-in figure (:mod:`mpinfer.checks`).
 
