@@ -33,7 +33,7 @@ from __future__ import annotations
 import math
 import operator
 import re
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from mpinfer.errors import InvalidInputError, format_message
@@ -292,6 +292,30 @@ def user_figures(names: Iterable[str]) -> frozenset[str]:
     return frozenset(f for n in names for f in (n, f"{n}_min", f"{n}_max"))
 
 
+def _unknown_metric(raw: str, name: str, user: Collection[str] = ()) -> str:
+    """The message for an unknown metric: the closest name when there is one (as ``--keep-op`` does), else all.
+
+    ``user``: the figures of the user's own metrics (``--metric``), candidates too.
+    """
+    import difflib
+
+    names = [*METRIC_DOCS, *ALIASES, *sorted(user)]
+    close = difflib.get_close_matches(name.lower(), names, n=1, cutoff=0.6)
+    if close:
+        suggestion = ALIASES.get(close[0], close[0])
+        return format_message(f"Check '{raw}'", f"unknown metric '{name}'", "a metric of docs/compare.md",
+                              f"did you mean '{suggestion}'? (`mpinfer compare --help` lists every metric)")
+    mine = (", user metrics: " + ", ".join(sorted(user))) if user else ""
+    return format_message(
+        f"Check '{raw}'",
+        f"unknown metric '{name}'",
+        "one of " + ", ".join([*METRIC_DOCS, "topK (K <= 100)"])
+        + " (aliases: " + ", ".join(f"{a}={t}" for a, t in ALIASES.items()) + ")" + mine,
+        "docs/compare.md defines each metric; a metric of your own is given with --metric NAME=FILE.py:FUNCTION "
+        "(metrics = {...} in pipeline.toml)",
+    )
+
+
 def parse_checks(text: str, user: Iterable[str] = ()) -> Checks:
     """Parse a check list (see the module docstring).
 
@@ -317,17 +341,7 @@ def parse_checks(text: str, user: Iterable[str] = ()) -> Checks:
         if name in figures:
             metric = name
         elif not is_metric(metric):
-            mine = (", user metrics: " + ", ".join(sorted(figures))) if figures else ""
-            raise InvalidInputError(
-                format_message(
-                    f"Check '{raw}'",
-                    f"unknown metric '{m.group(1)}'",
-                    "one of " + ", ".join([*METRIC_DOCS, "topK (K <= 100)"])
-                    + " (aliases: " + ", ".join(f"{a}={t}" for a, t in ALIASES.items()) + ")" + mine,
-                    "docs/compare.md defines each metric; a metric of your own is given with "
-                    "--metric NAME=FILE.py:FUNCTION (metrics = {...} in pipeline.toml)",
-                )
-            )
+            raise InvalidInputError(_unknown_metric(raw, m.group(1), figures))
         try:
             value = float(m.group(3))
         except ValueError as err:
