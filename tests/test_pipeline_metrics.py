@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from mpinfer.errors import InvalidInputError
@@ -39,6 +40,20 @@ def test_compare_stage_reads_metrics_relative_to_the_toml_and_reruns_when_the_fi
     assert [r.status for r in run_pipeline(toml).stages] == ["skipped"]
     (tmp_path / "mine" / "metric.py").write_text(METRIC.replace(".max(axis=1)", ".mean(axis=1)"))
     assert [r.status for r in run_pipeline(toml).stages] == ["ran"]  # the metric's file is an input of the stage
+
+
+def test_convert_stage_takes_metrics_into_its_budget(tmp_path):
+    make_mixed_model(tmp_path / "m.onnx", low="fp32")
+    (tmp_path / "metric.py").write_text(METRIC)
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "cal.npz", x=rng.standard_normal((16, 8)).astype(np.float32))
+    toml = tmp_path / "p.toml"
+    toml.write_text('[pipeline]\nwork_dir = "w"\n[convert]\nmodel = "m.onnx"\ncalibration = "cal.npz"\n'
+                    'budget = "err_max<=0.5"\nmetrics = { err = "metric.py:err" }\n')
+    result = run_pipeline(toml)
+    plan = json.loads(result.artefacts["plan"].read_text())
+    rec = plan["summary"]["verification"]["metrics"]["err"]
+    assert rec["file"] == str((tmp_path / "metric.py").resolve()) and rec["figures"]["err_max"] <= 0.5
 
 
 @pytest.mark.parametrize(
