@@ -155,6 +155,7 @@ def verify_inputs(
         class_outputs=class_outputs,
         progress=opts.progress,
         generation=opts.generation,
+        metrics=opts.metrics,
     )
     rank_rows = search_rows(per_sample)
     known = stats.reference_outputs if stats is not None else None
