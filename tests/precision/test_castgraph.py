@@ -331,3 +331,97 @@ def test_a_pass_asked_for_the_emulator_gets_it_with_the_same_bits():
     fast, slow = StrictEvaluator.model_runner(written), StrictEvaluator.model_runner(written, fast=False)
     assert (fast.engine, slow.engine) == (ENGINE_CASTS, ENGINE_EMULATOR)
     assert _same_bits(fast(x)["y"], slow(x)["y"]) and (fast.engine, slow.engine) == (ENGINE_CASTS, ENGINE_EMULATOR)
+
+
+def _signed_zeros(x: np.ndarray, seed: int) -> np.ndarray:
+    """``x`` made non-positive, a third of it zeros of either sign: a max over it is often a zero of some sign."""
+    rng = np.random.default_rng(seed + 100)
+    out = -np.abs(x)
+    zero = rng.random(x.shape) < 0.35
+    out[zero] = np.where(rng.random(int(zero.sum())) < 0.5, np.float32(-0.0), np.float32(0.0))
+    return out
+
+
+def _idx(name: str, value) -> object:
+    return init(name, np.array(value, np.int64))
+
+
+# (op, extra initializers (name, maker(dtype)), node attributes, opset, output rank, two float inputs, feed share,
+#  feed transform): each op the cast graph added in issue 37, in the variants the emulator computes.
+ADDED = [
+    ("ReduceMax", [], {"axes": [2, 3], "keepdims": 1}, 17, 4, False, 0.02, None),
+    ("ReduceMax", [], {"axes": [1], "keepdims": 0}, 17, 3, False, 0.02, _signed_zeros),
+    ("ReduceMin", [], {"axes": [-1], "keepdims": 1}, 17, 4, False, 0.02, lambda x, s: -_signed_zeros(x, s)),
+    ("ReduceMax", [lambda d: _idx("axes", [1, 3])], {"keepdims": 1}, 18, 4, False, 0.02, _signed_zeros),
+    ("ReduceMin", [], {"keepdims": 0}, 17, 0, False, 0.001, None),
+    ("Pad", [lambda d: _idx("pads", [0, 0, 1, 2, 0, 0, 2, 1]), lambda d: init("cv", np.array(0.1, d))],
+     {"mode": "constant"}, 17, 4, False, 0.25, None),
+    ("Pad", [lambda d: _idx("pads", [0, 0, 1, 2, 0, 0, 2, 1])], {"mode": "reflect"}, 17, 4, False, 0.25, None),
+    ("Pad", [lambda d: _idx("pads", [0, 1, -1, 3, 0, 0, 2, -2])], {"mode": "edge"}, 17, 4, False, 0.25, None),
+    ("Pad", [lambda d: _idx("pads", [0, 0, 3, 1, 0, 0, 1, 2])], {"mode": "wrap"}, 19, 4, False, 0.25, None),
+    ("Pad", [], {"pads": [0, 0, 1, 1, 0, 0, 2, 0], "value": 0.1}, 10, 4, False, 0.25, None),
+    ("Gather", [lambda d: _idx("i", [[3, 0], [-1, 2]])], {"axis": 2}, 17, 5, False, 0.25, None),
+    ("GatherElements", [lambda d: _idx("i", np.random.default_rng(0).integers(-8, 8, (1, 4, 8, 3)))],
+     {"axis": 3}, 17, 4, False, 0.25, None),
+    ("Tile", [lambda d: _idx("r", [1, 2, 1, 3])], {}, 17, 4, False, 0.25, None),
+    ("Expand", [lambda d: _idx("s", [2, 1, 4, 8, 8])], {}, 17, 5, False, 0.25, None),
+    ("Sqrt", [], {}, 17, 4, False, 0.25, lambda x, s: np.abs(x)),
+    ("Sqrt", [], {}, 17, 4, False, 0.25, None),
+    ("Reciprocal", [], {}, 17, 4, False, 0.25, None),
+    ("Floor", [], {}, 17, 4, False, 0.25, None), ("Ceil", [], {}, 17, 4, False, 0.25, None),
+    ("Round", [], {}, 17, 4, False, 0.25, lambda x, s: np.round(np.clip(x, -1e4, 1e4) * 2) / 2),  # (ties: halves)
+    ("Sign", [], {}, 17, 4, False, 0.25, None),
+    ("Equal", [], {}, 17, 4, True, 0.25, lambda x, s: np.round(x)), ("Less", [], {}, 17, 4, True, 0.25, None),
+    ("GreaterOrEqual", [], {}, 17, 4, True, 0.25, None),
+]
+
+
+def _added(op: str, kind: str, extra: list, attrs: dict, opset: int, rank: int, two: bool) -> object:
+    """Float32 inputs cast to the low dtype, one low ``op`` node, its output cast back to float32 (Equal, Less...: a
+    boolean output cast to float32)."""
+    elem, dtype = LOW[kind]
+    names = ["x", "y"] if two else ["x"]
+    nodes = [helper.make_node("Cast", [n], [f"{n}_low"], to=elem) for n in names]
+    inits = [make_init(dtype) for make_init in extra]
+    ins = [f"{n}_low" for n in names] + [t.name for t in inits]
+    if op == "GatherElements":  # (indices of the data's shape but the batch: the first sample's data)
+        inits += [_idx("one", [1]), _idx("zero", [0])]
+        nodes.insert(0, helper.make_node("Slice", ["x", "zero", "one", "zero"], ["x0"], name="first"))
+        nodes[1].input[0] = "x0"
+    nodes.append(helper.make_node(op, ins, ["z_low"], name="op", **attrs))
+    nodes.append(helper.make_node("Cast", ["z_low"], ["z"], to=TensorProto.FLOAT))
+    dims = [f"d{i}" for i in range(rank)]
+    model = make(nodes, [fvi(n, ["N", *SHAPE]) for n in names], [fvi("z", dims)], inits, opset=opset)
+    return model
+
+
+@pytest.mark.parametrize("kind", ["fp16", "bf16"])
+@pytest.mark.parametrize(("op", "extra", "attrs", "opset", "rank", "two", "share", "shape_feed"), ADDED,
+                         ids=[f"{c[0]}{i}" for i, c in enumerate(ADDED)])
+def test_each_added_op_gives_the_emulators_bits(op, extra, attrs, opset, rank, two, share, shape_feed, kind):
+    """Issue 37's ops (reductions to an extreme, Pad, indexing, broadcasting, IEEE square root and reciprocal,
+    integer rounding, comparisons): one low node, FP16 and BF16, inf/NaN/±0/subnormal/tie inputs, the emulator's numpy
+    casts and its ONNX Runtime casts; the cast graph gives the emulator's bits."""
+    model = _added(op, kind, extra, attrs, opset, rank, two)
+    sess, why = open_cast_session(model)
+    if kind == "bf16" and opset < 13:  # (BF16 Casts need opset 13: refused, the emulator runs it)
+        assert sess is None and f"opset {opset}" in why
+        return
+    assert sess is not None, why
+    emulator = StrictRunner(model)
+    emulator.activate()
+    for rows in ROWS:
+        feeds = {}
+        for seed, name in enumerate(i.name for i in model.graph.input):
+            x = _feed(kind, rows, seed, share)
+            feeds[name] = np.ascontiguousarray(shape_feed(x, seed) if shape_feed else x, np.float32)
+        want, got = emulator.infer(feeds), sess(feeds)
+        assert _same_bits(np.asarray(want["z"]), np.asarray(got["z"])), (op, kind, rows)
+        if op.startswith("Reduce") and rows == ROWS[1] and rank:  # the feeds reach the NaNs and the signed zeros
+            z = np.asarray(want["z"])
+            assert np.isnan(z).any() and not np.isnan(z).all(), op
+            if shape_feed is not None:
+                assert (np.signbit(z[z == 0])).any() and (~np.signbit(z[z == 0])).any(), op
+    assert op in EXACT_OPS | ROUNDED_OPS
+    if op in ROUNDED_OPS or (op == "Pad" and opset < 11):
+        assert cast_graph(model)[0].rounded == len(model.graph.input) + 1, op

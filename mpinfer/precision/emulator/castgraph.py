@@ -25,9 +25,10 @@ the emulator calls, and fusions could merge a node with its neighbour across a r
 checked bit for bit against numpy (:func:`kernels.ortexec.cast_matches_numpy`) once per process; a pair that
 differs is never used.
 
-:func:`cast_graph` says why a model does not qualify (a low node of another op type, low tensors inside an
-If/Loop/Scan body, external or too many weights, ...); the caller then runs the emulator, as before.
-:func:`strict_model_runner` picks the engine and says which one ran.
+:func:`cast_graph` says why a model does not qualify (each low op type no float32 graph computes bit for bit,
+named once with the reason, from :data:`caststeps.EMULATOR_ONLY`; low tensors inside an If/Loop/Scan body, external
+or too many weights, ...); the caller then runs the emulator, as before.
+:class:`StrictModelRunner` picks the engine and says which one ran.
 """
 
 from __future__ import annotations
@@ -44,13 +45,14 @@ import numpy as np
 from mpinfer.memory import current_budget
 from mpinfer.modelio import ort_log_level
 from mpinfer.precision.emulator.caststeps import BFLOAT16 as _BFLOAT16
-from mpinfer.precision.emulator.caststeps import EXPANDED_OPS
+from mpinfer.precision.emulator.caststeps import EMULATOR_ONLY, EXPANDED_OPS
 from mpinfer.precision.emulator.caststeps import FLOAT as _FLOAT
 from mpinfer.precision.emulator.caststeps import FLOAT16 as _FLOAT16
 from mpinfer.precision.emulator.caststeps import LOW as _LOW
 from mpinfer.precision.emulator.caststeps import Refused as _Refused
 from mpinfer.precision.emulator.caststeps import Types as _Types
 from mpinfer.precision.emulator.caststeps import expand as _expanded
+from mpinfer.precision.emulator.caststeps import nan_kept_extreme as _nan_kept_extreme
 from mpinfer.precision.emulator.caststeps import round_pair as _round_pair
 from mpinfer.precision.emulator.emulate import SKIP_ROUNDING
 from mpinfer.precision.emulator.kernels import ortexec
@@ -64,16 +66,20 @@ ENGINE_EMULATOR = "emulator"
 # Low-precision ops computed as one float32 op and rounded once, with ONNX Runtime's float32 kernel giving the
 # emulator's bits (each tested bit for bit against the emulator, FP16 and BF16, with inf/NaN/subnormal/tie inputs).
 # MatMul, Gemm, Tanh, Sigmoid, AveragePool, GlobalAveragePool: the emulator calls ONNX Runtime's float32 kernels
-# for them (kernels/linalg.py, kernels/elementwise.py, kernels/pool.py). Not Exp/Log/Erf (numpy's approximations
-# in the emulator).
+# for them (kernels/linalg.py, kernels/elementwise.py, kernels/pool.py). Sqrt and Reciprocal: correctly rounded in
+# float32 by numpy and by ONNX Runtime alike (IEEE). Not Exp/Log/Erf (numpy's approximations in the emulator: see
+# caststeps.EMULATOR_ONLY for every op left to the emulator, and why).
 ROUNDED_OPS = frozenset(
     {"Conv", "ConvTranspose", "MatMul", "Gemm", "Tanh", "Sigmoid", "AveragePool", "GlobalAveragePool", "Add", "Sub",
-     "Mul", "Div"}
+     "Mul", "Div", "Sqrt", "Reciprocal"}
 )
-# Low-precision ops whose outputs are values of their inputs (or 0): representable in, representable out.
+# Low-precision ops whose outputs are values of their inputs (or 0, or integers they round to), or booleans:
+# representable in, representable out. ReduceMax/ReduceMin: ONNX Runtime's kernel in both engines, the NaN it may
+# drop put back (caststeps.nan_kept_extreme); an opset-2 Pad's float ``value`` attribute gets a Cast pair.
 EXACT_OPS = frozenset(
     {"Relu", "MaxPool", "Max", "Min", "Abs", "Neg", "Identity", "Reshape", "Flatten", "Squeeze", "Unsqueeze",
-     "Transpose", "Concat", "Slice", "Split"}
+     "Transpose", "Concat", "Slice", "Split", "ReduceMax", "ReduceMin", "Pad", "Gather", "GatherElements", "Tile",
+     "Expand", "Floor", "Ceil", "Round", "Sign", "Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual"}
 )
 # Ops whose outputs are never float: the same on the float32 copy of a low tensor as on the tensor itself.
 SHAPE_OPS = frozenset({"Shape", "Size"})
@@ -155,8 +161,15 @@ def _build(model: Any) -> CastGraph:
         raise _Refused(f"{weight_bytes / 1e9:.2f} GB of float32 weights (past the weight_cache slice)")
     nodes: list[Any] = []
     rounded = 0
+    refused: dict[str, tuple[str, int]] = {}  # low op type -> (the first node's reason, count)
     for node in graph.node:
-        rounded += _translate(node, types, nodes, inits)
+        try:
+            rounded += _translate(node, types, nodes, inits)
+        except _OffTheLists as why:
+            first = refused.get(node.op_type, (str(why), 0))
+            refused[node.op_type] = (first[0], first[1] + 1)
+    if refused:  # every low op the cast graph cannot take, named once: the log's one line says what the emulator runs
+        raise _Refused("; ".join(f"{why}{f' ({n} nodes)' if n > 1 else ''}" for why, n in refused.values()))
     inputs = [_as_float(vi, types) for vi in graph.input]
     outputs = [_as_float(vi, types) for vi in graph.output]
     fast = helper.make_graph(nodes, graph.name or "castgraph", inputs, outputs, inits)
@@ -241,6 +254,12 @@ def _translate(node: Any, types: Mapping[str, int], nodes: list[Any], inits: lis
         nodes.extend(_expanded(node, types, low, inits))
         return 1
     _check_low_node(node, types, low, skip)
+    if node.op_type in ("ReduceMax", "ReduceMin"):
+        nodes.extend(_nan_kept_extreme(node, inits))
+        return 0
+    if node.op_type == "Pad" and types_opset(types) < 11:  # its float ``value`` attribute: rounded when stored
+        nodes.extend(_round_pair(node, low))
+        return 1
     if node.op_type == "Relu":
         if not any(t.name == _ZERO for t in inits):
             inits.append(helper.make_tensor(_ZERO, _FLOAT, [], [0.0]))
@@ -256,8 +275,12 @@ def _translate(node: Any, types: Mapping[str, int], nodes: list[Any], inits: lis
 def _check_low_node(node: Any, types: Mapping[str, int], low: int, skip: tuple[int, ...]) -> None:
     """Refuse a low node off the lists, or one whose float inputs and outputs are not all of its low dtype."""
     op = node.op_type
+    if op in EMULATOR_ONLY:
+        raise _OffTheLists(f"low {op} cannot be expressed as a float32 graph because {EMULATOR_ONLY[op]}")
     if op not in ROUNDED_OPS and op not in EXACT_OPS:
-        raise _Refused(f"low-precision {op} node '{node.name}' (not computed bit for bit by a cast graph)")
+        raise _OffTheLists(f"low {op} (node '{node.name}'): no float32 form of the emulator's kernel yet")
+    if op in ("ReduceMax", "ReduceMin") and types_opset(types) < 9:
+        raise _Refused(f"{op} '{node.name}' at opset {types_opset(types)} (its NaN check needs IsNaN, opset 9)")
     if op == "MaxPool" and len(node.output) > 1 and node.output[1]:
         raise _Refused(f"MaxPool '{node.name}' with its Indices output (the emulator computes it in onnx.reference)")
     if op == "ConvTranspose" and any(a.name == "output_shape" for a in node.attribute):
@@ -320,6 +343,15 @@ def _outer(body: Any) -> set[str]:
             for g in [a.g] if a.type == a.GRAPH else list(a.graphs):
                 reads |= _outer(g)
     return reads - defined
+
+
+class _OffTheLists(_Refused):
+    """A low node of an op type the cast graph does not compute (collected: the reason names each such op once)."""
+
+
+def types_opset(types: Mapping[str, int]) -> int:
+    """The default domain's opset recorded with ``types`` (0 when not recorded)."""
+    return types.opset if isinstance(types, _Types) else 0
 
 
 def _auto_pad(node: Any) -> str:
@@ -421,8 +453,10 @@ class StrictModelRunner:
         if cast_graph and not isinstance(model, (str, os.PathLike)):
             self._fast, why = open_cast_session(model)
         self._used: list[str] = []
-        if self._fast is None:
-            logger.info("strict numerics: the emulator runs the model (no cast graph: %s)", why)
+        if self._fast is None and not cast_graph:  # (a later pass of a convert whose first pass said why already)
+            logger.debug("strict numerics: the emulator runs the model (%s)", why)
+        elif self._fast is None:  # one line per convert: the passes after this one ask for the emulator
+            logger.info("strict numerics: the emulator runs the model: %s", why)
         else:
             logger.info("strict numerics: ONNX Runtime runs the model as a float32 graph with rounding casts")
 

@@ -2,7 +2,9 @@
 
 A low node of an op the emulator computes as a few float32 steps, each rounded, is written as those steps, each
 one an op the cast graph computes bit for bit, with a Cast pair where the emulator rounds: HardSwish, HardSigmoid,
-inference BatchNormalization, Clip and Softmax (``tests/precision/test_castgraph.py``).
+inference BatchNormalization, Clip and Softmax (``tests/precision/test_castgraph.py``). ReduceMax and ReduceMin
+round nothing (their outputs are values of their inputs) but keep a NaN ONNX Runtime's kernel drops
+(:func:`nan_kept_extreme`); an opset-2 Pad's float ``value`` is rounded as the emulator stores it.
 """
 
 from __future__ import annotations
@@ -28,6 +30,32 @@ LOW = {FLOAT16: Precision.FP16, BFLOAT16: Precision.BF16}
 # Softmax (opset 13 on): x - ReduceMax(x), Exp, ReduceL1 (the sum of the non-negative exponentials), divide, each
 # rounded; the emulator's softmax runs the same ONNX Runtime kernels (kernels/norm.py).
 EXPANDED_OPS = frozenset({"HardSwish", "HardSigmoid", "BatchNormalization", "Clip", "Softmax"})
+
+
+# Low-precision ops the emulator computes in a way no float32 graph reproduces bit for bit, and why: the cast graph
+# refuses a model with one of them, and the log names the op and the reason (the emulator runs that model).
+_NUMPY_SUM = ("the emulator sums with numpy's pairwise float32 summation, whose order ONNX Runtime's kernels do not "
+              "follow")
+_NUMPY_FN = ("the emulator evaluates {} with numpy, whose float32 results ONNX Runtime's kernels do not reproduce bit "
+             "for bit")
+EMULATOR_ONLY = {
+    **dict.fromkeys(("ReduceSum", "ReduceMean", "ReduceSumSquare", "ReduceL1", "ReduceL2", "ReduceLogSum",
+                     "ReduceLogSumExp", "CumSum"), _NUMPY_SUM),
+    "ReduceProd": "the emulator multiplies with numpy's reduction, whose order ONNX Runtime's kernel does not follow",
+    **dict.fromkeys(("LayerNormalization", "RMSNormalization", "InstanceNormalization", "GroupNormalization",
+                     "MeanVarianceNormalization"),
+                    f"its statistics are means: {_NUMPY_SUM}"),
+    **dict.fromkeys(("LSTM", "GRU"), "the emulator computes its gate products with numpy's matmul (BLAS, another "
+                    "sum order than ONNX Runtime's) and its sigmoid/tanh with numpy's exp/tanh, whose float32 results "
+                    "ONNX Runtime's kernels do not reproduce bit for bit"),
+    **{op: _NUMPY_FN.format(op) for op in ("Exp", "Log", "Erf", "Pow", "Gelu", "Softplus", "Swish", "Mish", "Elu",
+                                            "Selu", "Sin", "Cos", "Tan", "Atan", "Asin", "Acos", "Sinh", "Cosh")},
+    "LogSoftmax": f"the emulator evaluates its exp and log with numpy, and {_NUMPY_SUM[13:]}",
+    **dict.fromkeys(("ArgMax", "ArgMin", "TopK"), "ONNX Runtime's kernel orders a NaN otherwise than numpy's"),
+    "Where": "ONNX Runtime's Where turns a selected -0.0 into +0.0 (numpy's keeps it)",
+    "GlobalMaxPool": "the emulator takes numpy's maximum, whose signed-zero choice ONNX Runtime's kernel does not "
+                     "follow",
+}
 
 
 class Refused(Exception):
@@ -108,6 +136,31 @@ def expand(node: Any, types: Mapping[str, int], low: int, inits: list[Any]) -> l
     else:  # rank not inferred: [1, C, 1, ...] built from the input's own shape at run time
         shaped, a_name, b_name = _channel_shaped(node, x, tag, const("a", a), const("b", b), inits)
     return [*shaped, *rounded("Mul", [x, a_name], f"{tag}_scaled"), *rounded("Add", [f"{tag}_scaled", b_name], y)]
+
+
+def nan_kept_extreme(node: Any, inits: list[Any]) -> list[Any]:
+    """A low ReduceMax/ReduceMin as the emulator computes it: ONNX Runtime's kernel, NaN where a reduced value is NaN.
+
+    ONNX Runtime's kernel may drop a NaN; the emulator (kernels/norm.py) puts it back, and so does this: the same
+    reduction of ``IsNaN(x)`` (as 0/1 floats, ReduceMax for both ops) chooses NaN where it is 1.
+    """
+    from onnx import helper, numpy_helper
+
+    x, y = node.input[0], node.output[0]
+    tag = f"{y}__castgraph"
+    inits.append(numpy_helper.from_array(np.array(np.nan, np.float32), f"{tag}_nan"))
+    first = helper.make_node(node.op_type, list(node.input), [f"{tag}_raw"], name=node.name)
+    first.attribute.extend(node.attribute)
+    flag = helper.make_node("ReduceMax", [f"{tag}_isnan", *node.input[1:]], [f"{tag}_anynan"], name=f"{node.name}__nan")
+    flag.attribute.extend(node.attribute)
+    return [
+        first,
+        helper.make_node("IsNaN", [x], [f"{tag}_nanmask"], name=f"{node.name}__isnan"),
+        helper.make_node("Cast", [f"{tag}_nanmask"], [f"{tag}_isnan"], name=f"{node.name}__nanf", to=FLOAT),
+        flag,
+        helper.make_node("Cast", [f"{tag}_anynan"], [f"{tag}_anyflag"], name=f"{node.name}__nanb", to=9),
+        helper.make_node("Where", [f"{tag}_anyflag", f"{tag}_nan", f"{tag}_raw"], [y], name=f"{node.name}__keep"),
+    ]
 
 
 def _softmax(node: Any, attrs: Mapping[str, Any], tag: str, low: int, inits: list[Any], opset: int) -> list[Any]:
