@@ -373,6 +373,16 @@ ADDED = [
     ("Sign", [], {}, 17, 4, False, 0.25, None),
     ("Equal", [], {}, 17, 4, True, 0.25, lambda x, s: np.round(x)), ("Less", [], {}, 17, 4, True, 0.25, None),
     ("GreaterOrEqual", [], {}, 17, 4, True, 0.25, None),
+    ("Resize", [lambda d: init("roi", np.zeros(0, np.float32)), lambda d: init("sc", np.float32([1, 1, 2, 2]))],
+     {"mode": "nearest", "coordinate_transformation_mode": "asymmetric", "nearest_mode": "floor"}, 13, 4, False, 0.25,
+     None),  # (layout_cdla's)
+    ("Resize", [lambda d: init("roi", np.zeros(0, np.float32)), lambda d: init("sc", np.float32([1, 2, 3, 2]))],
+     {"mode": "nearest"}, 17, 4, False, 0.25, None),
+    ("Resize", [lambda d: init("roi", np.zeros(0, np.float32)), lambda d: init("sc", np.float32([1, 1, 2, 3]))],
+     {"mode": "nearest", "coordinate_transformation_mode": "pytorch_half_pixel", "nearest_mode": "round_prefer_ceil"},
+     18, 4, False, 0.25, None),
+    ("Resize", [lambda d: init("sc", np.float32([1, 1, 4, 2]))], {"mode": "nearest"}, 10, 4, False, 0.25, None),
+    ("Upsample", [lambda d: init("sc", np.float32([1, 1, 2, 2]))], {"mode": "nearest"}, 9, 4, False, 0.25, None),
 ]
 
 
@@ -400,8 +410,8 @@ def _added(op: str, kind: str, extra: list, attrs: dict, opset: int, rank: int, 
                          ids=[f"{c[0]}{i}" for i, c in enumerate(ADDED)])
 def test_each_added_op_gives_the_emulators_bits(op, extra, attrs, opset, rank, two, share, shape_feed, kind):
     """Issue 37's ops (reductions to an extreme, Pad, indexing, broadcasting, IEEE square root and reciprocal,
-    integer rounding, comparisons): one low node, FP16 and BF16, inf/NaN/±0/subnormal/tie inputs, the emulator's numpy
-    casts and its ONNX Runtime casts; the cast graph gives the emulator's bits."""
+    integer rounding, comparisons, nearest Resize by whole scales): one low node, FP16 and BF16, inf/NaN/±0/subnormal/
+    tie inputs, the emulator's numpy casts and its ONNX Runtime casts; the cast graph gives the emulator's bits."""
     model = _added(op, kind, extra, attrs, opset, rank, two)
     sess, why = open_cast_session(model)
     if kind == "bf16" and opset < 13:  # (BF16 Casts need opset 13: refused, the emulator runs it)
@@ -425,3 +435,43 @@ def test_each_added_op_gives_the_emulators_bits(op, extra, attrs, opset, rank, t
     assert op in EXACT_OPS | ROUNDED_OPS
     if op in ROUNDED_OPS or (op == "Pad" and opset < 11):
         assert cast_graph(model)[0].rounded == len(model.graph.input) + 1, op
+
+
+@pytest.mark.parametrize("kind", ["fp16", "bf16"])
+def test_a_batchnorm_whose_parameters_are_cast_from_fp32_weights_gives_the_emulators_bits(kind):
+    """Convert casts an FP32 weight that FP32 nodes read too (layout_cdla's BatchNorms): the parameters are Casts of
+    FP32 initializers, folded from numpy's cast as the emulator's Cast kernel computes it."""
+    elem, _ = LOW[kind]
+    rng = np.random.default_rng(5)
+    params = {"scale": rng.standard_normal(4) * 3, "shift": rng.standard_normal(4) + 0.1,
+              "mean": rng.standard_normal(4), "var": np.array([1e-4, 0.5, 2.0, 1e4])}
+    nodes = [helper.make_node("Cast", ["x"], ["x_low"], to=elem)]
+    nodes += [helper.make_node("Cast", [n], [f"{n}_low"], to=elem) for n in params]
+    nodes += [helper.make_node("BatchNormalization", ["x_low", *(f"{n}_low" for n in params)], ["z_low"], name="op"),
+              helper.make_node("Cast", ["z_low"], ["z"], to=TensorProto.FLOAT)]
+    inits = [init(n, v.astype(np.float32) * np.float32(1.0 + 2.0**-12)) for n, v in params.items()]  # (not low values)
+    model = make(nodes, [fvi("x", ["N", *SHAPE])], [fvi("z", ["N", *SHAPE])], inits)
+    sess, why = open_cast_session(model)
+    assert sess is not None, why
+    emulator = StrictRunner(model)
+    emulator.activate()
+    for rows in ROWS:
+        feeds = {"x": _feed(kind, rows, 0)}
+        assert _same_bits(np.asarray(emulator.infer(feeds)["z"]), np.asarray(sess(feeds)["z"])), (kind, rows)
+
+
+@pytest.mark.parametrize(("attrs", "scales", "reason"), [
+    ({"mode": "linear"}, [1, 1, 2, 2], "mode linear"),
+    ({"mode": "nearest", "coordinate_transformation_mode": "align_corners"}, [1, 1, 2, 2], "align_corners"),
+    ({"mode": "nearest"}, [1, 1, 1.5, 2], "whole numbers"),
+])
+def test_a_resize_the_cast_graph_cannot_place_keeps_the_emulator_and_says_why(attrs, scales, reason):
+    """Linear modes round per axis, other coordinate modes and fractional scales pick pixels from float64 coordinates
+    in the emulator (float32 in ONNX Runtime): the emulator runs them, and the reason names the node's variant."""
+    nodes = [helper.make_node("Cast", ["x"], ["x16"], to=TensorProto.FLOAT16),
+             helper.make_node("Resize", ["x16", "roi", "sc"], ["z16"], name="op", **attrs),
+             helper.make_node("Cast", ["z16"], ["z"], to=TensorProto.FLOAT)]
+    model = make(nodes, [fvi("x", ["N", 4, 8, 8])], [fvi("z", ["N", "c", "h", "w"])],
+                 [init("roi", np.zeros(0, np.float32)), init("sc", np.float32(scales))])
+    built, why = cast_graph(model)
+    assert built is None and "low Resize" in why and reason in why

@@ -79,8 +79,15 @@ ROUNDED_OPS = frozenset(
 EXACT_OPS = frozenset(
     {"Relu", "MaxPool", "Max", "Min", "Abs", "Neg", "Identity", "Reshape", "Flatten", "Squeeze", "Unsqueeze",
      "Transpose", "Concat", "Slice", "Split", "ReduceMax", "ReduceMin", "Pad", "Gather", "GatherElements", "Tile",
-     "Expand", "Floor", "Ceil", "Round", "Sign", "Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual"}
+     "Expand", "Floor", "Ceil", "Round", "Sign", "Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual",
+     "Resize", "Upsample"}
 )
+# Resize/Upsample (nearest) gives the emulator's values only where ONNX Runtime picks the same source pixels: the
+# emulator computes the source coordinates in float64, ONNX Runtime in float32. With constant integer scales and these
+# coordinate modes both land on the same indices (a quotient by an integer scale is exact where it is a tie; elsewhere
+# it stays farther than float32's error from a rounding boundary at any realistic size); other variants stay on the
+# emulator.
+RESIZE_COORDINATES = frozenset({"asymmetric", "half_pixel", "pytorch_half_pixel"})
 # Ops whose outputs are never float: the same on the float32 copy of a low tensor as on the tensor itself.
 SHAPE_OPS = frozenset({"Shape", "Size"})
 _ROUND_CAST = {_FLOAT16: "round_fp16", _BFLOAT16: "round_bf16"}
@@ -199,6 +206,8 @@ def _elem_types(model: Any) -> _Types:
     types = _Types({t.name: t.data_type for t in graph.initializer})
     types.ranks = {t.name: len(t.dims) for t in graph.initializer}
     types.opset = next((int(o.version) for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+    types.casts = {n.output[0]: (n.input[0], a.i) for n in graph.node if n.op_type == "Cast" and n.output
+                   for a in n.attribute if a.name == "to" and a.i in _LOW}
     types.constants = {n.output[0]: a.t for n in graph.node if n.op_type == "Constant"
                        for a in n.attribute if a.name == "value" and a.type == a.TENSOR}
     for vi in list(inferred.input) + list(inferred.value_info) + list(inferred.output):
@@ -254,6 +263,8 @@ def _translate(node: Any, types: Mapping[str, int], nodes: list[Any], inits: lis
         nodes.extend(_expanded(node, types, low, inits))
         return 1
     _check_low_node(node, types, low, skip)
+    if node.op_type in ("Resize", "Upsample"):
+        _check_resize(node, types, inits)
     if node.op_type in ("ReduceMax", "ReduceMin"):
         nodes.extend(_nan_kept_extreme(node, inits))
         return 0
@@ -343,6 +354,32 @@ def _outer(body: Any) -> set[str]:
             for g in [a.g] if a.type == a.GRAPH else list(a.graphs):
                 reads |= _outer(g)
     return reads - defined
+
+
+def _check_resize(node: Any, types: _Types | Mapping[str, int], inits: list[Any]) -> None:
+    """Refuse a Resize/Upsample the cast graph cannot compute on the emulator's pixels (see RESIZE_COORDINATES)."""
+    from onnx import helper, numpy_helper
+
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    text = {k: v.decode() if isinstance(v, bytes) else v for k, v in attrs.items()}
+    opset = types_opset(types)
+    old = node.op_type == "Upsample" or opset < 11
+    coord = "asymmetric" if old else text.get("coordinate_transformation_mode", "half_pixel")
+    known = {"mode", "coordinate_transformation_mode", "nearest_mode", "scales"}
+    where = len(node.input) > (1 if old else 2) and node.input[1 if old else 2]
+    weights = {t.name: t for t in inits}
+    weights.update(types.constants if isinstance(types, _Types) else {})
+    scales = np.asarray(numpy_helper.to_array(weights[where])) if where in weights else None
+    if old and "scales" in attrs:
+        scales = np.asarray(attrs["scales"], np.float32)
+    sizes = not old and len(node.input) > 3 and node.input[3]
+    whole = scales is not None and scales.size and np.all(scales >= 1) and np.all(scales == np.round(scales))
+    if text.get("mode", "nearest") != "nearest" or coord not in RESIZE_COORDINATES or not set(attrs) <= known:
+        raise _OffTheLists(f"low {node.op_type} (node '{node.name}') with mode {text.get('mode', 'nearest')}, "
+                           f"coordinates {coord} or attributes {sorted(attrs)}: the emulator computes it")
+    if sizes or not whole:
+        raise _OffTheLists(f"low {node.op_type} (node '{node.name}') with sizes, scales computed at run time or "
+                           "scales that are not whole numbers: the emulator computes it")
 
 
 class _OffTheLists(_Refused):

@@ -66,11 +66,13 @@ class Types(dict[str, int]):
     """Tensor name -> ONNX element type of every main-graph tensor.
 
     ``ranks``: tensor name -> rank, where shape inference gave one; ``constants``: tensor name -> the TensorProto of
-    each Constant node's ``value``; ``opset``: the default domain's opset.
+    each Constant node's ``value``; ``casts``: the output of each Cast to FP16/BF16 -> (its input, the target type);
+    ``opset``: the default domain's opset.
     """
 
     ranks: dict[str, int]
     constants: dict[str, Any]
+    casts: dict[str, tuple[str, int]]
     opset: int
 
 
@@ -120,11 +122,10 @@ def expand(node: Any, types: Mapping[str, int], low: int, inits: list[Any]) -> l
     known = set(attrs) <= {"epsilon", "momentum", "spatial", "training_mode"}
     if attrs.get("training_mode", 0) or attrs.get("spatial", 1) != 1 or not known:
         raise Refused(f"BatchNormalization '{node.name}' with attributes {sorted(attrs)}")
-    weights = {t.name: t for t in inits}
-    weights.update(types.constants if isinstance(types, Types) else {})
-    if len(node.input) < 5 or any(n not in weights for n in node.input[1:5]):
+    params = [_constant(n, types, inits) for n in node.input[1:5]] if len(node.input) >= 5 else [None]
+    if any(p is None for p in params):
         raise Refused(f"BatchNormalization '{node.name}' whose parameters are not constants")
-    scale, bias, mean, var = (numpy_helper.to_array(weights[n]) for n in node.input[1:5])
+    scale, bias, mean, var = params
     num = Numerics(LOW[low])
     a, b = fold_batch_norm(scale, bias, mean, var, attrs.get("epsilon", 1e-5))  # (as kernels/norm.batch_norm)
     a, b = num.r(a.reshape(-1)), num.r(b.reshape(-1))
@@ -161,6 +162,25 @@ def nan_kept_extreme(node: Any, inits: list[Any]) -> list[Any]:
         helper.make_node("Cast", [f"{tag}_anynan"], [f"{tag}_anyflag"], name=f"{node.name}__nanb", to=9),
         helper.make_node("Where", [f"{tag}_anyflag", f"{tag}_nan", f"{tag}_raw"], [y], name=f"{node.name}__keep"),
     ]
+
+
+def _constant(name: str, types: Mapping[str, int], inits: list[Any]) -> np.ndarray | None:
+    """The value of ``name`` as a low node reads it, when it is a weight, a Constant, or a Cast of one to a low dtype.
+
+    A Cast of an FP32 weight to FP16/BF16 (convert writes one for a weight that FP32 nodes read too) is numpy's cast,
+    as the emulator's Cast kernel computes it; None for any other tensor.
+    """
+    from onnx import helper, numpy_helper
+
+    weights = {t.name: t for t in inits}
+    weights.update(types.constants if isinstance(types, Types) else {})
+    if name in weights:
+        return np.asarray(numpy_helper.to_array(weights[name]))
+    src, to = (types.casts if isinstance(types, Types) else {}).get(name, ("", 0))
+    if src not in weights:
+        return None
+    low = np.asarray(numpy_helper.to_array(weights[src])).astype(helper.tensor_dtype_to_np_dtype(to))
+    return low.astype(np.float32)
 
 
 def _softmax(node: Any, attrs: Mapping[str, Any], tag: str, low: int, inits: list[Any], opset: int) -> list[Any]:
