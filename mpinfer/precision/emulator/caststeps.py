@@ -122,8 +122,8 @@ def expand(node: Any, types: Mapping[str, int], low: int, inits: list[Any]) -> l
     known = set(attrs) <= {"epsilon", "momentum", "spatial", "training_mode"}
     if attrs.get("training_mode", 0) or attrs.get("spatial", 1) != 1 or not known:
         raise Refused(f"BatchNormalization '{node.name}' with attributes {sorted(attrs)}")
-    params = [_constant(n, types, inits) for n in node.input[1:5]] if len(node.input) >= 5 else [None]
-    if any(p is None for p in params):
+    params = [p for n in node.input[1:5] if (p := _constant(n, types, inits)) is not None]
+    if len(params) != 4:
         raise Refused(f"BatchNormalization '{node.name}' whose parameters are not constants")
     scale, bias, mean, var = params
     num = Numerics(LOW[low])
