@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 
 import ml_dtypes
 import numpy as np
@@ -129,7 +130,7 @@ CASES = [
     ("MaxPool", {"kernel_shape": [2, 2], "strides": [3, 3], "ceil_mode": 1}),
     ("AveragePool", {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1], "strides": [2, 2]}),
     ("AveragePool", {"kernel_shape": [2, 2], "pads": [1, 0, 1, 0], "count_include_pad": 1, "ceil_mode": 1}),
-    ("Add", {}), ("Sub", {}), ("Mul", {}), ("Div", {}),
+    ("Add", {}), ("Sub", {}), ("Mul", {}), ("Div", {}), ("LeakyRelu", {"alpha": 0.1}), ("LeakyRelu", {}),
     ("Relu", {}), ("Max", {}), ("Min", {}), ("Abs", {}), ("Neg", {}), ("Identity", {}),
     ("Reshape", {}), ("Flatten", {"axis": 2}), ("Transpose", {"perm": [0, 2, 3, 1]}), ("Concat", {"axis": 1}),
     ("Slice", {}), ("Split", {"axis": 1, "num_outputs": 2}), ("Unsqueeze", {}), ("Shape", {}), ("Size", {}),
@@ -277,15 +278,19 @@ def test_convert_verifies_a_cnn_through_the_cast_graph_and_records_it(tmp_path, 
     assert _same_bits(open_cast_session(written)[0]({"x": x})["y"], emulator.infer({"x": x})["y"])
 
 
-def test_a_model_with_a_low_op_off_the_lists_is_verified_by_the_emulator_and_says_so(tmp_path):
+def test_a_model_with_a_low_op_off_the_lists_is_verified_by_the_emulator_and_says_so(tmp_path, caplog):
+    """The log says once per convert which low op keeps the emulator, and why (issue 37)."""
     nodes = [helper.make_node("MatMul", ["x", "w"], ["h"], name="fc"),
-             helper.make_node("LeakyRelu", ["h"], ["y"], name="act", alpha=0.1)]
+             helper.make_node("Elu", ["h"], ["y"], name="act", alpha=0.1)]
     src = save(make(nodes, [fvi("x", ["N", 4, 8])], [fvi("y", ["N", 4, 8])], [init("w", rng_w(8, 8))]),
                tmp_path / "m.onnx")
     np.savez(tmp_path / "cal.npz", x=np.random.default_rng(0).standard_normal((32, 4, 8)).astype(np.float32))
-    res = convert_precision(ConvertConfig(model=src, output=tmp_path / "o.onnx", calibration=str(tmp_path / "cal.npz"),
-                                          progress=False))
+    with caplog.at_level(logging.INFO, logger="mpinfer"):
+        res = convert_precision(ConvertConfig(model=src, output=tmp_path / "o.onnx",
+                                              calibration=str(tmp_path / "cal.npz"), progress=False))
     assert res.plan.summary["nodes_low"] == 2 and res.plan.summary["verification"]["engine"] == ENGINE_EMULATOR
+    said = [r.getMessage() for r in caplog.records if "the emulator runs the model" in r.getMessage()]
+    assert len(said) == 1 and "low Elu cannot be expressed as a float32 graph because" in said[0], said
 
 
 def test_a_gated_mlp_is_verified_through_the_cast_graph(tmp_path):

@@ -67,11 +67,12 @@ ENGINE_EMULATOR = "emulator"
 # emulator's bits (each tested bit for bit against the emulator, FP16 and BF16, with inf/NaN/subnormal/tie inputs).
 # MatMul, Gemm, Tanh, Sigmoid, AveragePool, GlobalAveragePool: the emulator calls ONNX Runtime's float32 kernels
 # for them (kernels/linalg.py, kernels/elementwise.py, kernels/pool.py). Sqrt and Reciprocal: correctly rounded in
-# float32 by numpy and by ONNX Runtime alike (IEEE). Not Exp/Log/Erf (numpy's approximations in the emulator: see
+# float32 by numpy and by ONNX Runtime alike (IEEE). LeakyRelu: x, or x times alpha rounded to the low dtype (as the
+# emulator rounds its attribute), one float32 product. Not Exp/Log/Erf (numpy's approximations in the emulator: see
 # caststeps.EMULATOR_ONLY for every op left to the emulator, and why).
 ROUNDED_OPS = frozenset(
     {"Conv", "ConvTranspose", "MatMul", "Gemm", "Tanh", "Sigmoid", "AveragePool", "GlobalAveragePool", "Add", "Sub",
-     "Mul", "Div", "Sqrt", "Reciprocal"}
+     "Mul", "Div", "Sqrt", "Reciprocal", "LeakyRelu"}
 )
 # Low-precision ops whose outputs are values of their inputs (or 0, or integers they round to), or booleans:
 # representable in, representable out. ReduceMax/ReduceMin: ONNX Runtime's kernel in both engines, the NaN it may
@@ -271,6 +272,9 @@ def _translate(node: Any, types: Mapping[str, int], nodes: list[Any], inits: lis
     if node.op_type == "Pad" and types_opset(types) < 11:  # its float ``value`` attribute: rounded when stored
         nodes.extend(_round_pair(node, low))
         return 1
+    if node.op_type == "LeakyRelu":  # (its alpha as the emulator reads it: rounded to the node's dtype)
+        nodes.extend(_round_pair(_rounded_alpha(node, low), low))
+        return 1
     if node.op_type == "Relu":
         if not any(t.name == _ZERO for t in inits):
             inits.append(helper.make_tensor(_ZERO, _FLOAT, [], [0.0]))
@@ -354,6 +358,15 @@ def _outer(body: Any) -> set[str]:
             for g in [a.g] if a.type == a.GRAPH else list(a.graphs):
                 reads |= _outer(g)
     return reads - defined
+
+
+def _rounded_alpha(node: Any, low: int) -> Any:
+    """A LeakyRelu with its ``alpha`` rounded to ``low`` (kernels/elementwise._leaky multiplies by that value)."""
+    from onnx import helper
+
+    alpha = next((a.f for a in node.attribute if a.name == "alpha"), 0.01)
+    rounded = float(np.asarray(np.float32(alpha)).astype(_LOW[low].numpy_dtype).astype(np.float32))
+    return helper.make_node("LeakyRelu", list(node.input), list(node.output), name=node.name, alpha=rounded)
 
 
 def _check_resize(node: Any, types: _Types | Mapping[str, int], inits: list[Any]) -> None:
