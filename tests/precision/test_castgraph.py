@@ -90,6 +90,9 @@ def _converted(op: str, kind: str, opset: int = 17, **attrs) -> object:
         w.flat[:3] = [30000.0, -3.0e38 if kind == "bf16" else -60000.0, 1e-6]  # overflow, a tiny weight
         inits.append(init("w", w.astype(dtype)))
         ins.append("w")
+    elif op == "PRelu":  # a slope per channel: negative, zero of either sign, one that overflows FP16 products
+        inits.append(init("slope", np.array([-0.25, 0.0, -0.0, 3000.0], np.float32).reshape(4, 1, 1).astype(dtype)))
+        ins.append("slope")
     elif op in ("Reshape",):
         inits.append(init("shape", np.array([0, -1], np.int64)))
         ins.append("shape")
@@ -131,6 +134,7 @@ CASES = [
     ("AveragePool", {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1], "strides": [2, 2]}),
     ("AveragePool", {"kernel_shape": [2, 2], "pads": [1, 0, 1, 0], "count_include_pad": 1, "ceil_mode": 1}),
     ("Add", {}), ("Sub", {}), ("Mul", {}), ("Div", {}), ("LeakyRelu", {"alpha": 0.1}), ("LeakyRelu", {}),
+    ("PRelu", {}),
     ("Relu", {}), ("Max", {}), ("Min", {}), ("Abs", {}), ("Neg", {}), ("Identity", {}),
     ("Reshape", {}), ("Flatten", {"axis": 2}), ("Transpose", {"perm": [0, 2, 3, 1]}), ("Concat", {"axis": 1}),
     ("Slice", {}), ("Split", {"axis": 1, "num_outputs": 2}), ("Unsqueeze", {}), ("Shape", {}), ("Size", {}),

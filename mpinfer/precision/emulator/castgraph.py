@@ -68,11 +68,11 @@ ENGINE_EMULATOR = "emulator"
 # MatMul, Gemm, Tanh, Sigmoid, AveragePool, GlobalAveragePool: the emulator calls ONNX Runtime's float32 kernels
 # for them (kernels/linalg.py, kernels/elementwise.py, kernels/pool.py). Sqrt and Reciprocal: correctly rounded in
 # float32 by numpy and by ONNX Runtime alike (IEEE). LeakyRelu: x, or x times alpha rounded to the low dtype (as the
-# emulator rounds its attribute), one float32 product. Not Exp/Log/Erf (numpy's approximations in the emulator: see
-# caststeps.EMULATOR_ONLY for every op left to the emulator, and why).
+# emulator rounds its attribute), one float32 product; PRelu: x, or x times its (low) slope. Not Exp/Log/Erf
+# (numpy's approximations in the emulator: see caststeps.EMULATOR_ONLY for every op left to the emulator, and why).
 ROUNDED_OPS = frozenset(
     {"Conv", "ConvTranspose", "MatMul", "Gemm", "Tanh", "Sigmoid", "AveragePool", "GlobalAveragePool", "Add", "Sub",
-     "Mul", "Div", "Sqrt", "Reciprocal", "LeakyRelu"}
+     "Mul", "Div", "Sqrt", "Reciprocal", "LeakyRelu", "PRelu"}
 )
 # Low-precision ops whose outputs are values of their inputs (or 0, or integers they round to), or booleans:
 # representable in, representable out. ReduceMax/ReduceMin: ONNX Runtime's kernel in both engines, the NaN it may
