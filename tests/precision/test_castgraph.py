@@ -486,19 +486,25 @@ def test_a_resize_the_cast_graph_cannot_place_keeps_the_emulator_and_says_why(at
     assert built is None and "low Resize" in why and reason in why
 
 
+@pytest.mark.parametrize("stored_low", [False, True])
 @pytest.mark.parametrize("kind", ["fp16", "bf16"])
-def test_an_fp32_batchnorm_before_low_nodes_gives_the_emulators_bits(kind):
+def test_an_fp32_batchnorm_before_low_nodes_gives_the_emulators_bits(kind, stored_low):
     """An FP32 BatchNorm (kept by the search) feeding low nodes: the cast graph folds it as the emulator does, so the
-    low nodes after it see the emulator's float32 bits (ONNX Runtime's BatchNormalization kernel lands elsewhere)."""
-    elem, _ = LOW[kind]
+    low nodes after it see the emulator's float32 bits (ONNX Runtime's BatchNormalization kernel lands elsewhere).
+    ``stored_low``: its parameters are low weights cast back to float32, as convert writes a weight low nodes share
+    (layout_cdla's)."""
+    elem, dtype = LOW[kind]
     rng = np.random.default_rng(7)
     params = {"scale": rng.standard_normal(4) * 3, "shift": rng.standard_normal(4) + 0.1,
               "mean": rng.standard_normal(4), "var": np.array([1e-4, 0.5, 2.0, 1e4]) * 1.37}
-    nodes = [helper.make_node("BatchNormalization", ["x", *params], ["b"], name="bn", epsilon=1e-3),
-             helper.make_node("Cast", ["b"], ["b_low"], to=elem),
-             helper.make_node("Mul", ["b_low", "b_low"], ["z_low"], name="op"),
-             helper.make_node("Cast", ["z_low"], ["z"], to=TensorProto.FLOAT)]
-    inits = [init(n, v.astype(np.float32)) for n, v in params.items()]
+    ins = [f"{n}_up" if stored_low else n for n in params]
+    nodes = [helper.make_node("Cast", [n], [f"{n}_up"], to=TensorProto.FLOAT) for n in params] if stored_low else []
+    nodes += [helper.make_node("BatchNormalization", ["x", *ins], ["b"], name="bn", epsilon=1e-3),
+              helper.make_node("Cast", ["b"], ["b_low"], to=elem),
+              helper.make_node("Mul", ["b_low", "b_low"], ["z_low"], name="op"),
+              helper.make_node("Cast", ["z_low"], ["z"], to=TensorProto.FLOAT)]
+    inits = [init(n, v.astype(np.float32).astype(dtype) if stored_low else v.astype(np.float32))
+             for n, v in params.items()]
     model = make(nodes, [fvi("x", ["N", *SHAPE])], [fvi("z", ["N", *SHAPE]), fvi("b", ["N", *SHAPE])], inits)
     sess, why = open_cast_session(model)
     assert sess is not None, why

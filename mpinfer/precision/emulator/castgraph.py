@@ -211,7 +211,7 @@ def _elem_types(model: Any) -> _Types:
     types.ranks = {t.name: len(t.dims) for t in graph.initializer}
     types.opset = next((int(o.version) for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
     types.casts = {n.output[0]: (n.input[0], a.i) for n in graph.node if n.op_type == "Cast" and n.output
-                   for a in n.attribute if a.name == "to" and a.i in _LOW}
+                   for a in n.attribute if a.name == "to" and (a.i in _LOW or a.i == _FLOAT)}
     types.constants = {n.output[0]: a.t for n in graph.node if n.op_type == "Constant"
                        for a in n.attribute if a.name == "value" and a.type == a.TENSOR}
     for vi in list(inferred.input) + list(inferred.value_info) + list(inferred.output):

@@ -66,7 +66,7 @@ class Types(dict[str, int]):
     """Tensor name -> ONNX element type of every main-graph tensor.
 
     ``ranks``: tensor name -> rank, where shape inference gave one; ``constants``: tensor name -> the TensorProto of
-    each Constant node's ``value``; ``casts``: the output of each Cast to FP16/BF16 -> (its input, the target type);
+    each Constant node's ``value``; ``casts``: the output of each Cast to FP16/BF16/float32 -> (its input, the type);
     ``opset``: the default domain's opset.
     """
 
@@ -173,8 +173,9 @@ def nan_kept_extreme(node: Any, inits: list[Any]) -> list[Any]:
 def _constant(name: str, types: Mapping[str, int], inits: list[Any]) -> np.ndarray | None:
     """The value of ``name`` as a low node reads it, when it is a weight, a Constant, or a Cast of one to a low dtype.
 
-    A Cast of an FP32 weight to FP16/BF16 (convert writes one for a weight that FP32 nodes read too) is numpy's cast,
-    as the emulator's Cast kernel computes it; None for any other tensor.
+    A Cast of an FP32 weight to FP16/BF16 (convert writes one for a weight that FP32 nodes read too), or of a low
+    weight back to float32 (an FP32 node reading a weight stored low), is numpy's cast, as the emulator's Cast kernel
+    computes it; None for any other tensor.
     """
     from onnx import helper, numpy_helper
 
