@@ -63,7 +63,8 @@ def one_pass(path):
     with np.load(args["data"]) as z:
         data = {k: z[k] for k in z.files}
     n = len(next(iter(data.values())))
-    b = args["batch"] or n
+    fixed = sess.get_inputs()[0].shape[0] if sess.get_inputs()[0].shape else None
+    b = args["batch"] or (fixed if isinstance(fixed, int) and fixed > 0 else n)  # (layout_cdla's batch is 1)
     for i in range(0, n, b):
         sess.run(None, {k: v[i:i + b] for k, v in data.items()})
     return time.perf_counter() - t, time.process_time() - c

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 
 import ml_dtypes
 import numpy as np
@@ -89,6 +90,9 @@ def _converted(op: str, kind: str, opset: int = 17, **attrs) -> object:
         w.flat[:3] = [30000.0, -3.0e38 if kind == "bf16" else -60000.0, 1e-6]  # overflow, a tiny weight
         inits.append(init("w", w.astype(dtype)))
         ins.append("w")
+    elif op == "PRelu":  # a slope per channel: negative, zero of either sign, one that overflows FP16 products
+        inits.append(init("slope", np.array([-0.25, 0.0, -0.0, 3000.0], np.float32).reshape(4, 1, 1).astype(dtype)))
+        ins.append("slope")
     elif op in ("Reshape",):
         inits.append(init("shape", np.array([0, -1], np.int64)))
         ins.append("shape")
@@ -129,7 +133,8 @@ CASES = [
     ("MaxPool", {"kernel_shape": [2, 2], "strides": [3, 3], "ceil_mode": 1}),
     ("AveragePool", {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1], "strides": [2, 2]}),
     ("AveragePool", {"kernel_shape": [2, 2], "pads": [1, 0, 1, 0], "count_include_pad": 1, "ceil_mode": 1}),
-    ("Add", {}), ("Sub", {}), ("Mul", {}), ("Div", {}),
+    ("Add", {}), ("Sub", {}), ("Mul", {}), ("Div", {}), ("LeakyRelu", {"alpha": 0.1}), ("LeakyRelu", {}),
+    ("PRelu", {}),
     ("Relu", {}), ("Max", {}), ("Min", {}), ("Abs", {}), ("Neg", {}), ("Identity", {}),
     ("Reshape", {}), ("Flatten", {"axis": 2}), ("Transpose", {"perm": [0, 2, 3, 1]}), ("Concat", {"axis": 1}),
     ("Slice", {}), ("Split", {"axis": 1, "num_outputs": 2}), ("Unsqueeze", {}), ("Shape", {}), ("Size", {}),
@@ -277,15 +282,19 @@ def test_convert_verifies_a_cnn_through_the_cast_graph_and_records_it(tmp_path, 
     assert _same_bits(open_cast_session(written)[0]({"x": x})["y"], emulator.infer({"x": x})["y"])
 
 
-def test_a_model_with_a_low_op_off_the_lists_is_verified_by_the_emulator_and_says_so(tmp_path):
+def test_a_model_with_a_low_op_off_the_lists_is_verified_by_the_emulator_and_says_so(tmp_path, caplog):
+    """The log says once per convert which low op keeps the emulator, and why (issue 37)."""
     nodes = [helper.make_node("MatMul", ["x", "w"], ["h"], name="fc"),
-             helper.make_node("LeakyRelu", ["h"], ["y"], name="act", alpha=0.1)]
+             helper.make_node("Elu", ["h"], ["y"], name="act", alpha=0.1)]
     src = save(make(nodes, [fvi("x", ["N", 4, 8])], [fvi("y", ["N", 4, 8])], [init("w", rng_w(8, 8))]),
                tmp_path / "m.onnx")
     np.savez(tmp_path / "cal.npz", x=np.random.default_rng(0).standard_normal((32, 4, 8)).astype(np.float32))
-    res = convert_precision(ConvertConfig(model=src, output=tmp_path / "o.onnx", calibration=str(tmp_path / "cal.npz"),
-                                          progress=False))
+    with caplog.at_level(logging.INFO, logger="mpinfer"):
+        res = convert_precision(ConvertConfig(model=src, output=tmp_path / "o.onnx",
+                                              calibration=str(tmp_path / "cal.npz"), progress=False))
     assert res.plan.summary["nodes_low"] == 2 and res.plan.summary["verification"]["engine"] == ENGINE_EMULATOR
+    said = [r.getMessage() for r in caplog.records if "the emulator runs the model" in r.getMessage()]
+    assert len(said) == 1 and "low Elu cannot be expressed as a float32 graph because" in said[0], said
 
 
 def test_a_gated_mlp_is_verified_through_the_cast_graph(tmp_path):
@@ -331,3 +340,179 @@ def test_a_pass_asked_for_the_emulator_gets_it_with_the_same_bits():
     fast, slow = StrictEvaluator.model_runner(written), StrictEvaluator.model_runner(written, fast=False)
     assert (fast.engine, slow.engine) == (ENGINE_CASTS, ENGINE_EMULATOR)
     assert _same_bits(fast(x)["y"], slow(x)["y"]) and (fast.engine, slow.engine) == (ENGINE_CASTS, ENGINE_EMULATOR)
+
+
+def _signed_zeros(x: np.ndarray, seed: int) -> np.ndarray:
+    """``x`` made non-positive, a third of it zeros of either sign: a max over it is often a zero of some sign."""
+    rng = np.random.default_rng(seed + 100)
+    out = -np.abs(x)
+    zero = rng.random(x.shape) < 0.35
+    out[zero] = np.where(rng.random(int(zero.sum())) < 0.5, np.float32(-0.0), np.float32(0.0))
+    return out
+
+
+def _idx(name: str, value) -> object:
+    return init(name, np.array(value, np.int64))
+
+
+# (op, extra initializers (name, maker(dtype)), node attributes, opset, output rank, two float inputs, feed share,
+#  feed transform): each op the cast graph added in issue 37, in the variants the emulator computes.
+ADDED = [
+    ("ReduceMax", [], {"axes": [2, 3], "keepdims": 1}, 17, 4, False, 0.02, None),
+    ("ReduceMax", [], {"axes": [1], "keepdims": 0}, 17, 3, False, 0.02, _signed_zeros),
+    ("ReduceMin", [], {"axes": [-1], "keepdims": 1}, 17, 4, False, 0.02, lambda x, s: -_signed_zeros(x, s)),
+    ("ReduceMax", [lambda d: _idx("axes", [1, 3])], {"keepdims": 1}, 18, 4, False, 0.02, _signed_zeros),
+    ("ReduceMin", [], {"keepdims": 0}, 17, 0, False, 0.001, None),
+    ("Pad", [lambda d: _idx("pads", [0, 0, 1, 2, 0, 0, 2, 1]), lambda d: init("cv", np.array(0.1, d))],
+     {"mode": "constant"}, 17, 4, False, 0.25, None),
+    ("Pad", [lambda d: _idx("pads", [0, 0, 1, 2, 0, 0, 2, 1])], {"mode": "reflect"}, 17, 4, False, 0.25, None),
+    ("Pad", [lambda d: _idx("pads", [0, 1, -1, 3, 0, 0, 2, -2])], {"mode": "edge"}, 17, 4, False, 0.25, None),
+    ("Pad", [lambda d: _idx("pads", [0, 0, 3, 1, 0, 0, 1, 2])], {"mode": "wrap"}, 19, 4, False, 0.25, None),
+    ("Pad", [], {"pads": [0, 0, 1, 1, 0, 0, 2, 0], "value": 0.1}, 10, 4, False, 0.25, None),
+    ("Gather", [lambda d: _idx("i", [[3, 0], [-1, 2]])], {"axis": 2}, 17, 5, False, 0.25, None),
+    ("GatherElements", [lambda d: _idx("i", np.random.default_rng(0).integers(-8, 8, (1, 4, 8, 3)))],
+     {"axis": 3}, 17, 4, False, 0.25, None),
+    ("Tile", [lambda d: _idx("r", [1, 2, 1, 3])], {}, 17, 4, False, 0.25, None),
+    ("Expand", [lambda d: _idx("s", [2, 1, 4, 8, 8])], {}, 17, 5, False, 0.25, None),
+    ("Sqrt", [], {}, 17, 4, False, 0.25, lambda x, s: np.abs(x)),
+    ("Sqrt", [], {}, 17, 4, False, 0.25, None),
+    ("Reciprocal", [], {}, 17, 4, False, 0.25, None),
+    ("Floor", [], {}, 17, 4, False, 0.25, None), ("Ceil", [], {}, 17, 4, False, 0.25, None),
+    ("Round", [], {}, 17, 4, False, 0.25, lambda x, s: np.round(np.clip(x, -1e4, 1e4) * 2) / 2),  # (ties: halves)
+    ("Sign", [], {}, 17, 4, False, 0.25, None),
+    ("Equal", [], {}, 17, 4, True, 0.25, lambda x, s: np.round(x)), ("Less", [], {}, 17, 4, True, 0.25, None),
+    ("GreaterOrEqual", [], {}, 17, 4, True, 0.25, None),
+    ("Resize", [lambda d: init("roi", np.zeros(0, np.float32)), lambda d: init("sc", np.float32([1, 1, 2, 2]))],
+     {"mode": "nearest", "coordinate_transformation_mode": "asymmetric", "nearest_mode": "floor"}, 13, 4, False, 0.25,
+     None),  # (layout_cdla's)
+    ("Resize", [lambda d: init("roi", np.zeros(0, np.float32)), lambda d: init("sc", np.float32([1, 2, 3, 2]))],
+     {"mode": "nearest"}, 17, 4, False, 0.25, None),
+    ("Resize", [lambda d: init("roi", np.zeros(0, np.float32)), lambda d: init("sc", np.float32([1, 1, 2, 3]))],
+     {"mode": "nearest", "coordinate_transformation_mode": "pytorch_half_pixel", "nearest_mode": "round_prefer_ceil"},
+     18, 4, False, 0.25, None),
+    ("Resize", [lambda d: init("sc", np.float32([1, 1, 4, 2]))], {"mode": "nearest"}, 10, 4, False, 0.25, None),
+    ("Upsample", [lambda d: init("sc", np.float32([1, 1, 2, 2]))], {"mode": "nearest"}, 9, 4, False, 0.25, None),
+]
+
+
+def _added(op: str, kind: str, extra: list, attrs: dict, opset: int, rank: int, two: bool) -> object:
+    """Float32 inputs cast to the low dtype, one low ``op`` node, its output cast back to float32 (Equal, Less...: a
+    boolean output cast to float32)."""
+    elem, dtype = LOW[kind]
+    names = ["x", "y"] if two else ["x"]
+    nodes = [helper.make_node("Cast", [n], [f"{n}_low"], to=elem) for n in names]
+    inits = [make_init(dtype) for make_init in extra]
+    ins = [f"{n}_low" for n in names] + [t.name for t in inits]
+    if op == "GatherElements":  # (indices of the data's shape but the batch: the first sample's data)
+        inits += [_idx("one", [1]), _idx("zero", [0])]
+        nodes.insert(0, helper.make_node("Slice", ["x", "zero", "one", "zero"], ["x0"], name="first"))
+        nodes[1].input[0] = "x0"
+    nodes.append(helper.make_node(op, ins, ["z_low"], name="op", **attrs))
+    nodes.append(helper.make_node("Cast", ["z_low"], ["z"], to=TensorProto.FLOAT))
+    dims = [f"d{i}" for i in range(rank)]
+    model = make(nodes, [fvi(n, ["N", *SHAPE]) for n in names], [fvi("z", dims)], inits, opset=opset)
+    return model
+
+
+@pytest.mark.parametrize("kind", ["fp16", "bf16"])
+@pytest.mark.parametrize(("op", "extra", "attrs", "opset", "rank", "two", "share", "shape_feed"), ADDED,
+                         ids=[f"{c[0]}{i}" for i, c in enumerate(ADDED)])
+def test_each_added_op_gives_the_emulators_bits(op, extra, attrs, opset, rank, two, share, shape_feed, kind):
+    """Issue 37's ops (reductions to an extreme, Pad, indexing, broadcasting, IEEE square root and reciprocal,
+    integer rounding, comparisons, nearest Resize by whole scales): one low node, FP16 and BF16, inf/NaN/±0/subnormal/
+    tie inputs, the emulator's numpy casts and its ONNX Runtime casts; the cast graph gives the emulator's bits."""
+    model = _added(op, kind, extra, attrs, opset, rank, two)
+    sess, why = open_cast_session(model)
+    if kind == "bf16" and opset < 13:  # (BF16 Casts need opset 13: refused, the emulator runs it)
+        assert sess is None and f"opset {opset}" in why
+        return
+    assert sess is not None, why
+    emulator = StrictRunner(model)
+    emulator.activate()
+    for rows in ROWS:
+        feeds = {}
+        for seed, name in enumerate(i.name for i in model.graph.input):
+            x = _feed(kind, rows, seed, share)
+            feeds[name] = np.ascontiguousarray(shape_feed(x, seed) if shape_feed else x, np.float32)
+        want, got = emulator.infer(feeds), sess(feeds)
+        assert _same_bits(np.asarray(want["z"]), np.asarray(got["z"])), (op, kind, rows)
+        if op.startswith("Reduce") and rows == ROWS[1] and rank:  # the feeds reach the NaNs and the signed zeros
+            z = np.asarray(want["z"])
+            assert np.isnan(z).any() and not np.isnan(z).all(), op
+            if shape_feed is not None:
+                assert (np.signbit(z[z == 0])).any() and (~np.signbit(z[z == 0])).any(), op
+    assert op in EXACT_OPS | ROUNDED_OPS
+    if op in ROUNDED_OPS or (op == "Pad" and opset < 11):
+        assert cast_graph(model)[0].rounded == len(model.graph.input) + 1, op
+
+
+@pytest.mark.parametrize("kind", ["fp16", "bf16"])
+def test_a_batchnorm_whose_parameters_are_cast_from_fp32_weights_gives_the_emulators_bits(kind):
+    """Convert casts an FP32 weight that FP32 nodes read too (layout_cdla's BatchNorms): the parameters are Casts of
+    FP32 initializers, folded from numpy's cast as the emulator's Cast kernel computes it."""
+    elem, _ = LOW[kind]
+    rng = np.random.default_rng(5)
+    params = {"scale": rng.standard_normal(4) * 3, "shift": rng.standard_normal(4) + 0.1,
+              "mean": rng.standard_normal(4), "var": np.array([1e-4, 0.5, 2.0, 1e4])}
+    nodes = [helper.make_node("Cast", ["x"], ["x_low"], to=elem)]
+    nodes += [helper.make_node("Cast", [n], [f"{n}_low"], to=elem) for n in params]
+    nodes += [helper.make_node("BatchNormalization", ["x_low", *(f"{n}_low" for n in params)], ["z_low"], name="op"),
+              helper.make_node("Cast", ["z_low"], ["z"], to=TensorProto.FLOAT)]
+    inits = [init(n, v.astype(np.float32) * np.float32(1.0 + 2.0**-12)) for n, v in params.items()]  # (not low values)
+    model = make(nodes, [fvi("x", ["N", *SHAPE])], [fvi("z", ["N", *SHAPE])], inits)
+    sess, why = open_cast_session(model)
+    assert sess is not None, why
+    emulator = StrictRunner(model)
+    emulator.activate()
+    for rows in ROWS:
+        feeds = {"x": _feed(kind, rows, 0)}
+        assert _same_bits(np.asarray(emulator.infer(feeds)["z"]), np.asarray(sess(feeds)["z"])), (kind, rows)
+
+
+@pytest.mark.parametrize(("attrs", "scales", "reason"), [
+    ({"mode": "linear"}, [1, 1, 2, 2], "mode linear"),
+    ({"mode": "nearest", "coordinate_transformation_mode": "align_corners"}, [1, 1, 2, 2], "align_corners"),
+    ({"mode": "nearest"}, [1, 1, 1.5, 2], "whole numbers"),
+])
+def test_a_resize_the_cast_graph_cannot_place_keeps_the_emulator_and_says_why(attrs, scales, reason):
+    """Linear modes round per axis, other coordinate modes and fractional scales pick pixels from float64 coordinates
+    in the emulator (float32 in ONNX Runtime): the emulator runs them, and the reason names the node's variant."""
+    nodes = [helper.make_node("Cast", ["x"], ["x16"], to=TensorProto.FLOAT16),
+             helper.make_node("Resize", ["x16", "roi", "sc"], ["z16"], name="op", **attrs),
+             helper.make_node("Cast", ["z16"], ["z"], to=TensorProto.FLOAT)]
+    model = make(nodes, [fvi("x", ["N", 4, 8, 8])], [fvi("z", ["N", "c", "h", "w"])],
+                 [init("roi", np.zeros(0, np.float32)), init("sc", np.float32(scales))])
+    built, why = cast_graph(model)
+    assert built is None and "low Resize" in why and reason in why
+
+
+@pytest.mark.parametrize("stored_low", [False, True])
+@pytest.mark.parametrize("kind", ["fp16", "bf16"])
+def test_an_fp32_batchnorm_before_low_nodes_gives_the_emulators_bits(kind, stored_low):
+    """An FP32 BatchNorm (kept by the search) feeding low nodes: the cast graph folds it as the emulator does, so the
+    low nodes after it see the emulator's float32 bits (ONNX Runtime's BatchNormalization kernel lands elsewhere).
+    ``stored_low``: its parameters are low weights cast back to float32, as convert writes a weight low nodes share
+    (layout_cdla's)."""
+    elem, dtype = LOW[kind]
+    rng = np.random.default_rng(7)
+    params = {"scale": rng.standard_normal(4) * 3, "shift": rng.standard_normal(4) + 0.1,
+              "mean": rng.standard_normal(4), "var": np.array([1e-4, 0.5, 2.0, 1e4]) * 1.37}
+    ins = [f"{n}_up" if stored_low else n for n in params]
+    nodes = [helper.make_node("Cast", [n], [f"{n}_up"], to=TensorProto.FLOAT) for n in params] if stored_low else []
+    nodes += [helper.make_node("BatchNormalization", ["x", *ins], ["b"], name="bn", epsilon=1e-3),
+              helper.make_node("Cast", ["b"], ["b_low"], to=elem),
+              helper.make_node("Mul", ["b_low", "b_low"], ["z_low"], name="op"),
+              helper.make_node("Cast", ["z_low"], ["z"], to=TensorProto.FLOAT)]
+    inits = [init(n, v.astype(np.float32).astype(dtype) if stored_low else v.astype(np.float32))
+             for n, v in params.items()]
+    model = make(nodes, [fvi("x", ["N", *SHAPE])], [fvi("z", ["N", *SHAPE]), fvi("b", ["N", *SHAPE])], inits)
+    sess, why = open_cast_session(model)
+    assert sess is not None, why
+    assert not any(n.op_type == "BatchNormalization" for n in cast_graph(model)[0].model.graph.node)
+    emulator = StrictRunner(model)
+    emulator.activate()
+    for rows in ROWS:
+        feeds = {"x": _feed(kind, rows, 0, 0.01)}
+        want, got = emulator.infer(feeds), sess(feeds)
+        for name in ("z", "b"):
+            assert _same_bits(np.asarray(want[name]), np.asarray(got[name])), (kind, rows, name)

@@ -113,6 +113,8 @@ class GraphInfo:
         self.opsets = {(imp.domain or ""): imp.version for imp in model.opset_import}
         inferred = _infer_types(model)
         self.types: dict[str, int] = {}
+        self._slot_cache: dict[tuple[int, int], tuple[Any, tuple[int | None, ...], Slots]] = {}
+        self._param_cache: dict[tuple[int, int, int], tuple[Any, Any]] = {}
         self.shapes: dict[str, tuple[int | None, ...] | None] = {}
         self.initializers: dict[str, Any] = {}
         self.non_tensor: set[str] = set()  # sequence / optional / map values
@@ -232,7 +234,21 @@ class GraphInfo:
         return self._schemas[key]
 
     def slots(self, node: Any, low_type: int) -> Slots:
-        """Which float inputs/outputs of ``node`` become ``low_type`` when it runs low."""
+        """Which float inputs/outputs of ``node`` become ``low_type`` when it runs low.
+
+        Computed once per node and types of its tensors: the rules, the planner and apply ask about each node
+        several times (callers only read the result).
+        """
+        key = (id(node), low_type)
+        types = tuple(self.types.get(n) for n in node.input) + tuple(self.types.get(n) for n in node.output)
+        known = self._slot_cache.get(key)
+        if known is not None and known[0] is node and known[1] == types:  # (the node is held: its id stays its own)
+            return known[2]
+        out = self._compute_slots(node, low_type)
+        self._slot_cache[key] = (node, types, out)
+        return out
+
+    def _compute_slots(self, node: Any, low_type: int) -> Slots:
         schema = self.schema(node)
         float_in = [i for i, n in enumerate(node.input) if n and self.types.get(n) == FLOAT]
         float_out = [i for i, n in enumerate(node.output) if n and self.types.get(n) == FLOAT]
@@ -256,9 +272,7 @@ class GraphInfo:
         low when it allows ``low_type`` and every tensor bound to it is FP32 (a pinned input, an integer or an
         untyped tensor bound to it keeps it FP32); the float tensors of fixed types or of other variables stay.
         """
-        in_params = _formal(schema.inputs, len(node.input), self._bound_key)
-        out_params = _formal(schema.outputs, len(node.output), self._bound_key)
-        allowed = {c.type_param_str: set(c.allowed_type_strs) for c in schema.type_constraints}
+        in_params, out_params, allowed = self._schema_params(node, schema)
         low_str = "tensor(float16)" if low_type == FLOAT16 else "tensor(bfloat16)"
         pinned = set(PINNED_INPUTS.get(node.op_type, ()))
         bound: dict[str, list[tuple[str, bool]]] = {}  # variable -> (tensor, pinned) of every slot bound to it
@@ -283,6 +297,22 @@ class GraphInfo:
         out.outputs = [i for i in float_out if out_params[i] in lowered]
         if not out.inputs and not out.outputs:
             out.blocked = f"{node.op_type} has only fixed-type float tensors"
+
+    def _schema_params(self, node: Any, schema: Any) -> tuple[list[str], list[str], dict[str, set[str]]]:
+        """The type variable of each input and output slot of ``node``, and each variable's allowed types.
+
+        Read once per op and arity (the schema's Python bindings build new objects on every access).
+        """
+        key = (id(schema), len(node.input), len(node.output))
+        known = self._param_cache.get(key)
+        if known is None or known[0] is not schema:
+            params = (
+                _formal(schema.inputs, len(node.input), self._bound_key),
+                _formal(schema.outputs, len(node.output), self._bound_key),
+                {c.type_param_str: set(c.allowed_type_strs) for c in schema.type_constraints},
+            )
+            known = self._param_cache[key] = (schema, params)
+        return known[1]
 
     def _why_not_low(
         self, node: Any, float_vars: set[str], allowed: Mapping[str, set[str]], low_str: str,

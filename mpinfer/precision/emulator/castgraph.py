@@ -17,7 +17,10 @@ same (representable) values:
   which gives numpy's bits (ONNX Runtime's Relu keeps -0.0, numpy's ``maximum(x, 0)`` gives +0.0);
 - FP32 nodes are left as they are: ONNX Runtime computes them, as it computes the FP32 reference. The
   emulator's FP32 kernels match ONNX Runtime only to float32 rounding, so on FP32 nodes the two engines may
-  differ by that much; on low nodes they agree bit for bit (``tests/precision/test_castgraph.py``).
+  differ by that much; on low nodes they agree bit for bit (``tests/precision/test_castgraph.py``). An FP32
+  BatchNormalization is written as the emulator computes it (folded: ``x * a + b`` in float32), bit for bit too:
+  ONNX Runtime's kernel differs from the fold by a float32 step, which the low nodes after it can turn into other
+  verdicts (layout_cdla's repairs moved 92 nodes instead of 42 before this).
 
 The session runs with every graph optimisation off (``ORT_DISABLE_ALL``): at ``ORT_ENABLE_ALL`` ONNX Runtime
 moves a Conv with constant weights to its NCHWc kernel, whose sums land on other bits than the plain kernel
@@ -25,9 +28,10 @@ the emulator calls, and fusions could merge a node with its neighbour across a r
 checked bit for bit against numpy (:func:`kernels.ortexec.cast_matches_numpy`) once per process; a pair that
 differs is never used.
 
-:func:`cast_graph` says why a model does not qualify (a low node of another op type, low tensors inside an
-If/Loop/Scan body, external or too many weights, ...); the caller then runs the emulator, as before.
-:func:`strict_model_runner` picks the engine and says which one ran.
+:func:`cast_graph` says why a model does not qualify (each low op type no float32 graph computes bit for bit,
+named once with the reason, from :data:`caststeps.EMULATOR_ONLY`; low tensors inside an If/Loop/Scan body, external
+or too many weights, ...); the caller then runs the emulator, as before.
+:class:`StrictModelRunner` picks the engine and says which one ran.
 """
 
 from __future__ import annotations
@@ -44,13 +48,14 @@ import numpy as np
 from mpinfer.memory import current_budget, usable_cpus
 from mpinfer.modelio import ort_log_level
 from mpinfer.precision.emulator.caststeps import BFLOAT16 as _BFLOAT16
-from mpinfer.precision.emulator.caststeps import EXPANDED_OPS
+from mpinfer.precision.emulator.caststeps import EMULATOR_ONLY, EXPANDED_OPS
 from mpinfer.precision.emulator.caststeps import FLOAT as _FLOAT
 from mpinfer.precision.emulator.caststeps import FLOAT16 as _FLOAT16
 from mpinfer.precision.emulator.caststeps import LOW as _LOW
 from mpinfer.precision.emulator.caststeps import Refused as _Refused
 from mpinfer.precision.emulator.caststeps import Types as _Types
 from mpinfer.precision.emulator.caststeps import expand as _expanded
+from mpinfer.precision.emulator.caststeps import nan_kept_extreme as _nan_kept_extreme
 from mpinfer.precision.emulator.caststeps import round_pair as _round_pair
 from mpinfer.precision.emulator.emulate import SKIP_ROUNDING
 from mpinfer.precision.emulator.kernels import ortexec
@@ -63,17 +68,29 @@ ENGINE_EMULATOR = "emulator"
 # Low-precision ops computed as one float32 op and rounded once, with ONNX Runtime's float32 kernel giving the
 # emulator's bits (each tested bit for bit against the emulator, FP16 and BF16, with inf/NaN/subnormal/tie inputs).
 # MatMul, Gemm, Tanh, Sigmoid, AveragePool, GlobalAveragePool: the emulator calls ONNX Runtime's float32 kernels
-# for them (kernels/linalg.py, kernels/elementwise.py, kernels/pool.py). Not Exp/Log/Erf (numpy's approximations
-# in the emulator).
+# for them (kernels/linalg.py, kernels/elementwise.py, kernels/pool.py). Sqrt and Reciprocal: correctly rounded in
+# float32 by numpy and by ONNX Runtime alike (IEEE). LeakyRelu: x, or x times alpha rounded to the low dtype (as the
+# emulator rounds its attribute), one float32 product; PRelu: x, or x times its (low) slope. Not Exp/Log/Erf
+# (numpy's approximations in the emulator: see caststeps.EMULATOR_ONLY for every op left to the emulator, and why).
 ROUNDED_OPS = frozenset(
     {"Conv", "ConvTranspose", "MatMul", "Gemm", "Tanh", "Sigmoid", "AveragePool", "GlobalAveragePool", "Add", "Sub",
-     "Mul", "Div"}
+     "Mul", "Div", "Sqrt", "Reciprocal", "LeakyRelu", "PRelu"}
 )
-# Low-precision ops whose outputs are values of their inputs (or 0): representable in, representable out.
+# Low-precision ops whose outputs are values of their inputs (or 0, or integers they round to), or booleans:
+# representable in, representable out. ReduceMax/ReduceMin: ONNX Runtime's kernel in both engines, the NaN it may
+# drop put back (caststeps.nan_kept_extreme); an opset-2 Pad's float ``value`` attribute gets a Cast pair.
 EXACT_OPS = frozenset(
     {"Relu", "MaxPool", "Max", "Min", "Abs", "Neg", "Identity", "Reshape", "Flatten", "Squeeze", "Unsqueeze",
-     "Transpose", "Concat", "Slice", "Split"}
+     "Transpose", "Concat", "Slice", "Split", "ReduceMax", "ReduceMin", "Pad", "Gather", "GatherElements", "Tile",
+     "Expand", "Floor", "Ceil", "Round", "Sign", "Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual",
+     "Resize", "Upsample"}
 )
+# Resize/Upsample (nearest) gives the emulator's values only where ONNX Runtime picks the same source pixels: the
+# emulator computes the source coordinates in float64, ONNX Runtime in float32. With constant integer scales and these
+# coordinate modes both land on the same indices (a quotient by an integer scale is exact where it is a tie; elsewhere
+# it stays farther than float32's error from a rounding boundary at any realistic size); other variants stay on the
+# emulator.
+RESIZE_COORDINATES = frozenset({"asymmetric", "half_pixel", "pytorch_half_pixel"})
 # Ops whose outputs are never float: the same on the float32 copy of a low tensor as on the tensor itself.
 SHAPE_OPS = frozenset({"Shape", "Size"})
 _ROUND_CAST = {_FLOAT16: "round_fp16", _BFLOAT16: "round_bf16"}
@@ -154,8 +171,15 @@ def _build(model: Any) -> CastGraph:
         raise _Refused(f"{weight_bytes / 1e9:.2f} GB of float32 weights (past the weight_cache slice)")
     nodes: list[Any] = []
     rounded = 0
+    refused: dict[str, tuple[str, int]] = {}  # low op type -> (the first node's reason, count)
     for node in graph.node:
-        rounded += _translate(node, types, nodes, inits)
+        try:
+            rounded += _translate(node, types, nodes, inits)
+        except _OffTheLists as why:
+            first = refused.get(node.op_type, (str(why), 0))
+            refused[node.op_type] = (first[0], first[1] + 1)
+    if refused:  # every low op the cast graph cannot take, named once: the log's one line says what the emulator runs
+        raise _Refused("; ".join(f"{why}{f' ({n} nodes)' if n > 1 else ''}" for why, n in refused.values()))
     inputs = [_as_float(vi, types) for vi in graph.input]
     outputs = [_as_float(vi, types) for vi in graph.output]
     fast = helper.make_graph(nodes, graph.name or "castgraph", inputs, outputs, inits)
@@ -185,6 +209,8 @@ def _elem_types(model: Any) -> _Types:
     types = _Types({t.name: t.data_type for t in graph.initializer})
     types.ranks = {t.name: len(t.dims) for t in graph.initializer}
     types.opset = next((int(o.version) for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+    types.casts = {n.output[0]: (n.input[0], a.i) for n in graph.node if n.op_type == "Cast" and n.output
+                   for a in n.attribute if a.name == "to" and (a.i in _LOW or a.i == _FLOAT)}
     types.constants = {n.output[0]: a.t for n in graph.node if n.op_type == "Constant"
                        for a in n.attribute if a.name == "value" and a.type == a.TENSOR}
     for vi in list(inferred.input) + list(inferred.value_info) + list(inferred.output):
@@ -233,6 +259,12 @@ def _translate(node: Any, types: Mapping[str, int], nodes: list[Any], inits: lis
     if low is not None and node.op_type in SHAPE_OPS:
         nodes.append(node)
         return 0
+    if low is None and node.op_type == "BatchNormalization":  # (FP32: folded as the emulator folds it)
+        try:
+            nodes.extend(_expanded(node, types, _FLOAT, inits))
+            return 0
+        except _Refused:
+            pass
     if low is None:  # an FP32 node: ONNX Runtime computes it (its float outputs must be float32)
         nodes.append(_fp32_node(node, types))
         return 0
@@ -240,6 +272,17 @@ def _translate(node: Any, types: Mapping[str, int], nodes: list[Any], inits: lis
         nodes.extend(_expanded(node, types, low, inits))
         return 1
     _check_low_node(node, types, low, skip)
+    if node.op_type in ("Resize", "Upsample"):
+        _check_resize(node, types, inits)
+    if node.op_type in ("ReduceMax", "ReduceMin"):
+        nodes.extend(_nan_kept_extreme(node, inits))
+        return 0
+    if node.op_type == "Pad" and types_opset(types) < 11:  # its float ``value`` attribute: rounded when stored
+        nodes.extend(_round_pair(node, low))
+        return 1
+    if node.op_type == "LeakyRelu":  # (its alpha as the emulator reads it: rounded to the node's dtype)
+        nodes.extend(_round_pair(_rounded_alpha(node, low), low))
+        return 1
     if node.op_type == "Relu":
         if not any(t.name == _ZERO for t in inits):
             inits.append(helper.make_tensor(_ZERO, _FLOAT, [], [0.0]))
@@ -255,8 +298,12 @@ def _translate(node: Any, types: Mapping[str, int], nodes: list[Any], inits: lis
 def _check_low_node(node: Any, types: Mapping[str, int], low: int, skip: tuple[int, ...]) -> None:
     """Refuse a low node off the lists, or one whose float inputs and outputs are not all of its low dtype."""
     op = node.op_type
+    if op in EMULATOR_ONLY:
+        raise _OffTheLists(f"low {op} cannot be expressed as a float32 graph because {EMULATOR_ONLY[op]}")
     if op not in ROUNDED_OPS and op not in EXACT_OPS:
-        raise _Refused(f"low-precision {op} node '{node.name}' (not computed bit for bit by a cast graph)")
+        raise _OffTheLists(f"low {op} (node '{node.name}'): no float32 form of the emulator's kernel yet")
+    if op in ("ReduceMax", "ReduceMin") and types_opset(types) < 9:
+        raise _Refused(f"{op} '{node.name}' at opset {types_opset(types)} (its NaN check needs IsNaN, opset 9)")
     if op == "MaxPool" and len(node.output) > 1 and node.output[1]:
         raise _Refused(f"MaxPool '{node.name}' with its Indices output (the emulator computes it in onnx.reference)")
     if op == "ConvTranspose" and any(a.name == "output_shape" for a in node.attribute):
@@ -319,6 +366,50 @@ def _outer(body: Any) -> set[str]:
             for g in [a.g] if a.type == a.GRAPH else list(a.graphs):
                 reads |= _outer(g)
     return reads - defined
+
+
+def _rounded_alpha(node: Any, low: int) -> Any:
+    """A LeakyRelu with its ``alpha`` rounded to ``low`` (kernels/elementwise._leaky multiplies by that value)."""
+    from onnx import helper
+
+    alpha = next((a.f for a in node.attribute if a.name == "alpha"), 0.01)
+    rounded = float(np.asarray(np.float32(alpha)).astype(_LOW[low].numpy_dtype).astype(np.float32))
+    return helper.make_node("LeakyRelu", list(node.input), list(node.output), name=node.name, alpha=rounded)
+
+
+def _check_resize(node: Any, types: _Types | Mapping[str, int], inits: list[Any]) -> None:
+    """Refuse a Resize/Upsample the cast graph cannot compute on the emulator's pixels (see RESIZE_COORDINATES)."""
+    from onnx import helper, numpy_helper
+
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    text = {k: v.decode() if isinstance(v, bytes) else v for k, v in attrs.items()}
+    opset = types_opset(types)
+    old = node.op_type == "Upsample" or opset < 11
+    coord = "asymmetric" if old else text.get("coordinate_transformation_mode", "half_pixel")
+    known = {"mode", "coordinate_transformation_mode", "nearest_mode", "scales"}
+    where = len(node.input) > (1 if old else 2) and node.input[1 if old else 2]
+    weights = {t.name: t for t in inits}
+    weights.update(types.constants if isinstance(types, _Types) else {})
+    scales = np.asarray(numpy_helper.to_array(weights[where])) if where in weights else None
+    if old and "scales" in attrs:
+        scales = np.asarray(attrs["scales"], np.float32)
+    sizes = not old and len(node.input) > 3 and node.input[3]
+    whole = scales is not None and scales.size and np.all(scales >= 1) and np.all(scales == np.round(scales))
+    if text.get("mode", "nearest") != "nearest" or coord not in RESIZE_COORDINATES or not set(attrs) <= known:
+        raise _OffTheLists(f"low {node.op_type} (node '{node.name}') with mode {text.get('mode', 'nearest')}, "
+                           f"coordinates {coord} or attributes {sorted(attrs)}: the emulator computes it")
+    if sizes or not whole:
+        raise _OffTheLists(f"low {node.op_type} (node '{node.name}') with sizes, scales computed at run time or "
+                           "scales that are not whole numbers: the emulator computes it")
+
+
+class _OffTheLists(_Refused):
+    """A low node of an op type the cast graph does not compute (collected: the reason names each such op once)."""
+
+
+def types_opset(types: Mapping[str, int]) -> int:
+    """The default domain's opset recorded with ``types`` (0 when not recorded)."""
+    return types.opset if isinstance(types, _Types) else 0
 
 
 def _auto_pad(node: Any) -> str:
@@ -420,8 +511,10 @@ class StrictModelRunner:
         if cast_graph and not isinstance(model, (str, os.PathLike)):
             self._fast, why = open_cast_session(model)
         self._used: list[str] = []
-        if self._fast is None:
-            logger.info("strict numerics: the emulator runs the model (no cast graph: %s)", why)
+        if self._fast is None and not cast_graph:  # (a later pass of a convert whose first pass said why already)
+            logger.debug("strict numerics: the emulator runs the model (%s)", why)
+        elif self._fast is None:  # one line per convert: the passes after this one ask for the emulator
+            logger.info("strict numerics: the emulator runs the model: %s", why)
         else:
             logger.info("strict numerics: ONNX Runtime runs the model as a float32 graph with rounding casts")
 

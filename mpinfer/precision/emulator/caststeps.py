@@ -2,7 +2,9 @@
 
 A low node of an op the emulator computes as a few float32 steps, each rounded, is written as those steps, each
 one an op the cast graph computes bit for bit, with a Cast pair where the emulator rounds: HardSwish, HardSigmoid,
-inference BatchNormalization, Clip and Softmax (``tests/precision/test_castgraph.py``).
+inference BatchNormalization, Clip and Softmax (``tests/precision/test_castgraph.py``). ReduceMax and ReduceMin
+round nothing (their outputs are values of their inputs) but keep a NaN ONNX Runtime's kernel drops
+(:func:`nan_kept_extreme`); an opset-2 Pad's float ``value`` is rounded as the emulator stores it.
 """
 
 from __future__ import annotations
@@ -30,6 +32,32 @@ LOW = {FLOAT16: Precision.FP16, BFLOAT16: Precision.BF16}
 EXPANDED_OPS = frozenset({"HardSwish", "HardSigmoid", "BatchNormalization", "Clip", "Softmax"})
 
 
+# Low-precision ops the emulator computes in a way no float32 graph reproduces bit for bit, and why: the cast graph
+# refuses a model with one of them, and the log names the op and the reason (the emulator runs that model).
+_NUMPY_SUM = ("the emulator sums with numpy's pairwise float32 summation, whose order ONNX Runtime's kernels do not "
+              "follow")
+_NUMPY_FN = ("the emulator evaluates {} with numpy, whose float32 results ONNX Runtime's kernels do not reproduce bit "
+             "for bit")
+EMULATOR_ONLY = {
+    **dict.fromkeys(("ReduceSum", "ReduceMean", "ReduceSumSquare", "ReduceL1", "ReduceL2", "ReduceLogSum",
+                     "ReduceLogSumExp", "CumSum"), _NUMPY_SUM),
+    "ReduceProd": "the emulator multiplies with numpy's reduction, whose order ONNX Runtime's kernel does not follow",
+    **dict.fromkeys(("LayerNormalization", "RMSNormalization", "InstanceNormalization", "GroupNormalization",
+                     "MeanVarianceNormalization"),
+                    f"its statistics are means: {_NUMPY_SUM}"),
+    **dict.fromkeys(("LSTM", "GRU"), "the emulator computes its gate products with numpy's matmul (BLAS, another "
+                    "sum order than ONNX Runtime's) and its sigmoid/tanh with numpy's exp/tanh, whose float32 results "
+                    "ONNX Runtime's kernels do not reproduce bit for bit"),
+    **{op: _NUMPY_FN.format(op) for op in ("Exp", "Log", "Erf", "Pow", "Gelu", "Softplus", "Swish", "Mish", "Elu",
+                                            "Selu", "Sin", "Cos", "Tan", "Atan", "Asin", "Acos", "Sinh", "Cosh")},
+    "LogSoftmax": f"the emulator evaluates its exp and log with numpy, and {_NUMPY_SUM[13:]}",
+    **dict.fromkeys(("ArgMax", "ArgMin", "TopK"), "ONNX Runtime's kernel orders a NaN otherwise than numpy's"),
+    "Where": "ONNX Runtime's Where turns a selected -0.0 into +0.0 (numpy's keeps it)",
+    "GlobalMaxPool": "the emulator takes numpy's maximum, whose signed-zero choice ONNX Runtime's kernel does not "
+                     "follow",
+}
+
+
 class Refused(Exception):
     """The model does not qualify for the cast graph (the message says why)."""
 
@@ -38,16 +66,23 @@ class Types(dict[str, int]):
     """Tensor name -> ONNX element type of every main-graph tensor.
 
     ``ranks``: tensor name -> rank, where shape inference gave one; ``constants``: tensor name -> the TensorProto of
-    each Constant node's ``value``; ``opset``: the default domain's opset.
+    each Constant node's ``value``; ``casts``: the output of each Cast to FP16/BF16/float32 -> (its input, the type);
+    ``opset``: the default domain's opset.
     """
 
     ranks: dict[str, int]
     constants: dict[str, Any]
+    casts: dict[str, tuple[str, int]]
     opset: int
 
 
 def expand(node: Any, types: Mapping[str, int], low: int, inits: list[Any]) -> list[Any]:
     """A low HardSwish or BatchNormalization as the float32 steps the emulator rounds one by one.
+
+    ``low`` FLOAT: an FP32 BatchNormalization as the emulator computes it (folded, ``x * a + b`` in float32, no
+    rounding): ONNX Runtime's own BatchNormalization kernel lands on other float32 bits, and the figures of a low
+    model downstream of it would then differ from the emulator's by more than a verdict can stand (layout_cdla's
+    repairs, issue 37).
 
     Raises:
         Refused: A variant the emulator does not compute so (training mode, BatchNorm parameters that are not
@@ -70,7 +105,8 @@ def expand(node: Any, types: Mapping[str, int], low: int, inits: list[Any]) -> l
         return f"{tag}_{name}"
 
     def rounded(op: str, ins: list[str], out: str) -> list[Any]:
-        return round_pair(helper.make_node(op, ins, [out], name=f"{node.name}__{out.rsplit('_', 1)[-1]}"), low)
+        made = helper.make_node(op, ins, [out], name=f"{node.name}__{out.rsplit('_', 1)[-1]}")
+        return [made] if low == FLOAT else round_pair(made, low)
 
     if node.op_type == "HardSigmoid":
         return [
@@ -92,12 +128,11 @@ def expand(node: Any, types: Mapping[str, int], low: int, inits: list[Any]) -> l
     known = set(attrs) <= {"epsilon", "momentum", "spatial", "training_mode"}
     if attrs.get("training_mode", 0) or attrs.get("spatial", 1) != 1 or not known:
         raise Refused(f"BatchNormalization '{node.name}' with attributes {sorted(attrs)}")
-    weights = {t.name: t for t in inits}
-    weights.update(types.constants if isinstance(types, Types) else {})
-    if len(node.input) < 5 or any(n not in weights for n in node.input[1:5]):
+    params = [p for n in node.input[1:5] if (p := _constant(n, types, inits)) is not None]
+    if len(params) != 4:
         raise Refused(f"BatchNormalization '{node.name}' whose parameters are not constants")
-    scale, bias, mean, var = (numpy_helper.to_array(weights[n]) for n in node.input[1:5])
-    num = Numerics(LOW[low])
+    scale, bias, mean, var = params
+    num = Numerics(LOW[low] if low in LOW else Precision.FP32)
     a, b = fold_batch_norm(scale, bias, mean, var, attrs.get("epsilon", 1e-5))  # (as kernels/norm.batch_norm)
     a, b = num.r(a.reshape(-1)), num.r(b.reshape(-1))
     rank = (types.ranks if isinstance(types, Types) else {}).get(x)
@@ -108,6 +143,51 @@ def expand(node: Any, types: Mapping[str, int], low: int, inits: list[Any]) -> l
     else:  # rank not inferred: [1, C, 1, ...] built from the input's own shape at run time
         shaped, a_name, b_name = _channel_shaped(node, x, tag, const("a", a), const("b", b), inits)
     return [*shaped, *rounded("Mul", [x, a_name], f"{tag}_scaled"), *rounded("Add", [f"{tag}_scaled", b_name], y)]
+
+
+def nan_kept_extreme(node: Any, inits: list[Any]) -> list[Any]:
+    """A low ReduceMax/ReduceMin as the emulator computes it: ONNX Runtime's kernel, NaN where a reduced value is NaN.
+
+    ONNX Runtime's kernel may drop a NaN; the emulator (kernels/norm.py) puts it back, and so does this: the same
+    reduction of ``IsNaN(x)`` (as 0/1 floats, ReduceMax for both ops) chooses NaN where it is 1.
+    """
+    from onnx import helper, numpy_helper
+
+    x, y = node.input[0], node.output[0]
+    tag = f"{y}__castgraph"
+    inits.append(numpy_helper.from_array(np.array(np.nan, np.float32), f"{tag}_nan"))
+    first = helper.make_node(node.op_type, list(node.input), [f"{tag}_raw"], name=node.name)
+    first.attribute.extend(node.attribute)
+    flag = helper.make_node("ReduceMax", [f"{tag}_isnan", *node.input[1:]], [f"{tag}_anynan"], name=f"{node.name}__nan")
+    flag.attribute.extend(node.attribute)
+    return [
+        first,
+        helper.make_node("IsNaN", [x], [f"{tag}_nanmask"], name=f"{node.name}__isnan"),
+        helper.make_node("Cast", [f"{tag}_nanmask"], [f"{tag}_isnan"], name=f"{node.name}__nanf", to=FLOAT),
+        flag,
+        helper.make_node("Cast", [f"{tag}_anynan"], [f"{tag}_anyflag"], name=f"{node.name}__nanb", to=9),
+        helper.make_node("Where", [f"{tag}_anyflag", f"{tag}_nan", f"{tag}_raw"], [y], name=f"{node.name}__keep"),
+    ]
+
+
+def _constant(name: str, types: Mapping[str, int], inits: list[Any]) -> np.ndarray | None:
+    """The value of ``name`` as a low node reads it, when it is a weight, a Constant, or a Cast of one to a low dtype.
+
+    A Cast of an FP32 weight to FP16/BF16 (convert writes one for a weight that FP32 nodes read too), or of a low
+    weight back to float32 (an FP32 node reading a weight stored low), is numpy's cast, as the emulator's Cast kernel
+    computes it; None for any other tensor.
+    """
+    from onnx import helper, numpy_helper
+
+    weights = {t.name: t for t in inits}
+    weights.update(types.constants if isinstance(types, Types) else {})
+    if name in weights:
+        return np.asarray(numpy_helper.to_array(weights[name]))
+    src, to = (types.casts if isinstance(types, Types) else {}).get(name, ("", 0))
+    if src not in weights:
+        return None
+    low = np.asarray(numpy_helper.to_array(weights[src])).astype(helper.tensor_dtype_to_np_dtype(to))
+    return low.astype(np.float32)
 
 
 def _softmax(node: Any, attrs: Mapping[str, Any], tag: str, low: int, inits: list[Any], opset: int) -> list[Any]:

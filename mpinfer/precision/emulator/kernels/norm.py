@@ -65,12 +65,23 @@ def _mean(v: np.ndarray, axes: tuple[int, ...], num: Numerics) -> np.ndarray:
     )
 
 
-def _max(v: np.ndarray, axes: tuple[int, ...], num: Numerics) -> np.ndarray:
-    return np.max(v, axis=axes, keepdims=True)
+def _extreme(op: str, fallback: Callable[..., np.ndarray]) -> Callable[..., np.ndarray]:
+    """ReduceMax/ReduceMin: the largest/smallest value, NaN when the reduced values hold one.
 
+    ONNX Runtime's float32 kernel where it runs (a NaN it drops is put back), so that the cast graph
+    (:mod:`castgraph`), which computes it so too, gives the same bits: the values are numpy's, and so is every
+    NaN; only the sign of a zero result, when the reduced values hold both zeros, is ONNX Runtime's choice (numpy's
+    depends on its SIMD width and the length's remainder).
+    """
 
-def _min(v: np.ndarray, axes: tuple[int, ...], num: Numerics) -> np.ndarray:
-    return np.min(v, axis=axes, keepdims=True)
+    def step(v: np.ndarray, axes: tuple[int, ...], num: Numerics) -> np.ndarray:
+        fast = ortexec.kernel(op, {"axes": list(axes), "keepdims": 1}, [v]) if v.dtype == np.float32 else None
+        if fast is None:
+            return fallback(v, axis=axes, keepdims=True)
+        nan = np.isnan(v).any(axis=axes, keepdims=True)
+        return np.where(nan, np.float32(np.nan), fast) if nan.any() else fast
+
+    return step
 
 
 def _prod(v: np.ndarray, axes: tuple[int, ...], num: Numerics) -> np.ndarray:
@@ -275,8 +286,8 @@ def cumsum(n: NodeInfo, num: Numerics, x: list[Any]) -> list[np.ndarray]:
 KERNELS = {
     "ReduceSum": _reduce(_sum),
     "ReduceMean": _reduce(_mean),
-    "ReduceMax": _reduce(_max),
-    "ReduceMin": _reduce(_min),
+    "ReduceMax": _reduce(_extreme("ReduceMax", np.max)),
+    "ReduceMin": _reduce(_extreme("ReduceMin", np.min)),
     "ReduceProd": _reduce(_prod),
     "ReduceSumSquare": _reduce(_sum_square),
     "ReduceL1": _reduce(_l1),
