@@ -21,10 +21,10 @@ from typing import Any
 import onnx
 
 from mpinfer.modelio import name_nodes
-from mpinfer.precision.graphinfo import GraphInfo
-from mpinfer.precision.normalize import sort_nodes
-from mpinfer.precision.planner import RuleOptions, rule_plan
-from mpinfer.precision.validate import apply_validated, gate_published
+from mpinfer.precision.core.graphinfo import GraphInfo
+from mpinfer.precision.graph.normalize import sort_nodes
+from mpinfer.precision.graph.validate import apply_validated, gate_published
+from mpinfer.precision.rules.planner import RuleOptions, rule_plan
 from mpinfer.specs import Precision
 
 
