@@ -130,6 +130,9 @@ class CalibrationStats(Mapping[str, TensorStats]):
         sample_shapes: The shapes of the graph inputs and of the main-graph tensors ONNX Runtime computed in the
             probe (one sample, or the first batch when it cannot be cut), or None: sizes static shape inference
             leaves unknown (``--dim`` sizes, image sides), for FLOP counts.
+        row_multiple: The sample counts the model takes are multiples of this (learnt by the probe from the first
+            batch: a model that reshapes its rows into groups of 4 takes 4, 8, ... rows, never 1): every slice of
+            samples convert cuts is a multiple of it.
     """
 
     tensors: dict[str, TensorStats]
@@ -138,6 +141,7 @@ class CalibrationStats(Mapping[str, TensorStats]):
     reference_tensors: list[dict[str, np.ndarray]] | None = field(default=None, repr=False, compare=False)
     sample_bytes: int | None = field(default=None, compare=False)
     sample_shapes: dict[str, tuple[int, ...]] | None = field(default=None, repr=False, compare=False)
+    row_multiple: int = field(default=1, compare=False)
 
     def __getitem__(self, name: str) -> TensorStats:
         return self.tensors[name]
@@ -484,6 +488,7 @@ class _Passes:
     _sessions: _Sessions
     _probe_session: Any = None
     sample_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    multiple: int = 1
 
     @classmethod
     def probe(cls, sessions: _Sessions, names: list[str], batch: Mapping[str, np.ndarray], slicer: BatchSlicer) -> Any:
@@ -493,8 +498,7 @@ class _Passes:
         except ModelLoadError as err:
             logger.warning("ONNX Runtime cannot run the model (%s); calibrating with the numpy emulator", err)
             return None
-        sample = slicer.slice(batch, 0, 1) if slicer.rows(batch) > 1 else batch  # a batch that cannot be cut: whole
-        values = _run(sess, names, sample)
+        multiple, sample, values = _probe_rows(sess, names, batch, slicer)
         sizes = [np.asarray(v).nbytes for v in values]
         shapes = {n: tuple(np.shape(v)) for n, v in sample.items()}
         shapes.update((n, tuple(np.shape(v))) for n, v in zip(names, values, strict=True))
@@ -503,13 +507,42 @@ class _Passes:
         chunks = pack_chunks(names, sizes, MAX_OUTPUTS_PER_SESSION, call)
         size_of = dict(zip(names, sizes, strict=True))
         totals = [sum(size_of[n] for n in chunk) for chunk in chunks]
-        per_call = [max(1, call // max(1, t)) for t in totals]
-        return cls(chunks, per_call, sum(sizes), sessions, sess if len(chunks) == 1 else None, shapes)
+        # samples per call: whole groups of the rows the model takes (the probe's bytes are for ``multiple`` rows)
+        per_call = [max(1, call // max(1, t)) * multiple for t in totals]
+        return cls(chunks, per_call, sum(sizes) // multiple, sessions, sess if len(chunks) == 1 else None, shapes,
+                   multiple)
 
     def session(self, index: int) -> Any:
         """The session of pass ``index`` (the probe's own when there is a single pass)."""
         sess, self._probe_session = self._probe_session, None
         return sess if sess is not None else self._sessions.session(self.chunks[index])
+
+
+def _probe_rows(
+    sess: Any, names: list[str], batch: Mapping[str, np.ndarray], slicer: BatchSlicer
+) -> tuple[int, Mapping[str, np.ndarray], list[np.ndarray]]:
+    """The probe's run: (the rows the model takes at a time, the slice run, its tensors).
+
+    One sample when the model takes it; else the fewest rows of the batch it takes, among the batch's divisors (a
+    model that reshapes its rows into groups of 4 takes 4): learnt from the data, never a count it rejects. A batch
+    that cannot be cut runs whole (it counts as one sample); the whole batch rejected is the data's fault (raised).
+    """
+    rows = slicer.rows(batch)
+    if rows <= 1:
+        return 1, batch, _run(sess, names, batch)
+    first: FeedsRejectedError | None = None
+    for size in [k for k in range(1, rows) if rows % k == 0]:
+        sample = slicer.slice(batch, 0, size)
+        try:
+            values = _run(sess, names, sample)
+        except FeedsRejectedError as err:
+            first = first or err
+            continue
+        if size > 1:
+            logger.info("the model takes its samples %d at a time (one sample is rejected: %s)", size,
+                        first.reason[:200] if first else "")
+        return size, sample, values
+    return rows, batch, _run(sess, names, batch)
 
 
 def calibrate(
@@ -634,7 +667,7 @@ class _Run:
         keep = capture.kept(b) if index == 0 or b < capture.batches else None  # (later passes: no output)
         chunk, per_call, rows = plan.chunks[index], plan.rows_per_call[index], self.slicer.rows(batch)
         collector = self.first_pass.collector
-        if rows <= per_call:
+        if rows <= per_call or rows % plan.multiple:  # (a batch the model takes whole but not in groups: whole)
             _run_chunk(sess, chunk, batch, collector, keep, capture.wanted(b))
         else:  # too many bytes for one call: slices of samples (the outputs joined from them, or run on their own)
             pieces: list[tuple[int, dict[str, np.ndarray]]] = []
@@ -707,6 +740,7 @@ class _Run:
             tensors,
             plan.sample_bytes if plan else None,
             plan.sample_shapes if plan else None,
+            plan.multiple if plan else 1,
         )
 
 

@@ -40,12 +40,17 @@ from mpinfer.modelio import (
     uses_external_data,
 )
 from mpinfer.precision.apply import ApplyResult
+from mpinfer.precision.calibrate import float_outputs
 from mpinfer.precision.evaluators import evaluator_class
 from mpinfer.precision.fusion import FUSED_SUFFIXES, fuse_norms
+from mpinfer.precision.gain import low_gain_note
 from mpinfer.precision.genbudget import split_generation_budget
 from mpinfer.precision.graphinfo import GraphInfo
 from mpinfer.precision.normalize import check_not_low, ensure_opset, low_io_types, sort_nodes
 from mpinfer.precision.options import (
+    NO_CALIBRATION,
+    NOT_MEASURED,
+    RANDOM_INPUTS,
     Options,
     floor_for_classes,
     floor_for_model,
@@ -414,6 +419,8 @@ class _Planned:
     search_cost: dict[str, Any] | None = None
     verified: tuple | None = None
     verify: VerifyInputs | None = None
+    unmeasured: list[str] = field(default_factory=list)  # float outputs with no values on the data
+    not_measured: str | None = None  # why nothing was measured (``--calibration none``)
 
 
 def _make_plan(
@@ -430,6 +437,9 @@ def _make_plan(
     decisions, nodes = rule_plan(info, opts.precision, rules, keep_io_types=opts.keep_io_types, stats=stats)
     _warn_foreign(nodes)
     made = _Planned(_new_plan(data.model, sha, opts, calibrated.description))
+    made.unmeasured = _unmeasured_outputs(info.model, stats, data)
+    if data.source == NO_CALIBRATION:
+        made.not_measured = NOT_MEASURED
     if opts.budget and calibrated.feeds is not None:
         outcome, searched = _search(opts, info, decisions, nodes, calibrated)
         nodes = outcome.nodes
@@ -441,6 +451,41 @@ def _make_plan(
     made.plan.nodes = list(nodes)
     warn_quantized(made.plan.nodes)  # an int8/QDQ model: say what was left as it was, and why
     return made
+
+
+def _unmeasured_outputs(model: Any, stats: Any, data: CalibrationSettings) -> list[str]:
+    """The float outputs that had no values on the data (empty, or every value 0): their error is not measured.
+
+    Raises:
+        InvalidInputError: When it is every float output and the data is mpinfer's own random data: it has
+            nothing to judge a plan by, and convert does not write an unmeasured plan on its own.
+    """
+    if stats is None:
+        return []
+    floats = [o.name for o in float_outputs(model)]
+    silent = [n for n in floats if n in stats.tensors and _no_values(stats[n])]
+    if silent and len(silent) == len(floats) and data.own_data:
+        given = "no --calibration given" if data.source is None else f"--calibration {data.source}"
+        raise InvalidInputError(
+            format_message(
+                f"mpinfer's own random data ({given})",
+                f"no values in any output of the model ({', '.join(repr(n) for n in silent[:5])}: empty or all 0)",
+                "data that gives the outputs values, to verify the plan against the default floor",
+                "pass --calibration FILE with real inputs (or --dim NAME=N / --input-range NAME=LO..HI to shape the "
+                "random data); --calibration none plans by the rules alone (nothing measured)",
+            )
+        )
+    if silent:
+        logger.warning(
+            "Output(s) %s had no values on the calibration data (empty, or every value 0): their error is not "
+            "measured. Pass data that gives them values to have them judged.", ", ".join(repr(n) for n in silent)
+        )
+    return silent
+
+
+def _no_values(st: Any) -> bool:
+    """True for a tensor's statistics with no values (none seen, or every one 0; NaN/Inf are values)."""
+    return st.count == 0 or (st.absmax == 0 and not st.nan_count and not st.inf_count)
 
 
 def _new_plan(source: Path, sha: str, opts: Options, calibration: dict[str, Any] | None) -> PrecisionPlan:
@@ -480,9 +525,10 @@ def _search(
     except AccuracyMismatchError as err:
         if not opts.default_budget:
             raise
+        random = calibrated.stats is not None and calibrated.stats.is_random
         raise AccuracyMismatchError(
-            f"{err} (No --budget was given: '{opts.budget}' is the default floor on the calibration data; "
-            "pass --budget none to skip it.)"
+            f"{err} (No --budget was given: '{opts.budget}' is the default floor on "
+            f"{RANDOM_INPUTS if random else 'the calibration data'}; pass --budget none to skip it.)"
         ) from err
     return outcome, search_feeds
 
@@ -595,6 +641,7 @@ def _verify(
     )
     record = verification_record(repaired.verification, inputs.settings, repaired)
     record["wall_s"] = round(time.perf_counter() - start, 3)  # every pass and the repairs' ranking
+    record["data"] = (made.plan.calibration or {}).get("kind")  # "random": judged on mpinfer's own random inputs
     if made.search_cost is not None:
         record["searched_samples"] = made.search_cost.get("samples")
     if repaired.rounds:  # the search's figures were for the candidate the verification rejected
@@ -617,7 +664,17 @@ def _summarize(
     )
     if verification is not None:
         plan.summary["verification"] = verification
+    if made.unmeasured:
+        plan.summary["unmeasured_outputs"] = list(made.unmeasured)
+        if len(made.unmeasured) == len(float_outputs(info.model)):  # every figure of an output with no values
+            plan.summary["expected_error"] = {}
+    if made.not_measured:
+        plan.summary["not_measured"] = made.not_measured
     plan.opset = info.opsets.get("") or None  # what the plan was made for (and is applied at)
+    gain = low_gain_note(plan.nodes, plan.summary, info, precision)
+    if gain:
+        plan.summary["low_gain"] = gain
+        logger.warning("%s", gain)
     _warn_opset_blocked(plan.nodes, info, precision)
     double = fp64_nodes(info)
     if double:
