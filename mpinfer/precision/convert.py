@@ -672,9 +672,9 @@ def _summarize(
         plan.summary["not_measured"] = made.not_measured
     plan.opset = info.opsets.get("") or None  # what the plan was made for (and is applied at)
     gain = low_gain_note(plan.nodes, plan.summary, info, precision)
-    if gain:
+    if gain:  # (the console prints it; the opset and quantized-model warnings have said their part already)
         plan.summary["low_gain"] = gain
-        logger.warning("%s", gain)
+        logger.info("%s", gain)
     _warn_opset_blocked(plan.nodes, info, precision)
     double = fp64_nodes(info)
     if double:

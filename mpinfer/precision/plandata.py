@@ -404,8 +404,9 @@ def _load_feeds(data: CalibrationSettings, model: Any) -> Any:
     )
     if feeds.is_random:
         logger.warning(
-            "%s: using %s from the input specs. Range rules and the budget search then reflect random "
-            "inputs, not your data; pass real data (an .npz of inputs) as calibration.",
+            "%s: using %s from the input specs. Range rules, the budget search and the default floor's "
+            "verification then reflect random inputs, not your data; pass real data (an .npz of inputs) as "
+            "calibration.",
             "No calibration data" if data.source is None else "Random calibration data",
             feeds.description,
         )
