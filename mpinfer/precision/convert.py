@@ -516,6 +516,7 @@ def _search(
         keep_io_types=opts.keep_io_types,
         batches=len(search_feeds) if isinstance(search_feeds, SearchRows) else MANY,
         progress=opts.progress,
+        samples_independent=calibrated.stats is None or calibrated.stats.row_multiple == 1,
     )
     try:
         outcome = search_plan(
