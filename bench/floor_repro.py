@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 
 from mpinfer.errors import AccuracyMismatchError  # noqa: E402
 from mpinfer.precision import ConvertConfig, convert_precision  # noqa: E402
-from mpinfer.precision.strict import StrictRunner  # noqa: E402
+from mpinfer.precision.emulator.runner import StrictRunner  # noqa: E402
 from tests.precision.graphs import SCORE_HEADS, run_ort, save, score_data, score_mlp  # noqa: E402
 
 

@@ -197,7 +197,7 @@ def predict(fp32: Path, cand: Path, feeds: dict[str, np.ndarray], batch: int) ->
 
     from mpinfer.data.decode import ort_run_fn
     from mpinfer.modelio import ort_session
-    from mpinfer.precision.strict import StrictRunner
+    from mpinfer.precision.emulator.runner import StrictRunner
 
     with StrictRunner(fp32) as r32, StrictRunner(cand) as r16:
         strict = gpu_measure.error_figures(lambda f: r32.infer(f), lambda f: r16.infer(f), feeds, batch)

@@ -209,7 +209,7 @@ def _strict_outputs(path: Path, feeds: dict[str, Any]) -> dict[str, Any]:
     """Every output of ``path`` under strict numerics, batch by batch of 4 samples (memory stays bounded)."""
     import numpy as np
 
-    from mpinfer.precision.strict import StrictRunner
+    from mpinfer.precision.emulator.runner import StrictRunner
 
     n = len(next(iter(feeds.values())))
     parts: dict[str, list[Any]] = {}

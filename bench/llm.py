@@ -120,7 +120,7 @@ def fp16_share_and_casts(src: Path, dst: Path) -> dict[str, Any]:
     import onnx
 
     from mpinfer.modelio import name_nodes
-    from mpinfer.precision.graphinfo import FLOAT16, GraphInfo
+    from mpinfer.precision.core.graphinfo import FLOAT16, GraphInfo
 
     orig = name_nodes(onnx.load(str(src), load_external_data=False))
     conv = name_nodes(onnx.load(str(dst), load_external_data=False))

@@ -295,7 +295,7 @@ def metrics(ref: list[np.ndarray], got: list[np.ndarray]) -> dict:
 
 def evaluate(src: Path, dst: Path, feeds: dict[str, np.ndarray]) -> dict:
     from mpinfer.modelio import ort_session
-    from mpinfer.precision.strict import StrictRunner
+    from mpinfer.precision.emulator.runner import StrictRunner
 
     out: dict = {}
     ref_ort = ort_session(src).run(None, feeds)
@@ -323,7 +323,7 @@ def fp16_share_and_casts(src: Path, dst: Path, shapes: dict[str, tuple[int, ...]
     Casts ``dst`` added. ``shapes``: input shapes to count FLOPs at, for a model with dynamic dims."""
     import onnx
 
-    from mpinfer.precision.graphinfo import FLOAT16, GraphInfo
+    from mpinfer.precision.core.graphinfo import FLOAT16, GraphInfo
 
     out: dict = {}
     orig, conv = onnx.load(str(src)), onnx.load(str(dst))

@@ -31,7 +31,7 @@ CHILD = r"""
 import json, sys, time
 import numpy as np
 from mpinfer.metrics import OutputAccumulator
-from mpinfer.precision.tensorstats import StatsCollector
+from mpinfer.precision.calib.statistics import StatsCollector
 repeat = int(sys.argv[1])
 rng = np.random.default_rng(0)
 def cost(fn):

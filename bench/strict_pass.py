@@ -24,7 +24,7 @@ import onnx
 import onnxruntime as ort
 
 from mpinfer.precision.emulator.castgraph import open_cast_session
-from mpinfer.precision.strict import StrictRunner
+from mpinfer.precision.emulator.runner import StrictRunner
 
 
 def timed(make: Callable[[], Callable], batches: list[dict]) -> tuple[float, float, list]:

@@ -41,7 +41,7 @@ from mpinfer.precision import ConvertConfig, convert_precision
 args = json.loads(sys.argv[1])
 spent = {"cpu": 0.0}
 try:  # the verification's CPU time (trees that have it)
-    import mpinfer.precision.verify as verify_mod
+    import mpinfer.precision.budget.repair as verify_mod
     real = verify_mod.verify_and_repair
     def timed(*a, **k):
         t = time.process_time()

@@ -62,3 +62,20 @@ def build(dim: int = 64, heads: int = 4, depth: int = 2) -> nn.Module:
 
 def example_inputs(batch: int = 2, seq: int = 16) -> tuple[torch.Tensor, ...]:
     return (torch.randint(0, VOCAB, (batch, seq), generator=torch.Generator().manual_seed(0)),)
+
+
+def train_data(train: int = 512, held_out: int = 128, seq: int = 16) -> tuple[object, object]:
+    """(train, eval) Datasets for ``mpinfer train``: token sequences whose class is the vocabulary quarter that
+    most of their tokens come from (10 of 16 drawn from the class's quarter, the rest from anywhere).
+
+    Synthetic and seeded: the model's inputs are token ids, which the built-in digits images are not.
+    """
+    from torch.utils.data import TensorDataset
+
+    g = torch.Generator().manual_seed(1)
+    n, quarter, own = train + held_out, VOCAB // 4, (seq * 5) // 8
+    labels = torch.randint(0, 4, (n,), generator=g)
+    ids = torch.randint(0, VOCAB, (n, seq), generator=g)
+    ids[:, :own] = labels[:, None] * quarter + torch.randint(0, quarter, (n, own), generator=g)
+    ids = torch.gather(ids, 1, torch.argsort(torch.rand(n, seq, generator=g), dim=1))  # the class tokens anywhere
+    return TensorDataset(ids[:train], labels[:train]), TensorDataset(ids[train:], labels[train:])

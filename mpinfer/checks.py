@@ -246,6 +246,25 @@ def _selector(raw: str, selector: str | None, metric: str) -> str | None:
     return selector
 
 
+def _unknown_metric(raw: str, name: str) -> str:
+    """The message for an unknown metric: the closest name when there is one (as ``--keep-op`` does), else all."""
+    import difflib
+
+    names = [*METRIC_DOCS, *ALIASES]
+    close = difflib.get_close_matches(name.lower(), names, n=1, cutoff=0.6)
+    if close:
+        suggestion = ALIASES.get(close[0], close[0])
+        return format_message(f"Check '{raw}'", f"unknown metric '{name}'", "a metric of docs/compare.md",
+                              f"did you mean '{suggestion}'? (`mpinfer compare --help` lists every metric)")
+    return format_message(
+        f"Check '{raw}'",
+        f"unknown metric '{name}'",
+        "one of " + ", ".join([*METRIC_DOCS, "topK (K <= 100)"])
+        + " (aliases: " + ", ".join(f"{a}={t}" for a, t in ALIASES.items()) + ")",
+        "docs/compare.md defines each metric",
+    )
+
+
 def parse_checks(text: str) -> Checks:
     """Parse a check list (see the module docstring).
 
@@ -264,15 +283,7 @@ def parse_checks(text: str) -> Checks:
         name = m.group(1).lower()
         metric = ALIASES.get(name, name)
         if not is_metric(metric):
-            raise InvalidInputError(
-                format_message(
-                    f"Check '{raw}'",
-                    f"unknown metric '{m.group(1)}'",
-                    "one of " + ", ".join([*METRIC_DOCS, "topK (K <= 100)"])
-                    + " (aliases: " + ", ".join(f"{a}={t}" for a, t in ALIASES.items()) + ")",
-                    "docs/compare.md defines each metric",
-                )
-            )
+            raise InvalidInputError(_unknown_metric(raw, m.group(1)))
         try:
             value = float(m.group(3))
         except ValueError as err:

@@ -15,6 +15,7 @@ import contextlib
 import contextvars
 import functools
 import logging
+import os
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -258,3 +259,11 @@ def budgeted(fn: Callable[[C], R]) -> Callable[[C], R]:
             return fn(config)
 
     return run
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask on Linux, else the machine's count)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1

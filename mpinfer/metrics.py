@@ -306,6 +306,8 @@ class OutputAccumulator:
         b_in, c_in = np.asarray(baseline), np.asarray(candidate)
         if self.shape is None:
             self._first(b_in, c_in)
+        if b_in.size == 0 and c_in.size == 0:  # a zero-size output (a Split of 0): no values to measure
+            return
         self.s["elements"] += b_in.size
         if self.integer:
             self.s["equal"] += int(np.count_nonzero(b_in == c_in))
@@ -445,6 +447,9 @@ class OutputAccumulator:
     ) -> dict[str, float | None]:
         bad = s["nonfinite"] > 0
         n = s["n"]
+        # an output with no values compared (zero-size, or no finite baseline value) measured nothing: its figures
+        # are None (unmeasured), never the perfect 0 / 1 / inf the sums of nothing would give
+        measured = n > 0 or bad
 
         def worst(value: float | None, poisoned: float) -> float | None:
             return poisoned if bad else value
@@ -464,16 +469,16 @@ class OutputAccumulator:
             "mean_rel": worst(s["sum_rel"] / n if n else None, math.inf),
             "median_rel": quantile(h_rel, 0.5, s["max_rel"]),
             "p99_rel": quantile(h_rel, 0.99, s["max_rel"]),
-            "rel_l2": worst(relative_l2(s["sum_d2"], s["sum_b2"]), math.inf),
+            "rel_l2": worst(relative_l2(s["sum_d2"], s["sum_b2"]) if measured else None, math.inf),
             "range_err": worst(range_error(s["max_abs"], s["b_min"], s["b_max"]) if n else None, math.inf),
-            "cosine": worst(_cosine(s["sum_bc"], s["sum_b2"], s["sum_c2"]), -1.0),
-            "cosine_min": worst(cosine_min if s["samples"] else None, -1.0),
-            "snr_db": worst(_snr_db(s["sum_b2"], s["sum_d2"]), -math.inf),
+            "cosine": worst(_cosine(s["sum_bc"], s["sum_b2"], s["sum_c2"]) if measured else None, -1.0),
+            "cosine_min": worst(cosine_min if s["samples"] and measured else None, -1.0),
+            "snr_db": worst(_snr_db(s["sum_b2"], s["sum_d2"]) if measured else None, -math.inf),
             "nan": s["nan"],
             "inf": s["inf"],
             "nonfinite": s["nonfinite"],
             "match": s["equal"] / s["elements"] if self.integer and s["elements"] else None,
-            "mismatch": s["elements"] - s["equal"] if self.integer else None,
+            "mismatch": s["elements"] - s["equal"] if self.integer and s["elements"] else None,
         }
         classes = self.shape[-1] if self.shape else 0
         for k in self.topk:

@@ -497,7 +497,7 @@ BUILD_LOOSE_TYPES: dict[str, Any] = {
 # fails at once, not after training. (stage, key) -> (module, parser)
 VALUE_PARSERS = {
     ("convert", "budget"): ("mpinfer.precision.options", "check_budget"),  # the check grammar, or "none"
-    ("convert", "numerics"): ("mpinfer.precision.evaluators", "check_numerics"),  # a name this machine can run
+    ("convert", "numerics"): ("mpinfer.precision.numerics.registry", "check_numerics"),  # a name this machine can run
     ("compare", "checks"): ("mpinfer.checks", "parse_checks"),
     ("convert", "input_ranges"): ("mpinfer.data", "parse_input_ranges"),
     ("compare", "input_ranges"): ("mpinfer.data", "parse_input_ranges"),

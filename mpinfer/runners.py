@@ -1,7 +1,7 @@
 """From a model path or spec to the runner that runs it: ONNX Runtime, strict emulation, torch or an engine.
 
 The dispatch sits above the packages it picks from (:mod:`mpinfer.backends` for the runners,
-:mod:`mpinfer.precision.strict` for the strict FP16/BF16 emulation, :mod:`mpinfer.engine` for built
+:mod:`mpinfer.precision.emulator.runner` for the strict FP16/BF16 emulation, :mod:`mpinfer.engine` for built
 engines), so none of them imports another to find its runner.
 """
 
@@ -15,7 +15,7 @@ from mpinfer.backends.ort import OrtRunner
 from mpinfer.backends.torch_runner import TorchRunner
 from mpinfer.engine import is_engine_artifact, load_engine_runner
 from mpinfer.errors import InvalidInputError, ModelLoadError, format_message
-from mpinfer.precision.strict import StrictRunner
+from mpinfer.precision.emulator import StrictRunner
 
 # File suffixes of built engines (TensorRT plans, ONNX Runtime ORT-format engines).
 ENGINE_SUFFIXES = (".engine", ".trt", ".plan", ".ort")

@@ -124,7 +124,7 @@ def test_convert_budget_and_compare_check_accept_the_same_strings(text, lm, tmp_
 @pytest.mark.parametrize(
     "text, pattern",
     [
-        ("cosin>=0.9", r"unknown metric 'cosin'.*one of max_abs"),
+        ("cosin>=0.9", r"unknown metric 'cosin'.*did you mean 'cosine'\?"),
         ("logit:top1>=0.9", r"unknown output 'logit'.*one of 'logits'"),
     ],
 )

@@ -66,9 +66,16 @@ def test_slack_is_relative_to_the_threshold_worst_check():
     assert Check(None, "cosine", ">=", 0.9).evaluate({"cosine": math.nan}) is False
 
 
+@pytest.mark.parametrize("typo, meant", [("cosin", "cosine"), ("COSINE_MN", "cosine_min"), ("snrr", "snr_db"),
+                                         ("tp1", "top1"), ("rangeerr", "range_err")])
+def test_a_metric_typo_gets_the_closest_name(typo, meant):
+    with pytest.raises(InvalidInputError, match=rf"unknown metric '{typo}'.*did you mean '{meant}'\?"):
+        parse_checks(f"{typo}>=0.9")
+
+
 def test_unknown_metric_lists_the_valid_ones():
-    with pytest.raises(InvalidInputError, match="unknown metric 'cosin'") as info:
-        parse_checks("cosin>=0.9")
+    with pytest.raises(InvalidInputError, match="unknown metric 'zebra'") as info:
+        parse_checks("zebra>=0.9")
     for name in METRIC_DOCS:
         assert name in str(info.value)
     assert "snr=snr_db" in str(info.value)

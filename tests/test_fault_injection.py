@@ -23,7 +23,7 @@ from onnx import TensorProto, helper, numpy_helper
 from mpinfer.claim import lock_path
 from mpinfer.modelio import data_file
 from mpinfer.precision.convert import plan_path_for
-from mpinfer.precision.plan import PrecisionPlan
+from mpinfer.precision.core.plan import PrecisionPlan
 
 ROOT = Path(__file__).resolve().parents[1]
 KILLS = 10

@@ -121,3 +121,55 @@ def test_no_import_cycles_between_mpinfer_sub_packages():
     assert {"mpinfer.backends", "mpinfer.engine", "mpinfer.precision", "mpinfer.compare"} <= set(packages)
     found = cycles(packages)
     assert found == [], "import cycles between sub-packages: " + "; ".join(" <-> ".join(c) for c in found)
+
+
+# precision/'s sub-packages, lowest first: each imports only from those before it, and the recipe (precision's own
+# top-level modules: convert, config, options, plandata ...) from all of them. The stages of the recipe, in the order
+# docs/architecture.md draws them.
+PRECISION_LAYERS = ("core", "emulator", "graph", "rules", "calib", "numerics", "budget")
+
+
+def precision_layer(module: str) -> int | None:
+    """A module's layer in precision/ (``len(PRECISION_LAYERS)`` for the recipe); None outside precision/."""
+    parts = module.split(".")
+    if parts[:2] != ["mpinfer", "precision"]:
+        return None
+    if len(parts) > 3 or (len(parts) == 3 and parts[2] in PRECISION_LAYERS):
+        return PRECISION_LAYERS.index(parts[2])
+    return len(PRECISION_LAYERS)
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """``"a -> b"`` for every import of a precision/ module from a later layer than its own."""
+    found = []
+    for module, targets in sorted(graph.items()):
+        here = precision_layer(module)
+        if here is None:
+            continue
+        for target in sorted(targets):
+            there = precision_layer(target)
+            if there is not None and there > here:
+                found.append(f"{module} -> {target}")
+    return found
+
+
+def test_the_layer_check_finds_an_upward_import():
+    graph = {
+        "mpinfer.precision.core.plan": {"mpinfer.precision.budget.search"},
+        "mpinfer.precision.budget.search": {"mpinfer.precision.core.plan"},
+        "mpinfer.precision.convert": {"mpinfer.precision.budget.search"},
+        "mpinfer.precision.rules.classify": {"mpinfer.precision.convert"},
+    }
+    assert upward_imports(graph) == [
+        "mpinfer.precision.core.plan -> mpinfer.precision.budget.search",
+        "mpinfer.precision.rules.classify -> mpinfer.precision.convert",
+    ]
+
+
+def test_precision_sub_packages_import_only_from_the_layers_below():
+    """core <- emulator <- graph <- rules <- calib <- numerics <- budget <- the recipe (convert, options ...)."""
+    graph = import_graph()
+    sub_packages = {m.split(".")[2] for m in graph if m.startswith("mpinfer.precision.") and m.count(".") >= 3}
+    assert sub_packages == set(PRECISION_LAYERS), "a new precision/ sub-package needs its place in PRECISION_LAYERS"
+    found = upward_imports(graph)
+    assert found == [], "imports against precision/'s layer order: " + "; ".join(found)

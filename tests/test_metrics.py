@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pytest
 
+from mpinfer.checks import parse_checks
 from mpinfer.errors import InvalidInputError
 from mpinfer.histogram import BINS_PER_DECADE, LogHistogram
 from mpinfer.metrics import (
@@ -282,3 +283,31 @@ def test_chunked_batches_give_the_same_figures(monkeypatch):
     for key, v in whole.finalize().items():
         got = chunked.finalize()[key]
         assert (v is None and got is None) or got == pytest.approx(v, rel=_tol(b.size)), key
+
+
+@pytest.mark.parametrize("shape", [(0,), (0, 4), (3, 0), (2, 0, 5)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int64])
+@pytest.mark.parametrize("classes", [None, False])
+def test_a_zero_size_output_is_unmeasured_never_perfect(shape, dtype, classes):
+    """A Split of 0 gives zero-size outputs: every error figure is None (no values), never 0 / cosine 1 / inf dB."""
+    acc = ModelAccumulator(["y"], class_outputs=None if classes is None else [])
+    empty = np.zeros(shape, dtype)
+    acc.update({"y": empty}, {"y": empty})
+    values = acc.finalize()["y"]
+    for metric in ("max_abs", "mean_abs", "max_rel", "rel_l2", "range_err", "cosine", "cosine_min", "snr_db",
+                   "median_abs", "p99_abs", "top1", "match", "mismatch"):
+        assert values[metric] is None, (metric, values)
+    checks = parse_checks("cosine>=0.999,max_abs<=1,snr_db>=40")
+    assert len(checks.inapplicable(acc.finalize())) == 3  # a check on no values fails, saying why
+
+
+def test_zero_size_batches_beside_full_ones_change_nothing():
+    rng = np.random.default_rng(0)
+    b = rng.standard_normal((4, 6)).astype(np.float32)
+    c = b + np.float32(1e-3) * rng.standard_normal((4, 6)).astype(np.float32)
+    alone, mixed = OutputAccumulator("y"), OutputAccumulator("y")
+    alone.update(b, c)
+    mixed.update(b[:0], c[:0])
+    mixed.update(b, c)
+    mixed.update(b[:0], c[:0])
+    assert mixed.finalize() == alone.finalize()

@@ -36,11 +36,41 @@ def test_quick_tour_runs(tmp_path, monkeypatch, cli_runner):
         (tmp_path / name).symlink_to(ROOT / name)
     monkeypatch.chdir(tmp_path)
     for cmd in quick_tour_commands():
-        result = cli_runner.invoke(main, ["-q", *cmd[1:]])
+        quiet = [] if cmd[1] == "compare" else ["-q"]  # compare's console shows "Plan said / measured"
+        result = cli_runner.invoke(main, [*quiet, *cmd[1:]])
         assert result.exit_code == 0, f"{shlex.join(cmd)}\n{result.output}\n{result.exception!r}"
+        assert "not comparable" not in result.output, f"{shlex.join(cmd)}\n{result.output}"
     assert (tmp_path / "out" / "digits.fp16.plan.json").is_file()
     assert (tmp_path / "out" / "report" / "index.html").is_file()
     assert (tmp_path / "out" / "report.md").read_text().strip()
+    _assert_tour_compare_reproduces_the_plan(tmp_path / "out")
+    _assert_bf16_example_converts_the_heavy_ops(tmp_path / "out" / "digits.bf16.plan.json")
+
+
+def _assert_tour_compare_reproduces_the_plan(out):
+    """The tour's compare (report.json) runs convert's data and numerics: every verified figure matches."""
+    import json
+
+    from mpinfer.report import load_report
+    from mpinfer.report.plan_check import plan_check
+
+    plan = json.loads((out / "digits.fp16.plan.json").read_text())
+    result = load_report(out / "report" / "report.json")
+    cand = next(c for c in result.candidates if c.path.endswith("digits.fp16.onnx"))
+    notes, rows = plan_check(result, cand)
+    assert rows and not any("not comparable" in n for n in notes), notes
+    assert {r[1] for r in rows} >= {"cosine", "top1", "max_abs"}, rows
+    assert all(r[-1] == "match" for r in rows), rows
+    verified = plan["summary"]["verification"]
+    assert verified["samples"] == result.data["samples"]
+
+
+def _assert_bf16_example_converts_the_heavy_ops(plan_path):
+    """The README's BF16 line (opset 22: BF16 Conv) lowers most of the FLOPs, as it says."""
+    import json
+
+    summary = json.loads(plan_path.read_text())["summary"]
+    assert summary["low_share_flops"] > 0.9, summary
 
 
 @pytest.mark.parametrize("target", ["demo", "test"])

@@ -1,4 +1,4 @@
-"""Runners: one interface over ONNX Runtime, torch and TensorRT (strict emulation: :mod:`mpinfer.precision.strict`).
+"""Runners: one interface over ONNX Runtime, torch and TensorRT (strict: :mod:`mpinfer.precision.emulator.runner`).
 
 :func:`mpinfer.runners.open_runner` picks the runner for a path or spec.
 """

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from mpinfer.backends.base import Runner
-from mpinfer.errors import BackendUnavailableError, format_message
-from mpinfer.modelio import load_onnx, ort_session
+from mpinfer.errors import BackendUnavailableError, InvalidInputError, format_message
+from mpinfer.modelio import default_opset, ir_version_for, load_onnx, ort_log_level, ort_session
 from mpinfer.specs import TensorSpec, dim_symbol, specs_from_onnx
 
 logger = logging.getLogger(__name__)
@@ -111,11 +113,13 @@ class OrtRunner(Runner):
         specs = []
         for i in self._session.get_inputs():
             dtype = np.dtype(_ORT_TYPES.get(i.type, np.float32))
+            known = by_name.get(i.name)
+            empty = {k for k, d in enumerate(known.shape) if d == 0} if known else set()  # a declared 0 is static
             shape = tuple(
-                d if isinstance(d, int) and d > 0 else dim_symbol(i.name, k, d if isinstance(d, str) else None)
+                d if isinstance(d, int) and (d > 0 or (d == 0 and k in empty))
+                else dim_symbol(i.name, k, d if isinstance(d, str) else None)
                 for k, d in enumerate(i.shape)
             )
-            known = by_name.get(i.name)
             specs.append(TensorSpec(i.name, shape, dtype, known.value_range if known else None,
                                     dict(known.dim_sizes) if known else {}, dict(known.graph_sizes) if known else {}))
         return specs
@@ -150,3 +154,86 @@ def onnx_input_specs(model: Any) -> list[TensorSpec]:
     if isinstance(model, (str, os.PathLike)):
         model = load_onnx(model, load_external_data=False)
     return specs_from_onnx(model)
+
+
+def load_check(model: Any, path: Path | None) -> None:
+    """Load ``model`` (or the file ``path``) in an ONNX Runtime CPU session, unoptimized: raises what it raises."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.log_severity_level = ort_log_level()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    so.add_session_config_entry("session.disable_prepacking", "1")  # a load check needs no packed copies
+    src = str(path) if path is not None else model.SerializeToString()
+    ort.InferenceSession(src, so, providers=["CPUExecutionProvider"])
+
+
+@functools.lru_cache(maxsize=1)
+def runtime_limits() -> tuple[int, int]:
+    """(highest IR version, highest default-domain opset) the installed ONNX Runtime loads.
+
+    Probed once per process with one-node models (a few milliseconds): the limits move with every ONNX Runtime
+    release, and a model past either is refused at load with an error naming only a file offset.
+    """
+    import onnx
+    from onnx import defs, helper
+
+    def loads(ir: int, opset: int) -> bool:
+        x = helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])
+        y = helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])
+        graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "probe", [x], [y])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=ir)
+        try:
+            load_check(model, None)
+        except Exception:  # noqa: BLE001 - onnxruntime raises its own types
+            return False
+        return True
+
+    ir = next((v for v in range(onnx.IR_VERSION, 6, -1) if loads(v, 13)), 7)
+    opset = next((v for v in range(defs.onnx_opset_version(), 12, -1) if loads(min(ir, 10), v)), 13)
+    return ir, opset
+
+
+def fit_runtime(model: Any, path: str) -> Any:
+    """``model`` at an IR version the installed ONNX Runtime reads, or a clear refusal of an opset it cannot.
+
+    The IR version is lowered (on a copy) to the lowest one the model's opsets need when the declared one is past
+    what ONNX Runtime reads: the validity gate then decides whether the model uses anything of the newer IR. A
+    default-domain opset past ONNX Runtime's is refused: no run (calibration, verification, the gate's load) is
+    possible, and downgrading the ops themselves is not something to do silently.
+
+    Raises:
+        InvalidInputError: The model's default-domain opset is past what ONNX Runtime loads.
+    """
+    import onnx
+
+    max_ir, max_opset = runtime_limits()
+    opset = default_opset(model)
+    if opset > max_opset:
+        import onnxruntime as ort
+
+        raise InvalidInputError(
+            format_message(
+                f"ONNX model '{path}'",
+                f"opset {opset} (IR version {model.ir_version})",
+                f"opset {max_opset} or lower, the newest the installed onnxruntime {ort.__version__} loads",
+                f"re-export the model at opset {max_opset} or lower, or install a newer onnxruntime",
+            )
+        )
+    if model.ir_version <= max_ir:
+        return model
+    lowered = ir_version_for(model)
+    if lowered > max_ir:
+        return model  # (the gate then says why the model cannot be loaded)
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    out.ir_version = lowered
+    logger.info(
+        "Model '%s' declares IR version %d; the installed ONNX Runtime reads up to %d: converted (and written) at "
+        "IR version %d, the lowest its opsets need.",
+        path,
+        model.ir_version,
+        max_ir,
+        lowered,
+    )
+    return out

@@ -12,7 +12,7 @@ from mpinfer.engine.config import DEFAULT_OPT_LEVEL, MAX_OPT_LEVEL
 
 
 @click.command("build-engine")
-@click.argument("model", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("model", type=click.Path(dir_okay=False, path_type=Path))
 @click.option(
     "--backend",
     type=click.Choice(["auto", "tensorrt", "onnxruntime"]),

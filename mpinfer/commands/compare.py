@@ -9,6 +9,7 @@ from pathlib import Path
 
 import click
 
+from mpinfer.checks import ALIASES
 from mpinfer.claim import claim_outputs
 from mpinfer.commands import class_outputs_option, input_range_option, memory_limit_option
 from mpinfer.compare import CompareConfig, ComparisonResult, compare_models
@@ -52,13 +53,19 @@ def _warn_latency_options(ctx: click.Context) -> None:
 
 @click.command(
     epilog="Checks: [OUTPUT:]METRIC OP NUMBER, comma-separated; without OUTPUT: every output the metric applies "
-    "to. Metrics: " + ", ".join(METRIC_DOCS) + ", any topK (aliases snr, rel, acc). Operators: >= <= > < ==. "
+    "to. Metrics: " + ", ".join(METRIC_DOCS) + ", any topK (aliases: "
+    + ", ".join(f"{alias}={name}" for alias, name in ALIASES.items()) + "). Operators: >= <= > < ==. "
     "Generation figures (token_agreement ... ppl_ratio) are model-level, plain or as generate:METRIC, and need "
     "--generate N. Definitions: docs/compare.md."
 )
 @click.argument("baseline")
 @click.argument("candidates", nargs=-1, required=True)
-@click.option("--data", help="Data: .npz file, folder of .npz/.npy/images, or random[:N] (default random).")
+@click.option(
+    "--data",
+    help="Data: an .npz, a folder of .npz or <input>.npy files, a folder of images (see --image-preprocess), "
+    "prompts:FILE[:steps=N] (a decoder with a KV cache: prefill and N greedy steps; FILE an .npz of input_ids or a "
+    "text file with :tokenizer=DIR), or random[:N] (default random).",
+)
 @click.option(
     "--check",
     "checks",

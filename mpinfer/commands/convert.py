@@ -11,8 +11,8 @@ from mpinfer.commands import class_outputs_option, input_range_option, memory_li
 from mpinfer.data import parse_dims
 from mpinfer.modelio import MAX_OPSET
 from mpinfer.precision import ConvertConfig, convert_precision
+from mpinfer.precision.budget import budget_figures
 from mpinfer.precision.options import DEFAULT_BUDGET, DEFAULT_SEARCH_SAMPLES, NUMERICS, RANDOM_INPUTS
-from mpinfer.precision.verify import budget_figures
 from mpinfer.specs import Precision
 
 
@@ -32,7 +32,9 @@ from mpinfer.specs import Precision
 )
 @click.option(
     "--calibration",
-    help="Data for the reference run: .npz, folder, random[:N], or none (rules only). "
+    help="Data for the reference run: an .npz, a folder of .npz or <input>.npy files, a folder of images (see "
+    "--image-preprocess), prompts:FILE[:steps=N] (a decoder with a KV cache: prefill and N greedy steps; FILE an "
+    ".npz of input_ids or a text file with :tokenizer=DIR), random[:N], or none (rules only). "
     "Default: seeded random data from the input specs.",
 )
 @click.option(
@@ -139,7 +141,7 @@ def convert(
       mpinfer convert out/model.onnx --calibration calibration/digits.npz \\
           --budget "cosine>=0.9999,top1>=0.999" -o out/model.fp16.onnx
       mpinfer convert out/model.onnx --plan out/model.fp16.plan.json -o out/model.fp16.onnx
-      mpinfer convert out/model.onnx --precision bf16 --keep-op Softmax --keep-node 'head/.*' -o out/m.bf16.onnx
+      mpinfer convert out/model.onnx --precision bf16 --opset 22 --keep-op Softmax -o out/m.bf16.onnx
     """  # noqa: D301
     quiet = bool((ctx.obj or {}).get("quiet"))
     # every option is the ConvertConfig field of its name; two are parsed from their CLI text first

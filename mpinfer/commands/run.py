@@ -11,7 +11,7 @@ from mpinfer.pipeline import StageRun, run_pipeline
 
 
 @click.command("run")
-@click.argument("pipeline", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("pipeline", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--force", is_flag=True, help="Re-run every stage, even those whose inputs are unchanged.")
 @click.pass_context
 def run(ctx: click.Context, pipeline: Path, force: bool) -> None:

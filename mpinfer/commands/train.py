@@ -15,9 +15,9 @@ from mpinfer.train import AmpConfig, train_model
 @click.argument("model")
 @click.option(
     "--data",
-    default="digits",
-    show_default=True,
-    help="'digits' (built in) or an .npz with input arrays and an integer _labels array.",
+    default=None,
+    help="'digits' (built in) or an .npz with input arrays and an integer _labels array. Default: the model "
+    "file's train_data() if it defines one, else digits.",
 )
 @click.option("--eval-data", default=None, help="Held-out .npz (default: digits test split / 20% of --data).")
 @click.option(
@@ -78,6 +78,13 @@ from mpinfer.train import AmpConfig, train_model
     show_default=True,
     help="Sample overflow statistics on one micro-batch in this many.",
 )
+@click.option(
+    "--strategy",
+    type=click.Choice(["ddp", "fsdp"]),
+    default=None,
+    help="Under torchrun: ddp (default; each process holds the whole model) or fsdp (parameters, gradients and "
+    "optimizer state sharded over the processes).",
+)
 @click.option("--num-workers", type=click.IntRange(min=0), default=0, show_default=True)
 @click.option("--quiet", is_flag=True, help="No progress bars.")
 @click.option("--force", is_flag=True, help="Overwrite the artefacts of an earlier run in the output folder.")
@@ -85,7 +92,7 @@ from mpinfer.train import AmpConfig, train_model
 def train(
     ctx: click.Context,
     model: str,
-    data: str,
+    data: str | None,
     eval_data: str | None,
     precision: str,
     output: Path,
@@ -98,6 +105,7 @@ def train(
     Examples:
       mpinfer train models/digits_cnn.py:build --data digits --precision bf16 --epochs 5 -o runs/digits
       torchrun --nproc_per_node 2 -m mpinfer train models/digits_cnn.py:build -o runs/ddp
+      torchrun --nproc_per_node 2 -m mpinfer train models/transformer_small.py:build --strategy fsdp -o runs/fsdp
     """  # noqa: D301
     quiet = quiet or bool((ctx.obj or {}).get("quiet"))
     config = AmpConfig(
@@ -120,7 +128,8 @@ def train(
     click.echo(
         f"Trained {model} for {s['epochs_done']} epoch{'s' if s['epochs_done'] != 1 else ''} "
         f"({precision}, {s['device']}, "
-        f"{s['world_size']} process{'es' if s['world_size'] > 1 else ''}): {acc}train loss "
+        f"{s['world_size']} process{'es' if s['world_size'] > 1 else ''}"
+        f"{', fsdp' if s.get('strategy') == 'fsdp' else ''}): {acc}train loss "
         f"{s['train_loss']:.4f}, {scale}{s['samples_per_s']:.0f} samples/s, peak memory "
         f"{s['peak_memory_bytes'] / 2**20:.0f} MiB"
     )

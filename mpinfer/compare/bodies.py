@@ -21,8 +21,7 @@ import numpy as np
 from mpinfer.compare.tensoracc import SKIP_OPS, TensorAcc
 from mpinfer.errors import BackendUnavailableError
 from mpinfer.memory import current_budget
-from mpinfer.precision.emulator.emulate import GraphEmulator
-from mpinfer.precision.emulator.kernels.numerics import is_float
+from mpinfer.precision.emulator import GraphEmulator, is_float
 
 logger = logging.getLogger(__name__)
 

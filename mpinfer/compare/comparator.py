@@ -18,18 +18,19 @@ import mpinfer
 from mpinfer.backends.base import Runner
 from mpinfer.backends.torch_runner import TorchRunner
 from mpinfer.checks import DEFAULT_CHECKS, Checks, parse_checks
+from mpinfer.compare.candidates import baseline_copies, check_valid_candidate
 from mpinfer.compare.divergence import find_divergence, load_plan_nodes
 from mpinfer.compare.hints import precision_summary, speed_hints
 from mpinfer.compare.latency import measure_latency
 from mpinfer.compare.result import CandidateResult, ComparisonResult, LatencyResult, OutputMetrics
 from mpinfer.data import load_feeds, parse_dims
 from mpinfer.data.feeds import fixed_batch, sample_axes
+from mpinfer.data.samples import FingerprintedFeeds
 from mpinfer.errors import InvalidInputError, ModelLoadError, MpinferError, format_message
 from mpinfer.generation import attach_generation, generate_config
 from mpinfer.memory import budgeted, current_budget
 from mpinfer.metrics import LABEL_METRICS, ModelAccumulator, OutputAccumulator, check_output_names, guess_class_output
 from mpinfer.modelio import data_file, iter_graphs, load_onnx
-from mpinfer.precision.verify import FingerprintedFeeds
 from mpinfer.progress import progress_bar
 from mpinfer.runners import is_torch_spec, open_runner
 from mpinfer.specs import TensorSpec, is_float_dtype
@@ -165,6 +166,9 @@ def _activate(
     ``sequential``: the runner is activated alone, its specs and output names kept, and deactivated; it is
     activated once more for its pass over the data.
     """
+    # an ONNX candidate run outside ONNX Runtime is checked (under ONNX Runtime its own session is the load check)
+    if role == "Candidate" and cfg.numerics != "ort" and str(spec).lower().endswith(".onnx"):
+        check_valid_candidate(spec, cfg.baseline)
     try:
         runner = open_runner(
             spec, device=cfg.device, numerics=cfg.numerics if role == "Candidate" else "ort", name=spec
@@ -504,6 +508,7 @@ def compare_models(config: CompareConfig) -> ComparisonResult:
         ModelLoadError: A model that cannot be loaded (named in the message).
     """
     checks = _validate_config(config)
+    same_as_baseline = baseline_copies(config.baseline, config.candidates)  # warned before the (long) run
     generation = generate_config(config, config.generate) if config.generate else None  # checked before any run
     t0 = time.perf_counter()
     with contextlib.ExitStack() as stack:
@@ -532,6 +537,7 @@ def compare_models(config: CompareConfig) -> ComparisonResult:
         if result.path.lower().endswith(".onnx"):
             _onnx_extras(config, result, kept)
     notes = _notes(feeds.is_random, result_runners=[c.runner for c in results], latency=latency is not None)
+    notes += same_as_baseline
     logger.info("compare finished in %.1f s", time.perf_counter() - t0)
     comparison = ComparisonResult(
         baseline=base_info,

@@ -28,6 +28,7 @@ from mpinfer.backends.ort import resolve_providers
 from mpinfer.compare.bodies import BodyCoverage, body_graphs, measure_body_tensors
 from mpinfer.compare.result import Divergence, NodeError
 from mpinfer.compare.tensoracc import SKIP_OPS, TensorAcc
+from mpinfer.data.samples import BatchSlicer
 from mpinfer.fileio import make_temp_dir
 from mpinfer.memory import current_budget, release_memory
 from mpinfer.modelio import (
@@ -43,8 +44,8 @@ from mpinfer.modelio import (
     uses_external_data,
     weight_bytes,
 )
-from mpinfer.precision.calibrate import BatchSlicer, pack_chunks
-from mpinfer.precision.emulator.emulate import GraphEmulator
+from mpinfer.precision.calib import pack_chunks
+from mpinfer.precision.emulator import GraphEmulator
 from mpinfer.progress import progress_bar
 from mpinfer.specs import is_float_dtype
 
@@ -123,16 +124,32 @@ def tensor_bytes(
     """Bytes of each named tensor for the largest batch: one probe run on its first sample, times its samples.
 
     (Shape inference misses exactly the big ones: a speech model's attention scores behind reshapes it cannot
-    follow.) A batch that cannot be cut into samples is probed whole.
+    follow.) A batch that cannot be cut into samples, or of a model that refuses one sample, is probed whole.
+    """
+    return _probe_sizes(model, names, batches, providers, base_dir)[0]
+
+
+def _probe_sizes(
+    model: Any, names: Sequence[str], batches: Sequence[Mapping[str, np.ndarray]], providers: list[str], base_dir: str
+) -> tuple[list[int], bool]:
+    """:func:`tensor_bytes`, and whether the model took a one-sample batch (False: it takes only some batch sizes).
+
+    A model whose graph groups its rows (a Reshape to ``[-1, 4, F]``) refuses one sample: the probe then runs the
+    user's own largest batch, which the comparison has run already, and the batches are never cut.
     """
     if not batches or not names:
-        return [0] * len(names)
+        return [0] * len(names), True
     feeds = max(batches, key=lambda b: sum(np.asarray(v).nbytes for v in b.values()))
     slicer = BatchSlicer(model)
     rows = slicer.rows(feeds)
-    sample = slicer.slice(feeds, 0, 1) if rows > 1 else feeds
     sess = _session(_with_outputs(model, names), providers, base_dir)
-    return [np.asarray(v).nbytes * rows for v in sess.run(list(names), dict(sample))]
+    if rows > 1:
+        try:
+            return [np.asarray(v).nbytes * rows for v in sess.run(list(names), dict(slicer.slice(feeds, 0, 1)))], True
+        except Exception as err:  # noqa: BLE001 - onnxruntime's own error types: the model refuses one row
+            logger.info("The model refuses a one-sample batch (%s); probing the whole batch of %d",
+                        str(err).splitlines()[0][:200], rows)
+    return [np.asarray(v).nbytes for v in sess.run(list(names), dict(feeds))], rows <= 1
 
 
 def _session(model: Any, providers: list[str], base_dir: str) -> Any:
@@ -227,12 +244,12 @@ def fit_batches(
     limit = current_budget().divergence_chunk
     if not batches or not names or weight_bytes(base) <= limit:
         return list(batches), None, []
-    sizes = tensor_bytes(base, names, batches, providers, base_dir=base_dir)
+    sizes, one_sample = _probe_sizes(base, names, batches, providers, base_dir)
     slicer = BatchSlicer(base)
     rows = max(slicer.rows(b) for b in batches)
     # held at once: the baseline's chunk tensors of every batch, and one run's outputs in the session making them
     total, held = sum(sizes), limit // (len(batches) + 1)
-    if total <= held or rows <= 1 or not slicer.axis0:
+    if total <= held or rows <= 1 or not slicer.axis0 or not one_sample:  # (cut only a model that takes any size)
         return list(batches), (sizes if total <= held else None), []
     keep = max(1, rows * held // total)
     cut = [slicer.slice(b, 0, keep) if slicer.rows(b) > keep else b for b in batches]

@@ -26,8 +26,8 @@ import numpy as np
 
 from mpinfer.compare.result import SpeedHint
 from mpinfer.modelio import iter_nodes
-from mpinfer.precision.masks import MASK_PATH_OPS, MASK_SENTINEL
-from mpinfer.precision.plan import counts_as_float
+from mpinfer.precision.core import counts_as_float
+from mpinfer.precision.graph import MASK_PATH_OPS, MASK_SENTINEL
 
 logger = logging.getLogger(__name__)
 

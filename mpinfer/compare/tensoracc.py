@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from mpinfer.precision.tensorstats import sum_of_squares
+from mpinfer.precision.core import sum_of_squares
 
 # Ops whose outputs carry no numeric error worth ranking (shape plumbing, constants).
 SKIP_OPS = {"Constant", "Shape", "Size", "ConstantOfShape", "NonZero"}

@@ -25,7 +25,7 @@ from mpinfer.engine.config import (
     complete_profiles,
 )
 from mpinfer.engine.machine import check_capability, check_tensorrt_ops
-from mpinfer.engine.ort_engine import build_ort_engine
+from mpinfer.engine.ort_engine import ENGINE_SUFFIXES, build_ort_engine
 from mpinfer.engine.sidecar import (
     SCHEMA_VERSION,
     SIDECAR_KIND,
@@ -128,6 +128,28 @@ def _check_trt_only_options(cfg: BuildConfig, reason: str) -> list[str]:
     return notes
 
 
+def _check_ort_output(output: Path, reason: str, suggested: Path) -> None:
+    """An ONNX Runtime engine is a ``.ort`` or ``.onnx`` file: refuse another suffix, saying why ONNX Runtime.
+
+    Raises:
+        BackendUnavailableError: A TensorRT suffix (``.engine``/``.plan``) where TensorRT is not installed.
+        InvalidInputError: Any other suffix, or a TensorRT one where ONNX Runtime was chosen otherwise.
+    """
+    if output.suffix.lower() in ENGINE_SUFFIXES:
+        return
+    trt_suffix = output.suffix.lower() in (".engine", ".plan")
+    if trt_suffix and reason.startswith("TensorRT is not installed"):
+        raise BackendUnavailableError(format_message(
+            f"Engine path '{output}'", f"the name of a TensorRT engine ('{output.suffix}'), but TensorRT is not "
+            "installed here", "an ONNX Runtime engine: '.ort' or '.onnx'",
+            f"use `--backend onnxruntime -o {suggested}` (an ONNX Runtime engine: .ort, or .onnx for a model with "
+            f"external data); for TensorRT, {TENSORRT_INSTALL_HINT.split('; or ')[0]}"))
+    raise InvalidInputError(format_message(
+        f"Engine path '{output}'", f"suffix '{output.suffix}' for an ONNX Runtime engine ({reason})",
+        "'.ort' or '.onnx'",
+        f"use -o {suggested}" + ("; .engine/.plan are TensorRT engines (--backend tensorrt)" if trt_suffix else "")))
+
+
 @dataclass(frozen=True)
 class _Checked:
     """Everything ``build_engine`` validated before writing anything."""
@@ -162,6 +184,8 @@ def _check_inputs(cfg: BuildConfig) -> _Checked:
         raise BackendUnavailableError(probe.reason or TENSORRT_INSTALL_HINT)
     external = any(uses_external_data(t) for t in model.graph.initializer)
     output = Path(cfg.output) if cfg.output is not None else default_output(model_path, backend, external_data=external)
+    if backend is Backend.ONNXRUNTIME:
+        _check_ort_output(output, reason, default_output(model_path, backend, external_data=external))
     plan = cfg.plan if cfg.plan is not None else plan_path_for(model_path)
     inputs = [model_path, cfg.timing_cache, plan, *external_data_files(model_path)]
     check_output_path(output, inputs, force=cfg.force)

@@ -39,7 +39,7 @@ from mpinfer.claim import claim_outputs
 from mpinfer.data.feeds import random_batch
 from mpinfer.errors import AccuracyMismatchError, ExportError, InvalidInputError, format_message
 from mpinfer.export.kv import EXPORTER_REASON, with_kv_cache
-from mpinfer.export.loader import LoadedModel, bind_hf_inputs, load_model, split_source
+from mpinfer.export.loader import LoadedModel, bind_hf_inputs, check_forward_inputs, load_model, split_source
 from mpinfer.export.outputs import flatten_outputs
 from mpinfer.export.parity import ParityReport, compare_parity, parity_reference
 from mpinfer.export.streaming import adopt_external_data, export_torchscript_streamed, release_dynamo_weights
@@ -415,6 +415,7 @@ def _export(cfg: ExportConfig, claim: Any, out: Path, sidecar: Path) -> ExportRe
     # a causal LM takes and returns its KV cache (mpinfer.export.kv), unless --no-past or --input says otherwise
     loaded = with_kv_cache(loaded) if cfg.past and not cfg.inputs else loaded
     specs = resolve_specs(loaded, cfg.inputs, cfg.dynamic)
+    check_forward_inputs(loaded, [s.name for s in specs])
     if loaded.kind == "huggingface" and loaded.kv is None:  # the KV wrapper takes its own fixed inputs
         bind_hf_inputs(loaded, [s.name for s in specs])
 

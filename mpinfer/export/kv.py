@@ -30,7 +30,7 @@ logger = logging.getLogger(__name__)
 EXAMPLE_SEQ = 8
 EXAMPLE_PAST = 8
 # The attention implementation the KV export traces. Eager attention adds a float mask built from float32's lowest
-# value, which convert rewrites to the low format's safe lowest (mpinfer.precision.masks); the TorchScript
+# value, which convert rewrites to the low format's safe lowest (mpinfer.precision.graph.masks); the TorchScript
 # exporter turns SDPA's boolean mask into Where(mask, 0, -inf), which that rewrite does not take, so every layer's
 # mask-add and Softmax stayed FP32 (23 Casts against 19 on a 2-layer Llama; the same logits to 2e-7 in parity).
 KV_ATTENTION = "eager"

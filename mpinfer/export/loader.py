@@ -118,6 +118,26 @@ def _first_line(err: BaseException) -> str:
     return lines[0].rstrip(".") if lines else type(err).__name__
 
 
+def _unpickler_line(err: BaseException) -> str:
+    """The line of torch's weights_only refusal that names the object it refused (its first line says nothing)."""
+    for line in str(err).splitlines():
+        if "WeightsUnpickler error:" in line:
+            return line.split("WeightsUnpickler error:", 1)[1].strip().split(". ", 1)[0]
+    return _first_line(err)
+
+
+def _damage(weights: Path) -> str | None:
+    """What is wrong with a weights file that cannot be a whole torch.save file (empty, a cut-short zip), or None."""
+    size = weights.stat().st_size
+    if size == 0:
+        return "an empty file"
+    with weights.open("rb") as f:
+        head = f.read(4)
+    if head == b"PK\x03\x04" and not zipfile.is_zipfile(weights):  # torch.save's zip format without its end
+        return f"a truncated file ({size} bytes: the start of a torch.save zip archive, without its end)"
+    return None
+
+
 def load_state_dict(weights: Path, *, trusted: bool = False) -> dict[str, Any]:
     """Load a state_dict, or the ``model`` entry of a trainer checkpoint, with ``weights_only=True``.
 
@@ -128,14 +148,22 @@ def load_state_dict(weights: Path, *, trusted: bool = False) -> dict[str, Any]:
 
     if not weights.is_file():
         raise ModelLoadError(format_message(f"Weights file '{weights}'", "no such file", "an existing .pt file"))
+    damage = _damage(weights)
+    if damage is not None:  # torch.load would say only "[Errno 22] Invalid argument", trusted or not
+        raise ModelLoadError(format_message(
+            f"Weights file '{weights}'", damage, "a complete state_dict or checkpoint file",
+            "it was cut short (an interrupted copy, download or save): copy or save it again; --trust-weights "
+            "cannot help"))
     try:
         obj = torch.load(weights, map_location="cpu", weights_only=not trusted)
-    except Exception as err:  # torch raises UnpicklingError, RuntimeError, EOFError, ...
-        hint = ("it may hold arbitrary Python objects; re-save it as a plain state_dict, or pass "
-                "--trust-weights if you trust its author" if not trusted else None)
+    except Exception as err:  # torch raises UnpicklingError, RuntimeError, EOFError, OSError ...
+        refused_global = not trusted and "Weights only load failed" in str(err)
+        hint = ("it holds Python objects besides tensors; re-save it as a plain state_dict, or pass "
+                "--trust-weights if you trust its author" if refused_global else
+                "it may be damaged: copy or save it again")
         raise ModelLoadError(format_message(f"Weights file '{weights}'",
                                             f"a file torch.load(weights_only={not trusted}) refused "
-                                            f"({_first_line(err)})",
+                                            f"({_unpickler_line(err) if refused_global else _first_line(err)})",
                                             "a state_dict or a checkpoint with a 'model' entry", hint)) from err
     for key in ("model", "state_dict", "model_state_dict"):
         if isinstance(obj, dict) and isinstance(obj.get(key), dict):
@@ -230,6 +258,11 @@ def load_model(source: str, weights: Path | None = None, *, trust_weights: bool 
                                description=f"torch.export program {path}")
     except Exception as err:  # torch raises many types for corrupt archives
         raise ModelLoadError(f"Model '{source}' could not be loaded: {type(err).__name__}: {err}") from err
+    if path.suffix.lower() == ".onnx":
+        raise InvalidInputError(format_message(
+            f"Model '{source}'", "an ONNX model (already exported)", "a torch model: " + _SOURCES,
+            f"export is for torch models; convert this one to mixed precision with `mpinfer convert {source} -o "
+            f"{path.with_suffix('.fp16.onnx')}`"))
     raise ModelLoadError(format_message(f"Model '{source}'", f"a '{path.suffix or 'suffix-less'}' file of unknown kind",
                                         _SOURCES, "plain state_dict files go in --weights next to file.py:factory"))
 
@@ -372,6 +405,40 @@ def _keyword_call_class() -> Any:
             return tuple(out[k] for k in keys) if len(keys) > 1 else out[keys[0]]
 
     return KeywordCall
+
+
+def check_forward_inputs(loaded: LoadedModel, names: list[str]) -> None:
+    """The export's input names are the factory model's ``forward`` arguments, in order (they are passed by position).
+
+    A forward taking ``*args`` accepts any name, and so does a torch module used as it is (``nn.Sequential``);
+    other sources (TorchScript, .pt2, Hugging Face) are checked elsewhere or name their inputs themselves.
+
+    Raises:
+        InvalidInputError: A name that is not the forward argument at its position, naming the arguments.
+    """
+    import inspect
+
+    if loaded.kind != "factory" or str(getattr(type(loaded.module).forward, "__module__", "")).startswith("torch."):
+        return  # a torch module as it is (nn.Sequential's ``input``): its argument name means nothing to the user
+    try:
+        params = list(inspect.signature(loaded.module.forward).parameters.values())
+    except (TypeError, ValueError):  # a forward inspect cannot read: nothing to check against
+        return
+    positional = []
+    for p in params:
+        if p.kind is p.VAR_POSITIONAL:
+            return
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+            positional.append(p.name)
+    wrong = [(i, n) for i, n in enumerate(names) if i >= len(positional) or positional[i] != n]
+    if wrong:
+        i, name = wrong[0]
+        expected = (f"'{positional[i]}' (forward's argument {i + 1})" if i < len(positional)
+                    else f"at most {len(positional)} inputs")
+        raise InvalidInputError(format_message(
+            f"Input '{name}' of {loaded.description}", f"input {i + 1} named '{name}'", expected,
+            f"the ONNX inputs take forward's argument names, in order: {', '.join(positional) or 'none'}; "
+            "write --input " + " --input ".join(f"{a}:..." for a in positional[: max(len(names), 1)])))
 
 
 def bind_hf_inputs(loaded: LoadedModel, names: list[str]) -> None:

@@ -2,7 +2,13 @@
 
 The public entry point is :func:`convert_precision` with a :class:`ConvertConfig`; it returns a
 :class:`ConvertResult` holding the written model, the plan file and the :class:`PrecisionPlan`.
-Names are imported lazily so that ``import mpinfer.precision.emulator.emulate`` stays light.
+Names are imported lazily so that importing one stage (``mpinfer.precision.emulator``) stays light.
+
+One sub-package per stage of the recipe, each importing only from those before it (pinned by
+``tests/test_import_graph.py``): ``core`` (GraphInfo, the plan, format limits) ← ``emulator`` (strict
+executor) ← ``graph`` (rewrites and the validity gate) ← ``rules`` (policy → decisions) ← ``calib`` (the
+FP32 reference run) ← ``numerics`` (how a candidate runs) ← ``budget`` (search, verification, repair) ← the
+recipe (``convert``, ``config``, ``options``, ``plandata``, ``notices``, ``weights``). docs/architecture.md.
 """
 
 from __future__ import annotations
@@ -12,12 +18,12 @@ from typing import Any
 
 _LAZY = {
     "convert_precision": "mpinfer.precision.convert",
-    "ConvertConfig": "mpinfer.precision.convert",
-    "ConvertResult": "mpinfer.precision.convert",
+    "ConvertConfig": "mpinfer.precision.config",
+    "ConvertResult": "mpinfer.precision.config",
     "convert_model": "mpinfer.precision.convert",
     "ModelConversion": "mpinfer.precision.convert",
-    "PrecisionPlan": "mpinfer.precision.plan",
-    "NodeDecision": "mpinfer.precision.plan",
+    "PrecisionPlan": "mpinfer.precision.core",
+    "NodeDecision": "mpinfer.precision.core",
 }
 
 __all__ = sorted(_LAZY)

@@ -7,46 +7,62 @@ plan, apply it, gate the result, write model and plan atomically.
 from __future__ import annotations
 
 import logging
-import math
-import os
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from onnx import defs
-
 from mpinfer import __version__
+from mpinfer.backends.ort import fit_runtime
 from mpinfer.checks import parse_checks
 from mpinfer.claim import OutputClaim, claim_outputs
 from mpinfer.errors import AccuracyMismatchError, InvalidInputError, format_message
 from mpinfer.fileio import check_output_path, sha256_file
 from mpinfer.memory import budgeted, current_budget, release_memory
 from mpinfer.modelio import (
-    DATA_ALIGNMENT,
-    EXTERNAL_DATA_THRESHOLD,
-    MAX_OPSET,
     data_file,
     external_data_files,
-    iter_graphs,
     load_onnx,
     name_nodes,
     require_file,
     save_onnx,
     save_streamed,
-    small_enough_to_size,
     uses_external_data,
 )
-from mpinfer.precision.apply import ApplyResult
-from mpinfer.precision.calibrate import float_outputs
-from mpinfer.precision.evaluators import evaluator_class
-from mpinfer.precision.fusion import FUSED_SUFFIXES, fuse_norms
-from mpinfer.precision.gain import low_gain_note
-from mpinfer.precision.genbudget import split_generation_budget
-from mpinfer.precision.graphinfo import GraphInfo
-from mpinfer.precision.normalize import check_not_low, ensure_opset, low_io_types, sort_nodes
+from mpinfer.precision.budget import (
+    SearchConfig,
+    SearchOutcome,
+    measure_plan,
+    search_plan,
+    split_generation_budget,
+    verification_record,
+    verify_and_repair,
+)
+from mpinfer.precision.config import ConvertConfig, ConvertResult
+from mpinfer.precision.core import GraphInfo, NodeDecision, PrecisionPlan
+from mpinfer.precision.graph import (
+    FUSED_SUFFIXES,
+    ApplyResult,
+    apply_validated,
+    check_not_low,
+    ensure_opset,
+    fuse_norms,
+    gate,
+    gate_published,
+    low_io_types,
+    sort_nodes,
+)
+from mpinfer.precision.notices import (
+    _warn_broken,
+    _warn_foreign,
+    _warn_opset_blocked,
+    fp64_nodes,
+    note_measures,
+    unmeasured_outputs,
+)
+from mpinfer.precision.numerics import evaluator_class
 from mpinfer.precision.options import (
     NO_CALIBRATION,
     NOT_MEASURED,
@@ -57,8 +73,6 @@ from mpinfer.precision.options import (
     refuse_in_place_changes,
     resolve_options,
 )
-from mpinfer.precision.overflow import overflow_nodes
-from mpinfer.precision.plan import NodeDecision, PrecisionPlan
 from mpinfer.precision.plandata import (
     MANY,
     Calibrated,
@@ -70,12 +84,17 @@ from mpinfer.precision.plandata import (
     search_data,
     verify_inputs,
 )
-from mpinfer.precision.planner import RuleOptions, check_overrides, rewrite_planned_masks, rule_plan, summarize
-from mpinfer.precision.quantized import warn_quantized
-from mpinfer.precision.rules import CONTROL_FLOW_OPS
-from mpinfer.precision.search import SearchConfig, SearchOutcome, measure_plan, search_plan
-from mpinfer.precision.validate import apply_validated, fit_runtime, gate, gate_published
-from mpinfer.precision.verify import verification_record, verify_and_repair
+from mpinfer.precision.rules import (
+    CONTROL_FLOW_OPS,
+    RuleOptions,
+    check_overrides,
+    overflow_nodes,
+    rewrite_planned_masks,
+    rule_plan,
+    summarize,
+    warn_quantized,
+)
+from mpinfer.precision.weights import _embed_weights, embedded_bytes
 from mpinfer.specs import Precision
 
 logger = logging.getLogger(__name__)
@@ -92,87 +111,6 @@ def lazy_threshold() -> int:
     one sequential write of the weights and their size in temporary disk space beside the output.
     """
     return current_budget().probe
-
-
-@dataclass(frozen=True)
-class ConvertConfig:
-    """Everything ``mpinfer convert`` needs.
-
-    Attributes:
-        model: The FP32 .onnx file.
-        output: Where to write the converted model (the plan goes next to it).
-        precision: FP16 or BF16; None = FP16 (with ``plan``: the plan's; a different one is refused).
-        calibration: Data for the reference run (.npz, folder, ``random[:N]``, ``none``); None = seeded
-            random data from the input specs (with a warning).
-        budget: Accuracy budget in the check grammar of :mod:`mpinfer.checks`, e.g.
-            ``cosine>=0.9999,logits:top1>=0.999``, verified on every calibration sample before anything is
-            written; None = the default floor (``options.DEFAULT_BUDGET``) with real calibration data, none with
-            random data; ``"none"`` = no budget at all.
-        class_outputs: The outputs that hold class scores (top-k applies to them alone); None guesses each
-            (:func:`mpinfer.metrics.guess_class_output`), ``()`` says none does.
-        plan: Re-apply this plan file instead of planning.
-        keep_ops / low_ops: Op types forced FP32 / low.
-        keep_nodes / low_nodes: Node-address regexes forced FP32 / low.
-        keep_fp32_from: An overflow.json from ``mpinfer train``: its modules stay FP32.
-        numerics: The evaluator that verifies candidates and the final model (``strict``: the GraphEmulator;
-            ``ort``/``ort-cuda``: ONNX Runtime's CPU/CUDA kernels; ``tensorrt``: an engine per candidate;
-            :data:`mpinfer.precision.evaluators.EVALUATORS`); None = strict.
-        keep_io_types: Graph inputs/outputs stay FP32; None = True (with ``plan``: the plan's; a different
-            value is applied and recorded in the plan written beside the output).
-        opset: Upgrade the model to this default-domain opset first (ONNX's version converter), e.g. 22, where
-            Conv, pooling and most activations take bfloat16; None = as it is (BF16 still raises it to 13).
-            With ``plan``: None = the plan's opset.
-        force: Overwrite the output; re-plan an already-FP16 model.
-        seed: Seed for random calibration data; None = 0.
-        max_batches: Cap on calibration batches.
-        batch_size: Calibration batch size.
-        dims: Sizes of symbolic dims for random calibration data (``{"height": 48}``).
-        image_preprocess: Preprocessing of a calibration folder of images (``size=HxW,mean=..,std=..,mode=L``;
-            :class:`mpinfer.data.ImagePreprocess`).
-        search_samples: Calibration samples the budget search reads (None = ``DEFAULT_SEARCH_SAMPLES``, fewer
-            when their FP32 tensors pass the memory budget's ``search`` slice).
-        verify_samples: Calibration samples the final verification reads (None = all of them).
-        input_ranges: Value ranges of random calibration data per input, ``("input_ids=0..30522",)``.
-        progress: Show progress bars.
-        memory_limit: ``--memory-limit`` (a size or a share of the available memory; :mod:`mpinfer.memory`);
-            None = the default budget.
-    """
-
-    model: Path
-    output: Path
-    precision: Precision | None = None
-    calibration: str | None = None
-    budget: str | None = None
-    class_outputs: tuple[str, ...] | None = None
-    plan: Path | None = None
-    keep_ops: tuple[str, ...] = ()
-    keep_nodes: tuple[str, ...] = ()
-    low_ops: tuple[str, ...] = ()
-    low_nodes: tuple[str, ...] = ()
-    keep_fp32_from: Path | None = None
-    numerics: str | None = None
-    keep_io_types: bool | None = None
-    opset: int | None = None
-    force: bool = False
-    seed: int | None = None
-    max_batches: int | None = None
-    batch_size: int | None = None
-    dims: Mapping[str, int] = field(default_factory=dict)
-    image_preprocess: str | None = None
-    search_samples: int | None = None
-    verify_samples: int | None = None
-    input_ranges: tuple[str, ...] = ()
-    progress: bool = True
-    memory_limit: str | int | None = None
-
-
-@dataclass(frozen=True)
-class ConvertResult:
-    """What ``convert_precision`` wrote."""
-
-    output: Path
-    plan_path: Path
-    plan: PrecisionPlan
 
 
 def plan_path_for(output: Path) -> Path:
@@ -372,38 +310,6 @@ class _Loaded:
     copied: bool
 
 
-def embedded_bytes(model: Any) -> int:
-    """The bytes of the initializers stored in ``model``'s proto itself (bodies included)."""
-    return sum(len(t.raw_data) for g in iter_graphs(model.graph) for t in g.initializer)
-
-
-def _embed_weights(path: Path) -> None:
-    """Bring the staged output's weights back into its .onnx when the whole fits one file (under 2 GB).
-
-    What the in-memory path writes (:func:`mpinfer.modelio.save_onnx`'s rule): the converted weights are read once,
-    the model serialized once, and the data file removed.
-    """
-    data = data_file(path)
-    if not data.exists():
-        return
-    graph = load_onnx(path, load_external_data=False)
-    tensors = [t for g in iter_graphs(graph.graph) for t in g.initializer if t.external_data]
-    if data.stat().st_size - DATA_ALIGNMENT * len(tensors) >= EXTERNAL_DATA_THRESHOLD:
-        return  # (the tensors alone pass 2 GB, whatever their padding)
-    del graph, tensors
-    model = load_onnx(path)
-    for g in iter_graphs(model.graph):
-        for t in g.initializer:
-            t.ClearField("data_location")  # (load_external_data_for_model sets it to DEFAULT: as if never external)
-    if not small_enough_to_size(model) or model.ByteSize() >= EXTERNAL_DATA_THRESHOLD:
-        return
-    tmp = path.with_name(path.name + ".embedded")
-    tmp.write_bytes(model.SerializeToString(deterministic=True))
-    del model
-    os.replace(tmp, path)
-    data.unlink()
-
-
 def _rule_options(cfg: ConvertConfig, model: Any) -> RuleOptions:
     """The user's overrides of the rules: --keep-*/--low-* and the modules an overflow.json keeps FP32."""
     overflow = overflow_nodes(model, cfg.keep_fp32_from) if cfg.keep_fp32_from else {}
@@ -437,7 +343,7 @@ def _make_plan(
     decisions, nodes = rule_plan(info, opts.precision, rules, keep_io_types=opts.keep_io_types, stats=stats)
     _warn_foreign(nodes)
     made = _Planned(_new_plan(data.model, sha, opts, calibrated.description))
-    made.unmeasured = _unmeasured_outputs(info.model, stats, data)
+    made.unmeasured = unmeasured_outputs(info.model, stats, own_data=data.own_data, source=data.source)
     if data.source == NO_CALIBRATION:
         made.not_measured = NOT_MEASURED
     if opts.budget and calibrated.feeds is not None:
@@ -451,41 +357,6 @@ def _make_plan(
     made.plan.nodes = list(nodes)
     warn_quantized(made.plan.nodes)  # an int8/QDQ model: say what was left as it was, and why
     return made
-
-
-def _unmeasured_outputs(model: Any, stats: Any, data: CalibrationSettings) -> list[str]:
-    """The float outputs that had no values on the data (empty, or every value 0): their error is not measured.
-
-    Raises:
-        InvalidInputError: When it is every float output and the data is mpinfer's own random data: it has
-            nothing to judge a plan by, and convert does not write an unmeasured plan on its own.
-    """
-    if stats is None:
-        return []
-    floats = [o.name for o in float_outputs(model)]
-    silent = [n for n in floats if n in stats.tensors and _no_values(stats[n])]
-    if silent and len(silent) == len(floats) and data.own_data:
-        given = "no --calibration given" if data.source is None else f"--calibration {data.source}"
-        raise InvalidInputError(
-            format_message(
-                f"mpinfer's own random data ({given})",
-                f"no values in any output of the model ({', '.join(repr(n) for n in silent[:5])}: empty or all 0)",
-                "data that gives the outputs values, to verify the plan against the default floor",
-                "pass --calibration FILE with real inputs (or --dim NAME=N / --input-range NAME=LO..HI to shape the "
-                "random data); --calibration none plans by the rules alone (nothing measured)",
-            )
-        )
-    if silent:
-        logger.warning(
-            "Output(s) %s had no values on the calibration data (empty, or every value 0): their error is not "
-            "measured. Pass data that gives them values to have them judged.", ", ".join(repr(n) for n in silent)
-        )
-    return silent
-
-
-def _no_values(st: Any) -> bool:
-    """True for a tensor's statistics with no values (none seen, or every one 0; NaN/Inf are values)."""
-    return st.count == 0 or (st.absmax == 0 and not st.nan_count and not st.inf_count)
 
 
 def _new_plan(source: Path, sha: str, opts: Options, calibration: dict[str, Any] | None) -> PrecisionPlan:
@@ -665,17 +536,8 @@ def _summarize(
     )
     if verification is not None:
         plan.summary["verification"] = verification
-    if made.unmeasured:
-        plan.summary["unmeasured_outputs"] = list(made.unmeasured)
-        if len(made.unmeasured) == len(float_outputs(info.model)):  # every figure of an output with no values
-            plan.summary["expected_error"] = {}
-    if made.not_measured:
-        plan.summary["not_measured"] = made.not_measured
     plan.opset = info.opsets.get("") or None  # what the plan was made for (and is applied at)
-    gain = low_gain_note(plan.nodes, plan.summary, info, precision)
-    if gain:  # (the console prints it; the opset and quantized-model warnings have said their part already)
-        plan.summary["low_gain"] = gain
-        logger.info("%s", gain)
+    note_measures(plan.summary, plan.nodes, info, precision, made.unmeasured, made.not_measured)
     _warn_opset_blocked(plan.nodes, info, precision)
     double = fp64_nodes(info)
     if double:
@@ -687,24 +549,6 @@ def _summarize(
             precision.value,
         )
     return plan
-
-
-def fp64_nodes(info: GraphInfo) -> dict[str, str]:
-    """The nodes that read or write a double (FP64) tensor, Casts aside: address -> op type."""
-    double = 11  # onnx.TensorProto.DOUBLE
-    return {
-        ref.address: ref.node.op_type
-        for ref in info.nodes
-        if ref.node.op_type != "Cast"
-        and any(n and info.types.get(n) == double for n in [*ref.node.input, *ref.node.output])
-    }
-
-
-def _warn_foreign(nodes: list[NodeDecision]) -> None:
-    """Say which nodes stay FP32 because mpinfer cannot know what they compute."""
-    foreign = sorted({f"{n.op_type} ({n.reason})" for n in nodes if n.reason in ("unknown-op", "custom-domain")})
-    if foreign:
-        logger.warning("Kept FP32 (mpinfer cannot know what they compute): %s", ", ".join(foreign))
 
 
 @dataclass(frozen=True)
@@ -753,79 +597,6 @@ def convert_model(
     result, nodes = apply_validated(info, nodes, precision, keep_io_types=keep_io_types)
     summary = summarize(info, nodes, cast_count=result.cast_count, converted_weights=result.converted_weights)
     return ModelConversion(result.model, nodes, summary)
-
-
-def _warn_broken(expected: Mapping[str, Any], nodes: list[NodeDecision]) -> None:
-    """Say so when the plan's model computes NaN/Inf (or wrong signs) where the FP32 model does not."""
-    def bad(key: str, limit: float | None = None) -> bool:
-        v = expected.get(key)
-        try:
-            v = float(v)  # type: ignore[arg-type]
-        except (TypeError, ValueError):
-            return False
-        return not math.isfinite(v) or (limit is not None and v < limit)
-
-    if not (bad("max_abs") or bad("cosine", 0.0)):
-        return
-    forced = [n.name for n in nodes if n.precision.is_low and n.reason in ("user:low-op", "user:low-node")]
-    logger.warning(
-        "The converted model is broken on the calibration data (expected error: max_abs=%s, cosine=%s)%s. Keep "
-        "the overflowing nodes FP32 (--keep-op/--keep-node, fewer --low-*), or pass --budget to let the search "
-        "find what must stay FP32.",
-        expected.get("max_abs"),
-        expected.get("cosine"),
-        f": nodes forced low by --low-op/--low-node overflow, e.g. {', '.join(forced[:3])}" if forced else "",
-    )
-
-
-def _warn_opset_blocked(nodes: list[NodeDecision], info: Any, precision: Precision) -> None:
-    """Warn once when ops stay FP32 only because the model's opset lacks the low dtype for them.
-
-    BF16 Conv, pooling and most activations arrive with opset 22: a CNN exported at an older opset
-    otherwise converts to BF16 with almost nothing in BF16 and no word why.
-    """
-    name = "float16" if precision is Precision.FP16 else "bfloat16"
-    opset = info.opsets.get("", 0)
-    blocked: Counter[str] = Counter()  # ops a higher opset that mpinfer writes gives the low type
-    beyond: dict[str, int] = {}  # ops that get it only above MAX_OPSET: the opset that does
-    needed = 0
-    for n in nodes:
-        if n.reason != "rule:keep-fp32" or f"has no {name} type" not in n.detail:
-            continue
-        for version in range(opset + 1, defs.onnx_opset_version() + 1):
-            try:
-                schema = defs.get_schema(n.op_type, version, "")
-            except defs.SchemaError:
-                break
-            if any(f"tensor({name})" in c.allowed_type_strs for c in schema.type_constraints):
-                if version <= MAX_OPSET:
-                    blocked[n.op_type] += 1
-                    needed = max(needed, version)
-                else:
-                    beyond[n.op_type] = schema.since_version
-                break
-    if blocked:
-        quantized = sum(n.reason == "rule:qdq" for n in nodes)
-        logger.warning(
-            "%d node(s) stay FP32 because opset %d has no %s for them (%s)%s. Hint: opset %d has it: convert "
-            "with `--opset %d` (ONNX's version converter upgrades the model first), or re-export at that opset.",
-            sum(blocked.values()),
-            opset,
-            name,
-            ", ".join(f"{op} x{k}" for op, k in blocked.most_common()),
-            f", and so do the {quantized} quantized op(s) they feed" if quantized else "",
-            needed,
-            needed,
-        )
-    if beyond:
-        logger.info(
-            "Op(s) %s stay FP32: ONNX gives them %s only from opset %d, above the highest opset mpinfer writes "
-            "(%d).",
-            ", ".join(sorted(beyond)),
-            name,
-            min(beyond.values()),
-            MAX_OPSET,
-        )
 
 
 __all__ = [

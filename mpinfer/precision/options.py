@@ -27,9 +27,9 @@ import numpy as np
 from mpinfer.checks import parse_checks
 from mpinfer.errors import InvalidInputError, format_message
 from mpinfer.metrics import guess_class_output
-from mpinfer.precision.calibrate import float_outputs
-from mpinfer.precision.emulator.emulate import GraphEmulator
-from mpinfer.precision.evaluators import EVALUATORS, OrtEvaluator, check_numerics, evaluator_class
+from mpinfer.precision.core import float_outputs
+from mpinfer.precision.emulator import GraphEmulator
+from mpinfer.precision.numerics import EVALUATORS, OrtEvaluator, check_numerics, evaluator_class
 from mpinfer.specs import Precision
 
 logger = logging.getLogger(__name__)
@@ -64,7 +64,7 @@ FLOOR_TOP1 = "top1>=0.99"
 DEFAULT_BUDGET = f"{FLOOR_COSINE},{FLOOR_OUTPUTS}"
 # ``--budget none``: no budget at all, not even the default floor.
 NO_BUDGET = "none"
-# The ``--numerics`` names: the evaluator registry's (mpinfer.precision.evaluators), the one list of them.
+# The ``--numerics`` names: the evaluator registry's (mpinfer.precision.numerics.registry), the one list of them.
 NUMERICS = tuple(EVALUATORS)
 # Calibration source meaning "no data at all": rules only, no range statistics, no search.
 NO_CALIBRATION = "none"
@@ -84,7 +84,7 @@ class Options:
     Attributes:
         precision: FP16 or BF16.
         keep_io_types: Graph inputs/outputs stay FP32.
-        numerics: An :data:`~mpinfer.precision.evaluators.EVALUATORS` name (``strict``, ``ort``, ``ort-cuda``,
+        numerics: An :data:`~mpinfer.precision.numerics.registry.EVALUATORS` name (``strict``, ``ort``, ``ort-cuda``,
             ``tensorrt``), checked runnable here.
         opset: The opset to upgrade to first, or None.
         budget: The budget the plan must meet on the calibration data, or None (no budget at all).
@@ -95,7 +95,7 @@ class Options:
         class_outputs: The outputs that hold class scores (None: guessed per output, ``()``: none).
         progress: Show progress bars.
         generation: The budget's generation checks, split from ``budget`` by
-            :func:`mpinfer.precision.genbudget.split_generation_budget` (verified by greedy decoding), or None.
+            :func:`mpinfer.precision.budget.genbudget.split_generation_budget` (verified by greedy decoding), or None.
     """
 
     precision: Precision

@@ -18,12 +18,18 @@ import numpy as np
 
 from mpinfer.data import load_feeds
 from mpinfer.data.feeds import sample_axes
+from mpinfer.data.samples import BatchSlicer
 from mpinfer.errors import BackendUnavailableError, InternalError, InvalidInputError, format_message
 from mpinfer.memory import current_budget
-from mpinfer.precision.calibrate import BatchSlicer, CalibrationStats, FeedsRejectedError, calibrate, check_data_fits
-from mpinfer.precision.evaluators import evaluator_class
+from mpinfer.precision.budget import RUN_ROWS, VerifySettings
+from mpinfer.precision.calib import (
+    CalibrationStats,
+    FeedsRejectedError,
+    calibrate,
+    check_data_fits,
+)
+from mpinfer.precision.numerics import evaluator_class
 from mpinfer.precision.options import NO_CALIBRATION, Options
-from mpinfer.precision.verify import RUN_ROWS, VerifySettings
 from mpinfer.specs import DEFAULT_DIM_SIZE, Precision, specs_from_onnx
 
 logger = logging.getLogger(__name__)
@@ -100,7 +106,7 @@ class Calibrated:
 
 @dataclass
 class VerifyInputs:
-    """What :func:`mpinfer.precision.verify.verify_and_repair` needs besides the applied candidate.
+    """What :func:`mpinfer.precision.budget.repair.verify_and_repair` needs besides the applied candidate.
 
     Attributes:
         settings: What is checked, on which samples, under which numerics.

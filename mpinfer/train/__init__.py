@@ -1,4 +1,4 @@
-"""AMP trainer: torch.amp autocast (FP16/BF16), GradScaler, checkpoints, exact resume, DDP, overflow report.
+"""AMP trainer: torch.amp autocast (FP16/BF16), GradScaler, checkpoints, exact resume, DDP, FSDP2, overflow report.
 
 Public API: :class:`AmpConfig`, :class:`AmpTrainer`, :func:`train_model` -> :class:`TrainResult`.
 Importing this package does not import torch; the trainer does when it runs.

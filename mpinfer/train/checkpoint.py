@@ -2,7 +2,9 @@
 
 A checkpoint holds only tensors and primitive containers, so ``torch.load(weights_only=True)`` reads it:
 ``{"model", "optimizer", "amp_scaler", "scheduler", "epoch", "global_step", "rng", "config", "metrics",
-"mpinfer_version"}``. ``mpinfer export --weights`` reads ``ckpt["model"]``.
+"mpinfer_version"}``. ``mpinfer export --weights`` reads ``ckpt["model"]``. An fsdp run's checkpoint has no
+``"optimizer"``: ``"shards"`` names the DCP folder (relative to the file) holding the sharded model and optimizer
+state, and ``"model"`` is the full FP32 state_dict gathered on rank 0.
 """
 
 from __future__ import annotations
@@ -26,8 +28,12 @@ LAST = "last.pt"
 METRICS = "metrics.jsonl"
 SUMMARY = "summary.json"
 OVERFLOW = "overflow.json"
-ARTEFACTS = (BEST, LAST, METRICS, SUMMARY, OVERFLOW)
+# The DCP folders of an fsdp run (see mpinfer.train.sharded).
+SHARDS = "shards"
+ARTEFACTS = (BEST, LAST, METRICS, SUMMARY, OVERFLOW, SHARDS)
 REQUIRED_KEYS = ("model", "optimizer", "amp_scaler", "scheduler", "epoch", "rng", "config", "metrics")
+# An fsdp run's checkpoint keeps the optimizer state in its DCP folder, named by "shards".
+SHARDED_REQUIRED_KEYS = tuple(k for k in REQUIRED_KEYS if k != "optimizer") + ("shards",)
 
 
 def capture_rng() -> dict[str, Any]:
@@ -144,7 +150,8 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
                 else "it may be truncated or not a torch checkpoint",
             )
         ) from err
-    missing = [k for k in REQUIRED_KEYS if not isinstance(ckpt, dict) or k not in ckpt]
+    required = SHARDED_REQUIRED_KEYS if isinstance(ckpt, dict) and "shards" in ckpt else REQUIRED_KEYS
+    missing = [k for k in required if not isinstance(ckpt, dict) or k not in ckpt]
     if missing:
         raise InvalidInputError(
             format_message(
@@ -177,6 +184,22 @@ def check_same_model(model_state: dict[str, Any], ckpt_state: dict[str, Any], pa
                 "resume with the same model source it was trained with, or start a new run with --force",
             )
         )
+
+
+def check_samples_per_step(batch_then: int, world_then: int, batch_now: int, world_now: int) -> list[str]:
+    """Warn when a resume at another world size changes the samples per optimizer step.
+
+    Returns:
+        The change, as an entry for the "changed settings" warning (empty when the samples per step are kept).
+    """
+    then, now = batch_then * world_then, batch_now * world_now
+    if then == now:
+        return []
+    fix = (f"pass --batch-size {then // world_now} to keep them" if then % world_now == 0
+           else f"no --batch-size keeps them over {world_now} process(es)")
+    logger.warning("Resuming a %d-process run of %d samples per optimizer step in %d process(es) with %d: %s.",
+                   world_then, then, world_now, now, fix)
+    return [f"samples per step (--batch-size x processes): {then} -> {now}"]
 
 
 def check_run_dir(output: Path, *, force: bool, resume: Path | None) -> list[Path]:

@@ -28,6 +28,7 @@ DEFAULT_WARMUP_FRACTION = 0.05
 DEFAULT_OVERFLOW_EVERY = 10
 DEVICES = ("auto", "cpu", "cuda")
 SCHEDULES = ("cosine", "constant")
+STRATEGIES = ("ddp", "fsdp")
 
 
 @dataclass(frozen=True)
@@ -40,7 +41,8 @@ class AmpConfig:
         output: Run folder; gets ``best.pt``, ``last.pt``, ``metrics.jsonl``, ``summary.json`` and, with
             ``overflow_report``, ``overflow.json``.
         data: ``"digits"`` (built-in, offline), a path to an ``.npz`` with input arrays and ``_labels``, or a
-            ``torch.utils.data.Dataset`` yielding ``(inputs, label)``.
+            ``torch.utils.data.Dataset`` yielding ``(inputs, label)``. None: the model file's ``train_data()``
+            (returning ``(train, eval)`` Datasets) when it defines one, else ``"digits"``.
         eval_data: Held-out data of the same kinds. None: the built-in digits test split for ``"digits"``,
             a fixed 20% hold-out of an ``.npz``, no evaluation for a Dataset.
         precision: Autocast precision; FP32 turns AMP off.
@@ -62,11 +64,14 @@ class AmpConfig:
         force: Overwrite the artefacts of an earlier run in ``output``.
         quiet: No progress bars.
         num_workers: DataLoader worker processes.
+        strategy: ``"ddp"`` (every process holds the whole model) or ``"fsdp"`` (FSDP2: parameters, gradients
+            and optimizer state sharded over the processes). None: ddp under torchrun, a single process
+            otherwise.
     """
 
     model: str | Callable[[], Any]
     output: Path
-    data: Any = "digits"
+    data: Any = None
     eval_data: Any = None
     precision: Precision = Precision.FP32
     device: str = "auto"
@@ -87,6 +92,7 @@ class AmpConfig:
     force: bool = False
     quiet: bool = False
     num_workers: int = 0
+    strategy: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "precision", Precision.parse(self.precision))
@@ -96,6 +102,10 @@ class AmpConfig:
         if self.device not in DEVICES:
             raise InvalidInputError(
                 format_message("Device", repr(self.device), "one of " + ", ".join(DEVICES))
+            )
+        if self.strategy is not None and self.strategy not in STRATEGIES:
+            raise InvalidInputError(
+                format_message("Strategy", repr(self.strategy), "one of " + ", ".join(STRATEGIES))
             )
         if self.schedule not in SCHEDULES:
             raise InvalidInputError(

@@ -72,11 +72,13 @@ def resolve_device(device: str) -> str:
     return device
 
 
-def init_distributed(device: str) -> DistContext:
+def init_distributed(device: str, *, fsdp: bool = False) -> DistContext:
     """Join the process group when launched by torchrun with ``WORLD_SIZE`` > 1.
 
     Args:
         device: ``auto``, ``cpu`` or ``cuda``.
+        fsdp: FSDP needs a process group even for one process: without torchrun one is made in this process
+            (nothing is sharded then, which is logged as a warning).
 
     Returns:
         The context; a single-process one without torchrun.
@@ -86,7 +88,8 @@ def init_distributed(device: str) -> DistContext:
     device_type = resolve_device(device)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1:
-        return DistContext(device="cuda" if device_type == "cuda" else "cpu")
+        dev = "cuda" if device_type == "cuda" else "cpu"
+        return _single_process_group(dev) if fsdp else DistContext(device=dev)
     import torch.distributed as dist
 
     rank = int(os.environ["RANK"])
@@ -113,6 +116,24 @@ def init_distributed(device: str) -> DistContext:
     logger.info("distributed: rank %d/%d, backend %s", rank, world, backend)
     dev = f"cuda:{local_rank}" if device_type == "cuda" else "cpu"
     return DistContext(rank=rank, world=world, local_rank=local_rank, device=dev, owns_group=owns)
+
+
+def _single_process_group(device: str) -> DistContext:
+    """A one-process group (in-memory store) for FSDP without torchrun: the FSDP code path, nothing sharded."""
+    import torch.distributed as dist
+
+    logger.warning(
+        "--strategy fsdp in one process (no torchrun, WORLD_SIZE 1): FSDP runs over a one-process group, so "
+        "nothing is sharded and each tensor stays whole; launch with torchrun --nproc_per_node N to shard "
+        "the model over N processes (checkpoints are the same sharded format, resumable at any world size)."
+    )
+    if dist.is_initialized():
+        return DistContext(device=device, owns_group=False)
+    import torch._dynamo  # noqa: F401  (see init_distributed)
+
+    backend = "nccl" if device == "cuda" else "gloo"
+    dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1)
+    return DistContext(device=device, owns_group=True)
 
 
 def close_distributed(ctx: DistContext) -> bool:
@@ -153,6 +174,18 @@ def all_reduce_sums(values: list[float], ctx: DistContext) -> list[float]:
 
     t = torch.tensor(values, dtype=torch.float64, device=ctx.device)
     dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return [float(v) for v in t.tolist()]
+
+
+def all_reduce_max(values: list[float], ctx: DistContext) -> list[float]:
+    """Element-wise maximum of ``values`` over all processes (identity when not distributed)."""
+    if not ctx.distributed:
+        return values
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor(values, dtype=torch.float64, device=ctx.device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return [float(v) for v in t.tolist()]
 
 

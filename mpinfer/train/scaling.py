@@ -8,6 +8,7 @@ halving towards zero and silently training nothing (pytorch issue 40497).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,17 +44,31 @@ class LossScaler:
         enabled: Scale losses (True for FP16).
         init_scale: Initial scale.
         min_scale: Smallest acceptable scale; :meth:`step` raises below it.
+        sharded: Gradients are FSDP shards: ``ShardedGradScaler``, which all-reduces the Inf/NaN flag so that
+            every rank skips the same steps (a rank sees only its own shard's gradients).
     """
 
     state_dict_key = "amp_scaler"
 
-    def __init__(self, device_type: str, *, enabled: bool, init_scale: float, min_scale: float) -> None:
+    def __init__(
+        self, device_type: str, *, enabled: bool, init_scale: float, min_scale: float, sharded: bool = False
+    ) -> None:
         import torch
 
         self.enabled = enabled
         self.min_scale = min_scale
         self.skipped = 0
-        self._scaler = torch.amp.GradScaler(device_type, init_scale=init_scale, enabled=enabled)
+        self._quiet: Any = contextlib.nullcontext
+        self._scaler: Any
+        if sharded:
+            from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+            from mpinfer.train.sharded import quiet_found_inf
+
+            self._scaler = ShardedGradScaler(device_type, init_scale=init_scale, enabled=enabled)
+            self._quiet = quiet_found_inf
+        else:
+            self._scaler = torch.amp.GradScaler(device_type, init_scale=init_scale, enabled=enabled)
 
     @property
     def scale(self) -> float:
@@ -66,7 +81,8 @@ class LossScaler:
 
     def unscale_(self, optimizer: Any) -> None:
         """Divide the optimizer's gradients by the scale in place (call before clipping)."""
-        self._scaler.unscale_(optimizer)
+        with self._quiet():
+            self._scaler.unscale_(optimizer)
 
     def step(self, optimizer: Any, *, step: int, overflow_report: Path | None = None) -> StepOutcome:
         """``optimizer.step()`` through the scaler, then ``update()``; count a skip when the scale dropped.
@@ -86,7 +102,8 @@ class LossScaler:
             optimizer.step()
             return StepOutcome(True, 1.0)
         before = self.scale
-        self._scaler.step(optimizer)
+        with self._quiet():
+            self._scaler.step(optimizer)
         self._scaler.update()
         after = self.scale
         applied = not after < before

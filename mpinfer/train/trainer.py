@@ -1,4 +1,4 @@
-"""The AMP trainer: autocast + GradScaler + accumulation + clipping + schedule + checkpoints + DDP.
+"""The AMP trainer: autocast + GradScaler + accumulation + clipping + schedule + checkpoints + DDP/FSDP.
 
 One optimizer step, in the order torch.amp prescribes::
 
@@ -9,7 +9,9 @@ One optimizer step, in the order torch.amp prescribes::
     scaler.step(optimizer); scaler.update()          # skipped when the gradients hold Inf/NaN
     scheduler.step()                                  # only after an applied step
 
-Checkpoints are written by rank 0 after every epoch; they carry everything a bit-exact resume needs.
+Checkpoints are written by rank 0 after every epoch; they carry everything a bit-exact resume needs. Under
+``--strategy fsdp`` (see :mod:`mpinfer.train.sharded`) the model is sharded before the optimizer is built, every
+rank writes its shards with DCP, and the gradient scaler all-reduces its Inf/NaN flag.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import shutil
 import time
 from functools import partial
 from pathlib import Path
@@ -28,10 +31,12 @@ from mpinfer.errors import BackendUnavailableError, InvalidInputError, MpinferEr
 from mpinfer.fileio import make_dirs, write_json_atomic
 from mpinfer.specs import Precision
 from mpinfer.train import checkpoint as ck
+from mpinfer.train import sharded
 from mpinfer.train.config import DEFAULT_WARMUP_FRACTION, AmpConfig, TrainResult
-from mpinfer.train.data import load_train_data, make_loader
+from mpinfer.train.data import make_loader
 from mpinfer.train.distributed import (
     DistContext,
+    all_reduce_max,
     all_reduce_sums,
     barrier,
     broadcast_buffers,
@@ -42,7 +47,7 @@ from mpinfer.train.labels import check_labels, check_same_inputs, cross_entropy,
 from mpinfer.train.metrics import best_index, peak_memory, summarize, write_metrics
 from mpinfer.train.overflow import OverflowMonitor
 from mpinfer.train.scaling import LossScaleCollapseError, LossScaler
-from mpinfer.train.source import build_model
+from mpinfer.train.source import build_model, load_run_data
 
 logger = logging.getLogger(__name__)
 
@@ -135,6 +140,8 @@ class AmpTrainer:
         self._resume_rng: dict[str, Any] | None = None
         self._stale: list[Path] = []
         self._data_desc = ""
+        self.strategy = "none"
+        self._bytes: dict[str, int] | None = None
 
     # ----------------------------------------------------------------------------------------- public
     def fit(self, *, stop_after_epoch: int | None = None) -> TrainResult:
@@ -149,7 +156,7 @@ class AmpTrainer:
             MpinferError: For bad input, and LossScaleCollapseError when FP16 scaling collapses.
         """
         with ck.preserved_global_rng():
-            self.dist = init_distributed(self.config.device)
+            self.dist = init_distributed(self.config.device, fsdp=self.config.strategy == "fsdp")
             # the run folder is claimed (rank 0): a second run into it fails at once, naming this one
             claim = claim_outputs([self.config.output]) if self.dist.is_main else contextlib.nullcontext()
             try:
@@ -172,12 +179,11 @@ class AmpTrainer:
         self._check_precision()
         ck.seed_everything(cfg.seed)
         model = build_model(cfg.model).to(dist.device)
+        sharded.check_has_parameters(model)
         if ckpt is not None and cfg.resume is not None:  # another model's checkpoint: said before the data's fit
             ck.check_same_model(model.state_dict(), ckpt["model"], cfg.resume)
         ck.seed_everything(cfg.seed)  # factories often seed themselves; reseed for shuffling and dropout
-        data = load_train_data(cfg.data, cfg.eval_data)
-        names = (f"--data '{cfg.data}'", f"--eval-data '{cfg.eval_data}'" if cfg.eval_data is not None
-                 else f"the held-out part of --data '{cfg.data}'")
+        data, names = load_run_data(cfg.model, cfg.data, cfg.eval_data)
         classes = num_classes(model, data.train, lambda x: _forward(model, _to_device(x, dist.device)), names[0])
         if data.eval is not None:  # the eval set must fit the model too: found now, not after an epoch
             eval_classes = num_classes(model, data.eval, lambda x: _forward(model, _to_device(x, dist.device)),
@@ -192,6 +198,9 @@ class AmpTrainer:
         steps_per_epoch = math.ceil(len(self.train_loader) / cfg.grad_accum)
         total = steps_per_epoch * cfg.epochs
         warmup = cfg.warmup_steps if cfg.warmup_steps is not None else round(DEFAULT_WARMUP_FRACTION * total)
+        self.strategy = cfg.strategy or ("ddp" if dist.distributed else "none")
+        if self.strategy == "fsdp":  # the parameters become DTensor shards: the optimizer is built over those
+            sharded.shard_model(model, cfg.precision, dist.device_type)
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
         self._lr_fn = lr_lambda(cfg.schedule, warmup, total)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_fn)
@@ -200,13 +209,14 @@ class AmpTrainer:
             enabled=cfg.precision is Precision.FP16,
             init_scale=cfg.init_scale,
             min_scale=cfg.min_loss_scale,
+            sharded=self.strategy == "fsdp",
         )
         self.autocast = autocast_for(cfg.precision, dist.device_type)
         if ckpt is not None:
             self._restore(ckpt, model)
         self.model = model
         self.ddp = model
-        if dist.distributed:
+        if dist.distributed and self.strategy == "ddp":
             from torch.nn.parallel import DistributedDataParallel
 
             ids = [dist.local_rank] if dist.device_type == "cuda" else None
@@ -239,9 +249,15 @@ class AmpTrainer:
     def _restore(self, ckpt: dict[str, Any], model: Any) -> None:
         cfg = self.config
         assert cfg.resume is not None
-        ck.check_same_model(model.state_dict(), ckpt["model"], cfg.resume)
-        model.load_state_dict(ckpt["model"])
-        self.optimizer.load_state_dict(ckpt["optimizer"])
+        if "shards" in ckpt:  # an fsdp run's: DCP reshards to this run's layout (any world size, any strategy)
+            sharded.load_shards(model, self.optimizer, cfg.resume.parent / ckpt["shards"], cfg.resume)
+        elif self.strategy == "fsdp":  # a ddp or single-process run's full state, sharded here
+            logger.info("resuming an unsharded checkpoint under fsdp: its state is sharded over %d process(es)",
+                        self.dist.world)
+            sharded.load_full_into_sharded(model, self.optimizer, ckpt)
+        else:
+            model.load_state_dict(ckpt["model"])
+            self.optimizer.load_state_dict(ckpt["optimizer"])
         self.scheduler.load_state_dict(ckpt["scheduler"])
         # This run's --lr and --weight-decay apply from here on (the saved optimizer and schedule carry the old
         # ones), so the checkpoints it writes record the values it used; the LR of the next step follows this
@@ -267,6 +283,11 @@ class AmpTrainer:
             )
         now, then = cfg.to_dict(), dict(ckpt["config"])
         changed = [f"{k}: {then.get(k)!r} -> {now[k]!r}" for k in EXACTNESS_FIELDS if then.get(k) != now[k]]
+        world_then = int(ckpt.get("world_size", 1))
+        if world_then != self.dist.world:  # the samples per optimizer step are what a continued curve needs
+            changed = [c for c in changed if not c.startswith("batch_size")]
+            changed += ck.check_samples_per_step(int(then.get("batch_size", 0)), world_then, cfg.batch_size,
+                                                 self.dist.world)
         if changed:
             logger.warning(
                 "Resuming with changed settings (%s): the run will not match an uninterrupted one; "
@@ -285,7 +306,10 @@ class AmpTrainer:
         if dist.is_main:
             make_dirs(out, out)
             for p in self._stale:
-                p.unlink(missing_ok=True)
+                if p.is_dir():
+                    shutil.rmtree(p)
+                else:
+                    p.unlink(missing_ok=True)
         if self._resume_rng is not None:
             ck.restore_rng(self._resume_rng)
         t_start = time.perf_counter()
@@ -309,8 +333,7 @@ class AmpTrainer:
                     raise
                 rec.update(self._evaluate())
                 self.history.append(rec)
-                if dist.is_main:
-                    self._save(epoch)
+                self._save(epoch)  # every rank: an fsdp checkpoint is written by all of them
                 barrier(dist)
                 if stop_after_epoch is not None and epoch + 1 >= stop_after_epoch:
                     break
@@ -341,6 +364,8 @@ class AmpTrainer:
                 "data": self._data_desc,
                 "batch_size": cfg.batch_size,
                 "grad_accum": cfg.grad_accum,
+                "strategy": self.strategy,
+                "rank_state_bytes": self.history[-1].get("rank_state_bytes") if self.history else None,
                 "time_s": time.perf_counter() - t_start,
                 "checkpoints": {"best": str(out / ck.BEST), "last": str(out / ck.LAST)},
                 "overflow": str(overflow_path) if overflow_path is not None else None,
@@ -384,7 +409,8 @@ class AmpTrainer:
         loss_sum = torch.zeros((), dtype=torch.float64, device=dist.device)
         bad = torch.zeros((), dtype=torch.int64, device=dist.device)
         seen = 0
-        skipped_before = self.scaler.skipped
+        skipped_before, step_before = self.scaler.skipped, self.global_step
+        self._bytes = None
         self.optimizer.zero_grad(set_to_none=True)
         t0 = time.perf_counter()
         for i, (inputs, labels) in enumerate(self.train_loader):
@@ -392,7 +418,8 @@ class AmpTrainer:
             boundary = (i + 1) % cfg.grad_accum == 0 or i + 1 == nb
             if self.monitor is not None:
                 self.monitor.start_sample(self.micro_step)
-            sync = contextlib.nullcontext() if boundary or not dist.distributed else self.ddp.no_sync()
+            ddp = dist.distributed and self.strategy == "ddp"  # fsdp reduce-scatters every micro-batch
+            sync = contextlib.nullcontext() if boundary or not ddp else self.ddp.no_sync()
             with sync:
                 with self.autocast():
                     loss = cross_entropy(_forward(self.ddp, inputs).float(), labels)
@@ -421,6 +448,7 @@ class AmpTrainer:
         broadcast_buffers(self.model, dist)
         total_loss, total_seen = all_reduce_sums([float(loss_sum), float(seen)], dist)
         mem, kind = peak_memory(dist.device)
+        held = all_reduce_max(list(self._bytes.values()) if self._bytes else [0, 0, 0, 0], dist)
         return {
             "epoch": epoch + 1,
             "step": self.global_step,
@@ -430,6 +458,9 @@ class AmpTrainer:
             "skipped_steps": self.scaler.skipped - skipped_before,
             "samples_per_s": total_seen / max(elapsed, 1e-9),
             "epoch_time_s": elapsed,
+            "step_time_s": elapsed / max(self.global_step - step_before, 1),
+            # the largest of any rank, measured from the local tensors after the epoch's first optimizer step
+            "rank_state_bytes": dict(zip(("parameters", "gradients", "optimizer", "total"), map(int, held))),
             "peak_memory_bytes": mem,
             "peak_memory_kind": kind,
         }
@@ -442,6 +473,8 @@ class AmpTrainer:
             self.scaler.unscale_(self.optimizer)
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.clip_grad_norm)
         outcome = self.scaler.step(self.optimizer, step=self.global_step, overflow_report=overflow_path)
+        if self._bytes is None:  # gradients and optimizer state both exist now
+            self._bytes = sharded.state_bytes(self.model, self.optimizer)
         self.optimizer.zero_grad(set_to_none=True)
         if outcome.applied:
             self.scheduler.step()
@@ -469,6 +502,11 @@ class AmpTrainer:
         loss_sum = torch.zeros((), dtype=torch.float64, device=dev)
         correct = torch.zeros((), dtype=torch.int64, device=dev)
         n = 0
+        # fsdp all-gathers parameters in every forward: each rank runs as many as the one with most batches
+        # (the evaluation shards differ by up to one sample), the extra ones on a batch whose result is dropped
+        batches = len(self.eval_loader)
+        rounds = int(all_reduce_max([float(batches)], self.dist)[0]) if self.strategy == "fsdp" else batches
+        filler = None
         with torch.no_grad(), self.autocast():
             for inputs, labels in self.eval_loader:
                 inputs, labels = _to_device(inputs, dev), labels.to(dev, non_blocking=True)
@@ -476,6 +514,13 @@ class AmpTrainer:
                 loss_sum += cross_entropy(logits, labels, reduction="sum").double()
                 correct += (logits.argmax(dim=-1) == labels).sum()
                 n += int(labels.shape[0])
+                filler = inputs
+            for _ in range(rounds - batches):
+                if filler is None:  # no evaluation sample on this rank: one training sample as a batch
+                    from torch.utils.data import default_collate
+
+                    filler = _to_device(default_collate([self.train_loader.dataset[0]])[0], dev)
+                _forward(model, filler)
         model.train()
         total_loss, total_correct, total = all_reduce_sums(
             [float(loss_sum), float(correct), float(n)], self.dist
@@ -483,11 +528,9 @@ class AmpTrainer:
         return {"eval_loss": total_loss / max(total, 1.0), "eval_accuracy": total_correct / max(total, 1.0)}
 
     def _save(self, epoch: int) -> None:
-
+        """Write last.pt (and best.pt, metrics.jsonl) on rank 0; under fsdp every rank writes its shards first."""
         out = self.config.output
-        payload = {
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
+        payload: dict[str, Any] = {
             LossScaler.state_dict_key: self.scaler.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "epoch": epoch + 1,
@@ -498,11 +541,25 @@ class AmpTrainer:
             "metrics": self.history,
             "mpinfer_version": __version__,
         }
+        best_shards = sharded.shard_dir(self.history[best_index(self.history)]["epoch"])
+        payload["world_size"] = self.dist.world
+        if self.strategy == "fsdp":
+            payload["shards"] = sharded.shard_dir(epoch + 1)
+            sharded.save_shards(self.model, self.optimizer, out / payload["shards"])
+            payload["model"] = sharded.full_model_state(self.model)  # for export: the whole FP32 model
+        else:
+            payload["model"], payload["optimizer"] = self.model.state_dict(), self.optimizer.state_dict()
+        if not self.dist.is_main:
+            return
         ck.save_checkpoint(out / ck.LAST, payload)
         if best_index(self.history) == len(self.history) - 1:
             ck.save_checkpoint(out / ck.BEST, payload)
         elif not (out / ck.BEST).exists():
             ck.carry_best(self.config.resume, out / ck.BEST, payload)
+            if self.config.resume is not None and self.strategy == "fsdp":
+                sharded.copy_shards(self.config.resume, best_shards, out)
+        if self.strategy == "fsdp":
+            sharded.prune_shards(out, [payload["shards"], best_shards])
         write_metrics(out / ck.METRICS, self.history)
 
 

@@ -10,7 +10,7 @@ from onnx import TensorProto, helper, numpy_helper
 from mpinfer.backends.ort import OrtRunner
 from mpinfer.errors import BackendUnavailableError, InvalidInputError
 from mpinfer.modelio import save_onnx
-from mpinfer.precision.strict import StrictRunner
+from mpinfer.precision.emulator.runner import StrictRunner
 from tests.precision.numerics_graphs import export_module
 from tests.tolerances import assert_onnx_outputs_close
 

@@ -1,6 +1,6 @@
 """`convert --numerics`: every evaluator's name is offered, and numerics this machine cannot run are refused at once.
 
-The choices come from the evaluator registry (precision/evaluators.EVALUATORS), not a second list. `ort-cuda`
+The choices come from the evaluator registry (precision/numerics/registry.EVALUATORS), not a second list. `ort-cuda`
 without ONNX Runtime's CUDA provider and `tensorrt` without TensorRT or a GPU are user errors (exit 1, what /
 received / expected / hint) raised before any work: nothing is written. On a machine that has them the refusal
 tests skip (they need their absence, not TensorRT).
@@ -19,7 +19,7 @@ from mpinfer.errors import BackendUnavailableError, InvalidInputError
 from mpinfer.gpu import gpu_info, tensorrt_installed
 from mpinfer.pipeline import run_pipeline
 from mpinfer.precision import ConvertConfig, convert_precision
-from mpinfer.precision.evaluators import EVALUATORS, check_numerics
+from mpinfer.precision.numerics.registry import EVALUATORS, check_numerics
 from tests.conftest import assert_user_error
 from tests.precision.graphs import mlp, save
 

@@ -226,7 +226,7 @@ def test_precision_summary_from_model_and_plan(mlp_files):
 
 def test_strict_numerics_sees_what_ort_hides(mlp_files):
     """ORT's CPU provider folds Cast pairs and computes in FP32; the strict emulator overflows like a GPU."""
-    pytest.importorskip("mpinfer.precision.strict", reason="strict numerics not in this build")
+    pytest.importorskip("mpinfer.precision.emulator.runner", reason="strict numerics not in this build")
     kw = {"data": str(mlp_files["big"]), "checks": "cosine>=0.9999"}
     assert compare_models(_cfg(mlp_files["base"], mlp_files["fp16"], **kw))
     strict = compare_models(_cfg(mlp_files["base"], mlp_files["fp16"], numerics="strict", **kw))
@@ -418,7 +418,7 @@ def test_latency_resizes_a_state_along_its_batch_axis(tmp_path):
 def test_divergence_chunks_are_sized_by_bytes(mlp_files, monkeypatch):
     import mpinfer.compare.divergence as dv
     from mpinfer.modelio import ort_session
-    from mpinfer.precision.calibrate import pack_chunks
+    from mpinfer.precision.calib.capture import pack_chunks
 
     base, cand = onnx.load(str(mlp_files["base"])), onnx.load(str(mlp_files["fp16"]))
     names, _ = dv._shared_tensors(base, cand)

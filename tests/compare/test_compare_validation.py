@@ -198,3 +198,47 @@ def test_latency_device_and_mean_based_speedup(mlp_files):
         assert base.speedup == 1.0
         assert cand.speedup == pytest.approx(base.mean_ms / cand.mean_ms)
         assert cand.speedup == pytest.approx(cand.throughput / base.throughput)
+
+
+def _graph_model(path, nodes, inits, opset=17):
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])], inits)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=8), str(path))
+    return path
+
+
+def _invalid_fp16(tmp_path, kind):
+    """Files another tool might write: a float16 tensor where the consumer takes float32 (ONNX Runtime refuses)."""
+    w32 = numpy_helper.from_array(np.full((4,), 0.5, np.float32), "w")
+    if kind == "cast-into-float32-add":
+        nodes = [helper.make_node("Cast", ["x"], ["xh"], to=TensorProto.FLOAT16, name="cast"),
+                 helper.make_node("Add", ["xh", "w"], ["y"], name="add")]
+        return _graph_model(tmp_path / "bad.onnx", nodes, [w32])
+    w16 = numpy_helper.from_array(np.eye(4, dtype=np.float16), "W")  # an FP16 weight into an FP32 MatMul
+    return _graph_model(tmp_path / "bad.onnx", [helper.make_node("MatMul", ["x", "W"], ["y"], name="mm")], [w16])
+
+
+@pytest.mark.parametrize("numerics", ["ort", "strict"])
+@pytest.mark.parametrize("kind", ["cast-into-float32-add", "float16-weight-into-float32-matmul"])
+def test_an_invalid_candidate_is_refused_under_every_numerics(invoke, tmp_path, kind, numerics):
+    """--numerics strict passed such a file (every check PASS, exit 0) that --numerics ort refused."""
+    base = _graph_model(tmp_path / "base.onnx", [helper.make_node("Add", ["x", "w"], ["y"], name="add")],
+                        [numpy_helper.from_array(np.full((4,), 0.5, np.float32), "w")])
+    bad = _invalid_fp16(tmp_path, kind)
+    r = invoke("compare", base, bad, "--numerics", numerics, "--data", "random:2", "--no-divergence")
+    assert_user_error(r, r"Candidate '.*bad.onnx'.*(invalid ONNX model|could not be loaded).*(float16|float)")
+
+
+def test_a_valid_bf16_candidate_the_cpu_provider_cannot_run_still_compares_strictly(invoke, tmp_path):
+    """The load check does not hold a kernel ONNX Runtime's CPU provider lacks (BF16 MatMul) against a model."""
+    w = numpy_helper.from_array(np.eye(4, dtype=np.float32), "W")
+    base = _graph_model(tmp_path / "base.onnx", [helper.make_node("MatMul", ["x", "W"], ["y"], name="mm")], [w])
+    nodes = [helper.make_node("Cast", ["x"], ["xb"], to=TensorProto.BFLOAT16, name="c1"),
+             helper.make_node("Cast", ["W"], ["wb"], to=TensorProto.BFLOAT16, name="c2"),
+             helper.make_node("MatMul", ["xb", "wb"], ["yb"], name="mm"),
+             helper.make_node("Cast", ["yb"], ["y"], to=TensorProto.FLOAT, name="c3")]
+    bf16 = _graph_model(tmp_path / "bf16.onnx", nodes, [w])
+    r = invoke("compare", base, bf16, "--numerics", "strict", "--data", "random:2", "--no-divergence",
+               "--check", "cosine>=0.99")
+    assert r.exit_code == 0, r.output

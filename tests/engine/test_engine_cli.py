@@ -89,9 +89,15 @@ def test_not_an_onnx_file(invoke, tmp_path):
     assert _files(tmp_path) == ["model.onnx"]
 
 
-def test_missing_model_is_a_usage_error(invoke, tmp_path):
-    result = invoke("build-engine", tmp_path / "nope.onnx")
-    assert result.exit_code == 2 and "Traceback" not in result.output
+def test_engine_suffix_without_tensorrt_says_so_and_what_to_run(invoke, fp16_model, tmp_path):
+    """The README's `-o m.engine` where TensorRT is absent: the reason, not an internal temporary path."""
+    if tensorrt_installed():
+        pytest.skip("TensorRT is installed here")
+    result = invoke("build-engine", fp16_model, "-o", tmp_path / "m.engine")
+    assert_user_error(result, r"'.engine'.*TensorRT is not installed.*--backend onnxruntime -o .*model\.fp16\.ort"
+                              r".*pip install tensorrt")
+    assert ".tmp" not in result.output
+    assert _files(tmp_path) == ["model.fp16.onnx"]
 
 
 def test_help_lists_the_options(invoke):

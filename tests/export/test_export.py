@@ -173,6 +173,56 @@ def test_cli_weights_with_pickled_objects_are_refused_by_default(invoke, tmp_pat
     assert_user_error(r, r"torch.load\(weights_only=True\) refused")
 
 
+def test_cli_weights_with_pickled_objects_hint_at_trust_weights(invoke, tmp_path):
+    import argparse
+
+    torch.save({"model": {}, "args": argparse.Namespace(lr=0.1)}, tmp_path / "ckpt.pt")
+    r = invoke("export", f"{MODELS}/mlp.py:build", "--weights", tmp_path / "ckpt.pt", "-o", tmp_path / "m.onnx")
+    assert_user_error(r, r"argparse.Namespace.*--trust-weights")
+
+
+@pytest.mark.parametrize("trust", [[], ["--trust-weights"]])
+def test_cli_truncated_weights_say_so_trusted_or_not(invoke, tmp_path, trust):
+    """A cut-short torch.save file: not a hint to --trust-weights (which then failed with '[Errno 22]')."""
+    from models.mlp import build
+
+    torch.save({"model": build().state_dict()}, tmp_path / "whole.pt")
+    data = (tmp_path / "whole.pt").read_bytes()
+    (tmp_path / "cut.pt").write_bytes(data[: len(data) // 2])
+    r = invoke("export", f"{MODELS}/mlp.py:build", "--weights", tmp_path / "cut.pt", *trust, "-o", tmp_path / "m.onnx")
+    assert_user_error(r, r"truncated file.*copy or save it again")
+    assert "Errno" not in r.output and "pass --trust-weights" not in r.output
+    _no_outputs(tmp_path)
+
+
+def test_cli_an_onnx_model_is_pointed_to_convert(invoke, tmp_path):
+    from tests.engine.conftest import make_mixed_model
+
+    model = make_mixed_model(tmp_path / "m.onnx", low="fp32")
+    r = invoke("export", model, "-o", tmp_path / "again.onnx")
+    assert_user_error(r, r"an ONNX model \(already exported\).*mpinfer convert .*m.onnx -o .*m.fp16.onnx")
+    assert not (tmp_path / "again.onnx").exists()
+
+
+def test_cli_an_input_name_forward_does_not_take_is_refused(invoke, tmp_path):
+    """--input y for forward(self, x) wrote an ONNX input named y; the names are forward's, in order."""
+    r = invoke("export", f"{MODELS}/mlp.py:build", "--input", "y:batchx64:float32", "-o", tmp_path / "m.onnx")
+    assert_user_error(r, r"Input 'y'.*expected 'x' \(forward's argument 1\).*in order: x")
+    r = invoke("export", f"{MODELS}/mlp.py:build", "--input", "x:batchx64:float32", "--input", "z:batchx64:float32",
+               "-o", tmp_path / "m.onnx")
+    assert_user_error(r, r"Input 'z'.*at most 1 inputs")
+    _no_outputs(tmp_path)
+
+
+def test_cli_a_torch_module_as_it_is_takes_any_input_name(invoke, tmp_path):
+    """nn.Sequential's forward argument is 'input': a name that means nothing to the user, so any name is taken."""
+    src = tmp_path / "seq.py"
+    src.write_text("import torch\n\ndef build():\n    return torch.nn.Sequential(torch.nn.Linear(4, 2))\n")
+    r = invoke("export", f"{src}:build", "--input", "x:batchx4:float32", "-o", tmp_path / "m.onnx")
+    assert r.exit_code == 0, r.output
+    assert [i.name for i in onnx.load(str(tmp_path / "m.onnx")).graph.input] == ["x"]
+
+
 @pytest.mark.parametrize("spec", ["x:batchx64", "x:batchx-3:float32", "x:4x4:complex", "x:4x4:float32:5..1"])
 def test_cli_malformed_input_spec(invoke, tmp_path, spec):
     r = invoke("export", f"{MODELS}/mlp.py:build", "--input", spec, "-o", tmp_path / "m.onnx")

@@ -38,7 +38,7 @@ def float_cases(select=None) -> list[Any]:
     from onnx import TensorProto
     from onnx.backend.test.case.node import collect_testcases
 
-    from mpinfer.precision.normalize import low_tensor_count
+    from mpinfer.precision.graph.normalize import low_tensor_count
 
     with warnings.catch_warnings(), np.errstate(all="ignore"):
         warnings.simplefilter("ignore")

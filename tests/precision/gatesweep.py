@@ -89,7 +89,7 @@ def max_opset() -> int:
     """The newest default-domain opset both ONNX and the installed ONNX Runtime know."""
     from onnx import defs
 
-    from mpinfer.precision.validate import runtime_limits
+    from mpinfer.backends.ort import runtime_limits
 
     return min(defs.onnx_opset_version(), runtime_limits()[1])
 
@@ -349,7 +349,7 @@ def run_case(test: Any, case: Case, folder: Path) -> Result | None:
     model, feeds = built
     src = folder / f"{case.test}.onnx"
     onnx.save(model, str(src))
-    from mpinfer.precision.normalize import sort_nodes
+    from mpinfer.precision.graph.normalize import sort_nodes
 
     # the input as mpinfer plans it (its node list sorted) must pass every check (ONNX's function body of
     # MeanVarianceNormalization fails strict inference at some opsets, an op's older signature the checker)

@@ -11,9 +11,9 @@ from onnx import TensorProto, helper
 
 from mpinfer.modelio import name_nodes
 from mpinfer.precision import ConvertConfig, convert_precision
-from mpinfer.precision.apply import apply_plan
-from mpinfer.precision.graphinfo import GraphInfo
-from mpinfer.precision.validate import run_checks
+from mpinfer.precision.core.graphinfo import GraphInfo
+from mpinfer.precision.graph.apply import apply_plan
+from mpinfer.precision.graph.validate import run_checks
 from mpinfer.specs import Precision
 from tests.precision.graphs import embedding, fvi, init, make, mlp, rng_w, run_ort, save
 from tests.tolerances import assert_onnx_outputs_close
@@ -392,7 +392,7 @@ def test_scan_body_converted_state_stays_fp32(tmp_path):
 
 def test_gate_names_the_node_of_an_invalid_rewrite():
     from mpinfer.errors import InternalError
-    from mpinfer.precision.validate import gate
+    from mpinfer.precision.graph.validate import gate
 
     nodes = [
         helper.make_node("Cast", ["x"], ["h"], name="half", to=FP16),
@@ -459,8 +459,8 @@ def test_low_graph_output_also_read_by_an_fp32_node_gets_uniquely_named_casts():
 
 def test_weights_go_to_fp16_with_the_same_bits_through_onnxruntime():
     """low_array: large float32 weights take ONNX Runtime's Cast, small ones numpy's; the bits are numpy's."""
-    from mpinfer.precision.apply import low_array
     from mpinfer.precision.emulator.kernels import ortexec
+    from mpinfer.precision.graph.apply import low_array
 
     rng = np.random.default_rng(3)
     large = (rng.standard_normal(ortexec.MIN_SIZE * 2) * np.exp(rng.uniform(-20, 12, ortexec.MIN_SIZE * 2)))

@@ -11,10 +11,11 @@ from onnx import TensorProto, helper
 
 from mpinfer.modelio import name_nodes
 from mpinfer.precision import ConvertConfig, convert_precision
+from mpinfer.precision.core.formats import BF16_LOWEST
+from mpinfer.precision.core.graphinfo import GraphInfo
 from mpinfer.precision.emulator.emulate import GraphEmulator
-from mpinfer.precision.graphinfo import GraphInfo
-from mpinfer.precision.masks import BF16_LOWEST, FP16_MASK_LOWEST, find_mask_sites
-from mpinfer.precision.planner import RuleOptions, rule_plan
+from mpinfer.precision.graph.masks import FP16_MASK_LOWEST, find_mask_sites
+from mpinfer.precision.rules.planner import RuleOptions, rule_plan
 from mpinfer.specs import Precision
 from tests.precision.graphs import fvi, init, make, rng_w, run_ort, save
 

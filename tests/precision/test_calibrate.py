@@ -12,7 +12,7 @@ from onnx import helper, numpy_helper
 
 from mpinfer.data import load_feeds
 from mpinfer.errors import InvalidInputError
-from mpinfer.precision.calibrate import (
+from mpinfer.precision.calib.calibrate import (
     HISTOGRAM_BINS,
     CalibrationStats,
     StatsCollector,
@@ -105,7 +105,7 @@ def test_streaming_equals_all_at_once_and_memory_is_bounded():
 
 def test_threaded_statistics_equal_one_thread(monkeypatch):
     """update_many over worker threads gives the same numbers as update on one thread, tensor by tensor."""
-    from mpinfer.precision import tensorstats
+    from mpinfer.precision.calib import statistics as tensorstats
 
     monkeypatch.setattr(tensorstats, "PARALLEL_MIN_VALUES", 1)
     rng = np.random.default_rng(5)
@@ -178,13 +178,13 @@ def test_real_model_and_data_match_a_direct_run(exported, tmp_path):
 
 def test_captured_reference_outputs_equal_a_plain_run(exported, monkeypatch):
     """The search's FP32 reference can come from the calibration run, also when it takes several passes."""
-    import mpinfer.precision.calibrate as cal
+    import mpinfer.precision.calib.capture as capture
 
     model, feeds = exported("transformer_small")
     batches = [feeds, {k: (v + 7) % 1000 for k, v in feeds.items()}, feeds]
     out = model.graph.output[0].name
-    for limit in (cal.MAX_OUTPUTS_PER_SESSION, 5):
-        monkeypatch.setattr(cal, "MAX_OUTPUTS_PER_SESSION", limit)
+    for limit in (capture.MAX_OUTPUTS_PER_SESSION, 5):
+        monkeypatch.setattr(capture, "MAX_OUTPUTS_PER_SESSION", limit)
         stats = calibrate(model, batches, progress=False, capture_batches=2)
         assert stats.reference_outputs is not None and len(stats.reference_outputs) == 2
         for got, batch in zip(stats.reference_outputs, batches, strict=False):
@@ -197,7 +197,7 @@ def test_captured_reference_outputs_equal_a_plain_run(exported, monkeypatch):
 def test_captured_tensors_are_every_float32_tensor_onnxruntime_computed(exported, monkeypatch):
     """capture_tensors keeps each FLOAT node output of the first batches (for the strict search's reference
     run), in every pass when the graph takes several, and nothing of the later batches."""
-    import mpinfer.precision.calibrate as cal
+    import mpinfer.precision.calib.capture as capture
     from mpinfer.precision.emulator.emulate import GraphEmulator
 
     model, feeds = exported("transformer_small")
@@ -206,8 +206,8 @@ def test_captured_tensors_are_every_float32_tensor_onnxruntime_computed(exported
     produced = {o for n in model.graph.node for o in n.output}
     floats = {k for k in produced if isinstance(want.get(k), np.ndarray) and want[k].dtype == np.float32}
     assert len(floats) > 20
-    for limit in (cal.MAX_OUTPUTS_PER_SESSION, 5):
-        monkeypatch.setattr(cal, "MAX_OUTPUTS_PER_SESSION", limit)
+    for limit in (capture.MAX_OUTPUTS_PER_SESSION, 5):
+        monkeypatch.setattr(capture, "MAX_OUTPUTS_PER_SESSION", limit)
         stats = calibrate(model, batches, progress=False, capture_batches=1, capture_tensors=True)
         assert stats.reference_tensors is not None and len(stats.reference_tensors) == 1
         (got,) = stats.reference_tensors
@@ -224,14 +224,14 @@ def test_captured_tensors_are_every_float32_tensor_onnxruntime_computed(exported
 
 def test_no_captured_reference_when_onnxruntime_cannot_run_the_model(exported, monkeypatch):
     """ORT refusing the model: statistics come from the emulator and the search runs its own reference."""
-    import mpinfer.precision.calibrate as cal
+    import mpinfer.precision.calib.capture as capture
     from mpinfer.errors import ModelLoadError
 
     def refuse(self, names):
         raise ModelLoadError("ONNX Runtime could not load the model: refused for this test")
 
     model, feeds = exported("mlp")
-    monkeypatch.setattr(cal._Sessions, "session", refuse)
+    monkeypatch.setattr(capture._Sessions, "session", refuse)
     stats = calibrate(model, [feeds], progress=False, capture_batches=1)
     assert stats.reference_outputs is None
     assert model.graph.output[0].name in stats
@@ -252,12 +252,12 @@ def test_subgraph_tensors_come_from_the_emulator(exported):
 
 
 def test_many_tensors_take_several_passes_with_the_same_result(exported, monkeypatch):
-    import mpinfer.precision.calibrate as cal
+    import mpinfer.precision.calib.capture as capture
 
     model, feeds = exported("transformer_small")
     batches = [feeds, {k: (v + 7) % 1000 for k, v in feeds.items()}]
     one_pass = calibrate(model, batches, progress=False)
-    monkeypatch.setattr(cal, "MAX_OUTPUTS_PER_SESSION", 5)
+    monkeypatch.setattr(capture, "MAX_OUTPUTS_PER_SESSION", 5)
     several = calibrate(model, iter(batches), progress=False)  # a one-shot iterator, read once per pass
     assert set(several) == set(one_pass) and len(one_pass) > 20
     assert several.source["batches"] == 2
@@ -274,13 +274,13 @@ def test_many_tensors_take_several_passes_with_the_same_result(exported, monkeyp
 
 
 def test_big_models_are_calibrated_from_an_external_data_copy(exported, monkeypatch):
-    import mpinfer.precision.calibrate as cal
+    import mpinfer.precision.calib.capture as capture
 
     model, feeds = exported("digits_cnn")
     before = model.SerializeToString()
     in_memory = calibrate(model, [feeds], progress=False)
-    monkeypatch.setattr(cal, "IN_MEMORY_LIMIT", 0)  # treat the model as big
-    monkeypatch.setattr(cal, "MAX_OUTPUTS_PER_SESSION", 3)
+    monkeypatch.setattr(capture, "IN_MEMORY_LIMIT", 0)  # treat the model as big
+    monkeypatch.setattr(capture, "MAX_OUTPUTS_PER_SESSION", 3)
     external = calibrate(model, [feeds], progress=False)
     assert model.SerializeToString() == before  # the caller's model is not modified
     assert set(external) == set(in_memory)
@@ -306,7 +306,7 @@ def test_loop_body_tensors_are_counted_once_per_iteration():
 
 
 def test_underflow_energy_separates_dead_values_from_tiny_tensors():
-    from mpinfer.precision.tensorstats import StatsCollector
+    from mpinfer.precision.calib.statistics import StatsCollector
 
     col = StatsCollector()
     col.update("dead", np.array([1.0, -0.5, 1e-15, -1e-15] * 8, np.float32))
@@ -326,8 +326,8 @@ def test_streamed_stats_match_exact_numbers_on_hostile_values(chunk, finite_only
     With a tiny chunk every tensor is read in many chunks (the path big tensors take); without inf/NaN
     the fast path handles every batch.
     """
-    from mpinfer.precision import tensorstats
-    from mpinfer.precision.tensorstats import FP16_MAX, StatsCollector
+    from mpinfer.precision.calib import statistics as tensorstats
+    from mpinfer.precision.calib.statistics import FP16_MAX, StatsCollector
 
     if chunk:
         monkeypatch.setattr(tensorstats, "CHUNK", chunk)
@@ -376,15 +376,20 @@ def test_batches_above_the_call_limit_run_in_slices_with_the_same_statistics(exp
     """A batch whose tensors exceed the budget's calibration_call slice is fetched a few samples at a time (a 640x640
     detector returns ~0.7 GB per image): the statistics do not depend on how the samples are grouped, and the reference
     outputs are joined from the slices' runs (samples on axis 0 of every input and output: no run of their own)."""
-    import mpinfer.precision.calibrate as cal
+    import importlib
+
+    import mpinfer.precision.calib.capture as capture
+
+    cal = importlib.import_module("mpinfer.precision.calib.calibrate")  # (the package's `calibrate` is the function)
 
     model, feeds = exported("digits_cnn")
     rng = np.random.default_rng(3)
     batches = [{k: rng.random((6,) + v.shape[1:], dtype=np.float32) for k, v in feeds.items()} for _ in range(2)]
     whole = calibrate(model, batches, progress=False, capture_batches=1, capture_tensors=True)
     rows = []
-    run = cal._run
-    monkeypatch.setattr(cal, "_run", lambda s, names, b: rows.append(len(next(iter(b.values())))) or run(s, names, b))
+    run = capture._run
+    for mod in (cal, capture):  # every module that calls it
+        monkeypatch.setattr(mod, "_run", lambda s, n, b: rows.append(len(next(iter(b.values())))) or run(s, n, b))
     set_slice(monkeypatch, "calibration_call", 2 * _sample_bytes(model, batches[0]))  # one pass, 2 samples a call
     sliced = calibrate(model, batches, progress=False, capture_batches=1, capture_tensors=True)
     assert rows == [1, 2, 2, 2, 2, 2, 2]  # probe; batch 0 in slices (its outputs among them); batch 1 in slices
@@ -406,14 +411,14 @@ def test_sliced_batches_over_several_passes_join_the_outputs_without_a_second_se
     fetched in a later pass, the capture ran the whole batch once more in a second session of the model, beside the
     pass's own (a 3B decoder: two 12 GB copies of the weights, killed for memory on a 24 GB machine), and the
     outputs of the batches after the captured ones were not kept at all."""
-    import mpinfer.precision.calibrate as cal
+    import mpinfer.precision.calib.capture as capture
 
     model, feeds = exported("digits_cnn")
     rng = np.random.default_rng(3)
     batches = [{k: rng.random((6,) + v.shape[1:], dtype=np.float32) for k, v in feeds.items()} for _ in range(2)]
     whole = calibrate(model, batches, progress=False, capture_batches=1, capture_outputs=2)
     opened, made = [], []  # per session opened: how many this run opened before are still alive
-    session = cal._Sessions.session
+    session = capture._Sessions.session
 
     def counted(self, names):
         import gc
@@ -425,8 +430,8 @@ def test_sliced_batches_over_several_passes_join_the_outputs_without_a_second_se
         made.append(weakref.ref(sess))
         return sess
 
-    monkeypatch.setattr(cal._Sessions, "session", counted)
-    monkeypatch.setattr(cal, "MAX_OUTPUTS_PER_SESSION", 3)  # several passes; the output is the last node's
+    monkeypatch.setattr(capture._Sessions, "session", counted)
+    monkeypatch.setattr(capture, "MAX_OUTPUTS_PER_SESSION", 3)  # several passes; the output is the last node's
     set_slice(monkeypatch, "calibration_call", 2 * _sample_bytes(model, batches[0]))
     sliced = calibrate(model, batches, progress=False, capture_batches=1, capture_outputs=2)
     assert len(opened) > 2 and max(opened) == 0, opened  # every session opened with none other alive

@@ -11,7 +11,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from mpinfer.precision import ConvertConfig, convert_precision
-from mpinfer.precision.apply import apply_plan
+from mpinfer.precision.core.graphinfo import GraphInfo
 from mpinfer.precision.emulator.castgraph import (
     ENGINE_CASTS,
     ENGINE_EMULATOR,
@@ -24,9 +24,9 @@ from mpinfer.precision.emulator.castgraph import (
 )
 from mpinfer.precision.emulator.emulate import GraphEmulator
 from mpinfer.precision.emulator.kernels.ortexec import MIN_SIZE
-from mpinfer.precision.evaluators import StrictEvaluator
-from mpinfer.precision.graphinfo import GraphInfo
-from mpinfer.precision.strict import StrictRunner
+from mpinfer.precision.emulator.runner import StrictRunner
+from mpinfer.precision.graph.apply import apply_plan
+from mpinfer.precision.numerics.strict import StrictEvaluator
 from mpinfer.specs import Precision
 from tests.precision.graphs import fvi, init, make, rng_w, save
 

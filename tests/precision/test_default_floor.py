@@ -17,7 +17,7 @@ from onnx import helper
 
 from mpinfer.data.feeds import DEFAULT_BATCH_SIZE
 from mpinfer.metrics import range_error
-from mpinfer.precision.strict import StrictRunner
+from mpinfer.precision.emulator.runner import StrictRunner
 from tests.conftest import assert_user_error
 from tests.precision.graphs import fvi, init, make, rng_w, save
 

@@ -14,6 +14,7 @@ import onnx
 import pytest
 
 import mpinfer.precision.convert as convert_module
+import mpinfer.precision.weights as weights_module
 from mpinfer.errors import AccuracyMismatchError
 from mpinfer.modelio import data_file
 from mpinfer.precision import ConvertConfig, convert_precision
@@ -80,7 +81,7 @@ def test_scratch_copy_keeps_external_data_when_the_output_needs_it(tmp_path, mon
     """An output past the one-file limit (lowered here) keeps its weights in ``<name>.data``, as save_onnx does."""
     src = save(chain(6), tmp_path / "m.onnx")
     cal = _npz(tmp_path / "cal.npz")
-    monkeypatch.setattr(convert_module, "EXTERNAL_DATA_THRESHOLD", 1)
+    monkeypatch.setattr(weights_module, "EXTERNAL_DATA_THRESHOLD", 1)
     res = _convert(src, tmp_path / "out" / "m.fp16.onnx", cal)
     assert _entries(tmp_path / "out") == {"m.fp16.onnx", data_file(res.output).name, plan_path_for(res.output).name}
     onnx.checker.check_model(str(res.output))

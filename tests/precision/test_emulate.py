@@ -1154,8 +1154,8 @@ def test_onnxruntime_convolutions_match_the_numpy_kernels(op, x_shape, w_shape, 
 
 def test_onnxruntime_step_sessions_stay_small():
     """Each step session has at most MAX_THREADS threads that sleep between calls and no memory arena."""
+    from mpinfer.memory import usable_cpus
     from mpinfer.precision.emulator.kernels import ortexec
-    from mpinfer.precision.tensorstats import usable_cpus
 
     x = np.linspace(-2, 2, ortexec.MIN_SIZE, dtype=np.float32)
     assert ortexec.cast(x, "round_fp16") is not None

@@ -12,20 +12,16 @@ from onnx import helper
 
 import mpinfer.precision as precision_pkg
 from mpinfer.errors import BackendUnavailableError, InvalidInputError
-from mpinfer.precision.apply import apply_plan
-from mpinfer.precision.evaluators import (
-    EVALUATORS,
-    OrtCudaEvaluator,
-    OrtEvaluator,
-    StrictEvaluator,
-    TensorRtEvaluator,
-    evaluator_class,
-)
-from mpinfer.precision.graphinfo import GraphInfo
+from mpinfer.precision.budget.search import build_groups
+from mpinfer.precision.core.graphinfo import GraphInfo
+from mpinfer.precision.core.plan import NodeDecision
+from mpinfer.precision.graph.apply import apply_plan
+from mpinfer.precision.numerics.ort import OrtCudaEvaluator, OrtEvaluator
+from mpinfer.precision.numerics.registry import EVALUATORS, evaluator_class
+from mpinfer.precision.numerics.strict import StrictEvaluator
+from mpinfer.precision.numerics.tensorrt import TensorRtEvaluator
 from mpinfer.precision.options import NUMERICS
-from mpinfer.precision.plan import NodeDecision
-from mpinfer.precision.rules import Decision, Kind
-from mpinfer.precision.search import build_groups
+from mpinfer.precision.rules.classify import Decision, Kind
 from mpinfer.specs import Precision
 from tests.precision.graphs import fvi, init, make, rng_w
 from tests.tolerances import network_atol
@@ -76,12 +72,12 @@ def test_every_numerics_name_maps_to_an_evaluator_and_unknown_names_are_refused(
 
 
 def test_no_module_of_the_convert_core_tests_the_numerics_name():
-    """The numerics are chosen by class (evaluators.evaluator_class), never by comparing the name."""
+    """The numerics are chosen by class (numerics/registry.evaluator_class), never by comparing the name."""
     pattern = re.compile(r"numerics\s*(==|!=|in)\s*[\"'(]")
     root = Path(precision_pkg.__file__).parent
     offenders = [
-        f"{p.name}:{i}"
-        for p in sorted(root.glob("*.py"))
+        f"{p.relative_to(root)}:{i}"
+        for p in sorted(root.rglob("*.py"))  # (every sub-package: the recipe's stages live in them)
         for i, line in enumerate(p.read_text().splitlines(), 1)
         if pattern.search(line)
     ]

@@ -59,7 +59,7 @@ def test_external_weights_give_the_plan_embedded_weights_give(tmp_path, numerics
 def test_external_weights_go_through_the_validity_gate_on_the_written_file(tmp_path, monkeypatch):
     """The checker, type inference and ONNX Runtime check the staged file, and a node ONNX Runtime refuses in
     BF16 is repaired (kept FP32 with the reason) as for a model in memory."""
-    import mpinfer.precision.validate as validate
+    import mpinfer.precision.graph.validate as validate
     from tests.precision.conformance import float_cases
 
     checked: list[Path] = []

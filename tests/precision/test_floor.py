@@ -11,9 +11,9 @@ from onnx import helper
 
 from mpinfer.checks import Check, parse_checks
 from mpinfer.precision import ConvertConfig, convert_precision
-from mpinfer.precision.noisefloor import relative_floor, widened_threshold
+from mpinfer.precision.budget.noisefloor import relative_floor, widened_threshold
+from mpinfer.precision.emulator.runner import StrictRunner
 from mpinfer.precision.options import DEFAULT_BUDGET, FLOOR_OUTPUTS, floor_budget
-from mpinfer.precision.strict import StrictRunner
 from tests.precision.graphs import fvi, init, make, rng_w, save, score_data, score_mlp
 
 # The calibration data of the sigmoid repro: with it the all-FP16 probability's worst sample moves by 0.004

@@ -10,8 +10,8 @@ import pytest
 from onnx import helper
 
 from mpinfer.modelio import name_nodes
-from mpinfer.precision.fusion import FUSED_LN_SUFFIX, FUSED_SUFFIX, find_norm_chains, fuse_norm_chains, fuse_norms
-from mpinfer.precision.normalize import ensure_opset
+from mpinfer.precision.graph.fusion import FUSED_LN_SUFFIX, FUSED_SUFFIX, find_norm_chains, fuse_norm_chains, fuse_norms
+from mpinfer.precision.graph.normalize import ensure_opset
 from mpinfer.specs import Precision
 from tests.precision.graphs import fvi, init, make, rng_w, run_ort
 from tests.tolerances import assert_reorder_close
@@ -103,7 +103,7 @@ def test_below_opset_23_nothing_changes_and_the_hint_names_the_option(caplog):
     model = _rms_model()
     assert len(find_norm_chains(model.graph)) == 1
     before = model.SerializeToString()
-    with caplog.at_level("WARNING", logger="mpinfer.precision.fusion"):
+    with caplog.at_level("WARNING", logger="mpinfer.precision.graph.fusion"):
         assert fuse_norms(model) == []
     assert model.SerializeToString() == before
     assert "1 decomposed RMSNorm chain(s) stay FP32 islands" in caplog.text and "`--opset 23`" in caplog.text
@@ -195,7 +195,7 @@ def test_a_layer_norm_whose_centred_tensor_is_read_elsewhere_stays():
 
 
 def test_below_opset_17_the_warning_names_opset_17_for_layer_norms(caplog):
-    with caplog.at_level("WARNING", logger="mpinfer.precision.fusion"):
+    with caplog.at_level("WARNING", logger="mpinfer.precision.graph.fusion"):
         assert fuse_norms(_ln_model()) == []
     assert "1 decomposed LayerNorm chain(s) stay FP32 islands" in caplog.text and "`--opset 17`" in caplog.text
 

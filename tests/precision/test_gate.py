@@ -174,8 +174,8 @@ def test_a_keras_era_graph_converts_to_a_loadable_model(tmp_path, options):
 def test_nodes_sharing_a_type_variable_get_one_precision():
     """The schema's type variables decide: BatchNormalization-11 ties its five inputs and its output to T."""
     from mpinfer.modelio import name_nodes
-    from mpinfer.precision.graphinfo import FLOAT16, GraphInfo
-    from mpinfer.precision.normalize import sort_nodes
+    from mpinfer.precision.core.graphinfo import FLOAT16, GraphInfo
+    from mpinfer.precision.graph.normalize import sort_nodes
 
     info = GraphInfo(name_nodes(sort_nodes(keras_era_model())))
     bn = info.by_address["bn1"].node
@@ -187,7 +187,7 @@ def test_nodes_sharing_a_type_variable_get_one_precision():
 
 
 def test_sort_nodes_orders_a_graph_and_leaves_a_sorted_one_as_it_is():
-    from mpinfer.precision.normalize import sort_nodes
+    from mpinfer.precision.graph.normalize import sort_nodes
 
     model = keras_era_model()
     fixed = sort_nodes(model)
@@ -231,7 +231,7 @@ def _relu_model(opset: int, ir_version: int) -> onnx.ModelProto:
 
 def test_an_ir_version_newer_than_onnxruntime_reads_is_lowered(tmp_path):
     """Hole 4: the IR version goes down to what the opsets need; the file loads."""
-    from mpinfer.precision.validate import runtime_limits
+    from mpinfer.backends.ort import runtime_limits
 
     max_ir, _ = runtime_limits()
     if max_ir >= onnx.IR_VERSION:
@@ -245,7 +245,7 @@ def test_an_ir_version_newer_than_onnxruntime_reads_is_lowered(tmp_path):
 
 def test_an_opset_newer_than_onnxruntime_reads_is_refused_naming_the_versions(tmp_path, invoke):
     """Hole 4: a clear refusal (exit 1, no traceback, nothing written)."""
-    from mpinfer.precision.validate import runtime_limits
+    from mpinfer.backends.ort import runtime_limits
     from tests.conftest import assert_user_error
 
     _, max_opset = runtime_limits()
@@ -285,7 +285,7 @@ def test_fp64_arithmetic_is_left_as_it_is_and_reported(tmp_path, caplog):
 
 def test_low_array_clamps_finite_values_and_keeps_float32_extremes_as_infinity():
     """Clamped to +-65504; inf, NaN and float32's own extremes (a mask's minus infinity) stay what they mean."""
-    from mpinfer.precision.apply import low_array
+    from mpinfer.precision.graph.apply import low_array
     from mpinfer.specs import Precision
 
     f32 = np.finfo(np.float32)

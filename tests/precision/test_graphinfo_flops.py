@@ -5,7 +5,7 @@ from __future__ import annotations
 from onnx import helper
 
 from mpinfer.modelio import name_nodes
-from mpinfer.precision.graphinfo import GraphInfo
+from mpinfer.precision.core.graphinfo import GraphInfo
 from tests.precision.graphs import fvi, init, make, rng_w
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from mpinfer.errors import InvalidInputError, MpinferError
 from mpinfer.precision import ConvertConfig, PrecisionPlan, convert_precision
-from mpinfer.precision.plan import REASON_CODES
+from mpinfer.precision.core.plan import REASON_CODES
 from mpinfer.specs import Precision
 from tests.precision.graphs import mlp, save
 

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 from onnx import helper
 
-from mpinfer.precision.apply import apply_plan
-from mpinfer.precision.graphinfo import GraphInfo
-from mpinfer.precision.planner import RuleOptions, rule_plan
-from mpinfer.precision.probe import build_probe, probe_errors
-from mpinfer.precision.search import build_groups
+from mpinfer.precision.budget.search import build_groups
+from mpinfer.precision.core.graphinfo import GraphInfo
+from mpinfer.precision.graph.apply import apply_plan
+from mpinfer.precision.numerics.probe import build_probe, probe_errors
+from mpinfer.precision.rules.planner import RuleOptions, rule_plan
 from mpinfer.specs import Precision
 from tests.precision.graphs import fvi, init, make, rng_w
 from tests.precision.numerics_graphs import ort_run

@@ -10,9 +10,9 @@ from onnx import TensorProto, helper
 
 from mpinfer.errors import InvalidInputError
 from mpinfer.modelio import name_nodes
-from mpinfer.precision.graphinfo import GraphInfo
-from mpinfer.precision.overflow import match_module, overflow_nodes
-from mpinfer.precision.planner import RuleOptions, rule_plan
+from mpinfer.precision.core.graphinfo import GraphInfo
+from mpinfer.precision.rules.overflow import match_module, overflow_nodes
+from mpinfer.precision.rules.planner import RuleOptions, rule_plan
 from mpinfer.specs import Precision
 from tests.precision.graphs import embedding, fvi, init, make, mlp, rng_w
 

@@ -133,9 +133,10 @@ def test_bf16_search_strict(tmp_path):
 def test_ort_search_final_model_is_its_verified_candidate_and_equals_reapplying_the_plan(tmp_path, monkeypatch):
     """With ORT numerics the last candidate that met the budget was applied and run already: the output is
     that model (no second apply), byte-identical to re-applying the written plan."""
-    import mpinfer.precision.apply as apply_mod
-    import mpinfer.precision.evaluators as ev_mod
-    import mpinfer.precision.validate as validate_mod
+    import mpinfer.precision.graph.apply as apply_mod
+    import mpinfer.precision.graph.validate as validate_mod
+    import mpinfer.precision.numerics.ort as ort_mod
+    import mpinfer.precision.numerics.strict as ev_mod
 
     calls = []
     real = apply_mod.apply_plan
@@ -144,7 +145,7 @@ def test_ort_search_final_model_is_its_verified_candidate_and_equals_reapplying_
         calls.append(1)
         return real(*args, **kw)
 
-    for mod in (apply_mod, ev_mod, validate_mod):  # every module that binds the name
+    for mod in (apply_mod, ev_mod, ort_mod, validate_mod):  # every module that binds the name
         monkeypatch.setattr(mod, "apply_plan", counting, raising=False)
     src, res = _convert_chain(tmp_path, 4, "cosine>=0.999", numerics="ort")
     s = res.plan.summary["search"]
@@ -168,18 +169,19 @@ def test_screening_rejects_on_the_hardest_samples_and_changes_no_decision(tmp_pa
     """Candidates that fail are rejected after a run on the hardest samples (ORT: a session run on them;
     strict: an incremental emulator run from their kept FP32 run); the search's decisions, its final error
     and the written model are those of the search that runs every candidate on every sample."""
-    import mpinfer.precision.evaluators as ev_mod
-    import mpinfer.precision.search as search_mod
+    import mpinfer.precision.budget.screening as screening_mod
+    import mpinfer.precision.numerics.ort as ort_mod
+    import mpinfer.precision.numerics.strict as ev_mod
 
     runs = []
     if numerics == "ort":
-        real = ev_mod.OrtEvaluator.ort_run
+        real = ort_mod.OrtEvaluator.ort_run
 
         def counting(sess, batch):
             runs.append(len(next(iter(batch.values()))))
             return real(sess, batch)
 
-        monkeypatch.setattr(ev_mod.OrtEvaluator, "ort_run", staticmethod(counting))
+        monkeypatch.setattr(ort_mod.OrtEvaluator, "ort_run", staticmethod(counting))
     else:
         real_rows = ev_mod.StrictEvaluator.strict_rows
 
@@ -196,7 +198,7 @@ def test_screening_rejects_on_the_hardest_samples_and_changes_no_decision(tmp_pa
     s = screened.plan.summary["search"]
     assert s["searched"] and s["screened"] > 0, s
     assert runs.count(4) >= s["screened"]  # 32 samples: each screening run holds the 4 hardest
-    monkeypatch.setattr(search_mod, "SCREEN_MIN_TOTAL", 10**9)  # no screening
+    monkeypatch.setattr(screening_mod, "SCREEN_MIN_TOTAL", 10**9)  # no screening
     _, full = _convert_chain(tmp_path, 8, "max_abs<=1e-3", tag="f", numerics=numerics)
     f = full.plan.summary["search"]
     assert f["screened"] == 0 and f["verifications"] == s["verifications"]
@@ -231,7 +233,7 @@ def test_ort_screening_needs_samples_it_can_split(tmp_path):
 
 def _recorded_hardness(monkeypatch):
     """A list that receives a copy of the verifier's per-sample hardness after each full verification."""
-    import mpinfer.precision.search as search_mod
+    import mpinfer.precision.budget.search as search_mod
 
     hardness = []
     real = search_mod._Verifier._update_hardness
@@ -247,7 +249,7 @@ def _recorded_hardness(monkeypatch):
 def test_ort_probe_measures_on_the_samples_the_whole_candidate_got_most_wrong(tmp_path, monkeypatch):
     """The probe ranks the groups on the hardest quarter of the samples (per-sample error of the first full
     verification); a model whose batch is fixed is probed on every sample."""
-    import mpinfer.precision.probe as probe_mod
+    import mpinfer.precision.numerics.probe as probe_mod
 
     probed, hardness = [], _recorded_hardness(monkeypatch)
     real_probe = probe_mod.probe_errors
@@ -271,7 +273,7 @@ def test_ort_probe_measures_on_the_samples_the_whole_candidate_got_most_wrong(tm
 def test_strict_sensitivities_are_measured_on_the_hardest_quarter_of_the_samples(tmp_path, monkeypatch):
     """Strict numerics rank the groups on the FP32 tensors of the quarter of the samples the whole candidate
     got most wrong (per-sample error of its strict run), as the ORT probe does."""
-    import mpinfer.precision.evaluators as ev_mod
+    import mpinfer.precision.numerics.strict as ev_mod
 
     seen, hardness = [], _recorded_hardness(monkeypatch)
     real_local = ev_mod.local_error
@@ -335,8 +337,8 @@ def test_expected_error_without_a_budget_compares_with_calibrations_outputs(tmp_
     """Without a budget the plan's expected error is the strict run of the plan against the FP32 outputs
     calibration kept (no FP32 emulator run); the emulator computes them only when none were kept."""
     import mpinfer.precision.plandata as plandata
+    from mpinfer.precision.budget.search import measure_plan
     from mpinfer.precision.emulator.emulate import GraphEmulator
-    from mpinfer.precision.search import measure_plan
 
     model = chain(4)
     x = np.random.default_rng(0).standard_normal((8, 16)).astype(np.float32)
@@ -433,7 +435,7 @@ def test_search_data_is_bounded_by_bytes(tmp_path, monkeypatch):
 
     import mpinfer.precision.plandata as conv
     from mpinfer.data import load_feeds
-    from mpinfer.precision.calibrate import calibrate
+    from mpinfer.precision.calib.calibrate import calibrate
     from mpinfer.specs import specs_from_onnx
 
     model = chain(4)

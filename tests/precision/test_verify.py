@@ -323,7 +323,7 @@ def test_calibration_keeps_every_batchs_outputs_for_the_verification(grown):
     import onnx
 
     from mpinfer.data import load_feeds
-    from mpinfer.precision.calibrate import calibrate
+    from mpinfer.precision.calib.calibrate import calibrate
     from mpinfer.specs import specs_from_onnx
     from tests.precision.graphs import run_ort
 
@@ -492,8 +492,8 @@ def test_one_fp32_pass_the_search_and_the_verification_take_calibrations_referen
     """Issue 27: with data, the FP32 model runs once (calibration). The search's first candidate is judged against
     calibration's outputs (a batch it read in part: their first rows), with no FP32 emulator run of its samples,
     and the verification opens no FP32 session."""
+    import mpinfer.precision.budget.verify as verify
     import mpinfer.precision.plandata as plandata
-    import mpinfer.precision.verify as verify
     from mpinfer.precision.emulator.emulate import GraphEmulator
 
     passes = {"calibrate": 0, "emulator_fp32": 0, "reference_session": 0}
@@ -528,9 +528,9 @@ def test_outputs_past_the_capture_slice_are_kept_on_disk_not_run_again(grown, tm
     temporary file (the same values, read back per batch), so the verification still opens no FP32 session."""
     import onnx
 
-    import mpinfer.precision.verify as verify
+    import mpinfer.precision.budget.verify as verify
     from mpinfer.data import load_feeds
-    from mpinfer.precision.calibrate import calibrate
+    from mpinfer.precision.calib.calibrate import calibrate
     from mpinfer.specs import specs_from_onnx
     from tests.budget import set_slice
 
@@ -561,7 +561,7 @@ def _all_low(src: Path, tmp_path: Path) -> onnx.ModelProto:
 def test_a_repair_pass_stops_once_its_samples_prove_the_budget_fails(grown, tmp_path):
     """With the whole set's reference sums a failing candidate stops early; one that passes reads every sample."""
     from mpinfer.data import load_feeds
-    from mpinfer.precision.verify import VerifySettings, reference_sums, verify_model
+    from mpinfer.precision.budget.verify import VerifySettings, reference_sums, verify_model
     from mpinfer.specs import specs_from_onnx
 
     src, data = grown
@@ -583,23 +583,23 @@ def test_a_repair_pass_stops_once_its_samples_prove_the_budget_fails(grown, tmp_
 
 def test_repair_rounds_rank_groups_once_per_worst_batch_and_decide_as_before(grown, tmp_path, monkeypatch):
     """A group's local error does not depend on the other groups: rounds on the same worst batch reuse it."""
-    import mpinfer.precision.verify as verify
+    import mpinfer.precision.budget.repair as repair
 
     src, data = grown
     measured: list[int] = []
-    real = verify.group_errors
+    real = repair.group_errors
 
     def counted(info, groups, batches, low):
         measured.append(len(groups))
         return real(info, groups, batches, low)
 
-    monkeypatch.setattr(verify, "group_errors", counted)
+    monkeypatch.setattr(repair, "group_errors", counted)
     budget = "max_abs<=2e-4"
     cached = _convert(src, data, tmp_path / "a.onnx", budget=budget)
     cached_count = sum(measured)
     measured.clear()
     # the same conversion ranking every round from scratch (what repair did before the cache)
-    monkeypatch.setattr(verify._RankCache, "errors",
+    monkeypatch.setattr(repair._RankCache, "errors",
                         lambda self, info, groups, batch, low: counted(info, groups, [batch], low))
     fresh = _convert(src, data, tmp_path / "b.onnx", budget=budget)
     ver = cached.plan.summary["verification"]

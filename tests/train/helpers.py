@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+# Metrics-record fields that measure time or memory use: they differ between two runs of the same training.
+TIMINGS = ("samples_per_s", "epoch_time_s", "step_time_s", "peak_memory_bytes")
+
 
 def tiny_cnn():
     """models/digits_cnn.py at width 8 (fast)."""

@@ -202,3 +202,23 @@ def test_resume_from_a_pickle_with_code_says_weights_only_refused_it(invoke, tmp
     result = invoke("train", "models/digits_cnn.py:build", "--resume", tmp_path / "evil.pt", "-o", tmp_path / "new")
     assert_user_error(result, r"objects other than tensors and plain data, refused by torch.load\(weights_only=True\)")
     assert not (tmp_path / "new").exists()
+
+
+@pytest.mark.slow  # five epochs of the digits CNN (~1-2 min on a shared 2-core CPU)
+def test_docs_train_resume_example_runs_as_written(tmp_path, monkeypatch, cli_runner):
+    """docs/train.md's quick tour: train, then train the finished run further with --resume (was refused)."""
+    import shlex
+
+    from mpinfer.cli import main
+    from tests.conftest import ROOT
+
+    block = (ROOT / "docs" / "train.md").read_text().split("```bash", 1)[1].split("```", 1)[0]
+    lines = [ln.strip() for ln in block.splitlines() if ln.startswith("mpinfer train") and "--device cuda" not in ln]
+    assert len(lines) == 2 and "--resume" in lines[1], lines
+    (tmp_path / "models").symlink_to(ROOT / "models")
+    monkeypatch.chdir(tmp_path)
+    for line in lines:
+        result = cli_runner.invoke(main, ["-q", *shlex.split(line)[1:]])
+        assert result.exit_code == 0, f"{line}\n{result.output}"
+    epochs = (tmp_path / "runs" / "digits" / "metrics.jsonl").read_text().splitlines()
+    assert len(epochs) == 5, epochs  # 3, then 2 more

@@ -119,3 +119,28 @@ def test_a_last_training_batch_of_one_sample_is_skipped():
     loader = make_loader(TensorDataset(torch.arange(10.0), torch.zeros(10, dtype=torch.long)), batch_size=4,
                          shuffle=True, seed=0, rank=0, world=1)
     assert [len(b[0]) for b in loader] == [4, 4, 2]  # other remainders are kept
+
+
+def test_without_data_a_model_file_trains_on_its_own_train_data_else_digits(tmp_path):
+    from mpinfer.train.source import load_run_data
+
+    data, names = load_run_data(str(ROOT / "models/transformer_small.py:build"), None, None)
+    x, y = data.train[0]
+    assert x.dtype.is_floating_point is False and x.shape == (16,) and 0 <= int(y) < 4
+    assert len(data.train) == 512 and len(data.eval) == 128 and "train_data()" in names[0]
+    digits, names = load_run_data(str(ROOT / "models/digits_cnn.py:build"), None, None)
+    assert "digits" in digits.description and names[0] == "--data 'digits'"
+    (tmp_path / "bad.py").write_text("import torch\ndef build():\n    return torch.nn.Linear(2, 2)\n"
+                                     "def train_data():\n    return [1, 2, 3]\n")
+    with pytest.raises(ModelLoadError, match=r"train_data\(\).*a list.*a tuple \(train, eval\)"):
+        load_run_data(f"{tmp_path / 'bad.py'}:build", None, None)
+
+
+def test_a_resume_at_another_world_size_names_the_batch_size_that_keeps_the_samples_per_step(caplog):
+    from mpinfer.train.checkpoint import check_samples_per_step
+
+    assert check_samples_per_step(32, 2, 64, 1) == []
+    assert check_samples_per_step(32, 2, 32, 1) == ["samples per step (--batch-size x processes): 64 -> 32"]
+    assert "pass --batch-size 64 to keep them" in caplog.text
+    check_samples_per_step(32, 2, 32, 3)
+    assert "no --batch-size keeps them over 3 process(es)" in caplog.text

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from mpinfer.train import AmpConfig, AmpTrainer, train_model
-from tests.train.helpers import amplified_mlp, dropout_cnn, plain_mlp
+from tests.train.helpers import TIMINGS, amplified_mlp, dropout_cnn, plain_mlp
 
 # models/digits_cnn.py reaches ~0.98 on the 400 held-out digits after 3 epochs in fp32 and bf16 on CPU;
 # 0.9 leaves room for thread-count and platform differences.
@@ -85,11 +85,11 @@ def test_resume_matches_uninterrupted_run_bit_exactly(tmp_path, digits_small, pr
             assert torch.equal(t, split["optimizer"]["state"][sid][name]), (sid, name)
     assert full["amp_scaler"] == split["amp_scaler"] and full["scheduler"] == split["scheduler"]
     drop_times = [
-        {k: v for k, v in r.items() if k not in ("samples_per_s", "epoch_time_s", "peak_memory_bytes")}
+        {k: v for k, v in r.items() if k not in TIMINGS}
         for r in full["metrics"]
     ]
     assert drop_times == [
-        {k: v for k, v in r.items() if k not in ("samples_per_s", "epoch_time_s", "peak_memory_bytes")}
+        {k: v for k, v in r.items() if k not in TIMINGS}
         for r in split["metrics"]
     ]
     lines = (tmp_path / "split" / "metrics.jsonl").read_text().splitlines()

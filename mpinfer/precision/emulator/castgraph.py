@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from mpinfer.memory import current_budget
+from mpinfer.memory import current_budget, usable_cpus
 from mpinfer.modelio import ort_log_level
 from mpinfer.precision.emulator.caststeps import BFLOAT16 as _BFLOAT16
 from mpinfer.precision.emulator.caststeps import EXPANDED_OPS
@@ -54,7 +54,6 @@ from mpinfer.precision.emulator.caststeps import expand as _expanded
 from mpinfer.precision.emulator.caststeps import round_pair as _round_pair
 from mpinfer.precision.emulator.emulate import SKIP_ROUNDING
 from mpinfer.precision.emulator.kernels import ortexec
-from mpinfer.precision.tensorstats import usable_cpus
 
 logger = logging.getLogger(__name__)
 

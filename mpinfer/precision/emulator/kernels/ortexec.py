@@ -29,8 +29,8 @@ from typing import Any
 
 import numpy as np
 
+from mpinfer.memory import usable_cpus
 from mpinfer.modelio import ort_log_level
-from mpinfer.precision.tensorstats import usable_cpus
 
 logger = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ the floor :data:`OUTPUTS_FLOOR`); once that holds on every calibration sample, t
 every calibration prompt greedily with the FP32 model and with the candidate exactly as it will be written
 (the prefill and the same ``N`` decode steps calibration ran, so ``N + 1`` tokens per prompt), computes the
 generation figures as ``mpinfer compare --generate N+1`` does, and checks them. A failure goes through the same
-repair loop as any budget failure (:func:`mpinfer.precision.verify.verify_and_repair`: the worst groups back to
+repair loop as any budget failure (:func:`mpinfer.precision.budget.repair.verify_and_repair`: the worst groups back to
 FP32, verify again) or, when even that cannot meet it, the same refusal, and nothing is written.
 
 Generation always runs through ONNX Runtime (CPU), also under ``--numerics strict``: the strict emulator runs
@@ -26,7 +26,7 @@ from mpinfer.data.decode import kv_layout, load_prompts, wants_decode
 from mpinfer.errors import InvalidInputError, format_message
 from mpinfer.generation import Decoder, measure_candidate
 from mpinfer.metrics import GENERATION_OUTPUT
-from mpinfer.precision.evaluators import evaluator_class
+from mpinfer.precision.numerics import evaluator_class
 from mpinfer.specs import specs_from_onnx
 
 logger = logging.getLogger(__name__)

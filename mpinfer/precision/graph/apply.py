@@ -25,9 +25,8 @@ from typing import Any
 import numpy as np
 
 from mpinfer.modelio import tensor_array
-from mpinfer.precision.emulator.kernels import ortexec
-from mpinfer.precision.graphinfo import FLOAT, FLOAT16, GraphInfo, Slots, constant_tensor
-from mpinfer.precision.masks import BF16_LOWEST, FP16_MAX
+from mpinfer.precision.core import FLOAT, FLOAT16, LOW_MAX, GraphInfo, Slots, clampable, constant_tensor
+from mpinfer.precision.emulator import ortexec
 from mpinfer.specs import Precision
 
 logger = logging.getLogger(__name__)
@@ -42,11 +41,6 @@ DTYPE_ATTR_OPS = {
     "EyeLike": False,
     "Bernoulli": False,
 }
-
-
-# The largest finite value of each low format: a finite FP32 weight past it is clamped there, never rounded to inf
-# (ModelOpt AutoCast's rule; the planner warns, naming the weight, when a user forces such a node low).
-LOW_MAX = {Precision.FP16: FP16_MAX, Precision.BF16: -BF16_LOWEST}
 
 
 def low_array(arr: np.ndarray, low: Precision) -> np.ndarray:
@@ -67,28 +61,13 @@ def low_array(arr: np.ndarray, low: Precision) -> np.ndarray:
     if out.size and arr.dtype.kind == "f":
         overflow = np.isinf(out) if out.dtype.kind == "f" else np.isinf(out.astype(np.float32))  # (BF16: kind "V")
         if overflow.any():
-            overflow &= _clampable(arr)
+            overflow &= clampable(arr)
             if overflow.any():
                 fixed = np.array(arr, copy=True)
                 fixed[overflow] = np.copysign(LOW_MAX[low], arr[overflow])
                 with np.errstate(over="ignore"):  # (float32's extremes: to inf, as they mean)
                     out = fixed.astype(low.numpy_dtype)
     return out
-
-
-def _clampable(arr: np.ndarray) -> np.ndarray:
-    """Finite values short of float32's own extremes (``finfo.max``/``min`` stand for infinity: mask constants)."""
-    with np.errstate(invalid="ignore"):
-        return np.isfinite(arr) & (np.abs(arr) < np.finfo(np.float32).max)
-
-
-def out_of_range(arr: np.ndarray, low: Precision) -> float:
-    """The largest magnitude ``low_array`` clamps in ``arr`` when it is past the low format's range, else 0."""
-    if arr.size == 0 or arr.dtype.kind != "f":
-        return 0.0
-    finite = np.abs(arr[_clampable(arr)])
-    peak = float(finite.max()) if finite.size else 0.0
-    return peak if peak > LOW_MAX[low] else 0.0
 
 
 def to_low_tensor(tensor: Any, low: Precision, base_dir: str = "") -> Any:

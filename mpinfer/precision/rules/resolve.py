@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from mpinfer.precision.graphinfo import FLOAT, GraphInfo, components
-from mpinfer.precision.rules import Decision, Kind
+from mpinfer.precision.core import FLOAT, GraphInfo, components
+from mpinfer.precision.rules.classify import Decision, Kind
 from mpinfer.specs import Precision
 
 

@@ -32,18 +32,15 @@ from typing import Any
 
 import numpy as np
 
-from mpinfer.precision.graphinfo import FLOAT, GraphInfo
+from mpinfer.precision.core import BF16_LOWEST, FLOAT, FP16_MAX, GraphInfo
 from mpinfer.specs import Precision
 
 logger = logging.getLogger(__name__)
 
-FP16_MAX = 65504.0
 # The same headroom as the range rules (rules.RANGE_MARGIN): scores may reach FP16_MAX / 2.
 RANGE_MARGIN = 2.0
 # FP16's safe lowest: mask + score stays finite for every score the range rules let run in FP16.
 FP16_MASK_LOWEST = -FP16_MAX / RANGE_MARGIN
-# BF16's lowest finite value (0xFF7F), exactly representable in float32.
-BF16_LOWEST = float(np.frombuffer(np.array([0xFF7F0000], dtype=np.uint32).tobytes(), dtype=np.float32)[0])
 # A finite constant at or below this, added to the scores before a Softmax, is "minus infinity" (HF's
 # older masks use -1e4, others -1e9 or float32's lowest).
 MASK_SENTINEL = -1e4

@@ -23,8 +23,8 @@ from mpinfer.errors import ModelLoadError
 from mpinfer.memory import current_budget
 from mpinfer.metrics import relative_l2
 from mpinfer.modelio import ort_session
-from mpinfer.precision.apply import apply_plan
-from mpinfer.precision.graphinfo import GraphInfo
+from mpinfer.precision.core import GraphInfo
+from mpinfer.precision.graph import apply_plan
 from mpinfer.specs import Precision
 
 logger = logging.getLogger(__name__)

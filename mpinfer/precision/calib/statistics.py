@@ -8,7 +8,6 @@ the 99.9th percentile is read, so memory never grows with the number of batches.
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
@@ -16,14 +15,15 @@ from typing import Any
 
 import numpy as np
 
-# Largest finite FP16 value: magnitudes above it overflow to inf when stored in FP16.
-FP16_MAX = 65504.0
-# Smallest FP16 subnormal: non-zero magnitudes below it flush to zero in FP16.
-FP16_MIN_SUBNORMAL = 2.0**-24
-# Smallest FP16 normal: below it FP16 keeps fewer than 11 significant bits (gradual underflow).
-FP16_MIN_NORMAL = 2.0**-14
-# Smallest BF16 normal (same exponent range as FP32, ~1.18e-38): below it BF16 loses range; GPUs often flush.
-BF16_MIN_NORMAL = 2.0**-126
+from mpinfer.memory import usable_cpus
+from mpinfer.precision.core import (
+    BF16_MIN_NORMAL,
+    FP16_MAX,
+    FP16_MIN_NORMAL,
+    FP16_MIN_SUBNORMAL,
+    sum_of_squares,
+)
+
 # Histogram of |x| indexed by the top 12 bits of its float32 pattern (8 exponent bits + 4 mantissa bits):
 # 16 bins per octave over the whole float32 range (a percentile read from it is an upper bound within
 # 6.25 %), computed with one integer shift, and of fixed size, so memory never grows with the data.
@@ -38,13 +38,6 @@ CHUNK = 1 << 18
 _MAGNITUDE = np.uint32(0x7FFFFFFF)
 _ONE = np.uint32(1)
 _NO_NONZERO = 0xFFFFFFFF  # "no non-zero value seen" in the wrapped (bits - 1) minimum
-
-
-def sum_of_squares(v: np.ndarray) -> float:
-    """Sum of squares of finite float32 values: one float32 BLAS dot, float64 only when it overflows."""
-    with np.errstate(over="ignore"):
-        sq = float(np.dot(v, v))
-    return sq if math.isfinite(sq) else float(np.dot(v.astype(np.float64), v.astype(np.float64)))
 
 
 def sum_of_magnitudes(v: np.ndarray) -> float:
@@ -278,14 +271,6 @@ class _Accumulator:
             inf_count=self.inf,
             finite=self.nan == 0 and self.inf == 0,
         )
-
-
-def usable_cpus() -> int:
-    """The CPUs this process may run on (its affinity mask on Linux, else the machine's count)."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
 
 
 def _update_all(jobs: list[tuple[_Accumulator, np.ndarray]]) -> None:

@@ -6,7 +6,7 @@ import logging
 from collections import Counter
 from collections.abc import Sequence
 
-from mpinfer.precision.plan import NodeDecision
+from mpinfer.precision.core import NodeDecision
 
 logger = logging.getLogger(__name__)
 

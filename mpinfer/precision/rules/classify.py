@@ -20,101 +20,22 @@ import numpy as np
 
 from mpinfer.errors import InvalidInputError, format_message
 from mpinfer.modelio import NodeRef
-from mpinfer.precision.graphinfo import CONTRIB_SLOTS, DEFAULT_DOMAINS, FLOAT, SHAPE_INPUTS, GraphInfo
-from mpinfer.precision.tensorstats import sum_of_squares
+from mpinfer.precision.core import (
+    CONTRIB_SLOTS,
+    DEFAULT_DOMAINS,
+    FLOAT,
+    FP16_MAX,
+    LOW_MAX,
+    SHAPE_INPUTS,
+    GraphInfo,
+    out_of_range,
+    sum_of_squares,
+)
+from mpinfer.precision.rules import optables
 from mpinfer.specs import Precision
 
 logger = logging.getLogger(__name__)
 
-# torch.amp CUDA "lower_precision_fp" list, as ONNX ops: matrix engines, FP32 accumulate on tensor cores.
-FP16_SAFE_OPS = frozenset(
-    {
-        "Conv",
-        "ConvTranspose",
-        "MatMul",
-        "Gemm",
-        "Einsum",
-        "PRelu",
-        "LSTM",
-        "GRU",
-        "RNN",
-        "Attention",
-        "DeformConv",
-        "ConvInteger",
-    }
-)
-# torch.amp CUDA "fp32" list, as ONNX ops: transcendental functions whose range overflows FP16,
-# reductions and normalisations (long accumulations), softmax, losses, cumulative ops.
-KEEP_FP32_OPS = frozenset(
-    {
-        "Exp",
-        "Log",
-        "Pow",
-        "Reciprocal",
-        "Acos",
-        "Asin",
-        "Acosh",
-        "Asinh",
-        "Atanh",
-        "Cosh",
-        "Sinh",
-        "Tan",
-        "Softplus",
-        "Softmax",
-        "LogSoftmax",
-        "CumSum",
-        "ReduceSum",
-        "ReduceMean",
-        "ReduceProd",
-        "ReduceLogSum",
-        "ReduceLogSumExp",
-        "ReduceSumSquare",
-        "ReduceL1",
-        "ReduceL2",
-        "LpNormalization",
-        "LayerNormalization",
-        "GroupNormalization",
-        "InstanceNormalization",
-        "MeanVarianceNormalization",
-        "RMSNormalization",
-        "SkipLayerNormalization",
-        "SoftmaxCrossEntropyLoss",
-        "NegativeLogLikelihoodLoss",
-        "LpPool",
-        "GlobalLpPool",
-        "Det",
-        "DFT",
-        "STFT",
-        "MelWeightMatrix",
-        "BlackmanWindow",
-        "HammingWindow",
-        "HannWindow",
-    }
-)
-# Ops that compute indices, positions or shapes: rounding their float inputs moves boxes and pixels.
-INDEX_LIKE_OPS = frozenset(
-    {
-        "Range",
-        "TopK",
-        "NonMaxSuppression",
-        "ArgMax",
-        "ArgMin",
-        "NonZero",
-        "Unique",
-        "RoiAlign",
-        "GridSample",
-        "AffineGrid",
-        "Multinomial",
-        "Bernoulli",
-    }
-)
-# Ops that cannot run low at all: bit reinterpretation (BitCast needs equal widths) and function ops whose
-# ONNX Runtime expansion has FP32-only constants (MeanVarianceNormalization).
-NEVER_LOW_OPS = frozenset({"BitCast", "MeanVarianceNormalization"})
-# Control flow: the container keeps an FP32 interface; the nodes of its bodies are planned one by one.
-CONTROL_FLOW_OPS = frozenset({"If", "Loop", "Scan"})
-QDQ_OPS = frozenset({"QuantizeLinear", "DequantizeLinear"})
-FP16_MAX = 65504.0
 # Activations whose |x| reaches FP16_MAX / margin are kept FP32: room for the unseen inputs that go
 # beyond what the calibration data showed.
 RANGE_MARGIN = 2.0
@@ -159,7 +80,7 @@ class RuleContext:
     index_like: set[str]
     stats: Mapping[str, Any] | None = None
     weight_stats: dict[str, dict[str, float]] = field(default_factory=dict)
-    # Additive attention masks rewritten to the low format's safe lowest (mpinfer.precision.masks): the
+    # Additive attention masks rewritten to the low format's safe lowest (mpinfer.precision.graph.masks): the
     # node reading each mask constant, and every tensor carrying a mask (its calibrated range is the mask's).
     mask_sites: Mapping[str, Any] = field(default_factory=dict)
     mask_tensors: frozenset[str] = frozenset()
@@ -242,7 +163,7 @@ class NoFloatRule(NodeRule):
 
     def decide(self, ref: NodeRef, ctx: RuleContext) -> Decision | None:
         """The verdict for ``ref``, or None when the rule does not apply."""
-        if ref.node.op_type in CONTROL_FLOW_OPS:
+        if ref.node.op_type in optables.CONTROL_FLOW_OPS:
             return Decision(
                 Kind.KEEP,
                 "rule:keep-fp32",
@@ -276,7 +197,7 @@ class QuantizedOpRule(NodeRule):
     def decide(self, ref: NodeRef, ctx: RuleContext) -> Decision | None:
         """The verdict for ``ref``, or None when the rule does not apply."""
         node, info = ref.node, ctx.info
-        if node.op_type in QDQ_OPS:
+        if node.op_type in optables.QDQ_OPS:
             return None
         low = ctx.precision.onnx_dtype
         for i in info.slots(node, low).inputs:
@@ -372,7 +293,7 @@ class IndexLikeRule(NodeRule):
 
     def decide(self, ref: NodeRef, ctx: RuleContext) -> Decision | None:
         """The verdict for ``ref``, or None when the rule does not apply."""
-        if ref.node.op_type in INDEX_LIKE_OPS:
+        if ref.node.op_type in optables.INDEX_LIKE_OPS:
             return Decision(Kind.KEEP, "rule:index-like", f"{ref.node.op_type} computes indices or positions")
         if ref.address in ctx.index_like:
             return Decision(Kind.KEEP, "rule:index-like", "feeds only shape/index inputs (shape arithmetic)")
@@ -419,7 +340,7 @@ class ShapeReadRule(NodeRule):
 class MaskRule(NodeRule):
     """The node reading an additive attention mask's minus infinity runs low, its constant rewritten.
 
-    See :mod:`mpinfer.precision.masks`: the constant becomes the low format's safe lowest value, so the mask, the
+    See :mod:`mpinfer.precision.graph.masks`: the constant becomes the low format's safe lowest value, so the mask, the
     mask-add and the Softmax input fit the low format and masked positions still get probability 0.
     """
 
@@ -488,9 +409,9 @@ class OpPolicyRule(NodeRule):
     def decide(self, ref: NodeRef, ctx: RuleContext) -> Decision | None:
         """The verdict for ``ref``, or None when the rule does not apply."""
         op = ref.node.op_type
-        if op in FP16_SAFE_OPS:
+        if op in optables.FP16_SAFE_OPS:
             return Decision(Kind.LOW, "rule:fp16-safe", f"{op} runs on matrix engines with FP32 accumulation")
-        if op in KEEP_FP32_OPS:
+        if op in optables.KEEP_FP32_OPS:
             return Decision(
                 Kind.KEEP, "rule:keep-fp32", f"{op} overflows or accumulates error in low precision"
             )
@@ -535,8 +456,6 @@ def _respect_schema(verdict: Decision, ref: NodeRef, ctx: RuleContext) -> Decisi
 
 def _warn_clamped(ref: NodeRef, ctx: RuleContext, lowered: Sequence[int], verdict: Decision) -> None:
     """Say which weights of a node made low are past the low format's range: the rewrite clamps them."""
-    from mpinfer.precision.apply import LOW_MAX, out_of_range
-
     for i in lowered:
         name = ref.node.input[i]
         if name in ctx.clamped or not ctx.info.is_const(name):
@@ -556,9 +475,9 @@ def _warn_clamped(ref: NodeRef, ctx: RuleContext, lowered: Sequence[int], verdic
 
 def _never_low(ref: NodeRef, ctx: RuleContext) -> str | None:
     node = ref.node
-    if node.op_type in CONTROL_FLOW_OPS:
+    if node.op_type in optables.CONTROL_FLOW_OPS:
         return "control flow: interface kept FP32"
-    if node.op_type in NEVER_LOW_OPS:
+    if node.op_type in optables.NEVER_LOW_OPS:
         return f"{node.op_type} cannot compute in low precision"
     if any(n in ctx.info.non_tensor for n in list(node.input) + list(node.output) if n):
         return "sequence/optional values are kept FP32"
@@ -600,7 +519,7 @@ def shape_subgraph(info: GraphInfo) -> set[str]:
     index_like: set[str] = set()
     for ref in reversed(info.nodes):
         node = ref.node
-        if not node.output or node.op_type in CONTROL_FLOW_OPS or node.op_type == "Constant":
+        if not node.output or node.op_type in optables.CONTROL_FLOW_OPS or node.op_type == "Constant":
             continue
         uses = [c for o in node.output if o for c in info.consumers.get(o, [])]
         if not uses or any(o in info.graph_outputs for o in node.output):

@@ -9,13 +9,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mpinfer.errors import InvalidInputError, format_message
-from mpinfer.precision.fusion import FUSED_OPS, FUSED_SUFFIXES
-from mpinfer.precision.graphinfo import FLOAT, GraphInfo
-from mpinfer.precision.masks import REASON as MASK_REASON
-from mpinfer.precision.masks import MaskSite, find_mask_sites, mask_tensors, rewrite_masks
-from mpinfer.precision.plan import NodeDecision, counts_as_float, precisions_digest
-from mpinfer.precision.resolve import resolve_precisions
-from mpinfer.precision.rules import (
+from mpinfer.precision.core import FLOAT, GraphInfo, NodeDecision, counts_as_float, precisions_digest
+from mpinfer.precision.graph import FUSED_OPS, FUSED_SUFFIXES, MaskSite, find_mask_sites, mask_tensors, rewrite_masks
+from mpinfer.precision.graph import REASON as MASK_REASON
+from mpinfer.precision.rules.classify import (
     Decision,
     Kind,
     NodeClassifier,
@@ -24,6 +21,7 @@ from mpinfer.precision.rules import (
     default_rules,
     shape_subgraph,
 )
+from mpinfer.precision.rules.resolve import resolve_precisions
 from mpinfer.specs import Precision
 
 logger = logging.getLogger(__name__)

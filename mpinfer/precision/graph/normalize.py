@@ -12,7 +12,7 @@ import numpy as np
 
 from mpinfer.errors import InvalidInputError, format_message
 from mpinfer.modelio import default_opset, iter_graphs, name_nodes, subgraphs
-from mpinfer.precision.graphinfo import BFLOAT16, FLOAT, FLOAT16, GraphInfo
+from mpinfer.precision.core import BFLOAT16, FLOAT, FLOAT16, GraphInfo
 from mpinfer.specs import Precision
 
 logger = logging.getLogger(__name__)

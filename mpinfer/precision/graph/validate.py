@@ -8,7 +8,6 @@ its ops) are not held against the output.
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import re
@@ -18,19 +17,17 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from mpinfer.errors import InternalError, InvalidInputError, format_message
+from mpinfer.backends.ort import load_check
+from mpinfer.errors import InternalError
 from mpinfer.modelio import (
     data_file,
-    default_opset,
-    ir_version_for,
     load_onnx,
-    ort_log_level,
     save_onnx,
     save_streamed,
     small_enough_to_size,
 )
-from mpinfer.precision.apply import apply_plan
-from mpinfer.precision.plan import NodeDecision
+from mpinfer.precision.core import NodeDecision
+from mpinfer.precision.graph.apply import apply_plan
 from mpinfer.specs import Precision
 
 logger = logging.getLogger(__name__)
@@ -104,7 +101,7 @@ def _run(model: Any, path: Path | None, checks: tuple[str, ...]) -> list[GateFai
             failures.append(GateFailure("inference", _node_from(str(err)), str(err)))
     if "onnxruntime" in checks:
         try:
-            _ort_load(model, path)
+            load_check(model, path)
         except Exception as err:  # noqa: BLE001 - onnxruntime raises its own types
             if any(m in str(err) for m in _MISSING_KERNEL):
                 # The CPU provider lacks a kernel for a dtype (BF16 MatMul/Conv, some FP16 ops): the model is
@@ -114,17 +111,6 @@ def _run(model: Any, path: Path | None, checks: tuple[str, ...]) -> list[GateFai
                 failures.append(GateFailure("onnxruntime", _node_from(str(err)), str(err)))
     logger.debug("validity gate: %d failures in %.2fs", len(failures), time.perf_counter() - start)
     return failures
-
-
-def _ort_load(model: Any, path: Path | None) -> None:
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    so.log_severity_level = ort_log_level()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    so.add_session_config_entry("session.disable_prepacking", "1")  # a load check needs no packed copies
-    src = str(path) if path is not None else model.SerializeToString()
-    ort.InferenceSession(src, so, providers=["CPUExecutionProvider"])
 
 
 def validity_failures(
@@ -200,77 +186,6 @@ def gate(
     raise_invalid(
         validity_failures(model, baseline_model=baseline_model, baseline_path=baseline_path, path=path), stage
     )
-
-
-@functools.lru_cache(maxsize=1)
-def runtime_limits() -> tuple[int, int]:
-    """(highest IR version, highest default-domain opset) the installed ONNX Runtime loads.
-
-    Probed once per process with one-node models (a few milliseconds): the limits move with every ONNX Runtime
-    release, and a model past either is refused at load with an error naming only a file offset.
-    """
-    import onnx
-    from onnx import defs, helper
-
-    def loads(ir: int, opset: int) -> bool:
-        x = helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])
-        y = helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])
-        graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "probe", [x], [y])
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=ir)
-        try:
-            _ort_load(model, None)
-        except Exception:  # noqa: BLE001 - onnxruntime raises its own types
-            return False
-        return True
-
-    ir = next((v for v in range(onnx.IR_VERSION, 6, -1) if loads(v, 13)), 7)
-    opset = next((v for v in range(defs.onnx_opset_version(), 12, -1) if loads(min(ir, 10), v)), 13)
-    return ir, opset
-
-
-def fit_runtime(model: Any, path: str) -> Any:
-    """``model`` at an IR version the installed ONNX Runtime reads, or a clear refusal of an opset it cannot.
-
-    The IR version is lowered (on a copy) to the lowest one the model's opsets need when the declared one is past
-    what ONNX Runtime reads: the validity gate then decides whether the model uses anything of the newer IR. A
-    default-domain opset past ONNX Runtime's is refused: no run (calibration, verification, the gate's load) is
-    possible, and downgrading the ops themselves is not something to do silently.
-
-    Raises:
-        InvalidInputError: The model's default-domain opset is past what ONNX Runtime loads.
-    """
-    import onnx
-
-    max_ir, max_opset = runtime_limits()
-    opset = default_opset(model)
-    if opset > max_opset:
-        import onnxruntime as ort
-
-        raise InvalidInputError(
-            format_message(
-                f"ONNX model '{path}'",
-                f"opset {opset} (IR version {model.ir_version})",
-                f"opset {max_opset} or lower, the newest the installed onnxruntime {ort.__version__} loads",
-                f"re-export the model at opset {max_opset} or lower, or install a newer onnxruntime",
-            )
-        )
-    if model.ir_version <= max_ir:
-        return model
-    lowered = ir_version_for(model)
-    if lowered > max_ir:
-        return model  # (the gate then says why the model cannot be loaded)
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
-    out.ir_version = lowered
-    logger.info(
-        "Model '%s' declares IR version %d; the installed ONNX Runtime reads up to %d: converted (and written) at "
-        "IR version %d, the lowest its opsets need.",
-        path,
-        model.ir_version,
-        max_ir,
-        lowered,
-    )
-    return out
 
 
 def gate_published(path: Path, *, baseline_model: Any = None, baseline_path: Path | None = None) -> None:

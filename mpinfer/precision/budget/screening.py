@@ -1,0 +1,278 @@
+"""Screening: a candidate judged against the FP32 reference, first on the samples earlier candidates got most wrong.
+
+:class:`_Verifier` holds the search batches, the reference and the metrics; once a full verification has shown
+which samples each candidate gets most wrong, a candidate first runs on the hardest eighth of them, and when even
+the best outputs on the others could not meet the budget (a bound per metric), it is rejected there.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from mpinfer.checks import Checks
+from mpinfer.metrics import QUANTILE_METRICS, ModelAccumulator
+from mpinfer.precision.core import GraphInfo
+from mpinfer.precision.numerics import Evaluator
+from mpinfer.specs import Precision
+
+logger = logging.getLogger(__name__)
+
+# Screening (``_Verifier.metrics``): a candidate first runs on this share of the search samples,
+# the ones the earlier candidates got most wrong (at least SCREEN_MIN_ROWS, and only with SCREEN_MIN_TOTAL
+# samples or more); when even a perfect result on the other samples could not meet the budget, it is
+# rejected without running them. A candidate that may pass runs on every sample, as without screening.
+SCREEN_SHARE = 1 / 8
+SCREEN_MIN_ROWS = 2
+SCREEN_MIN_TOTAL = 8
+# Sensitivity (``_measure``): the groups' local errors are measured on this share of the search samples (at
+# least PROBE_MIN_ROWS), the ones the whole candidate got most wrong: they only rank the groups, every candidate
+# is still verified on all samples, and the ORT probe costs about two model runs per sample (the strict
+# emulator one FP32 run plus one run of every group).
+PROBE_SHARE = 1 / 4
+PROBE_MIN_ROWS = 4
+
+
+@dataclass(frozen=True)
+class SearchConfig:
+    """Settings of one search."""
+
+    budget: str
+    precision: Precision
+    numerics: str = "strict"
+    class_outputs: tuple[str, ...] | None = None
+    keep_io_types: bool = True
+    batches: int = 2
+    progress: bool = True
+    # False for a model that takes its samples in groups (rows reshaped 4 at a time: CalibrationStats.row_multiple):
+    # a sample's outputs depend on its group, so the search never runs a subset of the samples (no screening on the
+    # hardest, no probe of them), only the batches as they are.
+    samples_independent: bool = True
+
+
+class _Verifier:
+    """Judges candidate low-node sets against the FP32 reference: metrics, screening, per-sample hardness.
+
+    How a candidate is run (the numerics) is the :class:`~mpinfer.precision.numerics.base.Evaluator`'s business.
+    """
+
+    def __init__(
+        self, model: Any, info: GraphInfo, batches: list[dict], budget: Checks, cfg: SearchConfig,
+        labels: np.ndarray | None, evaluator: Evaluator,
+    ) -> None:
+        self.model, self.info, self.batches = model, info, batches
+        self.budget, self.cfg, self.labels, self.ev = budget, cfg, labels, evaluator
+        self.verifications = 0
+        self.names: list[str] = []
+        # Metrics of the FP32 model itself (its outputs are the reference), and its accumulator (the whole
+        # reference's sums, which screening bounds read): set by _reference, with the class-score outputs.
+        self.fp32_metrics: dict[str, dict[str, float | None]] = {}
+        self.fp32_acc: ModelAccumulator | None = None
+        self.class_outputs: list[str] | None = None if cfg.class_outputs is None else list(cfg.class_outputs)
+        self.passing: tuple[dict[str, Precision], Any] | None = None  # see SearchOutcome.verified
+        # The low nodes and outputs (per search batch) of the last candidate measured on every sample that met the
+        # budget: the final verification takes them for these samples when the plan is that candidate.
+        self.passing_outputs: tuple[dict[str, Precision], list[dict[str, np.ndarray]]] | None = None
+        # Screening: per-sample hardness over the search samples (batches concatenated),
+        # the worst relative error each sample showed in a full verification; None until one ran, or
+        # when the samples cannot be split (see _screen_rows). ``screened``: candidates rejected early.
+        self._hardness: np.ndarray | None = None
+        self._unread: list[dict[str, np.ndarray]] | None = None  # a full verification's outputs not yet in hardness
+        self.screened = 0
+        self._splittable: bool | None = None
+        self._joined: tuple[dict[str, np.ndarray], dict[str, np.ndarray]] | None = None  # (feeds, reference)
+
+    def reference_outputs(self) -> list[dict[str, np.ndarray]]:
+        return self.ev.reference()
+
+    def metrics(self, low: Mapping[str, Precision], *, screen: bool = True) -> dict[str, dict[str, float | None]]:
+        """Per-output metrics of the candidate whose low nodes are ``low``.
+
+        With ``screen``, a candidate that cannot meet the budget is rejected after a run on the hardest samples
+        only; the metrics returned then are bounds (:meth:`ModelAccumulator.optimistic`) that already break the
+        budget. Any candidate that may meet it is measured on every sample.
+        """
+        self.verifications += 1
+        cand = self.ev.candidate(low)
+        rows = self.ev.screen_rows(self._screen_rows) if screen else None
+        rejected = None if rows is None else self._screen(lambda f: cand.outputs_on(f, rows), rows)
+        if rejected is not None:
+            return rejected
+        outs = cand.outputs()
+        metrics = self.compare(outs)
+        if self._unread is not None:
+            self._update_hardness(self._unread)
+        self._unread = outs  # read into the hardness when a later candidate screens (the first often passes)
+        if self.budget.met(metrics):
+            self.passing_outputs = (dict(low), outs)
+            verified = cand.verified()
+            if verified is not None:
+                self.passing = verified
+        return metrics
+
+    def compare(self, outs: list[dict[str, np.ndarray]]) -> dict[str, dict[str, float | None]]:
+        """Per-output metrics of candidate outputs (one dict per batch) against the FP32 reference."""
+        return self.accumulate(outs).finalize()
+
+    def accumulate(self, outs: list[dict[str, np.ndarray]]) -> ModelAccumulator:
+        """The metrics core's accumulator fed every batch of ``outs`` against the reference (with labels)."""
+        acc = self.accumulator()
+        offset = 0
+        for batch, ref, out in zip(self.batches, self.reference_outputs(), outs, strict=True):
+            n = _batch_rows(batch)
+            labels = None if self.labels is None else self.labels[offset : offset + n]
+            offset += n
+            acc.update(ref, out, labels if labels is not None and len(labels) == n else None)
+        return acc
+
+    def accumulator(self) -> ModelAccumulator:
+        """An empty accumulator of the compared outputs, with the budget's topK and the fixed class outputs."""
+        return ModelAccumulator(
+            self.float_names(),
+            class_outputs=self.class_outputs,
+            topk=self.budget.topk,
+            quantiles=bool(self.budget.metrics & QUANTILE_METRICS),
+        )
+
+    def float_names(self) -> list[str]:
+        """The outputs compared: every output of the FP32 reference, as compare does (found once, kept)."""
+        if not self.names:
+            self.names = list(self.reference_outputs()[0])
+        return self.names
+
+    # -- screening ---------------------------------------------------------------------------------
+    @staticmethod
+    def _rows_of(batch: Mapping[str, np.ndarray]) -> int | None:
+        """Samples in a batch when every input holds them along axis 0, else None."""
+        sizes = {len(v) if np.ndim(v) else -1 for v in batch.values()}
+        return sizes.pop() if len(sizes) == 1 and min(sizes) > 0 else None
+
+    def splittable(self) -> bool:
+        """True when the search samples can run in any subset: a batch axis 0 on every input and float output.
+
+        The model's inputs must not fix axis 0, every batch must hold the same trailing shapes (so rows of
+        different batches can run together), and each float reference output must have one row per sample.
+        """
+        if self._splittable is None:
+            self._splittable = self._check_splittable()
+        return self._splittable
+
+    def _check_splittable(self) -> bool:
+        if not self.cfg.samples_independent:
+            return False
+        for vi in self.model.graph.input:
+            dims = vi.type.tensor_type.shape.dim
+            if vi.name in self.batches[0] and (not dims or dims[0].HasField("dim_value")):
+                return False
+        refs = self.reference_outputs()
+        names = self.float_names()
+        first = self.batches[0]
+        for batch, ref in zip(self.batches, refs, strict=True):
+            n = self._rows_of(batch)
+            if n is None or set(batch) != set(first):
+                return False
+            if any(np.shape(batch[k])[1:] != np.shape(first[k])[1:] for k in batch):
+                return False
+            if any(np.ndim(ref[name]) == 0 or len(ref[name]) != n for name in names):
+                return False
+        return True
+
+    def _screen_rows(self) -> np.ndarray | None:
+        """The hardest samples to run first (indices into the concatenated batches), or None."""
+        if self.hardness is None or len(self.hardness) < SCREEN_MIN_TOTAL or not self.splittable():
+            return None
+        return self._hardest(max(SCREEN_MIN_ROWS, math.ceil(len(self.hardness) * SCREEN_SHARE)))
+
+    def _hardest(self, k: int) -> np.ndarray:
+        """Indices (ascending) of the ``k`` samples with the largest hardness (ties: the earlier sample)."""
+        assert self.hardness is not None
+        return np.sort(np.argsort(-self.hardness, kind="stable")[:k])
+
+    def probe_batches(self) -> list[dict[str, np.ndarray]]:
+        """The samples group sensitivities are measured on: the hardest ``PROBE_SHARE`` when they can be split.
+
+        Falls back to every search batch before the first full verification, or when the samples cannot
+        run in subsets (see :meth:`splittable`).
+        """
+        if self.hardness is None or not self.splittable():
+            return self.batches
+        k = max(PROBE_MIN_ROWS, math.ceil(len(self.hardness) * PROBE_SHARE))
+        if k >= len(self.hardness):
+            return self.batches
+        rows = self._hardest(k)
+        feeds = self._joined_samples()[0]
+        return [{name: v[rows] for name, v in feeds.items()}]
+
+    def _screen(
+        self, run: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]], rows: np.ndarray
+    ) -> dict[str, dict[str, float | None]] | None:
+        """Screen a candidate on ``rows``: its optimistic metrics when they already break the budget, else None.
+
+        ``run`` maps the rows' feeds to the candidate's outputs. A rejection is counted in ``screened``; None
+        means the candidate must run on every sample (also when the outputs do not come back one row per
+        sample: screening is then off for good).
+        """
+        names = self.names
+        feeds, joined_ref = self._joined_samples()
+        got = run({k: v[rows] for k, v in feeds.items()})
+        if any(np.ndim(got[n]) == 0 or len(got[n]) != len(rows) for n in names):
+            self._splittable = False
+            return None
+        sub = self.accumulator()
+        labels = None
+        if self.labels is not None and int(rows.max()) < len(self.labels):
+            labels = np.asarray(self.labels)[rows]
+        sub.update({n: joined_ref[n][rows] for n in names}, got, labels)
+        assert self.fp32_acc is not None  # set by _reference
+        bound = sub.optimistic(self.fp32_acc)
+        if self.budget.met(bound):
+            return None
+        self.screened += 1
+        return bound
+
+    def _joined_samples(self) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """Every search sample in one array per input, and the FP32 reference in one array per float output."""
+        if self._joined is None:
+            refs = self.reference_outputs()
+            feeds = {k: np.concatenate([b[k] for b in self.batches]) for k in self.batches[0]}
+            self._joined = feeds, {n: np.concatenate([r[n] for r in refs]) for n in self.names}
+        return self._joined
+
+    @property
+    def hardness(self) -> np.ndarray | None:
+        """Per sample, the largest error relative to its output's scale in any full verification so far."""
+        if self._unread is not None:
+            outs, self._unread = self._unread, None
+            self._update_hardness(outs)
+        return self._hardness
+
+    def _update_hardness(self, outs: list[dict[str, np.ndarray]]) -> None:
+        """Per sample, the largest error relative to its output's scale seen in a full verification."""
+        if not self.splittable():
+            return
+        joined_ref = self._joined_samples()[1]
+        worst = None
+        for name in self.names:
+            if np.asarray(joined_ref[name]).dtype.kind != "f":
+                continue
+            ref = np.asarray(joined_ref[name], np.float64).reshape(len(joined_ref[name]), -1)
+            got = np.concatenate([np.asarray(o[name], np.float64).reshape(len(o[name]), -1) for o in outs])
+            ok = np.isfinite(ref)
+            scale = float(np.abs(ref[ok]).max()) if ok.any() else 1.0
+            err = np.where(ok, np.abs(got - ref), 0.0) / max(scale, 1e-30)
+            err[~np.isfinite(err)] = np.inf  # NaN/Inf where the reference is finite: the hardest
+            row = err.max(axis=1) if err.shape[1] else np.zeros(len(err))
+            worst = row if worst is None else np.maximum(worst, row)
+        if worst is not None:
+            self._hardness = worst if self._hardness is None else np.maximum(self._hardness, worst)
+
+
+def _batch_rows(batch: Mapping[str, Any]) -> int:
+    """Samples in a batch: axis 0 of its first input (a scalar input: one)."""
+    first = next(iter(batch.values()), None)
+    return 0 if first is None else (len(first) if np.ndim(first) else 1)

@@ -1,0 +1,392 @@
+"""Bounded-memory capture of calibration's tensors: ONNX Runtime sessions, passes, spill to disk.
+
+Main-graph tensors come from ONNX Runtime sessions that add every float intermediate as a graph output
+(:class:`_Sessions`, in chunks: :func:`pack_chunks`, sized by :class:`_Passes` from a one-sample probe so a call
+stays within the memory budget's ``calibration_call`` slice). :class:`_Capture` keeps the tensors and outputs
+of the first batches for the search and the verification, spilling later outputs to an unlinked temporary file.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+import re
+import tempfile
+from collections.abc import Container, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mpinfer.data.samples import BatchSlicer
+from mpinfer.errors import InvalidInputError, ModelLoadError, format_message
+from mpinfer.memory import current_budget
+from mpinfer.modelio import iter_nodes, name_nodes, ort_session, save_onnx
+from mpinfer.precision.calib.statistics import (
+    StatsCollector,
+)
+from mpinfer.precision.core import FLOAT
+
+logger = logging.getLogger(__name__)
+
+# Models with more weight bytes than this are calibrated from a temporary external-data copy, so the
+# per-chunk session models are graph-only protos instead of full copies of the weights.
+IN_MEMORY_LIMIT = 256 * 2**20
+# Outputs of calibration's later batches past the ``capture_outputs`` slice go to an unlinked temporary file while
+# they come to at most this many slices (2 GiB of disk at the default budget); past that, the verification runs
+# those batches in FP32 again.
+SPILL_SHARES = 8
+# Tensors fetched per pass of ONNX Runtime over the data (bytes bound the memory: the budget's calibration_call).
+MAX_OUTPUTS_PER_SESSION = 4096
+
+
+class _Sessions:
+    """Builds ONNX Runtime sessions whose outputs are chosen tensors, without copying big weights.
+
+    A model above ``IN_MEMORY_LIMIT`` bytes is written once to a temporary folder with external data; each
+    session's model is then a graph-only proto (a few KB) pointing at that data file.
+    """
+
+    def __init__(self, model: Any, types: Mapping[str, int], base_dir: str = "") -> None:
+        self._model = model
+        self._types = types
+        self._base_dir = base_dir  # external weights stay in the model's folder: sessions memory-map them
+        self._tmp: tempfile.TemporaryDirectory[str] | None = None
+        if _weight_bytes(model) > IN_MEMORY_LIMIT:
+            import onnx
+
+            self._tmp = tempfile.TemporaryDirectory(prefix="mpinfer-calibrate-")
+            path = save_onnx(model, Path(self._tmp.name) / "model.onnx", external_data=True)
+            self._model = onnx.load(str(path), load_external_data=False)
+
+    def session(self, names: list[str]) -> Any:
+        """A session returning ``names`` (in that order)."""
+        import onnx
+        from onnx import helper
+
+        m = onnx.ModelProto()
+        m.CopyFrom(self._model)
+        del m.graph.output[:]
+        m.graph.output.extend(helper.make_tensor_value_info(n, self._types[n], None) for n in names)
+        if self._tmp is None:
+            return ort_session(m, base_dir=self._base_dir or None)
+        path = Path(self._tmp.name) / "outputs.onnx"  # next to model.onnx.data, which it references
+        path.write_bytes(m.SerializeToString())
+        return ort_session(path)
+
+    def close(self) -> None:
+        """Remove the temporary copy, if any."""
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+
+
+def _nbytes(captured: list[dict[str, np.ndarray]]) -> int:
+    """Bytes the captured batches hold in memory."""
+    return sum(v.nbytes for c in captured if not isinstance(c, _OnDisk) for v in c.values())
+
+
+class _OnDisk(Mapping[str, np.ndarray]):
+    """One batch's FP32 outputs in an unlinked temporary file, each read back when it is looked up.
+
+    The file (one for all the batches of a calibration run) has no name and goes with the last batch that reads it;
+    the arrays are read, not memory-mapped, so a batch costs memory only while the verification reads it.
+    """
+
+    def __init__(self, file: Any, arrays: Mapping[str, np.ndarray]) -> None:
+        self._file = file
+        self._index: dict[str, tuple[int, tuple[int, ...]]] = {}
+        file.seek(0, 2)  # (appended after the batches before it)
+        for name, value in arrays.items():
+            arr = np.ascontiguousarray(value, np.float32)
+            self._index[name] = (file.tell(), arr.shape)
+            arr.tofile(file)
+        file.flush()
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        offset, shape = self._index[name]
+        self._file.seek(offset)
+        return np.fromfile(self._file, np.float32, count=math.prod(shape)).reshape(shape)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._index)
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+
+def _owned(value: np.ndarray) -> np.ndarray:
+    """``value`` as a float32 array that owns its memory (a copy unless it already is one)."""
+    return value if value.base is None and value.dtype == np.float32 else np.array(value, np.float32)
+
+
+def _outputs_only(captured: list[dict[str, np.ndarray]], outputs: set[str]) -> list[dict[str, np.ndarray]]:
+    """The captured batches with their graph outputs only (the other tensors dropped)."""
+    return [{n: v for n, v in c.items() if n in outputs} for c in captured]
+
+
+def _weight_bytes(model: Any) -> int:
+    return sum(len(t.raw_data) + 4 * len(t.float_data) for t in model.graph.initializer)
+
+
+class FeedsRejectedError(InvalidInputError):
+    """ONNX Runtime refused to run the model on a batch of calibration feeds.
+
+    Attributes:
+        node: The node ONNX Runtime names (``AffineGrid_0``), or ``""``.
+        op_type: Its op type, or ``""``.
+        reason: ONNX Runtime's own words.
+    """
+
+    def __init__(self, message: str, node: str = "", op_type: str = "", reason: str = "") -> None:
+        super().__init__(message)
+        self.node, self.op_type, self.reason = node, op_type, reason
+
+    @property
+    def where(self) -> str:
+        """``node 'AffineGrid_0' (AffineGrid)``, or ``the model`` when ONNX Runtime names no node."""
+        if not self.op_type:
+            return "the model"
+        return f"node '{self.node}' ({self.op_type})" if self.node else f"a {self.op_type} node"
+
+
+# ONNX Runtime names the failing node as "... while running AffineGrid node. Name:'AffineGrid_0' Status Message: ..."
+_ORT_NODE = re.compile(r"running (\w+) node\. Name:'([^']*)'(?: Status Message: (.*))?", re.S)
+
+
+def _run(sess: Any, names: list[str], batch: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+    try:
+        return list(sess.run(names, dict(batch)))
+    except Exception as err:  # onnxruntime raises its own exception types
+        text = str(err)
+        m = _ORT_NODE.search(text)
+        op, node, reason = (m.group(1), m.group(2), (m.group(3) or text).strip()) if m else ("", "", text)
+        where = f" at node '{node}' ({op})" if node else f" at a {op} node" if op else ""
+        raise FeedsRejectedError(
+            format_message(
+                "Calibration feeds",
+                f"a batch ONNX Runtime rejected{where} ({reason})",
+                "arrays matching the model's inputs",
+            ),
+            node,
+            op,
+            reason,
+        ) from err
+
+
+def _run_chunk(
+    sess: Any,
+    names: list[str],
+    batch: Mapping[str, np.ndarray],
+    collector: StatsCollector,
+    capture: dict[str, np.ndarray] | None = None,
+    wanted: Container[str] = (),
+) -> None:
+    """Run one chunk of tensors on ``batch`` into the statistics (and ``capture``)."""
+    values = _run(sess, names, batch)
+    collector.update_many(zip(names, values, strict=True))
+    if capture is not None:
+        capture.update({n: np.asarray(v, np.float32) for n, v in zip(names, values, strict=True) if n in wanted})
+
+
+def pack_chunks(names: Sequence[str], sizes: Sequence[int], max_count: int, max_bytes: int) -> list[list[str]]:
+    """Consecutive chunks of at most ``max_count`` tensors and ``max_bytes`` bytes (a bigger tensor: alone)."""
+    chunks: list[list[str]] = []
+    chunk: list[str] = []
+    total = 0
+    for name, size in zip(names, sizes, strict=True):
+        if chunk and (len(chunk) >= max_count or total + size > max_bytes):
+            chunks.append(chunk)
+            chunk, total = [], 0
+        chunk.append(name)
+        total += size
+    if chunk:
+        chunks.append(chunk)
+    return chunks
+
+
+@dataclass
+class _Passes:
+    """Which tensors each pass over the data fetches, and how many samples one call of it may take.
+
+    Sized from one probe call that fetches every tensor for one sample (for a batch that cannot be cut: the
+    whole batch, which then counts as one sample): a pass holds tensors of at most the calibration_call slice
+    per sample (and at most ``MAX_OUTPUTS_PER_SESSION`` of them), and a call takes as many samples as keep it
+    under that limit.
+    """
+
+    chunks: list[list[str]]
+    rows_per_call: list[int]
+    sample_bytes: int
+    _sessions: _Sessions
+    _probe_session: Any = None
+    sample_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    multiple: int = 1  # the model takes its samples this many at a time (every call: whole groups of them)
+
+    @classmethod
+    def probe(cls, sessions: _Sessions, names: list[str], batch: Mapping[str, np.ndarray], slicer: BatchSlicer) -> Any:
+        """The passes for ``names`` (None when ONNX Runtime cannot load the model)."""
+        try:
+            sess = sessions.session(names)
+        except ModelLoadError as err:
+            logger.warning("ONNX Runtime cannot run the model (%s); calibrating with the numpy emulator", err)
+            return None
+        multiple, sample, values = _probe_rows(sess, names, batch, slicer)
+        sizes = [np.asarray(v).nbytes for v in values]
+        shapes = {n: tuple(np.shape(v)) for n, v in sample.items()}
+        shapes.update((n, tuple(np.shape(v))) for n, v in zip(names, values, strict=True))
+        del values
+        call = current_budget().calibration_call
+        chunks = pack_chunks(names, sizes, MAX_OUTPUTS_PER_SESSION, call)
+        size_of = dict(zip(names, sizes, strict=True))
+        totals = [sum(size_of[n] for n in chunk) for chunk in chunks]
+        # samples per call: whole groups of the rows the model takes (the probe's bytes are for ``multiple`` rows)
+        per_call = [max(1, call // max(1, t)) * multiple for t in totals]
+        return cls(chunks, per_call, sum(sizes) // multiple, sessions, sess if len(chunks) == 1 else None, shapes,
+                   multiple)
+
+    def session(self, index: int) -> Any:
+        """The session of pass ``index`` (the probe's own when there is a single pass)."""
+        sess, self._probe_session = self._probe_session, None
+        return sess if sess is not None else self._sessions.session(self.chunks[index])
+
+
+def _probe_rows(
+    sess: Any, names: list[str], batch: Mapping[str, np.ndarray], slicer: BatchSlicer
+) -> tuple[int, Mapping[str, np.ndarray], list[np.ndarray]]:
+    """The probe's run: (the rows the model takes at a time, the slice run, its tensors).
+
+    One sample when the model takes it; else the fewest rows of the batch it takes, among the batch's divisors (a
+    model that reshapes its rows into groups of 4 takes 4): learnt from the data, never a count it rejects. A batch
+    that cannot be cut runs whole (it counts as one sample); the whole batch rejected is the data's fault (raised).
+    """
+    rows = slicer.rows(batch)
+    if rows <= 1:
+        return 1, batch, _run(sess, names, batch)
+    first: FeedsRejectedError | None = None
+    for size in [k for k in range(1, rows) if rows % k == 0]:
+        sample = slicer.slice(batch, 0, size)
+        try:
+            values = _run(sess, names, sample)
+        except FeedsRejectedError as err:
+            first = first or err
+            continue
+        if size > 1:
+            logger.info("the model takes its samples %d at a time (one sample is rejected: %s)", size,
+                        first.reason[:200] if first else "")
+        return size, sample, values
+    return rows, batch, _run(sess, names, batch)
+
+
+def _named(model: Any) -> Any:
+    """``model``, or a copy whose nodes have unique addresses (skipped for models already named, as big ones are)."""
+    addresses = [ref.address for ref in iter_nodes(model.graph)]
+    if any(not a or a.endswith("/") for a in addresses) or len(set(addresses)) != len(addresses):
+        return name_nodes(model)
+    return model
+
+
+def _read_again(
+    feeds: Iterable[Mapping[str, np.ndarray]], first: Mapping[str, np.ndarray] | None, passes: int
+) -> Iterable[Mapping[str, np.ndarray]]:
+    """A one-shot iterator whose ``first`` batch the probe took, from that batch on (a list for several passes)."""
+    if first is None:
+        return feeds
+    return [first, *feeds] if passes > 1 else itertools.chain([first], feeds)
+
+
+class _Capture:
+    """The tensors kept of the first batches: graph outputs, and with ``capture_tensors`` every FLOAT tensor.
+
+    The first pass opens one dict per kept batch; each pass adds its chunk's tensors. Every FLOAT tensor is kept
+    while the bytes projected for all captured batches and passes stay within the budget's ``capture`` slice (then
+    outputs only); the outputs of the batches after ``capture_batches`` while they stay within its
+    ``capture_outputs`` slice (then no further batch).
+    """
+
+    def __init__(self, run: Any, batches: int, tensors: bool, outputs_too: int) -> None:
+        # (``run``: the calibration run, :class:`mpinfer.precision.calib.calibrate._Run`)
+        self.outputs = {vi.name for vi in run.model.graph.output} & set(run.known)
+        self.limit = current_budget().capture
+        self.tensors = tensors  # every FLOAT tensor of the first ``batches`` is still kept
+        self._all = (self.outputs | {n for n in run.known if run.types.get(n) == FLOAT}) if tensors else self.outputs
+        self.batches, self.passes = batches, run.passes
+        # batches whose outputs are kept (bytes permitting): in the first pass, when its calls return every output
+        # (the outputs are fetched first, see _Run: always, unless they alone overflow a pass)
+        first = set(run.plan.chunks[0]) if run.plan is not None else set()
+        in_first_pass = run.passes == 1 or self.outputs <= first
+        self.keep_until = max(batches, outputs_too if in_first_pass else 0)
+        self.captured: list[Any] = []  # one dict a kept batch (an _OnDisk once spilled)
+        self.spilled = 0  # bytes of the outputs kept on disk (:class:`_OnDisk`)
+        self._disk: Any = None  # their file
+
+    def open(self, index: int, b: int) -> None:
+        """Pass ``index`` reads batch ``b``: the first pass opens its dict when it is kept."""
+        if b < self.keep_until and index == 0:
+            self.captured.append({})
+
+    def kept(self, b: int) -> dict[str, np.ndarray] | None:
+        """Batch ``b``'s captured tensors, or None when it is not kept."""
+        return self.captured[b] if b < min(self.keep_until, len(self.captured)) else None
+
+    def wanted(self, b: int) -> Container[str]:
+        """The tensors to keep of batch ``b``."""
+        return self._all if b < self.batches and self.tensors else self.outputs
+
+    def outputs_only(self, b: int) -> dict[str, np.ndarray]:
+        """Keep the graph outputs only, from now on and of the batches captured so far; batch ``b``'s dict."""
+        self.tensors = False
+        self.captured = _outputs_only(self.captured, self.outputs)
+        return self.captured[b]
+
+    def account(self, index: int, b: int, keep: dict[str, np.ndarray] | None) -> None:
+        """After batch ``b`` of pass ``index``: drop what the budget's slices do not hold."""
+        if keep is None:
+            return
+        # the bytes all captured batches and passes will hold, projected from those run so far
+        done, total = index * self.batches + b + 1, self.passes * self.batches
+        if b >= self.batches and index == 0:
+            if self.spilled or _nbytes(self.captured[self.batches :]) > current_budget().capture_outputs:
+                self._spill(b)
+        elif self.tensors and _nbytes(self.captured) * total > self.limit * done:
+            logger.debug("captured tensors above %d bytes: keeping outputs only", self.limit)
+            self.outputs_only(b)
+
+    def _spill(self, b: int) -> None:
+        """Batch ``b``'s outputs, past the ``capture_outputs`` slice, to disk while they fit ``SPILL_SHARES`` of it.
+
+        An FP32 reference read back from disk costs far less than running the model again on the batch (a CNN
+        whose outputs are feature maps: 75 MB a batch of 16 at 128x96x96).
+        """
+        limit = SPILL_SHARES * current_budget().capture_outputs
+        spilled = self.spilled + _nbytes(self.captured[b:])
+        try:
+            if spilled > limit:
+                raise OSError(f"more than {limit} bytes")
+            if self._disk is None:
+                self._disk = tempfile.TemporaryFile(prefix="mpinfer-reference-")
+            self.captured[b] = _OnDisk(self._disk, self.captured[b])
+            self.spilled = spilled
+        except OSError as err:  # (a full or read-only temporary folder: the verification runs these batches)
+            logger.debug("calibration outputs from batch %d on not kept: %s", b, err)
+            self.captured.pop()  # the later batches' outputs are not kept
+            self.keep_until = b
+
+    def references(
+        self, floats: list[str], types: Mapping[str, int]
+    ) -> tuple[list[dict[str, np.ndarray]] | None, list[dict[str, np.ndarray]] | None]:
+        """``reference_outputs`` (the float graph outputs ``floats``) and ``reference_tensors``, or None each.
+
+        Only when ONNX Runtime computed every float output of every kept batch (it may not run the model at all).
+        """
+        captured = self.captured
+        if not (captured and floats and all(c.keys() >= set(floats) for c in captured)):
+            return None, None
+        # Copies of ONNX Runtime's output arrays, views that keep the session's whole memory arena alive (an
+        # array that owns its memory, joined from a batch's slices, is kept as it is: 75 MB a batch of a CNN).
+        reference: list[Any] = [c if isinstance(c, _OnDisk) else {n: _owned(c[n]) for n in floats} for c in captured]
+        if not self.tensors:
+            return reference, None
+        return reference, [{n: v for n, v in c.items() if types.get(n) == FLOAT} for c in captured[: self.batches]]

@@ -1,0 +1,316 @@
+"""Strict numerics (``strict``): candidates run by the strict emulator, incremental runs from kept FP32 runs.
+
+:class:`StrictEvaluator` runs candidates on the strict emulator
+(:class:`~mpinfer.precision.emulator.emulate.GraphEmulator`); :func:`open_emulator`, :func:`local_error` and
+:class:`_EmulatorRefs` also serve the ONNX Runtime numerics (:mod:`.ort`) for groups its probe cannot copy.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, ClassVar
+
+import numpy as np
+
+from mpinfer.errors import InvalidInputError, format_message
+from mpinfer.metrics import relative_l2
+from mpinfer.precision.core import GraphInfo
+from mpinfer.precision.emulator import (
+    GraphEmulator,
+    StrictModelRunner,
+    StrictRunner,
+    is_float,
+    is_low_float,
+    may_qualify,
+    open_cast_session,
+)
+from mpinfer.precision.graph import apply_plan
+from mpinfer.precision.numerics import probe
+from mpinfer.precision.numerics.base import Candidate, Outputs, Runner
+from mpinfer.specs import Precision
+
+logger = logging.getLogger(__name__)
+
+# Strict numerics screen only models whose kept FP32 reference runs hold at least this many float values per
+# node (CNNs: ~1e6; small transformers: ~1e4, where the per-node overhead dominates the emulator's time).
+STRICT_SCREEN_MIN_VALUES = 100_000
+
+def open_emulator(model: Any, *, required: bool, base_dir: str = "") -> GraphEmulator | None:
+    """The strict emulator of ``model``; None when it has ops the emulator cannot run and ``required`` is False.
+
+    ``base_dir``: the model file's folder when its weights stay external (memory-mapped from there).
+
+    Raises:
+        InvalidInputError: ``required`` and the model has ops without strict kernels.
+    """
+    emu = GraphEmulator(model, base_dir=base_dir)
+    missing = emu.unsupported_ops()
+    if missing and required:
+        raise InvalidInputError(
+            format_message(
+                "Strict numerics",
+                f"a model with ops the emulator cannot run ({', '.join(sorted(missing))})",
+                "ops with strict kernels",
+                "use --numerics ort (not for bf16), or convert without --budget",
+            )
+        )
+    return None if missing else emu
+
+
+def local_error(model: Any, info: GraphInfo, group: Any, refs: list[Any], low: Precision) -> tuple[float, int]:
+    """Relative L2 error at the group's outputs when only the group runs low, fed FP32 reference tensors.
+
+    Returns the error and the node evaluations it cost.
+    """
+    built = probe.group_submodel(info, group.members)
+    if built is None:
+        return 0.0, 0
+    sub, outs = built
+    feeds_names = [vi.name for vi in sub.graph.input]
+    emu = GraphEmulator(sub, base_dir=info.base_dir)
+    noise = signal = 0.0
+    for ref in refs:
+        run = emu.run({n: ref.tensors[n] for n in feeds_names}, {a: low for a in group.members})
+        for o in outs:
+            want = np.asarray(ref.tensors[o], np.float64)
+            got = np.asarray(run.outputs[o], np.float64)
+            if not np.all(np.isfinite(got[np.isfinite(want)])):
+                return math.inf, len(group.members) * len(refs)
+            ok = np.isfinite(want)
+            noise += float(((got - want)[ok] ** 2).sum())
+            signal += float((want[ok] ** 2).sum())
+    return relative_l2(noise, signal), len(group.members) * len(refs)
+
+
+class _EmulatorRefs:
+    """The strict emulator and its kept FP32 runs of the search batches (opened on first use)."""
+
+    def __init__(self, model: Any, info: GraphInfo, batches: list[Outputs], *, required: bool) -> None:
+        self.model, self.info, self.batches, self.required = model, info, batches, required
+        self.emu: GraphEmulator | None = None
+        self.refs: list[Any] = []
+        self.opened = False
+        self.evaluations = 0
+
+    def emulator(self) -> GraphEmulator | None:
+        """The emulator (compiled on first use; None when it cannot run the model and is not ``required``)."""
+        if self.emu is None and not self.opened:
+            self.emu = open_emulator(self.model, required=self.required, base_dir=self.info.base_dir)
+            self.opened = self.emu is None
+        return self.emu
+
+    def open(self, known: list[Outputs] | None = None) -> None:
+        """Open the emulator and run (or take from ``known``, one dict per batch) the FP32 reference runs."""
+        if self.opened:
+            return
+        emu = self.emulator()
+        self.opened = True
+        if emu is not None:
+            seeds = known if known is not None and len(known) == len(self.batches) else [None] * len(self.batches)
+            self.refs = [emu.run(b, None, keep=True, known=k) for b, k in zip(self.batches, seeds, strict=True)]
+            self.evaluations += len(self.info.nodes) * len(self.refs)
+
+    def local_errors(self, groups: Sequence[Any], batches: list[Outputs], subset: bool, low: Precision) -> dict:
+        """Every group's :func:`local_error` on the kept runs (or fresh FP32 runs of ``batches`` when ``subset``)."""
+        self.open()
+        if self.emu is None:
+            return {}
+        refs = self.refs
+        if subset:
+            refs = [self.emu.run(b, None, keep=True) for b in batches]
+            self.evaluations += len(self.info.nodes) * len(refs)
+        out = {}
+        for g in groups:
+            out[g.anchor], evals = local_error(self.model, self.info, g, refs, low)
+            self.evaluations += evals
+        return out
+
+
+class StrictEvaluator:
+    """Strict numerics: the emulator, each candidate an incremental run from the kept FP32 runs."""
+
+    name: ClassVar[str] = "strict"
+    supports_bf16: ClassVar[bool] = True
+    wants_fp32_tensors: ClassVar[bool] = True
+    emulated: ClassVar[bool] = True
+
+    @classmethod
+    def check_available(cls) -> None:
+        """Strict emulation runs wherever mpinfer does (numpy and ONNX Runtime's CPU kernels)."""
+
+    def __init__(
+        self,
+        model: Any,
+        info: GraphInfo,
+        batches: list[Outputs],
+        precision: Precision,
+        *,
+        keep_io_types: bool = True,
+        known_outputs: list[Outputs] | None = None,
+        known_tensors: list[Outputs] | None = None,
+    ) -> None:
+        self.info, self.precision, self.keep_io_types = info, precision, keep_io_types
+        self._emu = _EmulatorRefs(model, info, batches, required=True)
+        self._emu.emulator()  # (refuses a model with ops the emulator cannot run, before any work)
+        # The FP32 runs every candidate is an incremental run from are made when a candidate needs them. Without
+        # calibration's tensors (too many bytes to keep) the first candidate (the rule plan, which most often passes)
+        # runs whole, against calibration's FP32 outputs, and the runs are made only if a second candidate comes.
+        self._known_tensors = known_tensors
+        self._known_outputs = known_outputs if known_outputs is not None and len(known_outputs) == len(batches) \
+            else None
+        self._first_run = False  # whether the first candidate ran (whole runs, no kept FP32 runs needed)
+        self._screen_ref: tuple[np.ndarray, Any] | None = None  # (screening rows, their kept FP32 run)
+        self._values_per_node: float | None = None
+        self._extra = 0
+
+    @property
+    def evaluations(self) -> int:
+        """Node evaluations so far (emulator reference runs included)."""
+        return self._emu.evaluations + self._extra
+
+    @evaluations.setter
+    def evaluations(self, value: int) -> None:
+        self._extra = value - self._emu.evaluations
+
+    def reference(self) -> list[Outputs]:
+        """The FP32 outputs: calibration's (ONNX Runtime's) where it kept them, else those of the kept FP32 runs."""
+        if self._known_outputs is not None:
+            return self._known_outputs
+        self._open()
+        return [r.outputs for r in self._emu.refs]
+
+    def _open(self) -> None:
+        """The kept FP32 emulator runs, made (or taken from calibration's tensors) on first use."""
+        if not self._emu.opened:
+            self._emu.open(self._known_tensors)
+            self._known_tensors = None  # (the runs hold them now)
+
+    def candidate(self, low: Mapping[str, Precision]) -> Candidate:
+        """A candidate run incrementally from the kept FP32 runs."""
+        return _StrictCandidate(self, dict(low))
+
+    def run_from_refs(self, low: dict[str, Precision]) -> list[Outputs]:
+        """The candidate's outputs on every search batch, each an incremental run from the batch's FP32 run."""
+        emu = self._emu.emu
+        assert emu is not None
+        first, self._first_run = not self._first_run, True
+        if first and not self._emu.opened and self._known_tensors is None:
+            # the first candidate, and no FP32 tensors from calibration to take the FP32 runs from: whole runs (an FP32
+            # run of the search samples costs as much again, and is made only if a second candidate needs it), in
+            # ONNX Runtime when the applied candidate qualifies for a cast graph (castgraph: the emulator's bits)
+            fast = self._cast_graph_runs(low)
+            if fast is not None:
+                return fast
+            outs = []
+            for batch in self._emu.batches:
+                outs.append(emu.run(batch, low).outputs)
+                self.evaluations += len(self.info.nodes)
+            return outs
+        self._open()
+        outs = []
+        for ref in self._emu.refs:
+            run = emu.run_from(ref, low, keep=False)
+            self.evaluations += run.recomputed
+            outs.append(run.outputs)
+        return outs
+
+    def _cast_graph_runs(self, low: dict[str, Precision]) -> list[Outputs] | None:
+        """The candidate applied and run on every search batch as a cast graph; None where it does not qualify."""
+        if not may_qualify((self.info.by_address[a].node.op_type for a in low), self._emu.model):
+            return None
+        precisions = {a: low.get(a, Precision.FP32) for a in self.info.by_address}
+        applied = apply_plan(self._emu.model, self.info, precisions, self.precision, keep_io_types=self.keep_io_types)
+        sess, why = open_cast_session(applied.model)
+        if sess is None:
+            logger.debug("search: the emulator judges the first candidate (no cast graph: %s)", why)
+            return None
+        outs = []
+        try:
+            for batch in self._emu.batches:  # (the FP32 model's outputs are float32: a low output comes back widened)
+                outs.append({k: v.astype(np.float32) if is_low_float(v) else v for k, v in sess(batch).items()})
+        except Exception as err:  # onnxruntime's own types: data it refuses; the emulator decides (and names it)
+            logger.debug("search: the cast graph failed (%s); the emulator judges the first candidate", err)
+            return None
+        self.evaluations += len(self.info.nodes) * len(self._emu.batches)
+        logger.info("search: the first candidate judged by ONNX Runtime as a float32 graph with rounding casts")
+        return outs
+
+    def strict_rows(self, feeds: Mapping[str, np.ndarray], rows: np.ndarray, low: Mapping[str, Precision]) -> Outputs:
+        """Outputs of the candidate ``low`` on the samples ``rows`` (their ``feeds``).
+
+        An incremental run from an FP32 run of those rows, made on the first call and kept (the rows are then
+        fixed, see :meth:`screen_rows`).
+        """
+        assert self._emu.emu is not None
+        if self._screen_ref is None:
+            self._screen_ref = rows, self._emu.emu.run(dict(feeds), None, keep=True)
+            self.evaluations += len(self.info.nodes)
+        run = self._emu.emu.run_from(self._screen_ref[1], dict(low), keep=False)
+        self.evaluations += run.recomputed
+        return run.outputs
+
+    def screen_rows(self, hardest: Callable[[], np.ndarray | None]) -> np.ndarray | None:
+        """The screening rows, chosen once (from the first full verification) and kept.
+
+        Each new set of rows costs an FP32 emulator run of them, so they stay fixed. Only for models whose
+        emulation cost follows the data (``STRICT_SCREEN_MIN_VALUES`` float values per node in the kept
+        reference runs, e.g. CNNs): where the per-node overhead dominates (small transformers), a run on an
+        eighth of the samples costs almost what the full incremental run does, and screening would cost more
+        than it saves.
+        """
+        if self._screen_ref is not None:
+            return self._screen_ref[0]
+        if not self._first_run:
+            return None  # (before the first candidate's runs: no hardness to screen on yet)
+        self._open()
+        if self._values_per_node is None:
+            values = sum(
+                v.size
+                for r in self._emu.refs
+                for v in r.tensors.values()
+                if isinstance(v, np.ndarray) and is_float(v)
+            )
+            self._values_per_node = values / max(len(self.info.nodes), 1)
+        if self._values_per_node < STRICT_SCREEN_MIN_VALUES:
+            return None
+        return hardest()
+
+    def sensitivities(self, groups: Sequence[Any], batches: list[Outputs], subset: bool) -> dict[str, float]:
+        """Each group run alone as a small emulator sub-model on FP32 tensors."""
+        self._open()
+        return self._emu.local_errors(groups, batches, subset, self.precision)
+
+    @classmethod
+    def model_runner(cls, model: Any, *, fast: bool = True) -> Runner:
+        """The converted model under strict numerics: its cast graph where it qualifies, else :class:`StrictRunner`.
+
+        ``fast=False``: :class:`StrictRunner` whatever the model.
+
+        The runner's ``engine`` says which ran (:class:`~mpinfer.precision.emulator.castgraph.StrictModelRunner`).
+        """
+        return StrictModelRunner(model, _emulator_runner, cast_graph=fast)
+
+
+def _emulator_runner(model: Any) -> Runner:
+    """The converted model as ``mpinfer compare --numerics strict`` runs it (:class:`StrictRunner`)."""
+    runner = StrictRunner(model, name="candidate")
+    runner.activate()
+    return runner.infer
+
+
+class _StrictCandidate:
+    def __init__(self, ev: StrictEvaluator, low: dict[str, Precision]) -> None:
+        self.ev, self.low = ev, low
+
+    def outputs(self) -> list[Outputs]:
+        return self.ev.run_from_refs(self.low)
+
+    def outputs_on(self, feeds: Mapping[str, np.ndarray], rows: np.ndarray) -> Outputs:
+        return self.ev.strict_rows(feeds, rows, self.low)
+
+    def verified(self) -> tuple[dict[str, Precision], Any] | None:
+        return None
+
+
