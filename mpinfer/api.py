@@ -104,6 +104,9 @@ def _params(cmd: click.Command) -> dict[str, click.Parameter]:
 def _invoke(name: str, arguments: Mapping[str, Any], options: Mapping[str, Any]) -> Any:
     cmd = _command(name)
     params = _params(cmd)
+    # an option's Python name is its keyword too where it differs (--metric → metrics, as the API writes)
+    dests = {p.name: key for key, p in params.items() if p.name and p.name != key and p.name not in params}
+    options = {dests.get(k, k): v for k, v in options.items()}
     for key in options:
         if key not in params or key in arguments:
             valid = sorted(k for k in params if k not in arguments)
@@ -136,6 +139,8 @@ def _normalize(param: click.Parameter, value: Any) -> Any:
         return None
     repeatable = param.multiple or (isinstance(param, click.Argument) and param.nargs == -1)
     if isinstance(value, Mapping):
+        if repeatable and not all(isinstance(v, (str, int, float, Path)) for v in value.values()):
+            return tuple(value.items())  # metrics={"iou": callable}: (name, callable) pairs for the option's type
         items = tuple(f"{k}={v}" for k, v in value.items())
         return items if repeatable else ",".join(items)
     if repeatable and isinstance(value, (str, Path)):

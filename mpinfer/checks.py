@@ -19,6 +19,10 @@ A check list is comma-separated checks, each ``[OUTPUT:]METRIC OP NUMBER``::
   they read the figures of greedy generation (``compare --generate N``; ``convert --budget`` on a decoder with
   a KV cache and prompt calibration) and print as ``generate:METRIC``.
 
+* The user's own metrics (``--metric NAME=FILE.py:FUNCTION``, :mod:`mpinfer.usermetric`) are model-level too:
+  their figures ``NAME``, ``NAME_min`` and ``NAME_max`` are checked plain (``iou_min>=0.9``), once the caller
+  passes the names to :func:`parse_checks` (``user``). Their direction is the check's operator.
+
 A metric that does not apply to an output (``top1`` on an output that is not class scores, ``match`` on a float
 output) is not applicable there. A check applicable to no output it selects fails, saying why (never a silent
 pass); NaN fails every check.
@@ -29,7 +33,7 @@ from __future__ import annotations
 import math
 import operator
 import re
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from mpinfer.errors import InvalidInputError, format_message
@@ -38,9 +42,11 @@ from mpinfer.metrics import (
     GENERATION_OUTPUT,
     LABEL_METRICS,
     METRIC_DOCS,
+    USER_OUTPUT,
     is_class_metric,
     is_generation_metric,
     is_metric,
+    model_level,
     topk_of,
 )
 
@@ -79,7 +85,7 @@ class Check:
     value: float
 
     def __str__(self) -> str:
-        where = f"{self.output}:" if self.output is not None else ""
+        where = f"{self.output}:" if self.output is not None and self.output != USER_OUTPUT else ""
         return f"{where}{self.metric}{self.op}{self.value:.10g}"  # every digit a user writes (0.99999999)
 
     def evaluate(self, values: Mapping[str, float | None]) -> bool | None:
@@ -105,7 +111,7 @@ class Check:
 
     def selected(self, per_output: Mapping[str, Mapping[str, float | None]]) -> dict[str, float | None]:
         """Output → this check's metric value, over the outputs the check selects (generation: model-level)."""
-        names = [n for n in per_output if n != GENERATION_OUTPUT] if self.output is None else [self.output]
+        names = [n for n in per_output if not model_level(n)] if self.output is None else [self.output]
         return {n: per_output.get(n, {}).get(self.metric) for n in names}
 
 
@@ -140,6 +146,22 @@ class Checks:
         """The checks on generation figures (model-level; they need greedy generation to be measured)."""
         return tuple(c for c in self.items if c.output == GENERATION_OUTPUT)
 
+    @property
+    def user(self) -> tuple[Check, ...]:
+        """The checks on the user metrics' figures (model-level)."""
+        return tuple(c for c in self.items if c.output == USER_OUTPUT)
+
+    def targets(self) -> dict[str, float]:
+        """User figure → the value its checks like best (the direction comes from the operator).
+
+        +inf for ``>=``/``>``, -inf for ``<=``/``<``, the threshold for ``==``. A figure checked both ways has none.
+        """
+        out: dict[str, float] = {}
+        for c in self.user:
+            best = math.inf if c.op in (">=", ">") else -math.inf if c.op in ("<=", "<") else c.value
+            out[c.metric] = best if out.get(c.metric, best) == best else math.nan
+        return {k: v for k, v in out.items() if not math.isnan(v)}
+
     def without_generation(self) -> Checks | None:
         """The checks on the outputs alone (None when every check is a generation check)."""
         rest = tuple(c for c in self.items if c.output != GENERATION_OUTPUT)
@@ -159,7 +181,11 @@ class Checks:
             if not applicable:
                 out.append(f"{c} (not applicable: {not_applicable_reason(c, per_output)})")
                 continue
-            out += [f"{c} on '{n}' (got {v:.6g})" for n, v in applicable.items() if not c.evaluate({c.metric: v})]
+            out += [
+                f"{c} {'' if n == USER_OUTPUT else f'on {n!r} '}(got {v:.6g})"
+                for n, v in applicable.items()
+                if not c.evaluate({c.metric: v})
+            ]
         return out
 
     def met(self, per_output: Mapping[str, Mapping[str, float | None]]) -> bool:
@@ -183,7 +209,7 @@ class Checks:
             InvalidInputError: Naming the check and listing the model's outputs.
         """
         for c in self.items:
-            if c.output is not None and c.output != GENERATION_OUTPUT and c.output not in names:
+            if c.output is not None and not model_level(c.output) and c.output not in names:
                 raise InvalidInputError(
                     format_message(
                         f"Check '{c}'",
@@ -206,6 +232,11 @@ def not_applicable_reason(check: Check, per_output: Mapping[str, Mapping[str, fl
     """Why ``check`` has no value on the outputs it selects."""
     if check.output == GENERATION_OUTPUT and check.output not in per_output:
         return "no generation figures: they come from greedy generation (compare --generate N)"
+    if check.output == USER_OUTPUT:
+        if check.output not in per_output:
+            return f"the user metric '{check.metric}' was not measured (give it with --metric NAME=FILE.py:FUNCTION)"
+        return (f"the user metric gave no '{check.metric}': NAME_min/NAME_max need one value per sample (a 1-D "
+                "array), and every figure needs samples")
     if check.output is not None and check.output not in per_output:
         return f"output '{check.output}' was not compared"
     one = check.output is not None
@@ -225,12 +256,22 @@ def not_applicable_reason(check: Check, per_output: Mapping[str, Mapping[str, fl
     return f"{who} {'has no' if one else 'has'} values to compute it on"
 
 
-def _selector(raw: str, selector: str | None, metric: str) -> str | None:
-    """A check's output selector: ``generate`` for every generation figure, refused on anything else.
+def _selector(raw: str, selector: str | None, metric: str, user: frozenset[str] = frozenset()) -> str | None:
+    """A check's output selector: ``generate`` (generation), :data:`USER_OUTPUT` (a user metric) or the output.
+
+    A generation figure's selector is ``generate``, a user metric's :data:`USER_OUTPUT`; anything else keeps the
+    selector given.
 
     Raises:
-        InvalidInputError: A generation figure with an output selector, or ``generate:`` with a per-output metric.
+        InvalidInputError: A generation or user figure with an output selector, or ``generate:`` with a
+            per-output metric.
     """
+    if metric in user:
+        if selector is not None:
+            raise InvalidInputError(format_message(
+                f"Check '{raw}'", f"the output selector '{selector}:' on the user metric '{metric}'",
+                f"{metric} plain", "a user metric reads every output itself (its function gets them all)"))
+        return USER_OUTPUT
     if is_generation_metric(metric):
         if selector not in (None, GENERATION_OUTPUT):
             raise InvalidInputError(format_message(
@@ -246,31 +287,46 @@ def _selector(raw: str, selector: str | None, metric: str) -> str | None:
     return selector
 
 
-def _unknown_metric(raw: str, name: str) -> str:
-    """The message for an unknown metric: the closest name when there is one (as ``--keep-op`` does), else all."""
+def user_figures(names: Iterable[str]) -> frozenset[str]:
+    """The figures the user metrics ``names`` give: ``NAME``, ``NAME_min`` and ``NAME_max`` of each."""
+    return frozenset(f for n in names for f in (n, f"{n}_min", f"{n}_max"))
+
+
+def _unknown_metric(raw: str, name: str, user: Collection[str] = ()) -> str:
+    """The message for an unknown metric: the closest name when there is one (as ``--keep-op`` does), else all.
+
+    ``user``: the figures of the user's own metrics (``--metric``), candidates too.
+    """
     import difflib
 
-    names = [*METRIC_DOCS, *ALIASES]
+    names = [*METRIC_DOCS, *ALIASES, *sorted(user)]
     close = difflib.get_close_matches(name.lower(), names, n=1, cutoff=0.6)
     if close:
         suggestion = ALIASES.get(close[0], close[0])
         return format_message(f"Check '{raw}'", f"unknown metric '{name}'", "a metric of docs/compare.md",
                               f"did you mean '{suggestion}'? (`mpinfer compare --help` lists every metric)")
+    mine = (", user metrics: " + ", ".join(sorted(user))) if user else ""
     return format_message(
         f"Check '{raw}'",
         f"unknown metric '{name}'",
         "one of " + ", ".join([*METRIC_DOCS, "topK (K <= 100)"])
-        + " (aliases: " + ", ".join(f"{a}={t}" for a, t in ALIASES.items()) + ")",
-        "docs/compare.md defines each metric",
+        + " (aliases: " + ", ".join(f"{a}={t}" for a, t in ALIASES.items()) + ")" + mine,
+        "docs/compare.md defines each metric; a metric of your own is given with --metric NAME=FILE.py:FUNCTION "
+        "(metrics = {...} in pipeline.toml)",
     )
 
 
-def parse_checks(text: str) -> Checks:
+def parse_checks(text: str, user: Iterable[str] = ()) -> Checks:
     """Parse a check list (see the module docstring).
+
+    Args:
+        text: The check list.
+        user: The names of the user's own metrics (``--metric``): their figures are accepted as metrics.
 
     Raises:
         InvalidInputError: Empty, malformed, an unknown metric (listing the valid ones) or a bad number.
     """
+    figures = user_figures(user)
     items = []
     for raw in [p.strip() for p in (text or "").split(",") if p.strip()]:
         selector, colon, term = raw.rpartition(":")
@@ -282,8 +338,10 @@ def parse_checks(text: str) -> Checks:
             )
         name = m.group(1).lower()
         metric = ALIASES.get(name, name)
-        if not is_metric(metric):
-            raise InvalidInputError(_unknown_metric(raw, m.group(1)))
+        if name in figures:
+            metric = name
+        elif not is_metric(metric):
+            raise InvalidInputError(_unknown_metric(raw, m.group(1), figures))
         try:
             value = float(m.group(3))
         except ValueError as err:
@@ -293,7 +351,8 @@ def parse_checks(text: str) -> Checks:
         if colon and not selector.strip():
             raise InvalidInputError(format_message(f"Check '{raw}'", "an empty output name before ':'",
                                                    "OUTPUT:metric<op>number, or no ':' for every output"))
-        items.append(Check(_selector(raw, selector.strip() if colon else None, metric), metric, m.group(2), value))
+        where = _selector(raw, selector.strip() if colon else None, metric, figures)
+        items.append(Check(where, metric, m.group(2), value))
     if not items:
         raise InvalidInputError(format_message("Checks", repr(text), "at least one check", f"e.g. {_EXAMPLE}"))
     return Checks(tuple(items), text)

@@ -33,6 +33,7 @@ import numpy as np
 from mpinfer.errors import InvalidInputError, format_message
 from mpinfer.errorsums import FAST_DTYPES, ErrorSums, cosines, error_sums
 from mpinfer.histogram import LogHistogram
+from mpinfer.userfigures import UserMetricAccumulator
 
 # Added to |baseline| in the relative error so exact zeros in the baseline do not divide by zero.
 REL_EPS = 1e-6
@@ -104,6 +105,9 @@ GENERATION_METRICS = frozenset({
 # The name generation figures go by where checks read per-output values: ``generate:token_agreement>=0.95``
 # selects them explicitly; a check without a selector (``token_agreement>=0.95``) finds them there too.
 GENERATION_OUTPUT = "generate"
+# The name the figures of the user's own metrics (``--metric NAME=FILE.py:FUNCTION``, :mod:`mpinfer.usermetric`)
+# go by where checks read per-output values: model-level, like generation figures; checks name them plain.
+USER_OUTPUT = "(user metrics)"
 HIGHER_IS_BETTER: dict[str, bool] = {
     **dict.fromkeys(METRIC_DOCS, False),
     **dict.fromkeys(("cosine", "cosine_min", "snr_db", "top1", "top5", "match", "accuracy", "baseline_accuracy"), True),
@@ -161,6 +165,21 @@ def with_generation(
     if generation:
         out[GENERATION_OUTPUT] = dict(generation)
     return out
+
+
+def with_user(
+    per_output: Mapping[str, Mapping[str, float | None]], figures: Mapping[str, float | None] | None
+) -> dict[str, Mapping[str, float | None]]:
+    """Per-output values plus the user metrics' figures under :data:`USER_OUTPUT` (as checks read them)."""
+    out = dict(per_output)
+    if figures:
+        out[USER_OUTPUT] = dict(figures)
+    return out
+
+
+def model_level(name: str) -> bool:
+    """True for the keys of per-output values that are not outputs (generation and user-metric figures)."""
+    return name in (GENERATION_OUTPUT, USER_OUTPUT)
 
 
 def json_number(v: Any) -> Any:
@@ -499,6 +518,8 @@ class ModelAccumulator:
             (:func:`guess_class_output`).
         topk: Extra K of topK figures (``top1``/``top5`` always).
         quantiles: Keep the median/p99 histograms.
+        user_metrics: The user's own metrics (:class:`mpinfer.usermetric.UserMetric`): each batch's ``inputs``
+            must then be given to :meth:`update`.
 
     Raises:
         InvalidInputError: ``class_outputs`` names an output not in ``names``.
@@ -511,6 +532,7 @@ class ModelAccumulator:
         class_outputs: Collection[str] | None = None,
         topk: Iterable[int] = (),
         quantiles: bool = True,
+        user_metrics: Sequence[Any] = (),
     ) -> None:
         if class_outputs is not None:
             check_output_names(class_outputs, names, "--class-outputs")
@@ -521,24 +543,72 @@ class ModelAccumulator:
             )
             for n in names
         }
+        self.user = {m.name: UserMetricAccumulator(m) for m in user_metrics}
 
     def update(
         self,
         baseline: Mapping[str, np.ndarray],
         candidate: Mapping[str, np.ndarray],
         labels: np.ndarray | None = None,
+        inputs: Mapping[str, Any] | None = None,
     ) -> None:
-        """Add one batch of every output; ``labels`` are the batch's class labels (one per sample), if any."""
+        """Add one batch of every output; ``labels`` are the batch's class labels (one per sample), if any.
+
+        ``inputs``: the batch's feeds, which the user metrics read (with ``_labels`` added from ``labels``).
+        """
         for name, acc in self.outputs.items():
             acc.update(baseline[name], candidate[name], labels)
+        self.update_user(baseline, candidate, inputs, labels)
+
+    def update_user(
+        self,
+        baseline: Mapping[str, np.ndarray],
+        candidate: Mapping[str, np.ndarray],
+        inputs: Mapping[str, Any] | None,
+        labels: np.ndarray | None = None,
+    ) -> None:
+        """Add one batch to the user metrics alone (the per-output figures are added elsewhere)."""
+        if not self.user:
+            return
+        if inputs is None:
+            raise ValueError("user metrics need each batch's inputs")
+        feeds = dict(inputs)
+        if labels is not None:
+            feeds["_labels"] = np.asarray(labels)
+        for acc in self.user.values():
+            acc.update(baseline, candidate, feeds)
+
+    def user_figures(self) -> dict[str, float | None]:
+        """The user metrics' figures (``NAME``, ``NAME_min``, ``NAME_max`` of each)."""
+        return {k: v for acc in self.user.values() for k, v in acc.finalize().items()}
 
     def finalize(self) -> dict[str, dict[str, float | None]]:
-        """Output name → metric → value (None where a metric does not apply to the output)."""
-        return {name: acc.finalize() for name, acc in self.outputs.items()}
+        """Output name → metric → value (None where a metric does not apply to the output).
 
-    def optimistic(self, full: ModelAccumulator) -> dict[str, dict[str, float | None]]:
-        """Per output, :meth:`OutputAccumulator.optimistic` against ``full`` (the reference on every sample)."""
-        return {name: acc.optimistic(full.outputs[name]) for name, acc in self.outputs.items()}
+        With user metrics, their figures are under :data:`USER_OUTPUT`.
+        """
+        out = {name: acc.finalize() for name, acc in self.outputs.items()}
+        if self.user:
+            out[USER_OUTPUT] = self.user_figures()
+        return out
+
+    def optimistic(
+        self, full: ModelAccumulator, targets: Mapping[str, float] | None = None
+    ) -> dict[str, dict[str, float | None]]:
+        """Per output, :meth:`OutputAccumulator.optimistic` against ``full`` (the reference on every sample).
+
+        User metrics: :meth:`UserMetricAccumulator.optimistic` towards ``targets`` (figure → the value the
+        budget would like best: :meth:`mpinfer.checks.Checks.targets`).
+        """
+        per_output = {name: acc.optimistic(full.outputs[name]) for name, acc in self.outputs.items()}
+        figures = {
+            k: v
+            for name, acc in self.user.items()
+            for k, v in acc.optimistic(full.user[name].samples, targets or {}).items()
+        }
+        if self.user:
+            per_output[USER_OUTPUT] = figures
+        return per_output
 
     @property
     def class_outputs(self) -> list[str]:

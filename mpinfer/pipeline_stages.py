@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from mpinfer.backends.ort import cuda_usable
+from mpinfer.checks import parse_checks
 from mpinfer.data.decode import PROMPTS_PREFIX
 from mpinfer.engine import BuildConfig, build_engine
 from mpinfer.engine.build import select_backend
@@ -41,6 +42,7 @@ from mpinfer.stage import (
     StagePlan,
     unknown_key_error,
 )
+from mpinfer.usermetric import check_name
 
 logger = logging.getLogger(__name__)
 
@@ -184,6 +186,8 @@ def make_config(cls: type, values: Mapping[str, Any], where: str) -> Any:
 def _resolve_value(ctx: StageContext, value: Any, inputs: list[Path]) -> Any:
     if isinstance(value, list):
         return [_resolve_value(ctx, v, inputs) for v in value]
+    if isinstance(value, Mapping):  # metrics = { NAME = "PATH.py:FUNCTION" }: each file resolved and hashed
+        return {k: _resolve_value(ctx, v, inputs) for k, v in value.items()}
     if not isinstance(value, str) or not value or "\n" in value:
         return value
     prefix = PROMPTS_PREFIX if value.startswith(PROMPTS_PREFIX) else ""  # prompts:FILE[:steps=N]: the FILE part
@@ -504,15 +508,37 @@ VALUE_PARSERS = {
 }
 
 
+def _check_metrics(stage: str, section: Mapping[str, Any]) -> tuple[str, ...]:
+    """The names of a table's ``metrics = { NAME = "PATH.py:FUNCTION" }`` (checked; the files load when it runs).
+
+    Raises:
+        InvalidInputError: ``metrics`` is not a table of strings, or a name is malformed or clashes.
+    """
+    metrics = section.get("metrics")
+    if metrics is None:
+        return ()
+    where = f"Pipeline table [{stage}] metrics"
+    if not isinstance(metrics, Mapping) or not all(isinstance(v, str) for v in metrics.values()):
+        raise InvalidInputError(format_message(where, repr(metrics), 'a table: metrics = { NAME = "PATH.py:FUNCTION" }',
+                                               "paths are relative to the pipeline.toml's folder"))
+    for metric in metrics:
+        check_name(str(metric), where)
+    return tuple(str(k) for k in metrics)
+
+
 def _checker(stage: str, module: str, name: str, loose: Mapping[str, Any] | None = None) -> Any:
     def check(section: Mapping[str, Any]) -> None:
         (cls,) = import_api(stage, module, name)
         check_table(cls, section, stage, loose=loose)
         hints = typing.get_type_hints(cls)
+        user = _check_metrics(stage, section)
         for key, value in section.items():
             parser = VALUE_PARSERS.get((stage, key))
             try:
-                if parser is not None and value:
+                if user and key in ("budget", "checks") and value:  # the check grammar with the user's figures
+                    if str(value).strip().lower() != "none":
+                        parse_checks(str(value), user)
+                elif parser is not None and value:
                     (parse,) = import_api(stage, *parser)
                     parse(value)
                 elif isinstance(value, str) and "Precision" in str(hints.get(key)):

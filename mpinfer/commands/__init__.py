@@ -48,3 +48,34 @@ def class_outputs_option(f: F) -> F:
         help="Comma-separated outputs that hold class scores (top-k applies to them alone); 'none' for none "
         "(default: guessed, see docs/compare.md).",
     )(f)
+
+
+def metric_option(f: F) -> F:
+    """``--metric NAME=FILE.py:FUNCTION`` (:mod:`mpinfer.usermetric`, repeatable), shared by convert and compare.
+
+    Its values are loaded as they are parsed; the API passes ``metrics={"NAME": callable}`` through the same type.
+    """
+    import click
+
+    from mpinfer.usermetric import as_metrics
+
+    class MetricType(click.ParamType):
+        """``NAME=FILE.py:FUNCTION``, or from the API a ``(NAME, callable)`` pair, into a loaded UserMetric."""
+
+        name = "NAME=FILE.py:FUNCTION"
+
+        def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+            return value  # loaded with its siblings in the callback (clashes between them refused there)
+
+    return click.option(  # type: ignore[no-any-return]
+        "--metric",
+        "metrics",
+        multiple=True,
+        type=MetricType(),
+        callback=lambda _ctx, _param, value: as_metrics(value),
+        metavar="NAME=FILE.py:FUNCTION",
+        help="A metric of your own (repeatable): FUNCTION(baseline, candidate, inputs) in FILE.py, called per batch "
+        "with dicts of numpy arrays (inputs holds _labels when the data has them), returns a float or one value per "
+        "sample. Its figures NAME (mean), NAME_min and NAME_max (worst sample either way) go wherever built-in "
+        "metrics go (--budget, --check, the plan, the report). See docs/compare.md.",
+    )(f)

@@ -11,7 +11,7 @@ import click
 
 from mpinfer.checks import ALIASES
 from mpinfer.claim import claim_outputs
-from mpinfer.commands import class_outputs_option, input_range_option, memory_limit_option
+from mpinfer.commands import class_outputs_option, input_range_option, memory_limit_option, metric_option
 from mpinfer.compare import CompareConfig, ComparisonResult, compare_models
 from mpinfer.fileio import check_output_path
 from mpinfer.metrics import METRIC_DOCS
@@ -56,7 +56,8 @@ def _warn_latency_options(ctx: click.Context) -> None:
     "to. Metrics: " + ", ".join(METRIC_DOCS) + ", any topK (aliases: "
     + ", ".join(f"{alias}={name}" for alias, name in ALIASES.items()) + "). Operators: >= <= > < ==. "
     "Generation figures (token_agreement ... ppl_ratio) are model-level, plain or as generate:METRIC, and need "
-    "--generate N. Definitions: docs/compare.md."
+    "--generate N. Metrics of your own (--metric NAME=FILE.py:FUNCTION) are model-level too: NAME, NAME_min, "
+    "NAME_max. Definitions: docs/compare.md."
 )
 @click.argument("baseline")
 @click.argument("candidates", nargs=-1, required=True)
@@ -73,6 +74,7 @@ def _warn_latency_options(ctx: click.Context) -> None:
     '"cosine>=0.999,nonfinite<=0"). Exit 1 when one fails.',
 )
 @class_outputs_option
+@metric_option
 @click.option("--latency", is_flag=True, help="Measure latency of the baseline and every candidate.")
 @click.option(
     "--generate",
@@ -147,6 +149,7 @@ def compare(
     data: str | None,
     checks: str | None,
     class_outputs: tuple[str, ...] | None,
+    metrics: tuple[object, ...],
     latency: bool,
     generate_tokens: int | None,
     batch_sizes: tuple[int, ...],

@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from mpinfer.checks import parse_checks
-from mpinfer.commands import class_outputs_option, input_range_option, memory_limit_option
+from mpinfer.commands import class_outputs_option, input_range_option, memory_limit_option, metric_option
 from mpinfer.data import parse_dims
 from mpinfer.modelio import MAX_OPSET
 from mpinfer.precision import ConvertConfig, convert_precision
@@ -46,6 +46,7 @@ from mpinfer.specs import Precision
     + '" (cosine_min only on outputs with more than one value per sample); "none": no budget.',
 )
 @class_outputs_option
+@metric_option
 @click.option(
     "--plan",
     "plan",
@@ -114,6 +115,7 @@ def convert(
     calibration: str | None,
     budget: str | None,
     class_outputs: tuple[str, ...] | None,
+    metrics: tuple[object, ...],
     plan: Path | None,
     keep_ops: tuple[str, ...],
     keep_nodes: tuple[str, ...],
@@ -212,7 +214,7 @@ def verification_line(plan: object) -> str | None:
     ver = plan.summary.get("verification")  # type: ignore[attr-defined]
     if not ver:
         return None
-    worst = budget_figures(ver["budget"], ver["figures"])
+    worst = budget_figures(ver["budget"], ver["figures"], list(ver.get("metrics") or {}))
     figures = ", ".join(f"{k}={v:.6g}" for k, v in worst.items())
     searched = ver.get("searched_samples")
     head = f"searched on {searched} samples, verified" if searched else "verified"

@@ -34,6 +34,7 @@ from mpinfer.modelio import data_file, iter_graphs, load_onnx
 from mpinfer.progress import progress_bar
 from mpinfer.runners import is_torch_spec, open_runner
 from mpinfer.specs import TensorSpec, is_float_dtype
+from mpinfer.usermetric import as_metrics, metric_names
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +75,8 @@ class CompareConfig:
             None = the default budget.
         generate: Decoders with a KV cache: greedily generate this many tokens for every prompt of ``data``
             with each model (:mod:`mpinfer.generation`); its figures are checkable (``token_agreement``...).
+        metrics: The user's own metrics (:mod:`mpinfer.usermetric`): ``UserMetric`` objects, ``NAME=PATH.py:FUNC``
+            strings or a mapping of name to callable or ``PATH.py:FUNC``; their figures are checkable.
     """
 
     baseline: str
@@ -99,6 +102,7 @@ class CompareConfig:
     show_progress: bool = True
     memory_limit: str | int | None = None
     generate: int | None = None
+    metrics: Any = ()
 
     def __post_init__(self) -> None:
         """Accept ``pathlib.Path`` models and data (as the README's API example passes them)."""
@@ -111,11 +115,13 @@ class CompareConfig:
         if self.class_outputs is not None:  # a TOML list, or one name
             names = (self.class_outputs,) if isinstance(self.class_outputs, str) else self.class_outputs
             object.__setattr__(self, "class_outputs", tuple(names))
+        object.__setattr__(self, "metrics", as_metrics(self.metrics))  # loaded (and clashes refused) once
 
 
 def _validate_config(cfg: CompareConfig) -> Checks:
 
-    checks = parse_checks(cfg.checks if cfg.checks and cfg.checks.strip() else DEFAULT_CHECKS)
+    checks = parse_checks(cfg.checks if cfg.checks and cfg.checks.strip() else DEFAULT_CHECKS,
+                          metric_names(cfg.metrics))
     if checks.generation and not cfg.generate:
         raise InvalidInputError(format_message(
             "--check", ", ".join(str(c) for c in checks.generation), "generation checks together with --generate N",
@@ -372,7 +378,10 @@ def _run_batches(
     out_names: Sequence[str],
     checks: Checks,
 ) -> tuple[dict[str, ModelAccumulator], list[dict[str, Any]]]:
-    accs = {c: ModelAccumulator(out_names, class_outputs=cfg.class_outputs, topk=checks.topk) for c in candidates}
+    accs = {
+        c: ModelAccumulator(out_names, class_outputs=cfg.class_outputs, topk=checks.topk, user_metrics=cfg.metrics)
+        for c in candidates
+    }
     if not baseline.is_active:
         return _run_one_at_a_time(cfg, baseline, candidates, feeds, out_names, accs)
     kept: list[dict[str, np.ndarray]] = []
@@ -391,6 +400,7 @@ def _run_batches(
             _check_batch_outputs(bout, cout, cname)
             for o in out_names:
                 accs[cname].outputs[o].update(bout[o], cout[o], lab if o in labeled else None)
+            accs[cname].update_user(bout, cout, batch, lab)
         if len(kept) < max(cfg.divergence_batches, 1):
             kept.append(batch)
     if not kept:
@@ -450,6 +460,8 @@ def _run_one_at_a_time(
                 _check_batch_outputs(bouts[index], cout, cname)
                 for o in out_names:
                     accs[cname].outputs[o].update(bouts[index][o], cout[o], labs[index] if o in labeled else None)
+                if cfg.metrics:
+                    accs[cname].update_user(bouts[index], cout, batch, labs[index])
     return accs, kept
 
 
@@ -548,6 +560,7 @@ def compare_models(config: CompareConfig) -> ComparisonResult:
         latency=latency,
         notes=notes,
         created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        user_metrics={m.name: m.record() for m in config.metrics},
     )
     if generation is not None:  # after the sessions above are closed: one model open at a time
         attach_generation(comparison, generation, checks)
@@ -617,7 +630,8 @@ def _candidate_result(
             )
         )
     result = CandidateResult(
-        name=name, path=name, runner=runner.describe(), outputs=outputs, size_bytes=model_size(name)
+        name=name, path=name, runner=runner.describe(), outputs=outputs, size_bytes=model_size(name),
+        metrics=accs.user_figures() if cfg.metrics else None,
     )
     result.evaluate(checks)
     return result

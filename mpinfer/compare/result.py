@@ -15,7 +15,7 @@ from typing import Any
 
 from mpinfer.checks import DEFAULT_CHECKS, Checks, not_applicable_reason, parse_checks
 from mpinfer.errors import InvalidInputError, format_message
-from mpinfer.metrics import with_generation
+from mpinfer.metrics import USER_OUTPUT, with_generation, with_user
 
 # Version of the report JSON layout; bump when a field changes meaning or is removed.
 SCHEMA_VERSION = 1
@@ -129,10 +129,14 @@ class CandidateResult:
     hints: list[SpeedHint] = field(default_factory=list)
     size_bytes: int | None = None
     generation: dict[str, float] | None = None  # compare --generate: the model-level generation figures
+    metrics: dict[str, float | None] | None = None  # compare --metric: the user metrics' figures (model-level)
 
     def per_output(self) -> dict[str, Any]:
-        """Output → metric → value, with the generation figures under ``generate`` (as checks read them)."""
-        return with_generation({o.name: o.values for o in self.outputs}, self.generation)
+        """Output → metric → value, with the model-level figures as checks read them.
+
+        The generation figures are under ``generate``, the user metrics' under :data:`~mpinfer.metrics.USER_OUTPUT`.
+        """
+        return with_user(with_generation({o.name: o.values for o in self.outputs}, self.generation), self.metrics)
 
     @property
     def passed(self) -> bool:
@@ -200,6 +204,8 @@ class ComparisonResult:
     latency: LatencyResult | None = None
     notes: list[str] = field(default_factory=list)
     created: str = ""
+    # compare --metric: name → {"file", "function", "sha256"} of each user metric (figures: CandidateResult.metrics)
+    user_metrics: dict[str, dict[str, Any]] = field(default_factory=dict)
     schema_version: int = SCHEMA_VERSION
 
     def __bool__(self) -> bool:
@@ -215,7 +221,7 @@ class ComparisonResult:
         Raises:
             InvalidInputError: For a malformed check, or an output selector the report does not have.
         """
-        checks = parse_checks(text if text and text.strip() else DEFAULT_CHECKS)
+        checks = parse_checks(text if text and text.strip() else DEFAULT_CHECKS, list(self.user_metrics))
         names = list(dict.fromkeys(o.name for c in self.candidates for o in c.outputs))
         checks.check_outputs(names)
         if checks.generation and not any(c.generation for c in self.candidates):
@@ -330,6 +336,7 @@ def _from_dict(d: dict[str, Any]) -> ComparisonResult:
                 size_bytes=c.get("size_bytes"),
                 hints=[SpeedHint(**h) for h in c.get("hints", [])],
                 generation=c.get("generation"),
+                metrics=c.get("metrics"),
             )
         )
     lat = d.get("latency")
@@ -343,6 +350,7 @@ def _from_dict(d: dict[str, Any]) -> ComparisonResult:
         latency=latency,
         notes=list(d.get("notes", [])),
         created=d.get("created", ""),
+        user_metrics=dict(d.get("user_metrics") or {}),
         schema_version=SCHEMA_VERSION,
     )
 
@@ -366,7 +374,7 @@ def _unjson(x: Any) -> Any:
 
 
 def _where(output: str) -> str:
-    return output if output == ALL_OUTPUTS else f"output '{output}'"
+    return output if output in (ALL_OUTPUTS, USER_OUTPUT) else f"output '{output}'"
 
 
 def _fmt(v: float | None) -> str:

@@ -5,9 +5,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from mpinfer.precision.core import PrecisionPlan
 from mpinfer.specs import Precision
+from mpinfer.usermetric import as_metrics
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,9 @@ class ConvertConfig:
         progress: Show progress bars.
         memory_limit: ``--memory-limit`` (a size or a share of the available memory; :mod:`mpinfer.memory`);
             None = the default budget.
+        metrics: The user's own metrics (``--metric``, :mod:`mpinfer.usermetric`): ``UserMetric`` objects,
+            ``NAME=PATH.py:FUNC`` strings or a mapping of name to callable or ``PATH.py:FUNC``. Their figures
+            may be budget terms, are verified with the rest and recorded in the plan with the file's sha256.
     """
 
     model: Path
@@ -80,6 +85,11 @@ class ConvertConfig:
     input_ranges: tuple[str, ...] = ()
     progress: bool = True
     memory_limit: str | int | None = None
+    metrics: Any = ()
+
+    def __post_init__(self) -> None:
+        """Load the user metrics once (a pipeline.toml table, the API's callables), refusing name clashes."""
+        object.__setattr__(self, "metrics", as_metrics(self.metrics))
 
 
 @dataclass(frozen=True)

@@ -96,6 +96,7 @@ from mpinfer.precision.rules import (
 )
 from mpinfer.precision.weights import _embed_weights, embedded_bytes
 from mpinfer.specs import Precision
+from mpinfer.usermetric import metric_names
 
 logger = logging.getLogger(__name__)
 
@@ -142,7 +143,7 @@ def _check_config(cfg: ConvertConfig, opts: Options) -> None:
             )
         )
     if opts.budget:
-        parse_checks(opts.budget)
+        parse_checks(opts.budget, metric_names(opts.metrics))
 
 
 @budgeted
@@ -380,6 +381,7 @@ def _search(
     """The budget search on the first ``--search-samples``: its outcome and the samples it searched on."""
     search_feeds, refs, tensors = search_data(opts, info.model, calibrated.feeds, calibrated.stats)
     search_cfg = SearchConfig(
+        metrics=opts.metrics,
         budget=opts.budget or "",
         precision=opts.precision,
         numerics=opts.numerics,

@@ -96,6 +96,8 @@ class Options:
         progress: Show progress bars.
         generation: The budget's generation checks, split from ``budget`` by
             :func:`mpinfer.precision.budget.genbudget.split_generation_budget` (verified by greedy decoding), or None.
+        metrics: The user's own metrics (:class:`mpinfer.usermetric.UserMetric`): measured with the budget and
+            recorded in the plan; their figures may be budget terms.
     """
 
     precision: Precision
@@ -110,17 +112,20 @@ class Options:
     class_outputs: tuple[str, ...] | None = None
     progress: bool = True
     generation: Any = None
+    metrics: tuple[Any, ...] = ()
 
 
-def check_budget(text: str) -> None:
+def check_budget(text: str, user: Sequence[str] = ()) -> None:
     """Refuse a malformed ``--budget`` (``none`` is no budget; anything else is the check grammar).
+
+    ``user``: the names of the user's own metrics (``--metric``), whose figures the budget may name.
 
     Raises:
         InvalidInputError: From :func:`mpinfer.checks.parse_checks`.
     """
     if text.strip().lower() != NO_BUDGET:
 
-        parse_checks(text)
+        parse_checks(text, user)
 
 
 def has_data(calibration: str | None) -> bool:
@@ -158,6 +163,10 @@ def resolve_options(cfg: Any, plan: Any = None) -> Options:
             budget, default = None, False
     elif budget is not None and not budget.strip():
         budget = None
+    if cfg.metrics and budget is None:
+        logger.warning("--metric %s: measured only when convert verifies (a --budget, or the default floor with "
+                       "calibration data); this run verifies nothing. Measure it with `mpinfer compare --metric`.",
+                       ", ".join(m.name for m in cfg.metrics))
     return Options(
         precision=precision,
         keep_io_types=cfg.keep_io_types if cfg.keep_io_types is not None else True,
@@ -170,6 +179,7 @@ def resolve_options(cfg: Any, plan: Any = None) -> Options:
         changed={},
         class_outputs=None if cfg.class_outputs is None else tuple(cfg.class_outputs),  # a pipeline.toml: a list
         progress=cfg.progress,
+        metrics=tuple(cfg.metrics),
     )
 
 
@@ -214,6 +224,7 @@ def _resolve_with_plan(cfg: Any, plan: Any, numerics: str, search: int) -> Optio
         keep_io = changed["keep_io_types"] = bool(cfg.keep_io_types)
     if cfg.opset is not None and cfg.opset != plan.opset:
         changed["opset"] = cfg.opset
+    _say_metric_files(plan, cfg.metrics, cfg.plan)
     return Options(
         precision=plan.precision,
         keep_io_types=keep_io,
@@ -226,6 +237,29 @@ def _resolve_with_plan(cfg: Any, plan: Any, numerics: str, search: int) -> Optio
         changed=changed,
         progress=cfg.progress,
     )
+
+
+def _say_metric_files(plan: Any, metrics: Sequence[Any], plan_path: Any) -> None:
+    """``--metric`` with ``--plan``: say whether each file is the one the plan's figures were verified with.
+
+    The plan records each user metric's file and sha256 (``summary.verification.metrics``); a plan re-applied
+    with another file (or an edited one) keeps figures that are not this file's, and a warning says so.
+    """
+    recorded = ((plan.summary or {}).get("verification") or {}).get("metrics") or {}
+    for m in metrics:
+        rec = recorded.get(m.name)
+        if rec is None:
+            logger.warning("--metric %s: plan '%s' holds no figures of a metric '%s' (verified: %s); nothing is "
+                           "measured with --plan: run `mpinfer compare --metric` to measure it.",
+                           m.name, plan_path, m.name, ", ".join(recorded) or "none")
+        elif rec.get("sha256") != m.sha256:
+            logger.warning("--metric %s: plan '%s' was verified with %s (sha256 %s), not with %s (sha256 %s): its "
+                           "'%s' figures are not this file's. Re-plan without --plan to verify this one.",
+                           m.name, plan_path, rec.get("file"), str(rec.get("sha256"))[:12], m.path,
+                           str(m.sha256)[:12], m.name)
+        else:
+            logger.info("--metric %s: the file plan '%s' was verified with (sha256 %s).", m.name, plan_path,
+                        str(m.sha256)[:12])
 
 
 def floor_for_model(opts: Options, model: Any) -> Options:

@@ -158,6 +158,7 @@ def verify_inputs(
         class_outputs=class_outputs,
         progress=opts.progress,
         generation=opts.generation,
+        metrics=opts.metrics,
     )
     rank_rows = search_rows(per_sample)
     if rank_rows is not None:

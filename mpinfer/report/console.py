@@ -91,6 +91,9 @@ def render_console(result: ComparisonResult, console: Any = None) -> None:
         labels = tables.label_rows(cand)
         if labels:
             console.print(_table("Accuracy vs labels", ["output", "baseline", "candidate", "drop"], labels))
+        mine = tables.user_metric_rows(result, cand)
+        if mine:
+            console.print(_table("Metrics of your own", tables.USER_HEADERS, mine))
         console.print(_table("Checks", ["check", "output", "value", "result"], tables.check_rows(cand)))
         for line in tables.divergence_lines(cand):
             console.print(escape(line))

@@ -118,6 +118,8 @@ def _candidate_section(result: ComparisonResult, cand: object) -> str:
             "<h3>Accuracy vs labels</h3>",
             _table(["output", "baseline", "candidate", "drop"], tables.label_rows(cand)),
         ]
+    if tables.user_metric_rows(result, cand):
+        out += ["<h3>Metrics of your own</h3>", _table(tables.USER_HEADERS, tables.user_metric_rows(result, cand))]
     out += ["<h3>Checks</h3>", _table(["check", "output", "value", "result"], tables.check_rows(cand))]
     if cand.divergence is not None:
         out.append(

@@ -37,6 +37,9 @@ def render_markdown(result: ComparisonResult) -> str:
         if tables.label_rows(cand):
             lines += ["### Accuracy vs labels", ""]
             lines += md_table(["output", "baseline", "candidate", "drop"], tables.label_rows(cand))
+        if tables.user_metric_rows(result, cand):
+            lines += ["### Metrics of your own", ""]
+            lines += md_table(tables.USER_HEADERS, tables.user_metric_rows(result, cand))
         lines += ["### Checks", ""] + md_table(
             ["check", "output", "value", "result"], tables.check_rows(cand)
         )

@@ -12,8 +12,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from mpinfer.checks import parse_checks
+from mpinfer.checks import parse_checks, user_figures
 from mpinfer.compare.result import CandidateResult, ComparisonResult
+from mpinfer.metrics import USER_OUTPUT
 from mpinfer.report.tables import fmt
 
 # Two figures of the same outputs agree when within this relative distance: both sides sum float32 outputs in
@@ -91,10 +92,14 @@ def plan_check(result: ComparisonResult, cand: CandidateResult) -> tuple[list[st
     )
     if not same:
         notes.append("Not the data or numerics the plan was verified with: its figures are not comparable here.")
-    metrics = sorted(parse_checks(ver["budget"]).metrics | {"cosine", "max_abs"}) if ver.get("budget") else []
+    user = list(ver.get("metrics") or {})
+    metrics = sorted(parse_checks(ver["budget"], user).metrics - user_figures(user) | {"cosine", "max_abs"}) if (
+        ver.get("budget")) else []
     measured = {o.name: o.values for o in cand.outputs}
     rows = []
     for out, figures in ver["figures"].items():
+        if out == USER_OUTPUT:
+            continue
         noise = _at_noise_floor(figures) and _at_noise_floor(measured.get(out))
         for metric in metrics:
             said, got = _number(figures.get(metric)), _number(measured.get(out, {}).get(metric))
@@ -102,6 +107,40 @@ def plan_check(result: ComparisonResult, cand: CandidateResult) -> tuple[list[st
                 continue
             status = ("match" if _agree(metric, said, got, noise) else "MISMATCH") if same else "other data"
             rows.append([out, metric, fmt(said), fmt(got), status])
+    user_notes, user_rows = _user_rows(result, cand, ver, same)
+    notes += user_notes
+    rows += user_rows
     if same and any(r[-1] == "MISMATCH" for r in rows):
         notes.append("MISMATCH: compare does not reproduce the plan's verified figures on the same data.")
+    return notes, rows
+
+
+def _user_rows(
+    result: ComparisonResult, cand: CandidateResult, ver: dict[str, Any], same: bool
+) -> tuple[list[str], list[list[str]]]:
+    """The plan's user-metric figures beside compare's (``--metric`` with the same file reproduces them).
+
+    A metric compare did not run, or ran from a file whose sha256 is not the plan's, is said in a note; its rows
+    are not compared.
+    """
+    notes, rows = [], []
+    measured = cand.metrics or {}
+    for name, rec in (ver.get("metrics") or {}).items():
+        given = result.user_metrics.get(name)
+        if given is None:
+            notes.append(f"The plan verified the metric '{name}' ({rec.get('file')}:{rec.get('function')}); "
+                         f"compare --metric {name}=FILE.py:FUNCTION measures it here.")
+            continue
+        other = given.get("sha256") != rec.get("sha256")
+        if other:
+            notes.append(f"The metric '{name}' compared here ({given.get('file')}, sha256 "
+                         f"{str(given.get('sha256'))[:12]}) is not the file the plan was verified with "
+                         f"({rec.get('file')}, sha256 {str(rec.get('sha256'))[:12]}): its figures are not comparable.")
+        for fig, said_v in (rec.get("figures") or {}).items():
+            said, got = _number(said_v), _number(measured.get(fig))
+            if said is None and got is None:
+                continue
+            ok = _agree(fig, said, got, False)
+            status = "other metric file" if other else ("match" if ok else "MISMATCH") if same else "other data"
+            rows.append([USER_OUTPUT, fig, fmt(said), fmt(got), status])
     return notes, rows

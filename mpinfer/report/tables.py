@@ -76,6 +76,22 @@ def label_rows(cand: CandidateResult) -> list[list[str]]:
     ]
 
 
+# Columns of the user metrics' table (compare --metric).
+USER_HEADERS = ["metric", "mean", "min", "max", "function", "sha256"]
+
+
+def user_metric_rows(result: ComparisonResult, cand: CandidateResult) -> list[list[str]]:
+    """One row per user metric (``--metric``): its figures, where it came from and its file's sha256 (12 chars)."""
+    figures = cand.metrics or {}
+    rows = []
+    for name, rec in result.user_metrics.items():
+        where = f"{rec.get('file') or '(no file)'}:{rec.get('function')}"
+        sha = str(rec.get("sha256") or "")[:12] or "n/a"
+        values = [fmt(figures.get(k)) for k in (name, f"{name}_min", f"{name}_max")]
+        rows.append([name, *values, where, sha])
+    return rows
+
+
 def check_rows(cand: CandidateResult) -> list[list[str]]:
     """One row per applicable check: check, output, value (or why it is not computable), PASS/FAIL."""
     rows = []

@@ -28,6 +28,7 @@ from mpinfer.generation import Decoder, measure_candidate
 from mpinfer.metrics import GENERATION_OUTPUT
 from mpinfer.precision.numerics import evaluator_class
 from mpinfer.specs import specs_from_onnx
+from mpinfer.usermetric import metric_names
 
 logger = logging.getLogger(__name__)
 
@@ -84,7 +85,7 @@ def split_generation_budget(data: Any, opts: Any, model: Any) -> Any:
     """
     if not opts.budget:
         return opts
-    checks = parse_checks(opts.budget)
+    checks = parse_checks(opts.budget, metric_names(opts.metrics))
     gen = checks.generation
     if not gen:
         return opts

@@ -18,7 +18,7 @@ import numpy as np
 
 from mpinfer.data.samples import BatchSlicer, fingerprint_digest, fingerprint_update
 from mpinfer.errors import AccuracyMismatchError, format_message
-from mpinfer.metrics import json_number
+from mpinfer.metrics import USER_OUTPUT, json_number
 from mpinfer.precision.budget.groups import build_groups, group_errors
 from mpinfer.precision.budget.noisefloor import floor_from_noise
 from mpinfer.precision.budget.verify import Verification, VerifySettings, reference_sums, verify_model
@@ -270,4 +270,14 @@ def verification_record(ver: Verification, settings: VerifySettings, repaired: R
         "wall_s": repaired.wall_s,
         **({"generation": settings.generation.describe()} if settings.generation is not None else {}),
         **({"noise": repaired.noise} if repaired.noise is not None else {}),
+        **({"metrics": _metric_records(ver, settings)} if settings.metrics else {}),
+    }
+
+
+def _metric_records(ver: Verification, settings: VerifySettings) -> dict[str, Any]:
+    """The plan's ``summary.verification.metrics``: each user metric's file, function, sha256 and verified figures."""
+    figures = ver.figures.get(USER_OUTPUT, {})
+    return {
+        m.name: {**m.record(), "figures": {k: json_number(figures.get(k)) for k in m.figures}}
+        for m in settings.metrics
     }

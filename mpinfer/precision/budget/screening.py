@@ -53,6 +53,7 @@ class SearchConfig:
     # a sample's outputs depend on its group, so the search never runs a subset of the samples (no screening on the
     # hardest, no probe of them), only the batches as they are.
     samples_independent: bool = True
+    metrics: tuple[Any, ...] = ()  # the user's own metrics (mpinfer.usermetric.UserMetric): budget terms too
 
 
 class _Verifier:
@@ -127,7 +128,7 @@ class _Verifier:
             n = _batch_rows(batch)
             labels = None if self.labels is None else self.labels[offset : offset + n]
             offset += n
-            acc.update(ref, out, labels if labels is not None and len(labels) == n else None)
+            acc.update(ref, out, labels if labels is not None and len(labels) == n else None, inputs=batch)
         return acc
 
     def accumulator(self) -> ModelAccumulator:
@@ -137,6 +138,7 @@ class _Verifier:
             class_outputs=self.class_outputs,
             topk=self.budget.topk,
             quantiles=bool(self.budget.metrics & QUANTILE_METRICS),
+            user_metrics=self.cfg.metrics,
         )
 
     def float_names(self) -> list[str]:
@@ -227,9 +229,9 @@ class _Verifier:
         labels = None
         if self.labels is not None and int(rows.max()) < len(self.labels):
             labels = np.asarray(self.labels)[rows]
-        sub.update({n: joined_ref[n][rows] for n in names}, got, labels)
+        sub.update({n: joined_ref[n][rows] for n in names}, got, labels, inputs={k: v[rows] for k, v in feeds.items()})
         assert self.fp32_acc is not None  # set by _reference
-        bound = sub.optimistic(self.fp32_acc)
+        bound = sub.optimistic(self.fp32_acc, self.budget.targets())
         if self.budget.met(bound):
             return None
         self.screened += 1

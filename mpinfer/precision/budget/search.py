@@ -43,6 +43,7 @@ from mpinfer.precision.numerics import strict as evaluators
 from mpinfer.precision.rules import Decision
 from mpinfer.progress import progress_bar
 from mpinfer.specs import Precision
+from mpinfer.usermetric import metric_names
 
 logger = logging.getLogger(__name__)
 
@@ -109,10 +110,15 @@ def _take_batches(feeds: Any, count: int) -> list[dict[str, np.ndarray]]:
     return out
 
 
-def _labels_for(feeds: Any, batches: list[dict[str, np.ndarray]], budget: Checks) -> np.ndarray | None:
+def _labels_for(
+    feeds: Any, batches: list[dict[str, np.ndarray]], budget: Checks, user: bool = False
+) -> np.ndarray | None:
+    """The search samples' labels: needed by label metrics, given to user metrics where the data has them."""
+    labels = getattr(feeds, "labels", None)
+    if user and not budget.needs_labels:
+        return None if labels is None else np.asarray(labels)[: sum(_batch_rows(b) for b in batches)]
     if not budget.needs_labels:
         return None
-    labels = getattr(feeds, "labels", None)
     if labels is None:
         raise InvalidInputError(
             format_message(
@@ -248,9 +254,9 @@ def _reference(
         AccuracyMismatchError: The budget fails even with every node in FP32.
         InvalidInputError: Strict numerics on a model with ops the emulator cannot run.
     """
-    budget = parse_checks(cfg.budget)
+    budget = parse_checks(cfg.budget, metric_names(cfg.metrics))
     batches = _take_batches(feeds, max(cfg.batches, 1))
-    labels = _labels_for(feeds, batches, budget)
+    labels = _labels_for(feeds, batches, budget, bool(cfg.metrics))
     evaluator = evaluator_class(cfg.numerics)(
         model,
         info,

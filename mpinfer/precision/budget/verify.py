@@ -34,6 +34,7 @@ from mpinfer.precision.core import float_outputs
 from mpinfer.precision.numerics import evaluator_class
 from mpinfer.progress import progress_bar
 from mpinfer.specs import Precision, specs_from_onnx
+from mpinfer.usermetric import metric_names
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +56,12 @@ class VerifySettings:
     run_rows: int = 0
     progress: bool = True
     generation: Any = None  # the budget's generation checks (mpinfer.precision.budget.genbudget.GenerationBudget)
+    metrics: tuple[Any, ...] = ()  # the user's own metrics (mpinfer.usermetric.UserMetric): measured, recorded
+
+    @property
+    def user(self) -> tuple[str, ...]:
+        """The user metrics' names (the budget may name their figures)."""
+        return metric_names(self.metrics)
 
 
 @dataclass
@@ -96,12 +103,20 @@ class Verification:
 # -- the metrics (the one place verification computes them: the metrics core) ------------------------------------
 def _accumulator(names: Sequence[str], settings: VerifySettings) -> Any:
     """An empty :class:`mpinfer.metrics.ModelAccumulator` set up as ``mpinfer compare`` sets up its own."""
-    return ModelAccumulator(names, class_outputs=settings.class_outputs, topk=parse_checks(settings.budget).topk)
+    return ModelAccumulator(names, class_outputs=settings.class_outputs,
+                            topk=parse_checks(settings.budget, settings.user).topk, user_metrics=settings.metrics)
 
 
-def budget_failures(budget_text: str, figures: Mapping[str, Mapping[str, float | None]]) -> list[str]:
-    """The budget checks ``figures`` break (``"max_abs<=0.001 on 'y' (got 0.0074)"``)."""
-    return parse_checks(budget_text).failures(figures)
+def budget_failures(
+    budget_text: str, figures: Mapping[str, Mapping[str, float | None]], user: Sequence[str] = ()
+) -> list[str]:
+    """The budget checks ``figures`` break (``"max_abs<=0.001 on 'y' (got 0.0074)"``); ``user``: metric names."""
+    return parse_checks(budget_text, user).failures(figures)
+
+
+def _optimistic(figures: Any, bound: Any, settings: VerifySettings) -> Any:
+    """``figures``' bounds on the whole set (user figures towards what the budget's operators ask for)."""
+    return figures.optimistic(bound, parse_checks(settings.budget, settings.user).targets())
 
 
 def _runs(
@@ -248,10 +263,12 @@ def verify_model(
             fingerprint_update(hashers, batch)
             ref = kept if kept is not None else ref_run(batch)
             cand = given if given is not None else run(batch)
-            figures.update(ref, cand, _batch_labels(labels, tally.samples, rows))
+            figures.update(ref, cand, _batch_labels(labels, tally.samples, rows), inputs=batch)
             tally.add(batch, rows, _batch_error(ref, cand, floats))
             bar.advance(task)
-            if bound is not None and (early := budget_failures(settings.budget, figures.optimistic(bound))):
+            if bound is not None and (
+                early := budget_failures(settings.budget, _optimistic(figures, bound, settings), settings.user)
+            ):
                 break
     figs = figures.finalize()
     return _with_generation(candidate, settings, Verification(
@@ -260,7 +277,7 @@ def verify_model(
         batches=tally.batches,
         numerics=settings.numerics,
         fingerprint=fingerprint_digest(hashers),
-        failures=early or budget_failures(settings.budget, figs),
+        failures=early or budget_failures(settings.budget, figs, settings.user),
         worst_batch=tally.worst_batch,
         wall_s=round(time.perf_counter() - start, 3),
         complete=not early,
@@ -277,10 +294,12 @@ def _probe(
     bound: Any,
 ) -> Verification | None:
     """``batch`` alone through the candidate: a failed Verification when it proves the budget fails, else None."""
+    if settings.metrics:  # (the batch's labels are not kept with it, and a user metric may read them)
+        return None
     ref, cand = ref_run(batch), run(batch)
     acc = _accumulator(list(ref), settings)
     acc.update(ref, cand, None)
-    failures = budget_failures(settings.budget, acc.optimistic(bound))
+    failures = budget_failures(settings.budget, _optimistic(acc, bound, settings), settings.user)
     if not failures:
         return None
     return Verification(figures=acc.finalize(), samples=BatchSlicer(reference).rows(batch), batches=1,
@@ -306,7 +325,7 @@ def reference_sums(
     full, labels, seen = _accumulator(names, settings), getattr(feeds, "labels", None), 0
     for batch, rows, kept, _ in _runs(feeds, reference, settings, known_reference, names):
         ref = kept if kept is not None else ref_run(batch)
-        full.update(ref, ref, _batch_labels(labels, seen, rows))
+        full.update(ref, ref, _batch_labels(labels, seen, rows), inputs=batch)
         seen += rows
     return full
 
@@ -413,9 +432,11 @@ def _batch_error(ref: Mapping[str, np.ndarray], cand: Mapping[str, np.ndarray], 
 _ERROR_CHUNK = 1 << 18
 
 
-def budget_figures(budget_text: str, figures: Mapping[str, Mapping[str, float | None]]) -> dict[str, float]:
-    """The budget's metrics, worst over the outputs (for the console line)."""
+def budget_figures(
+    budget_text: str, figures: Mapping[str, Mapping[str, float | None]], user: Sequence[str] = ()
+) -> dict[str, float]:
+    """The budget's metrics, worst over the outputs (for the console line); ``user``: the user metrics' names."""
     worst = worst_values(figures)
-    return {m: worst[m] for m in sorted(parse_checks(budget_text).metrics) if m in worst}
+    return {m: worst[m] for m in sorted(parse_checks(budget_text, user).metrics) if m in worst}
 
 
