@@ -4,7 +4,9 @@ Every float case (``onnx.backend.test.case.node.collect_testcases()``: models wi
 FP16/BF16, that ONNX Runtime runs in FP32 and the checker accepts) is converted twice, in-process through the
 CLI's ``main`` (click's ``CliRunner``), one case after another (no worker processes):
 
-* ``none``: ``mpinfer convert model.onnx -o out.onnx`` with no data (mpinfer's own seeded random data);
+* ``none``: ``mpinfer convert model.onnx -o out.onnx`` with no data (mpinfer's own seeded random data, the
+  default floor verified on it; random data the case rejects, or that gives no output a value, is ``refused``
+  with what to pass: issue 35);
 * ``own``: ``--calibration case.npz`` holding the case's own inputs, one array per input, as the case feeds them.
 
 Each run is one of:

@@ -12,7 +12,7 @@ from mpinfer.data import parse_dims
 from mpinfer.modelio import MAX_OPSET
 from mpinfer.precision import ConvertConfig, convert_precision
 from mpinfer.precision.budget import budget_figures
-from mpinfer.precision.options import DEFAULT_BUDGET, DEFAULT_SEARCH_SAMPLES, NUMERICS
+from mpinfer.precision.options import DEFAULT_BUDGET, DEFAULT_SEARCH_SAMPLES, NUMERICS, RANDOM_INPUTS
 from mpinfer.specs import Precision
 
 
@@ -41,7 +41,8 @@ from mpinfer.specs import Precision
     "--budget",
     help='Accuracy budget, e.g. "cosine>=0.9999,top1>=0.999,max_abs<=1e-2" or "logits:top1>=0.99,boxes:max_abs<=0.5" '
     "(the check grammar of `mpinfer compare --check`; metrics defined in docs/compare.md), verified on every "
-    "calibration sample before anything is written. Default with calibration data: the floor \"" + DEFAULT_BUDGET
+    "calibration sample before anything is written. Default with any data (yours, or the random default): the "
+    "floor \"" + DEFAULT_BUDGET
     + '" (cosine_min only on outputs with more than one value per sample); "none": no budget.',
 )
 @class_outputs_option
@@ -194,6 +195,13 @@ def _print_summary(result: object, plan_in: Path | None = None) -> None:
     line = verification_line(plan)
     if line:
         console.print(line)
+    if s.get("not_measured"):
+        console.print(f"accuracy: {s['not_measured']}")
+    if s.get("unmeasured_outputs"):
+        console.print(f"unmeasured: output(s) {', '.join(repr(n) for n in s['unmeasured_outputs'])} had no values on "
+                      "the data (empty or all 0): their error is not measured")
+    if s.get("low_gain"):
+        console.print(s["low_gain"])
     written = result.plan_path  # type: ignore[attr-defined]
     if plan_in is not None and Path(plan_in).resolve() == Path(written).resolve():
         console.print(f"wrote {result.output} (plan {written}: applied as it is, not rewritten)")  # type: ignore[attr-defined]
@@ -210,6 +218,9 @@ def verification_line(plan: object) -> str | None:
     figures = ", ".join(f"{k}={v:.6g}" for k, v in worst.items())
     searched = ver.get("searched_samples")
     head = f"searched on {searched} samples, verified" if searched else "verified"
+    samples, random = f"{ver['samples']} samples", ver.get("data") == "random"
+    if random:  # the default convert without data: judged on random inputs, not the user's
+        samples += f" of {RANDOM_INPUTS}"
     budget = f"the default floor {ver['budget']} (--budget none to skip it)" if ver.get("default_budget") else (
         f"budget {ver['budget']}"
     )
@@ -225,4 +236,6 @@ def verification_line(plan: object) -> str | None:
     if noise and noise["budget"] != ver["budget"]:  # the floor judged from the all-FP32 candidate's own noise
         budget += f", judged from the noise of the all-FP32 model under {ver['numerics']} numerics ({noise['budget']})"
     verdict = "met" if ver.get("passed", True) else "NOT verifiable (see the warning above)"
-    return f"{head} on {ver['samples']} samples ({ver['numerics']} numerics): {figures} — {budget} {verdict}{moved}"
+    line = f"{head} on {samples} ({ver['numerics']} numerics): {figures} — {budget} {verdict}{moved}"
+    return line + (". Judged on random inputs, not your data: pass --calibration FILE to verify on real inputs."
+                   if random else "")

@@ -54,9 +54,19 @@ from mpinfer.precision.graph import (
     low_io_types,
     sort_nodes,
 )
-from mpinfer.precision.notices import _warn_broken, _warn_foreign, _warn_opset_blocked, fp64_nodes
+from mpinfer.precision.notices import (
+    _warn_broken,
+    _warn_foreign,
+    _warn_opset_blocked,
+    fp64_nodes,
+    note_measures,
+    unmeasured_outputs,
+)
 from mpinfer.precision.numerics import evaluator_class
 from mpinfer.precision.options import (
+    NO_CALIBRATION,
+    NOT_MEASURED,
+    RANDOM_INPUTS,
     Options,
     floor_for_classes,
     floor_for_model,
@@ -316,6 +326,8 @@ class _Planned:
     search_cost: dict[str, Any] | None = None
     verified: tuple | None = None
     verify: VerifyInputs | None = None
+    unmeasured: list[str] = field(default_factory=list)  # float outputs with no values on the data
+    not_measured: str | None = None  # why nothing was measured (``--calibration none``)
 
 
 def _make_plan(
@@ -332,6 +344,9 @@ def _make_plan(
     decisions, nodes = rule_plan(info, opts.precision, rules, keep_io_types=opts.keep_io_types, stats=stats)
     _warn_foreign(nodes)
     made = _Planned(_new_plan(data.model, sha, opts, calibrated.description))
+    made.unmeasured = unmeasured_outputs(info.model, stats, own_data=data.own_data, source=data.source)
+    if data.source == NO_CALIBRATION:
+        made.not_measured = NOT_MEASURED
     if opts.budget and calibrated.feeds is not None:
         outcome, searched = _search(opts, info, decisions, nodes, calibrated)
         nodes = outcome.nodes
@@ -374,6 +389,7 @@ def _search(
         keep_io_types=opts.keep_io_types,
         batches=len(search_feeds) if isinstance(search_feeds, SearchRows) else MANY,
         progress=opts.progress,
+        samples_independent=calibrated.stats is None or calibrated.stats.row_multiple == 1,
     )
     try:
         outcome = search_plan(
@@ -383,9 +399,10 @@ def _search(
     except AccuracyMismatchError as err:
         if not opts.default_budget:
             raise
+        random = calibrated.stats is not None and calibrated.stats.is_random
         raise AccuracyMismatchError(
-            f"{err} (No --budget was given: '{opts.budget}' is the default floor on the calibration data; "
-            "pass --budget none to skip it.)"
+            f"{err} (No --budget was given: '{opts.budget}' is the default floor on "
+            f"{RANDOM_INPUTS if random else 'the calibration data'}; pass --budget none to skip it.)"
         ) from err
     return outcome, search_feeds
 
@@ -498,6 +515,7 @@ def _verify(
     )
     record = verification_record(repaired.verification, inputs.settings, repaired)
     record["wall_s"] = round(time.perf_counter() - start, 3)  # every pass and the repairs' ranking
+    record["data"] = (made.plan.calibration or {}).get("kind")  # "random": judged on mpinfer's own random inputs
     if made.search_cost is not None:
         record["searched_samples"] = made.search_cost.get("samples")
     if repaired.rounds:  # the search's figures were for the candidate the verification rejected
@@ -521,6 +539,7 @@ def _summarize(
     if verification is not None:
         plan.summary["verification"] = verification
     plan.opset = info.opsets.get("") or None  # what the plan was made for (and is applied at)
+    note_measures(plan.summary, plan.nodes, info, precision, made.unmeasured, made.not_measured)
     _warn_opset_blocked(plan.nodes, info, precision)
     double = fp64_nodes(info)
     if double:

@@ -4,8 +4,9 @@
 ``--numerics``, ``--budget``, ``--search-samples``, ``--verify-samples``) are None when not given, so an
 explicit value can be told from a default. :func:`resolve_options` is the one place they become values:
 
-* planning: the defaults below, and with real calibration data and no ``--budget`` the default floor
-  (:data:`DEFAULT_BUDGET`); ``--budget none`` opts out;
+* planning: the defaults below, and with any calibration data (the user's, or mpinfer's own seeded random data)
+  and no ``--budget`` the default floor (:data:`DEFAULT_BUDGET`); ``--budget none`` opts out, ``--calibration
+  none`` plans by the rules alone (nothing measured);
 * re-applying a plan (``--plan``): the plan's precision, ``keep_io_types`` and opset, unless given. An
   explicit ``--keep-io-types``/``--no-keep-io-types`` or ``--opset`` that differs from the plan's is applied
   and the plan written with the output says so; ``--precision`` that differs is refused (the plan's node
@@ -57,8 +58,9 @@ FLOOR_OUTPUTS = f"{FLOOR_RANGE},{FLOOR_NONFINITE}"
 # The default floor's term on the class-score outputs the user names (--class-outputs), in place of range_err: at
 # most 1% of the class decisions (argmax per row) change; the decision is what a class-score output is read for.
 FLOOR_TOP1 = "top1>=0.99"
-# The budget convert applies with calibration data and no --budget (docs/convert.md, "The default floor"), on a
-# model whose outputs all hold more than one value per sample (floor_budget fits it to the model's outputs).
+# The budget convert applies with calibration data (the user's, or its own random data) and no --budget
+# (docs/convert.md, "The default floor"), on a model whose outputs all hold more than one value per sample
+# (floor_budget fits it to the model's outputs).
 DEFAULT_BUDGET = f"{FLOOR_COSINE},{FLOOR_OUTPUTS}"
 # ``--budget none``: no budget at all, not even the default floor.
 NO_BUDGET = "none"
@@ -66,6 +68,13 @@ NO_BUDGET = "none"
 NUMERICS = tuple(EVALUATORS)
 # Calibration source meaning "no data at all": rules only, no range statistics, no search.
 NO_CALIBRATION = "none"
+# What a plan of ``--calibration none`` says in its summary (``not_measured``) and on the console.
+NOT_MEASURED = (
+    "nothing was measured: --calibration none plans by the rules alone (no range statistics, no search, no "
+    "verification); measure the written model with `mpinfer compare`, or convert with data to have it verified"
+)
+# What the floor was judged on without --calibration (the console and the errors say so).
+RANDOM_INPUTS = "mpinfer's own random inputs"
 
 
 @dataclass(frozen=True)
@@ -119,12 +128,9 @@ def check_budget(text: str, user: Sequence[str] = ()) -> None:
         parse_checks(text, user)
 
 
-def has_real_data(calibration: str | None) -> bool:
-    """True for user data (a file or folder), not generated random data and not ``none``."""
-    if calibration is None:
-        return False
-    text = calibration.strip().lower()
-    return text != NO_CALIBRATION and text != "random" and not text.startswith("random:")
+def has_data(calibration: str | None) -> bool:
+    """True when convert has data to judge a plan by: the user's, or its own seeded random data (not ``none``)."""
+    return calibration is None or calibration.strip().lower() != NO_CALIBRATION
 
 
 def resolve_options(cfg: Any, plan: Any = None) -> Options:
@@ -146,7 +152,7 @@ def resolve_options(cfg: Any, plan: Any = None) -> Options:
     budget, default = cfg.budget, False
     if budget is not None and budget.strip().lower() == NO_BUDGET:
         budget = None
-    elif budget is None and has_real_data(cfg.calibration):
+    elif budget is None and has_data(cfg.calibration):
         budget, default = DEFAULT_BUDGET, True
         if precision is Precision.BF16 and not evaluator_class(numerics).supports_bf16:
             logger.warning(

@@ -143,6 +143,9 @@ def verify_inputs(
     if data.generated and calibrated_samples:
         limit = min(limit or calibrated_samples, calibrated_samples)  # generated data: the samples calibration read
     stats = calibrated.stats
+    multiple = stats.row_multiple if stats is not None else 1
+    if limit is not None:
+        limit = round_rows(limit, multiple, up=True)  # the samples asked for, in the groups the model takes
     per_sample = stats.sample_bytes if stats is not None else None
     settings = VerifySettings(
         run_rows=max(1, min(RUN_ROWS, current_budget().verify_run // per_sample)) if per_sample else RUN_ROWS,
@@ -158,6 +161,8 @@ def verify_inputs(
         metrics=opts.metrics,
     )
     rank_rows = search_rows(per_sample)
+    if rank_rows is not None:
+        rank_rows = round_rows(rank_rows, multiple)
     known = stats.reference_outputs if stats is not None else None
     return VerifyInputs(settings, decisions, calibrated.feeds, known, rank_rows)
 
@@ -168,6 +173,17 @@ def search_rows(per_sample: int | None) -> int | None:
     The budget search keeps that many; a repair round of the final verification ranks groups on as many.
     """
     return max(1, current_budget().search // per_sample) if per_sample else None
+
+
+def round_rows(rows: int, multiple: int, *, up: bool = False) -> int:
+    """``rows`` as a multiple of ``multiple``: the nearest below (``up``: above), at least one ``multiple``.
+
+    ``multiple``: the sample counts the model takes (:attr:`CalibrationStats.row_multiple`).
+    """
+    if multiple <= 1:
+        return rows
+    groups = -(-rows // multiple) if up else rows // multiple
+    return max(1, groups) * multiple
 
 
 def count_rows(model: Any, batches: Any) -> int:
@@ -202,8 +218,12 @@ def search_data(
     """
     refs, tensors = getattr(stats, "reference_outputs", None), getattr(stats, "reference_tensors", None)
     per_sample = getattr(stats, "sample_bytes", None)
+    multiple = getattr(stats, "row_multiple", 1)  # every cut a multiple of the rows the model takes at a time
     cap = search_rows(per_sample)
-    want = opts.search_samples if cap is None else min(opts.search_samples, cap)
+    if cap is not None:
+        cap = round_rows(cap, multiple)
+    want = round_rows(opts.search_samples, multiple, up=True)
+    want = want if cap is None else min(want, cap)
     slicer = BatchSlicer(model)
     chosen: list[dict[str, Any]] = []
     taken, cut = 0, None
@@ -213,7 +233,7 @@ def search_data(
         rows = slicer.rows(batch)
         stop = rows if taken + rows <= want else want - taken
         if whole_batch:
-            stop = rows if cap is None else max(1, min(rows, cap - taken))
+            stop = rows if cap is None else max(multiple, min(rows, cap - taken))
         if stop < rows:
             batch, cut = slicer.slice(batch, 0, stop), (len(chosen), rows, stop)
             rows = stop
@@ -278,7 +298,7 @@ def calibrate_for_plan(
         return Calibrated()
     why = check_data_fits(model, user_data=not data.own_data)
     if why is not None:
-        return _rules_only(opts, why, "pass --calibration none to plan by rules only without this warning")
+        raise _no_random_data(data, why, "--calibration none plans by the rules alone (nothing measured)")
     feeds = _load_feeds(data, model)
     info = {"source": feeds.description, "kind": feeds.kind, "samples": int(feeds.num_samples)}
     try:
@@ -287,7 +307,7 @@ def calibrate_for_plan(
         logger.warning("Calibration skipped (range rules off): %s", err)
         return Calibrated(None, feeds, info)
     except (InternalError, InvalidInputError) as err:
-        return _calibration_failed(data, opts, err, feeds, specs_from_onnx(model))
+        return _calibration_failed(data, err, feeds, specs_from_onnx(model))
     info["samples"] = int(stats.source.get("samples", info["samples"]))
     return Calibrated(stats, feeds, info)
 
@@ -319,19 +339,17 @@ def _reference_run(
     )
 
 
-def _calibration_failed(
-    data: CalibrationSettings, opts: Options, err: Exception, feeds: Any, specs: Any
-) -> Calibrated:
+def _calibration_failed(data: CalibrationSettings, err: Exception, feeds: Any, specs: Any) -> Calibrated:
     """Calibration could not run the model on its data.
 
-    mpinfer's own random data (the user gave none): plan by rules only, with a warning naming the node and what
-    to pass. The user's data: a user error naming it (ONNX Runtime's refusal), or the error as it is.
+    mpinfer's own random data (the user gave none): a user error naming the node and what to pass (the sizes,
+    value ranges or data it needs); convert never falls back to an unmeasured plan on its own. The user's data: a
+    user error naming it (ONNX Runtime's refusal), or the error as it is.
     """
     if feeds.is_random and data.own_data:
-        why = (f"ONNX Runtime rejects mpinfer's own random data at {err.where} ({err.reason[:200]})"
-               if isinstance(err, FeedsRejectedError) else f"mpinfer's own random data cannot be run ({err})")
-        hint = random_data_hint(specs, getattr(feeds, "guessed_dims", ()))
-        return _rules_only(opts, why, "pass --calibration with real inputs" + (f", {hint}" if hint else ""))
+        why = (f"ONNX Runtime rejects it at {err.where} ({err.reason[:200]})"
+               if isinstance(err, FeedsRejectedError) else f"it cannot be run ({err})")
+        raise _no_random_data(data, why, random_data_hint(specs, getattr(feeds, "guessed_dims", ()))) from err
     if isinstance(err, FeedsRejectedError):  # the user's data: name it
         raise InvalidInputError(
             format_message(
@@ -344,25 +362,38 @@ def _calibration_failed(
     raise err
 
 
-def _rules_only(opts: Options, why: str, advice: str) -> Calibrated:
-    """No calibration after all: plan by rules only, with a warning (a budget needs data: refused)."""
-    if opts.budget:
-        raise InvalidInputError(format_message("--budget", f"no usable calibration data: {why}",
-                                               "data the model accepts", advice))
-    logger.warning("Calibration skipped: %s. Planning by rules only (no range statistics, no measured error). "
-                   "Hint: %s.", why, advice)
-    return Calibrated()
+def _no_random_data(data: CalibrationSettings, why: str, hint: str) -> InvalidInputError:
+    """The error for mpinfer's own random data that cannot judge a plan: what it needs instead (never rules only)."""
+    given = "no --calibration given" if data.source is None else f"--calibration {data.source}"
+    return InvalidInputError(
+        format_message(
+            f"mpinfer's own random data ({given})",
+            why,
+            "data the model runs on, to verify the plan against the default floor",
+            hint or "pass --calibration FILE with real inputs, or --calibration none to plan by the rules alone "
+            "(nothing measured)",
+        )
+    )
 
 
 def random_data_hint(specs: Any, guessed: Any) -> str:
-    """What shapes mpinfer's random data: ``--dim`` for guessed sizes, ``--input-range`` for integer inputs."""
+    """What to pass instead of mpinfer's random data the model cannot run.
+
+    ``--dim`` for the sizes it guessed, ``--input-range`` for integer inputs, or real data (``--calibration FILE``);
+    ``--calibration none`` for the rules alone.
+    """
     parts = []
     if guessed:
-        parts.append(f"or --dim NAME=N for the sizes it guessed ({', '.join(guessed)} set to {DEFAULT_DIM_SIZE})")
+        first = str(guessed[0]).split("'")[1]
+        parts.append(f"pass --dim NAME=N for each size it guessed (e.g. --dim {first}=N; {', '.join(guessed)} set to "
+                     f"{DEFAULT_DIM_SIZE})")
     ints = [s.name for s in specs if s.dtype.kind in "iu"]
     if ints:
-        parts.append(f"or --input-range NAME=LO..HI for integer input(s) {', '.join(ints[:5])}")
-    return ", ".join(parts)
+        parts.append(f"--input-range NAME=LO..HI for integer input(s) {', '.join(ints[:5])}")
+    parts.append("--calibration FILE with real inputs")
+    if len(parts) == 1:
+        parts[0] = "pass " + parts[0]
+    return ", or ".join(parts) + "; --calibration none plans by the rules alone (nothing measured)"
 
 
 def _load_feeds(data: CalibrationSettings, model: Any) -> Any:
@@ -380,8 +411,9 @@ def _load_feeds(data: CalibrationSettings, model: Any) -> Any:
     )
     if feeds.is_random:
         logger.warning(
-            "%s: using %s from the input specs. Range rules and the budget search then reflect random "
-            "inputs, not your data; pass real data (an .npz of inputs) as calibration.",
+            "%s: using %s from the input specs. Range rules, the budget search and the default floor's "
+            "verification then reflect random inputs, not your data; pass real data (an .npz of inputs) as "
+            "calibration.",
             "No calibration data" if data.source is None else "Random calibration data",
             feeds.description,
         )

@@ -6,7 +6,6 @@ Through ``mpinfer convert`` (the CLI), on tiny graphs built here.
 from __future__ import annotations
 
 import json
-import re
 
 import numpy as np
 import onnx
@@ -69,15 +68,17 @@ def _expand() -> onnx.ModelProto:
     return make(nodes, [fvi("x", [3, 4]), fvi("shape", [2], TensorProto.INT64)], [fvi("y", ["r", "c"])])
 
 
-def test_own_random_data_rejected_plans_by_rules_with_a_warning(invoke, tmp_path, caplog):
+def test_own_random_data_rejected_stops_convert_naming_what_it_needs(invoke, tmp_path):
+    # issue 35: no fallback to an unmeasured rules-only plan on convert's own: it stops, naming what to pass
     src = save(_expand(), tmp_path / "m.onnx")
-    with caplog.at_level("WARNING", logger="mpinfer"):
-        r = invoke("convert", src, "-o", tmp_path / "o.onnx")
-    assert r.exit_code == 0, r.output
-    assert re.search(r"Calibration skipped: ONNX Runtime rejects mpinfer's own random data at node 'expand' "
-                     r"\(Expand\).*rules only.*--calibration.*--input-range NAME=LO\.\.HI for integer input\(s\) "
-                     r"shape", caplog.text)
-    assert "--dim" not in caplog.text.split("Calibration skipped")[1]  # no dim was guessed: not the cause
+    r = invoke("convert", src, "-o", tmp_path / "o.onnx")
+    assert_user_error(r, r"mpinfer's own random data \(no --calibration given\): received ONNX Runtime rejects it at "
+                         r"node 'expand' \(Expand\).*--input-range NAME=LO\.\.HI for integer input\(s\) shape.*"
+                         r"--calibration FILE.*--calibration none plans by the rules alone")
+    assert "--dim" not in r.output  # no dim was guessed: not the cause
+    assert not (tmp_path / "o.onnx").exists()
+    # rules only is the user's explicit choice
+    assert invoke("convert", src, "--calibration", "none", "-o", tmp_path / "o.onnx").exit_code == 0
     onnx.checker.check_model(onnx.load(str(tmp_path / "o.onnx")))
     # the user's own data, rejected: a user error naming their data, nothing written
     np.savez(tmp_path / "bad.npz", x=np.ones((3, 4), np.float32), shape=np.array([5, 5], np.int64))
@@ -117,10 +118,9 @@ def test_sequence_values_are_planned_around(invoke, tmp_path, caplog):
         kept = {n["name"]: n["precision"] for n in plan["nodes"]}
         assert kept["split"] == "fp32" and kept["at"] == "fp32"  # sequence ops keep their types
     src = save(_sequence_input(), tmp_path / "s.onnx")
-    with caplog.at_level("WARNING", logger="mpinfer"):
-        r = invoke("convert", src, "-o", tmp_path / "s.fp16.onnx")
-    assert r.exit_code == 0, r.output
-    assert "input(s) 's' (seq(tensor(float))) are not tensors" in caplog.text and "rules only" in caplog.text
+    r = invoke("convert", src, "-o", tmp_path / "s.fp16.onnx")  # random data cannot feed a sequence: stops
+    assert_user_error(r, r"input\(s\) 's' \(seq\(tensor\(float\)\)\) are not tensors.*--calibration none")
+    assert invoke("convert", src, "--calibration", "none", "-o", tmp_path / "s.fp16.onnx").exit_code == 0
     bad = invoke("convert", src, "--calibration", tmp_path / "d.npz", "-o", tmp_path / "t.onnx")
     assert_user_error(bad, r"non-tensor input\(s\) 's' \(seq\(tensor\(float\)\)\).*--calibration none")
 

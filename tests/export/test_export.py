@@ -402,7 +402,7 @@ CONV1D = textwrap.dedent(
 )
 
 
-def test_parity_skips_sizes_the_torch_model_rejects_and_dim_sizes_travel_in_the_model(tmp_path, invoke, caplog):
+def test_parity_skips_sizes_the_torch_model_rejects_and_dim_sizes_travel_in_the_model(tmp_path, invoke):
     """A 1-D conv cannot take a signal shorter than its kernel: that parity run is skipped with the reason (the
     others are compared), and the spec's example length goes into the model, so convert's random data uses it."""
     from mpinfer.export.parity import parity_dims
@@ -438,12 +438,10 @@ def test_parity_skips_sizes_the_torch_model_rejects_and_dim_sizes_travel_in_the_
     assert r.exit_code == 0, r.output
     assert "no size is known" not in r.output
 
-    del model.metadata_props[:]  # without the sizes the random signal is 2 samples long: rules only, and why
+    del model.metadata_props[:]  # without the sizes the random signal is 2 samples long: convert stops, and why
     onnx.save(model, tmp_path / "bare.onnx")
-    with caplog.at_level("WARNING", logger="mpinfer"):
-        r = invoke("convert", tmp_path / "bare.onnx", "-o", tmp_path / "bare.fp16.onnx")
-    assert r.exit_code == 0, r.output
-    assert re.search(r"Calibration skipped: .*rules only.*--dim NAME=N.*'len' \(input 'x'\) set to 2", caplog.text)
+    r = invoke("convert", tmp_path / "bare.onnx", "-o", tmp_path / "bare.fp16.onnx")
+    assert_user_error(r, r"random data.*--dim NAME=N.*'len' \(input 'x'\) set to 2")
 
 
 def test_parity_run_onnx_runtime_rejects_fails_with_its_message(tmp_path):

@@ -140,11 +140,10 @@ def test_the_default_floor_applies_with_data_and_is_said(grown, tmp_path, invoke
     plan = json.loads((tmp_path / "a.plan.json").read_text())
     # y[N, 8] passes for class scores but holds no probabilities: the floor reads range_err there, not top1
     assert plan["budget"] == floor_budget(onnx.load(src)) and plan["summary"]["verification"]["default_budget"]
-    # --budget none opts out; --calibration none has no data, hence no floor; random data: no floor
+    # --budget none opts out; --calibration none has no data, hence no floor
     cases = {
         "b": ("--calibration", data, "--budget", "none"),
         "c": ("--calibration", "none"),
-        "d": ("--calibration", "random:32"),
     }
     for name, extra in cases.items():
         args = ["convert", src, *extra, "-o", tmp_path / f"{name}.onnx"]
@@ -152,6 +151,12 @@ def test_the_default_floor_applies_with_data_and_is_said(grown, tmp_path, invoke
         assert r.exit_code == 0, r.output
         plan = json.loads((tmp_path / f"{name}.plan.json").read_text())
         assert plan["budget"] is None and "verification" not in plan["summary"]
+    # random data (issue 35): the floor too, verified on it and said so
+    r = invoke("convert", src, "--calibration", "random:2", "-o", tmp_path / "d.onnx")
+    assert r.exit_code == 0, r.output
+    ver = json.loads((tmp_path / "d.plan.json").read_text())["summary"]["verification"]
+    assert ver["default_budget"] and ver["data"] == "random" and ver["samples"] == 2 * 16
+    assert "of mpinfer's own random inputs" in " ".join(r.output.split())
 
 
 def test_the_default_floor_refuses_a_broken_conversion(tmp_path):
@@ -248,8 +253,11 @@ def test_api_defaults_mean_not_given():
     assert cfg.precision is None and cfg.keep_io_types is None and cfg.numerics is None
     opts = resolve_options(cfg)
     assert opts.precision is Precision.FP16 and opts.keep_io_types and opts.numerics == "strict"
-    assert opts.search_samples == DEFAULT_SEARCH_SAMPLES and opts.verify_samples is None and opts.budget is None
+    assert opts.search_samples == DEFAULT_SEARCH_SAMPLES and opts.verify_samples is None
+    assert opts.default_budget  # the default floor, on convert's own random data (issue 35)
     assert resolve_options(ConvertConfig(model=Path("m"), output=Path("o"), calibration="d.npz")).default_budget
+    none = resolve_options(ConvertConfig(model=Path("m"), output=Path("o"), calibration="none"))
+    assert none.budget is None and not none.default_budget
 
 
 def test_the_report_sets_the_plans_figures_beside_compares_and_flags_a_mismatch(grown, tmp_path):

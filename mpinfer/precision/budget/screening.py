@@ -49,6 +49,10 @@ class SearchConfig:
     keep_io_types: bool = True
     batches: int = 2
     progress: bool = True
+    # False for a model that takes its samples in groups (rows reshaped 4 at a time: CalibrationStats.row_multiple):
+    # a sample's outputs depend on its group, so the search never runs a subset of the samples (no screening on the
+    # hardest, no probe of them), only the batches as they are.
+    samples_independent: bool = True
     metrics: tuple[Any, ...] = ()  # the user's own metrics (mpinfer.usermetric.UserMetric): budget terms too
 
 
@@ -161,6 +165,8 @@ class _Verifier:
         return self._splittable
 
     def _check_splittable(self) -> bool:
+        if not self.cfg.samples_independent:
+            return False
         for vi in self.model.graph.input:
             dims = vi.type.tensor_type.shape.dim
             if vi.name in self.batches[0] and (not dims or dims[0].HasField("dim_value")):

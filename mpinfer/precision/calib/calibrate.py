@@ -114,6 +114,9 @@ class CalibrationStats(Mapping[str, TensorStats]):
         sample_shapes: The shapes of the graph inputs and of the main-graph tensors ONNX Runtime computed in the
             probe (one sample, or the first batch when it cannot be cut), or None: sizes static shape inference
             leaves unknown (``--dim`` sizes, image sides), for FLOP counts.
+        row_multiple: The sample counts the model takes are multiples of this (learnt by the probe from the first
+            batch: a model that reshapes its rows into groups of 4 takes 4, 8, ... rows, never 1): every slice of
+            samples convert cuts is a multiple of it.
     """
 
     tensors: dict[str, TensorStats]
@@ -122,6 +125,7 @@ class CalibrationStats(Mapping[str, TensorStats]):
     reference_tensors: list[dict[str, np.ndarray]] | None = field(default=None, repr=False, compare=False)
     sample_bytes: int | None = field(default=None, compare=False)
     sample_shapes: dict[str, tuple[int, ...]] | None = field(default=None, repr=False, compare=False)
+    row_multiple: int = field(default=1, compare=False)
 
     def __getitem__(self, name: str) -> TensorStats:
         return self.tensors[name]
@@ -379,7 +383,7 @@ class _Run:
         keep = capture.kept(b) if index == 0 or b < capture.batches else None  # (later passes: no output)
         chunk, per_call, rows = plan.chunks[index], plan.rows_per_call[index], self.slicer.rows(batch)
         collector = self.first_pass.collector
-        if rows <= per_call:
+        if rows <= per_call or rows % plan.multiple:  # (a batch the model takes whole but not in groups: whole)
             _run_chunk(sess, chunk, batch, collector, keep, capture.wanted(b))
         else:  # too many bytes for one call: slices of samples (the outputs joined from them, or run on their own)
             pieces: list[tuple[int, dict[str, np.ndarray]]] = []
@@ -452,6 +456,7 @@ class _Run:
             tensors,
             plan.sample_bytes if plan else None,
             plan.sample_shapes if plan else None,
+            plan.multiple if plan else 1,
         )
 
 

@@ -223,6 +223,7 @@ class _Passes:
     _sessions: _Sessions
     _probe_session: Any = None
     sample_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    multiple: int = 1  # the model takes its samples this many at a time (every call: whole groups of them)
 
     @classmethod
     def probe(cls, sessions: _Sessions, names: list[str], batch: Mapping[str, np.ndarray], slicer: BatchSlicer) -> Any:
@@ -232,8 +233,7 @@ class _Passes:
         except ModelLoadError as err:
             logger.warning("ONNX Runtime cannot run the model (%s); calibrating with the numpy emulator", err)
             return None
-        sample = slicer.slice(batch, 0, 1) if slicer.rows(batch) > 1 else batch  # a batch that cannot be cut: whole
-        values = _run(sess, names, sample)
+        multiple, sample, values = _probe_rows(sess, names, batch, slicer)
         sizes = [np.asarray(v).nbytes for v in values]
         shapes = {n: tuple(np.shape(v)) for n, v in sample.items()}
         shapes.update((n, tuple(np.shape(v))) for n, v in zip(names, values, strict=True))
@@ -242,13 +242,42 @@ class _Passes:
         chunks = pack_chunks(names, sizes, MAX_OUTPUTS_PER_SESSION, call)
         size_of = dict(zip(names, sizes, strict=True))
         totals = [sum(size_of[n] for n in chunk) for chunk in chunks]
-        per_call = [max(1, call // max(1, t)) for t in totals]
-        return cls(chunks, per_call, sum(sizes), sessions, sess if len(chunks) == 1 else None, shapes)
+        # samples per call: whole groups of the rows the model takes (the probe's bytes are for ``multiple`` rows)
+        per_call = [max(1, call // max(1, t)) * multiple for t in totals]
+        return cls(chunks, per_call, sum(sizes) // multiple, sessions, sess if len(chunks) == 1 else None, shapes,
+                   multiple)
 
     def session(self, index: int) -> Any:
         """The session of pass ``index`` (the probe's own when there is a single pass)."""
         sess, self._probe_session = self._probe_session, None
         return sess if sess is not None else self._sessions.session(self.chunks[index])
+
+
+def _probe_rows(
+    sess: Any, names: list[str], batch: Mapping[str, np.ndarray], slicer: BatchSlicer
+) -> tuple[int, Mapping[str, np.ndarray], list[np.ndarray]]:
+    """The probe's run: (the rows the model takes at a time, the slice run, its tensors).
+
+    One sample when the model takes it; else the fewest rows of the batch it takes, among the batch's divisors (a
+    model that reshapes its rows into groups of 4 takes 4): learnt from the data, never a count it rejects. A batch
+    that cannot be cut runs whole (it counts as one sample); the whole batch rejected is the data's fault (raised).
+    """
+    rows = slicer.rows(batch)
+    if rows <= 1:
+        return 1, batch, _run(sess, names, batch)
+    first: FeedsRejectedError | None = None
+    for size in [k for k in range(1, rows) if rows % k == 0]:
+        sample = slicer.slice(batch, 0, size)
+        try:
+            values = _run(sess, names, sample)
+        except FeedsRejectedError as err:
+            first = first or err
+            continue
+        if size > 1:
+            logger.info("the model takes its samples %d at a time (one sample is rejected: %s)", size,
+                        first.reason[:200] if first else "")
+        return size, sample, values
+    return rows, batch, _run(sess, names, batch)
 
 
 def _named(model: Any) -> Any:
