@@ -418,7 +418,11 @@ def check_forward_inputs(loaded: LoadedModel, names: list[str]) -> None:
     """
     import inspect
 
-    if loaded.kind != "factory" or str(getattr(type(loaded.module).forward, "__module__", "")).startswith("torch."):
+    import torch
+
+    if loaded.kind != "factory" or isinstance(loaded.module, torch.jit.ScriptModule):
+        return  # a scripted factory model names its inputs in its own graph
+    if str(getattr(type(loaded.module).forward, "__module__", "")).startswith("torch."):
         return  # a torch module as it is (nn.Sequential's ``input``): its argument name means nothing to the user
     try:
         params = list(inspect.signature(loaded.module.forward).parameters.values())
