@@ -16,7 +16,6 @@ from typing import Any
 
 from mpinfer import __version__
 from mpinfer.backends.ort import fit_runtime
-from mpinfer.checks import parse_checks
 from mpinfer.claim import OutputClaim, claim_outputs
 from mpinfer.errors import AccuracyMismatchError, InvalidInputError, format_message
 from mpinfer.fileio import check_output_path, sha256_file
@@ -62,12 +61,12 @@ from mpinfer.precision.notices import (
     note_measures,
     unmeasured_outputs,
 )
-from mpinfer.precision.numerics import evaluator_class
 from mpinfer.precision.options import (
     NO_CALIBRATION,
     NOT_MEASURED,
     RANDOM_INPUTS,
     Options,
+    check_config,
     floor_for_classes,
     floor_for_model,
     refuse_in_place_changes,
@@ -96,7 +95,6 @@ from mpinfer.precision.rules import (
 )
 from mpinfer.precision.weights import _embed_weights, embedded_bytes
 from mpinfer.specs import Precision
-from mpinfer.usermetric import metric_names
 
 logger = logging.getLogger(__name__)
 
@@ -118,32 +116,6 @@ def plan_path_for(output: Path) -> Path:
     """``out/model.fp16.onnx`` → ``out/model.fp16.plan.json``."""
     name = output.name[:-5] if output.name.endswith(".onnx") else output.name
     return output.with_name(name + ".plan.json")
-
-
-def _check_config(cfg: ConvertConfig, opts: Options) -> None:
-    if not opts.precision.is_low:
-        raise InvalidInputError(format_message("--precision", opts.precision.value, "fp16 or bf16"))
-    evaluator = evaluator_class(opts.numerics)
-    if opts.precision is Precision.BF16 and not evaluator.supports_bf16 and opts.budget and not opts.default_budget:
-        raise InvalidInputError(
-            format_message(
-                f"--numerics {opts.numerics} with --precision bf16",
-                "a request to verify BF16 with ONNX Runtime",
-                "--numerics strict",
-                "ONNX Runtime's CPU provider has no BF16 MatMul/Conv; BF16 is checked only through strict emulation",
-            )
-        )
-    if cfg.plan is not None and (cfg.keep_ops or cfg.low_ops or cfg.keep_nodes or cfg.low_nodes):
-        raise InvalidInputError(
-            format_message(
-                "--plan",
-                "together with planning options (--keep-*/--low-*)",
-                "--plan alone",
-                'edit the plan\'s "precision" fields instead, or re-plan without --plan',
-            )
-        )
-    if opts.budget:
-        parse_checks(opts.budget, metric_names(opts.metrics))
 
 
 @budgeted
@@ -244,7 +216,7 @@ def _resolve(cfg: ConvertConfig, plan_out: Path) -> tuple[Options, bool, Precisi
         require_file(cfg.plan, "Plan")
         loaded = PrecisionPlan.load(cfg.plan)
     opts = resolve_options(cfg, loaded)  # the one place defaults, the plan and explicit options meet
-    _check_config(cfg, opts)
+    check_config(cfg, opts)
     if cfg.plan is not None:
         refuse_in_place_changes(opts, cfg.plan, plan_out)
     in_place = cfg.plan is not None and Path(cfg.plan).resolve() == plan_out.resolve()

@@ -27,10 +27,12 @@ import numpy as np
 from mpinfer.checks import parse_checks
 from mpinfer.errors import InvalidInputError, format_message
 from mpinfer.metrics import guess_class_output
+from mpinfer.precision.config import ConvertConfig
 from mpinfer.precision.core import float_outputs
 from mpinfer.precision.emulator import GraphEmulator
 from mpinfer.precision.numerics import EVALUATORS, OrtEvaluator, check_numerics, evaluator_class
 from mpinfer.specs import Precision
+from mpinfer.usermetric import metric_names
 
 logger = logging.getLogger(__name__)
 
@@ -388,3 +390,34 @@ def refuse_in_place_changes(options: Options, plan_path: Path, plan_out: Path) -
                 "write the output elsewhere (its plan records the change), or edit the plan file",
             )
         )
+
+
+def check_config(cfg: ConvertConfig, opts: Options) -> None:
+    """Options that contradict each other or the numerics asked for, refused before any work.
+
+    Raises:
+        InvalidInputError: What cannot go together, and what to pass instead.
+    """
+    if not opts.precision.is_low:
+        raise InvalidInputError(format_message("--precision", opts.precision.value, "fp16 or bf16"))
+    evaluator = evaluator_class(opts.numerics)
+    if opts.precision is Precision.BF16 and not evaluator.supports_bf16 and opts.budget and not opts.default_budget:
+        raise InvalidInputError(
+            format_message(
+                f"--numerics {opts.numerics} with --precision bf16",
+                "a request to verify BF16 with ONNX Runtime",
+                "--numerics strict",
+                "ONNX Runtime's CPU provider has no BF16 MatMul/Conv; BF16 is checked only through strict emulation",
+            )
+        )
+    if cfg.plan is not None and (cfg.keep_ops or cfg.low_ops or cfg.keep_nodes or cfg.low_nodes):
+        raise InvalidInputError(
+            format_message(
+                "--plan",
+                "together with planning options (--keep-*/--low-*)",
+                "--plan alone",
+                'edit the plan\'s "precision" fields instead, or re-plan without --plan',
+            )
+        )
+    if opts.budget:
+        parse_checks(opts.budget, metric_names(opts.metrics))
