@@ -167,25 +167,22 @@ def close_distributed(ctx: DistContext) -> bool:
 
 def all_reduce_sums(values: list[float], ctx: DistContext) -> list[float]:
     """Sum ``values`` over all processes (identity when not distributed)."""
-    if not ctx.distributed:
-        return values
-    import torch
-    import torch.distributed as dist
-
-    t = torch.tensor(values, dtype=torch.float64, device=ctx.device)
-    dist.all_reduce(t, op=dist.ReduceOp.SUM)
-    return [float(v) for v in t.tolist()]
+    return _all_reduce(values, ctx, "SUM")
 
 
 def all_reduce_max(values: list[float], ctx: DistContext) -> list[float]:
     """Element-wise maximum of ``values`` over all processes (identity when not distributed)."""
+    return _all_reduce(values, ctx, "MAX")
+
+
+def _all_reduce(values: list[float], ctx: DistContext, op: str) -> list[float]:
     if not ctx.distributed:
         return values
     import torch
     import torch.distributed as dist
 
     t = torch.tensor(values, dtype=torch.float64, device=ctx.device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    dist.all_reduce(t, op=getattr(dist.ReduceOp, op))
     return [float(v) for v in t.tolist()]
 
 
