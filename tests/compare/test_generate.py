@@ -22,14 +22,10 @@ TOKENS = 8
 
 
 @pytest.fixture(scope="module")
-def decoders(tmp_path_factory):
+def decoders(tmp_path_factory, exported_llama):
     """Two tiny Llamas with different weights, exported with their KV cache, and prompts for them."""
     tmp = tmp_path_factory.mktemp("gen")
-    paths = []
-    for seed in (0, 1):
-        folder = llama_folder(tmp / f"llama{seed}", seed=seed)
-        paths.append(export_onnx(ExportConfig(source=str(folder), output=tmp / f"llama{seed}.onnx")).path)
-    return paths[0], paths[1], prompts_npz(tmp / "prompts.npz")
+    return exported_llama(0)[1].path, exported_llama(1)[1].path, prompts_npz(tmp / "prompts.npz")
 
 
 def test_identical_models_agree_on_every_token(decoders):
