@@ -302,19 +302,20 @@ class GenerationPass:
         self.ref: DecodeRun | None = None
         self.base_latency: dict[int, dict[str, float]] = {}
         self.results: dict[int, GenerationResult] = {}
-        self.start = time.perf_counter()
+        self.seconds = 0.0  # in the decodes (a session handed over is not counted: it was opened for the data)
 
     def baseline(self, session: Any = None) -> None:
         """The baseline's greedy decode (and its asked-for latency runs)."""
-        cfg = self.cfg
+        cfg, start = self.cfg, time.perf_counter()
         self.base.open(cfg.providers, session)
         self.ref = self.base.decode(self.prompts, cfg.tokens, cfg.batch_size)
         self.base_latency = {b: time_decode(self.base, self.prompts, cfg.tokens, b) for b in cfg.latency_batch_sizes}
         self.base.close()
+        self.seconds += time.perf_counter() - start
 
     def candidate(self, index: int, session: Any = None) -> None:
         """Candidate ``index``'s figures against the baseline's decode (which must have run)."""
-        cfg, cand, ref = self.cfg, self.cands[index], self.ref
+        cfg, cand, ref, start = self.cfg, self.cands[index], self.ref, time.perf_counter()
         if ref is None:
             raise RuntimeError("the baseline's decode runs before any candidate's")
         cand.open(cfg.providers, session)
@@ -325,6 +326,7 @@ class GenerationPass:
                            for b in cfg.latency_batch_sizes}
         cand.close()
         self.results[index] = res
+        self.seconds += time.perf_counter() - start
 
     def finish(self) -> list[GenerationResult]:
         """Every candidate's result, in order; the decodes not yet run are run here."""
@@ -334,7 +336,7 @@ class GenerationPass:
             if index not in self.results:
                 self.candidate(index)
         logger.info("generation of %d tokens for %d prompts with %d model(s) took %.1f s", self.cfg.tokens,
-                    self.prompts.count, 1 + len(self.cands), time.perf_counter() - self.start)
+                    self.prompts.count, 1 + len(self.cands), self.seconds)
         return [self.results[i] for i in range(len(self.cands))]
 
 
