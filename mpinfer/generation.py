@@ -37,6 +37,7 @@ import numpy as np
 
 from mpinfer.data.decode import KvLayout, Prompts, greedy_decode, kv_layout, load_prompts, ort_run_fn
 from mpinfer.errors import InvalidInputError, format_message
+from mpinfer.memory import release_memory
 from mpinfer.modelio import load_onnx, ort_session
 from mpinfer.specs import specs_from_onnx
 
@@ -151,14 +152,20 @@ class Decoder:
         self.layout: KvLayout = layout
         self.run: Any = None
 
-    def open(self, providers: Sequence[str]) -> Decoder:
-        """Start the session (the model's memory is held from here until :meth:`close`)."""
-        self.run = ort_run_fn(ort_session(self.path, providers=list(providers) or None), self.layout.output_names)
+    def open(self, providers: Sequence[str], session: Any = None) -> Decoder:
+        """Start the session (the model's memory is held from here until :meth:`close`).
+
+        ``session``: an ONNX Runtime session of this model already open (compare's pass over the data), used
+        instead of a new one.
+        """
+        session = session if session is not None else ort_session(self.path, providers=list(providers) or None)
+        self.run = ort_run_fn(session, self.layout.output_names)
         return self
 
     def close(self) -> None:
-        """Release the session."""
+        """Release the session (and the heap it leaves, before the next model's session opens)."""
         self.run = None
+        release_memory()
 
     def decode(self, prompts: Prompts, tokens: int, batch: int, forced: np.ndarray | None = None) -> DecodeRun:
         """Greedy decode of every prompt (``tokens`` chosen each), ``batch`` prompts at a time."""
@@ -190,18 +197,29 @@ def _log_softmax(logits: np.ndarray) -> np.ndarray:
 
 
 def perplexity(logits: np.ndarray, tokens: np.ndarray) -> float:
-    """Exp of the mean negative log-likelihood of ``tokens`` [P, N] under ``logits`` [P, N, vocab]."""
-    logp = np.take_along_axis(_log_softmax(logits.astype(np.float64)), tokens[..., None], axis=-1)[..., 0]
-    return float(np.exp(-logp.mean()))
+    """Exp of the mean negative log-likelihood of ``tokens`` [P, N] under ``logits`` [P, N, vocab].
+
+    One step at a time: float64 temporaries of one step's [P, vocab], not of the whole decode (16 prompts x 32
+    steps x 32000 are 131 MB each in float64, beside the candidate's session).
+    """
+    if not tokens.size:
+        return float("nan")
+    total = 0.0
+    for step in range(tokens.shape[1]):
+        logp = _log_softmax(logits[:, step].astype(np.float64))
+        total += float(np.take_along_axis(logp, tokens[:, step, None], axis=-1).sum())
+    return float(np.exp(-total / tokens.size))
 
 
 def step_cosines(ref: np.ndarray, cand: np.ndarray) -> list[float]:
-    """Per step, the mean over prompts of the cosine between two [P, N, vocab] logits arrays."""
-    ref, cand = ref.astype(np.float64), cand.astype(np.float64)
-    num = (ref * cand).sum(axis=-1)
-    den = np.linalg.norm(ref, axis=-1) * np.linalg.norm(cand, axis=-1)
-    cos = np.where(den > 0, num / np.maximum(den, 1e-300), 1.0)
-    return [float(c) for c in cos.mean(axis=0)]
+    """Per step, the mean over prompts of the cosine between two [P, N, vocab] logits arrays (a step at a time)."""
+    out = []
+    for step in range(ref.shape[1]):
+        r, c = ref[:, step].astype(np.float64), cand[:, step].astype(np.float64)
+        num = (r * c).sum(axis=-1)
+        den = np.linalg.norm(r, axis=-1) * np.linalg.norm(c, axis=-1)
+        out.append(float(np.where(den > 0, num / np.maximum(den, 1e-300), 1.0).mean()))
+    return out
 
 
 def first_divergence(ref: np.ndarray, cand: np.ndarray) -> list[int]:
@@ -270,6 +288,58 @@ def check_generate(cfg: GenerateConfig) -> tuple[Prompts, list[Decoder]]:
     return load_prompts(cfg.prompts, vocab)[0], decoders
 
 
+class GenerationPass:
+    """compare --generate's decodes, model by model: each may run on a session its caller already has open.
+
+    ``mpinfer compare`` hands over each model's session of its pass over the data (:meth:`baseline`, then
+    :meth:`candidate`), so a model is loaded once for both; :meth:`finish` decodes with whatever model was not
+    handed over, in a session of its own, one model open at a time.
+    """
+
+    def __init__(self, cfg: GenerateConfig) -> None:
+        self.cfg = cfg
+        self.prompts, (self.base, *self.cands) = check_generate(cfg)
+        self.ref: DecodeRun | None = None
+        self.base_latency: dict[int, dict[str, float]] = {}
+        self.results: dict[int, GenerationResult] = {}
+        self.seconds = 0.0  # in the decodes (a session handed over is not counted: it was opened for the data)
+
+    def baseline(self, session: Any = None) -> None:
+        """The baseline's greedy decode (and its asked-for latency runs)."""
+        cfg, start = self.cfg, time.perf_counter()
+        self.base.open(cfg.providers, session)
+        self.ref = self.base.decode(self.prompts, cfg.tokens, cfg.batch_size)
+        self.base_latency = {b: time_decode(self.base, self.prompts, cfg.tokens, b) for b in cfg.latency_batch_sizes}
+        self.base.close()
+        self.seconds += time.perf_counter() - start
+
+    def candidate(self, index: int, session: Any = None) -> None:
+        """Candidate ``index``'s figures against the baseline's decode (which must have run)."""
+        cfg, cand, ref, start = self.cfg, self.cands[index], self.ref, time.perf_counter()
+        if ref is None:
+            raise RuntimeError("the baseline's decode runs before any candidate's")
+        cand.open(cfg.providers, session)
+        res = measure_candidate(cand, ref, self.prompts, cfg.tokens, cfg.batch_size, name=cfg.candidates[index])
+        if cfg.latency_batch_sizes:
+            res.latency = {b: {"baseline": self.base_latency[b],
+                               "candidate": time_decode(cand, self.prompts, cfg.tokens, b)}
+                           for b in cfg.latency_batch_sizes}
+        cand.close()
+        self.results[index] = res
+        self.seconds += time.perf_counter() - start
+
+    def finish(self) -> list[GenerationResult]:
+        """Every candidate's result, in order; the decodes not yet run are run here."""
+        if self.ref is None:
+            self.baseline()
+        for index in range(len(self.cands)):
+            if index not in self.results:
+                self.candidate(index)
+        logger.info("generation of %d tokens for %d prompts with %d model(s) took %.1f s", self.cfg.tokens,
+                    self.prompts.count, 1 + len(self.cands), self.seconds)
+        return [self.results[i] for i in range(len(self.cands))]
+
+
 def generate_compare(cfg: GenerateConfig) -> list[GenerationResult]:
     """Greedy generation with the baseline and every candidate on the same prompts, one model open at a time.
 
@@ -279,35 +349,17 @@ def generate_compare(cfg: GenerateConfig) -> list[GenerationResult]:
     Raises:
         InvalidInputError: See :func:`check_generate`.
     """
-    prompts, (base, *cands) = check_generate(cfg)
-    start = time.perf_counter()
-    sizes = cfg.latency_batch_sizes
-    base.open(cfg.providers)
-    ref = base.decode(prompts, cfg.tokens, cfg.batch_size)
-    base_latency = {b: time_decode(base, prompts, cfg.tokens, b) for b in sizes}
-    base.close()
-    results = []
-    for path, cand in zip(cfg.candidates, cands, strict=True):
-        cand.open(cfg.providers)
-        res = measure_candidate(cand, ref, prompts, cfg.tokens, cfg.batch_size, name=path)
-        if sizes:
-            res.latency = {b: {"baseline": base_latency[b], "candidate": time_decode(cand, prompts, cfg.tokens, b)}
-                           for b in sizes}
-        results.append(res)
-        cand.close()
-    logger.info("generation of %d tokens for %d prompts with %d model(s) took %.1f s", cfg.tokens, prompts.count,
-                1 + len(cfg.candidates), time.perf_counter() - start)
-    return results
+    return GenerationPass(cfg).finish()
 
 
-def attach_generation(result: Any, cfg: GenerateConfig, checks: Any) -> None:
+def attach_generation(result: Any, gen: GenerationPass, checks: Any) -> None:
     """Generate with every candidate of ``result`` (a ComparisonResult) and check the figures with the rest.
 
     The figures go into ``result.data["generation"]`` (one :meth:`GenerationResult.to_dict` per candidate)
     and each candidate's ``generation`` (what ``generate:``/generation checks read); ``checks`` are evaluated
-    again with them.
+    again with them. ``gen``: the decodes, some of them run already on the sessions of compare's data pass.
     """
-    gens = generate_compare(cfg)
+    gens = gen.finish()
     result.data["generation"] = [g.to_dict() for g in gens]
     by_path = {g.candidate: g.metrics() for g in gens}
     for cand in result.candidates:

@@ -505,3 +505,31 @@ def require_file(path: str | os.PathLike[str], what: str) -> Path:
     if not p.is_file():
         raise InvalidInputError(format_message(f"{what} '{path}'", "no such file", "an existing file"))
     return p
+
+
+def ort_runs_rms_normalization(opset: int = 23) -> bool:
+    """True when the installed ONNX Runtime loads and runs ``RMSNormalization`` at ``opset`` (probed, not assumed).
+
+    A one-node model per float type a converted decoder feeds it (float32, and float16 as convert lowers it),
+    run on the CPU provider; any refusal (an opset past the runtime's, no kernel) is a False.
+    """
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper
+
+    try:
+        for elem, dtype in ((TensorProto.FLOAT, np.float32), (TensorProto.FLOAT16, np.float16)):
+            node = helper.make_node("RMSNormalization", ["x", "scale"], ["y"], axis=-1, epsilon=1e-5, stash_type=1)
+            graph = helper.make_graph([node], "probe", [helper.make_tensor_value_info("x", elem, [2, 4])],
+                                      [helper.make_tensor_value_info("y", elem, [2, 4])],
+                                      [onnx.numpy_helper.from_array(np.ones(4, dtype), "scale")])
+            model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+            model.ir_version = ir_version_for(model)
+            sess = ort_session(model)
+            y = sess.run(None, {"x": np.full((2, 4), 2, dtype)})[0]
+            if not np.allclose(y.astype(np.float32), 1.0, atol=1e-2):
+                return False
+    except Exception as err:  # ModelLoadError, onnxruntime's own errors (no kernel, opset too new)
+        logger.debug("ONNX Runtime does not run RMSNormalization at opset %d: %s", opset, err)
+        return False
+    return True

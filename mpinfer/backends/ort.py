@@ -124,6 +124,11 @@ class OrtRunner(Runner):
                                     dict(known.dim_sizes) if known else {}, dict(known.graph_sizes) if known else {}))
         return specs
 
+    @property
+    def session(self) -> Any:
+        """The ONNX Runtime session while active (None otherwise)."""
+        return self._session
+
     def input_specs(self) -> list[TensorSpec]:
         """The session's inputs."""
         return list(self._specs)

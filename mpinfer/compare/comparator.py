@@ -10,12 +10,14 @@ import platform
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 import mpinfer
 from mpinfer.backends.base import Runner
+from mpinfer.backends.ort import OrtRunner
 from mpinfer.backends.torch_runner import TorchRunner
 from mpinfer.checks import DEFAULT_CHECKS, Checks, parse_checks
 from mpinfer.compare.candidates import baseline_copies, check_valid_candidate
@@ -27,13 +29,13 @@ from mpinfer.data import load_feeds, parse_dims
 from mpinfer.data.feeds import fixed_batch, sample_axes
 from mpinfer.data.samples import FingerprintedFeeds
 from mpinfer.errors import InvalidInputError, ModelLoadError, MpinferError, format_message
-from mpinfer.generation import attach_generation, generate_config
-from mpinfer.memory import budgeted, current_budget
+from mpinfer.generation import GenerationPass, attach_generation, generate_config
+from mpinfer.memory import budgeted, current_budget, release_memory
 from mpinfer.metrics import LABEL_METRICS, ModelAccumulator, OutputAccumulator, check_output_names, guess_class_output
 from mpinfer.modelio import data_file, iter_graphs, load_onnx
 from mpinfer.progress import progress_bar
 from mpinfer.runners import is_torch_spec, open_runner
-from mpinfer.specs import TensorSpec, is_float_dtype
+from mpinfer.specs import TensorSpec, is_float_dtype, specs_from_onnx
 from mpinfer.usermetric import as_metrics, metric_names
 
 logger = logging.getLogger(__name__)
@@ -179,11 +181,8 @@ def _activate(
         runner = open_runner(
             spec, device=cfg.device, numerics=cfg.numerics if role == "Candidate" else "ort", name=spec
         )
-        if sequential:  # one model in memory at a time: loaded for its specs, again for its pass over the data
-            runner.activate()
-            remembered = _Remembered(runner)
-            runner.deactivate()
-            return remembered  # type: ignore[return-value]  # a Runner to every caller
+        if sequential:  # one model in memory at a time: its specs read off the graph, loaded for its pass alone
+            return _Remembered(runner, spec, role, cfg)  # type: ignore[return-value]  # a Runner to every caller
         stack.enter_context(runner)
     except MpinferError as err:
         raise ModelLoadError(_with_hint(f"{role} '{spec}' could not be loaded: {err}", spec, role, cfg)) from err
@@ -215,12 +214,37 @@ def _one_at_a_time(cfg: CompareConfig) -> bool:
 
 
 class _Remembered:
-    """A runner whose specs and output names stay known while it is inactive (compared one model at a time)."""
+    """A runner whose specs and output names stay known while it is inactive (compared one model at a time).
 
-    def __init__(self, runner: Runner) -> None:
+    They are read off the ONNX graph (weights not loaded), as the runner's session would give them (its inputs
+    without initializers, with the ranges and dim sizes export recorded); no session opens before the model's
+    pass over the data (:meth:`session`), which names the model in a load error as :func:`_activate` does.
+    """
+
+    def __init__(self, runner: Runner, path: str, role: str, cfg: CompareConfig) -> None:
         self.runner = runner
-        self.specs = runner.input_specs()
-        self.names = runner.output_names()
+        self.path, self.role, self.cfg = path, role, cfg
+        graph = load_onnx(Path(path), load_external_data=False)
+        weights = {t.name for t in graph.graph.initializer}
+        self.specs = [s for s in specs_from_onnx(graph) if s.name not in weights]
+        self.names = [o.name for o in graph.graph.output]
+
+    @contextlib.contextmanager
+    def session(self) -> Iterator[Runner]:
+        """The runner, active in the block."""
+        try:
+            self.runner.activate()
+        except MpinferError as err:
+            raise ModelLoadError(_with_hint(f"{self.role} '{self.path}' could not be loaded: {err}", self.path,
+                                            self.role, self.cfg)) from err
+        except (OSError, ValueError, RuntimeError) as err:
+            message = f"{self.role} '{self.path}' could not be loaded: {type(err).__name__}: {err}"
+            raise ModelLoadError(_with_hint(message, self.path, self.role, self.cfg)) from err
+        try:
+            yield self.runner
+        finally:
+            self.runner.deactivate()
+            release_memory()  # its session's heap given back before the next model's opens
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.runner, name)
@@ -377,13 +401,14 @@ def _run_batches(
     feeds: Any,
     out_names: Sequence[str],
     checks: Checks,
+    gen: GenerationPass | None = None,
 ) -> tuple[dict[str, ModelAccumulator], list[dict[str, Any]]]:
     accs = {
         c: ModelAccumulator(out_names, class_outputs=cfg.class_outputs, topk=checks.topk, user_metrics=cfg.metrics)
         for c in candidates
     }
     if not baseline.is_active:
-        return _run_one_at_a_time(cfg, baseline, candidates, feeds, out_names, accs)
+        return _run_one_at_a_time(cfg, baseline, candidates, feeds, out_names, accs, gen)
     kept: list[dict[str, np.ndarray]] = []
     offset = 0
     labels = feeds.labels
@@ -422,11 +447,13 @@ def _run_one_at_a_time(
     feeds: Any,
     out_names: Sequence[str],
     accs: dict[str, ModelAccumulator],
+    gen: GenerationPass | None = None,
 ) -> tuple[dict[str, ModelAccumulator], list[dict[str, Any]]]:
     """:func:`_run_batches` with one model loaded at a time.
 
     The baseline's outputs of every batch are kept, then each candidate runs over the same batches and is
-    compared with them.
+    compared with them. With ``gen`` (``--generate``), each model's greedy decodes run on the same session,
+    before it closes: a model is loaded once for both.
     """
     labels = feeds.labels
     bouts: list[dict[str, np.ndarray]] = []
@@ -437,7 +464,7 @@ def _run_one_at_a_time(
     # decoded prompts come from the baseline's runner during its pass: kept (small: one decode's feeds) for the
     # candidates, which cannot decode them again once the baseline is closed
     decoded: list[dict[str, np.ndarray]] | None = [] if hasattr(feeds, "batch_steps") else None  # a DecodeFeedSource
-    with baseline.runner:
+    with baseline.session():
         for index, batch in enumerate(_iter_progress(feeds, cfg.show_progress)):
             if decoded is not None:
                 decoded.append(batch)
@@ -450,11 +477,13 @@ def _run_one_at_a_time(
                 labeled = _labeled_outputs(labels, bouts[0], n, cfg)
             if len(kept) < max(cfg.divergence_batches, 1):
                 kept.append(batch)
+        if gen is not None and kept and _ort_session(baseline.runner) is not None:
+            gen.baseline(_ort_session(baseline.runner))
     if not kept:
         raise InvalidInputError(format_message(f"Data '{cfg.data or 'random'}'", "no batches",
                                                "at least one batch of samples"))
-    for cname, runner in candidates.items():
-        with runner.runner:
+    for number, (cname, runner) in enumerate(candidates.items()):
+        with runner.session():
             for index, batch in enumerate(feeds if decoded is None else decoded):
                 cout = _infer(runner.runner, batch, f"Candidate '{cname}'", index)
                 _check_batch_outputs(bouts[index], cout, cname)
@@ -462,7 +491,17 @@ def _run_one_at_a_time(
                     accs[cname].outputs[o].update(bouts[index][o], cout[o], labs[index] if o in labeled else None)
                 if cfg.metrics:
                     accs[cname].update_user(bouts[index], cout, batch, labs[index])
+            if gen is not None and gen.ref is not None and _ort_session(runner.runner) is not None:
+                gen.candidate(number, _ort_session(runner.runner))
     return accs, kept
+
+
+def _ort_session(runner: Runner) -> Any:
+    """The ONNX Runtime session of an active ONNX Runtime runner on the CPU (what generation decodes with)."""
+    session = getattr(runner, "session", None) if isinstance(runner, OrtRunner) else None
+    if session is None or session.get_providers()[:1] != ["CPUExecutionProvider"]:
+        return None
+    return session
 
 
 def _labeled_outputs(labels: np.ndarray, bout: Mapping[str, np.ndarray], rows: int, cfg: CompareConfig) -> set[str]:
@@ -536,7 +575,8 @@ def compare_models(config: CompareConfig) -> ComparisonResult:
         _check_label_metrics(checks, feeds.labels is not None, config)
 
         hashed = FingerprintedFeeds(feeds)  # the data's fingerprint, to set beside a plan's verified figures
-        accs, kept = _run_batches(config, baseline, cands, hashed, out_names, checks)
+        gen = GenerationPass(generation) if generation is not None else None
+        accs, kept = _run_batches(config, baseline, cands, hashed, out_names, checks, gen)
         results = [_candidate_result(config, c, cands[c], accs[c], out_names, checks) for c in cands]
         latency = _latency(config, baseline, cands, kept[0]) if config.latency else None
         base_info = {
@@ -563,7 +603,7 @@ def compare_models(config: CompareConfig) -> ComparisonResult:
         user_metrics={m.name: m.record() for m in config.metrics},
     )
     if generation is not None:  # after the sessions above are closed: one model open at a time
-        attach_generation(comparison, generation, checks)
+        attach_generation(comparison, gen if gen is not None else GenerationPass(generation), checks)
     return comparison
 
 

@@ -60,6 +60,12 @@ STRICT_CHUNK_SIZE = 512
 JUMP_MIN_ERROR = 1e-2
 # ... and be at least 10x the error already present in its inputs.
 JUMP_FACTOR = 10.0
+# A divergence chunk is at most this share of the model's weights (3 layers of the 1.1B Llama: 66 MB, not the
+# 10.6 GB default budget's 220 MB), and at least MIN_CHUNK_BYTES (one prompt's tensors of a small model).
+CHUNK_MODEL_SHARE = 16
+MIN_CHUNK_BYTES = 16 * 2**20
+# Values of a weight compared at a time (its rounding error is a running sum): 16 M float32 values, 64 MB.
+WEIGHT_SLICE_VALUES = 2**24
 # Nodes listed in the ranking (largest added error first).
 RANK_TOP = 10
 def _precision_of(dtype: str) -> str:
@@ -190,7 +196,7 @@ def measure_tensors(
     accs = {n: TensorAcc() for n in names}
     size = len(names) if sizes is not None else STRICT_CHUNK_SIZE if strict else CHUNK_SIZE
     # a chunk's tensors come to at most the budget's divergence slice per model run (sizes from a one-sample probe)
-    limit = current_budget().divergence_chunk
+    limit = chunk_limit(base)
     if sizes is None:
         sizes = tensor_bytes(base, names, batches, providers, base_dir=dirs[0])
     chunks = pack_chunks(names, sizes, size, limit)
@@ -213,6 +219,7 @@ def measure_tensors(
             # Copies: ONNX Runtime's output arrays are views that keep the session's whole arena alive.
             kept = [[np.array(v) for v in sb.run(chunk, dict(feeds))] for feeds in batches]
             del sb
+            release_memory()  # the baseline session's heap, before the candidate's session opens
             sc: Any = _session(_with_outputs(cand, chunk), providers, dirs[1])
             for feeds in batches:
                 rb, rc = kept.pop(0), sc.run(chunk, dict(feeds))
@@ -221,7 +228,20 @@ def measure_tensors(
                 del rb, rc  # freed before the next batch's run, not after it
                 progress.advance(task)
             del sc
+            release_memory()
     return {n: a for n, a in accs.items() if a.dtype}
+
+
+def chunk_limit(base: Any) -> int:
+    """Bytes of intermediate tensors one model run fetches: the budget's slice, at most a share of the weights.
+
+    That share is 1/:data:`CHUNK_MODEL_SHARE` of the model's weights, or :data:`MIN_CHUNK_BYTES` if more.
+
+    A chunk is held three times at the peak (the baseline's kept tensors, the candidate's run, its session's
+    buffers for them) beside one session of the model: bounded by the model, compare stays within a fixed share of
+    its size whatever the memory limit.
+    """
+    return min(current_budget().divergence_chunk, max(MIN_CHUNK_BYTES, weight_bytes(base) // CHUNK_MODEL_SHARE))
 
 
 def fit_batches(
@@ -241,7 +261,7 @@ def fit_batches(
     Returns:
         (batches, each tensor's bytes on the largest of them or None when not cut, notes for the report).
     """
-    limit = current_budget().divergence_chunk
+    limit = chunk_limit(base)
     if not batches or not names or weight_bytes(base) <= limit:
         return list(batches), None, []
     sizes, one_sample = _probe_sizes(base, names, batches, providers, base_dir)
@@ -310,7 +330,14 @@ def weight_errors(base: Any, cand: Any, dirs: tuple[str, str] = ("", "")) -> dic
         if t.data_type != TensorProto.FLOAT or c is None:
             continue
         acc = TensorAcc()
-        acc.update(np.asarray(tensor_array(t, dirs[0])), np.asarray(tensor_array(c, dirs[1])).astype(np.float32))
+        b, low_c = np.asarray(tensor_array(t, dirs[0])), np.asarray(tensor_array(c, dirs[1]))
+        # a slice of rows at a time: a whole embedding's float32 copy and temporaries were 3x its size at once
+        if b.ndim == 0 or b.size <= WEIGHT_SLICE_VALUES or b.shape != low_c.shape:
+            acc.update(b, low_c.astype(np.float32))
+        else:
+            step = max(1, WEIGHT_SLICE_VALUES // max(1, b.size // b.shape[0]))
+            for lo in range(0, b.shape[0], step):
+                acc.update(b[lo:lo + step], low_c[lo:lo + step].astype(np.float32))
         errors[key] = acc.error
     return errors
 

@@ -24,7 +24,8 @@ from mpinfer.engine.config import (
     check_profiles,
     complete_profiles,
 )
-from mpinfer.engine.machine import check_capability, check_tensorrt_ops
+from mpinfer.engine.expand import EXPANDABLE_OPS, expand_ops
+from mpinfer.engine.machine import check_capability, tensorrt_ops_to_expand
 from mpinfer.engine.ort_engine import ENGINE_SUFFIXES, build_ort_engine
 from mpinfer.engine.sidecar import (
     SCHEMA_VERSION,
@@ -212,8 +213,15 @@ def _build_tensorrt(
     notes = check_capability(low, gpu.compute_capability, gpu.name)
 
     plan_network_mode(probe.version, cfg.weak_precisions)  # refuse --fp16 on TensorRT 11 before building
-    check_tensorrt_ops(probe.version, {n.op_type for g in iter_graphs(c.model.graph) for n in g.node})
-    facts = build_trt_engine(cfg, c.model_path, c.output, gpu)
+    ops = {n.op_type for g in iter_graphs(c.model.graph) for n in g.node}
+    expand = tensorrt_ops_to_expand(probe.version, ops, EXPANDABLE_OPS)
+    graph = None
+    if expand:  # a parser older than the op: the op's own float32 chain, in the copy the parser reads
+        expanded, count = expand_ops(c.model, expand)
+        notes.append(f"TensorRT {probe.version} predates {', '.join(sorted(expand))} (10.15+): {count} node(s) "
+                     "expanded into the float32 chain the op computes (stash_type=1), for this engine only")
+        graph = expanded.SerializeToString()
+    facts = build_trt_engine(cfg, c.model_path, c.output, gpu, graph=graph)
     notes += facts.pop("notes", [])
     return {"tensorrt": facts["tensorrt"], "io": facts["io"]}, gpu, notes
 

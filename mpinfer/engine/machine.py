@@ -62,30 +62,39 @@ def check_tensorrt_version(version: str) -> int:
 
 
 # ONNX ops the TensorRT ONNX parser imports only from a given release on (major, minor): RMSNormalization
-# (opset 23), which `mpinfer convert` writes at --opset 23 for RMSNorm chains, arrived in TensorRT 10.15.
+# (opset 23), which `mpinfer convert` fuses a decoder's RMSNorm chains into, arrived in TensorRT 10.15 (an NVIDIA
+# maintainer on onnx/onnx-tensorrt#1046). build-engine expands it for an older parser (mpinfer.engine.expand).
 TENSORRT_OP_SINCE = {"RMSNormalization": (10, 15)}
 
 
-def check_tensorrt_ops(version: str, op_types: set[str] | frozenset[str]) -> None:
-    """Refuse a model holding an op this TensorRT's ONNX parser cannot import (see :data:`TENSORRT_OP_SINCE`).
+def tensorrt_ops_to_expand(
+    version: str, op_types: set[str] | frozenset[str], expandable: frozenset[str] = frozenset({"RMSNormalization"})
+) -> set[str]:
+    """The ops of ``op_types`` this TensorRT's ONNX parser predates and build-engine writes as plain ONNX ops.
 
     Raises:
-        BackendUnavailableError: An op of ``op_types`` needs a newer TensorRT than ``version``.
+        BackendUnavailableError: An op of ``op_types`` needs a newer TensorRT than ``version`` and cannot be
+            expanded.
     """
     parts = [int(p) if p.isdigit() else 0 for p in version.strip().split(".")[:2]] + [0]
     have = (tensorrt_major(version), parts[1])
+    expand = set()
     for op in sorted(op_types):
         need = TENSORRT_OP_SINCE.get(op)
-        if need is not None and have < need:
-            raise BackendUnavailableError(
-                format_message(
-                    "TensorRT",
-                    f"version {version}, whose ONNX parser cannot import {op}",
-                    f"TensorRT {need[0]}.{need[1]} or newer for a model with {op}",
-                    "upgrade TensorRT, build with --backend onnxruntime, or convert again without --opset 23 "
-                    "(the RMSNorm chains then stay as FP32 nodes behind Casts)",
-                )
+        if need is None or have >= need:
+            continue
+        if op in expandable:
+            expand.add(op)
+            continue
+        raise BackendUnavailableError(
+            format_message(
+                "TensorRT",
+                f"version {version}, whose ONNX parser cannot import {op}",
+                f"TensorRT {need[0]}.{need[1]} or newer for a model with {op}",
+                "upgrade TensorRT, or build with --backend onnxruntime",
             )
+        )
+    return expand
 
 
 def check_capability(

@@ -186,14 +186,20 @@ def _make_logger(trt: Any) -> Any:
     return _Logger()
 
 
-def _parse_network(trt: Any, builder: Any, model: Path, mode: TrtNetworkMode, trt_logger: Any) -> Any:
-    """Create the network with the mode's flags and parse the ONNX file (external data from its folder)."""
+def _parse_network(trt: Any, builder: Any, model: Path, mode: TrtNetworkMode, trt_logger: Any,
+                   graph: bytes | None = None) -> Any:
+    """Create the network with the mode's flags and parse the ONNX file (external data from its folder).
+
+    ``graph``: a serialized model to parse instead of the file's (an expanded copy), its external data still
+    resolved from ``model``'s folder.
+    """
     flags = 0
     for name in mode.network_flags:
         flags |= 1 << int(getattr(trt.NetworkDefinitionCreationFlag, name))
     network = builder.create_network(flags)
     parser = trt.OnnxParser(network, trt_logger)
-    if not parser.parse_from_file(str(model)):
+    parsed = parser.parse_from_file(str(model)) if graph is None else parser.parse(graph, str(model))
+    if not parsed:
         issues = [ParserIssue.from_trt(parser.get_error(i)) for i in range(parser.num_errors)]
         raise EngineBuildError(format_parser_errors(model, issues))
     return network, parser  # the parser must outlive the network's use (it owns parsed weights)
@@ -220,12 +226,15 @@ def _configure(trt: Any, builder: Any, cfg: BuildConfig, mode: TrtNetworkMode) -
     return config, cache
 
 
-def build_trt_engine(cfg: BuildConfig, model: Path, output: Path, gpu: GpuInfo) -> dict[str, Any]:
+def build_trt_engine(cfg: BuildConfig, model: Path, output: Path, gpu: GpuInfo,
+                     graph: bytes | None = None) -> dict[str, Any]:
     """Parse ``model`` with external data, build a serialized engine and write it to ``output``.
 
     Args:
         cfg: Build settings (profiles, timing cache, workspace, optimization level, weak flags).
         model: The ONNX file (external data resolved from its folder by ``parse_from_file``).
+        graph: The serialized model to parse instead of ``model``'s own bytes (build-engine's expanded copy);
+            its external data is resolved from ``model``'s folder.
         output: Engine path, written atomically.
         gpu: The GPU to build for (the current CUDA device is switched to it).
 
@@ -244,7 +253,7 @@ def build_trt_engine(cfg: BuildConfig, model: Path, output: Path, gpu: GpuInfo) 
     trt_logger = _make_logger(trt)
     with torch.cuda.device(gpu.index):
         builder = trt.Builder(trt_logger)
-        network, _parser = _parse_network(trt, builder, model, mode, trt_logger)
+        network, _parser = _parse_network(trt, builder, model, mode, trt_logger, graph)
         config, cache = _configure(trt, builder, cfg, mode)
         start = time.perf_counter()
         logger.info("Building TensorRT %s engine (%s) on %s ...", trt.__version__, mode.label, gpu.name)

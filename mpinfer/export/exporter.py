@@ -38,7 +38,7 @@ from mpinfer import __version__
 from mpinfer.claim import claim_outputs
 from mpinfer.data.feeds import random_batch
 from mpinfer.errors import AccuracyMismatchError, ExportError, InvalidInputError, format_message
-from mpinfer.export.kv import EXPORTER_REASON, with_kv_cache
+from mpinfer.export.kv import decoder_opset, with_kv_cache
 from mpinfer.export.loader import LoadedModel, bind_hf_inputs, check_forward_inputs, load_model, split_source
 from mpinfer.export.outputs import flatten_outputs
 from mpinfer.export.parity import ParityReport, compare_parity, parity_reference
@@ -204,18 +204,37 @@ def _quiet_torch_onnx() -> Iterator[None]:
                 logger.debug("exporter output:\n%s", chatter)
 
 
+def _dynamic_shapes(specs: Sequence[TensorSpec], kv: Any) -> Any:
+    """``dynamic_shapes`` for torch.export: each input's symbolic dims by name, in the forward's argument structure.
+
+    A KV-cache wrapper takes its cache as ``*past`` (:mod:`mpinfer.export.kv`): those inputs' dims go in one tuple.
+    """
+    dyn = tuple({i: d for i, d in enumerate(s.shape) if isinstance(d, str)} for s in specs)
+    if not any(dyn):
+        return None
+    if kv is not None:
+        fixed = len(kv.input_names) - len(kv.past_names)
+        return (*dyn[:fixed], tuple(dyn[fixed:]))
+    return dyn
+
+
 def _export_dynamo(module: Any, args: tuple[Any, ...], specs: Sequence[TensorSpec], out_names: Sequence[str],
-                   opset: int | None, tmp: Path) -> Path:
+                   opset: int | None, tmp: Path, kv: Any = None) -> Path:
     import torch
 
     is_program = isinstance(module, torch.export.ExportedProgram)
-    dyn = None if is_program else tuple({i: d for i, d in enumerate(s.shape) if isinstance(d, str)} for s in specs)
-    if dyn is not None and not any(dyn):
-        dyn = None
+    dyn = None if is_program else _dynamic_shapes(specs, kv)
     with _quiet_torch_onnx():
+        # a decoder: onnxscript's graph optimizer without its opset-23 fusions, which would write RotaryEmbedding
+        # (no TensorRT before 10.15 parses it) and RMSNormalization without a name convert knows: convert fuses
+        # the norm chains itself (mpinfer.precision.graph.fusion), the rotary arithmetic stays plain ops
         prog = torch.onnx.export(module, args, dynamo=True, input_names=[s.name for s in specs],
                                  output_names=list(out_names), dynamic_shapes=dyn, opset_version=opset,
-                                 optimize=True, verbose=False, report=False)
+                                 optimize=kv is None, verbose=False, report=False)
+        if kv is not None:
+            import onnxscript.optimizer
+
+            onnxscript.optimizer.optimize_ir(prog.model)  # type: ignore[union-attr]
     path = tmp / "dynamo.onnx"
     with _quiet_torch_onnx():
         prog.save(str(path), external_data=True)  # type: ignore[union-attr]
@@ -273,16 +292,13 @@ def _run_exporters(cfg: ExportConfig, loaded: LoadedModel, args: tuple[Any, ...]
     if loaded.kind == "torchscript" or isinstance(loaded.module, torch.jit.ScriptModule):
         order = ["torchscript"]  # a ScriptModule can only go through the TorchScript exporter
     failures: list[str] = []
-    if loaded.kv is not None and cfg.exporter == "auto":
-
-        order = ["torchscript"]
-        failures.append(EXPORTER_REASON)
+    opset = cfg.opset if cfg.opset is not None or loaded.kv is None else decoder_opset()
     for name in order:
         start = time.perf_counter()
         logger.info("exporting with the %s exporter", name)
         try:
             if name == "dynamo":
-                path = _export_dynamo(loaded.module, args, specs, out_names, cfg.opset, tmp)
+                path = _export_dynamo(loaded.module, args, specs, out_names, opset, tmp, loaded.kv)
             else:
                 path = _export_torchscript(loaded.module, args, specs, out_names, cfg.opset, tmp, loaded.output_axes)
         except ExportError:
@@ -318,11 +334,22 @@ def onnx_opset(path: Path) -> int:
     return default_opset(onnx.load(str(path), load_external_data=False))
 
 
-def _post_process(path: Path, specs: Sequence[TensorSpec], description: str, exporter: str) -> Any:
+def _name_output_dims(model: Any, out_axes: dict[str, dict[int, str]]) -> None:
+    """Give the outputs' symbolic dims the names of ``out_axes`` (dynamo writes ``past + seq`` for ``total``)."""
+    for vi in model.graph.output:
+        dims = vi.type.tensor_type.shape.dim
+        for i, name in out_axes.get(vi.name, {}).items():
+            if i < len(dims) and not dims[i].HasField("dim_value"):
+                dims[i].dim_param = name
+
+
+def _post_process(path: Path, specs: Sequence[TensorSpec], description: str, exporter: str,
+                  out_axes: dict[str, dict[int, str]] | None = None) -> Any:
     """The exported graph, nodes named and mpinfer's metadata set; external weights stay in their file."""
     import onnx
 
     model = name_nodes(load_onnx(path, load_external_data=False))
+    _name_output_dims(model, out_axes or {})
     drop_noop_casts(model)
     ranges = {s.name: list(s.value_range) for s in specs if s.value_range is not None}
     # the sizes the specs give their symbolic dims (seq=16, samples=16000): random data for convert and compare
@@ -437,10 +464,10 @@ def _export(cfg: ExportConfig, claim: Any, out: Path, sidecar: Path) -> ExportRe
     # the torch side of parity first: the torch model is freed before the ONNX model is read and run
     cases = parity_reference(loaded.module, specs, runs=cfg.parity_runs)
     path, exporter, why = _run_exporters(cfg, loaded, args, specs, out_names, tmp)
-    description = loaded.description
+    description, out_axes = loaded.description, loaded.output_axes
     del loaded, args, ref
     gc.collect()
-    model = _post_process(path, specs, description, exporter)
+    model = _post_process(path, specs, description, exporter, out_axes)
     opset = default_opset(model)
     staged = _write_model(model, claim.stage(out), data_file(out).name, path.parent)
     del model  # the proto held the weights until written: dropped before ONNX Runtime maps them

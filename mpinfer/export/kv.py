@@ -6,13 +6,13 @@ transformers 5 passes the cache as a ``Cache`` object (``DynamicCache``), which 
 from them, and returns ``logits`` and the updated cache flattened as ``present.{i}.key/value``. Grouped-query
 attention stays as it is: the cache holds ``num_key_value_heads`` heads.
 
-The TorchScript exporter is used (``auto`` picks it): ``torch.export`` specializes sizes 0 and 1, so a dynamo
-export of such a wrapper (tried with the cache as one tuple input and a dynamic past dim) assumed a non-empty past,
-and its graph computed logits up to 0.3 off for a 5-token prefill on an empty past on a 2-layer Llama, where
-TorchScript's matched torch to 2e-7 at every past length tried, 0 included. With the variadic cache inputs here,
-``torch.export`` (torch 2.13) refuses the wrapper outright (a dynamic ``total`` below 4; with
-``backed_size_oblivious``, a guard ``seq != 1`` that drops the one-token decode step), and ``--exporter dynamo``
-says so.
+The export goes through ``torch.export`` (``dynamo=True``) with every size dynamic: batch, ``seq`` (new tokens),
+``past`` and ``total`` (the mask's, past + new), given by name in the forward's argument structure (the cache as one
+tuple, for ``*past``). torch.export records minimum sizes of 2 for them, but the graph holds no branch on them: it
+matches torch on a prefill over an empty past and on one-token decode steps at batch 1 (what parity checks, a prefill
+and three decode steps). A decoder is written at :func:`decoder_opset`, the opset whose ``RMSNormalization`` convert
+fuses the norm chains into, when the installed ONNX Runtime runs it. The TorchScript exporter (``--exporter
+torchscript``, opset 17) stays as the fallback ``auto`` takes when dynamo fails, and one the user can name.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from typing import Any
 
 from mpinfer.data.decode import KvLayout
 from mpinfer.export.loader import LoadedModel, hf_forward_inputs
+from mpinfer.modelio import ort_runs_rms_normalization
 
 logger = logging.getLogger(__name__)
 
@@ -34,9 +35,18 @@ EXAMPLE_PAST = 8
 # exporter turns SDPA's boolean mask into Where(mask, 0, -inf), which that rewrite does not take, so every layer's
 # mask-add and Softmax stayed FP32 (23 Casts against 19 on a 2-layer Llama; the same logits to 2e-7 in parity).
 KV_ATTENTION = "eager"
-# Why auto export of a KV-cache model goes through TorchScript (recorded in the sidecar).
-EXPORTER_REASON = ("a KV-cache model goes through the TorchScript exporter: torch.export specializes sizes 0 and 1, "
-                   "so dynamo's graph assumes a non-empty past and a prefill on an empty past is wrong")
+# The opset a decoder is exported at when the installed ONNX Runtime runs its RMSNormalization (the first opset that
+# has it): convert then fuses each RMSNorm chain into one op with float32 statistics instead of an FP32 island.
+DECODER_OPSET = 23
+
+
+def decoder_opset() -> int | None:
+    """:data:`DECODER_OPSET` when ONNX Runtime runs RMSNormalization there (probed), else None (the exporter's own)."""
+    if ort_runs_rms_normalization(DECODER_OPSET):
+        return DECODER_OPSET
+    logger.info("ONNX Runtime does not run RMSNormalization (opset %d): the decoder is exported at the exporter's "
+                "default opset, its RMSNorm chains stay unfused", DECODER_OPSET)
+    return None
 
 
 def cache_argument(model: Any) -> str | None:

@@ -38,8 +38,9 @@ class ConvertConfig:
         keep_io_types: Graph inputs/outputs stay FP32; None = True (with ``plan``: the plan's; a different
             value is applied and recorded in the plan written beside the output).
         opset: Upgrade the model to this default-domain opset first (ONNX's version converter), e.g. 22, where
-            Conv, pooling and most activations take bfloat16; None = as it is (BF16 still raises it to 13).
-            With ``plan``: None = the plan's opset.
+            Conv, pooling and most activations take bfloat16; None = as it is (BF16 still raises it to 13), or 23
+            for a model whose RMSNorm chains fuse there when ONNX Runtime runs RMSNormalization
+            (:func:`mpinfer.precision.graph.fusion.fusion_opset`). With ``plan``: None = the plan's opset.
         force: Overwrite the output; re-plan an already-FP16 model.
         seed: Seed for random calibration data; None = 0.
         max_batches: Cap on calibration batches.

@@ -48,6 +48,7 @@ from mpinfer.precision.graph import (
     check_not_low,
     ensure_opset,
     fuse_norms,
+    fusion_opset,
     gate,
     gate_published,
     low_io_types,
@@ -256,7 +257,11 @@ def _load(
         release_memory()  # the whole proto, before the graph alone is read back
         model = load_onnx(weights, load_external_data=False)
         model.ir_version = ir_version  # (save_streamed wrote the IR version it writes outputs at)
-    model = ensure_opset(name_nodes(model), opts.precision, opset=opts.opset)
+    model = name_nodes(model)
+    # no --opset (nor a plan's): a decoder is upgraded to the opset where its RMSNorm chains fuse, when they would
+    upgrade = fusion_opset(model) if opts.opset is None and fuse else None
+    model = ensure_opset(model, opts.precision, opset=upgrade[0] if upgrade else opts.opset,
+                         reason=upgrade[1] if upgrade else None)
     if fuse:  # normalization chains become their ONNX op (LayerNorm from opset 17, RMSNorm from 23): no FP32 island
         fuse_norms(model)
     base_dir = str(weights.resolve().parent) if weights is not None else None

@@ -22,14 +22,10 @@ TOKENS = 8
 
 
 @pytest.fixture(scope="module")
-def decoders(tmp_path_factory):
+def decoders(tmp_path_factory, exported_llama):
     """Two tiny Llamas with different weights, exported with their KV cache, and prompts for them."""
     tmp = tmp_path_factory.mktemp("gen")
-    paths = []
-    for seed in (0, 1):
-        folder = llama_folder(tmp / f"llama{seed}", seed=seed)
-        paths.append(export_onnx(ExportConfig(source=str(folder), output=tmp / f"llama{seed}.onnx")).path)
-    return paths[0], paths[1], prompts_npz(tmp / "prompts.npz")
+    return exported_llama(0)[1].path, exported_llama(1)[1].path, prompts_npz(tmp / "prompts.npz")
 
 
 def test_identical_models_agree_on_every_token(decoders):
@@ -110,6 +106,31 @@ def test_cli_generate_without_data_is_a_user_error(invoke, decoders):
     assert_user_error(r, "--generate: received --data random:2")
 
 
+def test_compare_generate_loads_each_model_once_for_its_data_pass_and_its_decodes(decoders, monkeypatch, invoke,
+                                                                                  tmp_path):
+    """One ONNX Runtime session per model (no divergence): the data pass's session decodes for generation too, and
+    the figures are those of generation in sessions of its own."""
+    import onnxruntime
+
+    base, other, prompts = decoders
+    made: list[str] = []
+
+    class Counted(onnxruntime.InferenceSession):
+        def __init__(self, path_or_bytes, *a, **k):
+            made.append(str(path_or_bytes)[-12:])
+            super().__init__(path_or_bytes, *a, **k)
+
+    ref = generate_compare(GenerateConfig(str(base), (str(other),), str(prompts), TOKENS, batch_size=4))[0]
+    monkeypatch.setattr(onnxruntime, "InferenceSession", Counted)
+    report = tmp_path / "report"
+    r = invoke("compare", base, other, "--data", prompts, "--generate", TOKENS, "--batch-size", 4, "--no-divergence",
+               "--report", report)
+    assert r.exit_code in (0, 1), r.output
+    assert len(made) == 2, made
+    (gen,) = json.loads((report / "report.json").read_text())["data"]["generation"]
+    assert gen["metrics"] == pytest.approx(ref.metrics())
+
+
 def test_generate_reads_each_model_and_the_prompts_once_with_one_session_open(decoders, monkeypatch):
     """compare --generate's config check reads each graph and the prompts once, generate_compare reuses them,
     and no two models are open at once."""
@@ -123,10 +144,10 @@ def test_generate_reads_each_model_and_the_prompts_once_with_one_session_open(de
     real_specs, real_load, real_open, real_close = (generation._specs, generation.load_prompts, Decoder.open,
                                                     Decoder.close)
 
-    def spy_open(self, providers):
+    def spy_open(self, providers, session=None):
         open_now[0] += 1
         most[0] = max(most[0], open_now[0])
-        return real_open(self, providers)
+        return real_open(self, providers, session)
 
     def spy_close(self):
         open_now[0] -= 1

@@ -8,24 +8,20 @@ import pytest
 
 from mpinfer.checks import parse_checks
 from mpinfer.errors import InvalidInputError
-from mpinfer.export import ExportConfig, export_onnx
 from mpinfer.metrics import GENERATION_METRICS, GENERATION_OUTPUT, METRIC_DOCS, higher_is_better
 from tests.conftest import assert_user_error
-from tests.kv_models import llama_folder, prompts_npz
+from tests.kv_models import prompts_npz
 
 TOKENS = 4
 
 
 @pytest.fixture(scope="module")
-def decoders(tmp_path_factory):
+def decoders(tmp_path_factory, exported_llama):
     """Two tiny Llamas with different weights (KV cache), and prompts for them."""
     pytest.importorskip("transformers", reason="the hf extra (transformers) is not installed")
     tmp = tmp_path_factory.mktemp("genchecks")
-    paths = []
-    for seed in (0, 1):
-        folder = llama_folder(tmp / f"llama{seed}", seed=seed)
-        paths.append(export_onnx(ExportConfig(source=str(folder), output=tmp / f"llama{seed}.onnx")).path)
-    return paths[0], paths[1], prompts_npz(tmp / "prompts.npz", count=4, length=6)
+    return (exported_llama(0)[1].path, exported_llama(1)[1].path,
+            prompts_npz(tmp / "prompts.npz", count=4, length=6))
 
 
 def test_generation_metrics_are_defined_once_and_model_level():

@@ -8,7 +8,7 @@ import pytest
 
 from mpinfer.engine.build import TensorRTProbe, default_output, select_backend
 from mpinfer.engine.config import Backend
-from mpinfer.engine.machine import check_capability, check_tensorrt_ops, tensorrt_major
+from mpinfer.engine.machine import check_capability, tensorrt_major
 from mpinfer.engine.trt_builder import ParserIssue, format_parser_errors, plan_network_mode
 from mpinfer.errors import BackendUnavailableError, InvalidInputError
 from mpinfer.specs import Precision
@@ -124,18 +124,3 @@ def test_parser_issue_from_a_binding_object_without_node_info():
 
     issue = ParserIssue.from_trt(ParserErrorLike())
     assert str(issue) == "graph: protobuf parse failed [MODEL_DESERIALIZE_FAILED]"
-
-
-@pytest.mark.parametrize("version", ["10.15.1", "10.16.0", "11.0.0", "11.5.0.9"])
-def test_rms_normalization_builds_from_tensorrt_10_15(version):
-    check_tensorrt_ops(version, {"RMSNormalization", "MatMul"})
-
-
-@pytest.mark.parametrize("version", ["10.0.1", "10.8.0.43", "10.14.1"])
-def test_rms_normalization_before_tensorrt_10_15_is_refused_with_the_ways_out(version):
-    check_tensorrt_ops(version, {"MatMul", "LayerNormalization"})  # (ops every TensorRT 10 imports)
-    with pytest.raises(BackendUnavailableError) as err:
-        check_tensorrt_ops(version, {"RMSNormalization", "MatMul"})
-    text = str(err.value)
-    assert f"version {version}, whose ONNX parser cannot import RMSNormalization" in text
-    assert "TensorRT 10.15 or newer" in text and "--opset 23" in text and "--backend onnxruntime" in text

@@ -110,3 +110,31 @@ def test_engine_from_another_version_is_refused(fp16_model, tmp_path):
     sidecar_path(result.path).write_text(json.dumps(side))
     with pytest.raises(ModelLoadError, match="built with TensorRT 10.0.0.0"):
         load_engine_runner(result.path)
+
+
+def test_a_fused_rms_normalization_gets_an_engine_on_every_tensorrt(tmp_path, feeds):
+    """The default plan of a decoder holds RMSNormalization (opset 23): TensorRT < 10.15 gets the expanded chain."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from mpinfer.modelio import ir_version_for, save_onnx
+
+    scale = np.random.default_rng(2).uniform(0.5, 1.5, 8).astype(np.float16)
+    nodes = [helper.make_node("Cast", ["x"], ["xl"], to=TensorProto.FLOAT16, name="Cast_0"),
+             helper.make_node("RMSNormalization", ["xl", "scale"], ["n"], name="norm", axis=-1, epsilon=1e-5,
+                              stash_type=1),
+             helper.make_node("Cast", ["n"], ["y"], to=TensorProto.FLOAT, name="Cast_1")]
+    graph = helper.make_graph(nodes, "rms", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8])],
+                              [numpy_helper.from_array(scale, "scale")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)])
+    model.ir_version = ir_version_for(model)
+    onnx.checker.check_model(model, full_check=True)
+    path = save_onnx(model, tmp_path / "rms.fp16.onnx")
+    result = build_engine(_cfg(path, tmp_path))
+    notes = " ".join(json.loads(result.sidecar.read_text())["notes"])
+    version = tuple(int(p) for p in trt.__version__.split(".")[:2])
+    assert ("node(s) expanded" in notes) == (version < (10, 15))
+    with load_engine_runner(result.path) as runner, OrtRunner(path) as ref:
+        got, want = runner.infer(feeds)["y"], ref.infer(feeds)["y"]
+    np.testing.assert_allclose(got, want, rtol=2 * 2**-10, atol=2**-14)  # two FP16 roundings apart at most

@@ -12,7 +12,8 @@ from mpinfer.data import load_feeds
 from mpinfer.data.decode import greedy_decode, kv_layout, ort_run_fn, parse_prompts_spec, read_prompts
 from mpinfer.errors import InvalidInputError
 from mpinfer.export import ExportConfig, export_onnx
-from mpinfer.modelio import ort_session
+from mpinfer.export.kv import DECODER_OPSET
+from mpinfer.modelio import ort_runs_rms_normalization, ort_session
 from mpinfer.specs import specs_from_onnx
 from tests.conftest import assert_user_error
 from tests.kv_models import LLAMA, gpt2_folder, llama_folder, prompts_npz, tokenizer_folder
@@ -23,12 +24,9 @@ HEAD_DIM = LLAMA["hidden_size"] // LLAMA["num_attention_heads"]
 
 
 @pytest.fixture(scope="module")
-def llama(tmp_path_factory):
-    """(folder, exported model path) of a tiny Llama, exported once for the module."""
-    tmp = tmp_path_factory.mktemp("llama")
-    folder = llama_folder(tmp / "llama")
-    res = export_onnx(ExportConfig(source=str(folder), output=tmp / "llama.onnx"))
-    return folder, res
+def llama(exported_llama):
+    """(folder, export result) of a tiny Llama, exported once for the session."""
+    return exported_llama(0)
 
 
 def _dims(value_info) -> list:
@@ -49,14 +47,21 @@ def test_causal_lm_exports_with_its_kv_cache_and_dynamic_dims(llama):
     assert all(dims[n] == ["batch", kv, "past", HEAD_DIM] for n in past)
     assert all(dims[n.replace("past_key_values", "present")] == ["batch", kv, "total", HEAD_DIM] for n in past)
     assert dims["logits"] == ["batch", "seq", LLAMA["vocab_size"]]
-    assert res.exporter == "torchscript" and "torch.export specializes" in (res.fallback_reason or "")
+    # torch.export, at the opset whose RMSNormalization convert fuses the norm chains into (ONNX Runtime runs it)
+    assert res.exporter == "dynamo" and res.fallback_reason is None
+    assert res.opset == (DECODER_OPSET if ort_runs_rms_normalization(DECODER_OPSET) else res.opset)
+    ops = {n.op_type for n in model.graph.node}
+    # the norms as plain ops for convert to fuse; no RotaryEmbedding, which no TensorRT before 10.15 parses
+    assert {"Pow", "ReduceMean", "Sqrt"} <= ops and not ops & {"RMSNormalization", "RotaryEmbedding"}
 
 
-def test_dynamo_on_the_kv_wrapper_is_a_clear_error(tmp_path, llama, invoke):
-    folder, _ = llama
-    r = invoke("export", folder, "--exporter", "dynamo", "-o", tmp_path / "d.onnx")
-    assert_user_error(r, "dynamo exporter failed.*--no-past")
-    assert not (tmp_path / "d.onnx").exists()
+def test_torchscript_is_the_fallback_the_user_can_name(tmp_path, llama):
+    folder, dynamo = llama
+    res = export_onnx(ExportConfig(source=str(folder), output=tmp_path / "ts.onnx", exporter="torchscript"))
+    assert res.exporter == "torchscript" and res.opset == 17 and res.parity.passed
+    ts, dyn = onnx.load(str(res.path)), onnx.load(str(dynamo.path))
+    assert [(v.name, _dims(v)) for v in [*ts.graph.input, *ts.graph.output]] == [
+        (v.name, _dims(v)) for v in [*dyn.graph.input, *dyn.graph.output]]
 
 
 def test_parity_covers_a_prefill_on_an_empty_past_and_decode_steps(llama):

@@ -109,9 +109,10 @@ def test_below_opset_23_nothing_changes_and_the_hint_names_the_option(caplog):
     assert "1 decomposed RMSNorm chain(s) stay FP32 islands" in caplog.text and "`--opset 23`" in caplog.text
 
 
-def test_convert_at_opset_23_runs_the_fused_norm_low_without_casts(tmp_path, invoke):
-    """The same model and data: at opset 17 the norm is an FP32 island behind two Casts; at 23 it is one
-    RMSNormalization node in FP16 (its statistics in float32) with none, within the same budget."""
+def test_convert_at_opset_23_runs_the_fused_norm_low_without_casts(tmp_path, invoke, caplog):
+    """The same model and data: pinned at opset 17 the norm is an FP32 island behind two Casts; with no --opset
+    convert upgrades the model to 23 itself (one line says so) and the norm is one RMSNormalization node in FP16
+    (its statistics in float32) with none, within the same budget."""
     src = tmp_path / "m.onnx"
     src.write_bytes(_rms_model().SerializeToString())
     np.savez(tmp_path / "cal.npz", inp=(np.random.default_rng(1).standard_normal((32, 5, H)) * 40).astype(np.float32))
@@ -119,8 +120,13 @@ def test_convert_at_opset_23_runs_the_fused_norm_low_without_casts(tmp_path, inv
     for opset in (17, 23):
         out = tmp_path / f"m{opset}.onnx"
         args = ["convert", src, "-o", out, "--calibration", tmp_path / "cal.npz", "--budget", "cosine>=0.999"]
-        r = invoke(*args, *(["--opset", "23"] if opset == 23 else []))
+        caplog.clear()
+        r = invoke(*args, *(["--opset", "17"] if opset == 17 else []))
         assert r.exit_code == 0, r.output
+        said = [m for m in caplog.messages if "upgraded from opset" in m]
+        assert said == ([] if opset == 17 else [
+            "The model was upgraded from opset 17 to 23 (so that its 1 RMSNorm chain(s) fuse into RMSNormalization: "
+            "float32 statistics, no FP32 island behind Casts; --opset 17 keeps its opset)."])
         converted = onnx.load(str(out))
         casts[opset] = sum(n.op_type == "Cast" for n in converted.graph.node)
         if opset == 23:

@@ -16,11 +16,11 @@ STEPS = 3  # calibration decode steps: generation verifies STEPS + 1 tokens per 
 
 
 @pytest.fixture(scope="module")
-def decoder(tmp_path_factory):
+def decoder(tmp_path_factory, exported_llama):
     """A tiny Llama exported with its KV cache, and prompts for it."""
     pytest.importorskip("transformers", reason="the hf extra (transformers) is not installed")
     tmp = tmp_path_factory.mktemp("genbudget")
-    model = export_onnx(ExportConfig(source=str(llama_folder(tmp / "llama")), output=tmp / "m.onnx")).path
+    model = exported_llama(0)[1].path
     return model, prompts_npz(tmp / "prompts.npz")
 
 
@@ -56,15 +56,16 @@ def test_budget_with_token_agreement_is_verified_by_greedy_generation(decoder, i
 
 
 def test_a_failing_generation_budget_moves_nodes_back_to_fp32(decoder, invoke, tmp_path):
-    """All-FP16 changes the perplexity by some 3e-3 here: a tighter ppl_ratio takes the repair loop."""
+    """All-FP16 changes the perplexity by some 1e-5 here (its RMSNorms fused, the export at opset 23; 3e-3 with
+    them FP16 in the opset-17 chain): a tighter ppl_ratio takes the repair loop."""
     model, prompts = decoder
     out = tmp_path / "m16.onnx"
-    r = _convert_prompts(invoke, model, prompts, out, "ppl_ratio<=1.0005")
+    r = _convert_prompts(invoke, model, prompts, out, "ppl_ratio<=1.000002")
     assert r.exit_code == 0, r.output
     ver = _verification(out)
     assert ver["passed"] and ver["repair_rounds"] >= 1 and ver["moved_to_fp32"] > 0
     assert ver["budget"] == "nonfinite<=0"  # generation checks alone: the outputs keep the NaN/Inf floor
-    assert ver["generation"]["figures"]["ppl_ratio"] <= 1.0005
+    assert ver["generation"]["figures"]["ppl_ratio"] <= 1.000002
 
 
 def test_an_unmeetable_generation_budget_writes_nothing(decoder, invoke, tmp_path):

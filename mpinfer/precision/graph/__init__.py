@@ -23,6 +23,7 @@ from mpinfer.precision.graph.fusion import (
     find_norm_chains,
     fuse_norm_chains,
     fuse_norms,
+    fusion_opset,
 )
 from mpinfer.precision.graph.masks import (
     FP16_MASK_LOWEST,
@@ -99,6 +100,7 @@ __all__ = [
     "find_norm_chains",
     "fuse_norm_chains",
     "fuse_norms",
+    "fusion_opset",
     "gate",
     "gate_published",
     "low_array",

@@ -318,3 +318,23 @@ def fuse_norms(model: Any) -> list[NormChain]:
                            "fuses them into %s with float32 statistics and no Cast (%s).", found,
                            "RMSNorm" if op == "RMSNormalization" else "LayerNorm", since, op, runs)
     return fused
+
+
+def fusion_opset(model: Any) -> tuple[int, str] | None:
+    """The opset convert upgrades ``model`` to when the user pinned none, so that its RMSNorm chains fuse; and why.
+
+    :data:`RMS_NORM_MIN_OPSET` for a model below it with RMSNorm chains that fuse exactly, when the installed ONNX
+    Runtime runs RMSNormalization there (probed: every later step runs the model on it), with the reason for the
+    one line that says the model was upgraded. None otherwise (the model's own opset: its chains, if any, stay
+    FP32 and :func:`fuse_norms` warns).
+    """
+    from mpinfer.modelio import ort_runs_rms_normalization
+
+    opset = default_opset(model)
+    if not opset or opset >= RMS_NORM_MIN_OPSET:
+        return None
+    found = sum(c.op == "RMSNormalization" for c in find_norm_chains(model.graph, ("RMSNormalization",)))
+    if not found or not ort_runs_rms_normalization(RMS_NORM_MIN_OPSET):
+        return None
+    return RMS_NORM_MIN_OPSET, (f"so that its {found} RMSNorm chain(s) fuse into RMSNormalization: float32 "
+                                f"statistics, no FP32 island behind Casts; --opset {opset} keeps its opset")

@@ -256,10 +256,11 @@ def _topological(graph: Any) -> list[int] | None:
     return order if len(order) == len(graph.node) else None
 
 
-def ensure_opset(model: Any, precision: Precision, *, opset: int | None = None) -> Any:
+def ensure_opset(model: Any, precision: Precision, *, opset: int | None = None, reason: str | None = None) -> Any:
     """Raise the default-domain opset to ``opset`` (when given) and to what ``precision`` needs (BF16: 13).
 
-    Uses ONNX's version converter; nodes it adds get names (``mpinfer.modelio.name_nodes``).
+    Uses ONNX's version converter; nodes it adds get names (``mpinfer.modelio.name_nodes``). ``reason``: why
+    ``opset`` is asked for, for the one line that says the model was upgraded (default: ``--opset``).
 
     Raises:
         InvalidInputError: ``opset`` is below the model's, or the converter cannot upgrade the model.
@@ -290,7 +291,7 @@ def ensure_opset(model: Any, precision: Precision, *, opset: int | None = None) 
         return model
     from onnx import version_converter
 
-    why = "--opset" if opset is not None and opset >= needed else f"{precision.value.upper()} needs it"
+    why = (reason or "--opset") if opset is not None and opset >= needed else f"{precision.value.upper()} needs it"
     try:
         out = version_converter.convert_version(model, target)
     except Exception as err:  # noqa: BLE001 - the converter raises several private types
