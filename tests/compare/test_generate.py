@@ -10,6 +10,7 @@ import numpy as np
 import onnx
 import pytest
 
+from mpinfer.compare import comparator
 from mpinfer.errors import InvalidInputError
 from mpinfer.export import ExportConfig, export_onnx
 from mpinfer.generation import GenerateConfig, first_divergence, generate_compare, perplexity, step_cosines
@@ -129,6 +130,37 @@ def test_compare_generate_loads_each_model_once_for_its_data_pass_and_its_decode
     assert len(made) == 2, made
     (gen,) = json.loads((report / "report.json").read_text())["data"]["generation"]
     assert gen["metrics"] == pytest.approx(ref.metrics())
+
+
+def test_compare_generate_runs_the_baseline_once_on_each_decoded_batch(decoders, monkeypatch, invoke, tmp_path):
+    """The prompts' decode and the data pass share the baseline's runs: no batch is run twice on the same feeds,
+    and the per-output figures are those of a pass that ran every batch again."""
+    import onnxruntime
+
+    base, other, prompts = decoders
+    args = ["--data", prompts, "--generate", TOKENS, "--batch-size", 4, "--no-divergence", "--quiet"]
+    real_outputs_of = comparator._Remembered.outputs_of
+    monkeypatch.setattr(comparator._Remembered, "outputs_of", lambda self, feeds: None)  # every batch run again
+    r = invoke("compare", base, other, *args, "--report", tmp_path / "again")
+    assert r.exit_code in (0, 1), r.output
+    monkeypatch.setattr(comparator._Remembered, "outputs_of", real_outputs_of)
+    seen: dict[tuple[int, ...], object] = {}  # the ids of a run's input arrays -> the arrays (kept alive)
+    repeated = []
+
+    class Counted(onnxruntime.InferenceSession):
+        def run(self, names, feeds, *a, **k):
+            if self._model_path == str(base):
+                key = tuple(sorted(id(v) for v in feeds.values()))
+                repeated.extend([key] if key in seen else [])
+                seen[key] = list(feeds.values())
+            return super().run(names, feeds, *a, **k)
+
+    monkeypatch.setattr(onnxruntime, "InferenceSession", Counted)
+    r = invoke("compare", base, other, *args, "--report", tmp_path / "once")
+    assert r.exit_code in (0, 1), r.output
+    assert seen and not repeated
+    once, again = (json.loads((tmp_path / d / "report.json").read_text()) for d in ("once", "again"))
+    assert once["candidates"][0]["outputs"] == again["candidates"][0]["outputs"]
 
 
 def test_generate_reads_each_model_and_the_prompts_once_with_one_session_open(decoders, monkeypatch):

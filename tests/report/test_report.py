@@ -165,3 +165,30 @@ def test_names_with_markup_are_shown_as_they_are(invoke, tmp_path):
 def test_cli_report_refuses_an_empty_check(invoke, report_result, tmp_path):
     r = invoke("report", report_result["paths"]["json"], "--check", " ")
     assert r.exit_code == 2 and "--check" in r.output and "empty" in r.output
+
+
+def test_error_distributions_skip_tight_layout_and_keep_their_labels_on_the_figure(report_result, monkeypatch):
+    """A decoder draws one error distribution per output (2 per layer): laid out by fixed margins, not by
+    tight_layout's extra draw, with every label, tick label and the legend still inside the figure."""
+    from matplotlib.figure import Figure
+
+    from mpinfer.report import plots
+
+    result = report_result["result"]
+    figures, real_png = [], plots._png
+
+    def spy_png(fig, **kw):
+        figures.append(fig)
+        return real_png(fig, **kw)
+
+    monkeypatch.setattr(plots, "_png", spy_png)
+    monkeypatch.setattr(Figure, "tight_layout", lambda self, *a, **k: pytest.fail("tight_layout called"))
+    for name in dict.fromkeys(o.name for c in result.candidates for o in c.outputs):
+        png = plots.error_distribution(result, name)
+        assert png is not None and Image.open(io.BytesIO(png)).size == (630, 288)
+    assert figures
+    for fig in figures:
+        renderer = fig.canvas.get_renderer()
+        box = fig.axes[0].get_tightbbox(renderer)  # the axes with its ticks, labels, title and legend
+        width, height = fig.bbox.width, fig.bbox.height
+        assert box.x0 >= 0 and box.y0 >= 0 and box.x1 <= width and box.y1 <= height, (box, width, height)
