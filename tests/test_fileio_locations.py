@@ -125,7 +125,7 @@ def test_cli_convert_to_an_unwritable_location(invoke, tmp_path, a_file, tiny_on
 
 
 def test_cli_build_engine_to_an_unwritable_location(invoke, tmp_path, a_file, tiny_onnx):
-    for out in _bad_outputs(a_file, "m.engine"):
+    for out in _bad_outputs(a_file, "m.ort"):
         r = invoke("build-engine", tiny_onnx, "-o", out)
         assert_user_error(r, UNWRITABLE)
 

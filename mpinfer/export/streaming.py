@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import sys
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -154,10 +155,11 @@ def export_torchscript_streamed(module: Any, args: tuple[Any, ...], path: Path, 
     utils = _exporter_module()
     if utils is None:
         logger.info("the TorchScript exporter's internals are not the ones known here: weights exported in the proto")
-        torch.onnx.export(module, args, str(path), dynamo=False, **kwargs)
+        with _legacy_exporter_chosen():
+            torch.onnx.export(module, args, str(path), dynamo=False, **kwargs)
         return path
     with (_captured_params(utils) as params, _small_params_for_shape_inference(utils._C),
-          _cheap_deduplication(utils._C)):
+          _cheap_deduplication(utils._C), _legacy_exporter_chosen()):
         torch.onnx.export(module, args, str(path), dynamo=False, export_params=False, **kwargs)
     attach_weights(path, params, kwargs.get("input_names") or ())
     return path
@@ -311,3 +313,16 @@ def release_dynamo_weights(prog: Any) -> None:
     graph = getattr(getattr(prog, "model", None), "graph", None)
     for value in getattr(graph, "initializers", {}).values():
         value.const_value = None
+
+
+@contextlib.contextmanager
+def _legacy_exporter_chosen() -> Iterator[None]:
+    """Silence torch's "legacy TorchScript-based ONNX export" deprecation: mpinfer took that exporter on purpose.
+
+    It runs only as the fallback ``--exporter auto`` names the reason for, or because the user asked for
+    ``--exporter torchscript``; torch's warning would only repeat that, once per export.
+    """
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="You are using the legacy TorchScript-based ONNX export",
+                                category=DeprecationWarning)
+        yield
