@@ -170,9 +170,15 @@ def test_two_concurrent_converts_on_one_output_exactly_one_wins(tmp_path):
     while not lock_path(out).exists():  # the first run has claimed the output and is working
         assert first.poll() is None and time.monotonic() < deadline, first.communicate()
         time.sleep(0.01)
-    second = _start(*args, cwd=tmp_path)
-    _, err = second.communicate(timeout=60)
-    assert first.poll() is None  # the second failed at once, while the first still worked
+    # the first is held (SIGSTOP) while it owns the output: on a fast machine it could otherwise finish before the
+    # second has even started, and the race under test would not happen
+    os.kill(first.pid, signal.SIGSTOP)
+    try:
+        second = _start(*args, cwd=tmp_path)
+        _, err = second.communicate(timeout=60)
+        assert first.poll() is None  # the second failed at once, while the first still worked
+    finally:
+        os.kill(first.pid, signal.SIGCONT)
     assert second.returncode == 1
     assert f"pid {first.pid}" in err and "mpinfer -q convert" in err and "since" in err, err
     assert "Traceback" not in err
