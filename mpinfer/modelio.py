@@ -507,7 +507,12 @@ def require_file(path: str | os.PathLike[str], what: str) -> Path:
     return p
 
 
-def ort_runs_rms_normalization(opset: int = 23) -> bool:
+# The first opset that has RMSNormalization: export writes decoders at it and convert upgrades to it when their
+# RMSNorm chains fuse (both only where the installed ONNX Runtime runs it: :func:`ort_runs_rms_normalization`).
+RMS_NORM_OPSET = 23
+
+
+def ort_runs_rms_normalization(opset: int = RMS_NORM_OPSET) -> bool:
     """True when the installed ONNX Runtime loads and runs ``RMSNormalization`` at ``opset`` (probed, not assumed).
 
     A one-node model per float type a converted decoder feeds it (float32, and float16 as convert lowers it),

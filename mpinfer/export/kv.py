@@ -22,7 +22,7 @@ from typing import Any
 
 from mpinfer.data.decode import KvLayout
 from mpinfer.export.loader import LoadedModel, hf_forward_inputs
-from mpinfer.modelio import ort_runs_rms_normalization
+from mpinfer.modelio import RMS_NORM_OPSET, ort_runs_rms_normalization
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +37,7 @@ EXAMPLE_PAST = 8
 KV_ATTENTION = "eager"
 # The opset a decoder is exported at when the installed ONNX Runtime runs its RMSNormalization (the first opset that
 # has it): convert then fuses each RMSNorm chain into one op with float32 statistics instead of an FP32 island.
-DECODER_OPSET = 23
+DECODER_OPSET = RMS_NORM_OPSET
 
 
 def decoder_opset() -> int | None:

@@ -34,11 +34,11 @@ from typing import Any
 
 import numpy as np
 
-from mpinfer.modelio import default_opset
+from mpinfer.modelio import RMS_NORM_OPSET, default_opset
 
 logger = logging.getLogger(__name__)
 
-RMS_NORM_MIN_OPSET = 23
+RMS_NORM_MIN_OPSET = RMS_NORM_OPSET
 LAYER_NORM_MIN_OPSET = 17
 FUSED_SUFFIX = "/RMSNormalization_fused"
 FUSED_LN_SUFFIX = "/LayerNormalization_fused"
