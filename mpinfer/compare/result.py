@@ -242,7 +242,7 @@ class ComparisonResult:
             return f"PASS: {len(self.candidates)} candidate(s), checks {', '.join(self.checks)}"
         lines = [f"FAIL: {len(failed)} check(s) failed"]
         lines += [
-            f"  {cand}: {_where(o.output)}: {o.check} ({o.note or 'got ' + _fmt(o.value)})" for cand, o in failed
+            f"  {cand}: {check_scope(o.output)}: {o.check} ({o.note or 'got ' + _fmt(o.value)})" for cand, o in failed
         ]
         return "\n".join(lines)
 
@@ -373,7 +373,8 @@ def _unjson(x: Any) -> Any:
     return read_float(x)
 
 
-def _where(output: str) -> str:
+def check_scope(output: str) -> str:
+    """What a failed check was measured on, as the console and the HTML report name it."""
     return output if output in (ALL_OUTPUTS, USER_OUTPUT) else f"output '{output}'"
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 import html
 
-from mpinfer.compare.result import CandidateResult, ComparisonResult
+from mpinfer.compare.result import CandidateResult, ComparisonResult, check_scope
 from mpinfer.metrics import METRIC_DOCS
 from mpinfer.report import plots, tables
 from mpinfer.report.generation import html_parts
@@ -78,7 +78,7 @@ def render_html(result: ComparisonResult) -> str:
         parts.append(
             "<h2>Failed checks</h2><ul>"
             + "".join(
-                f"<li class=\"fail\">{_e(c)}: output '{_e(o.output)}': {_e(o.check)} "
+                f"<li class=\"fail\">{_e(c)}: {_e(check_scope(o.output))}: {_e(o.check)} "
                 f"(got {_e(tables.fmt(o.value))})"
                 "</li>"
                 for c, o in failed

@@ -51,6 +51,16 @@ def test_compare_metric_figures_checks_and_reports(invoke, mlp_files, tmp_path):
     assert_user_error(invoke("report", rep, "--check", "iou>=0.5"), "unknown metric 'iou'.*user metrics: agree")
 
 
+def test_a_failed_user_check_is_named_as_the_users_not_as_an_output(invoke, mlp_files, tmp_path):
+    rep = tmp_path / "rep"
+    r = invoke("compare", mlp_files["base"], mlp_files["fp16"], "--data", mlp_files["small"], "--metric", DECISIONS,
+               "--check", "agree_min>1", "--no-divergence", "--report", rep)
+    assert r.exit_code == 1, r.output
+    page = (rep / "index.html").read_text()
+    assert "(user metrics): agree_min&gt;1" in page and "output &#x27;(user metrics)&#x27;" not in page
+    assert "(user metrics): agree_min>1" in r.output and "output '(user metrics)'" not in r.output
+
+
 def test_api_metrics_keyword_takes_a_callable(mlp_files):
     seen = {}
 
