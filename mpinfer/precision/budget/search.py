@@ -197,6 +197,7 @@ def _choose_groups(
         if ver.budget.met(metrics):
             return list(groups), metrics, False
         _measure(groups, ver, bar)
+        ver.stop_early = True  # (the groups are ranked: a failing candidate's full run may stop once it is proved)
         order = sorted(
             (g for g in groups if math.isfinite(g.error)), key=lambda g: -g.flops / max(g.error, ERROR_FLOOR)
         )
@@ -216,6 +217,9 @@ def _cost(ver: _Verifier, groups: list[_Group], accepted: list[_Group], measured
         "verifications": int(ver.verifications),
         # Of those, candidates rejected after a run on the hardest samples only.
         "screened": int(ver.screened),
+        # ... and full runs stopped once the batches run proved the budget missed, with the batches not run
+        "stopped_early": int(ver.stopped),
+        "batches_skipped": int(ver.batches_skipped),
         "groups": len(groups),
         "groups_low": len(accepted),
         "batches": len(ver.batches),
@@ -224,6 +228,8 @@ def _cost(ver: _Verifier, groups: list[_Group], accepted: list[_Group], measured
         "model_nodes": len(ver.info.nodes),
         # False: the whole rule candidate met the budget, so no group was measured or bisected.
         "searched": measured,
+        # strict numerics: candidate runs started from a kept candidate run, and the node evaluations that saved
+        **getattr(ver.ev, "reuse", {}),
     }
     logger.info(
         "search: %d/%d groups low, %d verifications, %d node evaluations, %.1fs",
