@@ -36,6 +36,9 @@ SCREEN_MIN_TOTAL = 8
 # emulator one FP32 run plus one run of every group).
 PROBE_SHARE = 1 / 4
 PROBE_MIN_ROWS = 4
+# A candidate's full run (every search batch) stops after a batch once the samples run prove the budget fails on the
+# whole search set (the same bound as screening's); off, every full run reads every batch. The decisions are the same.
+STOP_EARLY = True
 
 
 @dataclass(frozen=True)
@@ -115,7 +118,7 @@ class _Verifier:
         for out in cand.each():
             self._add(acc, len(outs), out)
             outs.append(out)
-            if screen and self.stop_early and len(outs) < len(self.batches):
+            if screen and STOP_EARLY and self.stop_early and len(outs) < len(self.batches):
                 assert self.fp32_acc is not None  # set by _reference
                 bound = acc.optimistic(self.fp32_acc, self.budget.targets())
                 if not self.budget.met(bound):  # the samples seen prove the budget fails on the whole set
