@@ -88,3 +88,22 @@ def test_a_failing_full_run_stops_once_proved_and_no_decision_changes(tmp_path, 
     assert [(n.name, n.precision) for n in stopped.plan.nodes] == [(n.name, n.precision) for n in full.plan.nodes]
     assert stopped.plan.summary["expected_error"] == full.plan.summary["expected_error"]
     assert stopped.output.read_bytes() == full.output.read_bytes()
+
+
+@pytest.mark.parametrize("masked", [False, True])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_local_error_sums_are_the_masked_sums_bit_for_bit_and_leave_their_inputs(masked, dtype):
+    from mpinfer.precision.numerics.strict import _error_sums
+
+    rng = np.random.default_rng(1)
+    ref = rng.standard_normal((3, 7, 999)).astype(dtype)
+    got = (ref + rng.standard_normal(ref.shape) * 1e-3).astype(dtype)
+    if masked:
+        ref.reshape(-1)[::7] = np.inf
+    ref0, got0 = ref.copy(), got.copy()
+    want, value = np.asarray(ref, np.float64), np.asarray(got, np.float64)
+    ok = np.isfinite(want)
+    assert _error_sums(ref, got) == (float(((value - want)[ok] ** 2).sum()), float((want[ok] ** 2).sum()))
+    assert np.array_equal(ref, ref0) and np.array_equal(got, got0)
+    got.reshape(-1)[1] = np.nan  # (index 1: a finite reference value)
+    assert _error_sums(ref, got) is None

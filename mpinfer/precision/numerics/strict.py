@@ -76,14 +76,32 @@ def local_error(model: Any, info: GraphInfo, group: Any, refs: list[Any], low: P
     for ref in refs:
         run = emu.run({n: ref.tensors[n] for n in feeds_names}, {a: low for a in group.members})
         for o in outs:
-            want = np.asarray(ref.tensors[o], np.float64)
-            got = np.asarray(run.outputs[o], np.float64)
-            if not np.all(np.isfinite(got[np.isfinite(want)])):
+            sums = _error_sums(ref.tensors[o], run.outputs[o])
+            if sums is None:
                 return math.inf, len(group.members) * len(refs)
-            ok = np.isfinite(want)
-            noise += float(((got - want)[ok] ** 2).sum())
-            signal += float((want[ok] ** 2).sum())
+            noise, signal = noise + sums[0], signal + sums[1]
     return relative_l2(noise, signal), len(group.members) * len(refs)
+
+
+def _error_sums(reference: Any, value: Any) -> tuple[float, float] | None:
+    """(sum of squared errors, sum of squared reference values) over the finite reference values, in float64.
+
+    None when ``value`` is not finite where the reference is. The sums are numpy's pairwise sums over the flat
+    float64 values, as ``((got - want)[ok] ** 2).sum()`` gives them; a reference with every value finite (most) is
+    summed without the boolean-mask copies.
+    """
+    want = np.asarray(reference).astype(np.float64).reshape(-1)  # (copies: squared in place below)
+    got = np.asarray(value).astype(np.float64).reshape(-1)
+    ok = np.isfinite(want)
+    if ok.all():
+        if not np.isfinite(got).all():
+            return None
+    else:
+        want, got = want[ok], got[ok]
+        if not np.isfinite(got).all():
+            return None
+    d = np.subtract(got, want, out=got)
+    return float(np.square(d, out=d).sum()), float(np.square(want, out=want).sum())
 
 
 class _EmulatorRefs:
