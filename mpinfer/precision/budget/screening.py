@@ -92,6 +92,7 @@ class _Verifier:
         # (only after the groups were measured: the whole candidate's run ranks them, so it runs on every sample),
         # and the batches they did not run.
         self.stop_early = False
+        self.sensitivity_s = 0.0  # seconds the search spent measuring the groups' local errors
         self.stopped = 0
         self.batches_skipped = 0
         self._splittable: bool | None = None
