@@ -107,3 +107,16 @@ def test_local_error_sums_are_the_masked_sums_bit_for_bit_and_leave_their_inputs
     assert np.array_equal(ref, ref0) and np.array_equal(got, got0)
     got.reshape(-1)[1] = np.nan  # (index 1: a finite reference value)
     assert _error_sums(ref, got) is None
+
+
+def test_the_first_candidate_keeps_nothing_and_the_next_ones_are_kept(setup):
+    """With calibration's FP32 tensors the first candidate already runs from the FP32 runs; it keeps none of its
+    tensors (a search of one candidate would never use them), the second keeps its runs as a base."""
+    model, info, batches, matmuls = setup
+    emu = GraphEmulator(model)
+    tensors = [emu.run(b, None, keep=True).tensors for b in batches]
+    ev = StrictEvaluator(model, info, batches, Precision.FP16, known_tensors=tensors)
+    ev.candidate({a: Precision.FP16 for a in matmuls}).outputs()
+    assert ev._kept is not None and ev._kept.last is None
+    ev.candidate({a: Precision.FP16 for a in matmuls[:4]}).outputs()
+    assert ev._kept.last is not None and len(ev._kept.last) == len(batches)

@@ -170,13 +170,18 @@ class _KeptRuns:
         self.reused = 0  # candidate runs started from a kept candidate run
         self.skipped = 0  # node evaluations those runs saved against runs from the FP32 runs
 
-    def run(self, low: Mapping[str, Precision]) -> tuple[list[Outputs], int]:
+    def run(self, low: Mapping[str, Precision], may_keep: bool = True) -> tuple[list[Outputs], int]:
         """The candidate's outputs on each kept batch, and the node evaluations it cost."""
-        runs = list(self.each(low))
+        runs = list(self.each(low, may_keep))
         return [r.outputs for r in runs], sum(r.recomputed for r in runs)
 
-    def each(self, low: Mapping[str, Precision]) -> Iterator[EmulatorRun]:
-        """The candidate's run of each kept batch, one at a time (a caller may stop early: nothing is kept then)."""
+    def each(self, low: Mapping[str, Precision], may_keep: bool = True) -> Iterator[EmulatorRun]:
+        """The candidate's run of each kept batch, one at a time (a caller may stop early: nothing is kept then).
+
+        ``may_keep``: False keeps nothing of this candidate's runs (the search's first candidate, the whole rule plan,
+        which most often meets the budget and ends the search: holding every tensor of its runs would cost memory,
+        and page faults, a search of one candidate never uses).
+        """
         from_fp32 = self.emu.rerun_count(self.fp32[0].low, low)
         base, cost = self.fp32, from_fp32
         for kept in (self.met, self.last):
@@ -187,7 +192,7 @@ class _KeptRuns:
             self.skipped += (from_fp32 - cost) * len(base)
         if self.last is not self.met:
             self.last = None  # (the new run takes its place)
-        keep = self._own(self.met) + self._whole <= current_budget().search
+        keep = may_keep and self._own(self.met) + self._whole <= current_budget().search
         runs = []
         for b in base:
             runs.append(self.emu.run_from(b, low, keep=keep))
@@ -301,7 +306,7 @@ class StrictEvaluator:
         self._open()
         if self._kept is None:
             self._kept = _KeptRuns(emu, self._emu.refs)
-        for run in self._kept.each(low):
+        for run in self._kept.each(low, may_keep=not first):
             self.evaluations += run.recomputed
             yield run.outputs
 
