@@ -581,6 +581,33 @@ def test_a_repair_pass_stops_once_its_samples_prove_the_budget_fails(grown, tmp_
     assert fp32.passed and fp32.complete and fp32.samples == 128
 
 
+def test_a_probe_that_proves_nothing_is_taken_by_the_pass_not_run_again(grown, tmp_path, monkeypatch):
+    """A repair round's probe batch that does not prove a failure is not run a second time when the pass reaches it:
+    the pass runs each batch once, with the figures and fingerprint of a pass without the probe."""
+    import mpinfer.precision.budget.verify as verify
+    from mpinfer.data import load_feeds
+    from mpinfer.precision.budget.verify import VerifySettings, reference_sums, verify_model
+    from mpinfer.specs import specs_from_onnx
+
+    src, data = grown
+    reference, low = onnx.load(str(src)), _all_low(src, tmp_path)
+    feeds = load_feeds(data, specs_from_onnx(reference), batch_size=16)
+    tight = VerifySettings(budget="max_abs<=1e-3", precision=Precision.FP16, progress=False)
+    worst = verify_model(low, reference, feeds, tight).worst_batch
+    loose = VerifySettings(budget="max_abs<=10", precision=Precision.FP16, progress=False)
+    bound = reference_sums(reference, feeds, loose)
+    calls: list[int] = []
+    real = verify._fed_as_declared
+    monkeypatch.setattr(verify, "_fed_as_declared", lambda c, r: lambda b: calls.append(1) or real(c, r)(b))
+    plain = verify_model(low, reference, feeds, loose, bound=bound)
+    alone = len(calls)
+    calls.clear()
+    probed = verify_model(low, reference, feeds, loose, bound=bound, probe=worst)
+    assert plain.passed and probed.passed and probed.complete and probed.samples == plain.samples == 128
+    assert len(calls) == alone == plain.batches  # (the probe's run is the pass's run of that batch)
+    assert probed.figures == plain.figures and probed.fingerprint == plain.fingerprint
+
+
 def test_repair_rounds_rank_groups_once_per_worst_batch_and_decide_as_before(grown, tmp_path, monkeypatch):
     """A group's local error does not depend on the other groups: rounds on the same worst batch reuse it."""
     import mpinfer.precision.budget.repair as repair

@@ -36,6 +36,9 @@ SCREEN_MIN_TOTAL = 8
 # emulator one FP32 run plus one run of every group).
 PROBE_SHARE = 1 / 4
 PROBE_MIN_ROWS = 4
+# A candidate's full run (every search batch) stops after a batch once the samples run prove the budget fails on the
+# whole search set (the same bound as screening's); off, every full run reads every batch. The decisions are the same.
+STOP_EARLY = True
 
 
 @dataclass(frozen=True)
@@ -85,6 +88,13 @@ class _Verifier:
         self._hardness: np.ndarray | None = None
         self._unread: list[dict[str, np.ndarray]] | None = None  # a full verification's outputs not yet in hardness
         self.screened = 0
+        # Full runs stopped after some batches, once the samples seen proved the budget fails on the whole search set
+        # (only after the groups were measured: the whole candidate's run ranks them, so it runs on every sample),
+        # and the batches they did not run.
+        self.stop_early = False
+        self.sensitivity_s = 0.0  # seconds the search spent measuring the groups' local errors
+        self.stopped = 0
+        self.batches_skipped = 0
         self._splittable: bool | None = None
         self._joined: tuple[dict[str, np.ndarray], dict[str, np.ndarray]] | None = None  # (feeds, reference)
 
@@ -104,11 +114,24 @@ class _Verifier:
         rejected = None if rows is None else self._screen(lambda f: cand.outputs_on(f, rows), rows)
         if rejected is not None:
             return rejected
-        outs = cand.outputs()
-        metrics = self.compare(outs)
+        acc = self.accumulator()
+        outs: list[dict[str, np.ndarray]] = []
+        for out in cand.each():
+            self._add(acc, len(outs), out)
+            outs.append(out)
+            if screen and STOP_EARLY and self.stop_early and len(outs) < len(self.batches):
+                assert self.fp32_acc is not None  # set by _reference
+                bound = acc.optimistic(self.fp32_acc, self.budget.targets())
+                if not self.budget.met(bound):  # the samples seen prove the budget fails on the whole set
+                    self.stopped += 1
+                    self.batches_skipped += len(self.batches) - len(outs)
+                    cand.judged(False)
+                    return bound
+        metrics = acc.finalize()
         if self._unread is not None:
             self._update_hardness(self._unread)
         self._unread = outs  # read into the hardness when a later candidate screens (the first often passes)
+        cand.judged(self.budget.met(metrics))
         if self.budget.met(metrics):
             self.passing_outputs = (dict(low), outs)
             verified = cand.verified()
@@ -122,14 +145,20 @@ class _Verifier:
 
     def accumulate(self, outs: list[dict[str, np.ndarray]]) -> ModelAccumulator:
         """The metrics core's accumulator fed every batch of ``outs`` against the reference (with labels)."""
+        if len(outs) != len(self.batches):
+            raise ValueError(f"{len(outs)} batches of outputs for {len(self.batches)} search batches")
         acc = self.accumulator()
-        offset = 0
-        for batch, ref, out in zip(self.batches, self.reference_outputs(), outs, strict=True):
-            n = _batch_rows(batch)
-            labels = None if self.labels is None else self.labels[offset : offset + n]
-            offset += n
-            acc.update(ref, out, labels if labels is not None and len(labels) == n else None, inputs=batch)
+        for index, out in enumerate(outs):
+            self._add(acc, index, out)
         return acc
+
+    def _add(self, acc: ModelAccumulator, index: int, out: dict[str, np.ndarray]) -> None:
+        """Search batch ``index``'s candidate outputs ``out`` into ``acc``, against the reference (with labels)."""
+        batch, ref = self.batches[index], self.reference_outputs()[index]
+        offset = sum(_batch_rows(b) for b in self.batches[:index])
+        n = _batch_rows(batch)
+        labels = None if self.labels is None else self.labels[offset : offset + n]
+        acc.update(ref, out, labels if labels is not None and len(labels) == n else None, inputs=batch)
 
     def accumulator(self) -> ModelAccumulator:
         """An empty accumulator of the compared outputs, with the budget's topK and the fixed class outputs."""

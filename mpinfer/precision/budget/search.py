@@ -196,7 +196,10 @@ def _choose_groups(
         bar.advance(task)
         if ver.budget.met(metrics):
             return list(groups), metrics, False
+        measure_start = time.perf_counter()
         _measure(groups, ver, bar)
+        ver.sensitivity_s = time.perf_counter() - measure_start
+        ver.stop_early = True  # (the groups are ranked: a failing candidate's full run may stop once it is proved)
         order = sorted(
             (g for g in groups if math.isfinite(g.error)), key=lambda g: -g.flops / max(g.error, ERROR_FLOOR)
         )
@@ -216,22 +219,33 @@ def _cost(ver: _Verifier, groups: list[_Group], accepted: list[_Group], measured
         "verifications": int(ver.verifications),
         # Of those, candidates rejected after a run on the hardest samples only.
         "screened": int(ver.screened),
+        # ... and full runs stopped once the batches run proved the budget missed, with the batches not run
+        "stopped_early": int(ver.stopped),
+        "batches_skipped": int(ver.batches_skipped),
         "groups": len(groups),
         "groups_low": len(accepted),
         "batches": len(ver.batches),
         "wall_s": round(wall, 3),
+        "sensitivity_s": round(ver.sensitivity_s, 3),  # of which measuring the groups' local errors
         "numerics": ver.cfg.numerics,
         "model_nodes": len(ver.info.nodes),
         # False: the whole rule candidate met the budget, so no group was measured or bisected.
         "searched": measured,
+        # strict numerics: candidate runs started from a kept candidate run, and the node evaluations that saved
+        **getattr(ver.ev, "reuse", {}),
     }
     logger.info(
-        "search: %d/%d groups low, %d verifications, %d node evaluations, %.1fs",
+        "search: %d/%d groups low, %d verifications (%d screened, %d stopped early, %d runs from a kept candidate "
+        "run), %d node evaluations, %.1fs (%.1fs measuring groups)",
         len(accepted),
         len(groups),
         ver.verifications,
+        ver.screened,
+        ver.stopped,
+        cost.get("reused_runs", 0),
         ver.ev.evaluations,
         cost["wall_s"],
+        cost["sensitivity_s"],
     )
     return cost
 

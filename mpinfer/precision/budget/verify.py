@@ -250,9 +250,12 @@ def verify_model(
     )
     run = _fed_as_declared(candidate, runner)
     ref_run = _ReferenceRunner(reference, reference_dir, names)
-    if bound is not None and probe is not None and (proved := _probe(reference, probe, run, ref_run, settings, bound)):
-        proved.wall_s, proved.engine = round(time.perf_counter() - start, 3), getattr(runner, "engine", "")
-        return proved
+    shared: _Shared | None = None
+    if bound is not None and probe is not None:
+        proved, shared = _probe(reference, probe, run, ref_run, settings, bound)
+        if proved is not None:
+            proved.wall_s, proved.engine = round(time.perf_counter() - start, 3), getattr(runner, "engine", "")
+            return proved
     figures = _accumulator(names, settings)
     hashers: dict[str, Any] = {}
     labels = getattr(feeds, "labels", None)
@@ -261,8 +264,9 @@ def verify_model(
         task = bar.add_task("", total=None)
         for batch, rows, kept, given in _runs(feeds, reference, settings, known_reference, names, known_candidate):
             fingerprint_update(hashers, batch)
-            ref = kept if kept is not None else ref_run(batch)
-            cand = given if given is not None else run(batch)
+            reused = shared.take(batch) if shared is not None and given is None else None
+            ref = kept if kept is not None else reused[0] if reused is not None else ref_run(batch)
+            cand = given if given is not None else reused[1] if reused is not None else run(batch)
             figures.update(ref, cand, _batch_labels(labels, tally.samples, rows), inputs=batch)
             tally.add(batch, rows, _batch_error(ref, cand, floats))
             bar.advance(task)
@@ -292,19 +296,46 @@ def _probe(
     ref_run: _ReferenceRunner,
     settings: VerifySettings,
     bound: Any,
-) -> Verification | None:
-    """``batch`` alone through the candidate: a failed Verification when it proves the budget fails, else None."""
+) -> tuple[Verification | None, _Shared | None]:
+    """``batch`` alone through the candidate: a failed Verification when it proves the budget fails.
+
+    Else (None, the probe's outputs): the pass that streams every batch takes them when it reaches this batch, so a
+    repair round's probe costs no second run of it.
+    """
     if settings.metrics:  # (the batch's labels are not kept with it, and a user metric may read them)
-        return None
+        return None, None
     ref, cand = ref_run(batch), run(batch)
     acc = _accumulator(list(ref), settings)
     acc.update(ref, cand, None)
     failures = budget_failures(settings.budget, _optimistic(acc, bound, settings), settings.user)
     if not failures:
-        return None
+        return None, _Shared(dict(batch), ref, cand)
     return Verification(figures=acc.finalize(), samples=BatchSlicer(reference).rows(batch), batches=1,
                         numerics=settings.numerics, fingerprint="", failures=failures, worst_batch=dict(batch),
-                        complete=False)
+                        complete=False), None
+
+
+@dataclass
+class _Shared:
+    """A probe's run (its batch, the FP32 outputs and the candidate's), handed to the pass once, at that batch."""
+
+    batch: dict[str, np.ndarray]
+    ref: dict[str, np.ndarray]
+    cand: dict[str, np.ndarray]
+    used: bool = False
+
+    def take(self, batch: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]] | None:
+        """(FP32, candidate) outputs when ``batch`` holds the probe's very data (the first time only), else None."""
+        if self.used or set(batch) != set(self.batch):
+            return None
+        same = all(
+            np.shape(batch[k]) == np.shape(v) and np.asarray(batch[k]).dtype == np.asarray(v).dtype
+            and np.array_equal(batch[k], v) for k, v in self.batch.items()
+        )
+        if not same:
+            return None
+        self.used = True
+        return self.ref, self.cand
 
 
 def reference_sums(

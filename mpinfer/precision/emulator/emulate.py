@@ -214,27 +214,49 @@ class GraphEmulator:
                 )
             )
         new_low = self._check_low(low)
-        changed = {
-            a
-            for a in set(reference.low) | set(new_low)
-            if reference.low.get(a, Precision.FP32) != new_low.get(a, Precision.FP32)
-        }
-        seeds = {self._owner[a] for a in changed}
+        rerun = self._rerun(reference.low, new_low)
         env: dict[str, Any] = dict(reference.tensors)
         state = _State(new_low, None)
-        dirty: set[str] = set()
         count = 0
         with np.errstate(all="ignore"):
             for idx, step in enumerate(self._main.steps):
-                if idx in seeds or not dirty.isdisjoint(step.reads):
+                if rerun[idx]:
                     self._exec_step(step, env, env, state)
-                    dirty.update(step.outputs)
                     count += 1
                 if not keep:  # drop tensors no later step reads (the reference keeps its own)
                     self._free_read(idx, step, env)
         if not keep:
             return EmulatorRun(self._collect_outputs(env), {}, dict(new_low), False, count)
         return EmulatorRun(self._collect_outputs(env), env, dict(new_low), True, count)
+
+    @property
+    def initializer_names(self) -> frozenset[str]:
+        """The main graph's initializers (a kept run holds them too, shared by every run)."""
+        return frozenset(self._main.initializers)
+
+    def rerun_count(self, reference_low: Mapping[str, Precision], low: Mapping[str, Precision] | None) -> int:
+        """Main-graph nodes :meth:`run_from` a run made with ``reference_low`` would execute for ``low`` (none run).
+
+        Lets a caller holding several kept runs start each candidate from the one it shares most with.
+        """
+        return sum(self._rerun(reference_low, self._check_low(low)))
+
+    def _rerun(self, reference_low: Mapping[str, Precision], new_low: Mapping[str, Precision]) -> list[bool]:
+        """Per main-graph step: True when its precision differs from ``reference_low`` or it reads a changed tensor."""
+        changed = {
+            a
+            for a in set(reference_low) | set(new_low)
+            if reference_low.get(a, Precision.FP32) != new_low.get(a, Precision.FP32)
+        }
+        seeds = {self._owner[a] for a in changed}
+        dirty: set[str] = set()
+        out = []
+        for idx, step in enumerate(self._main.steps):
+            again = idx in seeds or not dirty.isdisjoint(step.reads)
+            if again:
+                dirty.update(step.outputs)
+            out.append(again)
+        return out
 
     def _main_env(self, feeds: Mapping[str, np.ndarray]) -> dict[str, Any]:
         """The main graph's initializers and the feeds of its inputs (refused when a graph input has no feed)."""

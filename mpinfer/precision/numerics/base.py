@@ -10,7 +10,7 @@ place that maps a ``--numerics`` name to its class (strict: :mod:`.strict`; ONNX
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, ClassVar, Protocol
 
 import numpy as np
@@ -27,11 +27,17 @@ class Candidate(Protocol):
     def outputs(self) -> list[Outputs]:
         """Its outputs on every search batch (one dict per batch)."""
 
+    def each(self) -> Iterator[Outputs]:
+        """Its outputs batch by batch, each run when asked for (a caller that stops early runs no more)."""
+
     def outputs_on(self, feeds: Mapping[str, np.ndarray], rows: np.ndarray) -> Outputs:
         """Its outputs on the samples ``rows`` of the joined search batches (``feeds`` holds those rows)."""
 
     def verified(self) -> tuple[dict[str, Precision], Any] | None:
         """(precisions, ApplyResult) when the candidate was applied and run as it would be written, else None."""
+
+    def judged(self, met: bool) -> None:
+        """Told, after a full run, whether the candidate met the budget (an evaluator may keep its runs to reuse)."""
 
 
 class Evaluator(Protocol):

@@ -6,7 +6,7 @@ emulator for groups the probe cannot copy.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -118,12 +118,20 @@ class _AppliedCandidate:
         self.ev.evaluations += len(self.ev.info.nodes) * len(self.ev.batches)
         return outs
 
+    def each(self) -> Iterator[Outputs]:
+        for b in self.ev.batches:
+            self.ev.evaluations += len(self.ev.info.nodes)
+            yield self.run(b)
+
     def outputs_on(self, feeds: Mapping[str, np.ndarray], rows: np.ndarray) -> Outputs:
         self.ev.evaluations += len(self.ev.info.nodes)
         return self.run(feeds)
 
     def verified(self) -> tuple[dict[str, Precision], Any] | None:
         return self.precisions, self.applied
+
+    def judged(self, met: bool) -> None:
+        """Nothing is kept: each candidate is a whole run of the applied model."""
 
 
 class OrtEvaluator(_AppliedEvaluator):

@@ -9,15 +9,17 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
 
 from mpinfer.errors import InvalidInputError, format_message
+from mpinfer.memory import current_budget
 from mpinfer.metrics import relative_l2
 from mpinfer.precision.core import GraphInfo
 from mpinfer.precision.emulator import (
+    EmulatorRun,
     GraphEmulator,
     StrictModelRunner,
     StrictRunner,
@@ -74,14 +76,32 @@ def local_error(model: Any, info: GraphInfo, group: Any, refs: list[Any], low: P
     for ref in refs:
         run = emu.run({n: ref.tensors[n] for n in feeds_names}, {a: low for a in group.members})
         for o in outs:
-            want = np.asarray(ref.tensors[o], np.float64)
-            got = np.asarray(run.outputs[o], np.float64)
-            if not np.all(np.isfinite(got[np.isfinite(want)])):
+            sums = _error_sums(ref.tensors[o], run.outputs[o])
+            if sums is None:
                 return math.inf, len(group.members) * len(refs)
-            ok = np.isfinite(want)
-            noise += float(((got - want)[ok] ** 2).sum())
-            signal += float((want[ok] ** 2).sum())
+            noise, signal = noise + sums[0], signal + sums[1]
     return relative_l2(noise, signal), len(group.members) * len(refs)
+
+
+def _error_sums(reference: Any, value: Any) -> tuple[float, float] | None:
+    """(sum of squared errors, sum of squared reference values) over the finite reference values, in float64.
+
+    None when ``value`` is not finite where the reference is. The sums are numpy's pairwise sums over the flat
+    float64 values, as ``((got - want)[ok] ** 2).sum()`` gives them; a reference with every value finite (most) is
+    summed without the boolean-mask copies.
+    """
+    want = np.asarray(reference).astype(np.float64).reshape(-1)  # (copies: squared in place below)
+    got = np.asarray(value).astype(np.float64).reshape(-1)
+    ok = np.isfinite(want)
+    if ok.all():
+        if not np.isfinite(got).all():
+            return None
+    else:
+        want, got = want[ok], got[ok]
+        if not np.isfinite(got).all():
+            return None
+    d = np.subtract(got, want, out=got)
+    return float(np.square(d, out=d).sum()), float(np.square(want, out=want).sum())
 
 
 class _EmulatorRefs:
@@ -128,6 +148,73 @@ class _EmulatorRefs:
         return out
 
 
+class _KeptRuns:
+    """The runs a candidate can start from: the FP32 runs, the last candidate that met the budget, the last one run.
+
+    Each candidate runs (:meth:`GraphEmulator.run_from`) from the kept runs it differs least from (fewest nodes to
+    recompute): ``run_from`` gives ``run(feeds, low)`` bit for bit whatever run it starts from, so the outputs (and
+    every decision made on them) are those of a run from the FP32 runs. A bisection's next prefix then recomputes
+    what the groups it adds to the last passing prefix change, and a refinement step what its one group changes.
+
+    The candidates' runs are kept only while their own tensors (those not shared with the FP32 runs) and a whole new
+    run fit in the memory budget's ``search`` slice (what the FP32 runs of the search samples were sized to); else
+    every candidate starts from the FP32 runs, as before.
+    """
+
+    def __init__(self, emu: GraphEmulator, fp32: list[EmulatorRun]) -> None:
+        self.emu, self.fp32 = emu, fp32
+        self.met: list[EmulatorRun] | None = None
+        self.last: list[EmulatorRun] | None = None
+        self._shared = {id(v) for r in fp32 for v in r.tensors.values()}
+        self._whole = sum(_nbytes(v) for r in fp32 for k, v in r.tensors.items() if k not in emu.initializer_names)
+        self.reused = 0  # candidate runs started from a kept candidate run
+        self.skipped = 0  # node evaluations those runs saved against runs from the FP32 runs
+
+    def run(self, low: Mapping[str, Precision], may_keep: bool = True) -> tuple[list[Outputs], int]:
+        """The candidate's outputs on each kept batch, and the node evaluations it cost."""
+        runs = list(self.each(low, may_keep))
+        return [r.outputs for r in runs], sum(r.recomputed for r in runs)
+
+    def each(self, low: Mapping[str, Precision], may_keep: bool = True) -> Iterator[EmulatorRun]:
+        """The candidate's run of each kept batch, one at a time (a caller may stop early: nothing is kept then).
+
+        ``may_keep``: False keeps nothing of this candidate's runs (the search's first candidate, the whole rule plan,
+        which most often meets the budget and ends the search: holding every tensor of its runs would cost memory,
+        and page faults, a search of one candidate never uses).
+        """
+        from_fp32 = self.emu.rerun_count(self.fp32[0].low, low)
+        base, cost = self.fp32, from_fp32
+        for kept in (self.met, self.last):
+            if kept is not None and kept is not base and (c := self.emu.rerun_count(kept[0].low, low)) < cost:
+                base, cost = kept, c
+        if base is not self.fp32:
+            self.reused += 1
+            self.skipped += (from_fp32 - cost) * len(base)
+        if self.last is not self.met:
+            self.last = None  # (the new run takes its place)
+        keep = may_keep and self._own(self.met) + self._whole <= current_budget().search
+        runs = []
+        for b in base:
+            runs.append(self.emu.run_from(b, low, keep=keep))
+            yield runs[-1]
+        self.last = runs if keep else None  # (only a run of every batch can be a base)
+
+    def judged(self, met: bool) -> None:
+        """The last candidate run met the budget (its runs become the base to grow from) or not."""
+        if met and self.last is not None:
+            self.met = self.last
+
+    def _own(self, runs: list[EmulatorRun] | None) -> int:
+        """Bytes of ``runs``' tensors not shared with the FP32 runs."""
+        if runs is None:
+            return 0
+        return sum(_nbytes(v) for r in runs for v in r.tensors.values() if id(v) not in self._shared)
+
+
+def _nbytes(value: Any) -> int:
+    return int(value.nbytes) if isinstance(value, np.ndarray) else 0
+
+
 class StrictEvaluator:
     """Strict numerics: the emulator, each candidate an incremental run from the kept FP32 runs."""
 
@@ -161,7 +248,8 @@ class StrictEvaluator:
         self._known_outputs = known_outputs if known_outputs is not None and len(known_outputs) == len(batches) \
             else None
         self._first_run = False  # whether the first candidate ran (whole runs, no kept FP32 runs needed)
-        self._screen_ref: tuple[np.ndarray, Any] | None = None  # (screening rows, their kept FP32 run)
+        self._screen_ref: tuple[np.ndarray, _KeptRuns] | None = None  # (screening rows, runs of those rows)
+        self._kept: _KeptRuns | None = None  # the search batches' FP32 runs and kept candidate runs
         self._values_per_node: float | None = None
         self._extra = 0
 
@@ -193,6 +281,13 @@ class StrictEvaluator:
 
     def run_from_refs(self, low: dict[str, Precision]) -> list[Outputs]:
         """The candidate's outputs on every search batch, each an incremental run from the batch's FP32 run."""
+        return list(self.each_from_refs(low))
+
+    def each_from_refs(self, low: dict[str, Precision]) -> Iterator[Outputs]:
+        """:meth:`run_from_refs` one search batch at a time (the caller may stop early).
+
+        Each batch's run starts from the kept run it differs least from (:class:`_KeptRuns`).
+        """
         emu = self._emu.emu
         assert emu is not None
         first, self._first_run = not self._first_run, True
@@ -202,19 +297,30 @@ class StrictEvaluator:
             # ONNX Runtime when the applied candidate qualifies for a cast graph (castgraph: the emulator's bits)
             fast = self._cast_graph_runs(low)
             if fast is not None:
-                return fast
-            outs = []
+                yield from fast
+                return
             for batch in self._emu.batches:
-                outs.append(emu.run(batch, low).outputs)
                 self.evaluations += len(self.info.nodes)
-            return outs
+                yield emu.run(batch, low).outputs
+            return
         self._open()
-        outs = []
-        for ref in self._emu.refs:
-            run = emu.run_from(ref, low, keep=False)
+        if self._kept is None:
+            self._kept = _KeptRuns(emu, self._emu.refs)
+        for run in self._kept.each(low, may_keep=not first):
             self.evaluations += run.recomputed
-            outs.append(run.outputs)
-        return outs
+            yield run.outputs
+
+    def judged(self, met: bool) -> None:
+        """The last candidate met the budget or not: a candidate that met it is kept as a base for the next ones."""
+        for kept in (self._kept, self._screen_ref[1] if self._screen_ref is not None else None):
+            if kept is not None:
+                kept.judged(met)
+
+    @property
+    def reuse(self) -> dict[str, int]:
+        """Candidate runs started from a kept candidate run (not the FP32 runs), and the node evaluations saved."""
+        runs = [k for k in (self._kept, self._screen_ref[1] if self._screen_ref is not None else None) if k]
+        return {"reused_runs": sum(k.reused for k in runs), "evaluations_saved": sum(k.skipped for k in runs)}
 
     def _cast_graph_runs(self, low: dict[str, Precision]) -> list[Outputs] | None:
         """The candidate applied and run on every search batch as a cast graph; None where it does not qualify."""
@@ -245,11 +351,12 @@ class StrictEvaluator:
         """
         assert self._emu.emu is not None
         if self._screen_ref is None:
-            self._screen_ref = rows, self._emu.emu.run(dict(feeds), None, keep=True)
+            fp32 = self._emu.emu.run(dict(feeds), None, keep=True)
+            self._screen_ref = rows, _KeptRuns(self._emu.emu, [fp32])
             self.evaluations += len(self.info.nodes)
-        run = self._emu.emu.run_from(self._screen_ref[1], dict(low), keep=False)
-        self.evaluations += run.recomputed
-        return run.outputs
+        outs, evaluations = self._screen_ref[1].run(low)
+        self.evaluations += evaluations
+        return outs[0]
 
     def screen_rows(self, hardest: Callable[[], np.ndarray | None]) -> np.ndarray | None:
         """The screening rows, chosen once (from the first full verification) and kept.
@@ -307,10 +414,16 @@ class _StrictCandidate:
     def outputs(self) -> list[Outputs]:
         return self.ev.run_from_refs(self.low)
 
+    def each(self) -> Iterator[Outputs]:
+        return self.ev.each_from_refs(self.low)
+
     def outputs_on(self, feeds: Mapping[str, np.ndarray], rows: np.ndarray) -> Outputs:
         return self.ev.strict_rows(feeds, rows, self.low)
 
     def verified(self) -> tuple[dict[str, Precision], Any] | None:
         return None
+
+    def judged(self, met: bool) -> None:
+        self.ev.judged(met)
 
 
