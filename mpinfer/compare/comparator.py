@@ -228,21 +228,22 @@ class _Remembered:
         weights = {t.name for t in graph.graph.initializer}
         self.specs = [s for s in specs_from_onnx(graph) if s.name not in weights]
         self.names = [o.name for o in graph.graph.output]
-        self._decoded: dict[int, tuple[Mapping[str, np.ndarray], dict[str, np.ndarray]]] = {}
+        self._decoded: dict[int, tuple[Mapping[str, np.ndarray], dict[str, np.ndarray], float]] = {}
 
     def decode(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Run the model on one call of a prompt decode (its data pass's batches) and remember the outputs.
 
         The pass then takes them for the same batch (:meth:`outputs_of`) instead of running it a second time.
         """
+        start = time.perf_counter()
         out = self.runner.infer(feeds)
-        self._decoded[id(feeds)] = (feeds, out)
+        self._decoded[id(feeds)] = (feeds, out, time.perf_counter() - start)
         return out
 
-    def outputs_of(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray] | None:
-        """The outputs :meth:`decode` got for this very batch (forgotten once taken), or None."""
+    def outputs_of(self, feeds: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], float] | None:
+        """The outputs :meth:`decode` got for this very batch and its run's seconds (forgotten once taken), or None."""
         hit = self._decoded.pop(id(feeds), None)
-        return hit[1] if hit is not None and hit[0] is feeds else None
+        return (hit[1], hit[2]) if hit is not None and hit[0] is feeds else None
 
     @contextlib.contextmanager
     def session(self) -> Iterator[Runner]:
@@ -481,6 +482,8 @@ def _run_one_at_a_time(
     # candidates, which cannot decode them again once the baseline is closed
     decoded: list[dict[str, np.ndarray]] | None = [] if hasattr(feeds, "batch_steps") else None  # a DecodeFeedSource
     with baseline.session():
+        # the decodes on this session take the outputs of the pass's calls they repeat (GenerationPass.remember)
+        known = gen if gen is not None and decoded is not None and _ort_session(baseline.runner) is not None else None
         for index, batch in enumerate(_iter_progress(feeds, cfg.show_progress)):
             if decoded is not None:
                 decoded.append(batch)
@@ -488,10 +491,14 @@ def _run_one_at_a_time(
             labs.append(labels[offset : offset + n] if labels is not None and offset + n <= len(labels) else None)
             offset += n
             # a decoded batch's outputs came with its decoding (the same session on the same feeds): not run again
-            out = baseline.outputs_of(batch) if decoded is not None else None
-            if out is None:
+            hit = baseline.outputs_of(batch) if decoded is not None else None
+            if hit is None:
+                start = time.perf_counter()
                 out = _infer(baseline.runner, batch, f"Baseline '{cfg.baseline}'", index)
-            bouts.append({k: np.array(v) for k, v in out.items()})
+                hit = (out, time.perf_counter() - start)
+            bouts.append({k: np.array(v) for k, v in hit[0].items()})
+            if known is not None:
+                known.remember(0, batch, bouts[-1], hit[1])
             if index == 0 and labels is not None:
                 labeled = _labeled_outputs(labels, bouts[0], n, cfg)
             if len(kept) < max(cfg.divergence_batches, 1):
@@ -503,8 +510,13 @@ def _run_one_at_a_time(
                                                "at least one batch of samples"))
     for number, (cname, runner) in enumerate(candidates.items()):
         with runner.session():
+            known = gen if gen is not None and gen.ref is not None and decoded is not None and _ort_session(
+                runner.runner) is not None else None
             for index, batch in enumerate(feeds if decoded is None else decoded):
+                start = time.perf_counter()
                 cout = _infer(runner.runner, batch, f"Candidate '{cname}'", index)
+                if known is not None:
+                    known.remember(number + 1, batch, cout, time.perf_counter() - start)
                 _check_batch_outputs(bouts[index], cout, cname)
                 for o in out_names:
                     accs[cname].outputs[o].update(bouts[index][o], cout[o], labs[index] if o in labeled else None)
