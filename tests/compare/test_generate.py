@@ -10,7 +10,7 @@ import numpy as np
 import onnx
 import pytest
 
-from mpinfer.compare import comparator
+from mpinfer.compare import passes
 from mpinfer.errors import InvalidInputError
 from mpinfer.export import ExportConfig, export_onnx
 from mpinfer.generation import GenerateConfig, first_divergence, generate_compare, perplexity, step_cosines
@@ -153,11 +153,11 @@ def test_compare_generate_runs_the_baseline_once_on_each_decoded_batch(decoders,
 
     base, other, prompts = decoders
     args = ["--data", prompts, "--generate", TOKENS, "--batch-size", 4, "--no-divergence", "--quiet"]
-    real_outputs_of = comparator._Remembered.outputs_of
-    monkeypatch.setattr(comparator._Remembered, "outputs_of", lambda self, feeds: None)  # every batch run again
+    real_outputs_of = passes.Remembered.outputs_of
+    monkeypatch.setattr(passes.Remembered, "outputs_of", lambda self, feeds: None)  # every batch run again
     r = invoke("compare", base, other, *args, "--report", tmp_path / "again")
     assert r.exit_code in (0, 1), r.output
-    monkeypatch.setattr(comparator._Remembered, "outputs_of", real_outputs_of)
+    monkeypatch.setattr(passes.Remembered, "outputs_of", real_outputs_of)
     seen: dict[tuple[int, ...], object] = {}  # the ids of a run's input arrays -> the arrays (kept alive)
     repeated = []
 
