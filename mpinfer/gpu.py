@@ -102,8 +102,26 @@ def probe_tensorrt() -> TensorRTProbe:
     return TensorRTProbe(str(trt.__version__))
 
 
+def cuda_driver_present() -> bool:
+    """Whether the CUDA driver library loads here: without it no CUDA device is visible to anyone (torch included).
+
+    A cheap negative answer (a ``dlopen``) that spares importing torch (seconds, hundreds of MB) on machines with
+    no NVIDIA driver, where onnxruntime-gpu still lists its CUDA provider.
+    """
+    import ctypes
+    import sys
+
+    try:
+        ctypes.CDLL("nvcuda.dll" if sys.platform == "win32" else "libcuda.so.1")  # as the CUDA runtime loads it
+    except OSError:
+        return False
+    return True
+
+
 def cuda_device_count() -> int:
     """Number of CUDA devices torch can see (0 without torch or without a GPU)."""
+    if not cuda_driver_present():
+        return 0
     try:
         import torch
 

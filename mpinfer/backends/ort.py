@@ -13,6 +13,7 @@ import numpy as np
 
 from mpinfer.backends.base import Runner
 from mpinfer.errors import BackendUnavailableError, InvalidInputError, format_message
+from mpinfer.gpu import cuda_driver_present
 from mpinfer.modelio import default_opset, ir_version_for, load_onnx, ort_log_level, ort_session
 from mpinfer.specs import TensorSpec, dim_symbol, specs_from_onnx
 
@@ -34,8 +35,11 @@ def available_providers() -> list[str]:
 
 
 def cuda_usable() -> bool:
-    """True when onnxruntime has the CUDA provider and a CUDA device is visible to torch."""
-    if "CUDAExecutionProvider" not in available_providers():
+    """True when onnxruntime has the CUDA provider and a CUDA device is visible to torch.
+
+    Without a CUDA driver (:func:`mpinfer.gpu.cuda_driver_present`) the answer is False without importing torch.
+    """
+    if "CUDAExecutionProvider" not in available_providers() or not cuda_driver_present():
         return False
     try:
         import torch

@@ -4,7 +4,8 @@ The metrics are :mod:`mpinfer.metrics`'s and the checks :mod:`mpinfer.checks`'s 
 """
 
 from mpinfer.api import make_callable
-from mpinfer.compare.comparator import CompareConfig, compare_models
+from mpinfer.compare.comparator import compare_models
+from mpinfer.compare.config import CompareConfig
 from mpinfer.compare.result import SCHEMA_VERSION, CandidateResult, ComparisonResult
 
 __all__ = [

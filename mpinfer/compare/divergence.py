@@ -136,9 +136,13 @@ def tensor_bytes(
 
 
 def _probe_sizes(
-    model: Any, names: Sequence[str], batches: Sequence[Mapping[str, np.ndarray]], providers: list[str], base_dir: str
+    model: Any, names: Sequence[str], batches: Sequence[Mapping[str, np.ndarray]], providers: list[str], base_dir: str,
+    keep: dict[str, Any] | None = None,
 ) -> tuple[list[int], bool]:
     """:func:`tensor_bytes`, and whether the model took a one-sample batch (False: it takes only some batch sizes).
+
+    ``keep``: given, the probe's session (the model with every tensor of ``names`` as an output) is left in it
+    under ``"session"``, for the measurement's one chunk of those same tensors (:func:`measure_tensors`).
 
     A model whose graph groups its rows (a Reshape to ``[-1, 4, F]``) refuses one sample: the probe then runs the
     user's own largest batch, which the comparison has run already, and the batches are never cut.
@@ -149,6 +153,8 @@ def _probe_sizes(
     slicer = BatchSlicer(model)
     rows = slicer.rows(feeds)
     sess = _session(_with_outputs(model, names), providers, base_dir)
+    if keep is not None:
+        keep["session"] = sess
     if rows > 1:
         try:
             return [np.asarray(v).nbytes * rows for v in sess.run(list(names), dict(slicer.slice(feeds, 0, 1)))], True
@@ -183,6 +189,7 @@ def measure_tensors(
     show_progress: bool = False,
     dirs: tuple[str, str] = ("", ""),
     sizes: Sequence[int] | None = None,
+    probe: dict[str, Any] | None = None,
 ) -> dict[str, TensorAcc]:
     """Run both models with ``names`` as extra outputs, chunk by chunk, and accumulate per-tensor error.
 
@@ -191,7 +198,9 @@ def measure_tensors(
     outputs decide what onnxruntime fuses, so the chunking is part of the result: keep it stable. ``dirs``: the
     folders the baseline's and the candidate's external weights are in (memory-mapped from there, never loaded).
     ``sizes``: each tensor's bytes on the largest batch, when :func:`fit_batches` measured them (then one chunk
-    holds them all: a model whose weights outweigh a chunk pays a session per chunk).
+    holds them all: a model whose weights outweigh a chunk pays a session per chunk). ``probe``: the baseline's
+    session with every tensor of ``names`` as an output under ``"session"`` (the size probe's), taken out of it
+    and used when one chunk holds them all (held nowhere else: closed before the candidate's session opens).
     """
     accs = {n: TensorAcc() for n in names}
     size = len(names) if sizes is not None else STRICT_CHUNK_SIZE if strict else CHUNK_SIZE
@@ -200,6 +209,9 @@ def measure_tensors(
     if sizes is None:
         sizes = tensor_bytes(base, names, batches, providers, base_dir=dirs[0])
     chunks = pack_chunks(names, sizes, size, limit)
+    session = (probe or {}).pop("session", None)
+    if session is not None and chunks != [list(names)]:
+        session = None  # (not the chunk's outputs, which decide what onnxruntime fuses) dropped before any other
     emu = None
     if strict:
 
@@ -207,7 +219,8 @@ def measure_tensors(
     with progress_bar(enabled=show_progress) as progress:
         task = progress.add_task("divergence: intermediate tensors", total=len(chunks) * len(batches))
         for chunk in chunks:
-            sb: Any = _session(_with_outputs(base, chunk), providers, dirs[0])
+            sb: Any = session if session is not None else _session(_with_outputs(base, chunk), providers, dirs[0])
+            session = None
             if emu is not None:
                 for feeds in batches:
                     _strict_pass(emu, chunk, sb.run(chunk, dict(feeds)), feeds, accs)
@@ -250,6 +263,7 @@ def fit_batches(
     batches: Sequence[Mapping[str, np.ndarray]],
     providers: list[str],
     base_dir: str = "",
+    probe: dict[str, Any] | None = None,
 ) -> tuple[list[Mapping[str, np.ndarray]], list[int] | None, list[str]]:
     """The batches cut to the samples whose tensors fit one chunk, for a model whose weights outweigh a chunk.
 
@@ -258,13 +272,15 @@ def fit_batches(
     that fit one chunk (at least one; a chunk's tensors of every batch are held together, beside one run's), in
     one session per model. Other models are measured as given.
 
+    ``probe``: given, the size probe's session is left in it (see :func:`_probe_sizes`).
+
     Returns:
         (batches, each tensor's bytes on the largest of them or None when not cut, notes for the report).
     """
     limit = chunk_limit(base)
     if not batches or not names or weight_bytes(base) <= limit:
         return list(batches), None, []
-    sizes, one_sample = _probe_sizes(base, names, batches, providers, base_dir)
+    sizes, one_sample = _probe_sizes(base, names, batches, providers, base_dir, probe)
     slicer = BatchSlicer(base)
     rows = max(slicer.rows(b) for b in batches)
     # held at once: the baseline's chunk tensors of every batch, and one run's outputs in the session making them
@@ -502,10 +518,12 @@ def _find_divergence(base: Any, cand: Any, dirs: tuple[str, str], candidate: str
     shared, skipped = _shared_tensors(base, cand)
     providers = resolve_providers(device)
     strict = numerics == "strict"
-    batches, sizes, fitted = fit_batches(base, shared, batches, providers, dirs[0])
-    accs = measure_tensors(
-        base, cand, shared, batches, providers, strict=strict, show_progress=show_progress, dirs=dirs, sizes=sizes
-    )
+    probe: dict[str, Any] = {}  # the size probe's session: the baseline's for the one chunk it sized
+    batches, sizes, fitted = fit_batches(base, shared, batches, providers, dirs[0], probe=probe)
+    if sizes is None:
+        probe.clear()  # a probe that sized no single chunk: its session closed before the measurement opens any
+    accs = measure_tensors(base, cand, shared, batches, providers, strict=strict, show_progress=show_progress,
+                           dirs=dirs, sizes=sizes, probe=probe)
     bodies = _cover_bodies(base, cand, batches, skipped, dirs)
     nodes = rank_nodes(
         base, accs, load_plan_nodes(candidate), bodies.accs if bodies else None, weight_errors(base, cand, dirs)

@@ -152,10 +152,8 @@ def _plot_sections(result: ComparisonResult) -> list[str]:
     """Error distribution, error along the graph, precision and latency sections."""
     parts = ["<h2>Error distribution</h2>"]
     outputs = list(dict.fromkeys(o.name for c in result.candidates for o in c.outputs))
-    for k, name in enumerate(outputs):
-        parts.append(
-            _img(plots.error_distribution(result, name), f"error distribution of {name}", f"dist-{k}")
-        )
+    for k, (name, png) in enumerate(zip(outputs, plots.error_distributions(result, outputs), strict=True)):
+        parts.append(_img(png, f"error distribution of {name}", f"dist-{k}"))
     along = plots.error_along_graph(result)
     if along:
         parts.append("<h2>Error along the graph</h2>" + _img(along, "error along the graph", "along-graph"))

@@ -453,7 +453,7 @@ def test_divergence_chunks_are_sized_by_bytes(mlp_files, monkeypatch):
 def test_big_models_are_compared_one_at_a_time_with_the_same_figures(tmp_path, monkeypatch):
     """Above the budget's share the baseline runs over the data first (its outputs kept), then each candidate: the
     same figures as with every model loaded at once, and never two models' sessions alive together."""
-    import mpinfer.compare.comparator as comparator
+    import mpinfer.compare.passes as passes
     from mpinfer import memory
     from mpinfer.backends.ort import OrtRunner
     from mpinfer.precision import ConvertConfig, convert_precision
@@ -476,7 +476,7 @@ def test_big_models_are_compared_one_at_a_time_with_the_same_figures(tmp_path, m
 
     monkeypatch.setattr(OrtRunner, "_activate", counted(activate, 1))
     monkeypatch.setattr(OrtRunner, "_deactivate", counted(deactivate, -1))
-    monkeypatch.setattr(memory, "default_budget", lambda: memory.MemoryBudget(comparator.ONE_AT_A_TIME_SHARE))
+    monkeypatch.setattr(memory, "default_budget", lambda: memory.MemoryBudget(passes.ONE_AT_A_TIME_SHARE))
     apart = compare_models(cfg)
     assert most[0] == 1 and alive[0] == 0
     for a, b in zip(together.candidates[0].outputs, apart.candidates[0].outputs, strict=True):
@@ -505,7 +505,7 @@ def test_a_model_heavier_than_a_chunk_is_measured_in_one_session_per_model(mlp_f
     real = dv._session
     monkeypatch.setattr(dv, "_session", lambda *a: sessions.append(1) or real(*a))
     fitted = dv.find_divergence(mlp_files["base"], mlp_files["broken"], batches)
-    assert len(sessions) == 3  # the one-sample size probe, then one session of each model
+    assert len(sessions) == 2  # one session of each model: the baseline's is the size probe's (the same outputs)
     assert fitted.notes[:1] == notes
     assert whole.first_jump is not None and fitted.first_jump is not None
     assert fitted.first_jump.address == whole.first_jump.address

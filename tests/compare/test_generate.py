@@ -10,7 +10,7 @@ import numpy as np
 import onnx
 import pytest
 
-from mpinfer.compare import comparator
+from mpinfer.compare import passes
 from mpinfer.errors import InvalidInputError
 from mpinfer.export import ExportConfig, export_onnx
 from mpinfer.generation import GenerateConfig, first_divergence, generate_compare, perplexity, step_cosines
@@ -110,16 +110,23 @@ def test_cli_generate_without_data_is_a_user_error(invoke, decoders):
 def test_compare_generate_loads_each_model_once_for_its_data_pass_and_its_decodes(decoders, monkeypatch, invoke,
                                                                                   tmp_path):
     """One ONNX Runtime session per model (no divergence): the data pass's session decodes for generation too, and
-    the figures are those of generation in sessions of its own."""
+    the figures are those of generation in sessions of its own. The decodes do not run again the calls the data
+    pass ran: the baseline's greedy decode starts with the data's batches (its own decode of the prompts), the
+    candidate's teacher-forced decode with the prefills its data pass ran."""
     import onnxruntime
 
     base, other, prompts = decoders
     made: list[str] = []
+    runs = {str(base): 0, str(other): 0}
 
     class Counted(onnxruntime.InferenceSession):
         def __init__(self, path_or_bytes, *a, **k):
             made.append(str(path_or_bytes)[-12:])
             super().__init__(path_or_bytes, *a, **k)
+
+        def run(self, *a, **k):
+            runs[self._model_path] += 1
+            return super().run(*a, **k)
 
     ref = generate_compare(GenerateConfig(str(base), (str(other),), str(prompts), TOKENS, batch_size=4))[0]
     monkeypatch.setattr(onnxruntime, "InferenceSession", Counted)
@@ -128,8 +135,15 @@ def test_compare_generate_loads_each_model_once_for_its_data_pass_and_its_decode
                "--report", report)
     assert r.exit_code in (0, 1), r.output
     assert len(made) == 2, made
-    (gen,) = json.loads((report / "report.json").read_text())["data"]["generation"]
+    doc = json.loads((report / "report.json").read_text())
+    (gen,) = doc["data"]["generation"]
     assert gen["metrics"] == pytest.approx(ref.metrics())
+    groups = -(-gen["prompts"] // 4)  # calls of 4 prompts: each a prefill, then TOKENS - 1 decode steps
+    assert doc["data"]["batches"] == groups * 5 < groups * TOKENS  # the data: prefill + 4 steps of each group
+    assert runs[str(base)] == groups * TOKENS  # its decode alone: the data's 5 calls a group are its first 5
+    assert runs[str(other)] == doc["data"]["batches"] + groups * (TOKENS - 1)  # every prefill once
+    latency = gen["latency"]["4"]
+    assert latency["baseline"]["prefill_ms"] > 0 and latency["candidate"]["prefill_ms"] > 0  # the replayed calls' time
 
 
 def test_compare_generate_runs_the_baseline_once_on_each_decoded_batch(decoders, monkeypatch, invoke, tmp_path):
@@ -139,11 +153,11 @@ def test_compare_generate_runs_the_baseline_once_on_each_decoded_batch(decoders,
 
     base, other, prompts = decoders
     args = ["--data", prompts, "--generate", TOKENS, "--batch-size", 4, "--no-divergence", "--quiet"]
-    real_outputs_of = comparator._Remembered.outputs_of
-    monkeypatch.setattr(comparator._Remembered, "outputs_of", lambda self, feeds: None)  # every batch run again
+    real_outputs_of = passes.Remembered.outputs_of
+    monkeypatch.setattr(passes.Remembered, "outputs_of", lambda self, feeds: None)  # every batch run again
     r = invoke("compare", base, other, *args, "--report", tmp_path / "again")
     assert r.exit_code in (0, 1), r.output
-    monkeypatch.setattr(comparator._Remembered, "outputs_of", real_outputs_of)
+    monkeypatch.setattr(passes.Remembered, "outputs_of", real_outputs_of)
     seen: dict[tuple[int, ...], object] = {}  # the ids of a run's input arrays -> the arrays (kept alive)
     repeated = []
 
@@ -176,10 +190,10 @@ def test_generate_reads_each_model_and_the_prompts_once_with_one_session_open(de
     real_specs, real_load, real_open, real_close = (generation._specs, generation.load_prompts, Decoder.open,
                                                     Decoder.close)
 
-    def spy_open(self, providers, session=None):
+    def spy_open(self, providers, session=None, known=()):
         open_now[0] += 1
         most[0] = max(most[0], open_now[0])
-        return real_open(self, providers, session)
+        return real_open(self, providers, session, known)
 
     def spy_close(self):
         open_now[0] -= 1
@@ -213,3 +227,28 @@ def test_first_divergence_from_the_forced_decode_is_the_free_decodes(decoders):
         model.close()
     assert res.first_divergence == first_divergence(runs[0].tokens, runs[1].tokens)
     assert min(res.first_divergence) < TOKENS  # a real divergence was located
+
+
+def test_a_replayed_call_answers_equal_feeds_once_and_runs_any_other():
+    """Replay: equal names, dtypes, shapes and values take the known outputs (once, credited with their seconds);
+    a dtype, a value or a name that differs runs the session."""
+    from mpinfer.generation import KnownCall, Replay
+
+    ran: list[dict] = []
+
+    def run(feeds):
+        ran.append(dict(feeds))
+        return {"logits": np.zeros((1, 1, 3), np.float32), "present.0.key": np.ones((1, 1, 2, 1), np.float32)}
+
+    feeds = {"input_ids": np.array([[1, 2]], np.int64), "past_key_values.0.key": np.zeros((1, 1, 0, 1), np.float32)}
+    outputs = {"logits": np.full((1, 1, 3), 7, np.float32), "present.0.key": np.full((1, 1, 2, 1), 5, np.float32)}
+    replay = Replay(run, [KnownCall(feeds, outputs, 0.25)], ["logits", "present.0.key"])
+    other_dtype = {**feeds, "input_ids": feeds["input_ids"].astype(np.int32)}
+    other_value = {**feeds, "input_ids": np.array([[1, 3]], np.int64)}
+    assert replay(other_dtype)["logits"][0, 0, 0] == 0 and replay(other_value)["logits"][0, 0, 0] == 0
+    assert replay({"input_ids": feeds["input_ids"]})["logits"][0, 0, 0] == 0
+    assert len(ran) == 3 and replay.take_credit() == 0.0
+    same = {k: v.copy() for k, v in feeds.items()}  # equal, not the same arrays
+    assert replay(same)["present.0.key"][0, 0, 0, 0] == 5 and len(ran) == 3
+    assert 0.2 < replay.take_credit() <= 0.25 and replay.take_credit() == 0.0
+    assert replay(same)["logits"][0, 0, 0] == 0 and len(ran) == 4  # each known call answers once

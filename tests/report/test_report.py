@@ -192,3 +192,31 @@ def test_error_distributions_skip_tight_layout_and_keep_their_labels_on_the_figu
         box = fig.axes[0].get_tightbbox(renderer)  # the axes with its ticks, labels, title and legend
         width, height = fig.bbox.width, fig.bbox.height
         assert box.x0 >= 0 and box.y0 >= 0 and box.x1 <= width and box.y1 <= height, (box, width, height)
+
+
+def test_error_distributions_on_one_figure_are_the_pngs_of_a_figure_each(report_result):
+    """The error distributions of every output, drawn on one figure in turn, are byte for byte the PNGs of one
+    fresh figure each: outputs with two candidates or one, wide and narrow ranges, overflow notes, an output
+    with nothing finite to draw (no log axis) between them, and one no candidate has."""
+    from mpinfer.compare.result import ComparisonResult
+    from mpinfer.report import plots
+
+    doc = json.loads(json.dumps(report_result["result"].to_dict()))
+    first, second = doc["candidates"][0], doc["candidates"][1]
+    base = first["outputs"][0]
+    variants = {  # name -> (first candidate's hist_abs, the second's or None: no such output)
+        "narrow": ({**base["hist_abs"], "bins": base["hist_abs"]["bins"][:2]}, base["hist_abs"]),
+        "noted": ({**base["hist_abs"], "huge": 3}, {**second["outputs"][0]["hist_abs"], "huge": 1}),
+        "nothing_finite": ({**base["hist_abs"], "bins": [], "huge": 5}, None),
+        "one_candidate": (second["outputs"][0]["hist_abs"], None),
+    }
+    for name, (h1, h2) in variants.items():
+        first["outputs"].append({**base, "name": name, "hist_abs": h1})
+        if h2 is not None:
+            second["outputs"].append({**second["outputs"][0], "name": name, "hist_abs": h2})
+    result = ComparisonResult.from_dict(doc)
+    names = [*dict.fromkeys(o.name for c in result.candidates for o in c.outputs), "nobody's"]
+    together = plots.error_distributions(result, names)
+    alone = [plots.error_distribution_alone(result, n) for n in names]
+    assert together[-1] is None and alone[-1] is None and all(p is not None for p in together[:-1])
+    assert together == alone
