@@ -9,6 +9,12 @@ a time.
 Main-graph tensors come from ONNX Runtime (every float intermediate added as a graph output, in chunks for
 very large graphs); tensors inside If/Loop/Scan bodies come from :class:`GraphEmulator` (once per loop
 iteration). The planner (``convert``) reads these numbers and stores them in the plan.
+
+One FP32 pass (issue 37): each tensor's full statistics read a share of the batches
+(:mod:`mpinfer.precision.calib.share`: at least ``STAT_MIN_SAMPLES`` samples and ``STAT_MIN_VALUES`` values of it,
+spread over the data); the other batches run in the same session and call, their graph outputs kept as the final
+verification's FP32 reference and their tensors reduced to ``absmax`` only, so the overflow rule's figure is of
+every sample. ``source["stat_samples"]`` records the share (the fewest samples a tensor's statistics read).
 """
 
 from __future__ import annotations
@@ -102,7 +108,8 @@ class CalibrationStats(Mapping[str, TensorStats]):
 
     Attributes:
         tensors: The statistics.
-        source: ``{"source": description, "kind": npz|random|..., "samples": N, "batches": B}``.
+        source: ``{"source": description, "kind": npz|random|..., "samples": N, "batches": B, "stat_samples": S}``
+            (S: the fewest samples a tensor's full statistics read, its share of the N).
         reference_outputs: The float graph outputs of the first ``capture_batches`` batches (FP32, one dict
             per batch) when :func:`calibrate` was asked for them and ONNX Runtime computed all of them,
             else None: the budget search compares its candidates with these instead of running the FP32
@@ -277,6 +284,9 @@ def calibrate(
 ) -> CalibrationStats:
     """FP32 reference run over ``feeds`` collecting per-tensor statistics, one batch at a time.
 
+    Each tensor's full statistics read its share of the batches (:class:`StatShare`); every batch's graph outputs
+    (``capture_outputs``) and every tensor's ``absmax`` come from all of them, in the same ONNX Runtime calls.
+
     Main-graph tensors come from ONNX Runtime: one call fetches tensors of at most the memory budget's
     ``calibration_call`` bytes, sized by a one-sample probe (several passes over the data when one sample's tensors come
     to more, slices of each batch's samples when a whole batch's do; one session alive at a time); tensors inside
@@ -303,7 +313,8 @@ def calibrate(
             ``reference_outputs`` then holds them all.
 
     Returns:
-        The statistics of every float tensor: graph inputs, node outputs, and tensors in subgraph bodies.
+        The statistics of every float tensor: graph inputs, node outputs, and tensors in subgraph bodies;
+        ``source`` holds ``samples`` (all read) and ``stat_samples`` (the share's fewest).
 
     Raises:
         InvalidInputError: No batches, or feeds the model does not accept (names, dtypes, shapes).
