@@ -140,7 +140,26 @@ def test_the_share_reads_more_batches_of_a_tensor_with_few_values_a_sample():
     assert share.needs["features"] == mod.STAT_MIN_SAMPLES // 16
     assert share.needs["logits"] == -(-mod.STAT_MIN_VALUES // 2 // 16)
     read = [b for b in range(100) if share.full("features", b)]
-    assert len(read) >= share.needs["features"] and read[-1] > 50  # spread over the data, not its first batches
+    assert len(read) >= share.needs["features"] and read[-1] >= 50  # spread over the data, not its first batches
     assert all(share.full("logits", b) for b in range(100))  # 2,048 batches needed of 100: all
-    assert StatShare.plan({"t": 4096}, rows=16, batches=None).full_names(["t"], 3)
-    assert not StatShare.plan({"t": 4096}, rows=16, batches=None).full_names(["t"], 4)
+    stream = StatShare.plan({"t": 4096}, rows=16, batches=None)  # a one-shot stream: the first batches
+    need = stream.needs["t"]
+    assert stream.full_names(["t"], need - 1) and not stream.full_names(["t"], need)
+
+
+def test_a_big_batch_reads_spread_blocks_of_its_values_and_all_of_them_for_absmax(monkeypatch):
+    import mpinfer.precision.calib.statistics as statistics
+
+    monkeypatch.setattr(statistics, "STAT_BATCH_VALUES", 4096)
+    rng = np.random.default_rng(0)
+    big = rng.standard_normal((4, 64, 100)).astype(np.float32)  # 25,600 values
+    big.reshape(-1)[200] = 300.0  # between the first two blocks (64 values from 0, then from 405): absmax only
+    collector = StatsCollector(workers=1)
+    collector.update_many([("t", big)])
+    st = collector.results()["t"]
+    assert st.count == 4096 and st.absmax == 300.0
+    assert abs(st.mean_abs - float(np.abs(big).mean())) < 0.05  # the blocks stand for the batch
+    big[0, 0, 0] = 1e5  # an FP16 overflow: the whole batch, counted exactly
+    collector.update_many([("o", big)])
+    assert collector.results()["o"].count == big.size
+    assert collector.results()["o"].fp16_overflow_frac == 1 / big.size

@@ -26,13 +26,13 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-# Samples each tensor's full statistics read at least: one batch of a few images is not a data set, and the search's
-# first batches (``--search-samples``, 32 by default) are read in full anyway.
-STAT_MIN_SAMPLES = 64
-# Values of each tensor its full statistics read at least: the 99.9th percentile then rests on 65 or more values
-# above it (a count error of ~12 %, within the histogram's 6.25 % bins in any tail that is not flat), and a
-# 10 % underflow share on 6,500 values.
-STAT_MIN_VALUES = 1 << 16
+# Samples each tensor's full statistics read at least: as many as the budget search decides on by default
+# (``--search-samples`` 32), so that no figure of the plan rests on fewer inputs than its search.
+STAT_MIN_SAMPLES = 32
+# Values of each tensor its full statistics read at least: the 99.9th percentile then rests on 131 or more values
+# above it (a count error of ~9 %, within the histogram's 6.25 % bins in any tail that is not flat), and the
+# underflow rule's 10 % share on 13,000 values.
+STAT_MIN_VALUES = 1 << 17
 
 
 @dataclass(frozen=True)

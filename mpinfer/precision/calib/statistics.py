@@ -71,6 +71,12 @@ def _bin_upper_edges() -> np.ndarray:
 _FP16_MAX_BIN = _bin_of(FP16_MAX)
 _FP16_MAX_BITS = np.asarray(FP16_MAX, np.float32).view(np.uint32)
 
+# StatsCollector.update_many: the values of one tensor's batch its full statistics read at most (2**20: 64 blocks
+# of 16,384 spread over the batch; with the share's two or more batches, well above the 131,072 values
+# STAT_MIN_VALUES asks for); a bigger batch's absmax still reads all of it.
+STAT_BATCH_VALUES = 1 << 20
+SHARE_BLOCKS = 64
+
 # StatsCollector.update_many: at most this many threads, and one thread below this many values in all.
 MAX_WORKERS = 8
 PARALLEL_MIN_VALUES = 1 << 20
@@ -189,6 +195,29 @@ class _Accumulator:
         if smallest:
             self.min_nonzero = min(self.min_nonzero, float(np.uint32(smallest).view(np.float32)))
 
+    def update_share(self, arr: np.ndarray, max_values: int) -> None:
+        """:meth:`update` with at most ``max_values`` of the batch's values (its absmax: of all of them).
+
+        A bigger batch gives evenly spaced contiguous blocks of its flattened values (:data:`SHARE_BLOCKS` of them,
+        across every sample and channel) to the histogram and the sums, and a max and a min of all its values to
+        ``absmax``; one that overflows FP16 or holds NaN/Inf is read whole (exact counts).
+        """
+        a = np.asarray(arr)
+        if a.size <= max_values:
+            self.update(a)
+            return
+        if a.dtype.kind != "f" or a.dtype.itemsize > 4:
+            a = a.astype(np.float32)
+        flat = a.reshape(-1)
+        top = max(float(flat.max()), -float(flat.min()))
+        if not math.isfinite(top) or top > FP16_MAX:
+            self.update(flat)
+            return
+        block = max(1, max_values // SHARE_BLOCKS)
+        starts = np.linspace(0, flat.size - block, SHARE_BLOCKS).astype(np.int64)
+        self.update(np.concatenate([flat[s : s + block] for s in starts]))
+        self.absmax = max(self.absmax, top)
+
     def update_absmax(self, arr: np.ndarray) -> None:
         """A batch beyond the tensor's share: its largest magnitude only (a max and a min: no histogram).
 
@@ -302,13 +331,14 @@ _ABSMAX_WEIGHT = 6
 def _update_all(jobs: list[_Job]) -> None:
     for acc, arr, full in jobs:
         if full:
-            acc.update(arr)
+            acc.update_share(arr, STAT_BATCH_VALUES)
         else:
             acc.update_absmax(arr)
 
 
 def _cost(job: _Job) -> int:
-    return job[1].size if job[2] else job[1].size // _ABSMAX_WEIGHT
+    size = job[1].size
+    return min(size, STAT_BATCH_VALUES) + size // _ABSMAX_WEIGHT if job[2] else size // _ABSMAX_WEIGHT
 
 
 def _shares(jobs: list[_Job], workers: int) -> list[list[_Job]]:
@@ -367,8 +397,9 @@ class StatsCollector:
 
         Args:
             items: (tensor name, values) pairs.
-            full: The names whose values go into the full statistics (None: all); the others' values update
-                their largest magnitude only (:meth:`update_absmax`: batches beyond the tensor's share).
+            full: The names whose values go into the full statistics (None: all; at most ``STAT_BATCH_VALUES`` of
+                each, :meth:`_Accumulator.update_share`); the others' values update their largest magnitude only
+                (:meth:`_Accumulator.update_absmax`: batches beyond the tensor's share).
         """
         jobs = [(*found, full is None or name in full) for name, array in items
                 if (found := self._accumulator(name, array)) is not None]
