@@ -309,6 +309,8 @@ def calibrate_for_plan(
     except (InternalError, InvalidInputError) as err:
         return _calibration_failed(data, err, feeds, specs_from_onnx(model))
     info["samples"] = int(stats.source.get("samples", info["samples"]))
+    if "stat_samples" in stats.source:  # the range statistics' share of them (absmax and the reference: all)
+        info["stat_samples"] = int(stats.source["stat_samples"])
     return Calibrated(stats, feeds, info)
 
 

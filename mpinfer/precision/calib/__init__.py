@@ -17,6 +17,7 @@ from mpinfer.precision.calib.capture import (
     FeedsRejectedError,
     pack_chunks,
 )
+from mpinfer.precision.calib.share import STAT_MIN_SAMPLES, STAT_MIN_VALUES, StatShare
 from mpinfer.precision.calib.statistics import (
     CHUNK,
     HIST_MANTISSA_BITS,
@@ -43,6 +44,9 @@ __all__ = [
     "PERCENTILE",
     "RANDOM_DATA_WARNING",
     "SPILL_SHARES",
+    "STAT_MIN_SAMPLES",
+    "STAT_MIN_VALUES",
+    "StatShare",
     "StatsCollector",
     "TensorStats",
     "calibrate",

@@ -9,14 +9,21 @@ a time.
 Main-graph tensors come from ONNX Runtime (every float intermediate added as a graph output, in chunks for
 very large graphs); tensors inside If/Loop/Scan bodies come from :class:`GraphEmulator` (once per loop
 iteration). The planner (``convert``) reads these numbers and stores them in the plan.
+
+One FP32 pass (issue 37): each tensor's full statistics read a share of the batches
+(:mod:`mpinfer.precision.calib.share`: at least ``STAT_MIN_SAMPLES`` samples and ``STAT_MIN_VALUES`` values of it,
+spread over the data); the other batches run in the same session and call, their graph outputs kept as the final
+verification's FP32 reference and their tensors reduced to ``absmax`` only, so the overflow rule's figure is of
+every sample. ``source["stat_samples"]`` records the share (the fewest samples a tensor's statistics read).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sized
+from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sized
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +42,7 @@ from mpinfer.precision.calib.capture import (
     _run_chunk,
     _Sessions,
 )
+from mpinfer.precision.calib.share import STAT_MIN_SAMPLES, STAT_MIN_VALUES, StatShare
 from mpinfer.precision.calib.statistics import (
     BF16_MIN_NORMAL,
     FP16_MAX,
@@ -100,7 +108,8 @@ class CalibrationStats(Mapping[str, TensorStats]):
 
     Attributes:
         tensors: The statistics.
-        source: ``{"source": description, "kind": npz|random|..., "samples": N, "batches": B}``.
+        source: ``{"source": description, "kind": npz|random|..., "samples": N, "batches": B, "stat_samples": S}``
+            (S: the fewest samples a tensor's full statistics read, its share of the N).
         reference_outputs: The float graph outputs of the first ``capture_batches`` batches (FP32, one dict
             per batch) when :func:`calibrate` was asked for them and ONNX Runtime computed all of them,
             else None: the budget search compares its candidates with these instead of running the FP32
@@ -275,6 +284,9 @@ def calibrate(
 ) -> CalibrationStats:
     """FP32 reference run over ``feeds`` collecting per-tensor statistics, one batch at a time.
 
+    Each tensor's full statistics read its share of the batches (:class:`StatShare`); every batch's graph outputs
+    (``capture_outputs``) and every tensor's ``absmax`` come from all of them, in the same ONNX Runtime calls.
+
     Main-graph tensors come from ONNX Runtime: one call fetches tensors of at most the memory budget's
     ``calibration_call`` bytes, sized by a one-sample probe (several passes over the data when one sample's tensors come
     to more, slices of each batch's samples when a whole batch's do; one session alive at a time); tensors inside
@@ -301,13 +313,14 @@ def calibrate(
             ``reference_outputs`` then holds them all.
 
     Returns:
-        The statistics of every float tensor: graph inputs, node outputs, and tensors in subgraph bodies.
+        The statistics of every float tensor: graph inputs, node outputs, and tensors in subgraph bodies;
+        ``source`` holds ``samples`` (all read) and ``stat_samples`` (the share's fewest).
 
     Raises:
         InvalidInputError: No batches, or feeds the model does not accept (names, dtypes, shapes).
     """
     start = time.perf_counter()
-    run = _Run(model, feeds, types, base_dir)
+    run = _Run(model, feeds, types, base_dir, max_bytes)
     capture = _Capture(run, capture_batches, capture_tensors, capture_outputs)
     with (
         progress_bar("Calibrating", enabled=progress) as bar,
@@ -316,7 +329,7 @@ def calibrate(
     ):
         task = bar.add_task("", total=len(run.feeds) * run.passes if isinstance(run.feeds, Sized) else None)
         for index in range(run.passes):
-            run.read_pass(index, capture, max_bytes, lambda: bar.advance(task))
+            run.read_pass(index, capture, lambda: bar.advance(task))
     return run.stats(capture, start)
 
 
@@ -328,7 +341,12 @@ class _Run:
     """
 
     def __init__(
-        self, model: Any, feeds: Iterable[Mapping[str, np.ndarray]], types: Mapping[str, int] | None, base_dir: str
+        self,
+        model: Any,
+        feeds: Iterable[Mapping[str, np.ndarray]],
+        types: Mapping[str, int] | None,
+        base_dir: str,
+        max_bytes: int | None = None,
     ) -> None:
         self.model = model = _named(model)
         self.known, unknown, self.types = _float_tensors(model, types)
@@ -354,13 +372,33 @@ class _Run:
         self.passes = len(self.plan.chunks) if self.plan else 1
         self.feeds = _read_again(feeds, first, self.passes) if one_shot else feeds
         logger.info("calibrating %d tensors in %d pass(es) over the data", len(self.known) + len(unknown), self.passes)
+        self.max_bytes = max_bytes
         self.stop_after: int | None = None  # batches read, once max_bytes is reached
         self.read = 0  # bytes of the tensors of the batches read (from the probe's bytes per sample)
+        self.share = self._share(first, feeds if not one_shot else None)
+        self.share_rows: dict[str, int] = dict.fromkeys(self.known, 0)  # samples each tensor's full statistics read
+        self.emulated_rows = 0  # samples the emulator ran on (its tensors' statistics)
 
-    def read_pass(self, index: int, capture: _Capture, max_bytes: int | None, advance: Callable[[], None]) -> None:
+    def _share(self, first: Mapping[str, np.ndarray] | None, sized: Any) -> StatShare:
+        """Which batches each tensor's full statistics read (:mod:`mpinfer.precision.calib.share`)."""
+        rows = self.slicer.rows(first) if first is not None else 1
+        batches = len(sized) if isinstance(sized, Sized) else None
+        plan = self.plan
+        values: dict[str, int] = {}
+        if plan is not None:
+            values = {n: max(1, math.prod(shape) // plan.multiple) for n, shape in plan.sample_shapes.items()}
+            if batches and self.max_bytes is not None and plan.sample_bytes:  # (max_bytes: the batches read)
+                batches = min(batches, max(1, math.ceil(self.max_bytes / (max(1, rows) * plan.sample_bytes))))
+        elif first is not None:
+            values = {n: max(1, np.size(v) // max(1, rows)) for n, v in first.items()}
+        return StatShare.plan(values, rows, batches)
+
+    def read_pass(self, index: int, capture: _Capture, advance: Callable[[], None]) -> None:
         """Pass ``index`` over the data: its chunk of tensors from ONNX Runtime.
 
-        The first pass also checks each batch, runs the emulator on it and counts it (stopping at ``max_bytes``).
+        The first pass reads every batch: it also checks each one, runs the emulator on the share's batches and
+        counts it (stopping at ``max_bytes``). A later pass reads only the batches its tensors' share (or the
+        capture) needs: every other batch's graph outputs and absmax came from the first.
         """
         plan = self.plan
         sess = plan.session(index) if plan else None  # one session alive at a time: this pass's
@@ -371,26 +409,41 @@ class _Run:
                 self.first_pass.check(batch)
             capture.open(index, b)
             if sess is not None and plan is not None:  # before the emulator: data it rejects gets ORT's words
-                self._fetch(sess, plan, index, b, batch, capture)
+                full = self.share.full_names(plan.chunks[index], b)
+                if index == 0 or full or b < capture.batches:
+                    self._fetch(sess, plan, index, b, batch, capture, full)
+                    rows = self.slicer.rows(batch)
+                    for name in full:
+                        self.share_rows[name] += rows
             if index == 0:
-                self._count(b, batch, max_bytes)
+                self._count(b, batch)
             advance()
 
     def _fetch(
-        self, sess: Any, plan: _Passes, index: int, b: int, batch: Mapping[str, np.ndarray], capture: _Capture
+        self,
+        sess: Any,
+        plan: _Passes,
+        index: int,
+        b: int,
+        batch: Mapping[str, np.ndarray],
+        capture: _Capture,
+        full: set[str],
     ) -> None:
-        """Batch ``b``'s tensors of pass ``index`` into the statistics (and the captured batch, if kept)."""
+        """Batch ``b``'s tensors of pass ``index`` into the statistics (and the captured batch, if kept).
+
+        ``full``: the tensors whose full statistics read this batch; the others', their largest magnitude.
+        """
         keep = capture.kept(b) if index == 0 or b < capture.batches else None  # (later passes: no output)
         chunk, per_call, rows = plan.chunks[index], plan.rows_per_call[index], self.slicer.rows(batch)
         collector = self.first_pass.collector
         if rows <= per_call or rows % plan.multiple:  # (a batch the model takes whole but not in groups: whole)
-            _run_chunk(sess, chunk, batch, collector, keep, capture.wanted(b))
+            _run_chunk(sess, chunk, batch, collector, keep, capture.wanted(b), full)
         else:  # too many bytes for one call: slices of samples (the outputs joined from them, or run on their own)
             pieces: list[tuple[int, dict[str, np.ndarray]]] = []
             for row in range(0, rows, per_call):
                 part = self.slicer.slice(batch, row, row + per_call)
                 got: dict[str, np.ndarray] | None = {} if keep is not None and index == 0 else None
-                _run_chunk(sess, chunk, part, collector, got, capture.outputs)
+                _run_chunk(sess, chunk, part, collector, got, capture.outputs, full)
                 if got is not None:
                     pieces.append((self.slicer.rows(part), got))
             if keep is not None and index == 0:
@@ -417,10 +470,18 @@ class _Run:
             return None
         return {n: np.concatenate([got[n] for _, got in pieces]) for n in names}
 
-    def _count(self, b: int, batch: Mapping[str, np.ndarray], max_bytes: int | None) -> None:
+    def _count(self, b: int, batch: Mapping[str, np.ndarray]) -> None:
         """The first pass's statistics of batch ``b`` besides ONNX Runtime's; the bytes read against ``max_bytes``."""
-        self.first_pass.add(batch)
-        self.read += self.slicer.rows(batch) * self.plan.sample_bytes if self.plan else 0
+        rows = self.slicer.rows(batch)
+        full = self.share.full_names([n for n in batch if n in self.share_rows], b)
+        emulate = self.share.full(None, b)  # the emulator's tensors (bodies, untyped): the share's batches only
+        self.first_pass.add(batch, full, emulate)
+        for name in full:
+            self.share_rows[name] += rows
+        if emulate:
+            self.emulated_rows += rows
+        self.read += rows * self.plan.sample_bytes if self.plan else 0
+        max_bytes = self.max_bytes
         if max_bytes is not None and self.read >= max_bytes and self.stop_after is None:
             self.stop_after = b + 1
             logger.info("calibrating on the first %d batch(es): their tensors come to %.1f GB", b + 1, self.read / 1e9)
@@ -434,20 +495,34 @@ class _Run:
         first_pass, plan = self.first_pass, self.plan
         if first_pass.batches == 0:
             raise InvalidInputError(format_message("Calibration feeds", "no batches", "at least one batch"))
+        read = [n for n, k in self.share_rows.items() if k] if plan is not None else []
+        stat_samples = min((self.share_rows[n] for n in read), default=self.emulated_rows)
+        if first_pass.emulates:
+            stat_samples = min(stat_samples, self.emulated_rows)
+        stat_samples = min(stat_samples, first_pass.samples)
+        most = min(max((self.share_rows[n] for n in read), default=stat_samples), first_pass.samples)
         source = {
             "source": getattr(self.feeds, "description", "in-memory batches"),
             "kind": getattr(self.feeds, "kind", "arrays"),
             "samples": first_pass.samples,
             "batches": first_pass.batches,
+            # the fewest samples a tensor's full statistics read (the share); absmax: every sample of the first pass
+            "stat_samples": stat_samples,
         }
         results = first_pass.collector.results()
         floats = [vi.name for vi in self.model.graph.output if self.types.get(vi.name) in FLOAT_TYPES]
         reference, tensors = capture.references(floats, self.types)
         logger.info(
-            "calibrated %d tensors over %d batches in %.1fs",
+            "calibrated %d tensors over %d batches (%d samples) in %.1fs: statistics from a share of %s samples "
+            "per tensor (at least %d samples and %d values each), absmax and the FP32 reference outputs from all %d",
             len(results),
             first_pass.batches,
+            first_pass.samples,
             time.perf_counter() - start,
+            f"{stat_samples}" if most <= stat_samples else f"{stat_samples}-{most}",
+            STAT_MIN_SAMPLES,
+            STAT_MIN_VALUES,
+            first_pass.samples,
         )
         return CalibrationStats(
             results,
@@ -473,17 +548,25 @@ class _FirstPass:
         self._emulator = None
         if has_bodies or emulated:
             self._emulator = GraphEmulator(model, base_dir=base_dir)
+        self.emulates = self._emulator is not None
 
     def check(self, batch: Mapping[str, np.ndarray]) -> None:
         """Names, dtypes and shapes against the model's inputs: a clear message naming the input."""
         check_feeds(batch, self._specs, where="calibration")
 
-    def add(self, batch: Mapping[str, np.ndarray]) -> None:
-        """Statistics of the inputs and of the tensors only the emulator computes; counts."""
+    def add(self, batch: Mapping[str, np.ndarray], full: Container[str], emulate: bool) -> None:
+        """Statistics of the inputs and of the tensors only the emulator computes; counts.
+
+        ``full``: the inputs whose full statistics read this batch (the others: absmax); ``emulate``: whether the
+        emulator runs on it (the share's batches).
+        """
         for name, arr in batch.items():
             if name in self._inputs:
-                self.collector.update(name, arr)
-        if self._emulator is not None:
+                if name in full:
+                    self.collector.update(name, arr)
+                else:
+                    self.collector.update_absmax(name, arr)
+        if self._emulator is not None and emulate:
             self._emulator.run(batch, observe=self._observe)
         self.batches += 1
         first = next(iter(batch.values()), None)

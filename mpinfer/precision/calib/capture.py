@@ -183,10 +183,14 @@ def _run_chunk(
     collector: StatsCollector,
     capture: dict[str, np.ndarray] | None = None,
     wanted: Container[str] = (),
+    full: Container[str] | None = None,
 ) -> None:
-    """Run one chunk of tensors on ``batch`` into the statistics (and ``capture``)."""
+    """Run one chunk of tensors on ``batch`` into the statistics (and ``capture``).
+
+    ``full``: the tensors whose full statistics read this batch (None: all); the others', their largest magnitude.
+    """
     values = _run(sess, names, batch)
-    collector.update_many(zip(names, values, strict=True))
+    collector.update_many(zip(names, values, strict=True), full)
     if capture is not None:
         capture.update({n: np.asarray(v, np.float32) for n, v in zip(names, values, strict=True) if n in wanted})
 

@@ -8,7 +8,7 @@ the 99.9th percentile is read, so memory never grows with the number of batches.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Container, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -71,6 +71,12 @@ def _bin_upper_edges() -> np.ndarray:
 _FP16_MAX_BIN = _bin_of(FP16_MAX)
 _FP16_MAX_BITS = np.asarray(FP16_MAX, np.float32).view(np.uint32)
 
+# StatsCollector.update_many: the values of one tensor's batch its full statistics read at most (2**20: 64 blocks
+# of 16,384 spread over the batch; with the share's two or more batches, well above the 131,072 values
+# STAT_MIN_VALUES asks for); a bigger batch's absmax still reads all of it.
+STAT_BATCH_VALUES = 1 << 20
+SHARE_BLOCKS = 64
+
 # StatsCollector.update_many: at most this many threads, and one thread below this many values in all.
 MAX_WORKERS = 8
 PARALLEL_MIN_VALUES = 1 << 20
@@ -81,14 +87,17 @@ PERCENTILE = 99.9
 
 @dataclass(frozen=True)
 class TensorStats:
-    """Range statistics of one tensor over all calibration samples.
+    """Range statistics of one tensor over the calibration samples.
+
+    ``absmax`` is of every sample calibration's first pass read; the other figures of the tensor's share of the
+    data (:mod:`mpinfer.precision.calib.share`), plus any later batch where it overflowed FP16 or held NaN/Inf.
 
     Attributes:
         absmax: Largest finite |x|.
         p999: 99.9th percentile of |x| (from the histogram: an upper bound within 6.25 %).
         min_nonzero: Smallest non-zero finite |x| (None when every value was 0).
         mean_abs: Mean finite |x|.
-        count: Number of values seen (all batches).
+        count: Number of values the full statistics read (the share's batches).
         fp16_overflow_frac: Fraction of values with |x| > 65504 (inf in FP16).
         fp16_underflow_frac: Fraction of non-zero values with |x| < 2**-24 (flushed to 0 in FP16).
         fp16_subnormal_frac: Fraction of non-zero values with |x| < 2**-14 (below FP16's normal range).
@@ -186,6 +195,47 @@ class _Accumulator:
         if smallest:
             self.min_nonzero = min(self.min_nonzero, float(np.uint32(smallest).view(np.float32)))
 
+    def update_share(self, arr: np.ndarray, max_values: int) -> None:
+        """:meth:`update` with at most ``max_values`` of the batch's values (its absmax: of all of them).
+
+        A bigger batch gives evenly spaced contiguous blocks of its flattened values (:data:`SHARE_BLOCKS` of them,
+        across every sample and channel) to the histogram and the sums, and a max and a min of all its values to
+        ``absmax``; one that overflows FP16 or holds NaN/Inf is read whole (exact counts).
+        """
+        a = np.asarray(arr)
+        if a.size <= max_values:
+            self.update(a)
+            return
+        if a.dtype.kind != "f" or a.dtype.itemsize > 4:
+            a = a.astype(np.float32)
+        flat = a.reshape(-1)
+        top = max(float(flat.max()), -float(flat.min()))
+        if not math.isfinite(top) or top > FP16_MAX:
+            self.update(flat)
+            return
+        block = max(1, max_values // SHARE_BLOCKS)
+        starts = np.linspace(0, flat.size - block, SHARE_BLOCKS).astype(np.int64)
+        self.update(np.concatenate([flat[s : s + block] for s in starts]))
+        self.absmax = max(self.absmax, top)
+
+    def update_absmax(self, arr: np.ndarray) -> None:
+        """A batch beyond the tensor's share: its largest magnitude only (a max and a min: no histogram).
+
+        A batch whose values overflow FP16 or hold NaN/Inf goes into the full statistics instead (:meth:`update`),
+        so that its overflow and non-finite counts are counted.
+        """
+        a = np.asarray(arr)
+        if a.size == 0:
+            return
+        if a.dtype.kind != "f" or a.dtype.itemsize > 4:  # (bfloat16, float64: as float32, like update)
+            a = a.astype(np.float32)
+        hi, lo = float(a.max()), float(a.min())
+        top = max(hi, -lo)
+        if not math.isfinite(top) or top > FP16_MAX:
+            self.update(a)
+            return
+        self.absmax = max(self.absmax, top)
+
     def _update_nonfinite(self, flat: np.ndarray) -> None:
         """:meth:`update` for a tensor holding inf or NaN (rare): whole-array passes over its finite values."""
         v = np.abs(flat)
@@ -273,22 +323,35 @@ class _Accumulator:
         )
 
 
-def _update_all(jobs: list[tuple[_Accumulator, np.ndarray]]) -> None:
-    for acc, arr in jobs:
-        acc.update(arr)
+_Job = tuple[_Accumulator, np.ndarray, bool]  # (its accumulator, the values, full statistics or absmax only)
+# An absmax-only job (:meth:`_Accumulator.update_absmax`) costs about this share of a full one per value.
+_ABSMAX_WEIGHT = 6
 
 
-def _shares(jobs: list[tuple[_Accumulator, np.ndarray]], workers: int) -> list[list[tuple[_Accumulator, np.ndarray]]]:
-    """``jobs`` dealt into at most ``workers`` lists of about equal values, largest first.
+def _update_all(jobs: list[_Job]) -> None:
+    for acc, arr, full in jobs:
+        if full:
+            acc.update_share(arr, STAT_BATCH_VALUES)
+        else:
+            acc.update_absmax(arr)
+
+
+def _cost(job: _Job) -> int:
+    size = job[1].size
+    return min(size, STAT_BATCH_VALUES) + size // _ABSMAX_WEIGHT if job[2] else size // _ABSMAX_WEIGHT
+
+
+def _shares(jobs: list[_Job], workers: int) -> list[list[_Job]]:
+    """``jobs`` dealt into at most ``workers`` lists of about equal cost, largest first.
 
     One task per thread: a task per tensor cost more in the pool's locks than the statistics of a small tensor.
     """
-    shares: list[list[tuple[_Accumulator, np.ndarray]]] = [[] for _ in range(workers)]
+    shares: list[list[_Job]] = [[] for _ in range(workers)]
     sizes = [0] * workers
-    for job in sorted(jobs, key=lambda job: -job[1].size):
+    for job in sorted(jobs, key=lambda job: -_cost(job)):
         least = sizes.index(min(sizes))
         shares[least].append(job)
-        sizes[least] += job[1].size
+        sizes[least] += _cost(job)
     return [share for share in shares if share]
 
 
@@ -325,23 +388,35 @@ class StatsCollector:
         if found is not None:
             found[0].update(found[1])
 
-    def update_many(self, items: Iterable[tuple[str, np.ndarray]]) -> None:
+    def update_many(self, items: Iterable[tuple[str, np.ndarray]], full: Container[str] | None = None) -> None:
         """:meth:`update` for many tensors, spread over ``workers`` threads when there is enough to share.
 
         numpy's passes over the values release the GIL, so the threads run on separate cores (calibration
         of a CNN or a transformer spends as long here as in the model run itself). A name given twice is
         read in order on one thread, like everything when there is little to share.
+
+        Args:
+            items: (tensor name, values) pairs.
+            full: The names whose values go into the full statistics (None: all; at most ``STAT_BATCH_VALUES`` of
+                each, :meth:`_Accumulator.update_share`); the others' values update their largest magnitude only
+                (:meth:`_Accumulator.update_absmax`: batches beyond the tensor's share).
         """
-        jobs = [found for name, array in items if (found := self._accumulator(name, array)) is not None]
-        repeated = len({id(acc) for acc, _ in jobs}) < len(jobs)
-        if self.workers == 1 or repeated or sum(arr.size for _, arr in jobs) < PARALLEL_MIN_VALUES:
-            for acc, arr in jobs:
-                acc.update(arr)
+        jobs = [(*found, full is None or name in full) for name, array in items
+                if (found := self._accumulator(name, array)) is not None]
+        repeated = len({id(job[0]) for job in jobs}) < len(jobs)
+        if self.workers == 1 or repeated or sum(_cost(job) for job in jobs) < PARALLEL_MIN_VALUES:
+            _update_all(jobs)
             return
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="mpinfer-stats")
         for future in [self._pool.submit(_update_all, share) for share in _shares(jobs, self.workers)]:
             future.result()  # re-raises a worker's exception here
+
+    def update_absmax(self, name: str, array: np.ndarray) -> None:
+        """Add one batch of tensor ``name`` beyond its share: its largest magnitude only (FP16 overflow: all)."""
+        found = self._accumulator(name, array)
+        if found is not None:
+            found[0].update_absmax(found[1])
 
     def observer(self, main_names: set[str]) -> Callable[[str, str, Any], None]:
         """An emulator observer collecting every body tensor (qualified name) and the listed main-graph tensors."""

@@ -1,0 +1,165 @@
+"""Issue 37, one FP32 pass: statistics from a share of the data, absmax and the FP32 reference from all of it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import helper, numpy_helper
+
+from mpinfer.precision.calib import StatsCollector, calibrate
+from mpinfer.precision.calib.share import StatShare
+from mpinfer.specs import Precision
+from tests.precision.numerics_graphs import make_model, ort_run
+
+WIDTH = 8
+ROWS = 4
+BATCHES = 10
+
+
+def _model():
+    """x -> Mul(k) -> Tanh -> Mul(x) -> Relu: no ONNX Runtime fusion applies, so exposing its intermediates as
+    outputs changes no bit of ``z``."""
+    nodes = [
+        helper.make_node("Mul", ["x", "k"], ["s"], name="scale"),
+        helper.make_node("Tanh", ["s"], ["t"], name="tanh"),
+        helper.make_node("Mul", ["t", "x"], ["p"], name="gate"),
+        helper.make_node("Relu", ["p"], ["z"], name="relu"),
+    ]
+    return make_model(
+        nodes, [("x", [None, WIDTH])], [("z", [None, WIDTH])], [numpy_helper.from_array(np.float32(0.5), "k")]
+    )
+
+
+def _batches(seed: int = 0) -> list[dict[str, np.ndarray]]:
+    rng = np.random.default_rng(seed)
+    return [{"x": rng.standard_normal((ROWS, WIDTH)).astype(np.float32)} for _ in range(BATCHES)]
+
+
+@pytest.fixture
+def small_share(monkeypatch):
+    """Each tensor's statistics read 2 batches of the 10 (8 samples, 32 values)."""
+    import mpinfer.precision.calib.share as share
+
+    monkeypatch.setattr(share, "STAT_MIN_SAMPLES", 2 * ROWS)
+    monkeypatch.setattr(share, "STAT_MIN_VALUES", 2 * ROWS * WIDTH)
+
+
+class _Counting:
+    """Counts the ONNX Runtime sessions calibration opens and the calls they run."""
+
+    def __init__(self, monkeypatch):
+        import mpinfer.precision.calib.capture as capture
+
+        self.sessions = 0
+        self.calls: list[list[str]] = []
+        real = capture.ort_session
+
+        def counted(*args, **kwargs):
+            sess = real(*args, **kwargs)
+            self.sessions += 1
+            run = sess.run
+
+            def counted_run(names, feeds, *rest):
+                self.calls.append(list(names))
+                return run(names, feeds, *rest)
+
+            sess.run = counted_run
+            return sess
+
+        monkeypatch.setattr(capture, "ort_session", counted)
+
+
+def test_statistics_come_from_the_share_and_the_reference_from_every_sample(small_share, monkeypatch):
+    """The full statistics read batches 0 and 5 (spread over the data); absmax and the graph outputs, all ten."""
+    model, batches = _model(), _batches()
+    count = _Counting(monkeypatch)
+    stats = calibrate(model, batches, progress=False, capture_batches=1, capture_outputs=BATCHES)
+    # one session, one call per batch beside the one-sample probe: calibration plus reference are one FP32 pass
+    assert count.sessions == 1 and len(count.calls) == 1 + BATCHES
+    assert stats.source["samples"] == BATCHES * ROWS and stats.source["stat_samples"] == 2 * ROWS
+    expected = StatsCollector(workers=1)
+    plain = [ort_run(model, b) for b in batches]
+    for b in (0, 5):
+        expected.update("x", batches[b]["x"])
+        expected.update("z", plain[b]["z"])
+    for name, values in (("x", [b["x"] for b in batches]), ("z", [p["z"] for p in plain])):
+        got, want = stats[name], expected.results()[name]
+        assert got.count == want.count == 2 * ROWS * WIDTH
+        assert (got.mean_abs, got.min_nonzero, got.fp16_subnormal_frac) == (
+            want.mean_abs, want.min_nonzero, want.fp16_subnormal_frac)
+        assert want.p999 <= got.p999 <= got.absmax  # the share's histogram, capped by every sample's absmax
+        assert got.absmax == max(float(np.abs(v).max()) for v in values)  # every sample's
+    # the final verification's FP32 reference: every batch, bit for bit what a plain ONNX Runtime run gives
+    assert stats.reference_outputs is not None and len(stats.reference_outputs) == BATCHES
+    for got, want in zip(stats.reference_outputs, plain, strict=True):
+        assert np.array_equal(got["z"], want["z"])
+
+
+def test_a_one_shot_iterator_takes_its_share_from_the_first_batches(small_share):
+    batches = _batches()
+    stats = calibrate(_model(), iter(batches), progress=False)
+    expected = StatsCollector(workers=1)
+    for b in batches[:2]:
+        expected.update("x", b["x"])
+    assert stats["x"].count == 2 * ROWS * WIDTH and stats["x"].mean_abs == expected.results()["x"].mean_abs
+    assert stats["x"].absmax == max(float(np.abs(b["x"]).max()) for b in batches)
+
+
+def test_a_rare_overflow_in_a_late_sample_keeps_its_nodes_fp32(small_share):
+    """Batch 7 is outside every tensor's share: its overflow still reaches absmax, its overflow count, and the
+    range rule, which keeps the producer and consumers of that tensor FP32."""
+    from mpinfer.precision.convert import convert_model
+
+    model, batches = _model(), _batches()
+    batches[7]["x"][1, 3] = 1e5  # one value of one sample: s = 5e4 (> FP16's 65504 only after the Mul by x)
+    stats = calibrate(model, batches, progress=False)
+    assert stats["x"].absmax == pytest.approx(1e5) and stats["x"].fp16_overflow_frac > 0
+    assert stats["x"].count == 3 * ROWS * WIDTH  # the share's two batches and the overflowing one
+    assert stats["s"].absmax == pytest.approx(5e4) and stats["s"].fp16_overflow_frac == 0  # no overflow: absmax only
+    assert stats["s"].count == 2 * ROWS * WIDTH
+    assert stats["p"].fp16_overflow_frac > 0
+    conv = convert_model(model, Precision.FP16, stats=stats)
+    kept = {d.name: d.reason for d in conv.nodes if d.precision is not Precision.FP16}
+    assert {"scale", "tanh", "gate", "relu"} <= set(kept) and kept["scale"].startswith("range:overflow")
+    # the same data without the outlier: no range verdict
+    clean = convert_model(model, Precision.FP16, stats=calibrate(model, _batches(), progress=False))
+    assert not any(d.reason.startswith("range:") for d in clean.nodes)
+
+
+def test_nan_in_a_late_batch_is_counted(small_share):
+    batches = _batches()
+    batches[8]["x"][0, 0] = np.nan
+    stats = calibrate(_model(), batches, progress=False)
+    assert stats["x"].nan_count == 1 and not stats["x"].finite
+
+
+def test_the_share_reads_more_batches_of_a_tensor_with_few_values_a_sample():
+    share = StatShare.plan({"logits": 2, "features": 4096}, rows=16, batches=100)
+    import mpinfer.precision.calib.share as mod
+
+    assert share.needs["features"] == mod.STAT_MIN_SAMPLES // 16
+    assert share.needs["logits"] == -(-mod.STAT_MIN_VALUES // 2 // 16)
+    read = [b for b in range(100) if share.full("features", b)]
+    assert len(read) >= share.needs["features"] and read[-1] >= 50  # spread over the data, not its first batches
+    assert all(share.full("logits", b) for b in range(100))  # 2,048 batches needed of 100: all
+    stream = StatShare.plan({"t": 4096}, rows=16, batches=None)  # a one-shot stream: the first batches
+    need = stream.needs["t"]
+    assert stream.full_names(["t"], need - 1) and not stream.full_names(["t"], need)
+
+
+def test_a_big_batch_reads_spread_blocks_of_its_values_and_all_of_them_for_absmax(monkeypatch):
+    import mpinfer.precision.calib.statistics as statistics
+
+    monkeypatch.setattr(statistics, "STAT_BATCH_VALUES", 4096)
+    rng = np.random.default_rng(0)
+    big = rng.standard_normal((4, 64, 100)).astype(np.float32)  # 25,600 values
+    big.reshape(-1)[200] = 300.0  # between the first two blocks (64 values from 0, then from 405): absmax only
+    collector = StatsCollector(workers=1)
+    collector.update_many([("t", big)])
+    st = collector.results()["t"]
+    assert st.count == 4096 and st.absmax == 300.0
+    assert abs(st.mean_abs - float(np.abs(big).mean())) < 0.05  # the blocks stand for the batch
+    big[0, 0, 0] = 1e5  # an FP16 overflow: the whole batch, counted exactly
+    collector.update_many([("o", big)])
+    assert collector.results()["o"].count == big.size
+    assert collector.results()["o"].fp16_overflow_frac == 1 / big.size
