@@ -41,6 +41,32 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(no_trt)
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Freeze the heap the imports left (torch, onnx, the test modules) out of the garbage collector's scans.
+
+    ``release_memory`` (mpinfer.memory) runs ``gc.collect()`` between convert's and compare's phases; in the suite's
+    one process every such full collection walks every object that torch, onnx, transformers and ~130 test modules
+    keep alive for the whole run (seconds of the suite's time over its few hundred converts). Frozen objects are
+    never collected, which costs nothing here: nothing imported goes away before the process ends. Cycles a test
+    makes are still collected as they are in a user's process.
+    """
+    import gc
+
+    gc.collect()
+    gc.freeze()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _freeze_what_the_module_left():
+    """After each test module (its module fixtures gone, their cycles collected): freeze what is still alive
+    (session fixtures, lazy imports such as onnxscript's), for the reason given in ``pytest_collection_finish``."""
+    import gc
+
+    yield
+    gc.collect()
+    gc.freeze()
+
+
 @pytest.fixture(autouse=True)
 def _mpinfer_logger_as_imported():
     """Each test starts with the "mpinfer" logger as imported, whatever order the tests run in.
