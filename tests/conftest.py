@@ -126,18 +126,20 @@ def unwritable_outputs(tmp_path: Path, name: str) -> list[Path]:
 
 @pytest.fixture(scope="session")
 def exported_llama(tmp_path_factory):
-    """``exported_llama(seed)``: (folder, ExportResult) of the tiny Llama of tests/kv_models.py with that seed,
-    exported with its KV cache once per session (torch.export takes ~15 s of CPU a model); read-only for tests."""
-    done: dict[int, tuple[Path, object]] = {}
+    """``exported_llama(seed, exporter="dynamo")``: (folder, ExportResult) of the tiny Llama of tests/kv_models.py
+    with that seed, exported with its KV cache once per session (torch.export takes ~15 s of CPU a model; the
+    TorchScript exporter ~1 s, for a second decoder that only needs other weights); read-only for tests."""
+    done: dict[tuple[int, str], tuple[Path, object]] = {}
 
-    def get(seed: int = 0):
-        if seed not in done:
+    def get(seed: int = 0, exporter: str = "dynamo"):
+        if (seed, exporter) not in done:
             from mpinfer.export import ExportConfig, export_onnx
             from tests.kv_models import llama_folder
 
-            tmp = tmp_path_factory.mktemp(f"llama{seed}")
+            tmp = tmp_path_factory.mktemp(f"llama{seed}{exporter}")
             folder = llama_folder(tmp / "llama", seed=seed)
-            done[seed] = folder, export_onnx(ExportConfig(source=str(folder), output=tmp / "llama.onnx"))
-        return done[seed]
+            done[seed, exporter] = folder, export_onnx(ExportConfig(source=str(folder), output=tmp / "llama.onnx",
+                                                                   exporter=exporter))
+        return done[seed, exporter]
 
     return get
