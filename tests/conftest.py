@@ -41,6 +41,32 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(no_trt)
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Freeze the heap the imports left (torch, onnx, the test modules) out of the garbage collector's scans.
+
+    ``release_memory`` (mpinfer.memory) runs ``gc.collect()`` between convert's and compare's phases; in the suite's
+    one process every such full collection walks every object that torch, onnx, transformers and ~130 test modules
+    keep alive for the whole run (seconds of the suite's time over its few hundred converts). Frozen objects are
+    never collected, which costs nothing here: nothing imported goes away before the process ends. Cycles a test
+    makes are still collected as they are in a user's process.
+    """
+    import gc
+
+    gc.collect()
+    gc.freeze()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _freeze_what_the_module_left():
+    """After each test module (its module fixtures gone, their cycles collected): freeze what is still alive
+    (session fixtures, lazy imports such as onnxscript's), for the reason given in ``pytest_collection_finish``."""
+    import gc
+
+    yield
+    gc.collect()
+    gc.freeze()
+
+
 @pytest.fixture(autouse=True)
 def _mpinfer_logger_as_imported():
     """Each test starts with the "mpinfer" logger as imported, whatever order the tests run in.
@@ -100,18 +126,20 @@ def unwritable_outputs(tmp_path: Path, name: str) -> list[Path]:
 
 @pytest.fixture(scope="session")
 def exported_llama(tmp_path_factory):
-    """``exported_llama(seed)``: (folder, ExportResult) of the tiny Llama of tests/kv_models.py with that seed,
-    exported with its KV cache once per session (torch.export takes ~15 s of CPU a model); read-only for tests."""
-    done: dict[int, tuple[Path, object]] = {}
+    """``exported_llama(seed, exporter="dynamo")``: (folder, ExportResult) of the tiny Llama of tests/kv_models.py
+    with that seed, exported with its KV cache once per session (torch.export takes ~15 s of CPU a model; the
+    TorchScript exporter ~1 s, for a second decoder that only needs other weights); read-only for tests."""
+    done: dict[tuple[int, str], tuple[Path, object]] = {}
 
-    def get(seed: int = 0):
-        if seed not in done:
+    def get(seed: int = 0, exporter: str = "dynamo"):
+        if (seed, exporter) not in done:
             from mpinfer.export import ExportConfig, export_onnx
             from tests.kv_models import llama_folder
 
-            tmp = tmp_path_factory.mktemp(f"llama{seed}")
+            tmp = tmp_path_factory.mktemp(f"llama{seed}{exporter}")
             folder = llama_folder(tmp / "llama", seed=seed)
-            done[seed] = folder, export_onnx(ExportConfig(source=str(folder), output=tmp / "llama.onnx"))
-        return done[seed]
+            done[seed, exporter] = folder, export_onnx(ExportConfig(source=str(folder), output=tmp / "llama.onnx",
+                                                                   exporter=exporter))
+        return done[seed, exporter]
 
     return get

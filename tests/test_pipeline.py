@@ -306,9 +306,11 @@ def test_an_interrupted_train_stage_continues_where_it_stopped(tmp_path, monkeyp
     from mpinfer.train.trainer import AmpTrainer
 
     toml = tmp_path / "p.toml"
+    rng = np.random.default_rng(0)  # 160 digits-shaped samples: the resume is under test, not the learning
+    np.savez(tmp_path / "d.npz", x=rng.random((160, 1, 8, 8), dtype=np.float32), _labels=np.arange(160) % 10)
     toml.write_text(
         f'[pipeline]\nwork_dir = "w"\n[train]\nmodel = "{ROOT / "models" / "digits_cnn.py"}:build"\n'
-        'data = "digits"\nprecision = "fp32"\nepochs = 2\nbatch_size = 64\n'
+        f'data = "{tmp_path / "d.npz"}"\nprecision = "fp32"\nepochs = 2\nbatch_size = 64\n'
     )
     fit = AmpTrainer.fit
 

@@ -24,9 +24,10 @@ TOKENS = 8
 
 @pytest.fixture(scope="module")
 def decoders(tmp_path_factory, exported_llama):
-    """Two tiny Llamas with different weights, exported with their KV cache, and prompts for them."""
+    """Two tiny Llamas with different weights, exported with their KV cache, and prompts for them (the second by
+    the TorchScript exporter: the same inputs and outputs, ~10x faster to export than a second torch.export)."""
     tmp = tmp_path_factory.mktemp("gen")
-    return exported_llama(0)[1].path, exported_llama(1)[1].path, prompts_npz(tmp / "prompts.npz")
+    return exported_llama(0)[1].path, exported_llama(1, "torchscript")[1].path, prompts_npz(tmp / "prompts.npz")
 
 
 def test_identical_models_agree_on_every_token(decoders):

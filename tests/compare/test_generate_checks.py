@@ -17,10 +17,11 @@ TOKENS = 4
 
 @pytest.fixture(scope="module")
 def decoders(tmp_path_factory, exported_llama):
-    """Two tiny Llamas with different weights (KV cache), and prompts for them."""
+    """Two tiny Llamas with different weights (KV cache; the second exported by TorchScript, faster), and prompts
+    for them."""
     pytest.importorskip("transformers", reason="the hf extra (transformers) is not installed")
     tmp = tmp_path_factory.mktemp("genchecks")
-    return (exported_llama(0)[1].path, exported_llama(1)[1].path,
+    return (exported_llama(0)[1].path, exported_llama(1, "torchscript")[1].path,
             prompts_npz(tmp / "prompts.npz", count=4, length=6))
 
 
