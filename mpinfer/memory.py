@@ -19,7 +19,7 @@ import os
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Final, TypeVar
+from typing import Any, Final, TypeVar
 
 from mpinfer.errors import InvalidInputError, format_message
 
@@ -232,18 +232,26 @@ def release_memory() -> None:
     after the first are freed), so converted weights dropped after the rewrite still count in the resident size
     while ONNX Runtime maps the next model; ``malloc_trim`` returns them. A no-op where there is no glibc.
     """
-    import ctypes
-    import ctypes.util
     import gc
 
     gc.collect()
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+@functools.lru_cache(maxsize=1)
+def _malloc_trim() -> Any:
+    """The C library's ``malloc_trim`` (glibc), or None; looked up once (``find_library`` runs ldconfig)."""
+    import ctypes
+    import ctypes.util
+
     name = ctypes.util.find_library("c")
     try:
         libc = ctypes.CDLL(name) if name else None
-        if libc is not None and hasattr(libc, "malloc_trim"):
-            libc.malloc_trim(0)
     except OSError:
-        pass
+        return None
+    return getattr(libc, "malloc_trim", None) if libc is not None else None
 
 
 C = TypeVar("C")

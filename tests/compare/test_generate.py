@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import time
 
 import numpy as np
 import onnx
@@ -76,7 +75,6 @@ def test_generate_needs_a_kv_cache_model(tmp_path, decoders):
 def test_cli_export_convert_with_prompts_and_budget_then_compare_generate(tmp_path, invoke):
     """The issue's 'done when': a tiny causal LM goes export (KV cache) -> convert (prompts, budget) ->
     compare --generate, through the CLI."""
-    start = time.perf_counter()
     folder = llama_folder(tmp_path / "llama")
     prompts = prompts_npz(tmp_path / "prompts.npz")
     m32, m16, report = tmp_path / "m.onnx", tmp_path / "m.fp16.onnx", tmp_path / "report"
@@ -97,7 +95,6 @@ def test_cli_export_convert_with_prompts_and_budget_then_compare_generate(tmp_pa
     assert 0 <= gen["metrics"]["token_agreement"] <= 1 and gen["metrics"]["step_cosine_min"] >= 0.99
     assert "## Generation" in (report / "report.md").read_text()
     assert "<h2>Generation (greedy, ONNX Runtime)</h2>" in (report / "index.html").read_text()
-    assert time.perf_counter() - start < 90
 
 
 def test_cli_generate_without_data_is_a_user_error(invoke, decoders):
