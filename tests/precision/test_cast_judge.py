@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from mpinfer.precision.core.graphinfo import GraphInfo
@@ -81,3 +83,52 @@ def test_the_emulator_judges_when_its_measured_run_is_cheaper():
     for batch, out in zip(batches, got, strict=True):
         assert np.array_equal(out["y"], emu.run(batch, low).outputs["y"])
     assert (ev.reuse["cast_graph_candidates"], ev.reuse["emulator_candidates"]) == (1, 1), ev.reuse
+
+
+def test_the_search_reads_every_search_sample_when_only_some_fp32_tensors_fit(tmp_path, monkeypatch):
+    """Strict numerics with a budget: a search slice that holds one batch's FP32 tensors no longer cuts the search
+    to that batch (candidates on the cast graph need only the outputs); the tensors are kept for that batch only."""
+    from pathlib import Path
+
+    import mpinfer.precision.plandata as conv
+    from mpinfer.data import load_feeds
+    from mpinfer.precision import ConvertConfig
+    from mpinfer.precision.calib.calibrate import calibrate
+    from mpinfer.precision.options import resolve_options
+    from mpinfer.specs import specs_from_onnx
+    from tests.precision.test_search import _npz
+
+    model = chain(4)
+    feeds = load_feeds(_npz(tmp_path / "cal.npz"), specs_from_onnx(model), batch_size=16)
+    stats = calibrate(model, feeds, progress=False, capture_batches=2, capture_tensors=True)
+    set_slice(monkeypatch, "search", 20 * stats.sample_bytes)  # one batch of 16 fits, two do not
+    cfg = ConvertConfig(model=Path("m.onnx"), output=Path("o.onnx"), search_samples=32, budget="max_abs<=1e-3")
+    got, refs, tensors = conv.search_data(resolve_options(cfg), model, feeds, stats)
+    assert [len(b["x"]) for b in got] == [16, 16] and got.tensor_batches == 1
+    assert len(refs) == 2 and len(tensors) == 1
+    ort = resolve_options(replace(cfg, numerics="ort"))  # (keeps no tensors: cut to what fits, as before)
+    got, _, _ = conv.search_data(ort, model, feeds, stats)
+    assert [len(b["x"]) for b in got] == [16, 4] and got.tensor_batches is None
+    set_slice(monkeypatch, "search", 5 * stats.sample_bytes)  # not one whole batch: the samples that fit
+    got, _, _ = conv.search_data(resolve_options(cfg), model, feeds, stats)
+    assert [len(b["x"]) for b in got] == [5] and got.tensor_batches is None
+
+
+def test_batches_past_the_kept_ones_run_whole_on_the_emulator_bit_for_bit():
+    """With FP32 runs kept for the first batch only, the emulator's candidates and the FP32 reference still cover
+    every batch, bit for bit the whole runs."""
+    model = chain(6, WIDTH)
+    info, batches = GraphInfo(model), _batches(3)
+    mm = _matmuls(info)
+    ev = StrictEvaluator(model, info, batches, Precision.FP16, cast_graphs=False, kept_batches=1)
+    emu = GraphEmulator(model)
+    ref = ev.reference()
+    assert len(ref) == 3 and len(ev._emu.refs) == 1
+    for low in ({a: Precision.FP16 for a in mm}, {a: Precision.FP16 for a in mm[:3]}):
+        cand = ev.candidate(low)
+        got = cand.outputs()
+        cand.judged(True)
+        assert len(got) == 3
+        for batch, out, r in zip(batches, got, ref, strict=True):
+            assert np.array_equal(out["y"], emu.run(batch, low).outputs["y"])
+            assert np.array_equal(r["y"], emu.run(batch, None).outputs["y"])

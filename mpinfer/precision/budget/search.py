@@ -283,6 +283,7 @@ def _reference(
         keep_io_types=cfg.keep_io_types,
         known_outputs=reference_outputs,
         known_tensors=reference_tensors,
+        **({"kept_batches": cfg.tensor_batches} if cfg.tensor_batches is not None else {}),
     )
     ver = _Verifier(model, info, batches, budget, cfg, labels, evaluator)
     budget.check_outputs(ver.float_names())

@@ -105,8 +105,12 @@ def _error_sums(reference: Any, value: Any) -> tuple[float, float] | None:
 class _EmulatorRefs:
     """The strict emulator and its kept FP32 runs of the search batches (opened on first use)."""
 
-    def __init__(self, model: Any, info: GraphInfo, batches: list[Outputs], *, required: bool) -> None:
+    def __init__(
+        self, model: Any, info: GraphInfo, batches: list[Outputs], *, required: bool, kept: int | None = None
+    ) -> None:
         self.model, self.info, self.batches, self.required = model, info, batches, required
+        # the leading batches whose FP32 runs are kept (their tensors fit the search slice); the rest run whole
+        self.kept = len(batches) if kept is None else max(1, min(kept, len(batches)))
         self.emu: GraphEmulator | None = None
         self.refs: list[Any] = []
         self.opened = False
@@ -126,8 +130,9 @@ class _EmulatorRefs:
         emu = self.emulator()
         self.opened = True
         if emu is not None:
-            seeds = known if known is not None and len(known) == len(self.batches) else [None] * len(self.batches)
-            self.refs = [emu.run(b, None, keep=True, known=k) for b, k in zip(self.batches, seeds, strict=True)]
+            head = self.batches[: self.kept]
+            seeds = known[: len(head)] if known is not None and len(known) >= len(head) else [None] * len(head)
+            self.refs = [emu.run(b, None, keep=True, known=k) for b, k in zip(head, seeds, strict=True)]
             self.evaluations += len(self.info.nodes) * len(self.refs)
 
     def local_errors(self, groups: Sequence[Any], batches: list[Outputs], subset: bool, low: Precision) -> dict:
@@ -245,10 +250,13 @@ class StrictEvaluator:
         known_outputs: list[Outputs] | None = None,
         known_tensors: list[Outputs] | None = None,
         cast_graphs: bool = True,
+        kept_batches: int | None = None,
     ) -> None:
         self.info, self.precision, self.keep_io_types = info, precision, keep_io_types
         self._cast_graphs = cast_graphs  # False: the emulator judges every candidate
-        self._emu = _EmulatorRefs(model, info, batches, required=True)
+        # ``kept_batches``: the leading search batches whose FP32 emulator runs fit the search slice (sensitivities and
+        # the emulator's incremental runs start from them; the others run whole when the emulator judges)
+        self._emu = _EmulatorRefs(model, info, batches, required=True, kept=kept_batches)
         self._emu.emulator()  # (refuses a model with ops the emulator cannot run, before any work)
         # The FP32 runs every candidate is an incremental run from are made when a candidate needs them. Without
         # calibration's tensors (too many bytes to keep) the first candidate (the rule plan, which most often passes)
@@ -279,7 +287,10 @@ class StrictEvaluator:
         if self._known_outputs is not None:
             return self._known_outputs
         self._open()
-        return [r.outputs for r in self._emu.refs]
+        assert self._emu.emu is not None
+        rest = [self._emu.emu.run(b, None).outputs for b in self._emu.batches[len(self._emu.refs):]]
+        self._extra += len(self.info.nodes) * len(rest)
+        return [r.outputs for r in self._emu.refs] + rest
 
     def _open(self) -> None:
         """The kept FP32 emulator runs, made (or taken from calibration's tensors) on first use."""
@@ -313,7 +324,8 @@ class StrictEvaluator:
         if self._kept is None and self._emu.opened and self._emu.refs:
             self._kept = _KeptRuns(emu, self._emu.refs)
         # (the FP32 runs not made yet: the emulator would first pay a whole run of every batch)
-        cost = self._kept.cost(low) if self._kept is not None else None
+        rest = batches[self._emu.kept:]  # (batches without kept FP32 runs: whole runs on the emulator)
+        cost = self._kept.cost(low) + len(self.info.nodes) * len(rest) if self._kept is not None else None
         if (sess := self._cast_session(low, cost, len(batches))) is not None:
             self._casts.counts.cast_graph += 1
             if self._kept is not None:
@@ -343,10 +355,13 @@ class StrictEvaluator:
             start = time.perf_counter()
             run = next(runs, None)
             if run is None:
-                return
+                break
             self._casts.emulator_ran(time.perf_counter() - start, run.recomputed)
             self.evaluations += run.recomputed
             yield run.outputs
+        for batch in rest:
+            self.evaluations += len(self.info.nodes)
+            yield emu.run(batch, low).outputs
 
     def _cast_session(self, low: Mapping[str, Precision], cost: int | None, batches: int) -> Any:
         """The cast graph session to judge ``low`` on ``batches`` batches; None: the emulator judges it.
