@@ -132,3 +132,17 @@ def test_batches_past_the_kept_ones_run_whole_on_the_emulator_bit_for_bit():
         for batch, out, r in zip(batches, got, ref, strict=True):
             assert np.array_equal(out["y"], emu.run(batch, low).outputs["y"])
             assert np.array_equal(r["y"], emu.run(batch, None).outputs["y"])
+
+
+def test_an_unmeasured_emulator_judges_a_small_incremental_run_and_learns_its_cost():
+    """Before the emulator's speed is measured, a candidate it would recompute under half of is run on it (its
+    time per node is then known); a candidate that changes most of the graph goes to the cast graph."""
+    model = chain(6, WIDTH)
+    info, batches = GraphInfo(model), _batches()
+    mm = _matmuls(info)
+    ev = StrictEvaluator(model, info, batches, Precision.FP16)
+    ev.candidate({a: Precision.FP16 for a in mm}).outputs()
+    ev._open()  # (the FP32 emulator runs, as the groups' sensitivities make them)
+    ev.candidate({mm[5]: Precision.FP16}).outputs()  # (recomputes the last 3 of 13 nodes)
+    assert (ev.reuse["cast_graph_candidates"], ev.reuse["emulator_candidates"]) == (1, 1), ev.reuse
+    assert ev._casts.timing.emulator_node_s() is not None

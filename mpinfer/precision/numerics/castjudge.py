@@ -89,12 +89,14 @@ class CastJudge:
             self.timing.emu_s += seconds
             self.timing.emu_evals += evaluations
 
-    def prefers(self, low: Mapping[str, Precision], emulator_evaluations: int | None, batches: int) -> bool:
+    def prefers(self, low: Mapping[str, Precision], emulator_evaluations: int | None, whole: int, batches: int) -> bool:
         """Whether the cast graph should judge ``low`` on ``batches`` batches (it may still refuse).
 
         ``emulator_evaluations``: node evaluations the emulator's run would cost (None: unknown, e.g. its FP32
-        runs are not made yet; those alone cost a whole run, more than the cast graph). The cast graph wins
-        unless both costs are measured and the emulator's is lower.
+        runs are not made yet; those alone cost a whole run, more than the cast graph); ``whole``: those of whole
+        runs of the batches. With both engines' costs measured, the cheaper estimate judges. Before the emulator's
+        is measured, the cast graph judges unless the emulator would recompute under half of every node (an
+        incremental run that small is then run, and measured).
         """
         key = _key(low)
         if self._last is not None and self._last[0] == key:
@@ -104,7 +106,11 @@ class CastJudge:
         if any(r <= key for r in self._refused):
             return False
         node_s, t = self.timing.emulator_node_s(), self.timing
-        if emulator_evaluations is None or node_s is None or t.cast_build_s is None or t.cast_batch_s is None:
+        if emulator_evaluations is None:
+            return True
+        if node_s is None:
+            return 2 * emulator_evaluations >= whole
+        if t.cast_build_s is None or t.cast_batch_s is None:
             return True
         return emulator_evaluations * node_s >= t.cast_build_s + t.cast_batch_s * batches
 

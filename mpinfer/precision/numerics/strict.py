@@ -368,7 +368,7 @@ class StrictEvaluator:
 
         ``cost``: the emulator's node evaluations for them (None: its FP32 runs are not made yet).
         """
-        if not self._cast_graphs or not self._casts.prefers(low, cost, batches):
+        if not self._cast_graphs or not self._casts.prefers(low, cost, len(self.info.nodes) * batches, batches):
             return None
         return self._casts.session(low)
 
