@@ -367,6 +367,7 @@ def _search(
         batches=len(search_feeds) if isinstance(search_feeds, SearchRows) else MANY,
         progress=opts.progress,
         samples_independent=calibrated.stats is None or calibrated.stats.row_multiple == 1,
+        tensor_batches=getattr(search_feeds, "tensor_batches", None),
     )
     try:
         outcome = search_plan(

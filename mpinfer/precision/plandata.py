@@ -199,6 +199,8 @@ class SearchRows:
     batches: list[dict[str, Any]]
     labels: Any = None
     whole: bool = True  # the first calibration batches as they are (none cut)
+    # strict numerics: the leading batches whose FP32 tensors fit the search slice (None: every batch)
+    tensor_batches: int | None = None
 
     def __iter__(self) -> Any:
         return iter(self.batches)
@@ -208,13 +210,19 @@ class SearchRows:
 
 
 def search_data(
-    opts: Options, model: Any, feeds: Any, stats: Any, *, whole_batch: bool = False
+    opts: Options, model: Any, feeds: Any, stats: Any, *, whole_batch: bool = False, outputs_only: bool = True
 ) -> tuple[Any, Any, Any]:
     """The search's samples and calibration's FP32 reference for them.
 
     The first ``opts.search_samples`` samples (``whole_batch``: the whole batches that hold them), fewer when
     their FP32 tensors pass the memory budget's ``search`` bytes. Also the samples the plan's expected error is measured
     on without a budget.
+
+    Strict numerics judge candidates on their cast graphs (ONNX Runtime) where they qualify, which needs only the
+    FP32 outputs: the search then reads every one of the ``--search-samples`` samples, and only the leading
+    batches whose FP32 tensors fit the slice keep them (``SearchRows.tensor_batches``: the emulator's kept runs,
+    the groups' sensitivities); where not even the first batch fits (or ``outputs_only`` is False), the search
+    reads the samples that fit, as with other numerics.
     """
     refs, tensors = getattr(stats, "reference_outputs", None), getattr(stats, "reference_tensors", None)
     per_sample = getattr(stats, "sample_bytes", None)
@@ -223,7 +231,11 @@ def search_data(
     if cap is not None:
         cap = round_rows(cap, multiple)
     want = round_rows(opts.search_samples, multiple, up=True)
-    want = want if cap is None else min(want, cap)
+    outputs_only = (
+        outputs_only and not whole_batch and bool(opts.budget) and evaluator_class(opts.numerics).wants_fp32_tensors
+    )
+    tensor_cap = cap if outputs_only and cap is not None and cap < want else None
+    want = want if cap is None or tensor_cap is not None else min(want, cap)
     slicer = BatchSlicer(model)
     chosen: list[dict[str, Any]] = []
     taken, cut = 0, None
@@ -241,19 +253,34 @@ def search_data(
         taken += rows
     if not chosen:
         return feeds, refs, tensors
+    tensor_batches = None
+    if tensor_cap is not None:  # (the batches wholly within the cap, at least one)
+        sizes = np.cumsum([slicer.rows(b) for b in chosen])
+        tensor_batches = int(np.searchsorted(sizes, tensor_cap, side="right"))
+        if tensor_batches == 0:  # (not one whole batch within the slice: the search reads what fits)
+            return search_data(opts, model, feeds, stats, outputs_only=False)
+        if tensors is not None:
+            tensors = tensors[:tensor_batches] if len(tensors) >= tensor_batches else None
     if cut is not None:
         tensors = None  # calibration's tensors hold whole batches (and not every tensor holds samples on axis 0)
         refs = _cut_outputs(model, refs, *cut)
     if refs is not None:
         refs = refs[: len(chosen)] if len(refs) >= len(chosen) else None
-    if tensors is not None:
+    if tensors is not None and tensor_batches is None:
         tensors = tensors[: len(chosen)] if len(tensors) >= len(chosen) else None
-    if per_sample and cap is not None and cap < opts.search_samples and not whole_batch:
+    if tensor_batches is not None:
+        logger.info(
+            "searching on the first %d sample(s), FP32 tensors kept for %d batch(es) (%.1f GB per sample: the "
+            "search slice holds %d); candidates on the cast graph need only the outputs",
+            taken, tensor_batches, (per_sample or 0) / 1e9, cap,
+        )
+    elif per_sample and cap is not None and cap < opts.search_samples and not whole_batch:
         logger.info(
             "searching on the first %d sample(s): their FP32 tensors come to %.1f GB (%d would hold %.1f)",
             taken, taken * per_sample / 1e9, opts.search_samples, opts.search_samples * per_sample / 1e9,
         )
-    return SearchRows(chosen, getattr(feeds, "labels", None), whole=cut is None), refs, tensors
+    found = SearchRows(chosen, getattr(feeds, "labels", None), whole=cut is None, tensor_batches=tensor_batches)
+    return found, refs, tensors
 
 
 def _cut_outputs(model: Any, refs: Any, index: int, rows: int, stop: int) -> Any:

@@ -56,6 +56,8 @@ class SearchConfig:
     # a sample's outputs depend on its group, so the search never runs a subset of the samples (no screening on the
     # hardest, no probe of them), only the batches as they are.
     samples_independent: bool = True
+    # strict numerics: the leading batches whose FP32 tensors fit the search slice (None: every batch)
+    tensor_batches: int | None = None
     metrics: tuple[Any, ...] = ()  # the user's own metrics (mpinfer.usermetric.UserMetric): budget terms too
 
 

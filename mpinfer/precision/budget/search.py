@@ -231,18 +231,22 @@ def _cost(ver: _Verifier, groups: list[_Group], accepted: list[_Group], measured
         "model_nodes": len(ver.info.nodes),
         # False: the whole rule candidate met the budget, so no group was measured or bisected.
         "searched": measured,
-        # strict numerics: candidate runs started from a kept candidate run, and the node evaluations that saved
+        # strict numerics: candidate runs started from a kept candidate run, the node evaluations that saved, and the
+        # candidates (and screening runs) judged on the cast graph and on the emulator
         **getattr(ver.ev, "reuse", {}),
     }
     logger.info(
         "search: %d/%d groups low, %d verifications (%d screened, %d stopped early, %d runs from a kept candidate "
-        "run), %d node evaluations, %.1fs (%.1fs measuring groups)",
+        "run; candidates judged: %d on the cast graph, %d on the emulator), %d node evaluations, %.1fs (%.1fs "
+        "measuring groups)",
         len(accepted),
         len(groups),
         ver.verifications,
         ver.screened,
         ver.stopped,
         cost.get("reused_runs", 0),
+        cost.get("cast_graph_candidates", 0),
+        cost.get("emulator_candidates", 0),
         ver.ev.evaluations,
         cost["wall_s"],
         cost["sensitivity_s"],
@@ -279,6 +283,7 @@ def _reference(
         keep_io_types=cfg.keep_io_types,
         known_outputs=reference_outputs,
         known_tensors=reference_tensors,
+        **({"kept_batches": cfg.tensor_batches} if cfg.tensor_batches is not None else {}),
     )
     ver = _Verifier(model, info, batches, budget, cfg, labels, evaluator)
     budget.check_outputs(ver.float_names())

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -24,13 +25,10 @@ from mpinfer.precision.emulator import (
     StrictModelRunner,
     StrictRunner,
     is_float,
-    is_low_float,
-    may_qualify,
-    open_cast_session,
 )
-from mpinfer.precision.graph import apply_plan
 from mpinfer.precision.numerics import probe
 from mpinfer.precision.numerics.base import Candidate, Outputs, Runner
+from mpinfer.precision.numerics.castjudge import CastJudge
 from mpinfer.specs import Precision
 
 logger = logging.getLogger(__name__)
@@ -107,8 +105,12 @@ def _error_sums(reference: Any, value: Any) -> tuple[float, float] | None:
 class _EmulatorRefs:
     """The strict emulator and its kept FP32 runs of the search batches (opened on first use)."""
 
-    def __init__(self, model: Any, info: GraphInfo, batches: list[Outputs], *, required: bool) -> None:
+    def __init__(
+        self, model: Any, info: GraphInfo, batches: list[Outputs], *, required: bool, kept: int | None = None
+    ) -> None:
         self.model, self.info, self.batches, self.required = model, info, batches, required
+        # the leading batches whose FP32 runs are kept (their tensors fit the search slice); the rest run whole
+        self.kept = len(batches) if kept is None else max(1, min(kept, len(batches)))
         self.emu: GraphEmulator | None = None
         self.refs: list[Any] = []
         self.opened = False
@@ -128,8 +130,9 @@ class _EmulatorRefs:
         emu = self.emulator()
         self.opened = True
         if emu is not None:
-            seeds = known if known is not None and len(known) == len(self.batches) else [None] * len(self.batches)
-            self.refs = [emu.run(b, None, keep=True, known=k) for b, k in zip(self.batches, seeds, strict=True)]
+            head = self.batches[: self.kept]
+            seeds = known[: len(head)] if known is not None and len(known) >= len(head) else [None] * len(head)
+            self.refs = [emu.run(b, None, keep=True, known=k) for b, k in zip(head, seeds, strict=True)]
             self.evaluations += len(self.info.nodes) * len(self.refs)
 
     def local_errors(self, groups: Sequence[Any], batches: list[Outputs], subset: bool, low: Precision) -> dict:
@@ -169,6 +172,15 @@ class _KeptRuns:
         self._whole = sum(_nbytes(v) for r in fp32 for k, v in r.tensors.items() if k not in emu.initializer_names)
         self.reused = 0  # candidate runs started from a kept candidate run
         self.skipped = 0  # node evaluations those runs saved against runs from the FP32 runs
+
+    def cost(self, low: Mapping[str, Precision]) -> int:
+        """Node evaluations :meth:`each` would cost for the candidate ``low`` (from its cheapest base)."""
+        return min(self.emu.rerun_count(k[0].low, low) * len(k) for k in (self.fp32, self.met, self.last) if k)
+
+    def forget_last(self) -> None:
+        """Another engine judged the last candidate: the last run kept is no longer that candidate's."""
+        if self.last is not self.met:
+            self.last = None
 
     def run(self, low: Mapping[str, Precision], may_keep: bool = True) -> tuple[list[Outputs], int]:
         """The candidate's outputs on each kept batch, and the node evaluations it cost."""
@@ -237,9 +249,14 @@ class StrictEvaluator:
         keep_io_types: bool = True,
         known_outputs: list[Outputs] | None = None,
         known_tensors: list[Outputs] | None = None,
+        cast_graphs: bool = True,
+        kept_batches: int | None = None,
     ) -> None:
         self.info, self.precision, self.keep_io_types = info, precision, keep_io_types
-        self._emu = _EmulatorRefs(model, info, batches, required=True)
+        self._cast_graphs = cast_graphs  # False: the emulator judges every candidate
+        # ``kept_batches``: the leading search batches whose FP32 emulator runs fit the search slice (sensitivities and
+        # the emulator's incremental runs start from them; the others run whole when the emulator judges)
+        self._emu = _EmulatorRefs(model, info, batches, required=True, kept=kept_batches)
         self._emu.emulator()  # (refuses a model with ops the emulator cannot run, before any work)
         # The FP32 runs every candidate is an incremental run from are made when a candidate needs them. Without
         # calibration's tensors (too many bytes to keep) the first candidate (the rule plan, which most often passes)
@@ -252,6 +269,9 @@ class StrictEvaluator:
         self._kept: _KeptRuns | None = None  # the search batches' FP32 runs and kept candidate runs
         self._values_per_node: float | None = None
         self._extra = 0
+        # each candidate judged on its cast graph (ONNX Runtime, as the final verification) where it qualifies and
+        # costs less than the emulator's incremental run
+        self._casts = CastJudge(model, info, precision, keep_io_types)
 
     @property
     def evaluations(self) -> int:
@@ -267,13 +287,19 @@ class StrictEvaluator:
         if self._known_outputs is not None:
             return self._known_outputs
         self._open()
-        return [r.outputs for r in self._emu.refs]
+        assert self._emu.emu is not None
+        rest = [self._emu.emu.run(b, None).outputs for b in self._emu.batches[len(self._emu.refs):]]
+        self._extra += len(self.info.nodes) * len(rest)
+        return [r.outputs for r in self._emu.refs] + rest
 
     def _open(self) -> None:
         """The kept FP32 emulator runs, made (or taken from calibration's tensors) on first use."""
         if not self._emu.opened:
+            start, before, measured = time.perf_counter(), self.evaluations, self._known_tensors is None
             self._emu.open(self._known_tensors)
             self._known_tensors = None  # (the runs hold them now)
+            if measured:  # (runs seeded with calibration's tensors compute little: no per-node time to learn)
+                self._casts.emulator_ran(time.perf_counter() - start, self.evaluations - before)
 
     def candidate(self, low: Mapping[str, Precision]) -> Candidate:
         """A candidate run incrementally from the kept FP32 runs."""
@@ -286,29 +312,65 @@ class StrictEvaluator:
     def each_from_refs(self, low: dict[str, Precision]) -> Iterator[Outputs]:
         """:meth:`run_from_refs` one search batch at a time (the caller may stop early).
 
-        Each batch's run starts from the kept run it differs least from (:class:`_KeptRuns`).
+        The candidate's cast graph runs it where it qualifies and the emulator's run would cost more
+        (:class:`~mpinfer.precision.numerics.castjudge.CastJudge`): the FP32 nodes are then ONNX Runtime's float32
+        kernels, as in the final verification. Else each batch's emulator run starts from the kept run it differs
+        least from (:class:`_KeptRuns`).
         """
         emu = self._emu.emu
         assert emu is not None
         first, self._first_run = not self._first_run, True
+        batches = self._emu.batches
+        if self._kept is None and self._emu.opened and self._emu.refs:
+            self._kept = _KeptRuns(emu, self._emu.refs)
+        # (the FP32 runs not made yet: the emulator would first pay a whole run of every batch)
+        rest = batches[self._emu.kept:]  # (batches without kept FP32 runs: whole runs on the emulator)
+        cost = self._kept.cost(low) + len(self.info.nodes) * len(rest) if self._kept is not None else None
+        if (sess := self._cast_session(low, cost, len(batches))) is not None:
+            self._casts.counts.cast_graph += 1
+            if self._kept is not None:
+                self._kept.forget_last()
+            if first:
+                logger.info("search: the first candidate judged by ONNX Runtime as a float32 graph with rounding casts")
+            for out in self._casts.each(sess, batches, lambda b: emu.run(b, low).outputs):
+                self.evaluations += len(self.info.nodes)  # (a batch stopped early is not run)
+                yield out
+            return
+        self._casts.counts.emulator += 1
         if first and not self._emu.opened and self._known_tensors is None:
             # the first candidate, and no FP32 tensors from calibration to take the FP32 runs from: whole runs (an FP32
-            # run of the search samples costs as much again, and is made only if a second candidate needs it), in
-            # ONNX Runtime when the applied candidate qualifies for a cast graph (castgraph: the emulator's bits)
-            fast = self._cast_graph_runs(low)
-            if fast is not None:
-                yield from fast
-                return
-            for batch in self._emu.batches:
+            # run of the search samples costs as much again, and is made only if a second candidate needs it)
+            for batch in batches:
+                start = time.perf_counter()
+                out = emu.run(batch, low).outputs
+                self._casts.emulator_ran(time.perf_counter() - start, len(self.info.nodes))
                 self.evaluations += len(self.info.nodes)
-                yield emu.run(batch, low).outputs
+                yield out
             return
         self._open()
         if self._kept is None:
             self._kept = _KeptRuns(emu, self._emu.refs)
-        for run in self._kept.each(low, may_keep=not first):
+        runs = self._kept.each(low, may_keep=not first)
+        while True:
+            start = time.perf_counter()
+            run = next(runs, None)
+            if run is None:
+                break
+            self._casts.emulator_ran(time.perf_counter() - start, run.recomputed)
             self.evaluations += run.recomputed
             yield run.outputs
+        for batch in rest:
+            self.evaluations += len(self.info.nodes)
+            yield emu.run(batch, low).outputs
+
+    def _cast_session(self, low: Mapping[str, Precision], cost: int | None, batches: int) -> Any:
+        """The cast graph session to judge ``low`` on ``batches`` batches; None: the emulator judges it.
+
+        ``cost``: the emulator's node evaluations for them (None: its FP32 runs are not made yet).
+        """
+        if not self._cast_graphs or not self._casts.prefers(low, cost, len(self.info.nodes) * batches, batches):
+            return None
+        return self._casts.session(low)
 
     def judged(self, met: bool) -> None:
         """The last candidate met the budget or not: a candidate that met it is kept as a base for the next ones."""
@@ -320,28 +382,11 @@ class StrictEvaluator:
     def reuse(self) -> dict[str, int]:
         """Candidate runs started from a kept candidate run (not the FP32 runs), and the node evaluations saved."""
         runs = [k for k in (self._kept, self._screen_ref[1] if self._screen_ref is not None else None) if k]
-        return {"reused_runs": sum(k.reused for k in runs), "evaluations_saved": sum(k.skipped for k in runs)}
-
-    def _cast_graph_runs(self, low: dict[str, Precision]) -> list[Outputs] | None:
-        """The candidate applied and run on every search batch as a cast graph; None where it does not qualify."""
-        if not may_qualify((self.info.by_address[a].node.op_type for a in low), self._emu.model):
-            return None
-        precisions = {a: low.get(a, Precision.FP32) for a in self.info.by_address}
-        applied = apply_plan(self._emu.model, self.info, precisions, self.precision, keep_io_types=self.keep_io_types)
-        sess, why = open_cast_session(applied.model)
-        if sess is None:
-            logger.debug("search: the emulator judges the first candidate (no cast graph: %s)", why)
-            return None
-        outs = []
-        try:
-            for batch in self._emu.batches:  # (the FP32 model's outputs are float32: a low output comes back widened)
-                outs.append({k: v.astype(np.float32) if is_low_float(v) else v for k, v in sess(batch).items()})
-        except Exception as err:  # onnxruntime's own types: data it refuses; the emulator decides (and names it)
-            logger.debug("search: the cast graph failed (%s); the emulator judges the first candidate", err)
-            return None
-        self.evaluations += len(self.info.nodes) * len(self._emu.batches)
-        logger.info("search: the first candidate judged by ONNX Runtime as a float32 graph with rounding casts")
-        return outs
+        return {
+            "reused_runs": sum(k.reused for k in runs),
+            "evaluations_saved": sum(k.skipped for k in runs),
+            **self._casts.counts.record(),
+        }
 
     def strict_rows(self, feeds: Mapping[str, np.ndarray], rows: np.ndarray, low: Mapping[str, Precision]) -> Outputs:
         """Outputs of the candidate ``low`` on the samples ``rows`` (their ``feeds``).
@@ -350,12 +395,27 @@ class StrictEvaluator:
         fixed, see :meth:`screen_rows`).
         """
         assert self._emu.emu is not None
+        cost = self._screen_ref[1].cost(low) if self._screen_ref is not None else None
+        if (sess := self._cast_session(low, cost, 1)) is not None:
+            try:
+                out = self._casts.run(sess, feeds)
+            except Exception as err:  # onnxruntime's own types: data it refuses; the emulator screens
+                logger.debug("search: the cast graph failed on the screening rows (%s)", err)
+            else:
+                self._casts.counts.cast_graph_screens += 1
+                self.evaluations += len(self.info.nodes)
+                if self._screen_ref is not None:
+                    self._screen_ref[1].forget_last()
+                return out
+        self._casts.counts.emulator_screens += 1
+        start, before = time.perf_counter(), self.evaluations
         if self._screen_ref is None:
             fp32 = self._emu.emu.run(dict(feeds), None, keep=True)
             self._screen_ref = rows, _KeptRuns(self._emu.emu, [fp32])
             self.evaluations += len(self.info.nodes)
         outs, evaluations = self._screen_ref[1].run(low)
         self.evaluations += evaluations
+        self._casts.emulator_ran(time.perf_counter() - start, self.evaluations - before)
         return outs[0]
 
     def screen_rows(self, hardest: Callable[[], np.ndarray | None]) -> np.ndarray | None:

@@ -1,0 +1,157 @@
+"""Strict candidates judged on ONNX Runtime as cast graphs, where they qualify and it is cheaper than the emulator.
+
+A candidate's cast graph (:mod:`~mpinfer.precision.emulator.castgraph`: a float32 graph with rounding Cast pairs)
+computes its low nodes bit for bit as the strict emulator does, and its FP32 nodes with ONNX Runtime's float32
+kernels: exactly what the final verification runs for a model that qualifies. :class:`CastJudge` picks, for each
+candidate, the cast graph or the emulator's incremental run from kept runs, whichever its cost estimate says is
+cheaper, and remembers the plans ONNX Runtime refused (a larger plan holding one of them is refused too).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from mpinfer.precision.core import GraphInfo
+from mpinfer.precision.emulator import is_low_float, may_qualify, open_cast_session
+from mpinfer.precision.graph import apply_plan
+from mpinfer.specs import Precision
+
+logger = logging.getLogger(__name__)
+
+ENGINE_CAST = "cast graph"
+ENGINE_EMULATOR = "emulator"
+
+
+@dataclass
+class EngineCounts:
+    """Candidates (full runs) and screening runs each engine judged, for the search's cost record."""
+
+    cast_graph: int = 0
+    emulator: int = 0
+    cast_graph_screens: int = 0
+    emulator_screens: int = 0
+    refused: int = 0  # candidates the cast graph refused (the emulator judged them)
+
+    def record(self) -> dict[str, int]:
+        """The counts under the search cost record's keys."""
+        return {
+            "cast_graph_candidates": self.cast_graph,
+            "emulator_candidates": self.emulator,
+            "cast_graph_screens": self.cast_graph_screens,
+            "emulator_screens": self.emulator_screens,
+            "cast_graph_refused": self.refused,
+        }
+
+
+@dataclass
+class _Timing:
+    """Seconds measured per engine: cast graph (build + session + runs, per sample) and emulator (per node run)."""
+
+    cast_build_s: float | None = None  # the last cast graph's apply + build + session
+    cast_batch_s: float | None = None  # seconds of the last batch run on a cast graph
+    emu_s: float = 0.0
+    emu_evals: int = 0
+
+    def emulator_node_s(self) -> float | None:
+        """Seconds per emulator node evaluation measured so far (None: none measured)."""
+        return self.emu_s / self.emu_evals if self.emu_evals else None
+
+
+@dataclass
+class CastJudge:
+    """The cast graphs of a search's candidates: chosen per candidate, sessions kept for the last candidate.
+
+    Args:
+        model: The FP32 model (weights in the proto: a model with external weights never qualifies).
+        info: Its graph.
+        precision: The low precision.
+        keep_io_types: As the converted model keeps them.
+    """
+
+    model: Any
+    info: GraphInfo
+    precision: Precision
+    keep_io_types: bool = True
+    counts: EngineCounts = field(default_factory=EngineCounts)
+    timing: _Timing = field(default_factory=_Timing)
+    _refused: list[frozenset[str]] = field(default_factory=list)
+    _last: tuple[frozenset, Any] | None = None  # (candidate key, its session or None: refused)
+
+    def emulator_ran(self, seconds: float, evaluations: int) -> None:
+        """An emulator run of ``evaluations`` node evaluations took ``seconds`` (the per-node cost estimate)."""
+        if evaluations > 0:
+            self.timing.emu_s += seconds
+            self.timing.emu_evals += evaluations
+
+    def prefers(self, low: Mapping[str, Precision], emulator_evaluations: int | None, whole: int, batches: int) -> bool:
+        """Whether the cast graph should judge ``low`` on ``batches`` batches (it may still refuse).
+
+        ``emulator_evaluations``: node evaluations the emulator's run would cost (None: unknown, e.g. its FP32
+        runs are not made yet; those alone cost a whole run, more than the cast graph); ``whole``: those of whole
+        runs of the batches. With both engines' costs measured, the cheaper estimate judges. Before the emulator's
+        is measured, the cast graph judges unless the emulator would recompute under half of every node (an
+        incremental run that small is then run, and measured).
+        """
+        key = _key(low)
+        if self._last is not None and self._last[0] == key:
+            return self._last[1] is not None
+        if not may_qualify((self.info.by_address[a].node.op_type for a in low), self.model):
+            return False
+        if any(r <= key for r in self._refused):
+            return False
+        node_s, t = self.timing.emulator_node_s(), self.timing
+        if emulator_evaluations is None:
+            return True
+        if node_s is None:
+            return 2 * emulator_evaluations >= whole
+        if t.cast_build_s is None or t.cast_batch_s is None:
+            return True
+        return emulator_evaluations * node_s >= t.cast_build_s + t.cast_batch_s * batches
+
+    def session(self, low: Mapping[str, Precision]) -> Any:
+        """The cast graph session of the candidate ``low`` (kept for its next runs); None when refused."""
+        key = _key(low)
+        if self._last is not None and self._last[0] == key:
+            return self._last[1]
+        start = time.perf_counter()
+        precisions = {a: low.get(a, Precision.FP32) for a in self.info.by_address}
+        applied = apply_plan(self.model, self.info, precisions, self.precision, keep_io_types=self.keep_io_types)
+        sess, why = open_cast_session(applied.model)
+        if sess is None:
+            logger.debug("search: the emulator judges this candidate (no cast graph: %s)", why)
+            self._refused.append(key)
+            self.counts.refused += 1
+        else:
+            self.timing.cast_build_s = time.perf_counter() - start
+        self._last = key, sess
+        return sess
+
+    def run(self, sess: Any, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """``sess`` on one batch ``feeds``, low outputs widened to float32 as the FP32 model gives them.
+
+        Raises whatever ONNX Runtime raises on data it refuses (the caller's emulator then judges).
+        """
+        start = time.perf_counter()
+        out = {k: v.astype(np.float32) if is_low_float(v) else v for k, v in sess(feeds).items()}
+        self.timing.cast_batch_s = time.perf_counter() - start
+        return out
+
+    def each(self, sess: Any, batches: list[Any], fallback: Any) -> Iterator[dict[str, np.ndarray]]:
+        """The candidate's outputs on each batch through ``sess``; ``fallback(batch)`` where ONNX Runtime fails."""
+        for batch in batches:
+            try:
+                out = self.run(sess, batch)
+            except Exception as err:  # onnxruntime's own types: data it refuses; the emulator decides (and names it)
+                logger.debug("search: the cast graph failed (%s); the emulator runs this batch", err)
+                out = fallback(batch)
+            yield out
+
+
+def _key(low: Mapping[str, Precision]) -> frozenset:
+    return frozenset((a, p) for a, p in low.items() if p is not Precision.FP32)

@@ -1,0 +1,148 @@
+"""Issue 37: search candidates judged on the cast graph (ONNX Runtime) where they qualify, else the emulator."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from mpinfer.precision.core.graphinfo import GraphInfo
+from mpinfer.precision.emulator import GraphEmulator
+from mpinfer.precision.emulator.castgraph import ENGINE_CASTS
+from mpinfer.precision.graph import apply_plan
+from mpinfer.precision.numerics.strict import StrictEvaluator
+from mpinfer.specs import Precision
+from tests.budget import set_slice
+from tests.precision.graphs import chain
+
+WIDTH = 16
+
+
+def _batches(n: int = 2):
+    rng = np.random.default_rng(0)
+    return [{"x": rng.standard_normal((8, WIDTH)).astype(np.float32)} for _ in range(n)]
+
+
+def _matmuls(info):
+    return [a for a, ref in info.by_address.items() if ref.node.op_type == "MatMul"]
+
+
+def test_every_candidate_is_judged_as_the_final_verification_runs_its_plan_bit_for_bit():
+    """Each candidate of a search (not only the first) runs on its cast graph, giving the bits the final
+    verification's cast-graph run of the same plan gives."""
+    model = chain(6, WIDTH)
+    info, batches = GraphInfo(model), _batches()
+    mm = _matmuls(info)
+    ev = StrictEvaluator(model, info, batches, Precision.FP16)
+    plans = [{a: Precision.FP16 for a in mm}, {a: Precision.FP16 for a in mm[:3]}, {mm[4]: Precision.FP16}]
+    for low in plans:
+        cand = ev.candidate(low)
+        got = cand.outputs()
+        cand.judged(False)
+        precisions = {a: low.get(a, Precision.FP32) for a in info.by_address}
+        written = apply_plan(model, info, precisions, Precision.FP16).model
+        final = StrictEvaluator.model_runner(written)
+        for batch, out in zip(batches, got, strict=True):
+            want = final(batch)
+            assert final.engine == ENGINE_CASTS
+            assert out["y"].dtype == want["y"].dtype and out["y"].tobytes() == want["y"].tobytes(), low
+    assert ev.reuse["cast_graph_candidates"] == len(plans) and ev.reuse["emulator_candidates"] == 0, ev.reuse
+
+
+def test_candidates_the_cast_graph_refuses_fall_back_to_the_emulator(monkeypatch):
+    """Weights past the weight_cache slice: the cast graph refuses the candidate and the emulator judges it (bit for
+    bit its whole runs); a later candidate holding the refused one is not built again."""
+    model = chain(6, WIDTH)
+    info, batches = GraphInfo(model), _batches()
+    mm = _matmuls(info)
+    set_slice(monkeypatch, "weight_cache", 64)  # (less than one weight of the chain)
+    ev = StrictEvaluator(model, info, batches, Precision.FP16)
+    emu = GraphEmulator(model)
+    for low in ({a: Precision.FP16 for a in mm[:2]}, {a: Precision.FP16 for a in mm}):
+        cand = ev.candidate(low)
+        for batch, out in zip(batches, cand.outputs(), strict=True):
+            assert np.array_equal(out["y"], emu.run(batch, low).outputs["y"])
+        cand.judged(True)
+    r = ev.reuse
+    assert (r["cast_graph_candidates"], r["emulator_candidates"], r["cast_graph_refused"]) == (0, 2, 1), r
+
+
+def test_the_emulator_judges_when_its_measured_run_is_cheaper():
+    """With both costs measured, a candidate whose incremental emulator run recomputes far less than a cast
+    graph's build and run costs goes to the emulator (and still gives its bits)."""
+    model = chain(6, WIDTH)
+    info, batches = GraphInfo(model), _batches()
+    mm = _matmuls(info)
+    ev = StrictEvaluator(model, info, batches, Precision.FP16)
+    ev.candidate({a: Precision.FP16 for a in mm}).outputs()  # (cast graph: its cost measured)
+    ev.sensitivities([], batches, False)  # (opens the FP32 emulator runs)
+    ev._casts.timing.emu_s, ev._casts.timing.emu_evals = 1e-9, 1  # (an emulator far cheaper than any graph build)
+    low = {mm[5]: Precision.FP16}
+    got = ev.candidate(low).outputs()
+    emu = GraphEmulator(model)
+    for batch, out in zip(batches, got, strict=True):
+        assert np.array_equal(out["y"], emu.run(batch, low).outputs["y"])
+    assert (ev.reuse["cast_graph_candidates"], ev.reuse["emulator_candidates"]) == (1, 1), ev.reuse
+
+
+def test_the_search_reads_every_search_sample_when_only_some_fp32_tensors_fit(tmp_path, monkeypatch):
+    """Strict numerics with a budget: a search slice that holds one batch's FP32 tensors no longer cuts the search
+    to that batch (candidates on the cast graph need only the outputs); the tensors are kept for that batch only."""
+    from pathlib import Path
+
+    import mpinfer.precision.plandata as conv
+    from mpinfer.data import load_feeds
+    from mpinfer.precision import ConvertConfig
+    from mpinfer.precision.calib.calibrate import calibrate
+    from mpinfer.precision.options import resolve_options
+    from mpinfer.specs import specs_from_onnx
+    from tests.precision.test_search import _npz
+
+    model = chain(4)
+    feeds = load_feeds(_npz(tmp_path / "cal.npz"), specs_from_onnx(model), batch_size=16)
+    stats = calibrate(model, feeds, progress=False, capture_batches=2, capture_tensors=True)
+    set_slice(monkeypatch, "search", 20 * stats.sample_bytes)  # one batch of 16 fits, two do not
+    cfg = ConvertConfig(model=Path("m.onnx"), output=Path("o.onnx"), search_samples=32, budget="max_abs<=1e-3")
+    got, refs, tensors = conv.search_data(resolve_options(cfg), model, feeds, stats)
+    assert [len(b["x"]) for b in got] == [16, 16] and got.tensor_batches == 1
+    assert len(refs) == 2 and len(tensors) == 1
+    ort = resolve_options(replace(cfg, numerics="ort"))  # (keeps no tensors: cut to what fits, as before)
+    got, _, _ = conv.search_data(ort, model, feeds, stats)
+    assert [len(b["x"]) for b in got] == [16, 4] and got.tensor_batches is None
+    set_slice(monkeypatch, "search", 5 * stats.sample_bytes)  # not one whole batch: the samples that fit
+    got, _, _ = conv.search_data(resolve_options(cfg), model, feeds, stats)
+    assert [len(b["x"]) for b in got] == [5] and got.tensor_batches is None
+
+
+def test_batches_past_the_kept_ones_run_whole_on_the_emulator_bit_for_bit():
+    """With FP32 runs kept for the first batch only, the emulator's candidates and the FP32 reference still cover
+    every batch, bit for bit the whole runs."""
+    model = chain(6, WIDTH)
+    info, batches = GraphInfo(model), _batches(3)
+    mm = _matmuls(info)
+    ev = StrictEvaluator(model, info, batches, Precision.FP16, cast_graphs=False, kept_batches=1)
+    emu = GraphEmulator(model)
+    ref = ev.reference()
+    assert len(ref) == 3 and len(ev._emu.refs) == 1
+    for low in ({a: Precision.FP16 for a in mm}, {a: Precision.FP16 for a in mm[:3]}):
+        cand = ev.candidate(low)
+        got = cand.outputs()
+        cand.judged(True)
+        assert len(got) == 3
+        for batch, out, r in zip(batches, got, ref, strict=True):
+            assert np.array_equal(out["y"], emu.run(batch, low).outputs["y"])
+            assert np.array_equal(r["y"], emu.run(batch, None).outputs["y"])
+
+
+def test_an_unmeasured_emulator_judges_a_small_incremental_run_and_learns_its_cost():
+    """Before the emulator's speed is measured, a candidate it would recompute under half of is run on it (its
+    time per node is then known); a candidate that changes most of the graph goes to the cast graph."""
+    model = chain(6, WIDTH)
+    info, batches = GraphInfo(model), _batches()
+    mm = _matmuls(info)
+    ev = StrictEvaluator(model, info, batches, Precision.FP16)
+    ev.candidate({a: Precision.FP16 for a in mm}).outputs()
+    ev._open()  # (the FP32 emulator runs, as the groups' sensitivities make them)
+    ev.candidate({mm[5]: Precision.FP16}).outputs()  # (recomputes the last 3 of 13 nodes)
+    assert (ev.reuse["cast_graph_candidates"], ev.reuse["emulator_candidates"]) == (1, 1), ev.reuse
+    assert ev._casts.timing.emulator_node_s() is not None
