@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import math
-import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -295,11 +294,8 @@ class StrictEvaluator:
     def _open(self) -> None:
         """The kept FP32 emulator runs, made (or taken from calibration's tensors) on first use."""
         if not self._emu.opened:
-            start, before, measured = time.perf_counter(), self.evaluations, self._known_tensors is None
             self._emu.open(self._known_tensors)
             self._known_tensors = None  # (the runs hold them now)
-            if measured:  # (runs seeded with calibration's tensors compute little: no per-node time to learn)
-                self._casts.emulator_ran(time.perf_counter() - start, self.evaluations - before)
 
     def candidate(self, low: Mapping[str, Precision]) -> Candidate:
         """A candidate run incrementally from the kept FP32 runs."""
@@ -312,8 +308,8 @@ class StrictEvaluator:
     def each_from_refs(self, low: dict[str, Precision]) -> Iterator[Outputs]:
         """:meth:`run_from_refs` one search batch at a time (the caller may stop early).
 
-        The candidate's cast graph runs it where it qualifies and the emulator's run would cost more
-        (:class:`~mpinfer.precision.numerics.castjudge.CastJudge`): the FP32 nodes are then ONNX Runtime's float32
+        The candidate's cast graph runs it where it qualifies and the emulator would recompute at least half the
+        graph (:class:`~mpinfer.precision.numerics.castjudge.CastJudge`): the FP32 nodes are then ONNX Runtime's float32
         kernels, as in the final verification. Else each batch's emulator run starts from the kept run it differs
         least from (:class:`_KeptRuns`).
         """
@@ -341,22 +337,13 @@ class StrictEvaluator:
             # the first candidate, and no FP32 tensors from calibration to take the FP32 runs from: whole runs (an FP32
             # run of the search samples costs as much again, and is made only if a second candidate needs it)
             for batch in batches:
-                start = time.perf_counter()
-                out = emu.run(batch, low).outputs
-                self._casts.emulator_ran(time.perf_counter() - start, len(self.info.nodes))
                 self.evaluations += len(self.info.nodes)
-                yield out
+                yield emu.run(batch, low).outputs
             return
         self._open()
         if self._kept is None:
             self._kept = _KeptRuns(emu, self._emu.refs)
-        runs = self._kept.each(low, may_keep=not first)
-        while True:
-            start = time.perf_counter()
-            run = next(runs, None)
-            if run is None:
-                break
-            self._casts.emulator_ran(time.perf_counter() - start, run.recomputed)
+        for run in self._kept.each(low, may_keep=not first):
             self.evaluations += run.recomputed
             yield run.outputs
         for batch in rest:
@@ -408,14 +395,12 @@ class StrictEvaluator:
                     self._screen_ref[1].forget_last()
                 return out
         self._casts.counts.emulator_screens += 1
-        start, before = time.perf_counter(), self.evaluations
         if self._screen_ref is None:
             fp32 = self._emu.emu.run(dict(feeds), None, keep=True)
             self._screen_ref = rows, _KeptRuns(self._emu.emu, [fp32])
             self.evaluations += len(self.info.nodes)
         outs, evaluations = self._screen_ref[1].run(low)
         self.evaluations += evaluations
-        self._casts.emulator_ran(time.perf_counter() - start, self.evaluations - before)
         return outs[0]
 
     def screen_rows(self, hardest: Callable[[], np.ndarray | None]) -> np.ndarray | None:
