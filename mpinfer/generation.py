@@ -175,7 +175,6 @@ class Replay:
         self.known = [k for k in known if all(n in k.outputs for n in names)]
         self.names = list(names)
         self.credit = 0.0
-        self.replayed = 0
 
     def __call__(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The known call's outputs for feeds equal to its own, else the session's run."""
@@ -185,7 +184,6 @@ class Replay:
             return dict(self.run(feeds))
         call = self.known.pop(hit)
         self.credit += call.seconds - (time.perf_counter() - start)
-        self.replayed += 1
         return {n: call.outputs[n] for n in self.names}
 
     def take_credit(self) -> float:

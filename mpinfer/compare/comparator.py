@@ -256,8 +256,8 @@ def compare_models(config: CompareConfig) -> ComparisonResult:
         created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         user_metrics={m.name: m.record() for m in config.metrics},
     )
-    if generation is not None:  # after the sessions above are closed: one model open at a time
-        attach_generation(comparison, gen if gen is not None else GenerationPass(generation), checks)
+    if gen is not None:  # (set when generation is): after the sessions above are closed, one model open at a time
+        attach_generation(comparison, gen, checks)
     return comparison
 
 

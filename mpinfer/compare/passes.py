@@ -130,7 +130,6 @@ def load_hint(message: str, spec: str, role: str, cfg: CompareConfig) -> str:
     )
 
 
-
 def _check_batch_outputs(bout: Mapping[str, np.ndarray], cout: Mapping[str, np.ndarray], cname: str) -> None:
     for name, b in bout.items():
         c = cout[name]
@@ -151,8 +150,6 @@ def _check_batch_outputs(bout: Mapping[str, np.ndarray], cout: Mapping[str, np.n
                     f"a dtype of the same kind as the baseline's {b.dtype}",
                 )
             )
-
-
 
 
 def _iter_progress(feeds: Any, show: bool) -> Iterator[dict[str, np.ndarray]]:
@@ -331,7 +328,6 @@ def _labeled_outputs(labels: np.ndarray, bout: Mapping[str, np.ndarray], rows: i
             )
         )
     return fit
-
 
 
 def model_size(path_or_spec: str) -> int | None:

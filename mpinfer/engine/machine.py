@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 
+from mpinfer.engine.expand import EXPANDABLE_OPS
 from mpinfer.errors import BackendUnavailableError, InvalidInputError, format_message
 from mpinfer.specs import Precision
 
@@ -68,7 +69,7 @@ TENSORRT_OP_SINCE = {"RMSNormalization": (10, 15)}
 
 
 def tensorrt_ops_to_expand(
-    version: str, op_types: set[str] | frozenset[str], expandable: frozenset[str] = frozenset({"RMSNormalization"})
+    version: str, op_types: set[str] | frozenset[str], expandable: frozenset[str] = EXPANDABLE_OPS
 ) -> set[str]:
     """The ops of ``op_types`` this TensorRT's ONNX parser predates and build-engine writes as plain ONNX ops.
 

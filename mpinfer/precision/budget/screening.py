@@ -141,10 +141,6 @@ class _Verifier:
                 self.passing = verified
         return metrics
 
-    def compare(self, outs: list[dict[str, np.ndarray]]) -> dict[str, dict[str, float | None]]:
-        """Per-output metrics of candidate outputs (one dict per batch) against the FP32 reference."""
-        return self.accumulate(outs).finalize()
-
     def accumulate(self, outs: list[dict[str, np.ndarray]]) -> ModelAccumulator:
         """The metrics core's accumulator fed every batch of ``outs`` against the reference (with labels)."""
         if len(outs) != len(self.batches):

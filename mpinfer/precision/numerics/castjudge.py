@@ -24,8 +24,6 @@ from mpinfer.specs import Precision
 
 logger = logging.getLogger(__name__)
 
-ENGINE_CAST = "cast graph"
-ENGINE_EMULATOR = "emulator"
 # The emulator judges a candidate whose incremental run recomputes under this share of the nodes of whole runs; the
 # cast graph (a whole ONNX Runtime run, plus its build and session) judges the rest. Measured on DNSMOS, Basic Pitch
 # and the synthetic chains: a cast graph's build and run cost about what the emulator spends recomputing half a graph.
@@ -72,8 +70,8 @@ class CastJudge:
     _refused: list[frozenset[str]] = field(default_factory=list)
     _last: tuple[frozenset, Any] | None = None  # (candidate key, its session or None: refused)
 
-    def prefers(self, low: Mapping[str, Precision], emulator_evaluations: int | None, whole: int, batches: int) -> bool:
-        """Whether the cast graph should judge ``low`` on ``batches`` batches (it may still refuse).
+    def prefers(self, low: Mapping[str, Precision], emulator_evaluations: int | None, whole: int) -> bool:
+        """Whether the cast graph should judge ``low`` (it may still refuse).
 
         ``emulator_evaluations``: node evaluations the emulator's run would cost (None: unknown, e.g. its FP32
         runs are not made yet; those alone cost a whole run, more than the cast graph); ``whole``: those of whole

@@ -168,7 +168,8 @@ class _KeptRuns:
         self.met: list[EmulatorRun] | None = None
         self.last: list[EmulatorRun] | None = None
         self._shared = {id(v) for r in fp32 for v in r.tensors.values()}
-        self._whole = sum(_nbytes(v) for r in fp32 for k, v in r.tensors.items() if k not in emu.initializer_names)
+        inits = emu.initializer_names
+        self._whole = sum(_nbytes(v) for r in fp32 for k, v in r.tensors.items() if k not in inits)
         self.reused = 0  # candidate runs started from a kept candidate run
         self.skipped = 0  # node evaluations those runs saved against runs from the FP32 runs
 
@@ -289,7 +290,8 @@ class StrictEvaluator:
         assert self._emu.emu is not None
         rest = [self._emu.emu.run(b, None).outputs for b in self._emu.batches[len(self._emu.refs):]]
         self._extra += len(self.info.nodes) * len(rest)
-        return [r.outputs for r in self._emu.refs] + rest
+        self._known_outputs = [r.outputs for r in self._emu.refs] + rest  # (run once: every candidate reads them)
+        return self._known_outputs
 
     def _open(self) -> None:
         """The kept FP32 emulator runs, made (or taken from calibration's tensors) on first use."""
@@ -355,7 +357,7 @@ class StrictEvaluator:
 
         ``cost``: the emulator's node evaluations for them (None: its FP32 runs are not made yet).
         """
-        if not self._cast_graphs or not self._casts.prefers(low, cost, len(self.info.nodes) * batches, batches):
+        if not self._cast_graphs or not self._casts.prefers(low, cost, len(self.info.nodes) * batches):
             return None
         return self._casts.session(low)
 
