@@ -206,13 +206,10 @@ class _Accumulator:
         if a.size <= max_values:
             self.update(a)
             return
-        if a.dtype.kind != "f" or a.dtype.itemsize > 4:
-            a = a.astype(np.float32)
-        flat = a.reshape(-1)
-        top = max(float(flat.max()), -float(flat.min()))
-        if not math.isfinite(top) or top > FP16_MAX:
-            self.update(flat)
+        got = self._top(a)
+        if got is None:
             return
+        flat, top = got
         block = max(1, max_values // SHARE_BLOCKS)
         starts = np.linspace(0, flat.size - block, SHARE_BLOCKS).astype(np.int64)
         self.update(np.concatenate([flat[s : s + block] for s in starts]))
@@ -224,17 +221,26 @@ class _Accumulator:
         A batch whose values overflow FP16 or hold NaN/Inf goes into the full statistics instead (:meth:`update`),
         so that its overflow and non-finite counts are counted.
         """
-        a = np.asarray(arr)
-        if a.size == 0:
+        if np.size(arr) == 0:
             return
+        got = self._top(arr)
+        if got is not None:
+            self.absmax = max(self.absmax, got[1])
+
+    def _top(self, arr: np.ndarray) -> tuple[np.ndarray, float] | None:
+        """The batch's values as flat float32 and their largest magnitude (a max and a min of all of them).
+
+        None when they overflow FP16 or hold NaN/Inf: the batch then went whole into :meth:`update` (exact counts).
+        """
+        a = np.asarray(arr)
         if a.dtype.kind != "f" or a.dtype.itemsize > 4:  # (bfloat16, float64: as float32, like update)
             a = a.astype(np.float32)
-        hi, lo = float(a.max()), float(a.min())
-        top = max(hi, -lo)
+        flat = a.reshape(-1)
+        top = max(float(flat.max()), -float(flat.min()))
         if not math.isfinite(top) or top > FP16_MAX:
-            self.update(a)
-            return
-        self.absmax = max(self.absmax, top)
+            self.update(flat)
+            return None
+        return flat, top
 
     def _update_nonfinite(self, flat: np.ndarray) -> None:
         """:meth:`update` for a tensor holding inf or NaN (rare): whole-array passes over its finite values."""
