@@ -16,6 +16,7 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -512,6 +513,7 @@ def require_file(path: str | os.PathLike[str], what: str) -> Path:
 RMS_NORM_OPSET = 23
 
 
+@cache  # (one probe per opset and process: the installed runtime does not change)
 def ort_runs_rms_normalization(opset: int = RMS_NORM_OPSET) -> bool:
     """True when the installed ONNX Runtime loads and runs ``RMSNormalization`` at ``opset`` (probed, not assumed).
 
