@@ -357,6 +357,34 @@ class StrictEvaluator:
             self.evaluations += len(self.info.nodes)
             yield emu.run(batch, low).outputs
 
+    def cast_rows(self, low: Mapping[str, Precision]) -> Callable[[Outputs], Outputs] | None:
+        """``feeds -> outputs`` of the candidate ``low`` on any of the search samples, as its full run gives them.
+
+        Its cast graph session, when that is the engine its full run would take (the same choice as
+        :meth:`each_from_refs`, on the same counts), which computes each sample alone (no op of a cast graph mixes
+        samples: the search only asks for models whose samples can be split); None when the emulator would judge it
+        (its incremental runs start from runs of whole batches) or for the first candidate. Counted as a candidate
+        judged on the cast graph.
+        """
+        emu = self._emu.emu
+        if not self._first_run or emu is None:
+            return None
+        if self._kept is None and self._emu.opened and self._emu.refs:
+            self._kept = _KeptRuns(emu, self._emu.refs)
+        batches = len(self._emu.batches)
+        sess = self._cast_session(low, self._emulator_cost(low, False, batches - self._emu.kept), batches)
+        if sess is None:
+            return None
+        self._casts.counts.cast_graph += 1
+        if self._kept is not None:
+            self._kept.forget_last()
+
+        def run(feeds: Outputs) -> Outputs:
+            self.evaluations += len(self.info.nodes)
+            return self._casts.run(sess, feeds)
+
+        return run
+
     def _emulator_cost(self, low: Mapping[str, Precision], first: bool, rest: int) -> int | None:
         """Node evaluations the emulator would spend on ``low`` (``rest``: batches it runs whole); None: unknown.
 
@@ -504,6 +532,9 @@ class _StrictCandidate:
 
     def outputs_on(self, feeds: Mapping[str, np.ndarray], rows: np.ndarray) -> Outputs:
         return self.ev.strict_rows(feeds, rows, self.low)
+
+    def rows_runner(self) -> Callable[[Outputs], Outputs] | None:
+        return self.ev.cast_rows(self.low)
 
     def verified(self) -> tuple[dict[str, Precision], Any] | None:
         return None
