@@ -34,7 +34,8 @@ def test_every_candidate_is_judged_as_the_final_verification_runs_its_plan_bit_f
     info, batches = GraphInfo(model), _batches()
     mm = _matmuls(info)
     ev = StrictEvaluator(model, info, batches, Precision.FP16)
-    plans = [{a: Precision.FP16 for a in mm}, {a: Precision.FP16 for a in mm[:3]}, {mm[4]: Precision.FP16}]
+    # (each changes most of the graph: one that changes only its end goes to the emulator's incremental run)
+    plans = [{a: Precision.FP16 for a in mm}, {a: Precision.FP16 for a in mm[:3]}, {mm[1]: Precision.FP16}]
     for low in plans:
         cand = ev.candidate(low)
         got = cand.outputs()
@@ -134,3 +135,29 @@ def test_the_engine_follows_the_nodes_recomputed_not_the_seconds():
         ev.candidate({a: Precision.FP16 for a in mm[1:]}).outputs()  # (recomputes most of the graph)
         choices.append((ev.reuse["cast_graph_candidates"], ev.reuse["emulator_candidates"]))
     assert choices == [(2, 1), (2, 1)], choices
+
+
+def test_candidates_on_the_cast_graph_make_no_fp32_emulator_runs_and_pick_the_engine_as_with_them():
+    """While the cast graph judges, the emulator's FP32 runs are not made (sensitivities on a subset make their own);
+    the engine of each later candidate is chosen on the node counts the kept runs would give, so a candidate that
+    changes only the end of the graph still goes to the emulator, whose run then makes them."""
+    model = chain(6, WIDTH)
+    info, batches = GraphInfo(model), _batches()
+    mm = _matmuls(info)
+    ev = StrictEvaluator(model, info, batches, Precision.FP16)
+    ev.candidate({a: Precision.FP16 for a in mm}).outputs()
+    ev.candidate({a: Precision.FP16 for a in mm[1:]}).outputs()
+    errors = ev.sensitivities([], batches[:1], True)
+    assert errors == {} and not ev._emu.opened and ev._emu.refs == []
+    # (whether to screen: the float values per node of one sample's FP32 run, not of the FP32 runs of every batch)
+    assert ev.screen_rows(lambda: np.arange(2)) is None  # (~500 values per node: no screening)
+    assert not ev._emu.opened
+    opened = StrictEvaluator(model, info, batches, Precision.FP16)
+    opened._open()
+    assert ev._values_per_node * len(info.nodes) == opened._float_values()  # (the count the FP32 runs give)
+    got = ev.candidate({mm[5]: Precision.FP16}).outputs()
+    emu = GraphEmulator(model)
+    for batch, out in zip(batches, got, strict=True):
+        assert np.array_equal(out["y"], emu.run(batch, {mm[5]: Precision.FP16}).outputs["y"])
+    assert (ev.reuse["cast_graph_candidates"], ev.reuse["emulator_candidates"]) == (2, 1), ev.reuse
+    assert ev._emu.opened and len(ev._emu.refs) == len(batches)

@@ -13,6 +13,7 @@ from onnx import helper
 from mpinfer.checks import parse_checks
 from mpinfer.errors import AccuracyMismatchError
 from mpinfer.precision import ConvertConfig, convert_precision
+from mpinfer.precision.numerics.strict import StrictEvaluator
 from mpinfer.precision.options import resolve_options
 from mpinfer.specs import Precision
 from tests.budget import set_slice
@@ -318,6 +319,8 @@ def test_strict_reference_run_takes_calibrations_fp32_tensors(tmp_path, monkeypa
             executed.append(count[0])
 
     monkeypatch.setattr(GraphEmulator, "run", run)
+    # (the emulator judges the candidates: the cast graph makes no FP32 emulator runs)
+    monkeypatch.setattr(StrictEvaluator, "_cast_session", lambda *a: None)
     budget = "max_abs<=1e-3"
     _, seeded = _convert_chain(tmp_path, 8, budget, tag="a", numerics="strict")
     assert executed and set(executed) == {0}  # one run per search batch: every node's tensors were known

@@ -17,6 +17,9 @@
    run of those samples); when even the best outputs on the others could not meet the budget
    (:meth:`mpinfer.metrics.ModelAccumulator.optimistic`, a bound per metric), it is rejected there.
    Candidates that may pass run on every sample, so each decision and the final error are those of full runs.
+   On the cast graph (which computes each sample alone) a candidate that passed screening then runs the hardest
+   half of the samples, is rejected there when they prove the budget fails, else runs the rest, and its outputs
+   are assembled in sample order (``screening.STAGE_SHARE``): each sample is run once.
 
 The cost (emulator node evaluations, verifications, wall time) goes into the plan summary.
 """

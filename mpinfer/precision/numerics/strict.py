@@ -135,13 +135,18 @@ class _EmulatorRefs:
             self.evaluations += len(self.info.nodes) * len(self.refs)
 
     def local_errors(self, groups: Sequence[Any], batches: list[Outputs], subset: bool, low: Precision) -> dict:
-        """Every group's :func:`local_error` on the kept runs (or fresh FP32 runs of ``batches`` when ``subset``)."""
-        self.open()
-        if self.emu is None:
+        """Every group's :func:`local_error` on the kept runs (or fresh FP32 runs of ``batches`` when ``subset``).
+
+        With ``subset`` the kept runs are not made (an FP32 run of every search batch that nothing might read).
+        """
+        if not subset:
+            self.open()
+        emu = self.emulator()
+        if emu is None:
             return {}
         refs = self.refs
         if subset:
-            refs = [self.emu.run(b, None, keep=True) for b in batches]
+            refs = [emu.run(b, None, keep=True) for b in batches]
             self.evaluations += len(self.info.nodes) * len(refs)
         out = {}
         for g in groups:
@@ -323,7 +328,7 @@ class StrictEvaluator:
             self._kept = _KeptRuns(emu, self._emu.refs)
         # (the FP32 runs not made yet: the emulator would first pay a whole run of every batch)
         rest = batches[self._emu.kept:]  # (batches without kept FP32 runs: whole runs on the emulator)
-        cost = self._kept.cost(low) + len(self.info.nodes) * len(rest) if self._kept is not None else None
+        cost = self._emulator_cost(low, first, len(rest))
         if (sess := self._cast_session(low, cost, len(batches))) is not None:
             self._casts.counts.cast_graph += 1
             if self._kept is not None:
@@ -351,6 +356,49 @@ class StrictEvaluator:
         for batch in rest:
             self.evaluations += len(self.info.nodes)
             yield emu.run(batch, low).outputs
+
+    def cast_rows(self, low: Mapping[str, Precision]) -> Callable[[Outputs], Outputs] | None:
+        """``feeds -> outputs`` of the candidate ``low`` on any of the search samples, as its full run gives them.
+
+        Its cast graph session, when that is the engine its full run would take (the same choice as
+        :meth:`each_from_refs`, on the same counts), which computes each sample alone (no op of a cast graph mixes
+        samples: the search only asks for models whose samples can be split); None when the emulator would judge it
+        (its incremental runs start from runs of whole batches) or for the first candidate. Counted as a candidate
+        judged on the cast graph.
+        """
+        emu = self._emu.emu
+        if not self._first_run or emu is None:
+            return None
+        if self._kept is None and self._emu.opened and self._emu.refs:
+            self._kept = _KeptRuns(emu, self._emu.refs)
+        batches = len(self._emu.batches)
+        sess = self._cast_session(low, self._emulator_cost(low, False, batches - self._emu.kept), batches)
+        if sess is None:
+            return None
+        self._casts.counts.cast_graph += 1
+        if self._kept is not None:
+            self._kept.forget_last()
+
+        def run(feeds: Outputs) -> Outputs:
+            self.evaluations += len(self.info.nodes)
+            return self._casts.run(sess, feeds)
+
+        return run
+
+    def _emulator_cost(self, low: Mapping[str, Precision], first: bool, rest: int) -> int | None:
+        """Node evaluations the emulator would spend on ``low`` (``rest``: batches it runs whole); None: unknown.
+
+        The first candidate, before the FP32 runs are made: None (they alone cost a whole run). After it, the count
+        from the kept runs, or, while the cast graph judged every candidate and no FP32 run was made (they are made
+        only when the emulator runs a candidate), the count from the FP32 runs they would be (the emulator's base
+        then): the engine is chosen on the same counts whether or not the runs were made.
+        """
+        whole = len(self.info.nodes) * rest
+        if self._kept is not None:
+            return self._kept.cost(low) + whole
+        if first or self._emu.emu is None:
+            return None
+        return self._emu.emu.rerun_count({}, low) * self._emu.kept + whole
 
     def _cast_session(self, low: Mapping[str, Precision], cost: int | None, batches: int) -> Any:
         """The cast graph session to judge ``low`` on ``batches`` batches; None: the emulator judges it.
@@ -418,22 +466,40 @@ class StrictEvaluator:
             return self._screen_ref[0]
         if not self._first_run:
             return None  # (before the first candidate's runs: no hardness to screen on yet)
-        self._open()
-        if self._values_per_node is None:
-            values = sum(
-                v.size
-                for r in self._emu.refs
-                for v in r.tensors.values()
-                if isinstance(v, np.ndarray) and is_float(v)
-            )
-            self._values_per_node = values / max(len(self.info.nodes), 1)
-        if self._values_per_node < STRICT_SCREEN_MIN_VALUES:
+        rows = hardest()
+        if rows is None:
             return None
-        return hardest()
+        if self._values_per_node is None:
+            self._values_per_node = self._float_values() / max(len(self.info.nodes), 1)
+        return rows if self._values_per_node >= STRICT_SCREEN_MIN_VALUES else None
+
+    def _float_values(self) -> int:
+        """Float values the kept FP32 runs of the search batches hold (initializers and feeds included).
+
+        Counted on the runs when they are made; else (the cast graph judged every candidate so far, and the runs
+        would cost a whole emulator run of every batch) from an FP32 run of one sample of the first batch: its own
+        tensors times the samples of the kept batches, plus the initializers once per batch (only asked for models
+        whose samples can be split, each tensor one row per sample).
+        """
+        emu = self._emu.emu
+        assert emu is not None
+        head = self._emu.batches[: self._emu.kept]
+        if self._emu.opened:
+            self._open()
+            return sum(
+                v.size for r in self._emu.refs for v in r.tensors.values() if isinstance(v, np.ndarray) and is_float(v)
+            )
+        one = emu.run({k: v[:1] for k, v in head[0].items()}, None, keep=True)
+        self.evaluations += len(self.info.nodes)
+        inits = emu.initializer_names
+        floats = [(k in inits, v.size) for k, v in one.tensors.items() if isinstance(v, np.ndarray) and is_float(v)]
+        rows = sum(len(next(iter(b.values()))) for b in head)
+        return sum(n for init, n in floats if not init) * rows + sum(n for init, n in floats if init) * len(head)
 
     def sensitivities(self, groups: Sequence[Any], batches: list[Outputs], subset: bool) -> dict[str, float]:
-        """Each group run alone as a small emulator sub-model on FP32 tensors."""
-        self._open()
+        """Each group run alone as a small emulator sub-model on FP32 tensors (of ``batches`` when ``subset``)."""
+        if not subset:
+            self._open()
         return self._emu.local_errors(groups, batches, subset, self.precision)
 
     @classmethod
@@ -466,6 +532,9 @@ class _StrictCandidate:
 
     def outputs_on(self, feeds: Mapping[str, np.ndarray], rows: np.ndarray) -> Outputs:
         return self.ev.strict_rows(feeds, rows, self.low)
+
+    def rows_runner(self) -> Callable[[Outputs], Outputs] | None:
+        return self.ev.cast_rows(self.low)
 
     def verified(self) -> tuple[dict[str, Precision], Any] | None:
         return None

@@ -1,0 +1,64 @@
+"""Issue 37: staged full runs (strict numerics on the cast graph): after screening, the hardest half of the samples,
+then the rest; the decisions, figures and written model are those of full runs of every batch."""
+
+from __future__ import annotations
+
+import numpy as np
+
+import mpinfer.precision.budget.screening as screening_mod
+import mpinfer.precision.numerics.strict as strict_mod
+from mpinfer.precision.core.graphinfo import GraphInfo
+from mpinfer.precision.numerics.strict import StrictEvaluator
+from mpinfer.specs import Precision
+from tests.precision.graphs import chain
+from tests.precision.test_search import _convert_chain
+
+
+def _spy(monkeypatch) -> list[str]:
+    """Record what each staged run gave: 'dict' (rejected on the hardest samples), 'list' (every sample), 'NoneType'."""
+    seen: list[str] = []
+    real = screening_mod._Verifier._staged
+
+    def staged(self, cand, rows):
+        out = real(self, cand, rows)
+        seen.append(type(out).__name__)
+        return out
+
+    monkeypatch.setattr(screening_mod._Verifier, "_staged", staged)
+    return seen
+
+
+def test_staged_runs_change_no_decision_figure_or_byte(tmp_path, monkeypatch):
+    monkeypatch.setattr(strict_mod, "STRICT_SCREEN_MIN_VALUES", 0)  # (screen this small chain)
+    seen = _spy(monkeypatch)
+    _, staged = _convert_chain(tmp_path, 8, "max_abs<=1e-3", tag="s")
+    s = staged.plan.summary["search"]
+    assert s["searched"] and "list" in seen, (seen, s)  # candidates ran in stages to the last sample
+    monkeypatch.setattr(screening_mod._Verifier, "_staged", lambda self, cand, rows: None)
+    _, whole = _convert_chain(tmp_path, 8, "max_abs<=1e-3", tag="w")
+    w = whole.plan.summary["search"]
+    assert w["verifications"] == s["verifications"] and w["stopped_early"] <= s["stopped_early"]
+    assert [(n.name, n.precision) for n in staged.plan.nodes] == [(n.name, n.precision) for n in whole.plan.nodes]
+    assert staged.plan.summary["expected_error"] == whole.plan.summary["expected_error"]
+    assert staged.output.read_bytes() == whole.output.read_bytes()
+
+
+def test_cast_rows_give_the_full_runs_bits_and_only_where_the_cast_graph_judges():
+    """Any subset of the samples through ``cast_rows`` is, bit for bit, those rows of the candidate's full run; the
+    first candidate (it ranks the samples) and candidates the emulator would judge get no row runner."""
+    model = chain(6, 16)
+    info = GraphInfo(model)
+    rng = np.random.default_rng(0)
+    batches = [{"x": rng.standard_normal((8, 16)).astype(np.float32)} for _ in range(2)]
+    mm = [a for a, ref in info.by_address.items() if ref.node.op_type == "MatMul"]
+    ev = StrictEvaluator(model, info, batches, Precision.FP16)
+    low = {a: Precision.FP16 for a in mm[1:]}
+    assert ev.cast_rows(low) is None  # (before the first candidate)
+    full = ev.candidate(low).outputs()
+    run = ev.cast_rows(low)
+    assert run is not None
+    joined = np.concatenate([b["x"] for b in batches])
+    want = np.concatenate([o["y"] for o in full])
+    for rows in (np.array([3, 11]), np.array([0, 1, 2, 5, 9, 15]), np.arange(16)):
+        assert run({"x": joined[rows]})["y"].tobytes() == want[rows].tobytes()
+    assert ev.cast_rows({mm[5]: Precision.FP16}) is None  # (the emulator recomputes 3 of 13 nodes: it judges)
