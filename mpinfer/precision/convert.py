@@ -374,6 +374,8 @@ def _search(
             info.model, info, decisions, nodes, search_feeds, reference_outputs=refs, reference_tensors=tensors,
             cfg=search_cfg,
         )
+        if isinstance(search_feeds, SearchRows):  # (a split first batch's pieces joined: the verification's batches)
+            outcome = replace(outcome, outputs=search_feeds.per_calibration_batch(outcome.outputs))
     except AccuracyMismatchError as err:
         if not opts.default_budget:
             raise
