@@ -224,7 +224,14 @@ class SearchRows:
 
 
 def search_data(
-    opts: Options, model: Any, feeds: Any, stats: Any, *, whole_batch: bool = False, outputs_only: bool = True
+    opts: Options,
+    model: Any,
+    feeds: Any,
+    stats: Any,
+    *,
+    whole_batch: bool = False,
+    outputs_only: bool = True,
+    cast_graph: bool = True,
 ) -> tuple[Any, Any, Any]:
     """The search's samples and calibration's FP32 reference for them.
 
@@ -239,7 +246,9 @@ def search_data(
     (``SearchRows.split_first``; PP-OCRv4's recognizer, 0.2 GB of tensors a sample in batches of 16, searched 9 of
     its 48 samples and passed plans its final verification then repaired in 5 rounds). Where it cannot be split
     (samples off axis 0, outputs calibration did not keep) or ``outputs_only`` is False, the search reads the
-    samples that fit, as with other numerics.
+    samples that fit, as with other numerics. ``cast_graph``: False when the rule plan's candidates cannot have a
+    cast graph (:func:`~mpinfer.precision.emulator.castgraph.may_qualify`): the emulator would then run the samples
+    past the split whole for every candidate, so the batch is not split.
     """
     refs, tensors = getattr(stats, "reference_outputs", None), getattr(stats, "reference_tensors", None)
     per_sample = getattr(stats, "sample_bytes", None)
@@ -278,8 +287,8 @@ def search_data(
         sizes = np.cumsum([slicer.rows(b) for b in chosen])
         tensor_batches = int(np.searchsorted(sizes, tensor_cap, side="right"))
         if tensor_batches == 0:  # not one whole batch within the slice: its first samples that fit, then the rest
-            pieces = _split_first(model, chosen, refs, tensor_cap)
-            if pieces is None:  # (cannot be split: the search reads what fits)
+            pieces = _split_first(model, chosen, refs, tensor_cap) if cast_graph else None
+            if pieces is None:  # (cannot be split, or the emulator judges: the search reads what fits)
                 return search_data(opts, model, feeds, stats, outputs_only=False)
             (chosen, refs), tensors, tensor_batches, split = pieces, None, 1, True
         if tensors is not None:

@@ -102,6 +102,9 @@ def test_the_search_reads_every_search_sample_when_only_some_fp32_tensors_fit(tm
         np.testing.assert_array_equal(mine["y"], theirs["y"])
     got, _, _ = conv.search_data(ort, model, feeds, stats)  # (ort numerics: the samples that fit, as before)
     assert [len(b["x"]) for b in got] == [5] and got.tensor_batches is None
+    # (a rule plan no cast graph can take: the emulator would run the samples past the split whole for each candidate)
+    got, _, _ = conv.search_data(resolve_options(cfg), model, feeds, stats, cast_graph=False)
+    assert [len(b["x"]) for b in got] == [5] and got.tensor_batches is None
 
 
 def test_batches_past_the_kept_ones_run_whole_on_the_emulator_bit_for_bit():
@@ -185,18 +188,19 @@ def test_a_search_past_a_split_first_batch_hands_the_verification_its_outputs_pe
     import onnx
 
     import mpinfer.precision.budget.verify as verify
+    import mpinfer.precision.plandata as plandata
     from mpinfer.data import load_feeds
     from mpinfer.precision import ConvertConfig, convert_precision
     from mpinfer.precision.budget.verify import VerifySettings, verify_model
-    from mpinfer.precision.calib.calibrate import calibrate
     from mpinfer.specs import specs_from_onnx
     from tests.precision.graphs import save
     from tests.precision.test_search import _npz
 
     src, data = save(chain(4), tmp_path / "m.onnx"), _npz(tmp_path / "cal.npz")
     feeds = load_feeds(data, specs_from_onnx(onnx.load(str(src))), batch_size=16)
-    per = calibrate(onnx.load(str(src)), feeds, progress=False).sample_bytes
-    set_slice(monkeypatch, "search", 5 * per)
+    # (the search slice alone holds 5 samples: a whole budget that small would keep the weights external, and a
+    # model with external weights has no cast graph)
+    monkeypatch.setattr(plandata, "search_rows", lambda per_sample: 5 if per_sample else None)
     runs = []
     real_fed, real_ref = verify._fed_as_declared, verify._ReferenceRunner.__call__
 
@@ -211,6 +215,7 @@ def test_a_search_past_a_split_first_batch_hands_the_verification_its_outputs_pe
                                           batch_size=16, budget=budget, progress=False))
     summary = res.plan.summary
     assert summary["search"]["samples"] == 32 and summary["verification"]["samples"] == 32
+    assert summary["search"]["cast_graph_candidates"] == 1
     assert runs == []  # (every sample's candidate and FP32 outputs taken from the search and calibration)
     settings = VerifySettings(budget=budget, precision=Precision.FP16, progress=False)
     own = verify_model(onnx.load(str(res.output)), onnx.load(str(src)), feeds, settings)
