@@ -41,6 +41,7 @@ from mpinfer.precision.budget import (
 )
 from mpinfer.precision.config import ConvertConfig, ConvertResult
 from mpinfer.precision.core import GraphInfo, NodeDecision, PrecisionPlan
+from mpinfer.precision.emulator import may_qualify
 from mpinfer.precision.graph import (
     FUSED_SUFFIXES,
     ApplyResult,
@@ -356,7 +357,10 @@ def _search(
     opts: Options, info: GraphInfo, decisions: Any, nodes: list[NodeDecision], calibrated: Calibrated
 ) -> tuple[SearchOutcome, Any]:
     """The budget search on the first ``--search-samples``: its outcome and the samples it searched on."""
-    search_feeds, refs, tensors = search_data(opts, info.model, calibrated.feeds, calibrated.stats)
+    # (a first batch past the search slice is split only where the candidates may run as cast graphs)
+    qualifies = may_qualify((n.op_type for n in nodes if n.precision.is_low), info.model)
+    search_feeds, refs, tensors = search_data(opts, info.model, calibrated.feeds, calibrated.stats,
+                                              cast_graph=qualifies)
     search_cfg = SearchConfig(
         metrics=opts.metrics,
         budget=opts.budget or "",
@@ -374,6 +378,8 @@ def _search(
             info.model, info, decisions, nodes, search_feeds, reference_outputs=refs, reference_tensors=tensors,
             cfg=search_cfg,
         )
+        if isinstance(search_feeds, SearchRows):  # (a split first batch's pieces joined: the verification's batches)
+            outcome = replace(outcome, outputs=search_feeds.per_calibration_batch(outcome.outputs))
     except AccuracyMismatchError as err:
         if not opts.default_budget:
             raise

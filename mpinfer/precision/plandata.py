@@ -201,6 +201,9 @@ class SearchRows:
     whole: bool = True  # the first calibration batches as they are (none cut)
     # strict numerics: the leading batches whose FP32 tensors fit the search slice (None: every batch)
     tensor_batches: int | None = None
+    # the first calibration batch split in two where its FP32 tensors stop fitting the search slice: the search's
+    # first two batches are its pieces (:meth:`per_calibration_batch` joins what the search measured on them)
+    split_first: bool = False
 
     def __iter__(self) -> Any:
         return iter(self.batches)
@@ -208,9 +211,27 @@ class SearchRows:
     def __len__(self) -> int:
         return len(self.batches)
 
+    def per_calibration_batch(self, outputs: list[dict[str, np.ndarray]] | None) -> list[dict[str, np.ndarray]] | None:
+        """The search's outputs (one dict per search batch) as one dict per calibration batch it read.
+
+        The two pieces of a split first batch are joined along axis 0 (a split needs every output's samples there):
+        the final verification takes them batch by batch (:func:`mpinfer.precision.budget.verify.verify_model`).
+        """
+        if outputs is None or not self.split_first or len(outputs) < 2:
+            return outputs
+        head, tail = outputs[0], outputs[1]
+        return [{n: np.concatenate([head[n], tail[n]]) for n in head}, *outputs[2:]]
+
 
 def search_data(
-    opts: Options, model: Any, feeds: Any, stats: Any, *, whole_batch: bool = False, outputs_only: bool = True
+    opts: Options,
+    model: Any,
+    feeds: Any,
+    stats: Any,
+    *,
+    whole_batch: bool = False,
+    outputs_only: bool = True,
+    cast_graph: bool = True,
 ) -> tuple[Any, Any, Any]:
     """The search's samples and calibration's FP32 reference for them.
 
@@ -221,8 +242,13 @@ def search_data(
     Strict numerics judge candidates on their cast graphs (ONNX Runtime) where they qualify, which needs only the
     FP32 outputs: the search then reads every one of the ``--search-samples`` samples, and only the leading
     batches whose FP32 tensors fit the slice keep them (``SearchRows.tensor_batches``: the emulator's kept runs,
-    the groups' sensitivities); where not even the first batch fits (or ``outputs_only`` is False), the search
-    reads the samples that fit, as with other numerics.
+    the groups' sensitivities). Where not even the first batch fits, that batch is split after the samples that do
+    (``SearchRows.split_first``; PP-OCRv4's recognizer, 0.2 GB of tensors a sample in batches of 16, searched 9 of
+    its 48 samples and passed plans its final verification then repaired in 5 rounds). Where it cannot be split
+    (samples off axis 0, outputs calibration did not keep) or ``outputs_only`` is False, the search reads the
+    samples that fit, as with other numerics. ``cast_graph``: False when the rule plan's candidates cannot have a
+    cast graph (:func:`~mpinfer.precision.emulator.castgraph.may_qualify`): the emulator would then run the samples
+    past the split whole for every candidate, so the batch is not split.
     """
     refs, tensors = getattr(stats, "reference_outputs", None), getattr(stats, "reference_tensors", None)
     per_sample = getattr(stats, "sample_bytes", None)
@@ -253,34 +279,61 @@ def search_data(
         taken += rows
     if not chosen:
         return feeds, refs, tensors
-    tensor_batches = None
-    if tensor_cap is not None:  # (the batches wholly within the cap, at least one)
-        sizes = np.cumsum([slicer.rows(b) for b in chosen])
-        tensor_batches = int(np.searchsorted(sizes, tensor_cap, side="right"))
-        if tensor_batches == 0:  # (not one whole batch within the slice: the search reads what fits)
-            return search_data(opts, model, feeds, stats, outputs_only=False)
-        if tensors is not None:
-            tensors = tensors[:tensor_batches] if len(tensors) >= tensor_batches else None
+    tensor_batches, split = None, False
     if cut is not None:
         tensors = None  # calibration's tensors hold whole batches (and not every tensor holds samples on axis 0)
         refs = _cut_outputs(model, refs, *cut)
+    if tensor_cap is not None:  # (the batches wholly within the cap, at least one)
+        sizes = np.cumsum([slicer.rows(b) for b in chosen])
+        tensor_batches = int(np.searchsorted(sizes, tensor_cap, side="right"))
+        if tensor_batches == 0:  # not one whole batch within the slice: its first samples that fit, then the rest
+            pieces = _split_first(model, chosen, refs, tensor_cap) if cast_graph else None
+            if pieces is None:  # (cannot be split, or the emulator judges: the search reads what fits)
+                return search_data(opts, model, feeds, stats, outputs_only=False)
+            (chosen, refs), tensors, tensor_batches, split = pieces, None, 1, True
+        if tensors is not None:
+            tensors = tensors[:tensor_batches] if len(tensors) >= tensor_batches else None
     if refs is not None:
         refs = refs[: len(chosen)] if len(refs) >= len(chosen) else None
     if tensors is not None and tensor_batches is None:
         tensors = tensors[: len(chosen)] if len(tensors) >= len(chosen) else None
     if tensor_batches is not None:
         logger.info(
-            "searching on the first %d sample(s), FP32 tensors kept for %d batch(es) (%.1f GB per sample: the "
+            "searching on the first %d sample(s), FP32 tensors kept for the first %d (%.2f GB per sample: the "
             "search slice holds %d); candidates on the cast graph need only the outputs",
-            taken, tensor_batches, (per_sample or 0) / 1e9, cap,
+            taken, sum(slicer.rows(b) for b in chosen[:tensor_batches]), (per_sample or 0) / 1e9, cap,
         )
     elif per_sample and cap is not None and cap < opts.search_samples and not whole_batch:
         logger.info(
             "searching on the first %d sample(s): their FP32 tensors come to %.1f GB (%d would hold %.1f)",
             taken, taken * per_sample / 1e9, opts.search_samples, opts.search_samples * per_sample / 1e9,
         )
-    found = SearchRows(chosen, getattr(feeds, "labels", None), whole=cut is None, tensor_batches=tensor_batches)
+    found = SearchRows(chosen, getattr(feeds, "labels", None), whole=cut is None, tensor_batches=tensor_batches,
+                       split_first=split)
     return found, refs, tensors
+
+
+def _split_first(
+    model: Any, chosen: list[dict[str, Any]], refs: Any, rows: int
+) -> tuple[list[dict[str, Any]], list[Any]] | None:
+    """The search's batches with the first split after its first ``rows`` samples, and calibration's outputs so split.
+
+    The first piece's FP32 tensors fit the search slice (the emulator keeps its FP32 runs: the groups' local errors,
+    incremental runs); candidates on the cast graph need only the outputs of the second. None when the batch cannot
+    be split so: calibration did not keep the outputs of every search batch, or the samples are not on axis 0 of
+    every input and output (the search then reads only the samples that fit).
+    """
+    if refs is None or len(refs) < len(chosen):
+        return None
+    first = chosen[0]
+    slicer = BatchSlicer(model)
+    total = slicer.rows(first)
+    head = _cut_outputs(model, refs[:1], 0, total, rows)
+    if head is None or not 0 < rows < total:
+        return None
+    tail = {n: v[rows:] for n, v in refs[0].items()}
+    batches = [slicer.slice(first, 0, rows), slicer.slice(first, rows, total), *chosen[1:]]
+    return batches, [head[0], tail, *refs[1 : len(chosen)]]
 
 
 def _cut_outputs(model: Any, refs: Any, index: int, rows: int, stop: int) -> Any:

@@ -92,8 +92,19 @@ def test_the_search_reads_every_search_sample_when_only_some_fp32_tensors_fit(tm
     ort = resolve_options(replace(cfg, numerics="ort"))  # (keeps no tensors: cut to what fits, as before)
     got, _, _ = conv.search_data(ort, model, feeds, stats)
     assert [len(b["x"]) for b in got] == [16, 4] and got.tensor_batches is None
-    set_slice(monkeypatch, "search", 5 * stats.sample_bytes)  # not one whole batch: the samples that fit
-    got, _, _ = conv.search_data(resolve_options(cfg), model, feeds, stats)
+    set_slice(monkeypatch, "search", 5 * stats.sample_bytes)  # not one whole batch: the first split where it ends
+    got, refs, tensors = conv.search_data(resolve_options(cfg), model, feeds, stats)
+    assert [len(b["x"]) for b in got] == [5, 11, 16] and got.tensor_batches == 1 and tensors is None
+    whole = list(feeds)
+    np.testing.assert_array_equal(np.concatenate([b["x"] for b in got]), np.concatenate([b["x"] for b in whole]))
+    assert [len(r["y"]) for r in refs] == [5, 11, 16]
+    joined = got.per_calibration_batch(refs)  # (the search's outputs, one dict per calibration batch)
+    for mine, theirs in zip(joined, stats.reference_outputs, strict=True):
+        np.testing.assert_array_equal(mine["y"], theirs["y"])
+    got, _, _ = conv.search_data(ort, model, feeds, stats)  # (ort numerics: the samples that fit, as before)
+    assert [len(b["x"]) for b in got] == [5] and got.tensor_batches is None
+    # (a rule plan no cast graph can take: the emulator would run the samples past the split whole for each candidate)
+    got, _, _ = conv.search_data(resolve_options(cfg), model, feeds, stats, cast_graph=False)
     assert [len(b["x"]) for b in got] == [5] and got.tensor_batches is None
 
 
@@ -161,3 +172,83 @@ def test_candidates_on_the_cast_graph_make_no_fp32_emulator_runs_and_pick_the_en
         assert np.array_equal(out["y"], emu.run(batch, {mm[5]: Precision.FP16}).outputs["y"])
     assert (ev.reuse["cast_graph_candidates"], ev.reuse["emulator_candidates"]) == (2, 1), ev.reuse
     assert ev._emu.opened and len(ev._emu.refs) == len(batches)
+
+
+def _constant_chain():
+    """x -> MatMul -> Add(a Constant node's value) -> Tanh -> y: the Constant is low with the Add it feeds."""
+    from onnx import helper
+
+    from tests.precision.graphs import fvi, init, make, rng_w
+
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["m"], name="mm"),
+        helper.make_node("Constant", [], ["c"], name="const",
+                         value=helper.make_tensor("cv", 1, [WIDTH], rng_w(WIDTH, seed=3).tolist())),
+        helper.make_node("Add", ["m", "c"], ["a"], name="add"),
+        helper.make_node("Tanh", ["a"], ["y"], name="tanh"),
+    ]
+    return make(nodes, [fvi("x", ["N", WIDTH])], [fvi("y", ["N", WIDTH])], [init("w", rng_w(WIDTH, WIDTH, seed=1))])
+
+
+def test_a_plan_with_low_constants_is_judged_on_its_cast_graph_bit_for_bit():
+    """A low Constant (lowered with its consumer: ``rule:follow``) is a float32 value in the cast graph: the candidate
+    goes to the cast graph (PP-OCRv4's recognizer, 327 low Constants, went to the emulator) with the final bits."""
+    model = _constant_chain()
+    info, batches = GraphInfo(model), _batches()
+    low = {a: Precision.FP16 for a in info.by_address}
+    ev = StrictEvaluator(model, info, batches, Precision.FP16)
+    got = ev.candidate(low).outputs()
+    assert (ev.reuse["cast_graph_candidates"], ev.reuse["emulator_candidates"]) == (1, 0), ev.reuse
+    written = apply_plan(model, info, low, Precision.FP16).model
+    assert any(n.op_type == "Constant" and n.attribute[0].t.data_type == 10 for n in written.graph.node)
+    final, emu = StrictEvaluator.model_runner(written), GraphEmulator(model)
+    for batch, out in zip(batches, got, strict=True):
+        want = final(batch)
+        assert final.engine == ENGINE_CASTS and out["y"].tobytes() == want["y"].tobytes()
+        assert np.array_equal(out["y"], emu.run(batch, low).outputs["y"])  # (and the emulator's bits)
+
+
+def test_a_search_past_a_split_first_batch_hands_the_verification_its_outputs_per_batch(tmp_path, monkeypatch):
+    """Strict search with a slice under one batch's FP32 tensors: it reads all 32 samples (the first batch split where
+    the slice ends), and the final verification takes its outputs batch by batch, as a verification of its own
+    would compute them, without running the candidate or the FP32 model again."""
+    import onnx
+
+    import mpinfer.precision.budget.verify as verify
+    import mpinfer.precision.plandata as plandata
+    from mpinfer.data import load_feeds
+    from mpinfer.precision import ConvertConfig, convert_precision
+    from mpinfer.precision.budget.verify import VerifySettings, verify_model
+    from mpinfer.specs import specs_from_onnx
+    from tests.precision.graphs import save
+    from tests.precision.test_search import _npz
+
+    src, data = save(chain(4), tmp_path / "m.onnx"), _npz(tmp_path / "cal.npz")
+    feeds = load_feeds(data, specs_from_onnx(onnx.load(str(src))), batch_size=16)
+    # (the search slice alone holds 5 samples: a whole budget that small would keep the weights external, and a
+    # model with external weights has no cast graph)
+    monkeypatch.setattr(plandata, "search_rows", lambda per_sample: 5 if per_sample else None)
+    runs = []
+    real_fed, real_ref = verify._fed_as_declared, verify._ReferenceRunner.__call__
+
+    def counted(candidate, runner):
+        run = real_fed(candidate, runner)
+        return lambda batch: runs.append(len(batch["x"])) or run(batch)
+
+    monkeypatch.setattr(verify, "_fed_as_declared", counted)
+    monkeypatch.setattr(verify._ReferenceRunner, "__call__", lambda self, b: runs.append(-1) or real_ref(self, b))
+    budget = "max_abs<=1"  # (the rule plan meets it: the search's one candidate is the plan written)
+    res = convert_precision(ConvertConfig(model=src, output=tmp_path / "o.onnx", calibration=str(data),
+                                          batch_size=16, budget=budget, progress=False))
+    summary = res.plan.summary
+    assert summary["search"]["samples"] == 32 and summary["verification"]["samples"] == 32
+    assert summary["search"]["cast_graph_candidates"] == 1
+    assert runs == []  # (every sample's candidate and FP32 outputs taken from the search and calibration)
+    settings = VerifySettings(budget=budget, precision=Precision.FP16, progress=False)
+    own = verify_model(onnx.load(str(res.output)), onnx.load(str(src)), feeds, settings)
+    assert own.samples == 32 and _same_figures(own.figures, summary["verification"]["figures"])
+
+
+def _same_figures(got, want) -> bool:
+    return all(got[o][k] == want[o][k] or (got[o][k] != got[o][k] and want[o][k] != want[o][k])
+               for o in want for k in want[o])

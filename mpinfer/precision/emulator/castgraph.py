@@ -93,6 +93,10 @@ EXACT_OPS = frozenset(
 RESIZE_COORDINATES = frozenset({"asymmetric", "half_pixel", "pytorch_half_pixel"})
 # Ops whose outputs are never float: the same on the float32 copy of a low tensor as on the tensor itself.
 SHAPE_OPS = frozenset({"Shape", "Size"})
+# Ops that make a low tensor from no float input: its value, stored low, written as float32 (exact; :func:`_fp32_node`).
+# A plan lowers them with their consumers (``rule:follow``): PP-OCRv4's recognizer has 327 low Constants, and a
+# search that took them for ops off the lists judged every candidate on the emulator.
+MADE_OPS = frozenset({"Constant", "ConstantOfShape"})
 _ROUND_CAST = {_FLOAT16: "round_fp16", _BFLOAT16: "round_bf16"}
 _ZERO = "mpinfer_castgraph_zero"
 
@@ -121,7 +125,7 @@ def may_qualify(op_types: Iterable[str], model: Any) -> bool:
     """
     from onnx.external_data_helper import uses_external_data
 
-    listed = ROUNDED_OPS | EXACT_OPS | EXPANDED_OPS | SHAPE_OPS | {"Cast"}
+    listed = ROUNDED_OPS | EXACT_OPS | EXPANDED_OPS | SHAPE_OPS | MADE_OPS | {"Cast"}
     return all(op in listed for op in op_types) and not any(uses_external_data(t) for t in model.graph.initializer)
 
 
