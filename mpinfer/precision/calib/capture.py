@@ -208,7 +208,9 @@ def _run_chunk(
     ``full``: the tensors whose full statistics read this batch (None: all); the others', their largest magnitude.
     """
     values = _run(sess, names, batch)
-    collector.update_many(zip(names, values, strict=True), full)
+    # (in the background: the next batch's ONNX Runtime call runs beside this one's statistics; the arrays are read
+    # only, here and by the capture)
+    collector.update_many(zip(names, values, strict=True), full, background=True)
     if capture is not None:
         capture.update({n: np.asarray(v, np.float32) for n, v in zip(names, values, strict=True) if n in wanted})
 
