@@ -504,38 +504,3 @@ def test_smallest_nonzero_is_exact_in_chunks_with_and_without_zeros(monkeypatch,
     assert acc.min_nonzero == float(nonzero.min())
     assert acc.zeros == int(np.count_nonzero(x == 0))
     assert acc.absmax == float(np.abs(x).max())
-
-
-def test_background_statistics_equal_one_thread(monkeypatch):
-    """update_many(background=True) returns before its threads finish, and the numbers are update's on one thread.
-
-    Each call waits for the one before it (every tensor's batches read in order); update() of a tensor still being
-    read waits for it; results() waits for everything.
-    """
-    from mpinfer.precision.calib import statistics as tensorstats
-
-    monkeypatch.setattr(tensorstats, "PARALLEL_MIN_VALUES", 1)
-    rng = np.random.default_rng(9)
-    batches = [{f"t{i}": (rng.standard_normal(30_000) * 10.0 ** rng.uniform(-20, 6)).astype(np.float32)
-                for i in range(8)} for _ in range(4)]
-    serial, background = StatsCollector(workers=1), StatsCollector(workers=2)
-    with contextlib.closing(background):
-        for b, batch in enumerate(batches):
-            full = None if b % 2 == 0 else {"t0", "t5"}  # (the other tensors: their absmax only)
-            for name, arr in batch.items():
-                if full is None or name in full:
-                    serial.update(name, arr)
-                else:
-                    serial.update_absmax(name, arr)
-            background.update_many(batch.items(), full, background=True)
-            assert background._pending  # still running (or done) in the pool: not waited for here
-            background.update("t0", batch["t0"])  # a tensor being read: waits, then reads this batch again
-            serial.update("t0", batch["t0"])
-            assert not background._pending
-        assert background.results() == serial.results()
-    # above its share of the budget's calibration_call slice, a batch is waited for at once
-    monkeypatch.setattr(tensorstats, "BACKGROUND_SHARE", 10**12)
-    waited = StatsCollector(workers=2)
-    with contextlib.closing(waited):
-        waited.update_many(batches[0].items(), background=True)
-        assert not waited._pending

@@ -208,9 +208,7 @@ def _run_chunk(
     ``full``: the tensors whose full statistics read this batch (None: all); the others', their largest magnitude.
     """
     values = _run(sess, names, batch)
-    # (in the background: the next batch's ONNX Runtime call runs beside this one's statistics; the arrays are read
-    # only, here and by the capture)
-    collector.update_many(zip(names, values, strict=True), full, background=True)
+    collector.update_many(zip(names, values, strict=True), full)
     if capture is not None:
         capture.update({n: np.asarray(v, np.float32) for n, v in zip(names, values, strict=True) if n in wanted})
 

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Container, Iterable, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
 
-from mpinfer.memory import current_budget, usable_cpus
+from mpinfer.memory import usable_cpus
 from mpinfer.precision.core import (
     BF16_MIN_NORMAL,
     FP16_MAX,
@@ -80,10 +80,6 @@ SHARE_BLOCKS = 64
 # StatsCollector.update_many: at most this many threads, and one thread below this many values in all.
 MAX_WORKERS = 8
 PARALLEL_MIN_VALUES = 1 << 20
-# StatsCollector.update_many(background=True) leaves a batch's statistics running while the caller goes on (the next
-# ONNX Runtime call) only for batches of at most this share of the memory budget's calibration_call slice: their
-# values stay alive during that call, on top of its own (a peak of 1 + 1/4 slices, not 2).
-BACKGROUND_SHARE = 4
 
 # Percentile reported as "p999".
 PERCENTILE = 99.9
@@ -389,19 +385,6 @@ class StatsCollector:
         self._acc: dict[str, _Accumulator] = {}
         self.workers = stats_workers() if workers is None else max(1, int(workers))
         self._pool: ThreadPoolExecutor | None = None
-        self._pending: list[Future[None]] = []  # a batch's statistics still running (update_many's background)
-        self._busy: set[str] = set()  # the tensors they update
-
-    def wait(self) -> None:
-        """Wait for the statistics :meth:`update_many` left running (re-raising a worker's exception)."""
-        pending, self._pending = self._pending, []
-        try:
-            for future in pending:
-                future.result()
-        finally:
-            for future in pending:  # (every worker done before the statistics are read again)
-                future.exception()
-            self._busy = set()
 
     def _accumulator(self, name: str, array: np.ndarray) -> tuple[_Accumulator, np.ndarray] | None:
         arr = np.asarray(array)
@@ -414,15 +397,11 @@ class StatsCollector:
 
     def update(self, name: str, array: np.ndarray) -> None:
         """Add one batch of values of tensor ``name`` (non-float arrays are ignored)."""
-        if name in self._busy:
-            self.wait()
         found = self._accumulator(name, array)
         if found is not None:
             found[0].update(found[1])
 
-    def update_many(
-        self, items: Iterable[tuple[str, np.ndarray]], full: Container[str] | None = None, *, background: bool = False
-    ) -> None:
+    def update_many(self, items: Iterable[tuple[str, np.ndarray]], full: Container[str] | None = None) -> None:
         """:meth:`update` for many tensors, spread over ``workers`` threads when there is enough to share.
 
         numpy's passes over the values release the GIL, so the threads run on separate cores (calibration
@@ -434,15 +413,9 @@ class StatsCollector:
             full: The names whose values go into the full statistics (None: all; at most ``STAT_BATCH_VALUES`` of
                 each, :meth:`_Accumulator.update_share`); the others' values update their largest magnitude only
                 (:meth:`_Accumulator.update_absmax`: batches beyond the tensor's share).
-            background: Return while the threads still work (a batch of at most 1/:data:`BACKGROUND_SHARE` of the
-                budget's calibration_call bytes), so that the caller's next ONNX Runtime call runs beside them (a
-                graph of many small ops keeps about one core busy); the arrays must not change until the next call
-                here or :meth:`wait`. Each call waits first for the one before it: every tensor's batches are still
-                read in order, one at a time, and the statistics are the same.
         """
-        self.wait()
-        named = [(name, found) for name, array in items if (found := self._accumulator(name, array)) is not None]
-        jobs = [(*found, full is None or name in full) for name, found in named]
+        jobs = [(*found, full is None or name in full) for name, array in items
+                if (found := self._accumulator(name, array)) is not None]
         repeated = len({id(job[0]) for job in jobs}) < len(jobs)
         costs = [_cost(job) for job in jobs]
         if self.workers == 1 or repeated or sum(costs) < PARALLEL_MIN_VALUES:
@@ -450,15 +423,11 @@ class StatsCollector:
             return
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="mpinfer-stats")
-        self._pending = [self._pool.submit(_update_all, share) for share in _shares(jobs, self.workers, costs)]
-        self._busy = {name for name, _ in named}
-        if not background or sum(job[1].nbytes for job in jobs) * BACKGROUND_SHARE > current_budget().calibration_call:
-            self.wait()  # re-raises a worker's exception here
+        for future in [self._pool.submit(_update_all, share) for share in _shares(jobs, self.workers, costs)]:
+            future.result()  # re-raises a worker's exception here
 
     def update_absmax(self, name: str, array: np.ndarray) -> None:
         """Add one batch of tensor ``name`` beyond its share: its largest magnitude only (FP16 overflow: all)."""
-        if name in self._busy:
-            self.wait()
         found = self._accumulator(name, array)
         if found is not None:
             found[0].update_absmax(found[1])
@@ -474,22 +443,18 @@ class StatsCollector:
 
     def close(self) -> None:
         """Stop the worker threads (the statistics stay readable)."""
-        self.wait()
         if self._pool is not None:
             self._pool.shutdown()
             self._pool = None
 
     def nbytes(self) -> int:
         """Memory held by the statistics (constant in the number of batches)."""
-        self.wait()
         return sum(a.hist.nbytes for a in self._acc.values())
 
     def histogram_bins(self) -> set[int]:
         """Histogram sizes in use (always ``{HISTOGRAM_BINS}``)."""
-        self.wait()
         return {a.hist.size for a in self._acc.values()}
 
     def results(self) -> dict[str, TensorStats]:
         """Name -> final statistics."""
-        self.wait()
         return {k: a.result() for k, a in self._acc.items()}
