@@ -222,6 +222,26 @@ def ir_version_for(model: onnx.ModelProto) -> int:
     return min(max(needed, 7), max(MAX_ORT_IR_VERSION, needed))
 
 
+def _serialized(model: onnx.ModelProto) -> bytes:
+    """The bytes :func:`save_onnx` writes for ``model`` already at its IR version (one file, no external data)."""
+    return model.SerializeToString(deterministic=True)
+
+
+def saved_bytes(model: onnx.ModelProto) -> bytes:
+    """The exact bytes :func:`save_onnx` writes for ``model`` as one file (at an onnxruntime-loadable IR version).
+
+    For a model that :func:`small_enough_to_size` and below ``EXTERNAL_DATA_THRESHOLD`` (save_onnx's default then
+    writes no external data): the validity gate checks the model parsed from these bytes, and the file later
+    published holds them (:func:`mpinfer.precision.graph.validate.gate_published` compares digests).
+    """
+    import onnx
+
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    m.ir_version = ir_version_for(m)
+    return _serialized(m)
+
+
 def save_onnx(
     model: onnx.ModelProto,
     path: str | os.PathLike[str],
@@ -257,7 +277,7 @@ def save_onnx(
                 os.chmod(tmpdir / data_name, user_file_mode())
                 os.replace(tmpdir / data_name, out.parent / data_name)
         else:
-            tmp_model.write_bytes(m.SerializeToString(deterministic=True))
+            tmp_model.write_bytes(_serialized(m))
         os.chmod(tmp_model, user_file_mode())
         os.replace(tmp_model, out)
     finally:

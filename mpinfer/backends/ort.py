@@ -173,6 +173,7 @@ def load_check(model: Any, path: Path | None) -> None:
     so.log_severity_level = ort_log_level()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     so.add_session_config_entry("session.disable_prepacking", "1")  # a load check needs no packed copies
+    so.intra_op_num_threads = so.inter_op_num_threads = 1  # nor a thread pool (a third of a 600-node model's load)
     src = str(path) if path is not None else model.SerializeToString()
     ort.InferenceSession(src, so, providers=["CPUExecutionProvider"])
 

@@ -184,7 +184,7 @@ def _convert(cfg: ConvertConfig, claim: OutputClaim) -> ConvertResult:
         _embed_weights(staged[0])  # the user's model was one file: so is the output, where it fits one
     # the gate on the very bytes published (apply_validated gated the model in memory or a candidate's file)
     gate_published(claim.stage(out), baseline_model=info.model if loaded.weights is None else None,
-                   baseline_path=loaded.weights)
+                   baseline_path=loaded.weights, gated=result.gated if staged is None else None)
     if not in_place:
         plan.save(claim.stage(plan_out))
     claim.publish()  # model, data and plan: both or neither

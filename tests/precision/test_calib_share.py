@@ -163,3 +163,20 @@ def test_a_big_batch_reads_spread_blocks_of_its_values_and_all_of_them_for_absma
     collector.update_many([("o", big)])
     assert collector.results()["o"].count == big.size
     assert collector.results()["o"].fp16_overflow_frac == 1 / big.size
+
+
+def test_calibration_sessions_do_not_spin_between_calls():
+    """Calibration's sessions leave the cores to the statistics between calls (no intra-op spinning)."""
+    from onnx import TensorProto, helper
+
+    from mpinfer.precision.calib.capture import NO_SPINNING, _Sessions
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])
+    model = helper.make_model(helper.make_graph([helper.make_node("Relu", ["x"], ["h"]),
+                                                 helper.make_node("Neg", ["h"], ["y"])], "g", [x], [y]),
+                              opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    types = {"x": TensorProto.FLOAT, "h": TensorProto.FLOAT, "y": TensorProto.FLOAT}
+    sess = _Sessions(model, types).session(["h", "y"])
+    assert sess.get_session_options().get_session_config_entry(NO_SPINNING) == "0"
+    assert [o.name for o in sess.get_outputs()] == ["h", "y"]

@@ -485,3 +485,22 @@ def test_slices_cut_a_state_input_along_its_batch_axis(monkeypatch):
         assert sliced[name].count == whole[name].count == 24
         assert sliced[name].absmax == pytest.approx(whole[name].absmax) and sliced[name].absmax > 0
     np.testing.assert_allclose(sliced.reference_outputs[0]["y"], ort_run(model, batch)["y"], rtol=1e-6)
+
+
+@pytest.mark.parametrize("zeros", [False, True], ids=["no-zeros", "zeros"])
+def test_smallest_nonzero_is_exact_in_chunks_with_and_without_zeros(monkeypatch, zeros):
+    """update's one-pass minimum (a chunk without zeros) and its (bits - 1) minimum (one with) give numpy's value."""
+    from mpinfer.precision.calib import statistics
+
+    monkeypatch.setattr(statistics, "CHUNK", 64)  # several chunks: some with zeros, some without
+    rng = np.random.default_rng(3)
+    x = (rng.standard_normal(1000) * 1e-3).astype(np.float32)
+    x[[5, 700]] = np.float32(3e-7), np.float32(-2e-41)  # a subnormal in a later chunk
+    if zeros:
+        x[::130] = 0.0
+    acc = statistics._Accumulator()
+    acc.update(x)
+    nonzero = np.abs(x[x != 0])
+    assert acc.min_nonzero == float(nonzero.min())
+    assert acc.zeros == int(np.count_nonzero(x == 0))
+    assert acc.absmax == float(np.abs(x).max())

@@ -312,3 +312,45 @@ def test_force_takes_the_fp16_data_saved_for_an_fp16_model(tmp_path):
                                           progress=False))
     assert check_file(out) is None
     assert res.plan.summary["verification"]["samples"] == 32 and res.plan.summary["verification"]["passed"]
+
+
+def _counting_sessions(monkeypatch) -> list[str]:
+    """Every ONNX Runtime session created from now on (the gate's loads included), by its source's kind."""
+    import onnxruntime as ort
+
+    made: list[str] = []
+    real = ort.InferenceSession
+
+    class Counting(real):  # type: ignore[misc, valid-type]
+        def __init__(self, src, *args, **kwargs):
+            made.append("bytes" if isinstance(src, bytes) else "path")
+            super().__init__(src, *args, **kwargs)
+
+    monkeypatch.setattr(ort, "InferenceSession", Counting)
+    return made
+
+
+def test_the_published_gate_skips_only_the_bytes_the_apply_gate_passed(tmp_path, monkeypatch):
+    """apply_validated gates the bytes save_onnx writes; gate_published loads nothing again for those bytes only."""
+    import hashlib
+
+    from mpinfer.modelio import save_onnx
+    from mpinfer.precision.core import GraphInfo, NodeDecision
+    from mpinfer.precision.graph import apply_validated, gate_published
+    from mpinfer.specs import Precision
+
+    model = _cast_chain_model()
+    info = GraphInfo(model)
+    nodes = [NodeDecision("add", "Add", Precision.FP16, "test")]
+    made = _counting_sessions(monkeypatch)
+    result, _ = apply_validated(info, nodes, Precision.FP16)
+    assert made == ["bytes"]  # the apply gate's one load
+    out = save_onnx(result.model, tmp_path / "o.onnx")
+    assert result.gated == hashlib.sha256(out.read_bytes()).hexdigest()
+    gate_published(out, baseline_model=model, gated=result.gated)
+    assert made == ["bytes"]  # the same bytes: no second load
+    other = onnx.load(str(out))
+    other.producer_name = "edited"
+    onnx.save(other, str(out))
+    gate_published(out, baseline_model=model, gated=result.gated)
+    assert made == ["bytes", "path"]  # other bytes: the whole gate on the file

@@ -73,13 +73,26 @@ class StatShare:
     def _need(self, name: str | None) -> int:
         return self.needs.get(name, self.default_need) if name is not None else self.default_need
 
-    def full(self, name: str | None, b: int) -> bool:
-        """Whether batch ``b`` goes into the full statistics of tensor ``name`` (None: a tensor of unknown size)."""
-        need = self._need(name)
+    def _reads(self, need: int, b: int) -> bool:
+        """Whether a tensor that needs ``need`` batches reads batch ``b``."""
         if self.batches:
             return b % max(1, self.batches // need) == 0
         return b < need
 
+    def full(self, name: str | None, b: int) -> bool:
+        """Whether batch ``b`` goes into the full statistics of tensor ``name`` (None: a tensor of unknown size)."""
+        return self._reads(self._need(name), b)
+
     def full_names(self, names: Iterable[str], b: int) -> set[str]:
-        """The tensors of ``names`` whose full statistics read batch ``b``."""
-        return {n for n in names if self.full(n, b)}
+        """The tensors of ``names`` whose full statistics read batch ``b`` (one test per distinct need)."""
+        needs, default = self.needs, self.default_need
+        reads: dict[int, bool] = {}
+        out = set()
+        for n in names:
+            need = needs.get(n, default)
+            hit = reads.get(need)
+            if hit is None:
+                hit = reads[need] = self._reads(need, b)
+            if hit:
+                out.add(n)
+        return out

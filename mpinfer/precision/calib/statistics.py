@@ -168,12 +168,16 @@ class _Accumulator:
             n = min(CHUNK, bits.size - start)
             mag = np.bitwise_and(bits[start : start + n], _MAGNITUDE, out=mag_buf[:n])
             bins = np.right_shift(mag, _SHIFT, out=bin_buf[:n], casting="unsafe")
-            hist += np.bincount(bins, minlength=HISTOGRAM_BINS)
+            counts = np.bincount(bins, minlength=HISTOGRAM_BINS)
+            hist += counts
             v = mag.view(np.float32)
             top = max(top, int(mag.max()))
             sum_abs += sum_of_magnitudes(v)
             sum_sq += sum_of_squares(v)
-            smallest = min(smallest, int(np.subtract(mag, _ONE, out=mag).min()))
+            if counts[0]:  # zeros (or the tiniest subnormals): the minimum of (bits - 1) skips the zeros
+                smallest = min(smallest, int(np.subtract(mag, _ONE, out=mag).min()))
+            else:  # no zero in the chunk: its smallest magnitude is non-zero (one pass, not two)
+                smallest = min(smallest, int(mag.min()) - 1)
         if hist[_INF_BIN:].any():  # inf or NaN present: the sums and the maximum need the finite values only
             self._update_nonfinite(flat)
             return
@@ -347,17 +351,20 @@ def _cost(job: _Job) -> int:
     return min(size, STAT_BATCH_VALUES) + size // _ABSMAX_WEIGHT if job[2] else size // _ABSMAX_WEIGHT
 
 
-def _shares(jobs: list[_Job], workers: int) -> list[list[_Job]]:
+def _shares(jobs: list[_Job], workers: int, costs: list[int] | None = None) -> list[list[_Job]]:
     """``jobs`` dealt into at most ``workers`` lists of about equal cost, largest first.
 
     One task per thread: a task per tensor cost more in the pool's locks than the statistics of a small tensor.
+    ``costs``: each job's :func:`_cost`, when the caller has them.
     """
+    if costs is None:
+        costs = [_cost(job) for job in jobs]
     shares: list[list[_Job]] = [[] for _ in range(workers)]
     sizes = [0] * workers
-    for job in sorted(jobs, key=lambda job: -_cost(job)):
+    for i in sorted(range(len(jobs)), key=lambda i: -costs[i]):  # (stable: equal costs keep their order)
         least = sizes.index(min(sizes))
-        shares[least].append(job)
-        sizes[least] += _cost(job)
+        shares[least].append(jobs[i])
+        sizes[least] += costs[i]
     return [share for share in shares if share]
 
 
@@ -410,12 +417,13 @@ class StatsCollector:
         jobs = [(*found, full is None or name in full) for name, array in items
                 if (found := self._accumulator(name, array)) is not None]
         repeated = len({id(job[0]) for job in jobs}) < len(jobs)
-        if self.workers == 1 or repeated or sum(_cost(job) for job in jobs) < PARALLEL_MIN_VALUES:
+        costs = [_cost(job) for job in jobs]
+        if self.workers == 1 or repeated or sum(costs) < PARALLEL_MIN_VALUES:
             _update_all(jobs)
             return
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="mpinfer-stats")
-        for future in [self._pool.submit(_update_all, share) for share in _shares(jobs, self.workers)]:
+        for future in [self._pool.submit(_update_all, share) for share in _shares(jobs, self.workers, costs)]:
             future.result()  # re-raises a worker's exception here
 
     def update_absmax(self, name: str, array: np.ndarray) -> None:

@@ -363,11 +363,16 @@ def _rename_tensor(nodes: list[Any], old: str, new: str) -> None:
 
 @dataclass(frozen=True)
 class ApplyResult:
-    """The rewritten model, the Casts inserted and the FP32 weights now stored in the low dtype."""
+    """The rewritten model, the Casts inserted and the FP32 weights now stored in the low dtype.
+
+    ``gated``: the SHA-256 of the bytes :func:`mpinfer.modelio.save_onnx` writes for ``model``, when every check of
+    the validity gate ran on the model parsed from those bytes and passed (None: not gated that way).
+    """
 
     model: Any
     cast_count: int
     converted_weights: tuple[str, ...]
+    gated: str | None = None
 
 
 def apply_plan(

@@ -8,6 +8,7 @@ its ops) are not held against the output.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import re
@@ -20,10 +21,12 @@ from typing import Any
 from mpinfer.backends.ort import load_check
 from mpinfer.errors import InternalError
 from mpinfer.modelio import (
+    EXTERNAL_DATA_THRESHOLD,
     data_file,
     load_onnx,
     save_onnx,
     save_streamed,
+    saved_bytes,
     small_enough_to_size,
 )
 from mpinfer.precision.core import NodeDecision
@@ -188,15 +191,39 @@ def gate(
     )
 
 
-def gate_published(path: Path, *, baseline_model: Any = None, baseline_path: Path | None = None) -> None:
+def gate_published(
+    path: Path, *, baseline_model: Any = None, baseline_path: Path | None = None, gated: str | None = None
+) -> None:
     """The validity gate on the file about to be published (after every rewrite of it: embedding, external data).
 
-    The full checker, strict type inference and an ONNX Runtime load on what was written, read back from disk.
+    The full checker, strict type inference and an ONNX Runtime load on what was written, read back from disk;
+    none of them again when the file's bytes are those every check already passed on (``gated``: their SHA-256,
+    :attr:`ApplyResult.gated <mpinfer.precision.graph.apply.ApplyResult>`): the same bytes give the same verdicts.
 
     Raises:
         InternalError: The written file fails a check the input model passes.
     """
+    if gated is not None and hashlib.sha256(Path(path).read_bytes()).hexdigest() == gated:
+        logger.debug("validity gate: '%s' holds the very bytes the gate passed at apply", path)
+        return
     gate(None, path=path, baseline_model=baseline_model, baseline_path=baseline_path, stage="writing the model")
+
+
+def _gated(result: Any, baseline: Any) -> tuple[Any, list[GateFailure]]:
+    """``result`` gated on the bytes :func:`mpinfer.modelio.save_onnx` will write for it (their digest recorded).
+
+    The checks run on the model parsed from those bytes (its IR version as written), so the file published from
+    ``result.model`` needs no second round (:func:`gate_published`). A model save_onnx writes with external data:
+    gated as it is in memory, no digest.
+    """
+    import onnx
+
+    model = result.model
+    if not small_enough_to_size(model) or model.ByteSize() >= EXTERNAL_DATA_THRESHOLD:
+        return result, validity_failures(model, baseline_model=baseline)
+    data = saved_bytes(model)
+    failures = validity_failures(onnx.load_from_string(data), baseline_model=baseline)
+    return (result if failures else replace(result, gated=hashlib.sha256(data).hexdigest())), failures
 
 
 def runtime_suspects(failure: GateFailure, info: Any, low: set[str]) -> set[str]:
@@ -297,7 +324,7 @@ def _apply_and_check(
         # frees it only with the message: 6 GB of FP16 weights through the 3B decoder's verification)
         result = replace(result, model=load_onnx(path, load_external_data=False))
         return result, validity_failures(None, baseline_path=source, path=path)
-    return result, validity_failures(result.model, baseline_model=info.model)
+    return _gated(result, info.model)
 
 
 def _keep_refused_fp32(
