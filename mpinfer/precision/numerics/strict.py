@@ -448,7 +448,8 @@ class StrictEvaluator:
             errors.update(probed.errors)
         todo = [g for g in groups if g.anchor not in errors]
         if todo:
-            self._open()
+            if not subset:  # (the kept FP32 runs: what the emulator reads without a subset)
+                self._open()
             errors.update(self._emu.local_errors(todo, batches, subset, self.precision))
         if self._cast_graphs:
             logger.info("sensitivities: %d group(s) measured on ONNX Runtime (cast graph), %d on the strict emulator",
