@@ -273,23 +273,26 @@ def test_ort_probe_measures_on_the_samples_the_whole_candidate_got_most_wrong(tm
 
 def test_strict_sensitivities_are_measured_on_the_hardest_quarter_of_the_samples(tmp_path, monkeypatch):
     """Strict numerics rank the groups on the FP32 tensors of the quarter of the samples the whole candidate
-    got most wrong (per-sample error of its strict run), as the ORT probe does."""
+    got most wrong (per-sample error of its strict run), as the ORT probe does: the strict probe (every group has a
+    cast graph here) reads those samples, and the emulator measures no group."""
+    import mpinfer.precision.numerics.probe as probe_mod
     import mpinfer.precision.numerics.strict as ev_mod
 
     seen, hardness = [], _recorded_hardness(monkeypatch)
-    real_local = ev_mod.local_error
+    real_probe = probe_mod.strict_probe_errors
 
-    def recording_local(model, info, group, refs, low):
-        seen.append(np.concatenate([r.tensors[model.graph.input[0].name] for r in refs]))
-        return real_local(model, info, group, refs, low)
+    def recording_probe(info, groups, batches, low):
+        seen.append((len(groups), np.concatenate([b[info.model.graph.input[0].name] for b in batches])))
+        return real_probe(info, groups, batches, low)
 
-    monkeypatch.setattr(ev_mod, "local_error", recording_local)
+    monkeypatch.setattr(probe_mod, "strict_probe_errors", recording_probe)
+    monkeypatch.setattr(ev_mod, "local_error", lambda *a: pytest.fail("a group measured on the emulator"))
     _, res = _convert_chain(tmp_path, 8, "max_abs<=1e-3", numerics="strict")
     s = res.plan.summary
     assert s["search"]["searched"] and s["expected_error"]["max_abs"] <= 1e-3
     samples = np.load(tmp_path / "cal.npz")["x"]
     hardest = np.sort(np.argsort(-hardness[0], kind="stable")[:8])  # after the whole candidate's run
-    assert len(seen) == s["search"]["groups"] and all(np.array_equal(x, samples[hardest]) for x in seen)
+    assert len(seen) == 1 and seen[0][0] == s["search"]["groups"] and np.array_equal(seen[0][1], samples[hardest])
     assert not np.array_equal(samples[hardest], samples[:8])
 
 

@@ -115,13 +115,23 @@ def _inline(converted: Any, tag: str, keep: set[str]) -> tuple[list[Any], list[A
     return nodes, inits, rename
 
 
-def build_probe(info: GraphInfo, groups: Sequence[Any], low: Precision) -> tuple[Any, list[str]] | None:
+def build_probe(
+    info: GraphInfo, groups: Sequence[Any], low: Precision, *, exact: bool = False, left: dict[str, str] | None = None
+) -> tuple[Any, list[str]] | None:
     """The probe model and, per row of its ``noise``/``signal`` outputs, the group anchor it belongs to.
+
+    ``exact`` (strict numerics, :func:`strict_probe_errors`): only groups whose low copy has a cast graph
+    (:func:`~mpinfer.precision.emulator.castgraph.cast_graph`: the strict emulator's bits in float32 ONNX Runtime
+    ops) are copied, and the sums are :func:`_exact_sums`' (float64, as the emulator's
+    :func:`~mpinfer.precision.numerics.strict.local_error` sums them); else float32 ``ReduceSumSquare``.
+
+    ``left``: filled with group anchor -> why the probe does not copy it.
 
     None when no group can be probed (or the model is too large to hold twice).
     """
     from onnx import TensorProto, helper
 
+    left = {} if left is None else left
     model = info.model
     # above the budget's probe slice (a second copy of every converted weight) the emulator measures instead
     if info.base_dir or model.ByteSize() > current_budget().probe:
@@ -137,17 +147,8 @@ def build_probe(info: GraphInfo, groups: Sequence[Any], low: Precision) -> tuple
         return out
 
     for gi, group in enumerate(groups):
-        built = group_submodel(info, group.members)
-        if built is None:
-            continue
-        sub, outs = built
-        try:
-            sub_info = GraphInfo(sub, ask_runtime=False)  # typed from the parent's info
-            converted = apply_plan(
-                sub, sub_info, {a: low for a in sub_info.by_address}, low, keep_io_types=True
-            ).model
-        except Exception as err:  # noqa: BLE001 - a group the probe cannot copy is measured by the emulator
-            logger.debug("probe: group %s not probed: %s", group.anchor, err)
+        converted, outs = _low_copy(info, group, low, exact, left)
+        if converted is None:
             continue
         tag = f"{PREFIX}{gi}"
         feeds = {vi.name for vi in converted.graph.input}
@@ -155,22 +156,83 @@ def build_probe(info: GraphInfo, groups: Sequence[Any], low: Precision) -> tuple
         nodes.extend(g_nodes)
         inits.extend(g_inits)
         for o in outs:
-            diff = f"{tag}/{o}/diff"
-            nodes.append(helper.make_node("Sub", [rename[o], o], [diff], name=f"{tag}/{o}/Sub"))
-            noise.append(sum_sq(diff, f"{tag}/{o}/noise"))
-            if o not in flat:
-                flat[o] = sum_sq(o, f"{PREFIX}/{o}/signal")
-            signal.append(flat[o])
+            if exact:
+                n_out, s_out = _exact_sums(nodes, inits, rename[o], o, f"{tag}/{o}")
+                noise.append(n_out)
+                signal.append(s_out)
+            else:
+                diff = f"{tag}/{o}/diff"
+                nodes.append(helper.make_node("Sub", [rename[o], o], [diff], name=f"{tag}/{o}/Sub"))
+                noise.append(sum_sq(diff, f"{tag}/{o}/noise"))
+                if o not in flat:
+                    flat[o] = sum_sq(o, f"{PREFIX}/{o}/signal")
+                signal.append(flat[o])
             rows.append(group.anchor)
     if not rows:
         return None
     nodes.append(helper.make_node("Concat", noise, [f"{PREFIX}/noise"], name=f"{PREFIX}/noise", axis=0))
     nodes.append(helper.make_node("Concat", signal, [f"{PREFIX}/signal"], name=f"{PREFIX}/signal", axis=0))
-    outputs = [helper.make_tensor_value_info(f"{PREFIX}/{k}", TensorProto.FLOAT, None) for k in ("noise", "signal")]
+    sum_type = TensorProto.DOUBLE if exact else TensorProto.FLOAT
+    outputs = [helper.make_tensor_value_info(f"{PREFIX}/{k}", sum_type, None) for k in ("noise", "signal")]
     graph = helper.make_graph(nodes, "mpinfer_probe", list(model.graph.input), outputs, inits)
     probe = helper.make_model(graph, opset_imports=list(model.opset_import))
     probe.ir_version = model.ir_version
     return probe, rows
+
+
+def _low_copy(
+    info: GraphInfo, group: Any, low: Precision, exact: bool, left: dict[str, str]
+) -> tuple[Any, list[str]]:
+    """The group's sub-model converted with every node low, and its outputs; (None, []) when the probe cannot copy it.
+
+    ``exact``: also (None, []) when the copy has no cast graph (a low op the strict emulator alone computes). Each
+    group not copied gets its reason in ``left``.
+    """
+    built = group_submodel(info, group.members)
+    if built is None:
+        left[group.anchor] = "no sub-model (a subgraph, an untyped input or no float output)"
+        return None, []
+    sub, outs = built
+    try:
+        sub_info = GraphInfo(sub, ask_runtime=False)  # typed from the parent's info
+        converted = apply_plan(sub, sub_info, {a: low for a in sub_info.by_address}, low, keep_io_types=True).model
+    except Exception as err:  # noqa: BLE001 - a group the probe cannot copy is measured by the emulator
+        logger.debug("probe: group %s not probed: %s", group.anchor, err)
+        left[group.anchor] = f"its low copy failed ({err})"
+        return None, []
+    if exact:
+        from mpinfer.precision.emulator.castgraph import cast_graph
+
+        fast, why = cast_graph(converted)
+        if fast is None:
+            left[group.anchor] = why
+            return None, []
+    return converted, outs
+
+
+def _exact_sums(nodes: list[Any], inits: list[Any], got: str, want: str, tag: str) -> tuple[str, str]:
+    """Nodes summing, in float64, the squared error of ``got`` against ``want`` and the squares of ``want``.
+
+    The sums :func:`~mpinfer.precision.numerics.strict.local_error` takes where every reference value is finite
+    (most tensors; its fast path): a ``got`` not finite there makes the noise sum inf or NaN (the group overflows).
+    A ``want`` with a value not finite makes the signal sum so: the caller measures that group on the emulator, which
+    leaves those values out (masking them here would cost more than the group's Convs). Returns the two sums' names.
+    """
+    from onnx import TensorProto, helper, numpy_helper
+
+    shape = f"{PREFIX}/one"
+    if not any(t.name == shape for t in inits):
+        inits.append(numpy_helper.from_array(np.asarray([1], np.int64), shape))
+
+    def node(op: str, ins: list[str], out: str, **attrs: Any) -> str:
+        nodes.append(helper.make_node(op, ins, [f"{tag}/{out}"], name=f"{tag}/{out}", **attrs))
+        return f"{tag}/{out}"
+
+    w = node("Cast", [want], "want64", to=TensorProto.DOUBLE)
+    d = node("Sub", [node("Cast", [got], "got64", to=TensorProto.DOUBLE), w], "diff")
+    noise = node("Reshape", [node("ReduceSumSquare", [d], "noise_sum", keepdims=0), shape], "noise")
+    signal = node("Reshape", [node("ReduceSumSquare", [w], "signal_sum", keepdims=0), shape], "signal")
+    return noise, signal
 
 
 def probe_errors(info: GraphInfo, groups: Sequence[Any], batches: Sequence[dict], low: Precision) -> ProbeResult:
@@ -211,4 +273,57 @@ def probe_errors(info: GraphInfo, groups: Sequence[Any], batches: Sequence[dict]
             errors[anchor] = relative_l2(n, s)
     probed = set(rows)
     sizes = sum(len(g.members) for g in groups if g.anchor in probed)
+    return ProbeResult(errors, (len(info.nodes) + sizes) * len(batches))
+
+
+def strict_probe_errors(
+    info: GraphInfo, groups: Sequence[Any], batches: Sequence[dict], low: Precision
+) -> ProbeResult:
+    """:func:`probe_errors` for strict numerics: the probe's cast graph, each low copy on the emulator's bits.
+
+    The probe (:func:`build_probe` with ``exact``) runs as a float32 graph with rounding casts
+    (:mod:`~mpinfer.precision.emulator.castgraph`): each group's low copy computes what the strict emulator computes
+    for it, bit for bit, fed the FP32 tensors ONNX Runtime computes (the reference the candidates are judged
+    against), and the sums are float64 as :func:`~mpinfer.precision.numerics.strict.local_error` takes them. One run
+    per batch: an FP32 pass plus a low pass of the copied groups, at ONNX Runtime speed. Groups without a cast graph
+    are left out of ``errors`` (the caller measures them on the emulator); a group whose copy overflows gets ``inf``.
+    """
+    from mpinfer.precision.emulator.castgraph import CastGraphSession, cast_graph
+
+    left: dict[str, str] = {}
+    built = build_probe(info, groups, low, exact=True, left=left)
+    for anchor, why in left.items():  # (what a float32 graph cannot express, named)
+        logger.info("sensitivities: group %s measured on the strict emulator: %s", anchor, why)
+    if built is None:
+        return ProbeResult({}, 0)
+    probe, rows = built
+    fast, why = cast_graph(probe)
+    if fast is None:
+        logger.info("sensitivities: the strict probe has no cast graph (%s); the emulator measures every group", why)
+        return ProbeResult({}, 0)
+    try:
+        sess = CastGraphSession(fast)
+        noise = np.zeros(len(rows))
+        signal = np.zeros(len(rows))
+        names = {vi.name for vi in fast.model.graph.input}
+        for batch in batches:
+            out = sess({k: v for k, v in batch.items() if k in names})
+            noise += np.asarray(out[f"{PREFIX}/noise"], np.float64).reshape(-1)
+            signal += np.asarray(out[f"{PREFIX}/signal"], np.float64).reshape(-1)
+    except Exception as err:  # onnxruntime raises its own types: a graph or data it refuses; the emulator measures
+        logger.info("sensitivities: ONNX Runtime refused the strict probe (%s); the emulator measures every group", err)
+        return ProbeResult({}, 0)
+    per_noise: dict[str, float] = {}
+    per_signal: dict[str, float] = {}
+    for anchor, n, s in zip(rows, noise, signal, strict=True):
+        per_noise[anchor] = per_noise.get(anchor, 0.0) + float(n)
+        per_signal[anchor] = per_signal.get(anchor, 0.0) + float(s)
+    errors: dict[str, float] = {}
+    for anchor, total in per_noise.items():
+        if not math.isfinite(per_signal[anchor]):  # (a reference value not finite: the emulator leaves those out)
+            logger.info("sensitivities: group %s measured on the strict emulator: its FP32 reference is not finite "
+                        "everywhere", anchor)
+            continue
+        errors[anchor] = math.inf if not math.isfinite(total) else relative_l2(total, per_signal[anchor])
+    sizes = sum(len(g.members) for g in groups if g.anchor in errors)
     return ProbeResult(errors, (len(info.nodes) + sizes) * len(batches))

@@ -497,10 +497,29 @@ class StrictEvaluator:
         return sum(n for init, n in floats if not init) * rows + sum(n for init, n in floats if init) * len(head)
 
     def sensitivities(self, groups: Sequence[Any], batches: list[Outputs], subset: bool) -> dict[str, float]:
-        """Each group run alone as a small emulator sub-model on FP32 tensors (of ``batches`` when ``subset``)."""
-        if not subset:
-            self._open()
-        return self._emu.local_errors(groups, batches, subset, self.precision)
+        """Each group's local error: run alone, low, on FP32 tensors, on the emulator's bits.
+
+        The groups whose low copy has a cast graph are measured together in ONNX Runtime
+        (:func:`~mpinfer.precision.numerics.probe.strict_probe_errors`: one FP32 pass and one low pass of those groups
+        per batch, on the same samples as the emulator would read: ``batches`` when ``subset``, else the kept ones);
+        the others, and all of them when cast graphs are off, as small emulator sub-models (:func:`local_error`).
+        """
+        errors: dict[str, float] = {}
+        if self._cast_graphs:
+            probed = probe.strict_probe_errors(
+                self.info, groups, batches if subset else self._emu.batches[: self._emu.kept], self.precision
+            )
+            self._extra += probed.evaluations
+            errors.update(probed.errors)
+        todo = [g for g in groups if g.anchor not in errors]
+        if todo:
+            if not subset:  # (the kept FP32 runs: what the emulator reads without a subset)
+                self._open()
+            errors.update(self._emu.local_errors(todo, batches, subset, self.precision))
+        if self._cast_graphs:
+            logger.info("sensitivities: %d group(s) measured on ONNX Runtime (cast graph), %d on the strict emulator",
+                        len(groups) - len(todo), len(todo))
+        return errors
 
     @classmethod
     def model_runner(cls, model: Any, *, fast: bool = True) -> Runner:
