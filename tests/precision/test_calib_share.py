@@ -165,6 +165,35 @@ def test_a_big_batch_reads_spread_blocks_of_its_values_and_all_of_them_for_absma
     assert collector.results()["o"].fp16_overflow_frac == 1 / big.size
 
 
+def test_a_batch_read_in_slices_of_samples_gives_the_statistics_it_gives_whole(monkeypatch):
+    """The spread blocks are taken per sample (the same offsets in each), so a batch fetched in slices (the memory
+    budget's calibration_call slice, which follows the memory free at start) reads the very values it reads whole:
+    before, 64 blocks spread over each call's values, and the CNN's plan statistics moved with the free memory."""
+    import mpinfer.precision.calib.statistics as statistics
+
+    monkeypatch.setattr(statistics, "STAT_BATCH_VALUES", 4096)
+    rng = np.random.default_rng(1)
+    batch = rng.standard_normal((8, 16, 50)).astype(np.float32) * np.logspace(-6, 2, 50, dtype=np.float32)
+    whole = StatsCollector(workers=1)
+    whole.update_many([("t", batch)], rows=(8, 8))
+    for size in (1, 2, 4):  # slices of 1, 2 and 4 samples
+        sliced = StatsCollector(workers=1)
+        for row in range(0, 8, size):
+            sliced.update_many([("t", batch[row : row + size])], rows=(size, 8))
+        got, want = sliced.results()["t"], whole.results()["t"]
+        assert got.count == want.count == 8 * (4096 // 8)
+        assert got.absmax == want.absmax and got.p999 == want.p999 and got.min_nonzero == want.min_nonzero
+        assert got.fp16_underflow_frac == want.fp16_underflow_frac
+        # (float32 sums of the same values added in another order: pairwise summation's bound)
+        assert got.mean_abs == pytest.approx(want.mean_abs, rel=float(np.finfo(np.float32).eps) * np.log2(got.count))
+    # every sample is read at the same offsets, the first block from its first value: sample 5's first value counts
+    want = whole.results()["t"]
+    before, batch[5, 0, 0] = float(abs(batch[5, 0, 0])), 7e3
+    moved = StatsCollector(workers=1)
+    moved.update_many([("t", batch)], rows=(8, 8))
+    assert moved.results()["t"].mean_abs == pytest.approx(want.mean_abs + (7e3 - before) / want.count, rel=1e-4)
+
+
 def test_calibration_sessions_do_not_spin_between_calls():
     """Calibration's sessions leave the cores to the statistics between calls (no intra-op spinning)."""
     from onnx import TensorProto, helper

@@ -437,13 +437,13 @@ class _Run:
         chunk, per_call, rows = plan.chunks[index], plan.rows_per_call[index], self.slicer.rows(batch)
         collector = self.first_pass.collector
         if rows <= per_call or rows % plan.multiple:  # (a batch the model takes whole but not in groups: whole)
-            _run_chunk(sess, chunk, batch, collector, keep, capture.wanted(b), full)
+            _run_chunk(sess, chunk, batch, collector, keep, capture.wanted(b), full, (rows, rows))
         else:  # too many bytes for one call: slices of samples (the outputs joined from them, or run on their own)
             pieces: list[tuple[int, dict[str, np.ndarray]]] = []
             for row in range(0, rows, per_call):
                 part = self.slicer.slice(batch, row, row + per_call)
                 got: dict[str, np.ndarray] | None = {} if keep is not None and index == 0 else None
-                _run_chunk(sess, chunk, part, collector, got, capture.outputs, full)
+                _run_chunk(sess, chunk, part, collector, got, capture.outputs, full, (self.slicer.rows(part), rows))
                 if got is not None:
                     pieces.append((self.slicer.rows(part), got))
             if keep is not None and index == 0:

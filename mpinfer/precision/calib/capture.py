@@ -202,13 +202,15 @@ def _run_chunk(
     capture: dict[str, np.ndarray] | None = None,
     wanted: Container[str] = (),
     full: Container[str] | None = None,
+    rows: tuple[int, int] | None = None,
 ) -> None:
     """Run one chunk of tensors on ``batch`` into the statistics (and ``capture``).
 
     ``full``: the tensors whose full statistics read this batch (None: all); the others', their largest magnitude.
+    ``rows``: the samples of ``batch`` and of the data batch it is a slice of (:meth:`StatsCollector.update_many`).
     """
     values = _run(sess, names, batch)
-    collector.update_many(zip(names, values, strict=True), full)
+    collector.update_many(zip(names, values, strict=True), full, rows)
     if capture is not None:
         capture.update({n: np.asarray(v, np.float32) for n, v in zip(names, values, strict=True) if n in wanted})
 

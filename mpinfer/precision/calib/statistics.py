@@ -199,24 +199,35 @@ class _Accumulator:
         if smallest:
             self.min_nonzero = min(self.min_nonzero, float(np.uint32(smallest).view(np.float32)))
 
-    def update_share(self, arr: np.ndarray, max_values: int) -> None:
+    def update_share(self, arr: np.ndarray, max_values: int, rows: tuple[int, int] | None = None) -> None:
         """:meth:`update` with at most ``max_values`` of the batch's values (its absmax: of all of them).
 
-        A bigger batch gives evenly spaced contiguous blocks of its flattened values (:data:`SHARE_BLOCKS` of them,
-        across every sample and channel) to the histogram and the sums, and a max and a min of all its values to
-        ``absmax``; one that overflows FP16 or holds NaN/Inf is read whole (exact counts).
+        A bigger batch gives evenly spaced contiguous blocks of its values to the histogram and the sums, and a max
+        and a min of all its values to ``absmax``; one that overflows FP16 or holds NaN/Inf is read whole (exact
+        counts). With ``rows`` (the samples of this call, of the whole batch), the blocks are taken per sample: each
+        sample gives ``SHARE_BLOCKS // batch rows`` blocks at the same offsets, so a batch read whole or in slices
+        of samples (the calibration_call slice of a memory budget that follows the free memory) gives the same
+        values. Without it, or when the values do not split evenly into the call's samples, :data:`SHARE_BLOCKS`
+        blocks spread over the flattened values.
         """
         a = np.asarray(arr)
-        if a.size <= max_values:
+        call, batch = rows if rows else (1, 1)
+        if call < 1 or batch < call or a.size % call:  # (samples not along the values: the call as one sample)
+            call, batch = 1, 1
+        per_sample = max_values // batch  # the values of each sample the batch's full statistics read at most
+        if a.size <= per_sample * call:
             self.update(a)
             return
         got = self._top(a)
         if got is None:
             return
         flat, top = got
-        block = max(1, max_values // SHARE_BLOCKS)
-        starts = np.linspace(0, flat.size - block, SHARE_BLOCKS).astype(np.int64)
-        self.update(np.concatenate([flat[s : s + block] for s in starts]))
+        width = flat.size // call
+        blocks = max(1, SHARE_BLOCKS // batch)
+        block = max(1, min(width, per_sample) // blocks)
+        starts = np.linspace(0, width - block, blocks).astype(np.int64)
+        index = (starts[:, None] + np.arange(block, dtype=np.int64)).ravel()
+        self.update(flat.reshape(call, width)[:, index].ravel())
         self.absmax = max(self.absmax, top)
 
     def update_absmax(self, arr: np.ndarray) -> None:
@@ -338,10 +349,10 @@ _Job = tuple[_Accumulator, np.ndarray, bool]  # (its accumulator, the values, fu
 _ABSMAX_WEIGHT = 6
 
 
-def _update_all(jobs: list[_Job]) -> None:
+def _update_all(jobs: list[_Job], rows: tuple[int, int] | None = None) -> None:
     for acc, arr, full in jobs:
         if full:
-            acc.update_share(arr, STAT_BATCH_VALUES)
+            acc.update_share(arr, STAT_BATCH_VALUES, rows)
         else:
             acc.update_absmax(arr)
 
@@ -401,7 +412,12 @@ class StatsCollector:
         if found is not None:
             found[0].update(found[1])
 
-    def update_many(self, items: Iterable[tuple[str, np.ndarray]], full: Container[str] | None = None) -> None:
+    def update_many(
+        self,
+        items: Iterable[tuple[str, np.ndarray]],
+        full: Container[str] | None = None,
+        rows: tuple[int, int] | None = None,
+    ) -> None:
         """:meth:`update` for many tensors, spread over ``workers`` threads when there is enough to share.
 
         numpy's passes over the values release the GIL, so the threads run on separate cores (calibration
@@ -413,17 +429,19 @@ class StatsCollector:
             full: The names whose values go into the full statistics (None: all; at most ``STAT_BATCH_VALUES`` of
                 each, :meth:`_Accumulator.update_share`); the others' values update their largest magnitude only
                 (:meth:`_Accumulator.update_absmax`: batches beyond the tensor's share).
+            rows: The samples of this call and of the whole batch it is a slice of (the full statistics then read
+                the same values of a batch whether it is fetched whole or in slices); None: one sample.
         """
         jobs = [(*found, full is None or name in full) for name, array in items
                 if (found := self._accumulator(name, array)) is not None]
         repeated = len({id(job[0]) for job in jobs}) < len(jobs)
         costs = [_cost(job) for job in jobs]
         if self.workers == 1 or repeated or sum(costs) < PARALLEL_MIN_VALUES:
-            _update_all(jobs)
+            _update_all(jobs, rows)
             return
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="mpinfer-stats")
-        for future in [self._pool.submit(_update_all, share) for share in _shares(jobs, self.workers, costs)]:
+        for future in [self._pool.submit(_update_all, share, rows) for share in _shares(jobs, self.workers, costs)]:
             future.result()  # re-raises a worker's exception here
 
     def update_absmax(self, name: str, array: np.ndarray) -> None:
