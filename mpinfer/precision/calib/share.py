@@ -7,7 +7,7 @@ calibration more than the FP32 run itself (the deep synthetic net: 3.4 s of stat
 
 So the full statistics of a tensor read a *share* of the batches: at least :data:`STAT_MIN_SAMPLES` samples and
 :data:`STAT_MIN_VALUES` values of that tensor (a tensor with few values per sample, logits or a pooled vector,
-reads more batches; it is cheap; of a batch above ``STAT_BATCH_VALUES`` values of it, spread blocks of them),
+reads more batches; it is cheap; of a batch above ``STAT_BATCH_VALUES`` values of it, spread blocks of each sample's),
 spread evenly over the data when its number of batches is known (every k-th
 batch: data sorted by class or by speaker is not judged by its first class), else the first batches. The other
 batches still run in the same ONNX Runtime call (their graph outputs are the final verification's FP32 reference)

@@ -72,7 +72,8 @@ _FP16_MAX_BIN = _bin_of(FP16_MAX)
 _FP16_MAX_BITS = np.asarray(FP16_MAX, np.float32).view(np.uint32)
 
 # StatsCollector.update_many: the values of one tensor's batch its full statistics read at most (2**20: 64 blocks
-# of 16,384 spread over the batch; with the share's two or more batches, well above the 131,072 values
+# of 16,384 spread over the batch, SHARE_BLOCKS // rows of them at the same offsets in each sample, so that a batch
+# fetched in slices reads the same values; with the share's two or more batches, well above the 131,072 values
 # STAT_MIN_VALUES asks for); a bigger batch's absmax still reads all of it.
 STAT_BATCH_VALUES = 1 << 20
 SHARE_BLOCKS = 64
