@@ -252,3 +252,38 @@ def test_a_search_past_a_split_first_batch_hands_the_verification_its_outputs_pe
 def _same_figures(got, want) -> bool:
     return all(got[o][k] == want[o][k] or (got[o][k] != got[o][k] and want[o][k] != want[o][k])
                for o in want for k in want[o])
+
+
+def test_a_low_batchnorm_fed_fp32_constants_is_judged_with_the_parameters_the_written_model_holds():
+    """A low BatchNormalization whose parameters come from FP32 Constant nodes: the written model casts them to FP16
+    (one type variable at opset 13), so the emulator's candidate rounds them too, and agrees bit for bit with the
+    written model's cast graph. Read unrounded, a layout detector's search passed a plan whose written model missed
+    the floor (range_err 0.017 at a box output)."""
+    from onnx import helper
+
+    from tests.precision.graphs import fvi, make
+
+    rng = np.random.default_rng(5)
+    params = {  # (none of them FP16 values: the mean far from 0 makes the rounding show after the fold)
+        "scale": rng.uniform(2.0, 5.0, 4), "bias": rng.uniform(-1.0, 1.0, 4),
+        "mean": rng.uniform(900.0, 1100.0, 4), "var": rng.uniform(0.05, 0.2, 4),
+    }
+    nodes = [helper.make_node("Constant", [], [k], name=f"c_{k}",
+                              value=helper.make_tensor(f"{k}_v", 1, [4], v.tolist())) for k, v in params.items()]
+    nodes.append(helper.make_node("BatchNormalization", ["x", *params], ["y"], name="bn", epsilon=1e-5))
+    model = make(nodes, [fvi("x", ["N", 4, 3, 3])], [fvi("y", ["N", 4, 3, 3])], [], opset=13)
+    info = GraphInfo(model)
+    low = {"bn": Precision.FP16}  # (the Constants FP32: the written model casts their values for the node)
+    batch = {"x": (params["mean"].reshape(1, 4, 1, 1) + rng.standard_normal((2, 4, 3, 3))).astype(np.float32)}
+    written = apply_plan(model, info, {a: low.get(a, Precision.FP32) for a in info.by_address}, Precision.FP16).model
+    final = StrictEvaluator.model_runner(written)
+    want = final(batch)["y"]
+    got = GraphEmulator(model).run(batch, low).outputs["y"]
+    assert final.engine == ENGINE_CASTS and got.tobytes() == want.astype(got.dtype).tobytes()
+    # the fold of the unrounded parameters (what the candidate read before) lands elsewhere: the test can tell them
+    from mpinfer.precision.emulator.kernels.norm import fold_batch_norm
+
+    h = lambda v: v.astype(np.float16).astype(np.float32)  # noqa: E731
+    a, b = fold_batch_norm(*(params[k] for k in ("scale", "bias", "mean", "var")), 1e-5)
+    before = h(h(h(batch["x"]) * h(a).reshape(1, 4, 1, 1)) + h(b).reshape(1, 4, 1, 1))
+    assert not np.array_equal(before, want)

@@ -502,3 +502,50 @@ def test_expected_error_without_a_budget_is_measured_on_the_bounded_samples(tmp_
                       progress=False)
     )
     assert [len(b["x"]) for b in seen[0]] == [6] and res.plan.summary["expected_error"]["max_abs"] > 0
+
+
+class _ByGroups:
+    """A verifier for :func:`search._bisect` alone: the budget (max_abs<=1) breaks when any of ``bad`` is low.
+
+    The verdicts are given, not measured: what is under test is how the bisection walks the ranked groups.
+    """
+
+    def __init__(self, bad: set[str]) -> None:
+        from mpinfer.checks import parse_checks
+
+        self.bad, self.budget, self.seen = bad, parse_checks("max_abs<=1"), []
+        self.fp32_metrics = {"y": {"max_abs": 0.0}}
+
+    def metrics(self, low, *, screen=True):
+        self.seen.append(sorted(low))
+        return {"y": {"max_abs": 2.0 if self.bad & set(low) else 0.5}}
+
+
+class _Bar:
+    def advance(self, task) -> None:
+        pass
+
+
+def test_a_top_group_that_breaks_the_budget_alone_stays_fp32_and_the_rest_is_searched_again():
+    """The top-ranked group alone breaks the budget (its local error mis-ranked it): it stays FP32 and the rest is
+    tried whole, then bisected again; before, every prefix held it and one bisection kept the whole order FP32
+    but for a few groups refined one by one (layout_cdla: 8 of 964 groups low)."""
+    from mpinfer.precision.budget import search
+    from mpinfer.precision.budget.groups import _Group
+    from mpinfer.precision.budget.screening import SearchConfig
+
+    order = [_Group(f"g{i}", [f"n{i}"], flops=100.0 - i) for i in range(40)]
+    cfg = SearchConfig(budget="max_abs<=1", precision=Precision.FP16, progress=False)
+    ver = _ByGroups({"n0"})
+    accepted, metrics = search._bisect(order, {}, ver, _Bar(), None, cfg)
+    assert [g.anchor for g in accepted] == [f"g{i}" for i in range(1, 40)] and metrics["y"]["max_abs"] == 0.5
+    assert len(ver.seen) == 5 + 1  # the bisection down to the empty prefix (40 groups), then the rest whole: met
+    # two mis-ranked groups at the top, and one further down: each left FP32, every other group low
+    ver = _ByGroups({"n0", "n1", "n30"})
+    accepted, _ = search._bisect(order, {}, ver, _Bar(), None, cfg)
+    assert {g.anchor for g in accepted} == {f"g{i}" for i in range(2, 40)} - {"g30"}
+    # a bad group further down changes nothing: one bisection, as before
+    ver = _ByGroups({"n20"})
+    accepted, _ = search._bisect(order, {}, ver, _Bar(), None, cfg)
+    assert {g.anchor for g in accepted} == {f"g{i}" for i in range(40)} - {"g20"}
+    assert search.MAX_HEAD_DROPS >= 2

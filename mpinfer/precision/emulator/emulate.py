@@ -49,9 +49,16 @@ from mpinfer.specs import Precision, is_float_dtype
 logger = logging.getLogger(__name__)
 
 CONTROL_FLOW = ("If", "Loop", "Scan")
-# Inputs that are coordinates or folded parameters, never rounded to the node's precision: Resize roi and
-# scales are float32 by the ONNX spec; BatchNorm statistics are folded in FP32 (kernels/norm.py).
+# Inputs that do not decide a node's precision: Resize roi and scales (float32 by the ONNX spec), BatchNorm's
+# scale, bias, mean and variance (a low BatchNormalization is low because of its data input).
 SKIP_ROUNDING = {"Resize": (1, 2), "Upsample": (1,), "BatchNormalization": (1, 2, 3, 4)}
+# Inputs never rounded to the node's precision: Resize roi and scales stay float32 in the converted model. A low
+# BatchNormalization's parameters are rounded like any input: the converted model stores them in the node's dtype
+# (one type variable with the data before opset 15, lowered with it after), the cast graph folds the rounded values
+# (caststeps), and the fold itself is FP32 (kernels/norm.py). Read unrounded, a candidate of the search scored a
+# layout detector's BatchNorms by parameters the written model does not hold (an FP32 Constant feeding a low
+# BatchNormalization: its Cast to FP16 in the written model rounds them).
+KEPT_FP32 = {"Resize": (1, 2), "Upsample": (1,)}
 # Ops whose output dtype comes from an attribute or a constant, not from the node's precision.
 EXPLICIT_DTYPE_OPS = frozenset(
     {
@@ -375,7 +382,7 @@ class GraphEmulator:
 
     def _load(self, step: _Step, ins: list[Any], num: Numerics, weights: set[int]) -> list[Any]:
         """The inputs rounded to the node's precision; ``weights``: positions holding main-graph initializers."""
-        skip = SKIP_ROUNDING.get(step.info.op_type, ())
+        skip = KEPT_FP32.get(step.info.op_type, ())
         out = []
         for i, v in enumerate(ins):
             if not is_float(v):
