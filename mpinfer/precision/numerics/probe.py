@@ -257,11 +257,7 @@ def probe_errors(info: GraphInfo, groups: Sequence[Any], batches: Sequence[dict]
         n, s = sess.run([f"{PREFIX}/noise", f"{PREFIX}/signal"], {k: v for k, v in batch.items() if k in names})
         noise += np.asarray(n, np.float64).reshape(-1)
         signal += np.asarray(s, np.float64).reshape(-1)
-    per_noise: dict[str, float] = {}
-    per_signal: dict[str, float] = {}
-    for anchor, n, s in zip(rows, noise, signal, strict=True):
-        per_noise[anchor] = per_noise.get(anchor, 0.0) + float(n)
-        per_signal[anchor] = per_signal.get(anchor, 0.0) + float(s)
+    per_noise, per_signal = _per_group(rows, noise, signal)
     errors: dict[str, float] = {}
     for anchor, n in per_noise.items():
         s = per_signal[anchor]
@@ -274,6 +270,16 @@ def probe_errors(info: GraphInfo, groups: Sequence[Any], batches: Sequence[dict]
     probed = set(rows)
     sizes = sum(len(g.members) for g in groups if g.anchor in probed)
     return ProbeResult(errors, (len(info.nodes) + sizes) * len(batches))
+
+
+def _per_group(rows: Sequence[str], noise: np.ndarray, signal: np.ndarray) -> tuple[dict[str, float], dict[str, float]]:
+    """The noise and signal sums of each group (the probe's rows of one group added up)."""
+    per_noise: dict[str, float] = {}
+    per_signal: dict[str, float] = {}
+    for anchor, n, s in zip(rows, noise, signal, strict=True):
+        per_noise[anchor] = per_noise.get(anchor, 0.0) + float(n)
+        per_signal[anchor] = per_signal.get(anchor, 0.0) + float(s)
+    return per_noise, per_signal
 
 
 def strict_probe_errors(
@@ -313,11 +319,7 @@ def strict_probe_errors(
     except Exception as err:  # onnxruntime raises its own types: a graph or data it refuses; the emulator measures
         logger.info("sensitivities: ONNX Runtime refused the strict probe (%s); the emulator measures every group", err)
         return ProbeResult({}, 0)
-    per_noise: dict[str, float] = {}
-    per_signal: dict[str, float] = {}
-    for anchor, n, s in zip(rows, noise, signal, strict=True):
-        per_noise[anchor] = per_noise.get(anchor, 0.0) + float(n)
-        per_signal[anchor] = per_signal.get(anchor, 0.0) + float(s)
+    per_noise, per_signal = _per_group(rows, noise, signal)
     errors: dict[str, float] = {}
     for anchor, total in per_noise.items():
         if not math.isfinite(per_signal[anchor]):  # (a reference value not finite: the emulator leaves those out)
