@@ -258,19 +258,12 @@ class _Verifier:
         means the candidate must run on every sample (also when the outputs do not come back one row per
         sample: screening is then off for good).
         """
-        names = self.names
-        feeds, joined_ref = self._joined_samples()
+        feeds = self._joined_samples()[0]
         got = run({k: v[rows] for k, v in feeds.items()})
-        if any(np.ndim(got[n]) == 0 or len(got[n]) != len(rows) for n in names):
+        bound = self._bound([(rows, got)])
+        if bound is None:
             self._splittable = False
             return None
-        sub = self.accumulator()
-        labels = None
-        if self.labels is not None and int(rows.max()) < len(self.labels):
-            labels = np.asarray(self.labels)[rows]
-        sub.update({n: joined_ref[n][rows] for n in names}, got, labels, inputs={k: v[rows] for k, v in feeds.items()})
-        assert self.fp32_acc is not None  # set by _reference
-        bound = sub.optimistic(self.fp32_acc, self.budget.targets())
         if self.budget.met(bound):
             self._screened_out = (rows, got)
             return None

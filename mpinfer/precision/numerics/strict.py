@@ -324,15 +324,8 @@ class StrictEvaluator:
         assert emu is not None
         first, self._first_run = not self._first_run, True
         batches = self._emu.batches
-        if self._kept is None and self._emu.opened and self._emu.refs:
-            self._kept = _KeptRuns(emu, self._emu.refs)
-        # (the FP32 runs not made yet: the emulator would first pay a whole run of every batch)
         rest = batches[self._emu.kept:]  # (batches without kept FP32 runs: whole runs on the emulator)
-        cost = self._emulator_cost(low, first, len(rest))
-        if (sess := self._cast_session(low, cost, len(batches))) is not None:
-            self._casts.counts.cast_graph += 1
-            if self._kept is not None:
-                self._kept.forget_last()
+        if (sess := self._cast_judged(low, first)) is not None:
             if first:
                 logger.info("search: the first candidate judged by ONNX Runtime as a float32 graph with rounding casts")
             for out in self._casts.each(sess, batches, lambda b: emu.run(b, low).outputs):
@@ -366,24 +359,34 @@ class StrictEvaluator:
         (its incremental runs start from runs of whole batches) or for the first candidate. Counted as a candidate
         judged on the cast graph.
         """
-        emu = self._emu.emu
-        if not self._first_run or emu is None:
+        if not self._first_run or self._emu.emu is None:
             return None
-        if self._kept is None and self._emu.opened and self._emu.refs:
-            self._kept = _KeptRuns(emu, self._emu.refs)
-        batches = len(self._emu.batches)
-        sess = self._cast_session(low, self._emulator_cost(low, False, batches - self._emu.kept), batches)
+        sess = self._cast_judged(low, False)
         if sess is None:
             return None
-        self._casts.counts.cast_graph += 1
-        if self._kept is not None:
-            self._kept.forget_last()
 
         def run(feeds: Outputs) -> Outputs:
             self.evaluations += len(self.info.nodes)
             return self._casts.run(sess, feeds)
 
         return run
+
+    def _cast_judged(self, low: Mapping[str, Precision], first: bool) -> Any:
+        """The cast graph session that judges ``low`` on every search batch (counted), or None: the emulator does.
+
+        The choice is made on the emulator's node counts (:meth:`_emulator_cost`, from the kept FP32 runs when they
+        were made); the kept runs then forget the last candidate (no emulator run of it to start from).
+        """
+        emu = self._emu.emu
+        if self._kept is None and emu is not None and self._emu.opened and self._emu.refs:
+            self._kept = _KeptRuns(emu, self._emu.refs)
+        batches = len(self._emu.batches)
+        sess = self._cast_session(low, self._emulator_cost(low, first, batches - self._emu.kept), batches)
+        if sess is not None:
+            self._casts.counts.cast_graph += 1
+            if self._kept is not None:
+                self._kept.forget_last()
+        return sess
 
     def _emulator_cost(self, low: Mapping[str, Precision], first: bool, rest: int) -> int | None:
         """Node evaluations the emulator would spend on ``low`` (``rest``: batches it runs whole); None: unknown.
