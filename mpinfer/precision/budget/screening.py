@@ -19,7 +19,7 @@ from mpinfer.checks import Checks
 from mpinfer.metrics import QUANTILE_METRICS, ModelAccumulator
 from mpinfer.precision.core import GraphInfo
 from mpinfer.precision.numerics import Evaluator
-from mpinfer.precision.numerics.base import Outputs
+from mpinfer.precision.numerics.base import AppliedRun, Outputs
 from mpinfer.specs import Precision
 
 logger = logging.getLogger(__name__)
@@ -91,6 +91,7 @@ class _Verifier:
         # The low nodes and outputs (per search batch) of the last candidate measured on every sample that met the
         # budget: the final verification takes them for these samples when the plan is that candidate.
         self.passing_outputs: tuple[dict[str, Precision], list[dict[str, np.ndarray]]] | None = None
+        self.passing_run: AppliedRun | None = None  # the model that computed passing_outputs (Candidate.ran_as)
         # Screening: per-sample hardness over the search samples (batches concatenated),
         # the worst relative error each sample showed in a full verification; None until one ran, or
         # when the samples cannot be split (see _screen_rows). ``screened``: candidates rejected early.
@@ -148,6 +149,7 @@ class _Verifier:
         cand.judged(self.budget.met(metrics))
         if self.budget.met(metrics):
             self.passing_outputs = (dict(low), outs)
+            self.passing_run = cand.ran_as()
             verified = cand.verified()
             if verified is not None:
                 self.passing = verified

@@ -11,14 +11,20 @@ plans ONNX Runtime refused (a larger plan holding one of them is refused too).
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from mpinfer.precision.core import GraphInfo
-from mpinfer.precision.emulator import is_low_float, may_qualify, open_cast_session
+from mpinfer.precision.emulator import (
+    CastGraphSession,
+    StrictModelRunner,
+    is_low_float,
+    may_qualify,
+    open_cast_session,
+)
 from mpinfer.precision.graph import apply_plan
 from mpinfer.specs import Precision
 
@@ -68,7 +74,7 @@ class CastJudge:
     keep_io_types: bool = True
     counts: EngineCounts = field(default_factory=EngineCounts)
     _refused: list[frozenset[str]] = field(default_factory=list)
-    _last: tuple[frozenset, Any] | None = None  # (candidate key, its session or None: refused)
+    _last: tuple[frozenset, JudgedGraph | None] | None = None  # (candidate key, its cast graph or None: refused)
 
     def prefers(self, low: Mapping[str, Precision], emulator_evaluations: int | None, whole: int) -> bool:
         """Whether the cast graph should judge ``low`` (it may still refuse).
@@ -92,11 +98,12 @@ class CastJudge:
             return True
         return emulator_evaluations >= EMULATOR_BELOW * whole
 
-    def session(self, low: Mapping[str, Precision]) -> Any:
-        """The cast graph session of the candidate ``low`` (kept for its next runs); None when refused."""
+    def session(self, low: Mapping[str, Precision]) -> JudgedGraph | None:
+        """The cast graph of the candidate ``low``, its session open (kept for its next runs); None when refused."""
         key = _key(low)
         if self._last is not None and self._last[0] == key:
             return self._last[1]
+        self._last = None  # (the last candidate's session and model go before this one's are made)
         precisions = {a: low.get(a, Precision.FP32) for a in self.info.by_address}
         applied = apply_plan(self.model, self.info, precisions, self.precision, keep_io_types=self.keep_io_types)
         sess, why = open_cast_session(applied.model)
@@ -104,25 +111,46 @@ class CastJudge:
             logger.debug("search: the emulator judges this candidate (no cast graph: %s)", why)
             self._refused.append(key)
             self.counts.refused += 1
-        self._last = key, sess
-        return sess
+        self._last = key, None if sess is None else JudgedGraph(applied.model, sess)
+        return self._last[1]
 
-    def run(self, sess: Any, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """``sess`` on one batch ``feeds``, low outputs widened to float32 as the FP32 model gives them.
+    def run(self, judged: JudgedGraph, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """``judged``'s session on one batch ``feeds``, low outputs widened to float32 as the FP32 model gives them.
 
         Raises whatever ONNX Runtime raises on data it refuses (the caller's emulator then judges).
         """
-        return {k: v.astype(np.float32) if is_low_float(v) else v for k, v in sess(feeds).items()}
+        return {k: v.astype(np.float32) if is_low_float(v) else v for k, v in judged.session(feeds).items()}
 
-    def each(self, sess: Any, batches: list[Any], fallback: Any) -> Iterator[dict[str, np.ndarray]]:
-        """The candidate's outputs on each batch through ``sess``; ``fallback(batch)`` where ONNX Runtime fails."""
+    def each(
+        self, judged: JudgedGraph, batches: list[Any], fallback: Callable[[Any], dict[str, np.ndarray]]
+    ) -> Iterator[dict[str, np.ndarray]]:
+        """The candidate's outputs on each batch through ``judged``; ``fallback(batch)`` where ONNX Runtime fails."""
         for batch in batches:
             try:
-                out = self.run(sess, batch)
+                out = self.run(judged, batch)
             except Exception as err:  # onnxruntime's own types: data it refuses; the emulator decides (and names it)
                 logger.debug("search: the cast graph failed (%s); the emulator runs this batch", err)
                 out = fallback(batch)
             yield out
+
+
+@dataclass(frozen=True)
+class JudgedGraph:
+    """A candidate as the search judged it on ONNX Runtime: the model as applied, and its cast graph's session.
+
+    Attributes:
+        model: The converted ``onnx.ModelProto`` (:func:`~mpinfer.precision.graph.apply_plan` of the candidate).
+        session: The session of its cast graph (:class:`~mpinfer.precision.emulator.castgraph.CastGraphSession`).
+    """
+
+    model: Any
+    session: CastGraphSession
+
+    def runner(self) -> StrictModelRunner:
+        """The final verification's runner of ``model`` on this session (no second build; the emulator on refusal)."""
+        from mpinfer.precision.numerics.strict import emulator_runner
+
+        return StrictModelRunner(self.model, emulator_runner, session=self.session)
 
 
 def _key(low: Mapping[str, Precision]) -> frozenset:
