@@ -63,6 +63,7 @@ from mpinfer.precision.notices import (
     note_measures,
     unmeasured_outputs,
 )
+from mpinfer.precision.numerics import AppliedRun
 from mpinfer.precision.options import (
     NO_CALIBRATION,
     NOT_MEASURED,
@@ -305,6 +306,8 @@ class _Planned:
     verified: tuple | None = None
     verify: VerifyInputs | None = None
     unmeasured: list[str] = field(default_factory=list)  # float outputs with no values on the data
+    # what computed the search's outputs of its final candidate (``verify.known_candidate``): see _verify
+    outputs_run: AppliedRun | None = None
     not_measured: str | None = None  # why nothing was measured (``--calibration none``)
 
 
@@ -331,6 +334,7 @@ def _make_plan(
         made.expected, made.search_cost, made.verified = outcome.expected_error, outcome.cost, outcome.verified
         made.search_cost["samples"] = count_rows(info.model, searched)
         made.verify = _verify_inputs(data, opts, decisions, calibrated, outcome)
+        made.outputs_run = outcome.outputs_run
     elif calibrated.feeds is not None:
         made.expected = _expected_error(opts, info, nodes, calibrated)
     made.plan.nodes = list(nodes)
@@ -484,18 +488,29 @@ def _verify(
     """The final verification on the calibration data, repairing the plan until the budget holds.
 
     ``staged``: see :func:`apply_validated` (the candidate as written there is what is verified).
+
+    Where the search measured this very model (its final candidate's cast graph, or its ONNX Runtime session, ran the
+    model equal to the one written: ``made.outputs_run``), the verification takes the search's outputs for those
+    samples and runs the others on the same runner (no second cast graph build or session). Outputs the emulator
+    computed are never taken: the emulator runs the FP32 model with low nodes, not the model written.
     """
     inputs = made.verify
     assert inputs is not None
     start = time.perf_counter()
     nodes = made.plan.nodes
-    given = None
+    given = runner = None
     low = {n.name: n.precision for n in nodes if n.precision.is_low}
+    ran, made.outputs_run = made.outputs_run, None  # (its session and model go with this pass)
     if inputs.known_candidate is not None and inputs.known_candidate[0] == low:
-        given = inputs.known_candidate[1]  # the model as applied is the candidate the search measured
+        if ran is not None and (ran.model is result.model or ran.model == result.model):
+            given, runner = inputs.known_candidate[1], ran.open()  # the search ran the model as written
+        else:
+            logger.info("verify: every sample is run (the search's outputs of this plan are not the written model's%s)",
+                        "" if ran is None else ": it differs from the one the search ran")
+    del ran
     repaired = verify_and_repair(
         info, nodes, result, inputs.decisions, inputs.feeds, inputs.settings, known_reference=inputs.known_reference,
-        rank_rows=inputs.rank_rows, known_candidate=given, staged=staged,
+        rank_rows=inputs.rank_rows, known_candidate=given, staged=staged, runner=runner,
     )
     record = verification_record(repaired.verification, inputs.settings, repaired)
     record["wall_s"] = round(time.perf_counter() - start, 3)  # every pass and the repairs' ranking

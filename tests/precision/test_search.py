@@ -186,9 +186,9 @@ def test_screening_rejects_on_the_hardest_samples_and_changes_no_decision(tmp_pa
     else:
         real_rows = ev_mod.StrictEvaluator.strict_rows
 
-        def counting_rows(self, feeds, rows, low):
+        def counting_rows(self, feeds, rows, low, *rest):
             runs.append(len(next(iter(feeds.values()))))
-            return real_rows(self, feeds, rows, low)
+            return real_rows(self, feeds, rows, low, *rest)
 
         monkeypatch.setattr(ev_mod.StrictEvaluator, "strict_rows", counting_rows)
         # this small chain holds ~1e3 float values per node: screening is off below the threshold ...

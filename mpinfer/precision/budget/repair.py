@@ -59,6 +59,7 @@ def verify_and_repair(
     rank_rows: int | None = None,
     known_candidate: Sequence[Mapping[str, np.ndarray]] | None = None,
     staged: tuple[Path, Path] | None = None,
+    runner: Any = None,
 ) -> Repaired:
     """Verify the applied candidate on the data; move the worst groups back to FP32 until the budget holds.
 
@@ -74,6 +75,8 @@ def verify_and_repair(
         known_candidate: ``result.model``'s outputs on the first batches (the search's), for the first pass.
         staged: (file, input model file) for external weights: every candidate is written to the file and verified
             from it (:func:`mpinfer.precision.graph.validate.apply_validated`).
+        runner: ``result.model``'s runner under these numerics, already open (the search's, which computed
+            ``known_candidate``), for the first pass.
 
     Returns:
         The candidate that meets the budget, its plan entries and its verification.
@@ -84,7 +87,7 @@ def verify_and_repair(
     where = {"reference_dir": info.base_dir, "candidate_path": staged[0] if staged is not None else None}
     ver = verify_model(
         result.model, info.model, feeds, settings, known_reference=known_reference, known_candidate=known_candidate,
-        **where,
+        runner=runner, **where,
     )
     _log(ver, settings, 0)
     rounds, demoted, spent = 0, list[str](), ver.wall_s

@@ -19,7 +19,7 @@ from mpinfer.checks import Checks
 from mpinfer.metrics import QUANTILE_METRICS, ModelAccumulator
 from mpinfer.precision.core import GraphInfo
 from mpinfer.precision.numerics import Evaluator
-from mpinfer.precision.numerics.base import Outputs
+from mpinfer.precision.numerics.base import AppliedRun, Outputs
 from mpinfer.specs import Precision
 
 logger = logging.getLogger(__name__)
@@ -91,6 +91,7 @@ class _Verifier:
         # The low nodes and outputs (per search batch) of the last candidate measured on every sample that met the
         # budget: the final verification takes them for these samples when the plan is that candidate.
         self.passing_outputs: tuple[dict[str, Precision], list[dict[str, np.ndarray]]] | None = None
+        self.passing_run: AppliedRun | None = None  # the model that computed passing_outputs (Candidate.ran_as)
         # Screening: per-sample hardness over the search samples (batches concatenated),
         # the worst relative error each sample showed in a full verification; None until one ran, or
         # when the samples cannot be split (see _screen_rows). ``screened``: candidates rejected early.
@@ -148,6 +149,7 @@ class _Verifier:
         cand.judged(self.budget.met(metrics))
         if self.budget.met(metrics):
             self.passing_outputs = (dict(low), outs)
+            self.passing_run = cand.ran_as()
             verified = cand.verified()
             if verified is not None:
                 self.passing = verified
@@ -290,14 +292,14 @@ class _Verifier:
         parts = [screened]
         try:
             if len(stage):
-                parts.append((stage, run({k: v[stage] for k, v in feeds.items()})))
+                parts.append((stage, run({k: v[stage] for k, v in feeds.items()}, stage)))
                 bound = self._bound(parts)
                 if bound is not None and not self.budget.met(bound):
                     self.stopped += 1
                     return bound
             rest = np.setdiff1d(np.arange(total), np.concatenate([p[0] for p in parts]))
             if len(rest):
-                parts.append((rest, run({k: v[rest] for k, v in feeds.items()})))
+                parts.append((rest, run({k: v[rest] for k, v in feeds.items()}, rest)))
         except Exception as err:  # onnxruntime's own types: data it refuses; the batches run as they are
             logger.debug("search: a staged run failed (%s); the candidate runs its batches", err)
             return None

@@ -41,7 +41,7 @@ from mpinfer.metrics import ModelAccumulator, worst_values
 from mpinfer.precision.budget.groups import _Group, build_groups
 from mpinfer.precision.budget.screening import SearchConfig, _batch_rows, _Verifier
 from mpinfer.precision.core import GraphInfo, NodeDecision
-from mpinfer.precision.numerics import evaluator_class, has_all_outputs
+from mpinfer.precision.numerics import AppliedRun, evaluator_class, has_all_outputs
 from mpinfer.precision.numerics import strict as evaluators
 from mpinfer.precision.rules import Decision
 from mpinfer.progress import progress_bar
@@ -82,6 +82,9 @@ class SearchOutcome:
     # The final plan's outputs on the search batches (one dict per batch), when the search measured that very
     # candidate on all of them; the final verification takes them instead of running those samples again.
     outputs: list[dict[str, np.ndarray]] | None = None
+    # What computed ``outputs`` (the candidate as applied, and its runner): the final verification takes them only for
+    # a written model equal to its ``model`` (see Candidate.ran_as).
+    outputs_run: AppliedRun | None = None
     # The outputs the search treated as class scores (given, or guessed once on the reference): a later
     # verification passes them to its ModelAccumulator so it judges top-k on the same outputs.
     class_outputs: list[str] | None = None
@@ -185,7 +188,8 @@ def search_plan(
     final_low = {n.name: n.precision for n in final if n.precision.is_low}
     outputs = ver.passing_outputs[1] if ver.passing_outputs and ver.passing_outputs[0] == final_low else None
     return SearchOutcome(
-        final, summary_figures(metrics, ver.budget), cost, verified, outputs=outputs, class_outputs=ver.class_outputs
+        final, summary_figures(metrics, ver.budget), cost, verified, outputs=outputs, class_outputs=ver.class_outputs,
+        outputs_run=ver.passing_run if outputs is not None else None,
     )
 
 

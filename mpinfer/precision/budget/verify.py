@@ -218,6 +218,7 @@ def verify_model(
     bound: Any = None,
     probe: Mapping[str, np.ndarray] | None = None,
     fast: bool = True,
+    runner: Any = None,
 ) -> Verification:
     """Stream the data through ``candidate`` (as written) and the FP32 ``reference``; check the budget.
 
@@ -238,6 +239,8 @@ def verify_model(
             fails, the pass ends there; else its figures are dropped and the data streams as without it.
         fast: False runs the numerics' own engine where they have a faster one (strict: the emulator, not the
             cast graph), as an earlier pass this one is compared with did.
+        runner: ``candidate``'s runner under ``settings.numerics``, already open (the budget search's runner of this
+            very model, which computed ``known_candidate``); None: opened here.
 
     Returns:
         The figures per output, what was verified, and the failures.
@@ -245,9 +248,10 @@ def verify_model(
     start = time.perf_counter()
     names = [o.name for o in reference.graph.output]
     floats = [o.name for o in float_outputs(reference)]
-    runner = evaluator_class(settings.numerics).model_runner(
-        candidate if candidate_path is None else candidate_path, fast=fast
-    )
+    if runner is None:
+        runner = evaluator_class(settings.numerics).model_runner(
+            candidate if candidate_path is None else candidate_path, fast=fast
+        )
     run = _fed_as_declared(candidate, runner)
     ref_run = _ReferenceRunner(reference, reference_dir, names)
     shared: _Shared | None = None

@@ -446,6 +446,20 @@ def _pair_exact(name: str) -> bool:
         return False
 
 
+def graph_reads(node: Any) -> list[str]:
+    """The tensors ``node`` reads: its inputs, and what its bodies read from the graph around it."""
+    reads = [i for i in node.input if i]
+    for a in node.attribute:
+        for body in [a.g] if a.type == a.GRAPH else list(a.graphs):
+            reads.extend(sorted(_outer(body)))
+    return reads
+
+
+def plain_session(model: Any) -> Any:
+    """An ONNX Runtime CPU session of a cast graph (or a part of one) as the cast graph's own runs: no optimisation."""
+    return _session(model)
+
+
 def _session(model: Any) -> Any:
     """An ONNX Runtime CPU session with every graph optimisation off (see the module docstring)."""
     import onnxruntime as ort
@@ -499,6 +513,8 @@ class StrictModelRunner:
         model: The converted ``onnx.ModelProto``, or its file (external weights: the emulator runs it).
         open_emulator: ``model -> (feeds -> outputs)``: the emulator's runner (opened only when needed).
         cast_graph: False runs the emulator whatever the model.
+        session: ``model``'s cast graph session, already open (the budget search's, of this very model): taken
+            instead of building the cast graph again.
     """
 
     def __init__(
@@ -507,12 +523,13 @@ class StrictModelRunner:
         open_emulator: Callable[[Any], Callable[..., dict[str, np.ndarray]]],
         *,
         cast_graph: bool = True,
+        session: CastGraphSession | None = None,
     ) -> None:
         self._model, self._open_emulator = model, open_emulator
         self._emulator: Callable[..., dict[str, np.ndarray]] | None = None
-        self._fast: CastGraphSession | None = None
+        self._fast: CastGraphSession | None = session
         why = "asked for the emulator" if not cast_graph else "a model file (external weights)"
-        if cast_graph and not isinstance(model, (str, os.PathLike)):
+        if session is None and cast_graph and not isinstance(model, (str, os.PathLike)):
             self._fast, why = open_cast_session(model)
         self._used: list[str] = []
         if self._fast is None and not cast_graph:  # (a later pass of a convert whose first pass said why already)
@@ -520,7 +537,8 @@ class StrictModelRunner:
         elif self._fast is None:  # one line per convert: the passes after this one ask for the emulator
             logger.info("strict numerics: the emulator runs the model: %s", why)
         else:
-            logger.info("strict numerics: ONNX Runtime runs the model as a float32 graph with rounding casts")
+            logger.info("strict numerics: ONNX Runtime runs the model as a float32 graph with rounding casts%s",
+                        " (the search's session of this very model)" if session is not None else "")
 
     @property
     def engine(self) -> str:

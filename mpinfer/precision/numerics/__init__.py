@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
-from mpinfer.precision.numerics.base import Candidate, Evaluator, Outputs, Runner, float32_outputs, has_all_outputs
+from mpinfer.precision.numerics.base import (
+    AppliedRun,
+    Candidate,
+    Evaluator,
+    Outputs,
+    Runner,
+    float32_outputs,
+    has_all_outputs,
+)
 from mpinfer.precision.numerics.ort import OrtCudaEvaluator, OrtEvaluator
 from mpinfer.precision.numerics.probe import PREFIX, ProbeResult, build_probe, group_submodel, probe_errors
 from mpinfer.precision.numerics.registry import EVALUATORS, check_numerics, evaluator_class
@@ -10,6 +18,7 @@ from mpinfer.precision.numerics.strict import STRICT_SCREEN_MIN_VALUES, StrictEv
 from mpinfer.precision.numerics.tensorrt import TensorRtEvaluator
 
 __all__ = [
+    "AppliedRun",
     "Candidate",
     "EVALUATORS",
     "Evaluator",

@@ -11,6 +11,7 @@ place that maps a ``--numerics`` name to its class (strict: :mod:`.strict`; ONNX
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
 import numpy as np
@@ -19,6 +20,22 @@ from mpinfer.specs import Precision
 
 Outputs = dict[str, np.ndarray]
 Runner = Callable[[Mapping[str, np.ndarray]], Outputs]
+
+
+@dataclass(frozen=True)
+class AppliedRun:
+    """What computed a candidate's outputs: the converted model as applied, and its runner as the verification's.
+
+    The final verification takes the search's outputs only for a model equal to ``model`` (the model as written), and
+    ``open()`` then gives its runner without building it again.
+
+    Attributes:
+        model: The converted ``onnx.ModelProto`` (:func:`~mpinfer.precision.graph.apply_plan` of the candidate).
+        open: ``() -> Runner``: the numerics' runner of ``model`` (the one that computed the outputs).
+    """
+
+    model: Any
+    open: Callable[[], Runner]
 
 
 class Candidate(Protocol):
@@ -35,6 +52,9 @@ class Candidate(Protocol):
 
     def verified(self) -> tuple[dict[str, Precision], Any] | None:
         """(precisions, ApplyResult) when the candidate was applied and run as it would be written, else None."""
+
+    def ran_as(self) -> AppliedRun | None:
+        """The converted model that computed every output so far, as the final verification runs it; else None."""
 
     def judged(self, met: bool) -> None:
         """Told, after a full run, whether the candidate met the budget (an evaluator may keep its runs to reuse)."""

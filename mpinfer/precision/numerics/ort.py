@@ -17,7 +17,14 @@ from mpinfer.modelio import ort_session
 from mpinfer.precision.core import GraphInfo
 from mpinfer.precision.graph import apply_plan
 from mpinfer.precision.numerics import probe
-from mpinfer.precision.numerics.base import Candidate, Outputs, Runner, float32_outputs, has_all_outputs
+from mpinfer.precision.numerics.base import (
+    AppliedRun,
+    Candidate,
+    Outputs,
+    Runner,
+    float32_outputs,
+    has_all_outputs,
+)
 from mpinfer.precision.numerics.strict import _EmulatorRefs
 from mpinfer.specs import Precision
 
@@ -129,6 +136,9 @@ class _AppliedCandidate:
 
     def verified(self) -> tuple[dict[str, Precision], Any] | None:
         return self.precisions, self.applied
+
+    def ran_as(self) -> AppliedRun | None:
+        return AppliedRun(self.applied.model, lambda: self.run)
 
     def judged(self, met: bool) -> None:
         """Nothing is kept: each candidate is a whole run of the applied model."""

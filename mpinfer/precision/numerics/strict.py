@@ -25,9 +25,9 @@ from mpinfer.precision.emulator import (
     StrictRunner,
     is_float,
 )
-from mpinfer.precision.numerics import probe
-from mpinfer.precision.numerics.base import Candidate, Outputs, Runner
-from mpinfer.precision.numerics.castjudge import CastJudge
+from mpinfer.precision.numerics import castjudge, probe
+from mpinfer.precision.numerics.base import AppliedRun, Candidate, Outputs, Runner
+from mpinfer.precision.numerics.castjudge import CastJudge, JudgedGraph
 from mpinfer.specs import Precision
 
 logger = logging.getLogger(__name__)
@@ -35,6 +35,13 @@ logger = logging.getLogger(__name__)
 # Strict numerics screen only models whose kept FP32 reference runs hold at least this many float values per
 # node (CNNs: ~1e6; small transformers: ~1e4, where the per-node overhead dominates the emulator's time).
 STRICT_SCREEN_MIN_VALUES = 100_000
+# What ``note`` is told when the emulator computes a candidate's outputs (see StrictEvaluator.each_from_refs).
+EMULATED = "emulator"
+
+
+def _ignore(engine: Any) -> None:
+    """A ``note`` that keeps nothing."""
+
 
 def open_emulator(model: Any, *, required: bool, base_dir: str = "") -> GraphEmulator | None:
     """The strict emulator of ``model``; None when it has ops the emulator cannot run and ``required`` is False.
@@ -308,12 +315,15 @@ class StrictEvaluator:
         """A candidate run incrementally from the kept FP32 runs."""
         return _StrictCandidate(self, dict(low))
 
-    def run_from_refs(self, low: dict[str, Precision]) -> list[Outputs]:
+    def run_from_refs(self, low: dict[str, Precision], note: Callable[[Any], None] = _ignore) -> list[Outputs]:
         """The candidate's outputs on every search batch, each an incremental run from the batch's FP32 run."""
-        return list(self.each_from_refs(low))
+        return list(self.each_from_refs(low, note))
 
-    def each_from_refs(self, low: dict[str, Precision]) -> Iterator[Outputs]:
+    def each_from_refs(self, low: dict[str, Precision], note: Callable[[Any], None] = _ignore) -> Iterator[Outputs]:
         """:meth:`run_from_refs` one search batch at a time (the caller may stop early).
+
+        ``note(engine)`` is told what computes the outputs: the candidate's
+        :class:`~mpinfer.precision.numerics.castjudge.JudgedGraph`, or :data:`EMULATED` (once per engine change).
 
         The candidate's cast graph runs it where it qualifies and the emulator would recompute at least half the
         graph (:class:`~mpinfer.precision.numerics.castjudge.CastJudge`): the FP32 nodes are then ONNX Runtime's float32
@@ -328,11 +338,18 @@ class StrictEvaluator:
         if (sess := self._cast_judged(low, first)) is not None:
             if first:
                 logger.info("search: the first candidate judged by ONNX Runtime as a float32 graph with rounding casts")
-            for out in self._casts.each(sess, batches, lambda b: emu.run(b, low).outputs):
+            note(sess)
+
+            def fallback(batch: Outputs) -> Outputs:
+                note(EMULATED)
+                return emu.run(batch, low).outputs
+
+            for out in self._casts.each(sess, batches, fallback):
                 self.evaluations += len(self.info.nodes)  # (a batch stopped early is not run)
                 yield out
             return
         self._casts.counts.emulator += 1
+        note(EMULATED)
         if first and not self._emu.opened and self._known_tensors is None:
             # the first candidate, and no FP32 tensors from calibration to take the FP32 runs from: whole runs (an FP32
             # run of the search samples costs as much again, and is made only if a second candidate needs it)
@@ -350,8 +367,13 @@ class StrictEvaluator:
             self.evaluations += len(self.info.nodes)
             yield emu.run(batch, low).outputs
 
-    def cast_rows(self, low: Mapping[str, Precision]) -> Callable[[Outputs], Outputs] | None:
-        """``feeds -> outputs`` of the candidate ``low`` on any of the search samples, as its full run gives them.
+    def cast_rows(
+        self, low: Mapping[str, Precision], note: Callable[[Any], None] = _ignore
+    ) -> Callable[..., Outputs] | None:
+        """``(feeds, rows) -> outputs`` of the candidate ``low`` on any search samples, as its full run gives them.
+
+        ``rows``: the samples ``feeds`` holds, of the search batches joined (a partial graph runs them from the kept
+        FP32 tensors; None: the whole cast graph runs them).
 
         Its cast graph session, when that is the engine its full run would take (the same choice as
         :meth:`each_from_refs`, on the same counts), which computes each sample alone (no op of a cast graph mixes
@@ -364,14 +386,15 @@ class StrictEvaluator:
         sess = self._cast_judged(low, False)
         if sess is None:
             return None
+        note(sess)
 
-        def run(feeds: Outputs) -> Outputs:
+        def run(feeds: Outputs, rows: np.ndarray | None = None) -> Outputs:
             self.evaluations += len(self.info.nodes)
-            return self._casts.run(sess, feeds)
+            return self._casts.run(sess, feeds, rows=rows)
 
         return run
 
-    def _cast_judged(self, low: Mapping[str, Precision], first: bool) -> Any:
+    def _cast_judged(self, low: Mapping[str, Precision], first: bool) -> JudgedGraph | None:
         """The cast graph session that judges ``low`` on every search batch (counted), or None: the emulator does.
 
         The choice is made on the emulator's node counts (:meth:`_emulator_cost`, from the kept FP32 runs when they
@@ -381,7 +404,7 @@ class StrictEvaluator:
         if self._kept is None and emu is not None and self._emu.opened and self._emu.refs:
             self._kept = _KeptRuns(emu, self._emu.refs)
         batches = len(self._emu.batches)
-        sess = self._cast_session(low, self._emulator_cost(low, first, batches - self._emu.kept), batches)
+        sess = self._cast_session(low, self._emulator_cost(low, first, batches - self._emu.kept), batches, first)
         if sess is not None:
             self._casts.counts.cast_graph += 1
             if self._kept is not None:
@@ -403,13 +426,20 @@ class StrictEvaluator:
             return None
         return self._emu.emu.rerun_count({}, low) * self._emu.kept + whole
 
-    def _cast_session(self, low: Mapping[str, Precision], cost: int | None, batches: int) -> Any:
+    def _cast_session(
+        self, low: Mapping[str, Precision], cost: int | None, batches: int, first: bool = False
+    ) -> JudgedGraph | None:
         """The cast graph session to judge ``low`` on ``batches`` batches; None: the emulator judges it.
 
-        ``cost``: the emulator's node evaluations for them (None: its FP32 runs are not made yet).
+        ``cost``: the emulator's node evaluations for them (None: its FP32 runs are not made yet). From the second
+        candidate on, with :data:`~.castjudge.PARTIAL_RUNS`, the FP32 cast graph's tensors of the kept search batches
+        are kept (made once) and each candidate runs them partially: only what its low nodes change (:mod:`.partial`).
+        The first candidate (the rule plan, which most often ends the search) runs whole.
         """
         if not self._cast_graphs or not self._casts.prefers(low, cost, len(self.info.nodes) * batches):
             return None
+        if not first and castjudge.PARTIAL_RUNS:
+            self._casts.keep_fp32(self._emu.batches[: self._emu.kept])
         return self._casts.session(low)
 
     def judged(self, met: bool) -> None:
@@ -419,7 +449,7 @@ class StrictEvaluator:
                 kept.judged(met)
 
     @property
-    def reuse(self) -> dict[str, int]:
+    def reuse(self) -> dict[str, int | float]:
         """Candidate runs started from a kept candidate run (not the FP32 runs), and the node evaluations saved."""
         runs = [k for k in (self._kept, self._screen_ref[1] if self._screen_ref is not None else None) if k]
         return {
@@ -428,8 +458,14 @@ class StrictEvaluator:
             **self._casts.counts.record(),
         }
 
-    def strict_rows(self, feeds: Mapping[str, np.ndarray], rows: np.ndarray, low: Mapping[str, Precision]) -> Outputs:
-        """Outputs of the candidate ``low`` on the samples ``rows`` (their ``feeds``).
+    def strict_rows(
+        self,
+        feeds: Mapping[str, np.ndarray],
+        rows: np.ndarray,
+        low: Mapping[str, Precision],
+        note: Callable[[Any], None] = _ignore,
+    ) -> Outputs:
+        """Outputs of the candidate ``low`` on the samples ``rows`` (their ``feeds``; ``note``: see each_from_refs).
 
         An incremental run from an FP32 run of those rows, made on the first call and kept (the rows are then
         fixed, see :meth:`screen_rows`).
@@ -438,16 +474,18 @@ class StrictEvaluator:
         cost = self._screen_ref[1].cost(low) if self._screen_ref is not None else None
         if (sess := self._cast_session(low, cost, 1)) is not None:
             try:
-                out = self._casts.run(sess, feeds)
+                out = self._casts.run(sess, feeds, rows=rows)
             except Exception as err:  # onnxruntime's own types: data it refuses; the emulator screens
                 logger.debug("search: the cast graph failed on the screening rows (%s)", err)
             else:
+                note(sess)
                 self._casts.counts.cast_graph_screens += 1
                 self.evaluations += len(self.info.nodes)
                 if self._screen_ref is not None:
                     self._screen_ref[1].forget_last()
                 return out
         self._casts.counts.emulator_screens += 1
+        note(EMULATED)
         if self._screen_ref is None:
             fp32 = self._emu.emu.run(dict(feeds), None, keep=True)
             self._screen_ref = rows, _KeptRuns(self._emu.emu, [fp32])
@@ -532,10 +570,10 @@ class StrictEvaluator:
 
         The runner's ``engine`` says which ran (:class:`~mpinfer.precision.emulator.castgraph.StrictModelRunner`).
         """
-        return StrictModelRunner(model, _emulator_runner, cast_graph=fast)
+        return StrictModelRunner(model, emulator_runner, cast_graph=fast)
 
 
-def _emulator_runner(model: Any) -> Runner:
+def emulator_runner(model: Any) -> Runner:
     """The converted model as ``mpinfer compare --numerics strict`` runs it (:class:`StrictRunner`)."""
     runner = StrictRunner(model, name="candidate")
     runner.activate()
@@ -545,21 +583,33 @@ def _emulator_runner(model: Any) -> Runner:
 class _StrictCandidate:
     def __init__(self, ev: StrictEvaluator, low: dict[str, Precision]) -> None:
         self.ev, self.low = ev, low
+        self.engines: list[Any] = []  # what computed its outputs: JudgedGraph(s), EMULATED
 
     def outputs(self) -> list[Outputs]:
-        return self.ev.run_from_refs(self.low)
+        return self.ev.run_from_refs(self.low, self.engines.append)
 
     def each(self) -> Iterator[Outputs]:
-        return self.ev.each_from_refs(self.low)
+        return self.ev.each_from_refs(self.low, self.engines.append)
 
     def outputs_on(self, feeds: Mapping[str, np.ndarray], rows: np.ndarray) -> Outputs:
-        return self.ev.strict_rows(feeds, rows, self.low)
+        return self.ev.strict_rows(feeds, rows, self.low, self.engines.append)
 
-    def rows_runner(self) -> Callable[[Outputs], Outputs] | None:
-        return self.ev.cast_rows(self.low)
+    def rows_runner(self) -> Callable[..., Outputs] | None:
+        return self.ev.cast_rows(self.low, self.engines.append)
 
     def verified(self) -> tuple[dict[str, Precision], Any] | None:
         return None
+
+    def ran_as(self) -> AppliedRun | None:
+        """The candidate's cast graph when it alone computed every output so far (the emulator's never qualify).
+
+        The emulator runs the FP32 model with low nodes, not the model as written: agreeing with it op by op is
+        what its kernel tests check, not what a final verification may take for granted.
+        """
+        first = self.engines[0] if self.engines else None
+        if not isinstance(first, JudgedGraph) or any(e is not first for e in self.engines):
+            return None
+        return AppliedRun(first.model, first.runner)
 
     def judged(self, met: bool) -> None:
         self.ev.judged(met)
