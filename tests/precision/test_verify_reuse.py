@@ -29,8 +29,8 @@ def _convert(tmp_path, monkeypatch):
     """Convert chain(4) on 48 samples (the search reads 32); count cast graph builds and verification rows."""
     src, data = save(chain(4), tmp_path / "m.onnx"), _npz(tmp_path / "cal.npz", n=48)
     builds, rows = [], []
-    real_build, real_fed = castgraph._build, verify._fed_as_declared
-    monkeypatch.setattr(castgraph, "_build", lambda m: builds.append(1) or real_build(m))
+    real_build, real_fed = castgraph.cast_graph, verify._fed_as_declared
+    monkeypatch.setattr(castgraph, "cast_graph", lambda m: builds.append(1) or real_build(m))
 
     def counted(candidate, runner):
         run = real_fed(candidate, runner)
@@ -39,7 +39,7 @@ def _convert(tmp_path, monkeypatch):
     monkeypatch.setattr(verify, "_fed_as_declared", counted)
     res = convert_precision(ConvertConfig(model=src, output=tmp_path / "o.onnx", calibration=str(data),
                                           batch_size=16, budget=BUDGET, progress=False))
-    monkeypatch.setattr(castgraph, "_build", real_build)  # (the convert's builds: not the own verification's)
+    monkeypatch.setattr(castgraph, "cast_graph", real_build)  # (the convert's builds: not the own verification's)
     feeds = load_feeds(data, specs_from_onnx(onnx.load(str(src))), batch_size=16)
     settings = VerifySettings(budget=BUDGET, precision=Precision.FP16, progress=False)
     monkeypatch.setattr(verify, "_fed_as_declared", real_fed)

@@ -292,14 +292,14 @@ class _Verifier:
         parts = [screened]
         try:
             if len(stage):
-                parts.append((stage, run({k: v[stage] for k, v in feeds.items()}, stage)))
+                parts.append((stage, run({k: v[stage] for k, v in feeds.items()})))
                 bound = self._bound(parts)
                 if bound is not None and not self.budget.met(bound):
                     self.stopped += 1
                     return bound
             rest = np.setdiff1d(np.arange(total), np.concatenate([p[0] for p in parts]))
             if len(rest):
-                parts.append((rest, run({k: v[rest] for k, v in feeds.items()}, rest)))
+                parts.append((rest, run({k: v[rest] for k, v in feeds.items()})))
         except Exception as err:  # onnxruntime's own types: data it refuses; the batches run as they are
             logger.debug("search: a staged run failed (%s); the candidate runs its batches", err)
             return None

@@ -446,20 +446,6 @@ def _pair_exact(name: str) -> bool:
         return False
 
 
-def graph_reads(node: Any) -> list[str]:
-    """The tensors ``node`` reads: its inputs, and what its bodies read from the graph around it."""
-    reads = [i for i in node.input if i]
-    for a in node.attribute:
-        for body in [a.g] if a.type == a.GRAPH else list(a.graphs):
-            reads.extend(sorted(_outer(body)))
-    return reads
-
-
-def plain_session(model: Any) -> Any:
-    """An ONNX Runtime CPU session of a cast graph (or a part of one) as the cast graph's own runs: no optimisation."""
-    return _session(model)
-
-
 def _session(model: Any) -> Any:
     """An ONNX Runtime CPU session with every graph optimisation off (see the module docstring)."""
     import onnxruntime as ort

@@ -17,18 +17,15 @@ from typing import Any
 
 import numpy as np
 
-from mpinfer.memory import current_budget
 from mpinfer.precision.core import GraphInfo
 from mpinfer.precision.emulator import (
-    CastGraph,
     CastGraphSession,
     StrictModelRunner,
-    cast_graph,
     is_low_float,
     may_qualify,
+    open_cast_session,
 )
 from mpinfer.precision.graph import apply_plan
-from mpinfer.precision.numerics.partial import FP32Tensors, PartialGraph, partial_graph
 from mpinfer.specs import Precision
 
 logger = logging.getLogger(__name__)
@@ -37,12 +34,6 @@ logger = logging.getLogger(__name__)
 # cast graph (a whole ONNX Runtime run, plus its build and session) judges the rest. Measured on DNSMOS, Basic Pitch
 # and the synthetic chains: a cast graph's build and run cost about what the emulator spends recomputing half a graph.
 EMULATOR_BELOW = 0.5
-# Partial runs (:mod:`.partial`: from the second candidate on, only what a candidate's low nodes change, fed the FP32
-# cast graph's kept tensors). Off: measured on Basic Pitch, DNSMOS and the OCR recognizer they save nothing (bench/
-# RESULTS.md, "Issue 37, searches that reuse"): the search's runs are mostly row subsets (screening, staged runs) that
-# fall past the kept samples or read tensors without a sample axis, and where they apply (Basic Pitch) the changed
-# nodes hold most of the time, so the FP32 run that keeps the tensors costs what the partial runs save.
-PARTIAL_RUNS = False
 
 
 @dataclass
@@ -54,11 +45,8 @@ class EngineCounts:
     cast_graph_screens: int = 0
     emulator_screens: int = 0
     refused: int = 0  # candidates the cast graph refused (the emulator judged them)
-    partial: int = 0  # candidates with a partial graph (they run only what their low nodes change)
-    nodes_run: int = 0  # the partial graphs' nodes, and their whole cast graphs' (the share a partial run computes)
-    nodes_whole: int = 0
 
-    def record(self) -> dict[str, int | float]:
+    def record(self) -> dict[str, int]:
         """The counts under the search cost record's keys."""
         return {
             "cast_graph_candidates": self.cast_graph,
@@ -66,8 +54,6 @@ class EngineCounts:
             "cast_graph_screens": self.cast_graph_screens,
             "emulator_screens": self.emulator_screens,
             "cast_graph_refused": self.refused,
-            "cast_graph_partial": self.partial,
-            **({"partial_nodes_share": round(self.nodes_run / self.nodes_whole, 3)} if self.nodes_whole else {}),
         }
 
 
@@ -89,8 +75,6 @@ class CastJudge:
     counts: EngineCounts = field(default_factory=EngineCounts)
     _refused: list[frozenset[str]] = field(default_factory=list)
     _last: tuple[frozenset, JudgedGraph | None] | None = None  # (candidate key, its cast graph or None: refused)
-    _fp32: FP32Tensors | None = None  # the kept FP32 tensors (keep_fp32; see _fp32_asked)
-    _fp32_asked: bool = False
 
     def prefers(self, low: Mapping[str, Precision], emulator_evaluations: int | None, whole: int) -> bool:
         """Whether the cast graph should judge ``low`` (it may still refuse).
@@ -114,135 +98,59 @@ class CastJudge:
             return True
         return emulator_evaluations >= EMULATOR_BELOW * whole
 
-    def keep_fp32(self, batches: list[Any]) -> None:
-        """Keep every tensor of the FP32 model's cast graph on ``batches`` (the leading search batches).
-
-        Only while they fit the memory budget's ``search`` slice; later candidates' runs of them are partial
-        (:mod:`.partial`). Made once (a later call does nothing); nothing is kept when the FP32 model has no cast graph.
-        """
-        if self._fp32_asked:
-            return
-        self._fp32_asked = True
-        fp32 = apply_plan(self.model, self.info, dict.fromkeys(self.info.by_address, Precision.FP32), self.precision,
-                          keep_io_types=self.keep_io_types)
-        built, why = cast_graph(fp32.model)
-        if built is None:
-            logger.debug("partial runs: none (the FP32 model has no cast graph: %s)", why)
-            return
-        try:
-            tensors = FP32Tensors(built, batches, current_budget().search)
-        except Exception as err:  # onnxruntime's own types: the whole cast graphs run, as before
-            logger.debug("partial runs: none (the FP32 cast graph failed: %s)", err)
-            return
-        self._fp32 = tensors if tensors.batches else None
-
     def session(self, low: Mapping[str, Precision]) -> JudgedGraph | None:
-        """The cast graph of the candidate ``low``, ready to run (kept for its next runs); None when refused.
-
-        With the FP32 tensors kept (:meth:`keep_fp32`), the candidate's partial graph runs the batches and samples
-        they hold; its whole cast graph's session is then opened only for what they do not hold.
-        """
+        """The cast graph of the candidate ``low``, its session open (kept for its next runs); None when refused."""
         key = _key(low)
         if self._last is not None and self._last[0] == key:
             return self._last[1]
         self._last = None  # (the last candidate's session and model go before this one's are made)
         precisions = {a: low.get(a, Precision.FP32) for a in self.info.by_address}
         applied = apply_plan(self.model, self.info, precisions, self.precision, keep_io_types=self.keep_io_types)
-        built, why = cast_graph(applied.model)
-        judged = None
-        if built is not None:
-            fp32 = self._fp32
-            judged = JudgedGraph(applied.model, built, None if fp32 is None else partial_graph(built, fp32), fp32)
-            if judged.partial is None:
-                why = judged.open()
-                judged = judged if not why else None
-            else:
-                self.counts.partial += 1
-                self.counts.nodes_run += judged.partial.changed
-                self.counts.nodes_whole += judged.partial.total
-        if judged is None:
+        sess, why = open_cast_session(applied.model)
+        if sess is None:
             logger.debug("search: the emulator judges this candidate (no cast graph: %s)", why)
             self._refused.append(key)
             self.counts.refused += 1
-        self._last = key, judged
-        return judged
+        self._last = key, None if sess is None else JudgedGraph(applied.model, sess)
+        return self._last[1]
 
-    def run(
-        self, judged: JudgedGraph, feeds: Mapping[str, np.ndarray], *, batch: int | None = None,
-        rows: np.ndarray | None = None,
-    ) -> dict[str, np.ndarray]:
-        """``judged`` on ``feeds``, low outputs widened to float32 as the FP32 model gives them.
+    def run(self, judged: JudgedGraph, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """``judged``'s session on one batch ``feeds``, low outputs widened to float32 as the FP32 model gives them.
 
-        ``batch``: the search batch ``feeds`` is; ``rows``: the samples of the joined search batches it holds (either
-        lets a partial graph run it from the kept FP32 tensors). Raises whatever ONNX Runtime raises on data it
-        refuses (the caller's emulator then judges).
+        Raises whatever ONNX Runtime raises on data it refuses (the caller's emulator then judges).
         """
-        return {k: v.astype(np.float32) if is_low_float(v) else v for k, v in judged(feeds, batch, rows).items()}
+        return {k: v.astype(np.float32) if is_low_float(v) else v for k, v in judged.session(feeds).items()}
 
     def each(
         self, judged: JudgedGraph, batches: list[Any], fallback: Callable[[Any], dict[str, np.ndarray]]
     ) -> Iterator[dict[str, np.ndarray]]:
-        """The candidate's outputs on each search batch through ``judged`` (``fallback(batch)`` where ORT fails)."""
-        for index, batch in enumerate(batches):
+        """The candidate's outputs on each batch through ``judged``; ``fallback(batch)`` where ONNX Runtime fails."""
+        for batch in batches:
             try:
-                out = self.run(judged, batch, batch=index)
+                out = self.run(judged, batch)
             except Exception as err:  # onnxruntime's own types: data it refuses; the emulator decides (and names it)
                 logger.debug("search: the cast graph failed (%s); the emulator runs this batch", err)
                 out = fallback(batch)
             yield out
 
 
+@dataclass(frozen=True)
 class JudgedGraph:
-    """A candidate as the search judges it on ONNX Runtime: the model as applied, and its cast graph.
+    """A candidate as the search judged it on ONNX Runtime: the model as applied, and its cast graph's session.
 
-    Args:
+    Attributes:
         model: The converted ``onnx.ModelProto`` (:func:`~mpinfer.precision.graph.apply_plan` of the candidate).
-        built: Its cast graph.
-        partial: Its partial graph against the kept FP32 tensors (None: whole runs only).
-        fp32: Those tensors.
+        session: The session of its cast graph (:class:`~mpinfer.precision.emulator.castgraph.CastGraphSession`).
     """
 
-    def __init__(self, model: Any, built: CastGraph, partial: PartialGraph | None, fp32: FP32Tensors | None) -> None:
-        self.model, self.built, self.partial, self.fp32 = model, built, partial, fp32
-        self._session: CastGraphSession | None = None
-
-    def open(self) -> str:
-        """Open the whole cast graph's session (once); the reason when ONNX Runtime refuses it, else ''."""
-        if self._session is None:
-            try:
-                self._session = CastGraphSession(self.built)
-            except Exception as err:  # onnxruntime raises its own types: an attribute set or shape it refuses
-                return f"ONNX Runtime refused the cast graph ({type(err).__name__}: {err})"
-        return ""
-
-    def __call__(
-        self, feeds: Mapping[str, np.ndarray], batch: int | None = None, rows: np.ndarray | None = None
-    ) -> dict[str, np.ndarray]:
-        """The outputs on ``feeds`` (search batch ``batch``, or the samples ``rows`` of the joined search batches).
-
-        The partial graph's where the kept FP32 tensors hold them, else the whole cast graph's.
-        """
-        part, fp32 = self.partial, self.fp32
-        if part is not None and fp32 is not None:
-            kept = None
-            if batch is not None and batch < len(fp32.batches):
-                kept = fp32.batches[batch]
-            elif rows is not None:
-                kept = fp32.rows(part.cut + part.taken, rows)
-            if kept is not None:
-                return part.run(kept)
-        why = self.open()
-        if why:
-            raise RuntimeError(why)
-        assert self._session is not None
-        return self._session(feeds)
+    model: Any
+    session: CastGraphSession
 
     def runner(self) -> StrictModelRunner:
-        """The final verification's runner of ``model`` on this cast graph (no second build)."""
+        """The final verification's runner of ``model`` on this session (no second build; the emulator on refusal)."""
         from mpinfer.precision.numerics.strict import emulator_runner
 
-        self.open()
-        return StrictModelRunner(self.model, emulator_runner, session=self._session)
+        return StrictModelRunner(self.model, emulator_runner, session=self.session)
 
 
 def _key(low: Mapping[str, Precision]) -> frozenset:

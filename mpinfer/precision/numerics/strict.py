@@ -25,7 +25,7 @@ from mpinfer.precision.emulator import (
     StrictRunner,
     is_float,
 )
-from mpinfer.precision.numerics import castjudge, probe
+from mpinfer.precision.numerics import probe
 from mpinfer.precision.numerics.base import AppliedRun, Candidate, Outputs, Runner
 from mpinfer.precision.numerics.castjudge import CastJudge, JudgedGraph
 from mpinfer.specs import Precision
@@ -369,11 +369,8 @@ class StrictEvaluator:
 
     def cast_rows(
         self, low: Mapping[str, Precision], note: Callable[[Any], None] = _ignore
-    ) -> Callable[..., Outputs] | None:
-        """``(feeds, rows) -> outputs`` of the candidate ``low`` on any search samples, as its full run gives them.
-
-        ``rows``: the samples ``feeds`` holds, of the search batches joined (a partial graph runs them from the kept
-        FP32 tensors; None: the whole cast graph runs them).
+    ) -> Callable[[Outputs], Outputs] | None:
+        """``feeds -> outputs`` of the candidate ``low`` on any of the search samples, as its full run gives them.
 
         Its cast graph session, when that is the engine its full run would take (the same choice as
         :meth:`each_from_refs`, on the same counts), which computes each sample alone (no op of a cast graph mixes
@@ -388,9 +385,9 @@ class StrictEvaluator:
             return None
         note(sess)
 
-        def run(feeds: Outputs, rows: np.ndarray | None = None) -> Outputs:
+        def run(feeds: Outputs) -> Outputs:
             self.evaluations += len(self.info.nodes)
-            return self._casts.run(sess, feeds, rows=rows)
+            return self._casts.run(sess, feeds)
 
         return run
 
@@ -404,7 +401,7 @@ class StrictEvaluator:
         if self._kept is None and emu is not None and self._emu.opened and self._emu.refs:
             self._kept = _KeptRuns(emu, self._emu.refs)
         batches = len(self._emu.batches)
-        sess = self._cast_session(low, self._emulator_cost(low, first, batches - self._emu.kept), batches, first)
+        sess = self._cast_session(low, self._emulator_cost(low, first, batches - self._emu.kept), batches)
         if sess is not None:
             self._casts.counts.cast_graph += 1
             if self._kept is not None:
@@ -426,20 +423,13 @@ class StrictEvaluator:
             return None
         return self._emu.emu.rerun_count({}, low) * self._emu.kept + whole
 
-    def _cast_session(
-        self, low: Mapping[str, Precision], cost: int | None, batches: int, first: bool = False
-    ) -> JudgedGraph | None:
+    def _cast_session(self, low: Mapping[str, Precision], cost: int | None, batches: int) -> JudgedGraph | None:
         """The cast graph session to judge ``low`` on ``batches`` batches; None: the emulator judges it.
 
-        ``cost``: the emulator's node evaluations for them (None: its FP32 runs are not made yet). From the second
-        candidate on, with :data:`~.castjudge.PARTIAL_RUNS`, the FP32 cast graph's tensors of the kept search batches
-        are kept (made once) and each candidate runs them partially: only what its low nodes change (:mod:`.partial`).
-        The first candidate (the rule plan, which most often ends the search) runs whole.
+        ``cost``: the emulator's node evaluations for them (None: its FP32 runs are not made yet).
         """
         if not self._cast_graphs or not self._casts.prefers(low, cost, len(self.info.nodes) * batches):
             return None
-        if not first and castjudge.PARTIAL_RUNS:
-            self._casts.keep_fp32(self._emu.batches[: self._emu.kept])
         return self._casts.session(low)
 
     def judged(self, met: bool) -> None:
@@ -449,7 +439,7 @@ class StrictEvaluator:
                 kept.judged(met)
 
     @property
-    def reuse(self) -> dict[str, int | float]:
+    def reuse(self) -> dict[str, int]:
         """Candidate runs started from a kept candidate run (not the FP32 runs), and the node evaluations saved."""
         runs = [k for k in (self._kept, self._screen_ref[1] if self._screen_ref is not None else None) if k]
         return {
@@ -474,7 +464,7 @@ class StrictEvaluator:
         cost = self._screen_ref[1].cost(low) if self._screen_ref is not None else None
         if (sess := self._cast_session(low, cost, 1)) is not None:
             try:
-                out = self._casts.run(sess, feeds, rows=rows)
+                out = self._casts.run(sess, feeds)
             except Exception as err:  # onnxruntime's own types: data it refuses; the emulator screens
                 logger.debug("search: the cast graph failed on the screening rows (%s)", err)
             else:
@@ -594,7 +584,7 @@ class _StrictCandidate:
     def outputs_on(self, feeds: Mapping[str, np.ndarray], rows: np.ndarray) -> Outputs:
         return self.ev.strict_rows(feeds, rows, self.low, self.engines.append)
 
-    def rows_runner(self) -> Callable[..., Outputs] | None:
+    def rows_runner(self) -> Callable[[Outputs], Outputs] | None:
         return self.ev.cast_rows(self.low, self.engines.append)
 
     def verified(self) -> tuple[dict[str, Precision], Any] | None:
