@@ -34,6 +34,7 @@ from mpinfer.data.samples import BatchSlicer
 from mpinfer.errors import InvalidInputError, format_message
 from mpinfer.precision.calib.capture import (
     FeedsRejectedError,
+    Overlap,
     _Capture,
     _named,
     _Passes,
@@ -331,6 +332,7 @@ def calibrate(
         progress_bar("Calibrating", enabled=progress) as bar,
         contextlib.closing(run.sessions),
         contextlib.closing(run.first_pass.collector),
+        contextlib.closing(run.overlap),  # (closed first: its pending statistics, then the collector's threads)
     ):
         task = bar.add_task("", total=len(run.feeds) * run.passes if isinstance(run.feeds, Sized) else None)
         for index in range(run.passes):
@@ -385,6 +387,7 @@ class _Run:
         self.share = self._share(first, feeds if not one_shot else None)
         self.share_rows: dict[str, int] = dict.fromkeys(self.known, 0)  # samples each tensor's full statistics read
         self.emulated_rows = 0  # samples the emulator ran on (its tensors' statistics)
+        self.overlap = Overlap()  # a call's statistics reduced while ONNX Runtime runs the next (:meth:`_fetch`)
 
     def _share(self, first: Mapping[str, np.ndarray] | None, sized: Any) -> StatShare:
         """Which batches each tensor's full statistics read (:mod:`mpinfer.precision.calib.share`)."""
@@ -425,6 +428,7 @@ class _Run:
             if index == 0:
                 self._count(b, batch)
             advance()
+        self.overlap.wait()  # (the pass's last statistics)
 
     def _fetch(
         self,
@@ -444,9 +448,12 @@ class _Run:
         chunk, per_call, rows = plan.chunks[index], plan.rows_per_call[index], self.slicer.rows(batch)
         collector = self.first_pass.collector
         if rows <= per_call or rows % plan.multiple:  # (a batch the model takes whole but not in groups: whole)
-            _run_chunk(sess, chunk, batch, collector, keep, capture.wanted(b), full, (rows, rows))
+            # its statistics reduced while the next batch runs, when two batches' tensors fit the call slice
+            overlap = self.overlap if 2 * rows <= per_call else None
+            _run_chunk(sess, chunk, batch, collector, keep, capture.wanted(b), full, (rows, rows), overlap)
         else:  # too many bytes for one call: slices of samples (the outputs joined from them, or run on their own)
             pieces: list[tuple[int, dict[str, np.ndarray]]] = []
+            self.overlap.wait()  # (one call's tensors at a time: each as big as the slice)
             for row in range(0, rows, per_call):
                 part = self.slicer.slice(batch, row, row + per_call)
                 got: dict[str, np.ndarray] | None = {} if keep is not None and index == 0 else None
