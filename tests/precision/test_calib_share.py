@@ -247,3 +247,24 @@ def test_an_error_in_the_overlapped_statistics_is_raised(small_share, monkeypatc
     monkeypatch.setattr(StatsCollector, "update_many", failing)
     with pytest.raises(MemoryError, match="batch 2"):
         calibrate(_model(), _batches(), progress=False)
+
+
+def test_the_probe_call_is_the_first_call_when_it_ran_the_same_samples(monkeypatch):
+    """Batches of one sample: the probe ran the whole first batch, so the pass takes its tensors instead of running
+    that batch again (one call per batch in all), with the statistics and the reference of a run that repeats it."""
+    from mpinfer.precision.calib.capture import _Passes
+
+    rng = np.random.default_rng(3)
+    model, batches = _model(), [{"x": rng.standard_normal((1, WIDTH)).astype(np.float32)} for _ in range(5)]
+    count = _Counting(monkeypatch)
+    taken = calibrate(model, batches, progress=False, capture_batches=1, capture_outputs=5)
+    assert count.sessions == 1 and len(count.calls) == 5
+    monkeypatch.setattr(_Passes, "take_probe", lambda self, feeds: None)  # the first batch run again
+    again = calibrate(model, batches, progress=False, capture_batches=1, capture_outputs=5)
+    assert len(count.calls) == 5 + 6
+    assert taken.to_dict() == again.to_dict()
+    for got, want in zip(taken.reference_outputs or [], again.reference_outputs or [], strict=True):
+        assert np.array_equal(got["z"], want["z"])
+    # other samples than the probe's: run (the probe's tensors are never taken for feeds they were not computed on)
+    passes = _Passes([["z"]], [1], 4, None, _probe_call=({"x": batches[0]["x"]}, [np.zeros((1, WIDTH), np.float32)]))
+    assert passes.take_probe({"x": batches[1]["x"]}) is None and passes.take_probe({"x": batches[0]["x"]}) is None

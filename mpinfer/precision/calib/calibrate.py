@@ -450,14 +450,17 @@ class _Run:
         if rows <= per_call or rows % plan.multiple:  # (a batch the model takes whole but not in groups: whole)
             # its statistics reduced while the next batch runs, when two batches' tensors fit the call slice
             overlap = self.overlap if 2 * rows <= per_call else None
-            _run_chunk(sess, chunk, batch, collector, keep, capture.wanted(b), full, (rows, rows), overlap)
+            known = plan.take_probe(batch) if index == 0 and b == 0 else None
+            _run_chunk(sess, chunk, batch, collector, keep, capture.wanted(b), full, (rows, rows), overlap, known)
         else:  # too many bytes for one call: slices of samples (the outputs joined from them, or run on their own)
             pieces: list[tuple[int, dict[str, np.ndarray]]] = []
             self.overlap.wait()  # (one call's tensors at a time: each as big as the slice)
             for row in range(0, rows, per_call):
                 part = self.slicer.slice(batch, row, row + per_call)
                 got: dict[str, np.ndarray] | None = {} if keep is not None and index == 0 else None
-                _run_chunk(sess, chunk, part, collector, got, capture.outputs, full, (self.slicer.rows(part), rows))
+                known = plan.take_probe(part) if index == 0 and b == 0 and row == 0 else None
+                _run_chunk(sess, chunk, part, collector, got, capture.outputs, full, (self.slicer.rows(part), rows),
+                           values=known)
                 if got is not None:
                     pieces.append((self.slicer.rows(part), got))
             if keep is not None and index == 0:
