@@ -5,8 +5,9 @@ per model: ``calibrate_for_plan`` as convert calls it (the default floor: the se
 outputs kept), then over the same data in batches of ``--batch``: ``plain``, the FP32 model's own ONNX Runtime pass
 (the convert floor's reference pass), and ``unfused``, a pass of the session that returns every float tensor, as
 calibration's does (ONNX Runtime cannot fuse a Conv with its activation when both tensors are outputs: the least any
-calibration that reads every tensor of every sample runs). Figures: wall and CPU seconds (every thread) of each, and
-a digest of the statistics (``statistics identical`` when every tree's match).
+calibration that reads every tensor of every sample runs). Calibration runs under a fixed ``--memory-limit``, so
+that every tree fetches a batch in the same slices. Figures: wall and CPU seconds (every thread) of each, and a
+digest of the statistics (``statistics identical`` when every tree's match).
 
     PYTHONPATH=$PWD .venv/bin/python bench/calib_cost.py --trees /tmp/base,$PWD --models \
         /tmp/b19/base/deep.onnx=/tmp/b19/base/deep.npz,~/.cache/mpinfer-bench/published/pitch.onnx=/tmp/pitch.npz
@@ -26,7 +27,8 @@ import hashlib, json, sys, time
 from pathlib import Path
 import numpy as np, onnx, onnxruntime as ort
 from onnx import helper
-model_path, data_path, batch = sys.argv[1], sys.argv[2], int(sys.argv[3])
+model_path, data_path, batch, limit = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+from mpinfer.memory import use_budget
 from mpinfer.precision import ConvertConfig
 from mpinfer.precision.convert import floor_for_model
 from mpinfer.precision.options import resolve_options
@@ -43,7 +45,8 @@ def timed(fn):
     out = fn()
     return out, time.perf_counter() - t, time.process_time() - c
 
-cal, wall, cpu = timed(lambda: calibrate_for_plan(CalibrationSettings.of(cfg), opts, model, types))
+with use_budget(limit or None):
+    cal, wall, cpu = timed(lambda: calibrate_for_plan(CalibrationSettings.of(cfg), opts, model, types))
 digest = hashlib.sha256(json.dumps(cal.stats.to_dict()["tensors"], sort_keys=True).encode()).hexdigest()[:16]
 
 def one_pass(m, names):
@@ -76,6 +79,8 @@ def main() -> None:
     p.add_argument("--models", required=True, help="MODEL.onnx=DATA.npz pairs, comma-separated")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--batch", type=int, default=16, help="samples per call of the plain and unfused passes")
+    p.add_argument("--memory-limit", default="4GB", help="calibration's memory budget ('': the default, which follows "
+                   "the free memory: a batch fetched in other slices sums its values in another order)")
     args = p.parse_args()
     trees = [Path(t).expanduser().resolve() for t in args.trees.split(",")]
     print("| model | tree | calibration s (CPU s) | plain pass s (CPU s) | unfused pass s (CPU s) | statistics |")
@@ -85,9 +90,9 @@ def main() -> None:
         digests = set()
         for _ in range(args.rounds):
             for tree in trees:
-                out = subprocess.run([sys.executable, "-c", CHILD, model, data, str(args.batch)], cwd=tree,
-                                     env={**os.environ, "PYTHONPATH": str(tree)}, capture_output=True,
-                                     text=True, check=True)
+                child = [sys.executable, "-c", CHILD, model, data, str(args.batch), args.memory_limit]
+                env = {**os.environ, "PYTHONPATH": str(tree)}
+                out = subprocess.run(child, cwd=tree, env=env, capture_output=True, text=True, check=True)
                 r = json.loads(out.stdout.strip().splitlines()[-1])
                 digests.add(r["digest"])
                 print(f"| {Path(model).stem} | {tree.name} | {r['cal_wall']:.2f} ({r['cal_cpu']:.2f}) | "
