@@ -8,7 +8,6 @@ keeps. Its steps take :class:`CalibrationSettings` (what the user said about the
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -403,7 +402,6 @@ def _reference_run(
     first batches: their outputs, and with a strict search every float32 tensor (the emulator's reference run takes
     them instead of computing them).
     """
-    capture = batches_for(model, feeds, opts.search_samples) if opts.budget else 1
     tensors = bool(opts.budget) and evaluator_class(opts.numerics).wants_fp32_tensors
     # Default random data stops at the budget's random_calibration bytes of tensors: more random samples add
     # little, and a detector at 640x640 computes ~0.7 GB of tensors per image (8 default batches took 2 min).
@@ -411,7 +409,8 @@ def _reference_run(
         model,
         feeds,
         progress=opts.progress,
-        capture_batches=capture,
+        capture_batches=1,
+        capture_samples=opts.search_samples if opts.budget else 0,  # (the batches that hold them)
         capture_tensors=tensors,
         types=types,
         max_bytes=current_budget().random_calibration if data.generated else None,
@@ -501,9 +500,3 @@ def _load_feeds(data: CalibrationSettings, model: Any) -> Any:
         )
     return feeds
 
-
-def batches_for(model: Any, feeds: Any, samples: int) -> int:
-    """Batches of ``feeds`` that hold the first ``samples`` samples (from the first batch's size)."""
-    first = next(iter(feeds), None)
-    rows = BatchSlicer(model).rows(first) if first is not None else 1
-    return max(1, math.ceil(samples / max(rows, 1)))

@@ -209,3 +209,62 @@ def test_calibration_sessions_do_not_spin_between_calls():
     sess = _Sessions(model, types).session(["h", "y"])
     assert sess.get_session_options().get_session_config_entry(NO_SPINNING) == "0"
     assert [o.name for o in sess.get_outputs()] == ["h", "y"]
+
+
+def test_statistics_reduced_while_the_next_batch_runs_equal_those_reduced_in_line(small_share, monkeypatch):
+    """Each batch's statistics go to a thread while ONNX Runtime runs the next batch (Overlap): every tensor still
+    takes its batches in order, so every figure (sums included) and the reference equal the in-line reduction's,
+    an overflow and a NaN in batches outside the share included."""
+    from mpinfer.precision.calib.capture import Overlap
+
+    model, batches = _model(), _batches()
+    batches[7]["x"][1, 3] = 1e5
+    batches[8]["x"][0, 2] = np.nan
+    submitted = []
+    real_submit = Overlap.submit
+    monkeypatch.setattr(Overlap, "submit", lambda self, fn, *args: (submitted.append(1), real_submit(self, fn, *args)))
+    overlapped = calibrate(model, batches, progress=False, capture_batches=1, capture_outputs=BATCHES)
+    assert len(submitted) == BATCHES  # every batch's statistics went to the thread
+    monkeypatch.setattr(Overlap, "submit", lambda self, fn, *args: fn(*args))  # reduced in line, before the next
+    in_line = calibrate(model, batches, progress=False, capture_batches=1, capture_outputs=BATCHES)
+    assert overlapped.to_dict() == in_line.to_dict()
+    assert overlapped["x"].nan_count == 1 and overlapped["p"].fp16_overflow_frac > 0
+    for got, want in zip(overlapped.reference_outputs or [], in_line.reference_outputs or [], strict=True):
+        assert np.array_equal(got["z"], want["z"], equal_nan=True)
+
+
+def test_an_error_in_the_overlapped_statistics_is_raised(small_share, monkeypatch):
+    """A failure on the statistics thread is raised by calibrate (at the next batch or the pass's end)."""
+    real = StatsCollector.update_many
+    calls = []
+
+    def failing(self, items, full=None, rows=None):
+        calls.append(1)
+        if len(calls) == 3:
+            raise MemoryError("statistics of batch 2")
+        return real(self, items, full, rows)
+
+    monkeypatch.setattr(StatsCollector, "update_many", failing)
+    with pytest.raises(MemoryError, match="batch 2"):
+        calibrate(_model(), _batches(), progress=False)
+
+
+def test_the_probe_call_is_the_first_call_when_it_ran_the_same_samples(monkeypatch):
+    """Batches of one sample: the probe ran the whole first batch, so the pass takes its tensors instead of running
+    that batch again (one call per batch in all), with the statistics and the reference of a run that repeats it."""
+    from mpinfer.precision.calib.capture import _Passes
+
+    rng = np.random.default_rng(3)
+    model, batches = _model(), [{"x": rng.standard_normal((1, WIDTH)).astype(np.float32)} for _ in range(5)]
+    count = _Counting(monkeypatch)
+    taken = calibrate(model, batches, progress=False, capture_batches=1, capture_outputs=5)
+    assert count.sessions == 1 and len(count.calls) == 5
+    monkeypatch.setattr(_Passes, "take_probe", lambda self, feeds: None)  # the first batch run again
+    again = calibrate(model, batches, progress=False, capture_batches=1, capture_outputs=5)
+    assert len(count.calls) == 5 + 6
+    assert taken.to_dict() == again.to_dict()
+    for got, want in zip(taken.reference_outputs or [], again.reference_outputs or [], strict=True):
+        assert np.array_equal(got["z"], want["z"])
+    # other samples than the probe's: run (the probe's tensors are never taken for feeds they were not computed on)
+    passes = _Passes([["z"]], [1], 4, None, _probe_call=({"x": batches[0]["x"]}, [np.zeros((1, WIDTH), np.float32)]))
+    assert passes.take_probe({"x": batches[1]["x"]}) is None and passes.take_probe({"x": batches[0]["x"]}) is None

@@ -34,6 +34,7 @@ from mpinfer.data.samples import BatchSlicer
 from mpinfer.errors import InvalidInputError, format_message
 from mpinfer.precision.calib.capture import (
     FeedsRejectedError,
+    Overlap,
     _Capture,
     _named,
     _Passes,
@@ -281,6 +282,7 @@ def calibrate(
     max_bytes: int | None = None,
     base_dir: str = "",
     capture_outputs: int = 0,
+    capture_samples: int = 0,
 ) -> CalibrationStats:
     """FP32 reference run over ``feeds`` collecting per-tensor statistics, one batch at a time.
 
@@ -311,6 +313,8 @@ def calibrate(
             ``capture_batches``; the later ones up to the memory budget's ``capture_outputs``
             bytes):
             ``reference_outputs`` then holds them all.
+        capture_samples: Keep (as ``capture_batches``) the first batches that hold this many samples, counted
+            from the first batch's size (the more of the two).
 
     Returns:
         The statistics of every float tensor: graph inputs, node outputs, and tensors in subgraph bodies;
@@ -321,11 +325,14 @@ def calibrate(
     """
     start = time.perf_counter()
     run = _Run(model, feeds, types, base_dir, max_bytes)
+    if capture_samples > 0:
+        capture_batches = max(capture_batches, math.ceil(capture_samples / max(1, run.first_rows)))
     capture = _Capture(run, capture_batches, capture_tensors, capture_outputs)
     with (
         progress_bar("Calibrating", enabled=progress) as bar,
         contextlib.closing(run.sessions),
         contextlib.closing(run.first_pass.collector),
+        contextlib.closing(run.overlap),  # (closed first: its pending statistics, then the collector's threads)
     ):
         task = bar.add_task("", total=len(run.feeds) * run.passes if isinstance(run.feeds, Sized) else None)
         for index in range(run.passes):
@@ -360,15 +367,17 @@ class _Run:
         self.slicer = BatchSlicer(model)
         one_shot = iter(feeds) is feeds
         first = next(iter(feeds), None)
+        self.first_rows = self.slicer.rows(first) if first is not None else 1  # samples in the first batch
+        specs = specs_from_onnx(model)  # (once: 25 ms for a graph of 600 nodes)
         if first is not None:
-            check_feeds(first, specs_from_onnx(model), where="calibration")  # names the input, before ORT's words
+            check_feeds(first, specs, where="calibration")  # names the input, before ORT's words
         self.sessions = _Sessions(model, self.types, base_dir)
         self.plan: _Passes | None = (
             _Passes.probe(self.sessions, names, first, self.slicer) if names and first is not None else None
         )
         if self.plan is None and names and first is not None:  # ONNX Runtime cannot load it: the emulator computes all
             unknown = unknown + names
-        self.first_pass = _FirstPass(model, unknown, base_dir)
+        self.first_pass = _FirstPass(model, unknown, base_dir, specs)
         self.passes = len(self.plan.chunks) if self.plan else 1
         self.feeds = _read_again(feeds, first, self.passes) if one_shot else feeds
         logger.info("calibrating %d tensors in %d pass(es) over the data", len(self.known) + len(unknown), self.passes)
@@ -378,10 +387,11 @@ class _Run:
         self.share = self._share(first, feeds if not one_shot else None)
         self.share_rows: dict[str, int] = dict.fromkeys(self.known, 0)  # samples each tensor's full statistics read
         self.emulated_rows = 0  # samples the emulator ran on (its tensors' statistics)
+        self.overlap = Overlap()  # a call's statistics reduced while ONNX Runtime runs the next (:meth:`_fetch`)
 
     def _share(self, first: Mapping[str, np.ndarray] | None, sized: Any) -> StatShare:
         """Which batches each tensor's full statistics read (:mod:`mpinfer.precision.calib.share`)."""
-        rows = self.slicer.rows(first) if first is not None else 1
+        rows = self.first_rows
         batches = len(sized) if isinstance(sized, Sized) else None
         plan = self.plan
         values: dict[str, int] = {}
@@ -418,6 +428,7 @@ class _Run:
             if index == 0:
                 self._count(b, batch)
             advance()
+        self.overlap.wait()  # (the pass's last statistics)
 
     def _fetch(
         self,
@@ -437,13 +448,19 @@ class _Run:
         chunk, per_call, rows = plan.chunks[index], plan.rows_per_call[index], self.slicer.rows(batch)
         collector = self.first_pass.collector
         if rows <= per_call or rows % plan.multiple:  # (a batch the model takes whole but not in groups: whole)
-            _run_chunk(sess, chunk, batch, collector, keep, capture.wanted(b), full, (rows, rows))
+            # its statistics reduced while the next batch runs, when two batches' tensors fit the call slice
+            overlap = self.overlap if 2 * rows <= per_call else None
+            known = plan.take_probe(batch) if index == 0 and b == 0 else None
+            _run_chunk(sess, chunk, batch, collector, keep, capture.wanted(b), full, (rows, rows), overlap, known)
         else:  # too many bytes for one call: slices of samples (the outputs joined from them, or run on their own)
             pieces: list[tuple[int, dict[str, np.ndarray]]] = []
+            self.overlap.wait()  # (one call's tensors at a time: each as big as the slice)
             for row in range(0, rows, per_call):
                 part = self.slicer.slice(batch, row, row + per_call)
                 got: dict[str, np.ndarray] | None = {} if keep is not None and index == 0 else None
-                _run_chunk(sess, chunk, part, collector, got, capture.outputs, full, (self.slicer.rows(part), rows))
+                known = plan.take_probe(part) if index == 0 and b == 0 and row == 0 else None
+                _run_chunk(sess, chunk, part, collector, got, capture.outputs, full, (self.slicer.rows(part), rows),
+                           values=known)
                 if got is not None:
                     pieces.append((self.slicer.rows(part), got))
             if keep is not None and index == 0:
@@ -538,10 +555,10 @@ class _Run:
 class _FirstPass:
     """What the first pass over the data does besides ONNX Runtime: checks, inputs, bodies, counts."""
 
-    def __init__(self, model: Any, emulated: list[str], base_dir: str = "") -> None:
+    def __init__(self, model: Any, emulated: list[str], base_dir: str = "", specs: Any = None) -> None:
         self.collector = StatsCollector()
         self.batches = self.samples = 0
-        self._specs = specs_from_onnx(model)
+        self._specs = specs if specs is not None else specs_from_onnx(model)
         self._inputs = {vi.name for vi in model.graph.input}
         self._observe = self.collector.observer(set(emulated))
         has_bodies = any(a.type in (5, 10) for n in model.graph.node for a in n.attribute)  # GRAPH(S)

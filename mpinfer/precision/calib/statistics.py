@@ -7,6 +7,7 @@ the 99.9th percentile is read, so memory never grows with the number of batches.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Container, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -61,10 +62,27 @@ def _bin_lower_edge(b: int) -> float:
     return float(np.asarray(b << _SHIFT, np.uint32).view(np.float32))
 
 
+@functools.cache
 def _bin_upper_edges() -> np.ndarray:
-    """Upper magnitude edge of every finite histogram bin (float64)."""
+    """Upper magnitude edge of every finite histogram bin (float64; one array, read only)."""
     starts = (np.arange(1, _INF_BIN + 1, dtype=np.uint64) << _SHIFT).astype(np.uint32)
-    return starts.view(np.float32).astype(np.float64)
+    edges = starts.view(np.float32).astype(np.float64)
+    edges.flags.writeable = False
+    return edges
+
+
+def _blocks(rows: np.ndarray, blocks: int, block: int) -> np.ndarray:
+    """``blocks`` evenly spaced runs of ``block`` columns of each row of ``rows``, row after row, flat.
+
+    Copies slices, never a fancy index: gathering 2**20 values through an index array cost 7 ms a tensor (orientation:
+    most of its calibration's statistics), slices a tenth of that.
+    """
+    width = rows.shape[1]
+    starts = np.linspace(0, width - block, blocks).astype(np.int64)
+    out = np.empty((rows.shape[0], blocks * block), rows.dtype)
+    for k, start in enumerate(starts.tolist()):
+        out[:, k * block : (k + 1) * block] = rows[:, start : start + block]
+    return out.reshape(-1)
 
 
 # The bin holding FP16_MAX: every bin above it (below _INF_BIN) holds only values that overflow FP16.
@@ -226,9 +244,7 @@ class _Accumulator:
         width = flat.size // call
         blocks = max(1, SHARE_BLOCKS // batch)
         block = max(1, min(width, per_sample) // blocks)
-        starts = np.linspace(0, width - block, blocks).astype(np.int64)
-        index = (starts[:, None] + np.arange(block, dtype=np.int64)).ravel()
-        self.update(flat.reshape(call, width)[:, index].ravel())
+        self.update(_blocks(flat.reshape(call, width), blocks, block))
         self.absmax = max(self.absmax, top)
 
     def update_absmax(self, arr: np.ndarray) -> None:
