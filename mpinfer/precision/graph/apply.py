@@ -173,9 +173,15 @@ class GraphRewriter:
         self._retype_value_info(graph)
 
     def _slots_of(self, addr: str, node: Any) -> Slots:
-        if addr not in self._slots:
-            self._slots[addr] = self.info.slots(node, self.low_type)
-        return self._slots[addr]
+        """``node``'s slots, asked of ``info`` with its own node where it has it.
+
+        ``info`` caches slots per node object: the rules asked it already, the copy's node would miss.
+        """
+        known = self._slots.get(addr)
+        if known is None:
+            ref = self.info.by_address.get(addr)
+            known = self._slots[addr] = self.info.slots(ref.node if ref is not None else node, self.low_type)
+        return known
 
     def _wanted(self, name: str) -> set[int]:
         """The dtypes the consumers of ``name`` want (graph outputs included)."""

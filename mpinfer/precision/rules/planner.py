@@ -178,6 +178,8 @@ def rule_plan(
     The attention masks the plan rewrites (reason ``rewrite:mask``) are rewritten in ``info.model`` in place,
     so that the search and the rewrite of the graph see them: ``info`` must hold a model of the caller's own.
     """
+    if stats is not None and type(stats) is not dict:
+        stats = dict(stats.items())  # (the rules look up each float tensor: a Mapping's get raises on every miss)
     sites = find_mask_sites(info, precision, stats)
     decisions = classify_nodes(info, precision, options, stats, sites)
     rewrite_masks(info, sites, [a for a, d in decisions.items() if d.reason == MASK_REASON])
@@ -255,8 +257,9 @@ def _output_range(info: GraphInfo, ref: Any, stats: Mapping[str, Any] | None) ->
             if st is None:
                 return {}
             out: dict[str, float | str] = {}
+            mapping = isinstance(st, Mapping)
             for key in RANGE_KEYS:
-                val = st.get(key) if isinstance(st, Mapping) else getattr(st, key, None)
+                val = st.get(key) if mapping else getattr(st, key, None)
                 if isinstance(val, (int, float)):
                     out[key] = float(val) if math.isfinite(val) else str(val)
             return out
