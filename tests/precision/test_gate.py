@@ -369,12 +369,13 @@ def test_strict_inference_runs_once_and_its_failures_are_still_named(monkeypatch
         return real(model, *args, **kwargs)
 
     monkeypatch.setattr(onnx.shape_inference, "infer_shapes", counting)
-    assert run_checks(_cast_chain_model()) == [] and calls == []
+    offline = ("checker", "inference")  # (helper.make_model's IR version may be past what ONNX Runtime reads)
+    assert run_checks(_cast_chain_model(), offline) == [] and calls == []
     x = helper.make_tensor_value_info("X", TensorProto.FLOAT, [2])
     h = helper.make_tensor_value_info("H", TensorProto.FLOAT16, [2])
     y = helper.make_tensor_value_info("Y", TensorProto.FLOAT, [2])
     mixed = helper.make_model(helper.make_graph([helper.make_node("Add", ["X", "H"], ["Y"], name="a")], "g", [x, h],
                                                 [y]), opset_imports=[helper.make_opsetid("", 17)])
-    checks = {f.check: f.node for f in run_checks(mixed)}
+    checks = {f.check: f.node for f in run_checks(mixed, offline)}
     assert checks["checker"] == "a" and checks["inference"] == "a" and calls == ["bytes"]
     assert {f.check for f in run_checks(mixed.SerializeToString(), ("inference",))} == {"inference"}

@@ -238,3 +238,18 @@ def test_slots_follow_a_change_of_the_tensor_types():
     assert info.slots(node, FLOAT16).inputs
     del info.types[node.input[0]]
     assert info.slots(node, FLOAT16).blocked
+
+
+def test_nodes_of_one_kind_share_slots_and_a_blocked_one_names_its_own_tensor():
+    from mpinfer.precision.core.graphinfo import FLOAT16
+
+    nodes = [helper.make_node("Add", ["x", "w1"], ["a"], name="add1"), helper.make_node("Add", ["a", "w2"], ["y"],
+                                                                                       name="add2")]
+    model = make(nodes, [fvi("x", [2])], [fvi("y", [2])], [init("w1", rng_w(2)), init("w2", rng_w(2, seed=1))])
+    info = GraphInfo(name_nodes(model))
+    first, second = (info.slots(info.by_address[a].node, FLOAT16) for a in ("add1", "add2"))
+    assert first.inputs == second.inputs == [0, 1] and first is not second
+    info.types["w2"] = TensorProto.DOUBLE
+    info.types["w1"] = TensorProto.DOUBLE
+    blocked = [info.slots(info.by_address[a].node, FLOAT16).blocked for a in ("add1", "add2")]
+    assert "'w1'" in (blocked[0] or "") and "'w2'" in (blocked[1] or "")

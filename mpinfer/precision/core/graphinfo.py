@@ -163,6 +163,7 @@ class GraphInfo:
         self.types: dict[str, int] = TensorTypes()
         self._slot_cache: dict[tuple[int, int], list[Any]] = {}  # -> [node, types version, its tensor types, Slots]
         self._param_cache: dict[tuple[int, int, int], tuple[Any, Any]] = {}
+        self._slot_kinds: dict[tuple[Any, ...], Slots] = {}  # (op, types, empty slots) -> its unblocked Slots
         self.shapes: dict[str, tuple[int | None, ...] | None] = {}
         self.initializers: dict[str, Any] = {}
         self.non_tensor: set[str] = set()  # sequence / optional / map values
@@ -298,7 +299,16 @@ class GraphInfo:
         if known is not None and known[0] is node and known[2] == types:
             known[1] = version
             return known[3]
-        out = self._compute_slots(node, low_type)
+        # nodes of one op with the same tensor types (and the same optional slots left empty) have the same slots:
+        # a 600-node model has a dozen such kinds (a blocked node's reason names its tensors: computed for it alone)
+        kind = (node.domain, node.op_type, low_type, types, tuple(map(bool, node.input)), tuple(map(bool, node.output)))
+        same = self._slot_kinds.get(kind)
+        if same is not None:
+            out = Slots(list(same.inputs), list(same.outputs), None, same.has_float)
+        else:
+            out = self._compute_slots(node, low_type)
+            if out.blocked is None:
+                self._slot_kinds[kind] = out
         self._slot_cache[key] = [node, version, types, out]
         return out
 
