@@ -247,17 +247,19 @@ def frozen_heap() -> Iterator[None]:
 
     Every full collection walks every object the process holds: in a convert of a 600-node model most are the
     imported modules' (~47,000 objects: numpy, onnx, onnxruntime, mpinfer), and the run's full collections (the two
-    :func:`release_memory` calls and those Python starts itself) cost ~0.1 s of its 3 s walking them. Frozen, they
-    are skipped; what the run allocates is scanned and collected as before. On the way out the run's own cycles are
-    collected (a scan of what it allocated alone) and the heap is unfrozen, so the caller's next run does not
-    freeze this one's garbage. A no-op where the caller froze the heap itself (the test suite) or disabled the
-    collector: their choice stands.
+    :func:`release_memory` calls and those Python starts itself) cost ~0.1 s of its 3 s walking them. The run starts
+    with one full collection (what the caller's earlier work left in cycles, e.g. an export's graphs in the same
+    process, is freed now, not held through the run), then freezes what is alive: later collections scan what the
+    run allocated alone. On the way out the run's own cycles are collected (that scan again) and the heap is
+    unfrozen. A no-op where the caller froze the heap itself (the test suite) or disabled the collector: their
+    choice stands.
     """
     import gc
 
     if not gc.isenabled() or gc.get_freeze_count():
         yield
         return
+    gc.collect()
     gc.freeze()
     try:
         yield

@@ -89,7 +89,7 @@ def test_memory_limit_on_the_cli(invoke, tmp_path):
 
 
 def test_a_run_keeps_what_was_alive_out_of_the_collector_and_collects_its_own_cycles():
-    """budgeted runs freeze the heap they start with; their own cycles are collected on the way out."""
+    """budgeted runs collect, then freeze the heap they start with; their own cycles are collected on the way out."""
     import gc
     import weakref
 
@@ -109,7 +109,19 @@ def test_a_run_keeps_what_was_alive_out_of_the_collector_and_collects_its_own_cy
     gc.collect()
     gc.unfreeze()  # (the suite freezes its heap: conftest.py)
     try:
-        assert run(object()) == 1
+        a, b = Node(), Node()
+        a.other, b.other = b, a  # a cycle the caller left: collected when the run starts, not frozen with it
+        before = weakref.ref(a)
+        del a, b
+        seen["before"] = None
+
+        @memory.budgeted
+        def look(config):
+            seen["before"] = before()
+            return run(config)
+
+        assert look(object()) == 1
+        assert seen["before"] is None
         assert seen["frozen"] > 0 and gc.get_freeze_count() == 0 and seen["cycle"]() is None
         gc.freeze()  # a caller that froze its heap itself: left as it is
         frozen = gc.get_freeze_count()
