@@ -406,6 +406,7 @@ def apply_plan(
            tuple(sorted(info.low_io.items())))
     if info.applied is not None and info.applied[0] is model and info.applied[1] == key:
         return info.applied[2]  # (the same plan on the same model: the same rewrite)
+    info.applied = None  # (the last one goes before this one is made, unless its caller holds it)
     rw = GraphRewriter(info, precisions, low, keep_io_types=keep_io_types)
     out = rw.rewrite(model)
     converted = tuple(
