@@ -94,6 +94,9 @@ def index_ranges(model: Any) -> dict[str, tuple[int, int]]:
     """Graph input -> ``(0, N)`` for integer inputs whose every value must index something of N entries."""
     from onnx import numpy_helper
 
+    inits = {t.name for t in model.graph.initializer}
+    if not any(vi.name not in inits and vi.type.tensor_type.elem_type in (6, 7) for vi in model.graph.input):
+        return {}  # (no integer input: nothing to bound, no graph walk)
     shapes = _static_shapes(model)
     scalars = {}
     for t in model.graph.initializer:
@@ -105,7 +108,6 @@ def index_ranges(model: Any) -> dict[str, tuple[int, int]]:
     for node in model.graph.node:
         for i, name in enumerate(node.input):
             consumers[name].append((node, i))
-    inits = {t.name for t in model.graph.initializer}
     ranks = _Ranks(model, shapes)
     out: dict[str, tuple[int, int]] = {}
     for vi in model.graph.input:
@@ -137,6 +139,8 @@ def pinned_dims(model: Any) -> dict[tuple[str, int], int]:
 
     A recurrent op's batch dim, when its state comes from a fixed-size input.
     """
+    if not any(node.op_type in _RECURRENT for node in model.graph.node):
+        return {}  # (no recurrent op: nothing fixes a dim)
     shapes = _static_shapes(model)
     ranks = {vi.name: len(vi.type.tensor_type.shape.dim) for vi in model.graph.input
              if vi.type.WhichOneof("value") == "tensor_type"}

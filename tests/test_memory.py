@@ -86,3 +86,47 @@ def test_memory_limit_on_the_cli(invoke, tmp_path):
     assert not (tmp_path / "o.onnx").exists() and not (tmp_path / "m.ort").exists()
     r = invoke("convert", src, "--calibration", "none", "-o", tmp_path / "o.onnx", "--memory-limit", "1GB")
     assert r.exit_code == 0, r.output
+
+
+def test_a_run_keeps_what_was_alive_out_of_the_collector_and_collects_its_own_cycles():
+    """budgeted runs collect, then freeze the heap they start with; their own cycles are collected on the way out."""
+    import gc
+    import weakref
+
+    class Node:
+        pass
+
+    seen = {}
+
+    @memory.budgeted
+    def run(config):
+        seen["frozen"] = gc.get_freeze_count()
+        a, b = Node(), Node()
+        a.other, b.other = b, a  # a cycle made by the run
+        seen["cycle"] = weakref.ref(a)
+        return 1
+
+    gc.collect()
+    gc.unfreeze()  # (the suite freezes its heap: conftest.py)
+    try:
+        a, b = Node(), Node()
+        a.other, b.other = b, a  # a cycle the caller left: collected when the run starts, not frozen with it
+        before = weakref.ref(a)
+        del a, b
+        seen["before"] = None
+
+        @memory.budgeted
+        def look(config):
+            seen["before"] = before()
+            return run(config)
+
+        assert look(object()) == 1
+        assert seen["before"] is None
+        assert seen["frozen"] > 0 and gc.get_freeze_count() == 0 and seen["cycle"]() is None
+        gc.freeze()  # a caller that froze its heap itself: left as it is
+        frozen = gc.get_freeze_count()
+        run(object())
+        assert seen["frozen"] <= frozen and gc.get_freeze_count() > 0  # (not frozen again nor unfrozen)
+    finally:
+        gc.collect()
+        gc.freeze()

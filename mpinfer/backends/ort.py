@@ -166,7 +166,10 @@ def onnx_input_specs(model: Any) -> list[TensorSpec]:
 
 
 def load_check(model: Any, path: Path | None) -> None:
-    """Load ``model`` (or the file ``path``) in an ONNX Runtime CPU session, unoptimized: raises what it raises."""
+    """Load ``model`` (a ModelProto or its bytes; or the file ``path``) in an ONNX Runtime CPU session, unoptimized.
+
+    Raises what ONNX Runtime raises.
+    """
     import onnxruntime as ort
 
     so = ort.SessionOptions()
@@ -174,7 +177,7 @@ def load_check(model: Any, path: Path | None) -> None:
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     so.add_session_config_entry("session.disable_prepacking", "1")  # a load check needs no packed copies
     so.intra_op_num_threads = so.inter_op_num_threads = 1  # nor a thread pool (a third of a 600-node model's load)
-    src = str(path) if path is not None else model.SerializeToString()
+    src = str(path) if path is not None else model if isinstance(model, bytes) else model.SerializeToString()
     ort.InferenceSession(src, so, providers=["CPUExecutionProvider"])
 
 

@@ -23,6 +23,7 @@ from mpinfer.memory import budgeted, current_budget, release_memory
 from mpinfer.modelio import (
     data_file,
     external_data_files,
+    iter_nodes,
     load_onnx,
     name_nodes,
     require_file,
@@ -259,7 +260,9 @@ def _load(
         release_memory()  # the whole proto, before the graph alone is read back
         model = load_onnx(weights, load_external_data=False)
         model.ir_version = ir_version  # (save_streamed wrote the IR version it writes outputs at)
-    model = name_nodes(model)
+    addresses = [ref.address for ref in iter_nodes(model.graph)]
+    if any(not a or a.endswith("/") for a in addresses) or len(set(addresses)) != len(addresses):
+        model = name_nodes(model)  # (a copy with every node named: a model already named is this run's own proto)
     # no --opset (nor a plan's): a decoder is upgraded to the opset where its RMSNorm chains fuse, when they would
     upgrade = fusion_opset(model) if opts.opset is None and fuse else None
     model = ensure_opset(model, opts.precision, opset=upgrade[0] if upgrade else opts.opset,

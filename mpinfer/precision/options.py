@@ -29,7 +29,7 @@ from mpinfer.errors import InvalidInputError, format_message
 from mpinfer.metrics import guess_class_output
 from mpinfer.precision.config import ConvertConfig
 from mpinfer.precision.core import float_outputs
-from mpinfer.precision.emulator import GraphEmulator
+from mpinfer.precision.emulator.emulate import unsupported_op_types
 from mpinfer.precision.numerics import EVALUATORS, OrtEvaluator, check_numerics, evaluator_class
 from mpinfer.specs import Precision
 from mpinfer.usermetric import metric_names
@@ -362,7 +362,7 @@ def _floor_numerics(opts: Options, model: Any) -> Options:
     """
     if not opts.default_budget or not evaluator_class(opts.numerics).emulated:
         return opts
-    missing = GraphEmulator(model).unsupported_ops()
+    missing = unsupported_op_types(model)  # (GraphEmulator(model).unsupported_ops() without compiling the model)
     if not missing:
         return opts
     if opts.precision is Precision.BF16:

@@ -518,3 +518,30 @@ def test_quantized_op_keeps_its_dequantize_adjacent(tmp_path, opset):
             assert {producers[i].op_type for i in node.input} == {"DequantizeLinear"}  # no Cast in between
     x = np.random.default_rng(1).standard_normal((2, 4)).astype(np.float32)
     assert_onnx_outputs_close(run_ort(out, {"x": x})[0], run_ort(model, {"x": x})[0], model, dtype=np.float16)
+
+
+def test_the_same_plan_applied_again_is_not_rewritten_again(tmp_path):
+    """apply_plan keeps its last result on the GraphInfo: the same plan on the same model returns it (the search's
+    candidate is the model convert writes); another plan, another model or a model changed in place does not."""
+    from mpinfer.modelio import save_onnx
+    from mpinfer.precision.core.plan import NodeDecision
+    from mpinfer.precision.rules.planner import rewrite_planned_masks
+
+    info = GraphInfo(name_nodes(mlp()))
+    low = {a: Precision.FP16 for a in ("fc1", "fc2")}
+    first = apply_plan(info.model, info, {**low, "relu": Precision.FP32}, Precision.FP16)
+    assert apply_plan(info.model, info, low, Precision.FP16) is first  # (FP32 entries or none: the same plan)
+    assert apply_plan(info.model, info, low, Precision.FP16, keep_io_types=False) is not first
+    other = apply_plan(info.model, info, {"fc1": Precision.FP16}, Precision.FP16)
+    assert other is not first and apply_plan(info.model, info, low, Precision.FP16) is not first
+    mine = apply_plan(info.model, info, low, Precision.FP16)
+    copy = onnx.ModelProto()
+    copy.CopyFrom(info.model)
+    assert apply_plan(copy, info, low, Precision.FP16) is not mine
+    mine = apply_plan(info.model, info, low, Precision.FP16)
+    edited = [NodeDecision("fc1", "MatMul", Precision.FP16, "rewrite:mask", "", {"mask_value": 0.0})]
+    rewrite_planned_masks(info, edited, Precision.FP16)  # (the model changes in place: nothing kept holds)
+    assert info.applied is None and apply_plan(info.model, info, low, Precision.FP16) is not mine
+    external = GraphInfo(info.model, base_dir=str(save_onnx(info.model, tmp_path / "m.onnx").parent))
+    apply_plan(external.model, external, low, Precision.FP16)
+    assert external.applied is None  # (weights read from a file: their candidates are streamed, never kept)

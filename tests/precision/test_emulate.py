@@ -1180,3 +1180,35 @@ def test_inputs_the_op_cannot_take_are_the_datas_fault_not_a_bug(op, attrs, init
     with pytest.raises(InvalidInputError, match=pattern):
         GraphEmulator(model).run({"x": x})
     assert GraphEmulator(model).run({"x": np.ones((1, 1, 8), np.float32)}).outputs["y"].shape[-1] in (4, 11)
+
+
+@pytest.mark.slow
+def test_the_ops_the_emulator_cannot_run_are_named_without_compiling_it_on_every_node_test():
+    """unsupported_op_types says what GraphEmulator says on every ONNX node test case (30 s: slow)."""
+    from mpinfer.precision.emulator.emulate import unsupported_op_types
+
+    seen = 0
+    for case in _conformance_cases():
+        assert unsupported_op_types(case.model) == GraphEmulator(case.model).unsupported_ops(), case.name
+        seen += bool(GraphEmulator(case.model).unsupported_ops())
+    assert seen  # (ai.onnx.ml and preview training ops among them)
+
+
+def test_the_ops_the_emulator_cannot_run_are_named_without_compiling_the_model():
+    """unsupported_op_types (the default floor's question before calibration) says what GraphEmulator says: custom
+    ops in the main graph and in an If body."""
+    from mpinfer.precision.emulator.emulate import unsupported_op_types
+
+    x, y = helper.make_tensor_value_info("x", F, [2]), helper.make_tensor_value_info("y", F, [2])
+    body = helper.make_graph([helper.make_node("Other", ["x"], ["b"], domain="com.other")], "then", [],
+                             [helper.make_tensor_value_info("b", F, [2])])
+    other = helper.make_graph([helper.make_node("Identity", ["x"], ["c"])], "else", [],
+                              [helper.make_tensor_value_info("c", F, [2])])
+    nodes = [helper.make_node("FancyOp", ["x"], ["f"], name="fancy", domain="com.example"),
+             helper.make_node("ReduceSum", ["f"], ["s"], name="sum", keepdims=0),
+             helper.make_node("Cast", ["s"], ["cond"], name="cast", to=TensorProto.BOOL),
+             helper.make_node("If", ["cond"], ["y"], name="if", then_branch=body, else_branch=other)]
+    model = helper.make_model(helper.make_graph(nodes, "g", [x], [y]), opset_imports=[
+        helper.make_opsetid("", 17), helper.make_opsetid("com.example", 1), helper.make_opsetid("com.other", 1)])
+    assert unsupported_op_types(model) == GraphEmulator(model).unsupported_ops() == {"com.example::FancyOp",
+                                                                                     "com.other::Other"}

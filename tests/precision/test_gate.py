@@ -354,3 +354,28 @@ def test_the_published_gate_skips_only_the_bytes_the_apply_gate_passed(tmp_path,
     onnx.save(other, str(out))
     gate_published(out, baseline_model=model, gated=result.gated)
     assert made == ["bytes", "path"]  # other bytes: the whole gate on the file
+
+
+def test_strict_inference_runs_once_and_its_failures_are_still_named(monkeypatch):
+    """The full checker ends with strict type inference: passed, the inference check is not run again; failed,
+    both checks still report (the verdicts and the input-model comparison are those of the two checks)."""
+    from mpinfer.precision.graph.validate import run_checks
+
+    calls = []
+    real = onnx.shape_inference.infer_shapes
+
+    def counting(model, *args, **kwargs):
+        calls.append(type(model).__name__)
+        return real(model, *args, **kwargs)
+
+    monkeypatch.setattr(onnx.shape_inference, "infer_shapes", counting)
+    offline = ("checker", "inference")  # (helper.make_model's IR version may be past what ONNX Runtime reads)
+    assert run_checks(_cast_chain_model(), offline) == [] and calls == []
+    x = helper.make_tensor_value_info("X", TensorProto.FLOAT, [2])
+    h = helper.make_tensor_value_info("H", TensorProto.FLOAT16, [2])
+    y = helper.make_tensor_value_info("Y", TensorProto.FLOAT, [2])
+    mixed = helper.make_model(helper.make_graph([helper.make_node("Add", ["X", "H"], ["Y"], name="a")], "g", [x, h],
+                                                [y]), opset_imports=[helper.make_opsetid("", 17)])
+    checks = {f.check: f.node for f in run_checks(mixed, offline)}
+    assert checks["checker"] == "a" and checks["inference"] == "a" and calls == ["bytes"]
+    assert {f.check for f in run_checks(mixed.SerializeToString(), ("inference",))} == {"inference"}

@@ -126,3 +126,33 @@ def test_bf16_plan_reapplied_with_its_own_precision(tmp_path):
     again = convert_precision(ConvertConfig(model=src, output=tmp_path / "b.onnx", plan=first.plan_path))
     assert again.plan.precision is Precision.BF16
     assert first.output.read_bytes() == again.output.read_bytes()
+
+
+def test_plan_text_is_what_json_dumps_writes(converted):
+    """The plan's writer (core/jsontext.py) gives json.dumps(indent=1)'s very bytes, odd values included."""
+    import enum
+    from pathlib import Path
+
+    import numpy as np
+
+    from mpinfer.precision.core.jsontext import dumps_indented
+    from mpinfer.precision.core.plan import _default
+
+    class Level(enum.IntEnum):
+        LOW = 2
+
+    plan = PrecisionPlan.load(converted[1].plan_path)
+    odd = {"s": "é\n\"q\"\\", "i": -3, "big": 2**70, "f": 1e-320, "g": 0.1, "t": True, "n": None, "e": [], "d": {},
+           "nest": [[1, [2.5, {}]], ({"a": ()},)], 1: "int key", 2.5: "float key", False: "bool key", None: "null key",
+           "np": [np.float32(0.5), np.int64(7), np.float64(2.0)], "path": Path("a/b"), "enum": Level.LOW,
+           "prec": Precision.FP16, "sub": True}
+    for obj in (plan.to_dict(), odd, [], {}, "x", 3.0):
+        want = json.dumps(obj, indent=1, sort_keys=False, allow_nan=False, default=_default)
+        assert dumps_indented(obj, 1, _default) == want
+    for bad in (float("nan"), {"x": [float("inf")]}, {float("-inf"): 1}):
+        with pytest.raises(ValueError, match="Out of range float values"):
+            dumps_indented(bad, 1, _default)
+    with pytest.raises(TypeError):
+        dumps_indented({"x": object()}, 1, _default)
+    with pytest.raises(TypeError):
+        dumps_indented({(1, 2): 1}, 1, _default)

@@ -176,3 +176,80 @@ def test_pruned_weights_go_fp16_tiny_weights_stay_fp32():
         if t.name == "w1":
             t.CopyFrom(init("w1", np.full((8, 16), 1e-9, np.float32)))  # the whole weight lives below FP16
     assert _plan(model)["fc1"] == (Precision.FP32, "weights:out-of-range")
+
+
+def _weight_stats_reference(arr):
+    """_weight_stats as first written: every pass over the whole weight (the shortcuts must give these figures)."""
+    from mpinfer.precision.core import sum_of_squares
+    from mpinfer.precision.rules.classify import FP16_TINY
+
+    a = np.abs(arr.astype(np.float32, copy=False)).ravel()
+    a = a[np.isfinite(a)]
+    if a.size == 0:
+        return {"absmax": 0.0, "underflow_frac": 0.0, "underflow_energy": 0.0}
+    tiny = a < FP16_TINY / 2
+    flushed = a[tiny & (a > 0)]
+    under = float(flushed.size / (a.size - int(np.count_nonzero(a == 0)))) if flushed.size else 0.0
+    total = sum_of_squares(a)
+    energy = float(np.dot(flushed.astype(np.float64), flushed.astype(np.float64)) / total) if total > 0 else 0.0
+    return {"absmax": float(a.max()), "underflow_frac": under, "underflow_energy": energy}
+
+
+@pytest.mark.parametrize(
+    "case", ["normal", "zeros", "tiny", "nan", "inf", "all-nan", "threshold", "at-threshold", "all-zero"]
+)
+def test_weight_statistics_take_shortcuts_without_changing_a_figure(case):
+    from mpinfer.precision.rules.classify import FP16_TINY, _weight_stats
+
+    arr = rng_w(16, 16)
+    if case == "zeros":
+        arr[::3] = 0.0
+    elif case == "tiny":
+        arr[0, :5] = 1e-12
+        arr[1] = 0.0
+    elif case == "nan":
+        arr[2, 2] = np.nan
+        arr[3, 3] = 1e-10
+    elif case == "inf":
+        arr[4, 4] = -np.inf
+    elif case == "all-nan":
+        arr[:] = np.nan
+    elif case == "threshold":  # the float32 neighbours of the flush threshold
+        half = np.float32(FP16_TINY / 2)
+        arr[0, :3] = [np.nextafter(half, np.float32(0)), half, np.nextafter(half, np.float32(1))]
+    elif case == "at-threshold":  # the least value is the threshold itself: nothing flushes
+        arr[0, 0] = np.float32(FP16_TINY / 2)
+    elif case == "all-zero":
+        arr[:] = 0.0
+    assert _weight_stats(arr) == _weight_stats_reference(arr)
+
+
+def test_slots_follow_a_change_of_the_tensor_types():
+    """GraphInfo.slots caches per node; any change of ``info.types`` (set, update, delete) is seen."""
+    from mpinfer.precision.core.graphinfo import FLOAT16
+
+    info = GraphInfo(name_nodes(mlp()))
+    node = info.by_address["fc1"].node
+    assert info.slots(node, FLOAT16).inputs
+    info.types.update({name: TensorProto.DOUBLE for name in node.input})
+    assert not info.slots(node, FLOAT16).inputs
+    for name in node.input:
+        info.types[name] = TensorProto.FLOAT
+    assert info.slots(node, FLOAT16).inputs
+    del info.types[node.input[0]]
+    assert info.slots(node, FLOAT16).blocked
+
+
+def test_nodes_of_one_kind_share_slots_and_a_blocked_one_names_its_own_tensor():
+    from mpinfer.precision.core.graphinfo import FLOAT16
+
+    nodes = [helper.make_node("Add", ["x", "w1"], ["a"], name="add1"), helper.make_node("Add", ["a", "w2"], ["y"],
+                                                                                       name="add2")]
+    model = make(nodes, [fvi("x", [2])], [fvi("y", [2])], [init("w1", rng_w(2)), init("w2", rng_w(2, seed=1))])
+    info = GraphInfo(name_nodes(model))
+    first, second = (info.slots(info.by_address[a].node, FLOAT16) for a in ("add1", "add2"))
+    assert first.inputs == second.inputs == [0, 1] and first is not second
+    info.types["w2"] = TensorProto.DOUBLE
+    info.types["w1"] = TensorProto.DOUBLE
+    blocked = [info.slots(info.by_address[a].node, FLOAT16).blocked for a in ("add1", "add2")]
+    assert "'w1'" in (blocked[0] or "") and "'w2'" in (blocked[1] or "")

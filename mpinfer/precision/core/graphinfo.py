@@ -7,6 +7,7 @@ inputs of a node may be lowered, and FLOPs.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -80,6 +81,53 @@ SHAPE_INPUTS: dict[str, tuple[int, ...]] = {
 }
 
 
+class TensorTypes(dict):
+    """Tensor name -> ONNX element type, counting its changes (:attr:`version`).
+
+    :meth:`GraphInfo.slots` caches each node's slots under the version they were computed at: while it stands, no
+    type has changed and the cached slots hold without reading the node's tensor types again.
+    """
+
+    version = 0
+
+    def __setitem__(self, key: str, value: int) -> None:
+        super().__setitem__(key, value)
+        self.version += 1
+
+    def __delitem__(self, key: str) -> None:
+        super().__delitem__(key)
+        self.version += 1
+
+    def __ior__(self, other: Any) -> TensorTypes:  # type: ignore[override,misc]
+        self.update(other)
+        return self
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        """As ``dict.update`` (counted)."""
+        super().update(*args, **kwargs)
+        self.version += 1
+
+    def pop(self, *args: Any) -> Any:
+        """As ``dict.pop`` (counted)."""
+        self.version += 1
+        return super().pop(*args)
+
+    def popitem(self) -> tuple[str, int]:
+        """As ``dict.popitem`` (counted)."""
+        self.version += 1
+        return super().popitem()
+
+    def setdefault(self, key: str, default: Any = None) -> Any:
+        """As ``dict.setdefault`` (counted)."""
+        self.version += 1
+        return super().setdefault(key, default)
+
+    def clear(self) -> None:
+        """As ``dict.clear`` (counted)."""
+        super().clear()
+        self.version += 1
+
+
 @dataclass
 class Slots:
     """Which inputs/outputs of a node switch to the low dtype when the node runs low.
@@ -112,9 +160,10 @@ class GraphInfo:
         self.base_dir = base_dir or ""
         self.opsets = {(imp.domain or ""): imp.version for imp in model.opset_import}
         inferred = _infer_types(model)
-        self.types: dict[str, int] = {}
-        self._slot_cache: dict[tuple[int, int], tuple[Any, tuple[int | None, ...], Slots]] = {}
+        self.types: dict[str, int] = TensorTypes()
+        self._slot_cache: dict[tuple[int, int], list[Any]] = {}  # -> [node, types version, its tensor types, Slots]
         self._param_cache: dict[tuple[int, int, int], tuple[Any, Any]] = {}
+        self._slot_kinds: dict[tuple[Any, ...], Slots] = {}  # (op, types, empty slots) -> its unblocked Slots
         self.shapes: dict[str, tuple[int | None, ...] | None] = {}
         self.initializers: dict[str, Any] = {}
         self.non_tensor: set[str] = set()  # sequence / optional / map values
@@ -140,6 +189,10 @@ class GraphInfo:
         # main-graph inputs/outputs the user's model had in FP16/BF16 before --force brought it back to FP32
         # (name -> element type): the rewrite gives them that type again
         self.low_io: dict[str, int] = {}
+        # the last plan :func:`mpinfer.precision.graph.apply.apply_plan` applied to this model: (the model, the
+        # plan's key, its ApplyResult), for the next caller applying the same plan (the search judged the plan
+        # convert then writes); cleared by whoever changes the model in place (the mask rewrites)
+        self.applied: tuple[Any, Any, Any] | None = None
 
     def _collect(self, graph: Any) -> None:
         import onnx
@@ -240,12 +293,27 @@ class GraphInfo:
         several times (callers only read the result).
         """
         key = (id(node), low_type)
-        types = tuple(self.types.get(n) for n in node.input) + tuple(self.types.get(n) for n in node.output)
         known = self._slot_cache.get(key)
-        if known is not None and known[0] is node and known[1] == types:  # (the node is held: its id stays its own)
-            return known[2]
-        out = self._compute_slots(node, low_type)
-        self._slot_cache[key] = (node, types, out)
+        version = getattr(self.types, "version", None)  # (None: a plain dict put in its place)
+        if known is not None and known[0] is node:  # (the node is held: its id stays its own)
+            if version is not None and known[1] == version:
+                return known[3]  # no type has changed since
+        get = self.types.get
+        types = (*map(get, node.input), None, *map(get, node.output))  # (None: where the inputs end)
+        if known is not None and known[0] is node and known[2] == types:
+            known[1] = version
+            return known[3]
+        # nodes of one op with the same tensor types (and the same optional slots left empty) have the same slots:
+        # a 600-node model has a dozen such kinds (a blocked node's reason names its tensors: computed for it alone)
+        kind = (node.domain, node.op_type, low_type, types, tuple(map(bool, node.input)), tuple(map(bool, node.output)))
+        same = self._slot_kinds.get(kind)
+        if same is not None:
+            out = Slots(list(same.inputs), list(same.outputs), None, same.has_float)
+        else:
+            out = self._compute_slots(node, low_type)
+            if out.blocked is None:
+                self._slot_kinds[kind] = out
+        self._slot_cache[key] = [node, version, types, out]
         return out
 
     def _compute_slots(self, node: Any, low_type: int) -> Slots:
@@ -384,7 +452,7 @@ class GraphInfo:
         shape = self.shapes.get(name)
         if not shape:
             return 1
-        return int(np.prod([d if d else 1 for d in shape]))
+        return math.prod(int(d) if d else 1 for d in shape)
 
     def flops(self, ref: NodeRef) -> int:
         """Approximate FLOPs of a node: 2*MACs for Conv/ConvTranspose/MatMul/Gemm/Einsum, else output size."""

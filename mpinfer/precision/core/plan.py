@@ -7,7 +7,6 @@ user can edit ``"precision"`` of any node and re-apply the plan with ``mpinfer c
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -16,6 +15,7 @@ from typing import Any
 
 from mpinfer.errors import InvalidInputError, format_message
 from mpinfer.fileio import read_json, write_text_atomic
+from mpinfer.precision.core.jsontext import dumps_indented
 from mpinfer.specs import Precision
 
 logger = logging.getLogger(__name__)
@@ -167,7 +167,8 @@ class PrecisionPlan:
 
     def to_json(self) -> str:
         """Stable, indented JSON text (same plan → same bytes)."""
-        return json.dumps(self.to_dict(), indent=1, sort_keys=False, allow_nan=False, default=_default) + "\n"
+        # (json.dumps(indent=1, allow_nan=False, default=_default), the same bytes, 3x faster: core/jsontext.py)
+        return dumps_indented(self.to_dict(), 1, _default) + "\n"
 
     def save(self, path: str | Path) -> Path:
         """Write the plan atomically."""

@@ -97,6 +97,34 @@ class EmulatorRun:
     recomputed: int = 0
 
 
+def unsupported_op_types(model: Any) -> set[str]:
+    """What ``GraphEmulator(model).unsupported_ops()`` says, without compiling the model (nor reading a weight).
+
+    The op types, in the main graph and in the bodies the emulator compiles, that neither an mpinfer kernel nor
+    onnx.reference runs (``domain::op`` outside the default domain): the default floor's question before
+    calibration (:func:`mpinfer.precision.options.floor_for_model`), 17 ms of compiling on a 600-node net.
+    """
+    from onnx import AttributeProto
+
+    opsets = {imp.domain or "": int(imp.version) for imp in model.opset_import}
+    kernels = kernel_table()
+    out: set[str] = set()
+    seen: set[str] = set()  # (an op's verdict is its domain's and type's: asked once)
+    todo = [model.graph]
+    while todo:
+        for node in todo.pop().node:
+            todo.extend(a.g for a in node.attribute if a.type == AttributeProto.GRAPH)
+            domain = node.domain if node.domain not in ("", "ai.onnx") else ""
+            name = node.op_type if not domain else f"{domain}::{node.op_type}"
+            if (node.op_type in CONTROL_FLOW and not domain) or name in seen:
+                continue
+            seen.add(name)
+            if not (not domain and node.op_type in kernels) and f"{domain}::{node.op_type}" not in kernels:
+                if not reference_available(domain, node.op_type, opsets.get(domain, 1)):
+                    out.add(name)
+    return out
+
+
 @dataclass
 class _State:
     low: Mapping[str, Precision]

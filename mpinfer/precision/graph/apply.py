@@ -18,6 +18,7 @@ Casts go only where a tensor's dtype and its consumer's disagree.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -173,9 +174,15 @@ class GraphRewriter:
         self._retype_value_info(graph)
 
     def _slots_of(self, addr: str, node: Any) -> Slots:
-        if addr not in self._slots:
-            self._slots[addr] = self.info.slots(node, self.low_type)
-        return self._slots[addr]
+        """``node``'s slots, asked of ``info`` with its own node where it has it.
+
+        ``info`` caches slots per node object: the rules asked it already, the copy's node would miss.
+        """
+        known = self._slots.get(addr)
+        if known is None:
+            ref = self.info.by_address.get(addr)
+            known = self._slots[addr] = self.info.slots(ref.node if ref is not None else node, self.low_type)
+        return known
 
     def _wanted(self, name: str) -> set[int]:
         """The dtypes the consumers of ``name`` want (graph outputs included)."""
@@ -395,6 +402,11 @@ def apply_plan(
     Returns:
         The new model, the number of Casts inserted, and the converted weights.
     """
+    key = (low, keep_io_types, frozenset((a, p) for a, p in precisions.items() if p.is_low),
+           tuple(sorted(info.low_io.items())))
+    if info.applied is not None and info.applied[0] is model and info.applied[1] == key:
+        return info.applied[2]  # (the same plan on the same model: the same rewrite)
+    info.applied = None  # (the last one goes before this one is made, unless its caller holds it)
     rw = GraphRewriter(info, precisions, low, keep_io_types=keep_io_types)
     out = rw.rewrite(model)
     converted = tuple(
@@ -404,4 +416,21 @@ def apply_plan(
             if t == FLOAT and info.is_const(n) and (rw.types.get(n) == rw.low_type or n in rw.copies)
         )
     )
-    return ApplyResult(out, rw.cast_count, converted)
+    result = ApplyResult(out, rw.cast_count, converted)
+    info.applied = (model, key, result) if _keeps_applied(info) else None
+    return result
+
+
+def _keeps_applied(info: GraphInfo) -> bool:
+    """Whether ``info`` may hold its last applied plan (:attr:`GraphInfo.applied`) for the next caller.
+
+    Models whose weights are in memory and fit the memory budget's ``probe`` slice (what the search's probe model
+    holds: a second copy of the converted weights) are kept. External weights never: their candidates are
+    streamed to a file, which empties the proto's weights (:func:`mpinfer.modelio.save_streamed`).
+    """
+    if info.base_dir:
+        return False
+    from mpinfer.memory import current_budget
+
+    elements = sum(math.prod(t.dims) for t in info.initializers.values())  # (from the dims: no data read)
+    return 4 * elements <= current_budget().probe

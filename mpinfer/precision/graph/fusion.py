@@ -28,6 +28,7 @@ read anywhere else (or is a graph output).
 from __future__ import annotations
 
 import logging
+import math
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
@@ -79,12 +80,12 @@ def _constants(graph: Any) -> dict[str, np.ndarray]:
 
     out: dict[str, np.ndarray] = {}
     for t in graph.initializer:
-        if not t.external_data and int(np.prod(t.dims, dtype=np.int64)) <= 64:
+        if not t.external_data and math.prod(t.dims) <= 64:
             out[t.name] = numpy_helper.to_array(t)
     for node in graph.node:
         if node.op_type == "Constant" and node.domain in _DEFAULT and len(node.attribute) == 1:
             attr = node.attribute[0]
-            if attr.name == "value" and int(np.prod(attr.t.dims, dtype=np.int64)) <= 64:
+            if attr.name == "value" and math.prod(attr.t.dims) <= 64:
                 out[node.output[0]] = numpy_helper.to_array(attr.t)
             elif attr.name == "value_float":
                 out[node.output[0]] = np.array(attr.f, np.float32)
@@ -207,6 +208,8 @@ class _Wiring:
 
 def find_norm_chains(graph: Any, ops: tuple[str, ...] = ("RMSNormalization", "LayerNormalization")) -> list[NormChain]:
     """Every decomposed normalization of ``graph`` (its own nodes, not its subgraphs') that fuses exactly."""
+    if not any(n.op_type == "ReduceMean" for n in graph.node):
+        return []  # (every chain has one: no wiring to index, three times a convert)
     w = _Wiring(graph)
     chains = []
     for rm in graph.node:

@@ -62,13 +62,13 @@ def run_checks(model: Any, checks: tuple[str, ...] = CHECKS) -> list[GateFailure
     """Run the gate's checks on an in-memory model (external data > 2 GB goes through a temp file).
 
     Args:
-        model: The ``onnx.ModelProto``.
+        model: The ``onnx.ModelProto``, or its serialized bytes (checked as they are: no copy, no parse).
         checks: Which checks to run.
 
     Returns:
         The failures (empty when valid).
     """
-    if small_enough_to_size(model):
+    if isinstance(model, bytes) or small_enough_to_size(model):
         return _run(model, None, checks)
     with tempfile.TemporaryDirectory(prefix="mpinfer-gate-") as td:
 
@@ -86,12 +86,18 @@ def _run(model: Any, path: Path | None, checks: tuple[str, ...]) -> list[GateFai
 
     failures = []
     start = time.perf_counter()
+    if path is None and not isinstance(model, bytes):
+        model = model.SerializeToString()  # (each check would serialize the proto again)
+    inferred = False  # strict type inference passed as part of the full checker
     if "checker" in checks:
         try:
             onnx.checker.check_model(model if path is None else str(path), full_check=path is None)
+            # the full check ends with strict type and shape inference (check_type, strict mode), the very
+            # inference check below: passed, it need not run twice
+            inferred = path is None
         except Exception as err:  # noqa: BLE001 - onnx raises ValidationError and others
             failures.append(GateFailure("checker", _node_from(str(err)), str(err)))
-    if "inference" in checks:
+    if "inference" in checks and not inferred:
         try:
             if path is None:
                 onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True)
@@ -130,7 +136,7 @@ def validity_failures(
     input either because it lacks a kernel), so a valid output costs one round of checks.
 
     Args:
-        model: The rewritten model (or None with ``path``).
+        model: The rewritten model, or its serialized bytes (or None with ``path``).
         baseline_model: The input model in memory, or
         baseline_path: the input model's file (for models over 2 GB).
         path: Check this saved file instead of ``model``.
@@ -212,17 +218,17 @@ def gate_published(
 def _gated(result: Any, baseline: Any) -> tuple[Any, list[GateFailure]]:
     """``result`` gated on the bytes :func:`mpinfer.modelio.save_onnx` will write for it (their digest recorded).
 
-    The checks run on the model parsed from those bytes (its IR version as written), so the file published from
+    The checks run on those bytes (the model at its IR version as written), so the file published from
     ``result.model`` needs no second round (:func:`gate_published`). A model save_onnx writes with external data:
     gated as it is in memory, no digest.
     """
-    import onnx
-
     model = result.model
-    if not small_enough_to_size(model) or model.ByteSize() >= EXTERNAL_DATA_THRESHOLD:
+    if not small_enough_to_size(model):
         return result, validity_failures(model, baseline_model=baseline)
     data = saved_bytes(model)
-    failures = validity_failures(onnx.load_from_string(data), baseline_model=baseline)
+    if len(data) >= EXTERNAL_DATA_THRESHOLD:  # (save_onnx's test, on the copy it writes: its ByteSize is this)
+        return result, validity_failures(model, baseline_model=baseline)
+    failures = validity_failures(data, baseline_model=baseline)  # (the checks parse the bytes themselves)
     return (result if failures else replace(result, gated=hashlib.sha256(data).hexdigest())), failures
 
 

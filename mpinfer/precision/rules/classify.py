@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import abc
 import enum
+import functools
 import logging
+import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -85,6 +87,13 @@ class RuleContext:
     mask_sites: Mapping[str, Any] = field(default_factory=dict)
     mask_tensors: frozenset[str] = frozenset()
     clamped: set[str] = field(default_factory=set)  # weights said to be clamped (warned once each)
+    # statistics' id -> (them, overflow, underflow): ActivationRangeRule's verdict on each tensor, read once
+    ranges: dict[int, tuple[Any, bool, bool]] = field(default_factory=dict)
+
+    @functools.cached_property
+    def low_type(self) -> int:
+        """The ONNX element type of ``precision`` (asked once per node by several rules)."""
+        return self.precision.onnx_dtype
 
 
 class NodeRule(abc.ABC):
@@ -169,7 +178,7 @@ class NoFloatRule(NodeRule):
                 "rule:keep-fp32",
                 "control flow: interface kept FP32, body nodes planned one by one",
             )
-        if not ctx.info.slots(ref.node, ctx.precision.onnx_dtype).has_float:
+        if not ctx.info.slots(ref.node, ctx.low_type).has_float:
             return Decision(Kind.KEEP, "rule:index-like", "no floating-point tensors")
         return None
 
@@ -179,7 +188,7 @@ class SchemaRule(NodeRule):
 
     def decide(self, ref: NodeRef, ctx: RuleContext) -> Decision | None:
         """The verdict for ``ref``, or None when the rule does not apply."""
-        blocked = ctx.info.slots(ref.node, ctx.precision.onnx_dtype).blocked or _never_low(ref, ctx)
+        blocked = ctx.info.slots(ref.node, ctx.low_type).blocked or _never_low(ref, ctx)
         if blocked:
             return Decision(Kind.KEEP, "rule:keep-fp32", blocked)
         return None
@@ -199,7 +208,7 @@ class QuantizedOpRule(NodeRule):
         node, info = ref.node, ctx.info
         if node.op_type in optables.QDQ_OPS:
             return None
-        low = ctx.precision.onnx_dtype
+        low = ctx.low_type
         for i in info.slots(node, low).inputs:
             src = info.producer.get(node.input[i])
             dq = info.by_address[src].node if src is not None else None
@@ -253,27 +262,28 @@ class ActivationRangeRule(NodeRule):
 
     def decide(self, ref: NodeRef, ctx: RuleContext) -> Decision | None:
         """The verdict for ``ref``, or None when the rule does not apply."""
-        if not ctx.stats:
+        stats = ctx.stats
+        if not stats:
             return None
-        node = ref.node
-        for name in list(node.output) + list(node.input):
-            if not name or ctx.info.types.get(name) != FLOAT or ctx.info.is_const(name) or name in ctx.mask_tensors:
+        node, info = ref.node, ctx.info
+        types, masks = info.types, ctx.mask_tensors
+        prefix = ref.address[: len(ref.address) - len(node.name)]
+        for name in (*node.output, *node.input):
+            if not name or types.get(name) != FLOAT or name in masks or info.is_const(name):
                 continue
-            prefix = ref.address[: len(ref.address) - len(node.name)]
-            st = ctx.stats.get(name) if not prefix else (ctx.stats.get(prefix + name) or ctx.stats.get(name))
+            st = stats.get(name) if not prefix else (stats.get(prefix + name) or stats.get(name))
             if st is None:
                 continue
-            peak = max(_get(st, "absmax"), 0.0)
-            if ctx.precision is Precision.FP16 and (
-                peak * RANGE_MARGIN > FP16_MAX or _get(st, "fp16_overflow_frac") > 0
-            ):
+            overflows, underflows = _out_of_range(st, ctx)
+            if overflows:
+                peak = max(_get(st, "absmax"), 0.0)
                 return Decision(
                     Kind.KEEP,
                     "range:overflow",
                     f"tensor '{name}' reaches |{peak:.4g}| (x{RANGE_MARGIN:g} margin > {FP16_MAX:g})",
                     {"absmax": peak, "p999": _get(st, "p999")},
                 )
-            if name in node.output:
+            if underflows and name in node.output:
                 key = "fp16_underflow_frac" if ctx.precision is Precision.FP16 else "bf16_underflow_frac"
                 frac = _get(st, key)
                 energy = _underflow_energy(st) if ctx.precision is Precision.FP16 else 1.0
@@ -286,6 +296,23 @@ class ActivationRangeRule(NodeRule):
                         {key: frac, "min_nonzero": _get(st, "min_nonzero")},
                     )
         return None
+
+
+def _out_of_range(st: Any, ctx: RuleContext) -> tuple[bool, bool]:
+    """Whether a tensor's statistics overflow (FP16, with the margin) and underflow the low format.
+
+    Read once per tensor: its producer and each of its readers ask (``ctx.ranges``, by the statistics' identity).
+    """
+    known = ctx.ranges.get(id(st))
+    if known is not None and known[0] is st:
+        return known[1], known[2]
+    fp16 = ctx.precision is Precision.FP16
+    peak = max(_get(st, "absmax"), 0.0)
+    overflows = fp16 and (peak * RANGE_MARGIN > FP16_MAX or _get(st, "fp16_overflow_frac") > 0)
+    frac = _get(st, "fp16_underflow_frac" if fp16 else "bf16_underflow_frac")
+    underflows = frac > UNDERFLOW_LIMIT and (_underflow_energy(st) if fp16 else 1.0) > UNDERFLOW_ENERGY_LIMIT
+    ctx.ranges[id(st)] = (st, overflows, underflows)
+    return overflows, underflows
 
 
 class IndexLikeRule(NodeRule):
@@ -444,7 +471,7 @@ def _respect_schema(verdict: Decision, ref: NodeRef, ctx: RuleContext) -> Decisi
     """A user override cannot make a node low that has no low type or no float tensors."""
     if verdict.kind is not Kind.LOW:
         return verdict
-    slots = ctx.info.slots(ref.node, ctx.precision.onnx_dtype)
+    slots = ctx.info.slots(ref.node, ctx.low_type)
     if not slots.has_float:
         return Decision(Kind.KEEP, "rule:index-like", "no floating-point tensors")
     blocked = slots.blocked or _never_low(ref, ctx)
@@ -459,6 +486,9 @@ def _warn_clamped(ref: NodeRef, ctx: RuleContext, lowered: Sequence[int], verdic
     for i in lowered:
         name = ref.node.input[i]
         if name in ctx.clamped or not ctx.info.is_const(name):
+            continue
+        st = ctx.weight_stats.get(name)  # (WeightRangeRule's, FP16: its largest finite |x| bounds what is clamped)
+        if st is not None and st["absmax"] <= LOW_MAX[ctx.precision]:
             continue
         arr = ctx.info.const_array(name)
         peak = out_of_range(np.asarray(arr), ctx.precision) if arr is not None else 0.0
@@ -479,9 +509,10 @@ def _never_low(ref: NodeRef, ctx: RuleContext) -> str | None:
         return "control flow: interface kept FP32"
     if node.op_type in optables.NEVER_LOW_OPS:
         return f"{node.op_type} cannot compute in low precision"
-    if any(n in ctx.info.non_tensor for n in list(node.input) + list(node.output) if n):
+    non_tensor, types = ctx.info.non_tensor, ctx.info.types
+    if non_tensor and any(n in non_tensor for n in (*node.input, *node.output) if n):
         return "sequence/optional values are kept FP32"
-    if any(n and n not in ctx.info.types for n in node.input):
+    if any(n and n not in types for n in node.input):
         return "an input's type is unknown (downstream of an op ONNX type inference does not know)"
     return None
 
@@ -538,17 +569,24 @@ def _weight_stats(arr: np.ndarray | None) -> dict[str, float]:
     if arr is None or arr.size == 0:
         return {"absmax": 0.0, "underflow_frac": 0.0, "underflow_energy": 0.0}
     a = np.abs(arr.astype(np.float32, copy=False)).ravel()
-    if not np.isfinite(a).all():
+    peak = float(a.max())  # (NaN or inf when there is one)
+    if not math.isfinite(peak):
         a = a[np.isfinite(a)]
-    if a.size == 0:
-        return {"absmax": 0.0, "underflow_frac": 0.0, "underflow_energy": 0.0}
-    # Few weights are tiny: the passes over all of them are a max, a count and a dot product.
+        if a.size == 0:
+            return {"absmax": 0.0, "underflow_frac": 0.0, "underflow_energy": 0.0}
+        peak = float(a.max())
+    # Few weights are tiny: the passes over all of them are a max, a min (or a comparison), and for the few with
+    # tiny values a count and a dot product.
+    if not a.min() < FP16_TINY / 2:  # (the comparison below, on the least value: float32 scalar to the same float)
+        return {"absmax": peak, "underflow_frac": 0.0, "underflow_energy": 0.0}
     tiny = a < FP16_TINY / 2
-    flushed = a[tiny & (a > 0)] if tiny.any() else a[:0]
-    under = float(flushed.size / (a.size - int(np.count_nonzero(a == 0)))) if flushed.size else 0.0
+    flushed = a[tiny & (a > 0)]
+    if not flushed.size:  # (zeros alone: nothing flushes)
+        return {"absmax": peak, "underflow_frac": 0.0, "underflow_energy": 0.0}
+    under = float(flushed.size / (a.size - int(np.count_nonzero(a == 0))))
     total = sum_of_squares(a)
     energy = float(np.dot(flushed.astype(np.float64), flushed.astype(np.float64)) / total) if total > 0 else 0.0
-    return {"absmax": float(a.max()), "underflow_frac": under, "underflow_energy": energy}
+    return {"absmax": peak, "underflow_frac": under, "underflow_energy": energy}
 
 
 def _underflow_energy(st: Any) -> float:
@@ -559,7 +597,7 @@ def _underflow_energy(st: Any) -> float:
 
 def _get(st: Any, key: str) -> float:
     val = st.get(key, 0.0) if isinstance(st, Mapping) else getattr(st, key, 0.0)
-    return float(val) if val is not None and np.isfinite(val) else (float("inf") if val else 0.0)
+    return float(val) if val is not None and math.isfinite(val) else (float("inf") if val else 0.0)
 
 
 def compile_pattern(pattern: str) -> re.Pattern[str]:

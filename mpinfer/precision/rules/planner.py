@@ -69,6 +69,8 @@ def _refuse_contradictions(options: RuleOptions) -> None:
 
 def _check_op_types(info: GraphInfo, options: RuleOptions) -> None:
     """An op type ONNX does not know is refused (with the closest name); one the model lacks is a warning."""
+    if not options.keep_ops and not options.low_ops:
+        return  # (ONNX's every schema, read below, takes 20 ms)
     import difflib
 
     from onnx import defs
@@ -178,9 +180,12 @@ def rule_plan(
     The attention masks the plan rewrites (reason ``rewrite:mask``) are rewritten in ``info.model`` in place,
     so that the search and the rewrite of the graph see them: ``info`` must hold a model of the caller's own.
     """
+    if stats is not None and type(stats) is not dict:
+        stats = dict(stats.items())  # (the rules look up each float tensor: a Mapping's get raises on every miss)
     sites = find_mask_sites(info, precision, stats)
     decisions = classify_nodes(info, precision, options, stats, sites)
     rewrite_masks(info, sites, [a for a, d in decisions.items() if d.reason == MASK_REASON])
+    info.applied = None  # (the model changed in place: a plan applied before is not this model's)
     precisions = resolve_precisions(info, decisions, precision, keep_io_types=keep_io_types)
     return decisions, decisions_to_nodes(info, decisions, precisions, stats)
 
@@ -193,6 +198,7 @@ def rewrite_planned_masks(info: GraphInfo, nodes: Sequence[NodeDecision], precis
     planned = [n.name for n in nodes if "mask_value" in n.stats]
     if not planned:
         return 0
+    info.applied = None  # (the model changes in place: a plan applied before is not this model's)
     return rewrite_masks(info, find_mask_sites(info, precision), planned)
 
 
@@ -255,8 +261,9 @@ def _output_range(info: GraphInfo, ref: Any, stats: Mapping[str, Any] | None) ->
             if st is None:
                 return {}
             out: dict[str, float | str] = {}
+            mapping = isinstance(st, Mapping)
             for key in RANGE_KEYS:
-                val = st.get(key) if isinstance(st, Mapping) else getattr(st, key, None)
+                val = st.get(key) if mapping else getattr(st, key, None)
                 if isinstance(val, (int, float)):
                     out[key] = float(val) if math.isfinite(val) else str(val)
             return out
