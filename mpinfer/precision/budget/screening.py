@@ -102,6 +102,8 @@ class _Verifier:
         # and the batches they did not run.
         self.stop_early = False
         self.sensitivity_s = 0.0  # seconds the search spent measuring the groups' local errors
+        self.magnitude_groups = 0  # groups the magnitude candidate left FP32 (0: not tried), and whether it met
+        self.magnitude_met = False
         self.stopped = 0
         self.batches_skipped = 0
         self._splittable: bool | None = None
@@ -111,12 +113,15 @@ class _Verifier:
     def reference_outputs(self) -> list[dict[str, np.ndarray]]:
         return self.ev.reference()
 
-    def metrics(self, low: Mapping[str, Precision], *, screen: bool = True) -> dict[str, dict[str, float | None]]:
+    def metrics(
+        self, low: Mapping[str, Precision], *, screen: bool = True, record: bool = True
+    ) -> dict[str, dict[str, float | None]]:
         """Per-output metrics of the candidate whose low nodes are ``low``.
 
         With ``screen``, a candidate that cannot meet the budget is rejected after a run on the hardest samples
         only; the metrics returned then are bounds (:meth:`ModelAccumulator.optimistic`) that already break the
-        budget. Any candidate that may meet it is measured on every sample.
+        budget. Any candidate that may meet it is measured on every sample. ``record``: False reads a full run into
+        no sample's hardness (the samples screened, staged and probed next are those the runs before it chose).
         """
         self.verifications += 1
         cand = self.ev.candidate(low)
@@ -142,9 +147,10 @@ class _Verifier:
                     cand.judged(False)
                     return bound
         metrics = acc.finalize()
-        if self._unread is not None:
-            self._update_hardness(self._unread)
-        self._unread = outs  # read into the hardness when a later candidate screens (the first often passes)
+        if record:
+            if self._unread is not None:
+                self._update_hardness(self._unread)
+            self._unread = outs  # read into the hardness when a later candidate screens (the first often passes)
         cand.judged(self.budget.met(metrics))
         if self.budget.met(metrics):
             self.passing_outputs = (dict(low), outs)
