@@ -33,7 +33,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -288,6 +288,10 @@ def _cost(ver: _Verifier, groups: list[_Group], accepted: list[_Group], how: str
         # ... and full runs stopped once the batches run proved the budget missed, with the batches not run
         "stopped_early": int(ver.stopped),
         "batches_skipped": int(ver.batches_skipped),
+        # bisection prefixes taken as passing on the hardest half of the samples alone, and searches that had to
+        # start again on every sample (a steered prefix, the plan, failed on the others)
+        "steered": int(ver.steers),
+        "unsteered": int(ver.unsteered),
         "groups": len(groups),
         "groups_low": len(accepted),
         "batches": len(ver.batches),
@@ -306,9 +310,9 @@ def _cost(ver: _Verifier, groups: list[_Group], accepted: list[_Group], how: str
         **getattr(ver.ev, "reuse", {}),
     }
     logger.info(
-        "search: %d/%d groups low%s, %d verifications (%d screened, %d stopped early, %d runs from a kept candidate "
-        "run; candidates judged: %d on the cast graph, %d on the emulator), %d node evaluations, %.1fs (%.1fs "
-        "measuring groups)",
+        "search: %d/%d groups low%s, %d verifications (%d screened, %d stopped early, %d steered, %d runs from a "
+        "kept candidate run; candidates judged: %d on the cast graph, %d on the emulator), %d node evaluations, %.1fs "
+        "(%.1fs measuring groups)",
         len(accepted),
         len(groups),
         "" if not ver.magnitude_groups else
@@ -316,6 +320,7 @@ def _cost(ver: _Verifier, groups: list[_Group], accepted: list[_Group], how: str
         ver.verifications,
         ver.screened,
         ver.stopped,
+        ver.steers,
         cost.get("reused_runs", 0),
         cost.get("cast_graph_candidates", 0),
         cost.get("emulator_candidates", 0),
@@ -404,6 +409,11 @@ def _bisect(
     When even the top group alone breaks the budget, it stays FP32 and the rest is tried whole, then bisected
     again (at most :data:`MAX_HEAD_DROPS` times): one mis-ranked group no longer leaves every prefix failing.
 
+    The prefixes are steered (:data:`~mpinfer.precision.budget.screening.STEER`): one that meets the budget on the
+    hardest half of the samples is taken as passing without its other samples. The plan returned is measured on
+    every sample: a later candidate holding the prefix, or the prefix itself once settled by a full run; when that
+    full run fails (the other samples broke it), the prefixes are searched again, each on every sample.
+
     The whole ``order`` is known to fail. The empty prefix (only the forced nodes low) is the FP32
     reference when nothing is forced, so it is verified only when something is.
     """
@@ -422,40 +432,64 @@ def _bisect(
                 "drop some --low-op/--low-node overrides or loosen the budget",
             )
         )
-    def bisect(order: list[_Group]) -> tuple[int, int, dict[str, dict[str, float | None]]]:
-        lo, hi, best = 0, len(order), base  # (``order`` whole is known to fail)
+    found = _prefixes(order, low_of, base, ver, lambda: bar.advance(task), steer=True)
+    if found is None:  # a steered prefix failed on every sample: the exact search
+        ver.unsteered += 1
+        found = _prefixes(order, low_of, base, ver, lambda: bar.advance(task), steer=False)
+    assert found is not None  # (unsteered, every verdict is a full run's)
+    return found
+
+
+def _prefixes(
+    order: list[_Group],
+    low_of: Callable[[Sequence[_Group]], dict[str, Precision]],
+    base: dict[str, dict[str, float | None]],
+    ver: _Verifier,
+    advance: Callable[[], None],
+    *,
+    steer: bool,
+) -> tuple[list[_Group], dict[str, dict[str, float | None]]] | None:
+    """:func:`_bisect`'s search, its prefixes steered or not; None: a steered prefix, the plan, failed its full run."""
+
+    def bisect(order: list[_Group]) -> tuple[int, int, dict[str, dict[str, float | None]], bool]:
+        lo, hi, best, steered = 0, len(order), base, False  # (``order`` whole is known to fail)
         while hi - lo > 1:
             mid = (lo + hi) // 2
-            m = ver.metrics(low_of(order[:mid]))
-            bar.advance(task)
+            m = ver.metrics(low_of(order[:mid]), steer=steer)
+            advance()
             if ver.budget.met(m):
-                lo, best = mid, m
+                lo, best, steered = mid, m, ver.steered
             else:
                 hi = mid
-        return lo, hi, best
+        return lo, hi, best, steered
 
-    lo, hi, best = bisect(order)
+    lo, hi, best, steered = bisect(order)
     for _ in range(MAX_HEAD_DROPS):
         if lo or len(order) < 2:
             break
         order = order[1:]  # the top group alone breaks the budget: it stays FP32, and the rest is searched again
         m = ver.metrics(low_of(order))
-        bar.advance(task)
+        advance()
         if ver.budget.met(m):
             return list(order), m
-        lo, hi, best = bisect(order)
+        lo, hi, best, steered = bisect(order)
     accepted, rest = list(order[:lo]), order[hi:]
     if len(rest) > 1:  # order[lo] broke the prefix; with one culprit, everything after it fits at once
         m = ver.metrics(low_of([*accepted, *rest]))
-        bar.advance(task)
+        advance()
         if ver.budget.met(m):
             return [*accepted, *rest], m
     for g in rest[:MAX_REFINE]:
         m = ver.metrics(low_of([*accepted, g]))
-        bar.advance(task)
+        advance()
         if ver.budget.met(m):
             accepted.append(g)
-            best = m
+            best, steered = m, False
+    if steered:  # the plan is the steered prefix: settled on every sample
+        best = ver.metrics(low_of(accepted), screen=False)
+        advance()
+        if not ver.budget.met(best):
+            return None
     return accepted, best
 
 
