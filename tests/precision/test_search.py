@@ -202,7 +202,9 @@ def test_screening_rejects_on_the_hardest_samples_and_changes_no_decision(tmp_pa
     monkeypatch.setattr(screening_mod, "SCREEN_MIN_TOTAL", 10**9)  # no screening
     _, full = _convert_chain(tmp_path, 8, "max_abs<=1e-3", tag="f", numerics=numerics)
     f = full.plan.summary["search"]
-    assert f["screened"] == 0 and f["verifications"] == s["verifications"]
+    assert f["screened"] == 0 and f["steered"] == 0
+    # (the same candidates, and one more run on every sample when the plan is a prefix steered on the hardest samples)
+    assert s["verifications"] - f["verifications"] == (1 if s["steered"] else 0)
     assert [(n.name, n.precision) for n in screened.plan.nodes] == [(n.name, n.precision) for n in full.plan.nodes]
     assert screened.plan.summary["expected_error"] == full.plan.summary["expected_error"]
     assert screened.output.read_bytes() == full.output.read_bytes()
@@ -515,8 +517,9 @@ class _ByGroups:
 
         self.bad, self.budget, self.seen = bad, parse_checks("max_abs<=1"), []
         self.fp32_metrics = {"y": {"max_abs": 0.0}}
+        self.steered = False  # (every verdict a full run's)
 
-    def metrics(self, low, *, screen=True):
+    def metrics(self, low, *, screen=True, steer=False):
         self.seen.append(sorted(low))
         return {"y": {"max_abs": 2.0 if self.bad & set(low) else 0.5}}
 

@@ -19,8 +19,8 @@ def _spy(monkeypatch) -> list[str]:
     seen: list[str] = []
     real = screening_mod._Verifier._staged
 
-    def staged(self, cand, rows):
-        out = real(self, cand, rows)
+    def staged(self, cand, rows, steer=False):
+        out = real(self, cand, rows, steer)
         seen.append(type(out).__name__)
         return out
 
@@ -31,16 +31,24 @@ def _spy(monkeypatch) -> list[str]:
 def test_staged_runs_change_no_decision_figure_or_byte(tmp_path, monkeypatch):
     monkeypatch.setattr(strict_mod, "STRICT_SCREEN_MIN_VALUES", 0)  # (screen this small chain)
     seen = _spy(monkeypatch)
+    monkeypatch.setattr(screening_mod, "STEER", False)
     _, staged = _convert_chain(tmp_path, 8, "max_abs<=1e-3", tag="s")
     s = staged.plan.summary["search"]
     assert s["searched"] and "list" in seen, (seen, s)  # candidates ran in stages to the last sample
-    monkeypatch.setattr(screening_mod._Verifier, "_staged", lambda self, cand, rows: None)
+    monkeypatch.setattr(screening_mod, "STEER", True)
+    seen.clear()
+    _, steered = _convert_chain(tmp_path, 8, "max_abs<=1e-3", tag="t")
+    t = steered.plan.summary["search"]
+    assert t["steered"] >= 1 and t["unsteered"] == 0, t  # bisection prefixes passed on the hardest half alone
+    monkeypatch.setattr(screening_mod._Verifier, "_staged", lambda self, cand, rows, steer=False: None)
     _, whole = _convert_chain(tmp_path, 8, "max_abs<=1e-3", tag="w")
     w = whole.plan.summary["search"]
     assert w["verifications"] == s["verifications"] and w["stopped_early"] <= s["stopped_early"]
-    assert [(n.name, n.precision) for n in staged.plan.nodes] == [(n.name, n.precision) for n in whole.plan.nodes]
-    assert staged.plan.summary["expected_error"] == whole.plan.summary["expected_error"]
-    assert staged.output.read_bytes() == whole.output.read_bytes()
+    assert w["steered"] == 0 and t["verifications"] <= w["verifications"] + 1  # (a steered plan: one settling run)
+    for res in (staged, steered):
+        assert [(n.name, n.precision) for n in res.plan.nodes] == [(n.name, n.precision) for n in whole.plan.nodes]
+        assert res.plan.summary["expected_error"] == whole.plan.summary["expected_error"]
+        assert res.output.read_bytes() == whole.output.read_bytes()
 
 
 def test_cast_rows_give_the_full_runs_bits_and_only_where_the_cast_graph_judges():

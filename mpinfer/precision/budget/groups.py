@@ -19,6 +19,12 @@ from mpinfer.precision.numerics import strict as evaluators
 from mpinfer.precision.rules import Decision, Kind
 from mpinfer.specs import Precision
 
+# The magnitude candidate (``magnitude_groups``): a group any of whose members makes, or reads from another node, a
+# tensor whose calibrated |value| passes this is left FP32 in the search's second candidate. ModelOpt AutoCast's
+# ``data_max`` default: on DNSMOS its power spectrum (Square, Add: |587|) is what breaks the floor, and the local
+# error (relative, at the group's own outputs: 3e-4) ranks it among the safest groups.
+MAGNITUDE_LIMIT = 512.0
+
 
 @dataclass
 class _Group:
@@ -29,6 +35,8 @@ class _Group:
     # Nodes inside an If/Loop/Scan body: no sub-model or probe copy measures them alone, so they are ranked with
     # BODY_GROUP_ERROR and decided by the verifications.
     in_body: bool = False
+    # The largest calibrated |value| the group makes or reads from another node (set by ``magnitude_groups``).
+    peak: float = 0.0
 
 
 def build_groups(info: GraphInfo, nodes: Sequence[NodeDecision], decisions: Mapping[str, Decision]) -> list[_Group]:
@@ -57,6 +65,42 @@ def build_groups(info: GraphInfo, nodes: Sequence[NodeDecision], decisions: Mapp
         flops = sum(float(info.flops(info.by_address[a])) for a in members)
         groups[anchor] = _Group(anchor, members, flops, in_body=info.by_address[anchor].depth > 0)
     return list(groups.values())
+
+
+def magnitude_groups(
+    info: GraphInfo, groups: Sequence[_Group], nodes: Sequence[NodeDecision], limit: float = MAGNITUDE_LIMIT
+) -> list[_Group]:
+    """The groups (outside control-flow bodies) that make, or read from a node outside them, a value above ``limit``.
+
+    The magnitudes are the plan entries' calibrated ``absmax`` (of each node's first float output); each group
+    flagged gets its ``peak``. A node without calibration figures flags nothing.
+    """
+    peaks = {n.name: _absmax(n.stats) for n in nodes}
+    flagged = []
+    for g in groups:
+        if g.in_body:
+            continue
+        inside = set(g.members)
+        read = (
+            src
+            for a in g.members
+            for name in info.by_address[a].node.input
+            if (src := info.producer.get(name)) is not None and src not in inside
+        )
+        g.peak = max([peaks.get(a, 0.0) for a in g.members] + [peaks.get(src, 0.0) for src in read])
+        if g.peak > limit:
+            flagged.append(g)
+    return flagged
+
+
+def _absmax(stats: Mapping[str, object]) -> float:
+    """A plan entry's calibrated ``absmax`` (``inf`` kept; missing or NaN: 0)."""
+    value = stats.get("absmax")
+    try:
+        peak = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return 0.0
+    return peak if peak == peak else 0.0
 
 
 def group_errors(

@@ -46,6 +46,11 @@ STOP_EARLY = True
 # assembled in sample order, so a candidate that passes is judged on exactly what one full run gives. Basic Pitch
 # (16 samples in one batch) has failures the 2 screened samples miss but the hardest 8 show.
 STAGE_SHARE = 1 / 2
+# Steering (``_Verifier.metrics(..., steer=True)``, the bisection's prefixes): a staged candidate that meets the budget
+# on the hardest STAGE_SHARE of the samples is taken as passing without running the rest. Its verdict only steers the
+# bisection (a failure there is still proved by a bound); the plan the search returns is always one measured on every
+# sample (``_Verifier.steered`` says whether the last verdict was steered, and the search settles it with a full run).
+STEER = True
 
 
 @dataclass(frozen=True)
@@ -103,6 +108,12 @@ class _Verifier:
         # and the batches they did not run.
         self.stop_early = False
         self.sensitivity_s = 0.0  # seconds the search spent measuring the groups' local errors
+        self.magnitude_groups = 0  # groups the magnitude candidate left FP32 (0: not tried), and whether it met
+        self.magnitude_met = False
+        # Candidates taken as passing on the hardest samples alone (see STEER), and whether the last verdict was one.
+        self.steers = 0
+        self.steered = False
+        self.unsteered = 0  # searches started again unsteered (a steered prefix failed its full run)
         self.stopped = 0
         self.batches_skipped = 0
         self._splittable: bool | None = None
@@ -112,22 +123,32 @@ class _Verifier:
     def reference_outputs(self) -> list[dict[str, np.ndarray]]:
         return self.ev.reference()
 
-    def metrics(self, low: Mapping[str, Precision], *, screen: bool = True) -> dict[str, dict[str, float | None]]:
+    def metrics(
+        self, low: Mapping[str, Precision], *, screen: bool = True, record: bool = True, steer: bool = False
+    ) -> dict[str, dict[str, float | None]]:
         """Per-output metrics of the candidate whose low nodes are ``low``.
 
         With ``screen``, a candidate that cannot meet the budget is rejected after a run on the hardest samples
         only; the metrics returned then are bounds (:meth:`ModelAccumulator.optimistic`) that already break the
-        budget. Any candidate that may meet it is measured on every sample.
+        budget. Any candidate that may meet it is measured on every sample. ``record``: False reads a full run into
+        no sample's hardness (the samples screened, staged and probed next are those the runs before it chose).
+        ``steer`` (with :data:`STEER`): a staged run that meets the budget on the hardest samples ends there, and the
+        metrics returned are those samples' bounds (``steered`` is then True).
         """
         self.verifications += 1
+        self.steered = False
         cand = self.ev.candidate(low)
         rows = self.ev.screen_rows(self._screen_rows) if screen else None
         rejected = None if rows is None else self._screen(lambda f: cand.outputs_on(f, rows), rows)
         if rejected is not None:
             return rejected
-        staged = self._staged(cand, rows) if rows is not None and STOP_EARLY and self.stop_early else None
-        if isinstance(staged, dict):  # (rejected on the hardest samples)
-            cand.judged(False)
+        staged = self._staged(cand, rows, steer and STEER) if rows is not None and STOP_EARLY and self.stop_early \
+            else None
+        if isinstance(staged, dict):  # (rejected on the hardest samples, or passed them when steering)
+            cand.judged(False)  # (a steered pass is no base to grow from: its runs did not cover every sample)
+            if self.budget.met(staged):
+                self.steers += 1
+                self.steered = True
             return staged
         acc = self.accumulator()
         outs: list[dict[str, np.ndarray]] = []
@@ -143,9 +164,10 @@ class _Verifier:
                     cand.judged(False)
                     return bound
         metrics = acc.finalize()
-        if self._unread is not None:
-            self._update_hardness(self._unread)
-        self._unread = outs  # read into the hardness when a later candidate screens (the first often passes)
+        if record:
+            if self._unread is not None:
+                self._update_hardness(self._unread)
+            self._unread = outs  # read into the hardness when a later candidate screens (the first often passes)
         cand.judged(self.budget.met(metrics))
         if self.budget.met(metrics):
             self.passing_outputs = (dict(low), outs)
@@ -272,12 +294,15 @@ class _Verifier:
         self.screened += 1
         return bound
 
-    def _staged(self, cand: Any, rows: np.ndarray) -> dict[str, dict[str, float | None]] | list[Outputs] | None:
+    def _staged(
+        self, cand: Any, rows: np.ndarray, steer: bool = False
+    ) -> dict[str, dict[str, float | None]] | list[Outputs] | None:
         """A full run in stages after screening passed on ``rows`` (see :data:`STAGE_SHARE`).
 
-        Returns the optimistic metrics when the hardest samples prove the budget fails (counted in ``stopped``),
-        the candidate's outputs per search batch when it ran every sample, or None: the engine cannot run subsets
-        bit for bit (the candidate then runs its batches as they are).
+        Returns the optimistic metrics when the hardest samples prove the budget fails (counted in ``stopped``), or,
+        with ``steer``, when they meet it (the rest is not run); the candidate's outputs per search batch when it ran
+        every sample, or None: the engine cannot run subsets bit for bit (the candidate then runs its batches as they
+        are).
         """
         runner = getattr(cand, "rows_runner", None)
         screened, self._screened_out = self._screened_out, None
@@ -296,6 +321,8 @@ class _Verifier:
                 bound = self._bound(parts)
                 if bound is not None and not self.budget.met(bound):
                     self.stopped += 1
+                    return bound
+                if bound is not None and steer:
                     return bound
             rest = np.setdiff1d(np.arange(total), np.concatenate([p[0] for p in parts]))
             if len(rest):

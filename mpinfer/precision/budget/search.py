@@ -7,6 +7,10 @@
    probe model (``probe.py``: about two model runs), with strict numerics as small sub-models in the
    emulator (also for groups the probe cannot copy); on the quarter of the samples the whole candidate got
    most wrong, when the samples can be split (the errors only rank the groups).
+   Before that, when calibration shows groups making or reading values above ``groups.MAGNITUDE_LIMIT`` (FP16;
+   together under ``MAGNITUDE_FLOPS_SHARE`` of the candidate's FLOPs), the candidate without them is verified
+   (ModelOpt AutoCast's data-magnitude rule as a second candidate): when it meets the budget the search ends there
+   (the flagged groups tried back one by one when there are several), with no sensitivities measured.
 3. Greedy by FLOPs per unit of error: groups sorted by ``flops / error``; the whole candidate is verified
    with one incremental emulator run (``GraphEmulator.run_from``); when it fails, bisection over the
    sorted prefix finds the largest prefix that meets the budget (log2(groups) verifications); the group
@@ -29,7 +33,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,7 +42,7 @@ import numpy as np
 from mpinfer.checks import Checks, parse_checks
 from mpinfer.errors import AccuracyMismatchError, BackendUnavailableError, InvalidInputError, format_message
 from mpinfer.metrics import ModelAccumulator, worst_values
-from mpinfer.precision.budget.groups import _Group, build_groups
+from mpinfer.precision.budget.groups import MAGNITUDE_LIMIT, _Group, build_groups, magnitude_groups
 from mpinfer.precision.budget.screening import SearchConfig, _batch_rows, _Verifier
 from mpinfer.precision.core import GraphInfo, NodeDecision
 from mpinfer.precision.numerics import AppliedRun, evaluator_class, has_all_outputs
@@ -58,6 +62,10 @@ MAX_REFINE = 8
 # the rest. layout_cdla: its first group (a Conv+BatchNorm+HardSwish, local error 6.7e-4) alone gives range_err
 # 0.0118 at one box output, and a single bisection left 8 of 964 groups low.
 MAX_HEAD_DROPS = 4
+# The magnitude candidate (the rule candidate less the groups above ``groups.MAGNITUDE_LIMIT``) is tried only while
+# those groups hold at most this share of the rule candidate's searchable FLOPs: the plan it ends with then gives up
+# at most that share against a search that might keep some of them low (DNSMOS: 0.24%, its STFT power spectrum).
+MAGNITUDE_FLOPS_SHARE = 0.01
 # The figures a plan summary's expected error shows (each the worst output's; top-k from class-score outputs
 # alone), besides any metric the budget names.
 SUMMARY_METRICS = ("cosine", "cosine_min", "max_abs", "mean_abs", "rel_l2", "range_err", "snr_db", "top1", "top5",
@@ -181,9 +189,13 @@ def search_plan(
     groups = build_groups(info, nodes, decisions)
     members = {a for g in groups for a in g.members}
     forced = {n.name: n.precision for n in nodes if n.precision.is_low and n.name not in members}
-    accepted, metrics, measured = _choose_groups(groups, forced, ver, cfg)
-    cost = _cost(ver, groups, accepted, measured, time.perf_counter() - start)
-    final = _finalize(nodes, groups if measured else [], {a for g in accepted for a in g.members})
+    # (FP16 only: BF16 keeps FP32's range, and its relative precision does not depend on the magnitude)
+    flagged = magnitude_groups(info, groups, nodes) if cfg.precision is Precision.FP16 else []
+    accepted, metrics, how = _choose_groups(groups, forced, ver, cfg, flagged)
+    cost = _cost(ver, groups, accepted, how, time.perf_counter() - start)
+    chosen = {a for g in accepted for a in g.members}
+    final = _finalize(nodes, groups if how == "searched" else flagged if how == "magnitude" else [], chosen,
+                      measured=how == "searched")
     verified = ver.passing if ver.passing and ver.passing[0] == {n.name: n.precision for n in final} else None
     final_low = {n.name: n.precision for n in final if n.precision.is_low}
     outputs = ver.passing_outputs[1] if ver.passing_outputs and ver.passing_outputs[0] == final_low else None
@@ -194,20 +206,29 @@ def search_plan(
 
 
 def _choose_groups(
-    groups: list[_Group], forced: Mapping[str, Precision], ver: _Verifier, cfg: SearchConfig
-) -> tuple[list[_Group], dict[str, dict[str, float | None]], bool]:
-    """The groups that stay low, the metrics of that candidate, and whether the groups were measured.
+    groups: list[_Group],
+    forced: Mapping[str, Precision],
+    ver: _Verifier,
+    cfg: SearchConfig,
+    flagged: Sequence[_Group] = (),
+) -> tuple[list[_Group], dict[str, dict[str, float | None]], str]:
+    """The groups that stay low, the metrics of that candidate, and how they were chosen.
 
-    The whole candidate first: when it meets the budget there is nothing to search, and the sensitivity pass
-    (and, with ORT numerics, the emulator's FP32 reference run) is skipped. Else the groups are ranked by
-    FLOPs per unit of local error and the largest passing prefix is bisected for.
+    The whole candidate first: when it meets the budget there is nothing to search ("whole"), and the sensitivity
+    pass (and, with ORT numerics, the emulator's FP32 reference run) is skipped. Next the magnitude candidate, the
+    whole one less the ``flagged`` groups (:func:`_magnitude_first`: "magnitude" when it meets the budget). Else the
+    groups are ranked by FLOPs per unit of local error and the largest passing prefix is bisected for ("searched").
     """
     with progress_bar(enabled=cfg.progress) as bar:
         task = bar.add_task("verify", total=None)
         metrics = ver.metrics(_low_of(groups, forced, cfg.precision))
         bar.advance(task)
         if ver.budget.met(metrics):
-            return list(groups), metrics, False
+            return list(groups), metrics, "whole"
+        by_magnitude = _magnitude_first(groups, flagged, forced, ver, cfg)
+        bar.advance(task)
+        if by_magnitude is not None:
+            return by_magnitude[0], by_magnitude[1], "magnitude"
         measure_start = time.perf_counter()
         _measure(groups, ver, bar)
         ver.sensitivity_s = time.perf_counter() - measure_start
@@ -219,12 +240,50 @@ def _choose_groups(
         rest = ver.metrics(_low_of(order, forced, cfg.precision)) if len(order) < len(groups) else metrics
         bar.advance(task)
         if ver.budget.met(rest):
-            return order, rest, True
+            return order, rest, "searched"
         accepted, metrics = _bisect(order, forced, ver, bar, task, cfg)
-        return accepted, metrics, True
+        return accepted, metrics, "searched"
 
 
-def _cost(ver: _Verifier, groups: list[_Group], accepted: list[_Group], measured: bool, wall: float) -> dict:
+def _magnitude_first(
+    groups: Sequence[_Group],
+    flagged: Sequence[_Group],
+    forced: Mapping[str, Precision],
+    ver: _Verifier,
+    cfg: SearchConfig,
+) -> tuple[list[_Group], dict[str, dict[str, float | None]]] | None:
+    """The groups low and the metrics when the candidate without the ``flagged`` groups meets the budget, else None.
+
+    Tried only when the flagged groups are some, not all, of the groups and hold at most
+    :data:`MAGNITUDE_FLOPS_SHARE` of their FLOPs. With several flagged groups, each is then tried back on its own
+    (largest FLOPs first, at most :data:`MAX_REFINE`, screened), kept low when the budget still holds (one flagged
+    group: the whole candidate, known to fail). The candidate's run is read into no sample's hardness: when it fails,
+    the search goes on (sensitivities on the hardest samples, bisection) exactly as it would have without it.
+    """
+    total = sum(g.flops for g in groups)
+    if not flagged or len(flagged) >= len(groups) or sum(g.flops for g in flagged) > MAGNITUDE_FLOPS_SHARE * total:
+        return None
+    ver.magnitude_groups = len(flagged)
+    out = {id(g) for g in flagged}
+    accepted = [g for g in groups if id(g) not in out]
+    # Not screened: it is tried because it is expected to pass, and one run of every sample then costs less than the
+    # screening run, the staged runs (and, strict, the emulator's FP32 run of a sample that decides whether screening
+    # pays) of a candidate that passes. DNSMOS: 1.4 CPU s less.
+    metrics = ver.metrics(_low_of(accepted, forced, cfg.precision), screen=False, record=False)
+    if not ver.budget.met(metrics):
+        return None  # (the search goes on as without this candidate)
+    ver.magnitude_met = True
+    ver.stop_early = True  # (a failing add-back's run may stop once it is proved)
+    if len(flagged) > 1:
+        for g in sorted(flagged, key=lambda g: -g.flops)[:MAX_REFINE]:
+            m = ver.metrics(_low_of([*accepted, g], forced, cfg.precision), record=False)
+            if ver.budget.met(m):
+                accepted.append(g)
+                metrics = m
+    return accepted, metrics
+
+
+def _cost(ver: _Verifier, groups: list[_Group], accepted: list[_Group], how: str, wall: float) -> dict:
     """The search's cost for the plan summary (and the log line that says it)."""
     cost = {
         "node_evaluations": int(ver.ev.evaluations),
@@ -234,6 +293,10 @@ def _cost(ver: _Verifier, groups: list[_Group], accepted: list[_Group], measured
         # ... and full runs stopped once the batches run proved the budget missed, with the batches not run
         "stopped_early": int(ver.stopped),
         "batches_skipped": int(ver.batches_skipped),
+        # bisection prefixes taken as passing on the hardest half of the samples alone, and searches that had to
+        # start again on every sample (a steered prefix, the plan, failed on the others)
+        "steered": int(ver.steers),
+        "unsteered": int(ver.unsteered),
         "groups": len(groups),
         "groups_low": len(accepted),
         "batches": len(ver.batches),
@@ -242,20 +305,27 @@ def _cost(ver: _Verifier, groups: list[_Group], accepted: list[_Group], measured
         "numerics": ver.cfg.numerics,
         "model_nodes": len(ver.info.nodes),
         # False: the whole rule candidate met the budget, so no group was measured or bisected.
-        "searched": measured,
+        "searched": how != "whole",
+        # groups the magnitude candidate left FP32 (0: not tried), and whether it met the budget (the search ended
+        # there, no group measured)
+        "magnitude_groups": int(ver.magnitude_groups),
+        "magnitude_met": bool(ver.magnitude_met),
         # strict numerics: candidate runs started from a kept candidate run, the node evaluations that saved, and the
         # candidates (and screening runs) judged on the cast graph and on the emulator
         **getattr(ver.ev, "reuse", {}),
     }
     logger.info(
-        "search: %d/%d groups low, %d verifications (%d screened, %d stopped early, %d runs from a kept candidate "
-        "run; candidates judged: %d on the cast graph, %d on the emulator), %d node evaluations, %.1fs (%.1fs "
-        "measuring groups)",
+        "search: %d/%d groups low%s, %d verifications (%d screened, %d stopped early, %d steered, %d runs from a "
+        "kept candidate run; candidates judged: %d on the cast graph, %d on the emulator), %d node evaluations, %.1fs "
+        "(%.1fs measuring groups)",
         len(accepted),
         len(groups),
+        "" if not ver.magnitude_groups else
+        f" (magnitude candidate: {ver.magnitude_groups} group(s) FP32, {'met' if ver.magnitude_met else 'missed'})",
         ver.verifications,
         ver.screened,
         ver.stopped,
+        ver.steers,
         cost.get("reused_runs", 0),
         cost.get("cast_graph_candidates", 0),
         cost.get("emulator_candidates", 0),
@@ -344,6 +414,11 @@ def _bisect(
     When even the top group alone breaks the budget, it stays FP32 and the rest is tried whole, then bisected
     again (at most :data:`MAX_HEAD_DROPS` times): one mis-ranked group no longer leaves every prefix failing.
 
+    The prefixes are steered (:data:`~mpinfer.precision.budget.screening.STEER`): one that meets the budget on the
+    hardest half of the samples is taken as passing without its other samples. The plan returned is measured on
+    every sample: a later candidate holding the prefix, or the prefix itself once settled by a full run; when that
+    full run fails (the other samples broke it), the prefixes are searched again, each on every sample.
+
     The whole ``order`` is known to fail. The empty prefix (only the forced nodes low) is the FP32
     reference when nothing is forced, so it is verified only when something is.
     """
@@ -362,50 +437,89 @@ def _bisect(
                 "drop some --low-op/--low-node overrides or loosen the budget",
             )
         )
-    def bisect(order: list[_Group]) -> tuple[int, int, dict[str, dict[str, float | None]]]:
-        lo, hi, best = 0, len(order), base  # (``order`` whole is known to fail)
+    found = _prefixes(order, low_of, base, ver, lambda: bar.advance(task), steer=True)
+    if found is None:  # a steered prefix failed on every sample: the exact search
+        ver.unsteered += 1
+        found = _prefixes(order, low_of, base, ver, lambda: bar.advance(task), steer=False)
+    assert found is not None  # (unsteered, every verdict is a full run's)
+    return found
+
+
+def _prefixes(
+    order: list[_Group],
+    low_of: Callable[[Sequence[_Group]], dict[str, Precision]],
+    base: dict[str, dict[str, float | None]],
+    ver: _Verifier,
+    advance: Callable[[], None],
+    *,
+    steer: bool,
+) -> tuple[list[_Group], dict[str, dict[str, float | None]]] | None:
+    """:func:`_bisect`'s search, its prefixes steered or not; None: a steered prefix, the plan, failed its full run."""
+
+    def bisect(order: list[_Group]) -> tuple[int, int, dict[str, dict[str, float | None]], bool]:
+        lo, hi, best, steered = 0, len(order), base, False  # (``order`` whole is known to fail)
         while hi - lo > 1:
             mid = (lo + hi) // 2
-            m = ver.metrics(low_of(order[:mid]))
-            bar.advance(task)
+            m = ver.metrics(low_of(order[:mid]), steer=steer)
+            advance()
             if ver.budget.met(m):
-                lo, best = mid, m
+                lo, best, steered = mid, m, ver.steered
             else:
                 hi = mid
-        return lo, hi, best
+        return lo, hi, best, steered
 
-    lo, hi, best = bisect(order)
+    lo, hi, best, steered = bisect(order)
     for _ in range(MAX_HEAD_DROPS):
         if lo or len(order) < 2:
             break
         order = order[1:]  # the top group alone breaks the budget: it stays FP32, and the rest is searched again
         m = ver.metrics(low_of(order))
-        bar.advance(task)
+        advance()
         if ver.budget.met(m):
             return list(order), m
-        lo, hi, best = bisect(order)
+        lo, hi, best, steered = bisect(order)
     accepted, rest = list(order[:lo]), order[hi:]
     if len(rest) > 1:  # order[lo] broke the prefix; with one culprit, everything after it fits at once
         m = ver.metrics(low_of([*accepted, *rest]))
-        bar.advance(task)
+        advance()
         if ver.budget.met(m):
             return [*accepted, *rest], m
     for g in rest[:MAX_REFINE]:
         m = ver.metrics(low_of([*accepted, g]))
-        bar.advance(task)
+        advance()
         if ver.budget.met(m):
             accepted.append(g)
-            best = m
+            best, steered = m, False
+    if steered:  # the plan is the steered prefix: settled on every sample
+        best = ver.metrics(low_of(accepted), screen=False)
+        advance()
+        if not ver.budget.met(best):
+            return None
     return accepted, best
 
 
-def _finalize(nodes: Sequence[NodeDecision], groups: Sequence[_Group], chosen: set[str]) -> list[NodeDecision]:
+def _finalize(
+    nodes: Sequence[NodeDecision], groups: Sequence[_Group], chosen: set[str], *, measured: bool = True
+) -> list[NodeDecision]:
+    """The plan entries: members of ``groups`` not ``chosen`` FP32 (reason ``sensitivity``), the rest as planned.
+
+    ``measured``: the groups' local errors were measured (each member's stats get them); else ``groups`` are the
+    magnitude candidate's flagged groups.
+    """
     group_of = {a: g for g in groups for a in g.members}
     out = []
     for n in nodes:
         g = group_of.get(n.name)
         if g is None:
             out.append(n)
+            continue
+        if not measured:
+            if n.name in chosen:
+                out.append(n)
+            else:
+                detail = (f"kept FP32 by the budget search: its group reaches |{g.peak:.4g}| in calibration (above "
+                          f"{MAGNITUDE_LIMIT:g}), and the candidate without such groups met the budget")
+                out.append(NodeDecision(n.name, n.op_type, Precision.FP32, "sensitivity", detail, dict(n.stats)))
             continue
         stats = {**n.stats, "sensitivity": "not measured (in a control-flow body)" if g.in_body else _clean(g.error)}
         if n.name in chosen:
