@@ -146,11 +146,12 @@ class JudgedGraph:
     model: Any
     session: CastGraphSession
 
-    def runner(self) -> StrictModelRunner:
-        """The final verification's runner of ``model`` on this session (no second build; the emulator on refusal)."""
-        from mpinfer.precision.numerics.strict import emulator_runner
+    def runner(self, fallback: Callable[[Any], Any]) -> StrictModelRunner:
+        """The final verification's runner of ``model`` on this session (no second build).
 
-        return StrictModelRunner(self.model, emulator_runner, session=self.session)
+        ``fallback``: ``model -> Runner``, what runs it where ONNX Runtime refuses a batch (the strict emulator).
+        """
+        return StrictModelRunner(self.model, fallback, session=self.session)
 
 
 def _key(low: Mapping[str, Precision]) -> frozenset:

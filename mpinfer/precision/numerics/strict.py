@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -599,7 +600,7 @@ class _StrictCandidate:
         first = self.engines[0] if self.engines else None
         if not isinstance(first, JudgedGraph) or any(e is not first for e in self.engines):
             return None
-        return AppliedRun(first.model, first.runner)
+        return AppliedRun(first.model, functools.partial(first.runner, emulator_runner))
 
     def judged(self, met: bool) -> None:
         self.ev.judged(met)
