@@ -390,6 +390,10 @@ ADDED = [
     ("Resize", [lambda d: init("roi", np.zeros(0, np.float32)), lambda d: init("sc", np.float32([1, 1, 2, 3]))],
      {"mode": "nearest", "coordinate_transformation_mode": "pytorch_half_pixel", "nearest_mode": "round_prefer_ceil"},
      18, 4, False, 0.25, None),
+    ("Resize", [lambda d: init("roi", np.zeros(0, np.float32)), lambda d: init("sc", np.float32([1, 1, 2, 2]))],
+     {"mode": "nearest", "coordinate_transformation_mode": "asymmetric", "nearest_mode": "floor",
+      "cubic_coeff_a": -0.75, "exclude_outside": 0, "extrapolation_value": 0.0}, 17, 4, False, 0.25,
+     None),  # (a torch export's, YOLO's: attributes nearest sampling never reads)
     ("Resize", [lambda d: init("sc", np.float32([1, 1, 4, 2]))], {"mode": "nearest"}, 10, 4, False, 0.25, None),
     ("Upsample", [lambda d: init("sc", np.float32([1, 1, 2, 2]))], {"mode": "nearest"}, 9, 4, False, 0.25, None),
 ]

@@ -91,6 +91,8 @@ EXACT_OPS = frozenset(
 # it stays farther than float32's error from a rounding boundary at any realistic size); other variants stay on the
 # emulator.
 RESIZE_COORDINATES = frozenset({"asymmetric", "half_pixel", "pytorch_half_pixel"})
+# Resize attributes nearest sampling with those coordinates does not read (YOLO's exports carry cubic_coeff_a).
+NEAREST_UNREAD = frozenset({"cubic_coeff_a", "exclude_outside", "extrapolation_value"})
 # Ops whose outputs are never float: the same on the float32 copy of a low tensor as on the tensor itself.
 SHAPE_OPS = frozenset({"Shape", "Size"})
 # Ops that make a low tensor from no float input: its value, stored low, written as float32 (exact; :func:`_fp32_node`).
@@ -390,7 +392,9 @@ def _check_resize(node: Any, types: _Types | Mapping[str, int], inits: list[Any]
     opset = types_opset(types)
     old = node.op_type == "Upsample" or opset < 11
     coord = "asymmetric" if old else text.get("coordinate_transformation_mode", "half_pixel")
-    known = {"mode", "coordinate_transformation_mode", "nearest_mode", "scales"}
+    # (cubic_coeff_a, exclude_outside and extrapolation_value weigh cubic/linear samples or tf_crop_and_resize's
+    # outside pixels: nearest pixels by the modes above never read them; torch's exporter writes cubic_coeff_a always)
+    known = {"mode", "coordinate_transformation_mode", "nearest_mode", "scales", *NEAREST_UNREAD}
     where = len(node.input) > (1 if old else 2) and node.input[1 if old else 2]
     weights = {t.name: t for t in inits}
     weights.update(types.constants if isinstance(types, _Types) else {})
