@@ -91,16 +91,10 @@ def _value(o: Any, pad: str, newline: str, default: Callable[[Any], Any]) -> str
 
 
 def _key(k: Any) -> str:
+    """A dict key's text: a string's own, any other scalar's quoted (as ``json`` writes keys)."""
     if isinstance(k, str):
         return _encode_str(k)
-    if isinstance(k, float):
-        return '"' + _float(k) + '"'
-    if k is True:
-        return '"true"'
-    if k is False:
-        return '"false"'
-    if k is None:
-        return '"null"'
-    if isinstance(k, int):
-        return '"' + int.__repr__(k) + '"'
+    text = _scalar(k)
+    if text is not None:
+        return '"' + text + '"'
     raise TypeError(f"keys must be str, int, float, bool or None, not {k.__class__.__name__}")

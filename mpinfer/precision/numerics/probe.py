@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -273,10 +273,18 @@ def probe_errors(info: GraphInfo, groups: Sequence[Any], batches: Sequence[dict]
     caller measures them another way); a group whose low copy overflows gets ``inf``. One probe model per
     :data:`PROBE_GROUPS` groups.
     """
+    return _in_parts(_probe_part, info, groups, batches, low)
+
+
+def _in_parts(
+    measure: Callable[[GraphInfo, Sequence[Any], Sequence[dict], Precision], ProbeResult],
+    info: GraphInfo, groups: Sequence[Any], batches: Sequence[dict], low: Precision,
+) -> ProbeResult:
+    """``measure`` of each part of ``groups`` (:func:`_parts`), the errors and evaluations added up."""
     errors: dict[str, float] = {}
     evaluations = 0
     for part in _parts(groups):
-        got = _probe_part(info, part, batches, low)
+        got = measure(info, part, batches, low)
         errors.update(got.errors)
         evaluations += got.evaluations
     return ProbeResult(errors, evaluations)
@@ -338,13 +346,7 @@ def strict_probe_errors(
     are left out of ``errors`` (the caller measures them on the emulator); a group whose copy overflows gets ``inf``.
     One probe model per :data:`PROBE_GROUPS` groups (a part ONNX Runtime refuses: the emulator measures its groups).
     """
-    errors: dict[str, float] = {}
-    evaluations = 0
-    for part in _parts(groups):
-        got = _strict_part(info, part, batches, low)
-        errors.update(got.errors)
-        evaluations += got.evaluations
-    return ProbeResult(errors, evaluations)
+    return _in_parts(_strict_part, info, groups, batches, low)
 
 
 def _strict_part(info: GraphInfo, groups: Sequence[Any], batches: Sequence[dict], low: Precision) -> ProbeResult:
