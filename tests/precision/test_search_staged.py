@@ -52,8 +52,8 @@ def test_staged_runs_change_no_decision_figure_or_byte(tmp_path, monkeypatch):
 
 
 def test_cast_rows_give_the_full_runs_bits_and_only_where_the_cast_graph_judges():
-    """Any subset of the samples through ``cast_rows`` is, bit for bit, those rows of the candidate's full run; the
-    first candidate (it ranks the samples) and candidates the emulator would judge get no row runner."""
+    """Any subset of the samples through ``cast_rows`` is, bit for bit, those rows of the candidate's full run (the
+    first candidate's too: the search previews it); candidates the emulator would judge get no row runner."""
     model = chain(6, 16)
     info = GraphInfo(model)
     rng = np.random.default_rng(0)
@@ -61,7 +61,8 @@ def test_cast_rows_give_the_full_runs_bits_and_only_where_the_cast_graph_judges(
     mm = [a for a, ref in info.by_address.items() if ref.node.op_type == "MatMul"]
     ev = StrictEvaluator(model, info, batches, Precision.FP16)
     low = {a: Precision.FP16 for a in mm[1:]}
-    assert ev.cast_rows(low) is None  # (before the first candidate)
+    first = ev.cast_rows(low)  # (the first candidate: the engine its full run takes, the cast graph)
+    assert first is not None
     full = ev.candidate(low).outputs()
     run = ev.cast_rows(low)
     assert run is not None
@@ -69,4 +70,5 @@ def test_cast_rows_give_the_full_runs_bits_and_only_where_the_cast_graph_judges(
     want = np.concatenate([o["y"] for o in full])
     for rows in (np.array([3, 11]), np.array([0, 1, 2, 5, 9, 15]), np.arange(16)):
         assert run({"x": joined[rows]})["y"].tobytes() == want[rows].tobytes()
+        assert first({"x": joined[rows]})["y"].tobytes() == want[rows].tobytes()
     assert ev.cast_rows({mm[5]: Precision.FP16}) is None  # (the emulator recomputes 3 of 13 nodes: it judges)

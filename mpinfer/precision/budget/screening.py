@@ -51,6 +51,13 @@ STAGE_SHARE = 1 / 2
 # bisection (a failure there is still proved by a bound); the plan the search returns is always one measured on every
 # sample (``_Verifier.steered`` says whether the last verdict was steered, and the search settles it with a full run).
 STEER = True
+# Previewing (``_Verifier.metrics(..., preview=True)``): the whole candidate, before any run has shown which samples are
+# hard, runs first on this share of the samples spread evenly over them (at least SCREEN_MIN_ROWS), when a second
+# candidate is waiting (the magnitude one): when those samples prove the budget fails, the second candidate runs
+# without the whole candidate's other samples, which run only if the search then needs them (its sensitivities rank on
+# the hardness of a full run, :meth:`_Verifier.finish_preview`). On the cast graph only (any subset bit for bit as the
+# full run). DNSMOS: its whole candidate is rejected on 2 of 8 samples.
+PREVIEW_SHARE = SCREEN_SHARE
 
 
 @dataclass(frozen=True)
@@ -119,12 +126,15 @@ class _Verifier:
         self._splittable: bool | None = None
         self._joined: tuple[dict[str, np.ndarray], dict[str, np.ndarray]] | None = None  # (feeds, reference)
         self._screened_out: tuple[np.ndarray, Outputs] | None = None  # the rows and outputs screening last passed
+        # A previewed candidate rejected on its preview rows: its runner and the (rows, outputs) run so far
+        self._preview: tuple[Callable[[Outputs], Outputs], list[tuple[np.ndarray, Outputs]]] | None = None
 
     def reference_outputs(self) -> list[dict[str, np.ndarray]]:
         return self.ev.reference()
 
     def metrics(
-        self, low: Mapping[str, Precision], *, screen: bool = True, record: bool = True, steer: bool = False
+        self, low: Mapping[str, Precision], *, screen: bool = True, record: bool = True, steer: bool = False,
+        preview: bool = False,
     ) -> dict[str, dict[str, float | None]]:
         """Per-output metrics of the candidate whose low nodes are ``low``.
 
@@ -133,7 +143,9 @@ class _Verifier:
         budget. Any candidate that may meet it is measured on every sample. ``record``: False reads a full run into
         no sample's hardness (the samples screened, staged and probed next are those the runs before it chose).
         ``steer`` (with :data:`STEER`): a staged run that meets the budget on the hardest samples ends there, and the
-        metrics returned are those samples' bounds (``steered`` is then True).
+        metrics returned are those samples' bounds (``steered`` is then True). ``preview``: before any hardness is
+        known, the candidate runs first on a spread share of the samples (:data:`PREVIEW_SHARE`) and is rejected there
+        when they prove the budget fails (:meth:`finish_preview` runs the rest when the search needs it).
         """
         self.verifications += 1
         self.steered = False
@@ -144,6 +156,11 @@ class _Verifier:
             return rejected
         staged = self._staged(cand, rows, steer and STEER) if rows is not None and STOP_EARLY and self.stop_early \
             else None
+        if preview and staged is None and rows is None and STOP_EARLY and self._hardness is None:
+            staged = self._previewed(cand)
+            if isinstance(staged, dict):  # (the preview rows prove the budget fails)
+                cand.judged(False)
+                return staged
         if isinstance(staged, dict):  # (rejected on the hardest samples, or passed them when steering)
             cand.judged(False)  # (a steered pass is no base to grow from: its runs did not cover every sample)
             if self.budget.met(staged):
@@ -331,6 +348,59 @@ class _Verifier:
             logger.debug("search: a staged run failed (%s); the candidate runs its batches", err)
             return None
         return self._assemble(parts, total)
+
+    def _previewed(self, cand: Any) -> dict[str, dict[str, float | None]] | list[Outputs] | None:
+        """The candidate run on the preview rows first, then, unless they reject it, on the other samples.
+
+        Returns the optimistic metrics when the preview rows prove the budget fails (its runner and runs kept for
+        :meth:`finish_preview`), else its outputs per search batch with every sample run; None when the engine cannot
+        run subsets bit for bit (the candidate then runs its batches as they are).
+        """
+        runner = getattr(cand, "rows_runner", None)
+        if runner is None or not self.splittable():
+            return None
+        feeds, joined_ref = self._joined_samples()
+        total = len(next(iter(joined_ref.values())))
+        k = max(SCREEN_MIN_ROWS, math.ceil(total * PREVIEW_SHARE))
+        if k >= total:
+            return None
+        run = runner()
+        if run is None:
+            return None
+        rows = np.unique(np.linspace(0, total - 1, k).round().astype(np.int64))  # (spread: data sorted by class)
+        try:
+            parts = [(rows, run({n: v[rows] for n, v in feeds.items()}))]
+            bound = self._bound(parts)
+            if bound is not None and not self.budget.met(bound):
+                self.screened += 1
+                self._preview = run, parts
+                return bound
+            rest = np.setdiff1d(np.arange(total), rows)
+            parts.append((rest, run({n: v[rest] for n, v in feeds.items()})))
+        except Exception as err:  # onnxruntime's own types: data it refuses; the batches run as they are
+            logger.debug("search: a preview run failed (%s); the candidate runs its batches", err)
+            return None
+        return self._assemble(parts, total)
+
+    def finish_preview(self) -> None:
+        """The rest of the samples of a candidate rejected on its preview rows, its outputs read into the hardness.
+
+        The search calls it before anything ranks on the hardness (the sensitivities' samples): the hardness is then
+        that of the candidate's full run, as without the preview. Nothing to do when no preview was rejected.
+        """
+        if self._preview is None:
+            return
+        (run, parts), self._preview = self._preview, None
+        feeds, joined_ref = self._joined_samples()
+        total = len(next(iter(joined_ref.values())))
+        rest = np.setdiff1d(np.arange(total), np.concatenate([r for r, _ in parts]))
+        if len(rest):
+            parts.append((rest, run({n: v[rest] for n, v in feeds.items()})))
+        outs = self._assemble(parts, total)
+        if outs is not None:
+            if self._unread is not None:
+                self._update_hardness(self._unread)
+            self._unread = outs
 
     def _bound(self, parts: list[tuple[np.ndarray, Outputs]]) -> dict[str, dict[str, float | None]] | None:
         """The optimistic metrics of the samples run so far (None: outputs without one row per sample)."""

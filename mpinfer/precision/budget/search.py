@@ -10,7 +10,9 @@
    Before that, when calibration shows groups making or reading values above ``groups.MAGNITUDE_LIMIT`` (FP16;
    together under ``MAGNITUDE_FLOPS_SHARE`` of the candidate's FLOPs), the candidate without them is verified
    (ModelOpt AutoCast's data-magnitude rule as a second candidate): when it meets the budget the search ends there
-   (the flagged groups tried back one by one when there are several), with no sensitivities measured.
+   (the flagged groups tried back one by one when there are several), with no sensitivities measured. The whole
+   candidate is then previewed on a spread eighth of the samples (``screening.PREVIEW_SHARE``): when they prove it
+   fails, its other samples run only if the search goes on to the sensitivities, which rank on its full run.
 3. Greedy by FLOPs per unit of error: groups sorted by ``flops / error``; the whole candidate is verified
    with one incremental emulator run (``GraphEmulator.run_from``); when it fails, bisection over the
    sorted prefix finds the largest prefix that meets the budget (log2(groups) verifications); the group
@@ -221,7 +223,8 @@ def _choose_groups(
     """
     with progress_bar(enabled=cfg.progress) as bar:
         task = bar.add_task("verify", total=None)
-        metrics = ver.metrics(_low_of(groups, forced, cfg.precision))
+        # (previewed when the magnitude candidate waits: a whole candidate its first samples reject costs no more)
+        metrics = ver.metrics(_low_of(groups, forced, cfg.precision), preview=_magnitude_tried(groups, flagged))
         bar.advance(task)
         if ver.budget.met(metrics):
             return list(groups), metrics, "whole"
@@ -229,6 +232,7 @@ def _choose_groups(
         bar.advance(task)
         if by_magnitude is not None:
             return by_magnitude[0], by_magnitude[1], "magnitude"
+        ver.finish_preview()  # (the sensitivities' samples are the hardest of the whole candidate's full run)
         measure_start = time.perf_counter()
         _measure(groups, ver, bar)
         ver.sensitivity_s = time.perf_counter() - measure_start
@@ -260,8 +264,7 @@ def _magnitude_first(
     group: the whole candidate, known to fail). The candidate's run is read into no sample's hardness: when it fails,
     the search goes on (sensitivities on the hardest samples, bisection) exactly as it would have without it.
     """
-    total = sum(g.flops for g in groups)
-    if not flagged or len(flagged) >= len(groups) or sum(g.flops for g in flagged) > MAGNITUDE_FLOPS_SHARE * total:
+    if not _magnitude_tried(groups, flagged):
         return None
     ver.magnitude_groups = len(flagged)
     out = {id(g) for g in flagged}
@@ -281,6 +284,16 @@ def _magnitude_first(
                 accepted.append(g)
                 metrics = m
     return accepted, metrics
+
+
+def _magnitude_tried(groups: Sequence[_Group], flagged: Sequence[_Group]) -> bool:
+    """Whether the magnitude candidate is tried.
+
+    Only when ``flagged`` are some, not all, of the groups, with at most :data:`MAGNITUDE_FLOPS_SHARE` of their FLOPs.
+    """
+    total = sum(g.flops for g in groups)
+    share = sum(g.flops for g in flagged)
+    return bool(flagged) and len(flagged) < len(groups) and share <= MAGNITUDE_FLOPS_SHARE * total
 
 
 def _cost(ver: _Verifier, groups: list[_Group], accepted: list[_Group], how: str, wall: float) -> dict:

@@ -38,6 +38,8 @@ logger = logging.getLogger(__name__)
 STRICT_SCREEN_MIN_VALUES = 100_000
 # What ``note`` is told when the emulator computes a candidate's outputs (see StrictEvaluator.each_from_refs).
 EMULATED = "emulator"
+# What the log says when the first candidate runs on its cast graph
+_FIRST_ON_CAST_GRAPH = "search: the first candidate judged by ONNX Runtime as a float32 graph with rounding casts"
 
 
 def _ignore(engine: Any) -> None:
@@ -338,7 +340,7 @@ class StrictEvaluator:
         rest = batches[self._emu.kept:]  # (batches without kept FP32 runs: whole runs on the emulator)
         if (sess := self._cast_judged(low, first)) is not None:
             if first:
-                logger.info("search: the first candidate judged by ONNX Runtime as a float32 graph with rounding casts")
+                logger.info(_FIRST_ON_CAST_GRAPH)
             note(sess)
 
             def fallback(batch: Outputs) -> Outputs:
@@ -376,14 +378,18 @@ class StrictEvaluator:
         Its cast graph session, when that is the engine its full run would take (the same choice as
         :meth:`each_from_refs`, on the same counts), which computes each sample alone (no op of a cast graph mixes
         samples: the search only asks for models whose samples can be split); None when the emulator would judge it
-        (its incremental runs start from runs of whole batches) or for the first candidate. Counted as a candidate
-        judged on the cast graph.
+        (its incremental runs start from runs of whole batches). The first candidate takes the engine its full run
+        would (:meth:`each_from_refs`). Counted as a candidate judged on the cast graph.
         """
-        if not self._first_run or self._emu.emu is None:
+        if self._emu.emu is None:
             return None
-        sess = self._cast_judged(low, False)
+        first = not self._first_run
+        sess = self._cast_judged(low, first)
         if sess is None:
             return None
+        if first:
+            self._first_run = True
+            logger.info(_FIRST_ON_CAST_GRAPH)
         note(sess)
 
         def run(feeds: Outputs) -> Outputs:
