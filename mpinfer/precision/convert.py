@@ -306,11 +306,11 @@ class _Planned:
     plan: PrecisionPlan
     expected: dict[str, Any] = field(default_factory=dict)
     search_cost: dict[str, Any] | None = None
-    verified: tuple | None = None
     verify: VerifyInputs | None = None
     unmeasured: list[str] = field(default_factory=list)  # float outputs with no values on the data
-    # what computed the search's outputs of its final candidate (``verify.known_candidate``): see _verify
-    outputs_run: AppliedRun | None = None
+    # the search's final candidate as applied and run (SearchOutcome.applied): the final apply takes its rewrite,
+    # the verification its outputs (``verify.known_candidate``) and runner, see _apply and _verify
+    applied: AppliedRun | None = None
     not_measured: str | None = None  # why nothing was measured (``--calibration none``)
 
 
@@ -334,10 +334,9 @@ def _make_plan(
     if opts.budget and calibrated.feeds is not None:
         outcome, searched = _search(opts, info, decisions, nodes, calibrated)
         nodes = outcome.nodes
-        made.expected, made.search_cost, made.verified = outcome.expected_error, outcome.cost, outcome.verified
+        made.expected, made.search_cost, made.applied = outcome.expected_error, outcome.cost, outcome.applied
         made.search_cost["samples"] = count_rows(info.model, searched)
         made.verify = _verify_inputs(data, opts, decisions, calibrated, outcome)
-        made.outputs_run = outcome.outputs_run
     elif calibrated.feeds is not None:
         made.expected = _expected_error(opts, info, nodes, calibrated)
     made.plan.nodes = list(nodes)
@@ -480,7 +479,7 @@ def _apply(
     """
     plan = made.plan
     result, plan.nodes = apply_validated(
-        info, plan.nodes, precision, keep_io_types=plan.keep_io_types, verified=made.verified, staged=staged
+        info, plan.nodes, precision, keep_io_types=plan.keep_io_types, applied=made.applied, staged=staged
     )
     return result
 
@@ -493,7 +492,7 @@ def _verify(
     ``staged``: see :func:`apply_validated` (the candidate as written there is what is verified).
 
     Where the search measured this very model (its final candidate's cast graph, or its ONNX Runtime session, ran the
-    model equal to the one written: ``made.outputs_run``), the verification takes the search's outputs for those
+    model equal to the one written: ``made.applied``), the verification takes the search's outputs for those
     samples and runs the others on the same runner (no second cast graph build or session). Outputs the emulator
     computed are never taken: the emulator runs the FP32 model with low nodes, not the model written.
     """
@@ -503,7 +502,7 @@ def _verify(
     nodes = made.plan.nodes
     given = runner = None
     low = {n.name: n.precision for n in nodes if n.precision.is_low}
-    ran, made.outputs_run = made.outputs_run, None  # (its session and model go with this pass)
+    ran, made.applied = made.applied, None  # (its session and model go with this pass)
     if inputs.known_candidate is not None and inputs.known_candidate[0] == low:
         if ran is not None and (ran.model is result.model or ran.model == result.model):
             given, runner = inputs.known_candidate[1], ran.open()  # the search ran the model as written

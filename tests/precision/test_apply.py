@@ -520,28 +520,47 @@ def test_quantized_op_keeps_its_dequantize_adjacent(tmp_path, opset):
     assert_onnx_outputs_close(run_ort(out, {"x": x})[0], run_ort(model, {"x": x})[0], model, dtype=np.float16)
 
 
-def test_the_same_plan_applied_again_is_not_rewritten_again(tmp_path):
-    """apply_plan keeps its last result on the GraphInfo: the same plan on the same model returns it (the search's
-    candidate is the model convert writes); another plan, another model or a model changed in place does not."""
-    from mpinfer.modelio import save_onnx
+def test_the_final_apply_takes_the_search_rewrite_and_gates_it(tmp_path):
+    """apply_validated takes the ApplyResult of the search's final candidate (AppliedRun) when the plan's precisions
+    are its own; another plan is applied afresh, and the validity gate runs on what is taken."""
+    from mpinfer.errors import InternalError
     from mpinfer.precision.core.plan import NodeDecision
-    from mpinfer.precision.rules.planner import rewrite_planned_masks
+    from mpinfer.precision.graph.validate import apply_validated
+    from mpinfer.precision.numerics.base import AppliedRun
 
     info = GraphInfo(name_nodes(mlp()))
-    low = {a: Precision.FP16 for a in ("fc1", "fc2")}
-    first = apply_plan(info.model, info, {**low, "relu": Precision.FP32}, Precision.FP16)
-    assert apply_plan(info.model, info, low, Precision.FP16) is first  # (FP32 entries or none: the same plan)
-    assert apply_plan(info.model, info, low, Precision.FP16, keep_io_types=False) is not first
-    other = apply_plan(info.model, info, {"fc1": Precision.FP16}, Precision.FP16)
-    assert other is not first and apply_plan(info.model, info, low, Precision.FP16) is not first
-    mine = apply_plan(info.model, info, low, Precision.FP16)
-    copy = onnx.ModelProto()
-    copy.CopyFrom(info.model)
-    assert apply_plan(copy, info, low, Precision.FP16) is not mine
-    mine = apply_plan(info.model, info, low, Precision.FP16)
-    edited = [NodeDecision("fc1", "MatMul", Precision.FP16, "rewrite:mask", "", {"mask_value": 0.0})]
-    rewrite_planned_masks(info, edited, Precision.FP16)  # (the model changes in place: nothing kept holds)
-    assert info.applied is None and apply_plan(info.model, info, low, Precision.FP16) is not mine
-    external = GraphInfo(info.model, base_dir=str(save_onnx(info.model, tmp_path / "m.onnx").parent))
-    apply_plan(external.model, external, low, Precision.FP16)
-    assert external.applied is None  # (weights read from a file: their candidates are streamed, never kept)
+    low = {"fc1", "fc2"}
+    precisions = {a: Precision.FP16 if a in low else Precision.FP32 for a in info.by_address}
+    nodes = [NodeDecision(a, info.by_address[a].node.op_type, p, "rule:test", "") for a, p in precisions.items()]
+    searched = apply_plan(info.model, info, precisions, Precision.FP16)
+    for loaded in (False, True):
+        run = AppliedRun(dict(precisions), searched, lambda: None, loaded=loaded)
+        result, _ = apply_validated(info, nodes, Precision.FP16, applied=run)
+        assert result.model is searched.model
+    other = [NodeDecision(n.name, n.op_type, Precision.FP32, n.reason, "") if n.name == "fc2" else n for n in nodes]
+    result, _ = apply_validated(info, other, Precision.FP16, applied=run)
+    assert result.model is not searched.model and sum(n.op_type == "Cast" for n in result.model.graph.node) > 0
+    broken = onnx.ModelProto()
+    broken.CopyFrom(searched.model)
+    del broken.graph.node[0]  # (a node's output is gone: the checker and type inference refuse it)
+    for loaded in (False, True):
+        bad = AppliedRun(dict(precisions), type(searched)(broken, searched.cast_count, searched.converted_weights),
+                         lambda: None, loaded=loaded)
+        with pytest.raises(InternalError):
+            apply_validated(info, nodes, Precision.FP16, applied=bad)
+
+
+def test_strict_convert_writes_the_rewrite_its_search_judged(tmp_path, monkeypatch):
+    """The plan the search's cast graph judged is not rewritten again at apply (one rewrite for the one candidate)."""
+    from mpinfer.precision.graph import validate
+
+    calls = []
+    real = validate.apply_plan
+    monkeypatch.setattr(validate, "apply_plan", lambda *a, **k: calls.append(1) or real(*a, **k))
+    src = save(mlp(), tmp_path / "m.onnx")
+    data = tmp_path / "cal.npz"
+    np.savez(data, x=np.random.default_rng(0).standard_normal((32, 8)).astype(np.float32))
+    res = convert_precision(ConvertConfig(model=src, output=tmp_path / "o.onnx", calibration=str(data),
+                                          progress=False))
+    assert res.plan.summary["search"]["cast_graph_candidates"] >= 1
+    assert res.plan.summary["verification"]["passed"] and calls == []

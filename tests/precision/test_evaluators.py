@@ -122,10 +122,10 @@ def test_a_candidate_is_the_applied_model_under_the_same_numerics(setup, cls):
     rows = np.array([1, 3])
     on_rows = cand.outputs_on({"x": batches[0]["x"][rows]}, rows)
     assert on_rows["y"].shape == (2, WIDTH)
-    verified = cand.verified()
-    assert (verified is None) == (cls is StrictEvaluator)  # ORT ran the model as written: convert reuses it
-    if verified is not None:
-        assert {a for a, p in verified[0].items() if p.is_low} == set(low)
+    ran = cand.ran_as()  # (the cast graph or the ORT session ran the model as applied: convert takes it)
+    assert ran is not None and ran.loaded == (cls is OrtEvaluator)  # (ORT loaded that very model)
+    assert {a for a, p in ran.precisions.items() if p.is_low} == set(low)
+    assert ran.model == applied.model
 
 
 @pytest.mark.parametrize("cls", [StrictEvaluator, OrtEvaluator])

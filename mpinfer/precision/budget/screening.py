@@ -80,6 +80,21 @@ class SearchConfig:
     metrics: tuple[Any, ...] = ()  # the user's own metrics (mpinfer.usermetric.UserMetric): budget terms too
 
 
+@dataclass(frozen=True)
+class Passing:
+    """A candidate measured on every search sample that met the budget.
+
+    Attributes:
+        low: Its low nodes (address -> precision).
+        outputs: Its outputs, one dict per search batch.
+        run: The candidate as applied, when that model computed ``outputs`` (:meth:`Candidate.ran_as`); else None.
+    """
+
+    low: dict[str, Precision]
+    outputs: list[Outputs]
+    run: AppliedRun | None
+
+
 class _Verifier:
     """Judges candidate low-node sets against the FP32 reference: metrics, screening, per-sample hardness.
 
@@ -99,11 +114,9 @@ class _Verifier:
         self.fp32_metrics: dict[str, dict[str, float | None]] = {}
         self.fp32_acc: ModelAccumulator | None = None
         self.class_outputs: list[str] | None = None if cfg.class_outputs is None else list(cfg.class_outputs)
-        self.passing: tuple[dict[str, Precision], Any] | None = None  # see SearchOutcome.verified
-        # The low nodes and outputs (per search batch) of the last candidate measured on every sample that met the
-        # budget: the final verification takes them for these samples when the plan is that candidate.
-        self.passing_outputs: tuple[dict[str, Precision], list[dict[str, np.ndarray]]] | None = None
-        self.passing_run: AppliedRun | None = None  # the model that computed passing_outputs (Candidate.ran_as)
+        # The last candidate measured on every sample that met the budget: convert takes its run when the plan is
+        # that candidate (SearchOutcome.applied and .outputs)
+        self.passing: Passing | None = None
         # Screening: per-sample hardness over the search samples (batches concatenated),
         # the worst relative error each sample showed in a full verification; None until one ran, or
         # when the samples cannot be split (see _screen_rows). ``screened``: candidates rejected early.
@@ -187,11 +200,7 @@ class _Verifier:
             self._unread = outs  # read into the hardness when a later candidate screens (the first often passes)
         cand.judged(self.budget.met(metrics))
         if self.budget.met(metrics):
-            self.passing_outputs = (dict(low), outs)
-            self.passing_run = cand.ran_as()
-            verified = cand.verified()
-            if verified is not None:
-                self.passing = verified
+            self.passing = Passing(dict(low), outs, cand.ran_as())
         return metrics
 
     def accumulate(self, outs: list[dict[str, np.ndarray]]) -> ModelAccumulator:

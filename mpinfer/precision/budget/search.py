@@ -86,15 +86,12 @@ class SearchOutcome:
     nodes: list[NodeDecision]
     expected_error: dict[str, Any]
     cost: dict[str, Any] = field(default_factory=dict)
-    # ORT numerics: (precisions, ApplyResult) of the last candidate that met the budget, which ONNX Runtime
-    # loaded and ran; the final apply reuses it when the plan's precisions are the same.
-    verified: tuple[dict[str, Precision], Any] | None = None
     # The final plan's outputs on the search batches (one dict per batch), when the search measured that very
     # candidate on all of them; the final verification takes them instead of running those samples again.
     outputs: list[dict[str, np.ndarray]] | None = None
-    # What computed ``outputs`` (the candidate as applied, and its runner): the final verification takes them only for
-    # a written model equal to its ``model`` (see Candidate.ran_as).
-    outputs_run: AppliedRun | None = None
+    # That candidate as applied, when its model computed ``outputs`` (Candidate.ran_as): the final apply takes its
+    # ApplyResult, and the final verification its runner for a written model equal to it.
+    applied: AppliedRun | None = None
     # The outputs the search treated as class scores (given, or guessed once on the reference): a later
     # verification passes them to its ModelAccumulator so it judges top-k on the same outputs.
     class_outputs: list[str] | None = None
@@ -198,12 +195,11 @@ def search_plan(
     chosen = {a for g in accepted for a in g.members}
     final = _finalize(nodes, groups if how == "searched" else flagged if how == "magnitude" else [], chosen,
                       measured=how == "searched")
-    verified = ver.passing if ver.passing and ver.passing[0] == {n.name: n.precision for n in final} else None
     final_low = {n.name: n.precision for n in final if n.precision.is_low}
-    outputs = ver.passing_outputs[1] if ver.passing_outputs and ver.passing_outputs[0] == final_low else None
+    passing = ver.passing if ver.passing is not None and ver.passing.low == final_low else None
     return SearchOutcome(
-        final, summary_figures(metrics, ver.budget), cost, verified, outputs=outputs, class_outputs=ver.class_outputs,
-        outputs_run=ver.passing_run if outputs is not None else None,
+        final, summary_figures(metrics, ver.budget), cost, outputs=None if passing is None else passing.outputs,
+        applied=None if passing is None else passing.run, class_outputs=ver.class_outputs,
     )
 
 

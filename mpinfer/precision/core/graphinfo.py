@@ -189,10 +189,6 @@ class GraphInfo:
         # main-graph inputs/outputs the user's model had in FP16/BF16 before --force brought it back to FP32
         # (name -> element type): the rewrite gives them that type again
         self.low_io: dict[str, int] = {}
-        # the last plan :func:`mpinfer.precision.graph.apply.apply_plan` applied to this model: (the model, the
-        # plan's key, its ApplyResult), for the next caller applying the same plan (the search judged the plan
-        # convert then writes); cleared by whoever changes the model in place (the mask rewrites)
-        self.applied: tuple[Any, Any, Any] | None = None
 
     def _collect(self, graph: Any) -> None:
         import onnx

@@ -5,6 +5,7 @@ from __future__ import annotations
 from mpinfer.precision.graph.apply import (
     CAST_TAG,
     DTYPE_ATTR_OPS,
+    AppliedRun,
     ApplyResult,
     GraphRewriter,
     apply_plan,
@@ -66,6 +67,7 @@ from mpinfer.precision.graph.validate import (
 )
 
 __all__ = [
+    "AppliedRun",
     "ApplyResult",
     "BF16_MIN_OPSET",
     "CAST_TAG",

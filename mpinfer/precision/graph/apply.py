@@ -18,8 +18,7 @@ Casts go only where a tensor's dtype and its consumer's disagree.
 from __future__ import annotations
 
 import logging
-import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -382,6 +381,36 @@ class ApplyResult:
     gated: str | None = None
 
 
+@dataclass(frozen=True)
+class AppliedRun:
+    """A candidate as applied and run: what convert takes from the search instead of doing it again.
+
+    The search hands on the run of its final candidate (:attr:`SearchOutcome.applied
+    <mpinfer.precision.budget.search.SearchOutcome>`), and it is the one record of it: the final apply takes
+    ``result`` when the plan's precisions are ``precisions`` (:func:`~mpinfer.precision.graph.apply_validated`), and the
+    final verification takes the search's outputs only for a written model equal to ``result.model``, with
+    ``open()`` as its runner (no second build). Made by the numerics (:meth:`Candidate.ran_as
+    <mpinfer.precision.numerics.base.Candidate.ran_as>`).
+
+    Attributes:
+        precisions: Every node's precision (address -> precision).
+        result: The :class:`ApplyResult` of ``precisions``: the model as it will be written.
+        open: ``() -> Runner``: the numerics' runner of ``result.model`` (the one that computed the outputs).
+        loaded: The numerics' runtime (ONNX Runtime, TensorRT) loaded and ran ``result.model`` itself, so the validity
+            gate takes its load check as done; False for a cast graph (ONNX Runtime ran a float32 graph made from it).
+    """
+
+    precisions: dict[str, Precision]
+    result: Any
+    open: Callable[[], Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]]]
+    loaded: bool = False
+
+    @property
+    def model(self) -> Any:
+        """The converted ``onnx.ModelProto``."""
+        return self.result.model
+
+
 def apply_plan(
     model: Any,
     info: GraphInfo,
@@ -402,11 +431,6 @@ def apply_plan(
     Returns:
         The new model, the number of Casts inserted, and the converted weights.
     """
-    key = (low, keep_io_types, frozenset((a, p) for a, p in precisions.items() if p.is_low),
-           tuple(sorted(info.low_io.items())))
-    if info.applied is not None and info.applied[0] is model and info.applied[1] == key:
-        return info.applied[2]  # (the same plan on the same model: the same rewrite)
-    info.applied = None  # (the last one goes before this one is made, unless its caller holds it)
     rw = GraphRewriter(info, precisions, low, keep_io_types=keep_io_types)
     out = rw.rewrite(model)
     converted = tuple(
@@ -416,21 +440,4 @@ def apply_plan(
             if t == FLOAT and info.is_const(n) and (rw.types.get(n) == rw.low_type or n in rw.copies)
         )
     )
-    result = ApplyResult(out, rw.cast_count, converted)
-    info.applied = (model, key, result) if _keeps_applied(info) else None
-    return result
-
-
-def _keeps_applied(info: GraphInfo) -> bool:
-    """Whether ``info`` may hold its last applied plan (:attr:`GraphInfo.applied`) for the next caller.
-
-    Models whose weights are in memory and fit the memory budget's ``probe`` slice (what the search's probe model
-    holds: a second copy of the converted weights) are kept. External weights never: their candidates are
-    streamed to a file, which empties the proto's weights (:func:`mpinfer.modelio.save_streamed`).
-    """
-    if info.base_dir:
-        return False
-    from mpinfer.memory import current_budget
-
-    elements = sum(math.prod(t.dims) for t in info.initializers.values())  # (from the dims: no data read)
-    return 4 * elements <= current_budget().probe
+    return ApplyResult(out, rw.cast_count, converted)

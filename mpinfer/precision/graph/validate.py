@@ -30,7 +30,7 @@ from mpinfer.modelio import (
     small_enough_to_size,
 )
 from mpinfer.precision.core import NodeDecision
-from mpinfer.precision.graph.apply import apply_plan
+from mpinfer.precision.graph.apply import AppliedRun, apply_plan
 from mpinfer.specs import Precision
 
 logger = logging.getLogger(__name__)
@@ -271,7 +271,7 @@ def apply_validated(
     precision: Precision,
     *,
     keep_io_types: bool = True,
-    verified: tuple[dict[str, Precision], Any] | None = None,
+    applied: AppliedRun | None = None,
     staged: tuple[Path, Path] | None = None,
 ) -> tuple[Any, list[NodeDecision]]:
     """Apply the plan and pass the validity gate; nodes ONNX Runtime refuses in low precision go FP32.
@@ -280,9 +280,9 @@ def apply_validated(
     model is valid ONNX) is repaired: ONNX Runtime's kernels or function bodies lack the dtype (BF16
     mostly). The nodes it points at are kept FP32 with the reason recorded, and the plan is applied again.
 
-    ``verified``: (precisions, ApplyResult) of a candidate the search already applied and ONNX Runtime
-    loaded and ran (same model, same ``keep_io_types``); when the plan's precisions are those, that result is
-    taken as it is and only the checker and strict type inference run on it.
+    ``applied``: the search's final candidate as it applied it (same model, same ``keep_io_types``); when the plan's
+    precisions are its precisions, its ApplyResult is taken as it is, and the gate runs on it (only the checker and
+    strict type inference when the numerics' runtime loaded and ran that very model: ``applied.loaded``).
 
     ``staged``: (where to write, the input model's file) for a model whose weights are external: each candidate
     is written there (:func:`mpinfer.modelio.save_streamed`, tensor by tensor) and the gate checks that file (the
@@ -297,7 +297,7 @@ def apply_validated(
     """
     for _ in range(MAX_RUNTIME_REPAIRS + 1):
         precisions = {n.name: n.precision for n in nodes}
-        result, failures = _apply_and_check(info, precisions, precision, keep_io_types, verified, staged)
+        result, failures = _apply_and_check(info, precisions, precision, keep_io_types, applied, staged)
         if not failures:
             return result, nodes
         runtime_only = all(f.check == "onnxruntime" for f in failures)
@@ -315,13 +315,14 @@ def _apply_and_check(
     precisions: dict[str, Precision],
     precision: Precision,
     keep_io_types: bool,
-    verified: tuple[dict[str, Precision], Any] | None,
+    applied: AppliedRun | None,
     staged: tuple[Path, Path] | None,
 ) -> tuple[Any, list[GateFailure]]:
-    """The applied plan (the search's result when it verified these precisions) and its validity failures."""
-    if verified is not None and verified[0] == precisions and staged is None:
-        result = verified[1]
-        return result, validity_failures(result.model, baseline_model=info.model, checks=OFFLINE_CHECKS)
+    """The applied plan (the search's rewrite when it applied these precisions) and its validity failures."""
+    if applied is not None and applied.precisions == precisions and staged is None:
+        if applied.loaded:
+            return applied.result, validity_failures(applied.model, baseline_model=info.model, checks=OFFLINE_CHECKS)
+        return _gated(applied.result, info.model)
     result = apply_plan(info.model, info, precisions, precision, keep_io_types=keep_io_types)
     if staged is not None:
         path, source = staged

@@ -11,31 +11,17 @@ place that maps a ``--numerics`` name to its class (strict: :mod:`.strict`; ONNX
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
+from mpinfer.precision.graph.apply import AppliedRun
 from mpinfer.specs import Precision
 
 Outputs = dict[str, np.ndarray]
 Runner = Callable[[Mapping[str, np.ndarray]], Outputs]
 
-
-@dataclass(frozen=True)
-class AppliedRun:
-    """What computed a candidate's outputs: the converted model as applied, and its runner as the verification's.
-
-    The final verification takes the search's outputs only for a model equal to ``model`` (the model as written), and
-    ``open()`` then gives its runner without building it again.
-
-    Attributes:
-        model: The converted ``onnx.ModelProto`` (:func:`~mpinfer.precision.graph.apply_plan` of the candidate).
-        open: ``() -> Runner``: the numerics' runner of ``model`` (the one that computed the outputs).
-    """
-
-    model: Any
-    open: Callable[[], Runner]
+__all__ = ["AppliedRun", "Candidate", "Evaluator", "Outputs", "Runner", "float32_outputs", "has_all_outputs"]
 
 
 class Candidate(Protocol):
@@ -50,11 +36,8 @@ class Candidate(Protocol):
     def outputs_on(self, feeds: Mapping[str, np.ndarray], rows: np.ndarray) -> Outputs:
         """Its outputs on the samples ``rows`` of the joined search batches (``feeds`` holds those rows)."""
 
-    def verified(self) -> tuple[dict[str, Precision], Any] | None:
-        """(precisions, ApplyResult) when the candidate was applied and run as it would be written, else None."""
-
     def ran_as(self) -> AppliedRun | None:
-        """The converted model that computed every output so far, as the final verification runs it; else None."""
+        """The candidate as applied, when that model computed every output so far (as the verification runs it)."""
 
     def judged(self, met: bool) -> None:
         """Told, after a full run, whether the candidate met the budget (an evaluator may keep its runs to reuse)."""

@@ -111,7 +111,7 @@ class CastJudge:
             logger.debug("search: the emulator judges this candidate (no cast graph: %s)", why)
             self._refused.append(key)
             self.counts.refused += 1
-        self._last = key, None if sess is None else JudgedGraph(applied.model, sess)
+        self._last = key, None if sess is None else JudgedGraph(precisions, applied, sess)
         return self._last[1]
 
     def run(self, judged: JudgedGraph, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -139,12 +139,19 @@ class JudgedGraph:
     """A candidate as the search judged it on ONNX Runtime: the model as applied, and its cast graph's session.
 
     Attributes:
-        model: The converted ``onnx.ModelProto`` (:func:`~mpinfer.precision.graph.apply_plan` of the candidate).
+        precisions: Every node's precision (address -> precision).
+        applied: The :class:`~mpinfer.precision.graph.ApplyResult` of ``precisions`` (the model as it will be written).
         session: The session of its cast graph (:class:`~mpinfer.precision.emulator.castgraph.CastGraphSession`).
     """
 
-    model: Any
+    precisions: dict[str, Precision]
+    applied: Any
     session: CastGraphSession
+
+    @property
+    def model(self) -> Any:
+        """The converted ``onnx.ModelProto``."""
+        return self.applied.model
 
     def runner(self, fallback: Callable[[Any], Any]) -> StrictModelRunner:
         """The final verification's runner of ``model`` on this session (no second build).

@@ -134,11 +134,8 @@ class _AppliedCandidate:
         self.ev.evaluations += len(self.ev.info.nodes)
         return self.run(feeds)
 
-    def verified(self) -> tuple[dict[str, Precision], Any] | None:
-        return self.precisions, self.applied
-
     def ran_as(self) -> AppliedRun | None:
-        return AppliedRun(self.applied.model, lambda: self.run)
+        return AppliedRun(self.precisions, self.applied, lambda: self.run, loaded=True)  # (the runtime ran it)
 
     def judged(self, met: bool) -> None:
         """Nothing is kept: each candidate is a whole run of the applied model."""

@@ -594,9 +594,6 @@ class _StrictCandidate:
     def rows_runner(self) -> Callable[[Outputs], Outputs] | None:
         return self.ev.cast_rows(self.low, self.engines.append)
 
-    def verified(self) -> tuple[dict[str, Precision], Any] | None:
-        return None
-
     def ran_as(self) -> AppliedRun | None:
         """The candidate's cast graph when it alone computed every output so far (the emulator's never qualify).
 
@@ -606,7 +603,7 @@ class _StrictCandidate:
         first = self.engines[0] if self.engines else None
         if not isinstance(first, JudgedGraph) or any(e is not first for e in self.engines):
             return None
-        return AppliedRun(first.model, functools.partial(first.runner, emulator_runner))
+        return AppliedRun(first.precisions, first.applied, functools.partial(first.runner, emulator_runner))
 
     def judged(self, met: bool) -> None:
         self.ev.judged(met)

@@ -185,7 +185,6 @@ def rule_plan(
     sites = find_mask_sites(info, precision, stats)
     decisions = classify_nodes(info, precision, options, stats, sites)
     rewrite_masks(info, sites, [a for a, d in decisions.items() if d.reason == MASK_REASON])
-    info.applied = None  # (the model changed in place: a plan applied before is not this model's)
     precisions = resolve_precisions(info, decisions, precision, keep_io_types=keep_io_types)
     return decisions, decisions_to_nodes(info, decisions, precisions, stats)
 
@@ -198,7 +197,6 @@ def rewrite_planned_masks(info: GraphInfo, nodes: Sequence[NodeDecision], precis
     planned = [n.name for n in nodes if "mask_value" in n.stats]
     if not planned:
         return 0
-    info.applied = None  # (the model changes in place: a plan applied before is not this model's)
     return rewrite_masks(info, find_mask_sites(info, precision), planned)
 
 
