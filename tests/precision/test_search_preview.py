@@ -92,3 +92,32 @@ def test_a_rejected_preview_is_finished_before_the_groups_are_ranked(tmp_path, m
             assert sizes[:2] == [SAMPLES // 8, SAMPLES - SAMPLES // 8]  # the preview rejected, then finished
     assert got[0] == got[1]
     assert any(d[3] is not None for d in got[0][0])  # (the groups were measured)
+
+
+def test_a_preview_whose_rest_the_runtime_refuses_is_finished_on_the_batches(tmp_path, monkeypatch):
+    """ONNX Runtime refusing the rest of a rejected preview: the candidate's batches run as without the preview (the
+    emulator where the cast graph fails), and the search decides as it would have."""
+    monkeypatch.setattr(search, "MAGNITUDE_FLOPS_SHARE", 1.0)
+    monkeypatch.setattr(search, "magnitude_groups", lambda _i, groups, _n: [g for g in groups if g.anchor == "mm0"])
+    plain = _convert(tmp_path, chain(8), "f", budget="max_abs<=1e-3")
+    real = strict.StrictEvaluator.cast_rows
+    refused = []
+
+    def cast_rows(self, low, note=strict._ignore):
+        run = real(self, low, note)
+        if run is None:
+            return None
+
+        def flaky(feeds):
+            if len(next(iter(feeds.values()))) == SAMPLES - SAMPLES // 8 and not refused:  # (the preview's rest)
+                refused.append(1)
+                raise RuntimeError("refused")
+            return run(feeds)
+
+        return flaky
+
+    monkeypatch.setattr(strict.StrictEvaluator, "cast_rows", cast_rows)
+    res = _convert(tmp_path, chain(8), "g", budget="max_abs<=1e-3")
+    assert refused == [1]
+    assert _decisions(res) == _decisions(plain)
+    assert res.plan.summary["verification"]["figures"] == plain.plan.summary["verification"]["figures"]

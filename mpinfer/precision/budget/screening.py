@@ -139,8 +139,9 @@ class _Verifier:
         self._splittable: bool | None = None
         self._joined: tuple[dict[str, np.ndarray], dict[str, np.ndarray]] | None = None  # (feeds, reference)
         self._screened_out: tuple[np.ndarray, Outputs] | None = None  # the rows and outputs screening last passed
-        # A previewed candidate rejected on its preview rows: its runner and the (rows, outputs) run so far
-        self._preview: tuple[Callable[[Outputs], Outputs], list[tuple[np.ndarray, Outputs]]] | None = None
+        # A previewed candidate rejected on its preview rows: its low nodes, runner and the (rows, outputs) run so far
+        self._preview: tuple[dict[str, Precision], Callable[[Outputs], Outputs], list[tuple[np.ndarray, Outputs]]] \
+            | None = None
 
     def reference_outputs(self) -> list[dict[str, np.ndarray]]:
         return self.ev.reference()
@@ -170,7 +171,7 @@ class _Verifier:
         staged = self._staged(cand, rows, steer and STEER) if rows is not None and STOP_EARLY and self.stop_early \
             else None
         if preview and staged is None and rows is None and STOP_EARLY and self._hardness is None:
-            staged = self._previewed(cand)
+            staged = self._previewed(cand, low)
             if isinstance(staged, dict):  # (the preview rows prove the budget fails)
                 cand.judged(False)
                 return staged
@@ -358,7 +359,9 @@ class _Verifier:
             return None
         return self._assemble(parts, total)
 
-    def _previewed(self, cand: Any) -> dict[str, dict[str, float | None]] | list[Outputs] | None:
+    def _previewed(
+        self, cand: Any, low: Mapping[str, Precision]
+    ) -> dict[str, dict[str, float | None]] | list[Outputs] | None:
         """The candidate run on the preview rows first, then, unless they reject it, on the other samples.
 
         Returns the optimistic metrics when the preview rows prove the budget fails (its runner and runs kept for
@@ -382,7 +385,7 @@ class _Verifier:
             bound = self._bound(parts)
             if bound is not None and not self.budget.met(bound):
                 self.screened += 1
-                self._preview = run, parts
+                self._preview = dict(low), run, parts
                 return bound
             rest = np.setdiff1d(np.arange(total), rows)
             parts.append((rest, run({n: v[rest] for n, v in feeds.items()})))
@@ -399,13 +402,17 @@ class _Verifier:
         """
         if self._preview is None:
             return
-        (run, parts), self._preview = self._preview, None
+        (low, run, parts), self._preview = self._preview, None
         feeds, joined_ref = self._joined_samples()
         total = len(next(iter(joined_ref.values())))
         rest = np.setdiff1d(np.arange(total), np.concatenate([r for r, _ in parts]))
-        if len(rest):
-            parts.append((rest, run({n: v[rest] for n, v in feeds.items()})))
-        outs = self._assemble(parts, total)
+        try:
+            if len(rest):
+                parts.append((rest, run({n: v[rest] for n, v in feeds.items()})))
+            outs = self._assemble(parts, total)
+        except Exception as err:  # onnxruntime's own types: data it refuses; the batches run as they are
+            logger.debug("search: the rest of a preview failed (%s); the candidate runs its batches", err)
+            outs = list(self.ev.candidate(low).each())
         if outs is not None:
             if self._unread is not None:
                 self._update_hardness(self._unread)
