@@ -540,3 +540,23 @@ def test_a_cast_graphs_inputs_carry_their_type_and_no_shape():
     for n in (1, 3):
         x = {"x": (np.random.default_rng(n).standard_normal((n, 3, 16, 16)) * 8).astype(np.float32)}
         assert _same_bits(sess(x)["y"], emu.run(x, low).outputs["y"])
+
+
+@pytest.mark.parametrize("width", [64, 512])
+def test_wide_matmuls_give_the_emulators_bits(width):
+    """The emulator's MatMul reads its weight as an input (never prepacked); the cast graph's weights are initializers,
+    which ONNX Runtime would prepack, and the prepacked kernel sums on other bits from a width of 256 on."""
+    nodes, prev, inits = [], "x", []
+    for i in range(3):
+        inits.append(init(f"w{i}", rng_w(width, width, seed=i) / 16))
+        nodes += [helper.make_node("MatMul", [prev, f"w{i}"], [f"m{i}"], name=f"mm{i}"),
+                  helper.make_node("Tanh", [f"m{i}"], [f"t{i}"], name=f"tanh{i}")]
+        prev = f"t{i}"
+    nodes.append(helper.make_node("Identity", [prev], ["y"], name="out"))
+    model = make(nodes, [fvi("x", ["N", width])], [fvi("y", ["N", width])], inits)
+    info = GraphInfo(model)
+    low = dict.fromkeys(info.by_address, Precision.FP16)
+    sess, why = open_cast_session(apply_plan(model, info, low, Precision.FP16).model)
+    assert sess is not None, why
+    x = {"x": np.random.default_rng(0).standard_normal((64, width)).astype(np.float32)}
+    assert _same_bits(sess(x)["y"], GraphEmulator(model).run(x, low).outputs["y"])

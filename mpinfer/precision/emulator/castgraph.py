@@ -24,7 +24,9 @@ same (representable) values:
 
 The session runs with every graph optimisation off (``ORT_DISABLE_ALL``): at ``ORT_ENABLE_ALL`` ONNX Runtime
 moves a Conv with constant weights to its NCHWc kernel, whose sums land on other bits than the plain kernel
-the emulator calls, and fusions could merge a node with its neighbour across a rounding. The Cast pairs are
+the emulator calls, and fusions could merge a node with its neighbour across a rounding. For the same reason its
+weights are not prepacked (a prepacked MatMul/Gemm weight sums on other bits than the emulator's, which reads it as
+an input). The Cast pairs are
 checked bit for bit against numpy (:func:`kernels.ortexec.cast_matches_numpy`) once per process; a pair that
 differs is never used.
 
@@ -472,6 +474,10 @@ def _session(model: Any) -> Any:
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     so.intra_op_num_threads = min(ortexec.MAX_THREADS, usable_cpus())  # (the emulator's Conv sessions' threads)
     so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    # No prepacked weights: the emulator's MatMul/Gemm (kernels.ortexec) reads its weight as a graph input, which ONNX
+    # Runtime never prepacks, and the prepacked kernel sums on other bits (a MatMul over 256 or more: 4-6% of the FP16
+    # outputs one step apart). Conv's kernel gives the same bits either way.
+    so.add_session_config_entry("session.disable_prepacking", "1")
     return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
 
 
