@@ -504,7 +504,8 @@ def _verify(
     low = {n.name: n.precision for n in nodes if n.precision.is_low}
     ran, made.applied = made.applied, None  # (its session and model go with this pass)
     if inputs.known_candidate is not None and inputs.known_candidate[0] == low:
-        if ran is not None and (ran.model is result.model or ran.model == result.model):
+        # (apply_validated takes the record's very rewrite whenever it can: any other model is not the one it ran)
+        if ran is not None and ran.model is result.model:
             given, runner = inputs.known_candidate[1], ran.open()  # the search ran the model as written
         else:
             logger.info("verify: every sample is run (the search's outputs of this plan are not the written model's%s)",
