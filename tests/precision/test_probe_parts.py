@@ -22,7 +22,7 @@ def test_strict_probe_parts_give_the_errors_of_one_probe(monkeypatch, size):
     assert len(groups) > size
     batches = _batches()
     whole = strict_probe_errors(info, groups, batches, Precision.FP16).errors
-    monkeypatch.setattr(probe, "PROBE_GROUPS", size)
+    monkeypatch.setattr(probe, "STRICT_PROBE_GROUPS", size)
     parts = strict_probe_errors(info, groups, batches, Precision.FP16).errors
     assert parts == whole  # (the same nodes on the same tensors: bit for bit)
 

@@ -36,6 +36,11 @@ PREFIX = "__mpinfer_probe"
 # the FP32 nodes its groups read again). Each group's sums are the same nodes on the same tensors whichever part
 # holds it, so the errors do not depend on the split.
 PROBE_GROUPS = 50
+# The same for the strict probe (None: one model). Its setup cost was ONNX Runtime's shape propagation from the
+# partly symbolic input shape through the FP16 tensors, which the cast graph no longer declares (castgraph._unshaped):
+# the OCR recognizer's sensitivities take 7.7-8.1 s as one probe, 10.1 s in parts of 50 (the FP32 nodes run again
+# in each part), the same errors bit for bit.
+STRICT_PROBE_GROUPS: int | None = None
 
 
 @dataclass
@@ -261,9 +266,11 @@ def _exact_sums(nodes: list[Any], inits: list[Any], got: str, want: str, tag: st
     return noise, signal
 
 
-def _parts(groups: Sequence[Any]) -> list[Sequence[Any]]:
-    """``groups`` in runs of at most :data:`PROBE_GROUPS`, one probe model each."""
-    return [groups[i : i + PROBE_GROUPS] for i in range(0, len(groups), PROBE_GROUPS)]
+def _parts(groups: Sequence[Any], size: int | None) -> list[Sequence[Any]]:
+    """``groups`` in runs of at most ``size`` (None: all in one), one probe model each."""
+    if size is None:
+        return [groups]
+    return [groups[i : i + size] for i in range(0, len(groups), size)]
 
 
 def probe_errors(info: GraphInfo, groups: Sequence[Any], batches: Sequence[dict], low: Precision) -> ProbeResult:
@@ -273,17 +280,17 @@ def probe_errors(info: GraphInfo, groups: Sequence[Any], batches: Sequence[dict]
     caller measures them another way); a group whose low copy overflows gets ``inf``. One probe model per
     :data:`PROBE_GROUPS` groups.
     """
-    return _in_parts(_probe_part, info, groups, batches, low)
+    return _in_parts(_probe_part, info, groups, batches, low, PROBE_GROUPS)
 
 
 def _in_parts(
     measure: Callable[[GraphInfo, Sequence[Any], Sequence[dict], Precision], ProbeResult],
-    info: GraphInfo, groups: Sequence[Any], batches: Sequence[dict], low: Precision,
+    info: GraphInfo, groups: Sequence[Any], batches: Sequence[dict], low: Precision, size: int | None,
 ) -> ProbeResult:
-    """``measure`` of each part of ``groups`` (:func:`_parts`), the errors and evaluations added up."""
+    """``measure`` of each part of ``groups`` (:func:`_parts` of ``size``), the errors and evaluations added up."""
     errors: dict[str, float] = {}
     evaluations = 0
-    for part in _parts(groups):
+    for part in _parts(groups, size):
         got = measure(info, part, batches, low)
         errors.update(got.errors)
         evaluations += got.evaluations
@@ -344,9 +351,10 @@ def strict_probe_errors(
     against), and the sums are float64 as :func:`~mpinfer.precision.numerics.strict.local_error` takes them. One run
     per batch: an FP32 pass plus a low pass of the copied groups, at ONNX Runtime speed. Groups without a cast graph
     are left out of ``errors`` (the caller measures them on the emulator); a group whose copy overflows gets ``inf``.
-    One probe model per :data:`PROBE_GROUPS` groups (a part ONNX Runtime refuses: the emulator measures its groups).
+    One probe model, or one per :data:`STRICT_PROBE_GROUPS` groups when it is set (a part ONNX Runtime refuses: the
+    emulator measures its groups).
     """
-    return _in_parts(_strict_part, info, groups, batches, low)
+    return _in_parts(_strict_part, info, groups, batches, low, STRICT_PROBE_GROUPS)
 
 
 def _strict_part(info: GraphInfo, groups: Sequence[Any], batches: Sequence[dict], low: Precision) -> ProbeResult:
