@@ -555,10 +555,10 @@ class _Run:
 class _FirstPass:
     """What the first pass over the data does besides ONNX Runtime: checks, inputs, bodies, counts."""
 
-    def __init__(self, model: Any, emulated: list[str], base_dir: str = "", specs: Any = None) -> None:
+    def __init__(self, model: Any, emulated: list[str], base_dir: str, specs: Any) -> None:
         self.collector = StatsCollector()
         self.batches = self.samples = 0
-        self._specs = specs if specs is not None else specs_from_onnx(model)
+        self._specs = specs  # (the model's input specs, read once by _Run)
         self._inputs = {vi.name for vi in model.graph.input}
         self._observe = self.collector.observer(set(emulated))
         has_bodies = any(a.type in (5, 10) for n in model.graph.node for a in n.attribute)  # GRAPH(S)
