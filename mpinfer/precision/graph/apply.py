@@ -388,7 +388,7 @@ class AppliedRun:
     The search hands on the run of its final candidate (:attr:`SearchOutcome.applied
     <mpinfer.precision.budget.search.SearchOutcome>`), and it is the one record of it: the final apply takes
     ``result`` when the plan's precisions are ``precisions`` (:func:`~mpinfer.precision.graph.apply_validated`), and the
-    final verification takes the search's outputs only for a written model equal to ``result.model``, with
+    final verification takes the search's outputs only when the model written is ``result.model`` itself, with
     ``open()`` as its runner (no second build). Made by the numerics (:meth:`Candidate.ran_as
     <mpinfer.precision.numerics.base.Candidate.ran_as>`).
 
