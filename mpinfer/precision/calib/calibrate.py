@@ -445,22 +445,29 @@ class _Run:
         ``full``: the tensors whose full statistics read this batch; the others', their largest magnitude.
         """
         keep = capture.kept(b) if index == 0 or b < capture.batches else None  # (later passes: no output)
-        chunk, per_call, rows = plan.chunks[index], plan.rows_per_call[index], self.slicer.rows(batch)
+        chunk, rows, fits = plan.chunks[index], self.slicer.rows(batch), plan.rows_per_call[index]
+        # calls of the fast size, unless the batch's every tensor is kept (a batch fetched whole keeps them) or its
+        # outputs would not join from the slices (then run again whole)
+        cut = self._joinable(capture.outputs) and not (keep is not None and capture.keeps_tensors(b))
+        per_call = plan.fast_rows[index] if cut else fits
         collector = self.first_pass.collector
         if rows <= per_call or rows % plan.multiple:  # (a batch the model takes whole but not in groups: whole)
             # its statistics reduced while the next batch runs, when two batches' tensors fit the call slice
-            overlap = self.overlap if 2 * rows <= per_call else None
+            overlap = self.overlap if 2 * rows <= fits else None
             known = plan.take_probe(batch) if index == 0 and b == 0 else None
             _run_chunk(sess, chunk, batch, collector, keep, capture.wanted(b), full, (rows, rows), overlap, known)
         else:  # too many bytes for one call: slices of samples (the outputs joined from them, or run on their own)
             pieces: list[tuple[int, dict[str, np.ndarray]]] = []
-            self.overlap.wait()  # (one call's tensors at a time: each as big as the slice)
+            # a slice's statistics reduced while the next slice runs when two slices' tensors fit the call slice
+            overlap = self.overlap if 2 * per_call <= fits else None
+            if overlap is None:
+                self.overlap.wait()  # (one call's tensors at a time: each as big as the slice)
             for row in range(0, rows, per_call):
                 part = self.slicer.slice(batch, row, row + per_call)
                 got: dict[str, np.ndarray] | None = {} if keep is not None and index == 0 else None
                 known = plan.take_probe(part) if index == 0 and b == 0 and row == 0 else None
                 _run_chunk(sess, chunk, part, collector, got, capture.outputs, full, (self.slicer.rows(part), rows),
-                           values=known)
+                           overlap, known)
                 if got is not None:
                     pieces.append((self.slicer.rows(part), got))
             if keep is not None and index == 0:
@@ -473,6 +480,17 @@ class _Run:
                     joined = dict(zip(out_names, (np.asarray(v, np.float32) for v in values), strict=True))
                 keep.update(joined)
         capture.account(index, b, keep)
+
+    def _joinable(self, outputs: set[str]) -> bool:
+        """Whether a batch's graph ``outputs`` join from slices of its samples (:meth:`_joined`), by the probe.
+
+        Every input and every output must hold the samples on axis 0 (else a cut batch runs again whole).
+        """
+        plan = self.plan
+        if plan is None or not self.slicer.axis0:
+            return False
+        shapes = plan.sample_shapes
+        return all(n in shapes and len(shapes[n]) > 0 and shapes[n][0] == plan.multiple for n in outputs)
 
     def _joined(self, pieces: list[tuple[int, dict[str, np.ndarray]]], names: list[str]) -> dict[str, Any] | None:
         """The outputs ``names`` of a batch from its slices' runs (rows, outputs), or None.
