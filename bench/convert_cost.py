@@ -3,7 +3,8 @@
 The floor of any verifying converter: one FP32 ONNX Runtime pass over the calibration data (the reference) plus
 one pass of the written model (the verification), sessions included. Each tree given (``--trees``: the baseline
 checkout first, then this one) converts each model in its own subprocess, interleaved per model, with the
-calibration data and the default floor (and once more with ``--budget``); the floor is measured in the same child
+calibration data and the default floor (and once more with ``--budget``), the trees' order alternating model by
+model (``--fixed-order``: as given); the floor is measured in the same child
 right after the convert, on the model that tree wrote. AutoCast (``convert_to_mixed_precision`` with the same .npz
 as ``calibration_data``, keep_io_types) runs under ``--modelopt-python``. Times are wall seconds of the call alone
 (imports excluded), OMP_NUM_THREADS unset (ONNX Runtime's default threads).
@@ -228,6 +229,8 @@ def main() -> None:
     p.add_argument("--profile", default="", help="cProfile the convert of these models (stats in --out)")
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "convert_cost")
     p.add_argument("--table", type=Path, help="print the table of this runs.jsonl and exit")
+    p.add_argument("--fixed-order", action="store_true",
+                   help="run the trees in the order given for every model (default: alternate model by model)")
     a = p.parse_args()
     if a.table:
         reprint(a.table)
@@ -239,14 +242,20 @@ def main() -> None:
     print("| model | tree | run | convert s | floor s | convert/floor | CPU s convert / floor | AutoCast s "
           "| convert/AutoCast | FP16 FLOPs | nodes low | verification per output |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for name, model, npz, batch in cases(a):
+    for index, (name, model, npz, batch) in enumerate(cases(a)):
+        # the trees' order alternates model by model (every other model runs the last tree first): whichever runs
+        # first meets the machine as the step before it left it (AutoCast's process, the model's first read), and
+        # base-first every time put that on the baseline alone; --fixed-order keeps the order given
+        order = list(enumerate(trees))
+        if index % 2 and not a.fixed_order:
+            order.reverse()
         auto = None
         if a.modelopt_python:
             auto = child(ROOT, AUTOCAST, {"model": str(model), "data": str(npz),
                                           "output": str(a.out / f"{name}.autocast.onnx")}, a.modelopt_python)
         runs = [("floor", None)] + ([("--budget", a.budget)] if a.budget else [])
         for tag, budget in runs:
-            for k, tree in enumerate(trees):
+            for k, tree in order:
                 args = {"model": str(model), "data": str(npz), "output": str(a.out / f"{name}.{k}.onnx"),
                         "budget": budget, "batch": batch}
                 if name in a.profile.split(",") and tag == "floor":

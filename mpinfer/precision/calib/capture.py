@@ -334,7 +334,7 @@ class _Passes:
         # the pass's first call runs the probe's very feeds when the probe ran the whole first batch (a batch of one
         # sample, or one that cannot be cut) or when a call takes as many samples as the probe: it takes its tensors
         whole = slicer.rows(sample) == slicer.rows(batch)
-        reuse = (sample, values) if len(chunks) == 1 and (whole or multiple in (per_call[0], fast[0])) else None
+        reuse = (sample, values) if len(chunks) == 1 and (whole or per_call[0] == multiple) else None
         return cls(chunks, per_call, sum(sizes) // multiple, sessions, sess if len(chunks) == 1 else None, shapes,
                    multiple, reuse, fast)
 
