@@ -85,3 +85,20 @@ def ort_run(model, feeds):
     sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
     names = [o.name for o in sess.get_outputs()]
     return dict(zip(names, sess.run(names, feeds), strict=False))
+
+
+def gated_model(width: int):
+    """x -> Mul(k) -> Tanh -> Mul(x) -> Relu over [N, width]: elementwise, so no ONNX Runtime fusion applies (exposing
+    its intermediates as outputs changes no bit of ``z``) and a call's samples never change another's bits."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    nodes = [
+        helper.make_node("Mul", ["x", "k"], ["s"], name="scale"),
+        helper.make_node("Tanh", ["s"], ["t"], name="tanh"),
+        helper.make_node("Mul", ["t", "x"], ["p"], name="gate"),
+        helper.make_node("Relu", ["p"], ["z"], name="relu"),
+    ]
+    return make_model(
+        nodes, [("x", [None, width])], [("z", [None, width])], [numpy_helper.from_array(np.float32(0.5), "k")]
+    )

@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from onnx import helper, numpy_helper
 
 from mpinfer.precision.calib import calibrate
-from tests.precision.numerics_graphs import make_model, ort_run
+from tests.precision.numerics_graphs import gated_model, ort_run
 
 WIDTH = 64
 ROWS = 8
@@ -17,16 +16,7 @@ BATCHES = 4
 
 
 def _model():
-    """x -> Mul(k) -> Tanh -> Mul(x) -> Relu: elementwise, so a call's samples never change another's bits."""
-    nodes = [
-        helper.make_node("Mul", ["x", "k"], ["s"], name="scale"),
-        helper.make_node("Tanh", ["s"], ["t"], name="tanh"),
-        helper.make_node("Mul", ["t", "x"], ["p"], name="gate"),
-        helper.make_node("Relu", ["p"], ["z"], name="relu"),
-    ]
-    return make_model(
-        nodes, [("x", [None, WIDTH])], [("z", [None, WIDTH])], [numpy_helper.from_array(np.float32(0.5), "k")]
-    )
+    return gated_model(WIDTH)
 
 
 def _batches() -> list[dict[str, np.ndarray]]:

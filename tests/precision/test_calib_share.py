@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from onnx import helper, numpy_helper
+from onnx import helper
 
 from mpinfer.precision.calib import StatsCollector, calibrate
 from mpinfer.precision.calib.share import StatShare
 from mpinfer.specs import Precision
-from tests.precision.numerics_graphs import make_model, ort_run
+from tests.precision.numerics_graphs import gated_model, ort_run
 
 WIDTH = 8
 ROWS = 4
@@ -17,17 +17,7 @@ BATCHES = 10
 
 
 def _model():
-    """x -> Mul(k) -> Tanh -> Mul(x) -> Relu: no ONNX Runtime fusion applies, so exposing its intermediates as
-    outputs changes no bit of ``z``."""
-    nodes = [
-        helper.make_node("Mul", ["x", "k"], ["s"], name="scale"),
-        helper.make_node("Tanh", ["s"], ["t"], name="tanh"),
-        helper.make_node("Mul", ["t", "x"], ["p"], name="gate"),
-        helper.make_node("Relu", ["p"], ["z"], name="relu"),
-    ]
-    return make_model(
-        nodes, [("x", [None, WIDTH])], [("z", [None, WIDTH])], [numpy_helper.from_array(np.float32(0.5), "k")]
-    )
+    return gated_model(WIDTH)
 
 
 def _batches(seed: int = 0) -> list[dict[str, np.ndarray]]:
@@ -196,7 +186,7 @@ def test_a_batch_read_in_slices_of_samples_gives_the_statistics_it_gives_whole(m
 
 def test_calibration_sessions_do_not_spin_between_calls():
     """Calibration's sessions leave the cores to the statistics between calls (no intra-op spinning)."""
-    from onnx import TensorProto, helper
+    from onnx import TensorProto
 
     from mpinfer.precision.calib.capture import NO_SPINNING, _Sessions
 
