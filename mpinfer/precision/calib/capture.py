@@ -330,7 +330,7 @@ class _Passes:
         # samples per call: whole groups of the rows the model takes (the probe's bytes are for ``multiple`` rows)
         per_call = [max(1, call // max(1, t)) * multiple for t in totals]
         # (never fewer than two groups a call by it: a call of one sample paid its outputs' cost per sample; the OCR
-        # recognizer, 212 MB a sample, calibrated in 8.9 s in calls of one against 7.6-8.6 s in calls of two)
+        # recognizer, 212 MB a sample, calibrated in 8.9 s in calls of one against 6.6-7.2 s in calls of two)
         fast = [min(n, max(FAST_MIN_GROUPS, FAST_CALL_BYTES // max(1, t)) * multiple)
                 for n, t in zip(per_call, totals, strict=True)]
         # the pass's first call runs the probe's very feeds when the probe ran the whole first batch (a batch of one
