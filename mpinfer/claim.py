@@ -46,6 +46,7 @@ from mpinfer.fileio import (
     make_dirs,
     make_temp_dir,
     pid_alive,
+    signals_deferred,
     sweep_temps,
     user_file_mode,
 )
@@ -417,11 +418,16 @@ def claim_outputs(
     made: list[Path] = []  # folders this claim created: removed again when nothing was published into them
     claim = None
     try:
-        for p in paths:
-            check_writable_location(p.parent, p)  # (a file in the way, a read-only place: the usual message)
-            made += _missing_folders(p.parent)
-            make_dirs(p.parent, p)
-            locks.append(_acquire(p, info, told))
+        # Ctrl-C is held back until every lock is in ``locks`` (released below): a KeyboardInterrupt inside
+        # _create's mkstemp, or between a lock's link and its return, left a temporary or a whole lock file behind
+        # (the Ctrl-C test once found '.m16.plan.json.lock.<pid>.<random>.tmp': the signal came as the plan's
+        # lock was made, just after the model's)
+        with signals_deferred():
+            for p in paths:
+                check_writable_location(p.parent, p)  # (a file in the way, a read-only place: the usual message)
+                made += _missing_folders(p.parent)
+                make_dirs(p.parent, p)
+                locks.append(_acquire(p, info, told))
         for p in paths:
             sweep_temps(p)
         claim = OutputClaim(paths, locks, force, [Path(p).resolve() for p in replaceable])

@@ -115,7 +115,7 @@ def check_writable_location(folder: str | os.PathLike[str], what: object = None)
         err = NotADirectoryError(errno.ENOTDIR, "a file stands where a folder is needed", str(probe_dir))
         raise _unwritable(what, err)
     try:
-        with _signals_deferred():  # a Ctrl-C between create and unlink would leave the probe behind
+        with signals_deferred():  # a Ctrl-C between create and unlink would leave the probe behind
             fd, probe = tempfile.mkstemp(prefix=".mpinfer-probe-", dir=probe_dir)
             try:
                 os.close(fd)
@@ -126,7 +126,7 @@ def check_writable_location(folder: str | os.PathLike[str], what: object = None)
 
 
 @contextlib.contextmanager
-def _signals_deferred() -> Iterator[None]:
+def signals_deferred() -> Iterator[None]:
     """Hold SIGINT and SIGTERM back for a few system calls: they are handled, as usual, when the block ends.
 
     Python runs signal handlers in the main thread between bytecodes, whichever thread the signal reached, so

@@ -210,3 +210,34 @@ def test_convert_and_save_onnx_publish_weights_with_the_umask(tmp_path, mask):
     assert {p.name for p in tmp_path.iterdir()} == {"m.onnx", "m.onnx.data", *written}
     for name in written:
         assert (tmp_path / name).stat().st_mode & 0o777 == 0o666 & ~mask, name
+
+
+@pytest.mark.parametrize("where", ["mkstemp", "link"])
+def test_ctrl_c_while_the_locks_are_made_leaves_no_lock_and_no_temporary(tmp_path, monkeypatch, where):
+    """A Ctrl-C that lands inside a lock's making (its temporary just created, or the lock just linked into place)
+    is raised once every lock made is held, so the claim releases them all: nothing is left. Before, the
+    KeyboardInterrupt left the temporary lock (or the lock itself) behind; the Ctrl-C test of the CLI caught
+    '.m16.plan.json.lock.<pid>.<random>.tmp' in one CI run."""
+    import tempfile
+
+    import mpinfer.claim as claim
+
+    real_mkstemp, real_link = tempfile.mkstemp, os.link
+
+    def mkstemp(*args, **kwargs):
+        made = real_mkstemp(*args, **kwargs)
+        if where == "mkstemp" and ".plan" in kwargs.get("prefix", ""):
+            signal.raise_signal(signal.SIGINT)  # (the file exists; mkstemp has not returned its name yet)
+        return made
+
+    def link(src, dst, *args, **kwargs):
+        real_link(src, dst, *args, **kwargs)
+        if where == "link" and ".plan" in str(dst):
+            signal.raise_signal(signal.SIGINT)  # (the lock is in place; _create has not returned it yet)
+
+    monkeypatch.setattr(claim.tempfile, "mkstemp", mkstemp)
+    monkeypatch.setattr(claim.os, "link", link)
+    outputs = [tmp_path / "m16.onnx", tmp_path / "m16.plan.json"]
+    with pytest.raises(KeyboardInterrupt), claim_outputs(outputs):
+        pytest.fail("the claim was made despite the Ctrl-C")  # (never reached: the interrupt comes first)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
