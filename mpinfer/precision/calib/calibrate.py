@@ -388,6 +388,7 @@ class _Run:
         self.share_rows: dict[str, int] = dict.fromkeys(self.known, 0)  # samples each tensor's full statistics read
         self.emulated_rows = 0  # samples the emulator ran on (its tensors' statistics)
         self.overlap = Overlap()  # a call's statistics reduced while ONNX Runtime runs the next (:meth:`_fetch`)
+        self.joinable: bool | None = None  # whether a batch's outputs join from cut calls (:meth:`_joinable`)
 
     def _share(self, first: Mapping[str, np.ndarray] | None, sized: Any) -> StatShare:
         """Which batches each tensor's full statistics read (:mod:`mpinfer.precision.calib.share`)."""
@@ -448,7 +449,7 @@ class _Run:
         chunk, rows, fits = plan.chunks[index], self.slicer.rows(batch), plan.rows_per_call[index]
         # calls of the fast size, unless the batch's every tensor is kept (a batch fetched whole keeps them) or its
         # outputs would not join from the slices (then run again whole)
-        cut = self._joinable(capture.outputs) and not (keep is not None and capture.keeps_tensors(b))
+        cut = self._joinable(capture) and not (keep is not None and capture.keeps_tensors(b))
         per_call = plan.fast_rows[index] if cut else fits
         collector = self.first_pass.collector
         if rows <= per_call or rows % plan.multiple:  # (a batch the model takes whole but not in groups: whole)
@@ -456,7 +457,7 @@ class _Run:
             overlap = self.overlap if 2 * rows <= fits else None
             known = plan.take_probe(batch) if index == 0 and b == 0 else None
             _run_chunk(sess, chunk, batch, collector, keep, capture.wanted(b), full, (rows, rows), overlap, known)
-        else:  # too many bytes for one call: slices of samples (the outputs joined from them, or run on their own)
+        else:  # more than one call takes (memory, or the fast size): slices of samples, their outputs joined
             pieces: list[tuple[int, dict[str, np.ndarray]]] = []
             # a slice's statistics reduced while the next slice runs when two slices' tensors fit the call slice
             overlap = self.overlap if 2 * per_call <= fits else None
@@ -471,7 +472,7 @@ class _Run:
                 if got is not None:
                     pieces.append((self.slicer.rows(part), got))
             if keep is not None and index == 0:
-                if b < capture.batches:  # a batch above the call limit is above the capture limit too
+                if b < capture.batches:  # (cut with its tensors kept only above the call slice: above capture's too)
                     keep = capture.outputs_only(b)
                 out_names = sorted(capture.outputs)
                 joined = self._joined(pieces, out_names)
@@ -481,16 +482,17 @@ class _Run:
                 keep.update(joined)
         capture.account(index, b, keep)
 
-    def _joinable(self, outputs: set[str]) -> bool:
-        """Whether a batch's graph ``outputs`` join from slices of its samples (:meth:`_joined`), by the probe.
+    def _joinable(self, capture: _Capture) -> bool:
+        """Whether a batch's graph outputs join from slices of its samples (:meth:`_joined`), by the probe; once.
 
         Every input and every output must hold the samples on axis 0 (else a cut batch runs again whole).
         """
-        plan = self.plan
-        if plan is None or not self.slicer.axis0:
-            return False
-        shapes = plan.sample_shapes
-        return all(n in shapes and len(shapes[n]) > 0 and shapes[n][0] == plan.multiple for n in outputs)
+        if self.joinable is None:
+            plan = self.plan
+            shapes = plan.sample_shapes if plan is not None else {}
+            self.joinable = plan is not None and self.slicer.axis0 and all(
+                n in shapes and len(shapes[n]) > 0 and shapes[n][0] == plan.multiple for n in capture.outputs)
+        return self.joinable
 
     def _joined(self, pieces: list[tuple[int, dict[str, np.ndarray]]], names: list[str]) -> dict[str, Any] | None:
         """The outputs ``names`` of a batch from its slices' runs (rows, outputs), or None.

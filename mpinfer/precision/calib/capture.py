@@ -308,8 +308,13 @@ class _Passes:
     multiple: int = 1  # the model takes its samples this many at a time (every call: whole groups of them)
     # the probe's feeds and tensors, while the pass's first call may take them (:meth:`take_probe`)
     _probe_call: tuple[Mapping[str, np.ndarray], list[np.ndarray]] | None = None
-    # samples a call of each pass takes when no whole batch's tensors are kept (within :data:`FAST_CALL_BYTES` too)
+    # samples a call of each pass takes when no whole batch's tensors are kept (within :data:`FAST_CALL_BYTES` too;
+    # unset: ``rows_per_call``)
     fast_rows: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.fast_rows:
+            self.fast_rows = list(self.rows_per_call)
 
     @classmethod
     def probe(cls, sessions: _Sessions, names: list[str], batch: Mapping[str, np.ndarray], slicer: BatchSlicer) -> Any:
@@ -455,7 +460,7 @@ class _Capture:
 
     def wanted(self, b: int) -> Container[str]:
         """The tensors to keep of batch ``b``."""
-        return self._all if b < self.batches and self.tensors else self.outputs
+        return self._all if self.keeps_tensors(b) else self.outputs
 
     def outputs_only(self, b: int) -> dict[str, np.ndarray]:
         """Keep the graph outputs only, from now on and of the batches captured so far; batch ``b``'s dict."""
