@@ -62,6 +62,9 @@ SHARES: Final[dict[str, int]] = {
     "divergence_chunk": 48,
     # compare's If/Loop/Scan body observations of the baseline held per batch (256 MiB)
     "body": 48,
+    # the arrays of a data source's files kept in memory between passes (256 MiB): a source that holds more is read
+    # from its files again on every pass over it (convert reads its data four or five times)
+    "data_files": 48,
 }
 
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
@@ -145,6 +148,7 @@ class MemoryBudget:
     probe = _Slice()
     divergence_chunk = _Slice()
     body = _Slice()
+    data_files = _Slice()
 
     @classmethod
     def from_setting(cls, setting: str | int | None) -> MemoryBudget:

@@ -9,7 +9,8 @@ Sources (:func:`load_feeds`):
 * a folder of ``<input>.npy`` files;
 * a folder of images (PNG/JPEG/BMP) with a :class:`ImagePreprocess` spec.
 
-Batches are produced lazily: one batch of one file is in memory at a time.
+Batches are produced lazily: one batch of one file is in memory at a time, beside the arrays of a source whose files
+are small enough to keep (the memory budget's ``data_files`` slice: read once, not once per pass).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from mpinfer.data import decode
 from mpinfer.data.layout import FileLayout, file_layout, fixed_batch, sample_axes, split_batches, take_samples
 from mpinfer.data.source import FeedSource, read_npz
 from mpinfer.errors import InvalidInputError, format_message
+from mpinfer.memory import current_budget
 from mpinfer.specs import DEFAULT_DIM_SIZE, TensorSpec, batch_symbols, parse_range
 
 logger = logging.getLogger(__name__)
@@ -195,12 +197,18 @@ def check_labels(labels: np.ndarray, num_samples: int, origin: str) -> np.ndarra
 
 def _array_source(kind: str, desc: str, loader: object, files: list[Path], specs: Sequence[TensorSpec],
                   batch_size: int, num_batches: int | None) -> FeedSource:
-    # Validate and count up front, one file at a time, then stream.
+    # Validate and count up front, one file at a time, then stream. The files' arrays are kept (read only) while
+    # they fit the budget's data_files slice: every pass then reads them from memory, not from the files again.
     total, nb = 0, 0
     labels = []
     layouts: list[FileLayout] = []
+    kept: list[Mapping[str, np.ndarray]] | None = []
+    room = current_budget().data_files
     for f in files:
         arrays = loader(f)  # type: ignore[operator]
+        if kept is not None:
+            room -= sum(np.asarray(a).nbytes for a in arrays.values())
+            kept = [*kept, _read_only(arrays)] if room >= 0 else None
         layout = file_layout(arrays, specs, str(f))
         layouts.append(layout)
         total += layout.samples
@@ -217,8 +225,9 @@ def _array_source(kind: str, desc: str, loader: object, files: list[Path], specs
 
     def gen() -> Iterator[dict[str, np.ndarray]]:
         left = num_batches
-        for f, layout in zip(files, layouts, strict=True):
-            for batch in split_batches(loader(f), specs, layout, batch_size, left):  # type: ignore[operator]
+        for i, (f, layout) in enumerate(zip(files, layouts, strict=True)):
+            arrays = kept[i] if kept is not None else loader(f)  # type: ignore[operator]
+            for batch in split_batches(arrays, specs, layout, batch_size, left):
                 yield batch
                 if left is not None:
                     left -= 1
@@ -227,6 +236,16 @@ def _array_source(kind: str, desc: str, loader: object, files: list[Path], specs
 
     lab = np.concatenate(labels) if labels else None
     return FeedSource(kind, desc, specs, gen, nb, total, labels=lab)
+
+
+def _read_only(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The arrays as read-only views: a batch of them that anyone wrote to would change every later pass."""
+    out = {}
+    for k, v in arrays.items():
+        a = np.asarray(v).view()
+        a.flags.writeable = False
+        out[k] = a
+    return out
 
 
 def _image_arrays(folder: Path, specs: Sequence[TensorSpec], pre: ImagePreprocess) -> dict[str, np.ndarray]:

@@ -37,6 +37,27 @@ def test_npz_file_is_split_in_batches_and_labels_are_side_data(tmp_path):
     assert [b["x"].shape[0] for b in load_feeds(tmp_path / "d.npz", [X], batch_size=4, num_batches=2)] == [4, 4]
 
 
+def test_small_files_are_read_once_and_large_ones_on_every_pass(tmp_path):
+    from mpinfer.memory import MIN_LIMIT, use_budget
+
+    big = parse_tensor_spec("x:batchx1x64x64:float32")
+    rng = np.random.default_rng(0)
+    small, large = rng.random((10, 1, 8, 8), dtype=np.float32), rng.random((400, 1, 64, 64), dtype=np.float32)
+    np.savez(tmp_path / "s.npz", x=small)
+    np.savez(tmp_path / "l.npz", x=large)  # 6.6 MB: above the data_files slice of the smallest budget (5.6 MB)
+    with use_budget(MIN_LIMIT):
+        kept, streamed = load_feeds(tmp_path / "s.npz", [X], batch_size=4), load_feeds(tmp_path / "l.npz", [big])
+    first = list(kept)
+    np.savez(tmp_path / "s.npz", x=small + 1)  # the files change after the sources were opened
+    np.savez(tmp_path / "l.npz", x=large + 1)
+    again = list(kept)  # kept: the arrays as first read
+    np.testing.assert_array_equal(np.concatenate([b["x"] for b in again]), small)
+    assert all(a["x"] is not b["x"] for a, b in zip(first, again, strict=True))
+    with pytest.raises(ValueError, match="read-only"):
+        again[0]["x"][0, 0, 0, 0] = 5.0  # a batch written to would change every later pass: refused
+    np.testing.assert_array_equal(streamed.first()["x"], large[:16] + 1)  # streamed: read again on each pass
+
+
 def test_fixed_batch_dim_drops_short_tail(tmp_path):
     fixed = parse_tensor_spec("x:4x1x8x8:float32")
     np.savez(tmp_path / "d.npz", x=np.zeros((10, 1, 8, 8), np.float32))
