@@ -181,6 +181,12 @@ def load_check(model: Any, path: Path | None) -> None:
     ort.InferenceSession(src, so, providers=["CPUExecutionProvider"])
 
 
+# What every onnxruntime this package accepts (1.20 or newer: pyproject.toml) loads: IR version 10 and default-domain
+# opset 21. A model within both needs no probe of the installed runtime's limits (:func:`fit_runtime`).
+ORT_FLOOR_IR = 10
+ORT_FLOOR_OPSET = 21
+
+
 @functools.lru_cache(maxsize=1)
 def runtime_limits() -> tuple[int, int]:
     """(highest IR version, highest default-domain opset) the installed ONNX Runtime loads.
@@ -220,8 +226,10 @@ def fit_runtime(model: Any, path: str) -> Any:
     """
     import onnx
 
-    max_ir, max_opset = runtime_limits()
     opset = default_opset(model)
+    if model.ir_version <= ORT_FLOOR_IR and opset <= ORT_FLOOR_OPSET:
+        return model  # (every supported onnxruntime reads it: the probe, a few one-node sessions, is not needed)
+    max_ir, max_opset = runtime_limits()
     if opset > max_opset:
         import onnxruntime as ort
 

@@ -243,6 +243,18 @@ def test_an_ir_version_newer_than_onnxruntime_reads_is_lowered(tmp_path):
     assert onnx.load(str(out)).ir_version <= max_ir
 
 
+def test_a_model_every_supported_onnxruntime_reads_needs_no_probe_of_the_runtime():
+    from mpinfer.backends.ort import ORT_FLOOR_IR, ORT_FLOOR_OPSET, fit_runtime, runtime_limits
+
+    runtime_limits.cache_clear()
+    model = _relu_model(17, 8)
+    assert fit_runtime(model, "m.onnx") is model
+    assert runtime_limits.cache_info().currsize == 0  # not probed
+    # the floor the shortcut rests on is within what the installed runtime reads
+    max_ir, max_opset = runtime_limits()
+    assert max_ir >= ORT_FLOOR_IR and max_opset >= ORT_FLOOR_OPSET
+
+
 def test_an_opset_newer_than_onnxruntime_reads_is_refused_naming_the_versions(tmp_path, invoke):
     """Hole 4: a clear refusal (exit 1, no traceback, nothing written)."""
     from mpinfer.backends.ort import runtime_limits
