@@ -208,7 +208,10 @@ def _array_source(kind: str, desc: str, loader: object, files: list[Path], specs
         arrays = loader(f)  # type: ignore[operator]
         if kept is not None:
             room -= sum(np.asarray(a).nbytes for a in arrays.values())
-            kept = [*kept, _read_only(arrays)] if room >= 0 else None
+            if room >= 0:
+                kept.append(_read_only(arrays))
+            else:
+                kept = None  # (read again on each pass, file by file, as the arrays came)
         layout = file_layout(arrays, specs, str(f))
         layouts.append(layout)
         total += layout.samples
