@@ -10,7 +10,8 @@ Sources (:func:`load_feeds`):
 * a folder of images (PNG/JPEG/BMP) with a :class:`ImagePreprocess` spec.
 
 Batches are produced lazily: one batch of one file is in memory at a time, beside the arrays of a source whose files
-are small enough to keep (the memory budget's ``data_files`` slice: read once, not once per pass).
+are small enough to keep (the memory budget's ``data_files`` slice: read once, not once per pass). Every batch is
+the caller's own (writable, shared with no later pass).
 """
 
 from __future__ import annotations
@@ -198,7 +199,8 @@ def check_labels(labels: np.ndarray, num_samples: int, origin: str) -> np.ndarra
 def _array_source(kind: str, desc: str, loader: object, files: list[Path], specs: Sequence[TensorSpec],
                   batch_size: int, num_batches: int | None) -> FeedSource:
     # Validate and count up front, one file at a time, then stream. The files' arrays are kept (read only) while
-    # they fit the budget's data_files slice: every pass then reads them from memory, not from the files again.
+    # they fit the budget's data_files slice: every pass then reads them from memory, not from the files again, and
+    # each batch is the caller's own copy, as a batch read from the file was (writing to it changes no later pass).
     total, nb = 0, 0
     labels = []
     layouts: list[FileLayout] = []
@@ -231,7 +233,7 @@ def _array_source(kind: str, desc: str, loader: object, files: list[Path], specs
         for i, (f, layout) in enumerate(zip(files, layouts, strict=True)):
             arrays = kept[i] if kept is not None else loader(f)  # type: ignore[operator]
             for batch in split_batches(arrays, specs, layout, batch_size, left):
-                yield batch
+                yield batch if kept is None else {k: np.array(v) for k, v in batch.items()}
                 if left is not None:
                     left -= 1
             if left is not None and left <= 0:
@@ -242,7 +244,7 @@ def _array_source(kind: str, desc: str, loader: object, files: list[Path], specs
 
 
 def _read_only(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The arrays as read-only views: a batch of them that anyone wrote to would change every later pass."""
+    """The arrays as read-only views (kept for every pass: nothing may write to them)."""
     out = {}
     for k, v in arrays.items():
         a = np.asarray(v).view()

@@ -50,11 +50,9 @@ def test_small_files_are_read_once_and_large_ones_on_every_pass(tmp_path):
     first = list(kept)
     np.savez(tmp_path / "s.npz", x=small + 1)  # the files change after the sources were opened
     np.savez(tmp_path / "l.npz", x=large + 1)
+    first[0]["x"][0, 0, 0, 0] = 5.0  # a batch is the caller's own: writing to it changes no later pass
     again = list(kept)  # kept: the arrays as first read
     np.testing.assert_array_equal(np.concatenate([b["x"] for b in again]), small)
-    assert all(a["x"] is not b["x"] for a, b in zip(first, again, strict=True))
-    with pytest.raises(ValueError, match="read-only"):
-        again[0]["x"][0, 0, 0, 0] = 5.0  # a batch written to would change every later pass: refused
     np.testing.assert_array_equal(streamed.first()["x"], large[:16] + 1)  # streamed: read again on each pass
 
 
