@@ -198,9 +198,9 @@ def check_labels(labels: np.ndarray, num_samples: int, origin: str) -> np.ndarra
 
 def _array_source(kind: str, desc: str, loader: object, files: list[Path], specs: Sequence[TensorSpec],
                   batch_size: int, num_batches: int | None) -> FeedSource:
-    # Validate and count up front, one file at a time, then stream. The files' arrays are kept (read only) while
-    # they fit the budget's data_files slice: every pass then reads them from memory, not from the files again, and
-    # each batch is the caller's own copy, as a batch read from the file was (writing to it changes no later pass).
+    # Validate and count up front, one file at a time, then stream. The files' arrays are kept while they fit the
+    # budget's data_files slice: every pass then reads them from memory, not from the files again, and each batch is
+    # the caller's own copy, as a batch read from the file was (writing to it changes no later pass).
     total, nb = 0, 0
     labels = []
     layouts: list[FileLayout] = []
@@ -211,7 +211,7 @@ def _array_source(kind: str, desc: str, loader: object, files: list[Path], specs
         if kept is not None:
             room -= sum(np.asarray(a).nbytes for a in arrays.values())
             if room >= 0:
-                kept.append(_read_only(arrays))
+                kept.append(arrays)
             else:
                 kept = None  # (read again on each pass, file by file, as the arrays came)
         layout = file_layout(arrays, specs, str(f))
@@ -241,16 +241,6 @@ def _array_source(kind: str, desc: str, loader: object, files: list[Path], specs
 
     lab = np.concatenate(labels) if labels else None
     return FeedSource(kind, desc, specs, gen, nb, total, labels=lab)
-
-
-def _read_only(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The arrays as read-only views (kept for every pass: nothing may write to them)."""
-    out = {}
-    for k, v in arrays.items():
-        a = np.asarray(v).view()
-        a.flags.writeable = False
-        out[k] = a
-    return out
 
 
 def _image_arrays(folder: Path, specs: Sequence[TensorSpec], pre: ImagePreprocess) -> dict[str, np.ndarray]:
