@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from mpinfer import errorsums
-from mpinfer.histogram import LogHistogram
+from mpinfer.histogram import BINS_PER_DECADE, HI_DECADE, LO_DECADE, LogHistogram
 from mpinfer.metrics import REL_EPS, OutputAccumulator
 from tests.tolerances import gamma
 
@@ -114,3 +114,23 @@ def test_float16_candidate_and_empty_samples():
     empty = OutputAccumulator("e")
     empty.update(np.zeros((3, 0), np.float32), np.zeros((3, 0), np.float32))
     assert empty.finalize()["cosine_min"] is None and empty.finalize()["max_abs"] is None  # unmeasured, not 1
+
+
+def test_the_bin_table_bins_each_side_of_every_edge_as_the_formula_does():
+    """The histograms' table lookup (errorsums._count) against LogHistogram.add on the values where a table can err.
+
+    Each bin edge 10**(k/40 - 12), the float64 values either side of it, both ends of the range and beyond it
+    (zero, a subnormal, the largest float64), and values spread over 32 decades.
+    """
+    k = np.arange(-3, (HI_DECADE - LO_DECADE) * BINS_PER_DECADE + 4)
+    edges = 10.0 ** (LO_DECADE + k / BINS_PER_DECADE)
+    special = [0.0, 5e-324, 1e-300, 1e-13, 1e13, 1e300, np.finfo(np.float64).max]
+    spread = np.abs(np.random.default_rng(0).standard_normal(50_000) * 10.0 ** np.linspace(-16, 16, 50_000))
+    for values in (np.concatenate([edges, np.nextafter(edges, 0), np.nextafter(edges, np.inf), special]), spread):
+        got, want = errorsums.HistCounts(), LogHistogram()
+        errorsums._count(np.ascontiguousarray(values), got, errorsums._Buffers(values.size))
+        want.add(values)
+        assert (got.zeros, got.tiny, got.huge) == (want.zeros, want.tiny, want.huge)
+        assert np.array_equal(got.counts, want.counts)
+    unsure = np.count_nonzero(errorsums._bin_table() == errorsums._UNSURE)
+    assert unsure <= 2 * edges.size  # about one slice at each edge takes the formula: the rest, the table
