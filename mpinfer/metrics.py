@@ -302,6 +302,9 @@ class OutputAccumulator:
         self.rank_counts = np.zeros(MAX_TOPK + 1, np.int64)  # rows by the rank of the baseline's top (capped)
         self.hist_abs = LogHistogram()
         self.hist_rel = LogHistogram()
+        # the last batch's float64 sum of squared errors and of squared baseline values, when it took the chunked
+        # path (every value finite); None when it did not
+        self.batch_sums: tuple[float, float] | None = None
 
     def _first(self, b: np.ndarray, c: np.ndarray) -> None:
         self.shape = tuple(c.shape)
@@ -323,6 +326,7 @@ class OutputAccumulator:
     def update(self, baseline: np.ndarray, candidate: np.ndarray, labels: np.ndarray | None = None) -> None:
         """Add one batch (same shape in both); ``labels`` are the batch's class labels (one per sample), if any."""
         b_in, c_in = np.asarray(baseline), np.asarray(candidate)
+        self.batch_sums = None
         if self.shape is None:
             self._first(b_in, c_in)
         if b_in.size == 0 and c_in.size == 0:  # a zero-size output (a Split of 0): no values to measure
@@ -339,6 +343,7 @@ class OutputAccumulator:
             sums = error_sums(_as_samples(b_in), _as_samples(c_in), REL_EPS, self.quantiles)
             if sums is not None:  # (None: NaN/Inf in the batch, which the general path below handles)
                 self._add_sums(sums, b_in.size)
+                self.batch_sums = sums.sum_d2, sums.sum_b2
                 return
         # whole samples at a time, about CHUNK_ELEMENTS values: the float64 temporaries stay small
         step = max(1, CHUNK_ELEMENTS // max(1, b_in.size // max(1, len(b_in))))

@@ -634,3 +634,25 @@ def test_repair_rounds_rank_groups_once_per_worst_batch_and_decide_as_before(gro
     assert [(n["name"], n["precision"]) for n in cached.plan.to_dict()["nodes"]] == \
         [(n["name"], n["precision"]) for n in fresh.plan.to_dict()["nodes"]]
     assert cached_count < sum(measured)
+
+
+def test_a_batchs_error_is_read_from_the_figures_it_was_added_to_and_summed_where_they_kept_none():
+    """The verification's worst-batch error takes the accumulator's sums of the batch (finite values), and sums the
+    outputs it has none for (NaN/Inf, other dtypes) itself: the same relative L2 error either way."""
+    from mpinfer.metrics import ModelAccumulator
+    from mpinfer.precision.budget.verify import _batch_error
+
+    rng = np.random.default_rng(0)
+    ref = {"a": rng.standard_normal((4, 300)).astype(np.float32), "b": rng.standard_normal((4, 7)).astype(np.float32)}
+    cand = {"a": ref["a"].astype(np.float16), "b": ref["b"] * np.float32(1.01)}
+    figures = ModelAccumulator(["a", "b"])
+    figures.update(ref, cand)
+    assert all(acc.batch_sums is not None for acc in figures.outputs.values())
+    summed = _batch_error(ref, cand, ["a", "b"])
+    assert summed == pytest.approx(0.01, rel=1e-4)  # (b's: every value 1 % off)
+    assert _batch_error(ref, cand, ["a", "b"], figures) == pytest.approx(summed, rel=1e-12)
+    cand["b"] = cand["b"].copy()
+    cand["b"][1, 2] = np.nan  # the accumulator's general path: no sums kept, the batch is summed here
+    figures.update(ref, cand)
+    assert figures.outputs["b"].batch_sums is None and figures.outputs["a"].batch_sums is not None
+    assert _batch_error(ref, cand, ["a", "b"], figures) == _batch_error(ref, cand, ["a", "b"]) == np.inf

@@ -272,7 +272,7 @@ def verify_model(
             ref = kept if kept is not None else reused[0] if reused is not None else ref_run(batch)
             cand = given if given is not None else reused[1] if reused is not None else run(batch)
             figures.update(ref, cand, _batch_labels(labels, tally.samples, rows), inputs=batch)
-            tally.add(batch, rows, _batch_error(ref, cand, floats))
+            tally.add(batch, rows, _batch_error(ref, cand, floats, figures))
             bar.advance(task)
             if bound is not None and (
                 early := budget_failures(settings.budget, _optimistic(figures, bound, settings), settings.user)
@@ -442,10 +442,20 @@ def _with_generation(candidate: Any, settings: VerifySettings, ver: Verification
 
 
 
-def _batch_error(ref: Mapping[str, np.ndarray], cand: Mapping[str, np.ndarray], names: Sequence[str]) -> float:
-    """How wrong a batch is, to pick the one to rank groups on: the worst relative L2 error of its outputs."""
+def _batch_error(
+    ref: Mapping[str, np.ndarray], cand: Mapping[str, np.ndarray], names: Sequence[str], figures: Any = None
+) -> float:
+    """How wrong a batch is, to pick the one to rank groups on: the worst relative L2 error of its outputs.
+
+    ``figures``: the accumulator this batch was just added to; an output whose sums it kept (every value finite)
+    is not summed again.
+    """
     worst = 0.0
     for name in names:
+        acc = figures.outputs.get(name) if figures is not None else None
+        if acc is not None and acc.batch_sums is not None:
+            worst = max(worst, relative_l2(*acc.batch_sums))
+            continue
         r_all, c_all = np.asarray(ref[name]).reshape(-1), np.asarray(cand[name]).reshape(-1)
         noise = signal = 0.0
         for start in range(0, r_all.size, _ERROR_CHUNK):  # (in float64 a chunk at a time: a segmentation map is big)
