@@ -159,7 +159,7 @@ def _chunk(
 
 
 def _count(v: np.ndarray, h: HistCounts, buf: _Buffers) -> None:
-    """:meth:`LogHistogram.add` of non-negative finite ``v`` (contiguous float64) into ``h``: the same bin of every value.
+    """:meth:`LogHistogram.add` of non-negative finite ``v`` (contiguous float64) into ``h``: each value's very bin.
 
     One bincount over every value's table bin (:func:`_bin_table`; shifted by one: 0 is tiny, ``_BINS + 1`` huge),
     zeros included (binned as tiny) and counted apart. Picking the non-zero errors out (a ReLU output's are half
@@ -191,7 +191,7 @@ def _bin_table() -> np.ndarray:
     """Every non-negative float64's bin (as :func:`_bins`) by its top bits, or ``_UNSURE`` near a bin's edge (4 MiB).
 
     Slices below the histogram's lowest octave are tiny (0: zero, subnormals), those above its highest huge; the
-    octaves between are binned at both ends of each slice (built in ~5 ms).
+    octaves between are binned at both ends of each slice (built once a process: ~20 ms).
     """
     table = np.empty(1 << (11 + _SLICE_BITS), np.uint16)
     lo_exp = math.floor(LO_DECADE * math.log2(10)) - 1  # (an octave below the lowest edge: all tiny)
