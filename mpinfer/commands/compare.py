@@ -136,7 +136,8 @@ def _warn_latency_options(ctx: click.Context) -> None:
     type=click.IntRange(min=1),
     default=2,
     show_default=True,
-    help="Batches the per-layer divergence compares (both models run once per batch per 64 tensors).",
+    help="Batches the per-layer divergence compares (both models run once per batch per chunk of tensors: at "
+    "most 64, and fewer when their bytes pass the chunk's memory cap, see docs/compare.md).",
 )
 @memory_limit_option
 @click.option("--quiet", is_flag=True, help="No progress bars or tables; only the verdict.")

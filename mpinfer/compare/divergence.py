@@ -209,6 +209,10 @@ def measure_tensors(
     if sizes is None:
         sizes = tensor_bytes(base, names, batches, providers, base_dir=dirs[0])
     chunks = pack_chunks(names, sizes, size, limit)
+    logger.info(
+        "divergence: %d tensors in %d chunk(s) of at most %d tensors or %.0f MiB (a tensor larger alone: a chunk of "
+        "its own); each chunk runs both models once per batch", len(names), len(chunks), size, limit / 2**20,
+    )
     session = (probe or {}).pop("session", None)
     if session is not None and chunks != [list(names)]:
         session = None  # (not the chunk's outputs, which decide what onnxruntime fuses) dropped before any other
