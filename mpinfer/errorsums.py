@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from mpinfer.histogram import BINS_PER_DECADE, HI_DECADE, LO_DECADE
+from mpinfer.histogram import BINS_PER_DECADE, HI_DECADE, LO_DECADE, LogHistogram, bin_positions
 
 # Values per chunk: eight float64 buffers of 512 KB (about 4 MB, in L2/L3 cache) and ~25 numpy calls per chunk,
 # whose fixed cost (~1 us each) stays below a tenth of the work.
@@ -180,10 +180,8 @@ def _count(v: np.ndarray, h: HistCounts, buf: _Buffers) -> None:
 
 
 def _bins(x: np.ndarray) -> np.ndarray:
-    """:meth:`LogHistogram.add`'s bin formula on positive ``x``, clipped to tiny and huge and shifted by one."""
-    with np.errstate(divide="ignore"):
-        f = np.floor((np.log10(x) - LO_DECADE) * BINS_PER_DECADE)
-    return np.clip(f, -1, _BINS) + 1
+    """:meth:`LogHistogram.add`'s bins of positive ``x`` (:func:`bin_positions`), clipped to tiny and huge, plus one."""
+    return np.clip(bin_positions(x), -1, _BINS) + 1
 
 
 @functools.cache
@@ -201,7 +199,7 @@ def _bin_table() -> np.ndarray:
     top = np.arange(first, last, dtype=np.int64) << (52 - _SLICE_BITS)
     lo = top.view(np.float64)
     hi = (top | ((1 << (52 - _SLICE_BITS)) - 1)).view(np.float64)  # (the slice's largest value)
-    edges = 10.0 ** (LO_DECADE + np.arange(_BINS + 1) / BINS_PER_DECADE)
+    edges = LogHistogram().edges()  # (its _BINS + 1 bin edges)
     nearest = np.minimum(np.searchsorted(edges, lo * (1 - _EDGE_MARGIN)), _BINS)
     clear = (edges[nearest] > hi * (1 + _EDGE_MARGIN)) | (lo * (1 - _EDGE_MARGIN) > edges[-1])
     at_lo = _bins(lo)

@@ -14,6 +14,14 @@ BINS_PER_DECADE = 40
 LO_DECADE, HI_DECADE = -12, 12
 
 
+def bin_positions(values: np.ndarray) -> np.ndarray:
+    """Each positive value's bin, as float64: below 0 tiny, from the bin count on huge (one formula for every caller).
+
+    :meth:`LogHistogram.add` and the metrics core's table of bins (:mod:`mpinfer.errorsums`) both bin with it.
+    """
+    return np.floor((np.log10(values) - LO_DECADE) * BINS_PER_DECADE)
+
+
 @dataclass
 class LogHistogram:
     """Counts of non-negative values in log-spaced bins, plus zero, tiny, huge and infinite buckets."""
@@ -33,7 +41,7 @@ class LogHistogram:
         self.huge += int(infinite)
         if nz.size == 0:
             return
-        idx = np.floor((np.log10(nz) - LO_DECADE) * BINS_PER_DECADE).astype(np.int64)
+        idx = bin_positions(nz).astype(np.int64)
         self.tiny += int(np.count_nonzero(idx < 0))
         self.huge += int(np.count_nonzero(idx >= self.counts.size))
         idx = idx[(idx >= 0) & (idx < self.counts.size)]
