@@ -2,9 +2,10 @@
 
 Runs ``mpinfer -q convert MODEL --calibration DATA`` N times in this process (the first pays the lazy imports) with
 convert.py's stage functions wrapped: ``_load``, calibration, the rules (``rule_plan``), the search, ``_apply`` (the
-plan applied behind the validity gate), ``release_memory``, the verification, the plan's save, the whole
-``_convert``. Prints the median and the least of each (the CPU figure is the steadier one on a shared machine). Unlike
-``bench/fixed_costs.py`` the rules see the calibration statistics and the apply follows the search, as in a convert.
+plan applied behind the validity gate), ``release_memory``, the verification (and, ``_verified``, with the gate's
+ONNX Runtime load that runs beside it), the plan's save, the whole ``_convert``. Prints the median and the least
+of each (the CPU figure is the steadier one on a shared machine). Unlike ``bench/fixed_costs.py`` the rules see the
+calibration statistics and the apply follows the search, as in a convert.
 
     OMP_NUM_THREADS=1 PYTHONPATH=$TREE .venv/bin/python bench/convert_stages.py NAME MODEL.onnx DATA.npz [N]
 """
@@ -26,6 +27,8 @@ STAGES = {
     "_apply": "apply+gate",
     "release_memory": "release_memory",
     "_verify": "verify",
+    # the verification with the gate's ONNX Runtime load that runs beside it, waited for (trees since session 26)
+    "_verified": "verify+load",
     "_convert": "TOTAL",
 }
 
@@ -57,7 +60,8 @@ def main() -> None:
 
     times: dict[str, list[float]] = {}
     for attr, label in STAGES.items():
-        _wrap(convert, attr, label, times)
+        if hasattr(convert, attr):  # (an older tree lacks a newer stage)
+            _wrap(convert, attr, label, times)
     _wrap(plan.PrecisionPlan, "save", "plan.save", times)
     runs = []
     with tempfile.TemporaryDirectory() as out:

@@ -54,6 +54,7 @@ from mpinfer.precision.graph import (
     gate,
     gate_published,
     low_io_types,
+    settle_load,
     sort_nodes,
 )
 from mpinfer.precision.notices import (
@@ -174,11 +175,12 @@ def _convert(cfg: ConvertConfig, claim: OutputClaim) -> ConvertResult:
     # External weights: each candidate is written (streamed, tensor by tensor) at the claim's staged path and gated
     # and verified there, like a small model in memory; publishing moves model and data into place.
     staged = (claim.stage(out), loaded.weights) if loaded.weights is not None else None
-    result = _apply(made, info, opts.precision, staged=staged)
+    # (verified: the gate's ONNX Runtime load of the model runs beside the verification, see _verified)
+    result = _apply(made, info, opts.precision, staged=staged, defer_load=made.verify is not None)
     verification = None
     if made.verify is not None:
         release_memory()  # the rewrite's converted weights, now in the staged file
-        result, made.plan.nodes, verification = _verify(made, info, result, staged)
+        result, verification = _verified(made, info, result, staged, opts.precision)
     plan = _summarize(made, info, result, verification, opts.precision)
     if staged is None:
         save_onnx(result.model, claim.stage(out))
@@ -471,17 +473,46 @@ def _check_plan(plan: PrecisionPlan, plan_path: Path, info: GraphInfo, sha: str,
 
 
 def _apply(
-    made: _Planned, info: GraphInfo, precision: Precision, *, staged: tuple[Path, Path] | None
+    made: _Planned,
+    info: GraphInfo,
+    precision: Precision,
+    *,
+    staged: tuple[Path, Path] | None,
+    defer_load: bool = False,
 ) -> ApplyResult:
     """The plan applied behind the validity gate (ORT refusals go FP32 in ``made.plan``).
 
     ``staged``: (where to write, the input model's file) for external weights, see :func:`apply_validated`.
+    ``defer_load``: the gate's ONNX Runtime load may still run when this returns (``result.load``, see
+    :func:`_verified`).
     """
     plan = made.plan
     result, plan.nodes = apply_validated(
-        info, plan.nodes, precision, keep_io_types=plan.keep_io_types, applied=made.applied, staged=staged
+        info, plan.nodes, precision, keep_io_types=plan.keep_io_types, applied=made.applied, staged=staged,
+        defer_load=defer_load,
     )
     return result
+
+
+def _verified(
+    made: _Planned, info: GraphInfo, result: ApplyResult, staged: tuple[Path, Path] | None, precision: Precision
+) -> tuple[ApplyResult, dict]:
+    """The final verification (:func:`_verify`), and the verdict of the gate's ONNX Runtime load that ran beside it.
+
+    The load of the model as written (``result.load``: the gate's largest cost, ~0.27 s on the OCR recognizer) runs on
+    a thread while the verification runs the model in memory. When ONNX Runtime refuses that model (rare: a kernel or a
+    function body lacks the low dtype), the plan is applied again with the gate in line, which keeps the refused nodes
+    FP32 as it always did (:func:`apply_validated`), and that model is verified in its turn.
+    """
+    verified, made.plan.nodes, verification = _verify(made, info, result, staged)
+    settled, refused = settle_load(result, verified)
+    if not refused:
+        return settled, verification
+    logger.info("validity gate: ONNX Runtime refused the verified model (%s); applied again with the nodes it "
+                "refuses kept FP32, and verified again", refused[0].message.strip()[:200])
+    result = _apply(made, info, precision, staged=staged)
+    verified, made.plan.nodes, verification = _verify(made, info, result, staged)
+    return verified, verification
 
 
 def _verify(

@@ -391,3 +391,57 @@ def test_strict_inference_runs_once_and_its_failures_are_still_named(monkeypatch
     checks = {f.check: f.node for f in run_checks(mixed, offline)}
     assert checks["checker"] == "a" and checks["inference"] == "a" and calls == ["bytes"]
     assert {f.check for f in run_checks(mixed.SerializeToString(), ("inference",))} == {"inference"}
+
+
+def test_a_deferred_load_gates_the_bytes_once_it_passed_and_only_the_model_it_loaded(tmp_path, monkeypatch):
+    """apply_validated(defer_load=True) runs the checker and inference in line and leaves the ONNX Runtime load of the
+    same bytes on a thread: the digest gate_published trusts is set by settle_load once that load passed, and only on
+    the very model it loaded (a model the verification rewrote was gated by its own apply)."""
+    import hashlib
+    from dataclasses import replace
+
+    from mpinfer.modelio import save_onnx
+    from mpinfer.precision.core import GraphInfo, NodeDecision
+    from mpinfer.precision.graph import apply_validated, gate_published, settle_load
+    from mpinfer.specs import Precision
+
+    model = _cast_chain_model()
+    info = GraphInfo(model)
+    made = _counting_sessions(monkeypatch)
+    result, _ = apply_validated(info, [NodeDecision("add", "Add", Precision.FP16, "test")], Precision.FP16,
+                                defer_load=True)
+    assert result.gated is None and result.load is not None  # not trusted before its load passed
+    settled, failures = settle_load(result, result)
+    assert failures == [] and made == ["bytes"] and settled.load is None
+    out = save_onnx(settled.model, tmp_path / "o.onnx")
+    assert settled.gated == hashlib.sha256(out.read_bytes()).hexdigest()
+    gate_published(out, baseline_model=model, gated=settled.gated)
+    assert made == ["bytes"]  # the deferred load was the gate's one load
+    rewritten = replace(result, model=onnx.ModelProto())  # (what a repaired verification hands back)
+    assert settle_load(result, rewritten) == (rewritten, [])
+
+
+def test_a_model_onnx_runtime_refuses_after_its_verification_is_applied_again_with_those_nodes_fp32(tmp_path, caplog):
+    """The gate's ONNX Runtime load runs beside the final verification; when it refuses the model (ONNX's BF16
+    Attention before opset 24 has no ONNX Runtime kernel), convert applies the plan again with the gate in line, which
+    keeps the refused node FP32 with the reason, verifies that model and writes it: the same plan as a gate in line."""
+    from mpinfer.precision.graph import run_checks
+    from mpinfer.specs import Precision
+    from tests.precision.conformance import float_cases
+
+    case = next(c for c in float_cases() if c.name == "test_attention_4d_attn_mask_3d_causal")
+    src = _save(case.model, tmp_path / "m.onnx")
+    rng = np.random.default_rng(0)
+    data = {vi.name: rng.standard_normal([d.dim_value for d in vi.type.tensor_type.shape.dim]).astype(np.float32)
+            for vi in case.model.graph.input}
+    np.savez(tmp_path / "cal.npz", **data)
+    out = tmp_path / "o.onnx"
+    with caplog.at_level(logging.INFO, logger="mpinfer"):
+        res = convert_precision(ConvertConfig(model=src, output=out, calibration=str(tmp_path / "cal.npz"),
+                                              precision=Precision.BF16, force=True, progress=False))
+    assert any("ONNX Runtime refused the verified model" in r.getMessage() for r in caplog.records)
+    attn = next(n for n in res.plan.nodes if n.op_type == "Attention")
+    assert attn.precision is Precision.FP32 and "ONNX Runtime refuses it in bf16" in attn.detail
+    verification = res.plan.summary["verification"]
+    assert verification["passed"] is True and verification["engine"] == "ort-casts"  # (the model written, verified)
+    assert run_checks(onnx.load(str(out))) == []

@@ -56,6 +56,7 @@ from mpinfer.precision.graph.validate import (
     MAX_RUNTIME_REPAIRS,
     OFFLINE_CHECKS,
     GateFailure,
+    PendingLoad,
     apply_validated,
     gate,
     gate_published,
@@ -63,6 +64,7 @@ from mpinfer.precision.graph.validate import (
     run_checks,
     run_checks_path,
     runtime_suspects,
+    settle_load,
     validity_failures,
 )
 
@@ -89,6 +91,7 @@ __all__ = [
     "MaskSite",
     "NormChain",
     "OFFLINE_CHECKS",
+    "PendingLoad",
     "RANGE_MARGIN",
     "REASON",
     "RMS_NORM_MIN_OPSET",
@@ -115,6 +118,7 @@ __all__ = [
     "run_checks",
     "run_checks_path",
     "runtime_suspects",
+    "settle_load",
     "safe_lowest",
     "sort_nodes",
     "to_low_tensor",

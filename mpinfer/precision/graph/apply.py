@@ -373,12 +373,17 @@ class ApplyResult:
 
     ``gated``: the SHA-256 of the bytes :func:`mpinfer.modelio.save_onnx` writes for ``model``, when every check of
     the validity gate ran on the model parsed from those bytes and passed (None: not gated that way).
+
+    ``load``: the gate's ONNX Runtime load of those bytes, still running on a thread beside the final verification
+    (:class:`~mpinfer.precision.graph.validate.PendingLoad`; ``gated`` is set once it passed:
+    :func:`~mpinfer.precision.graph.validate.settle_load`). None: no load pending.
     """
 
     model: Any
     cast_count: int
     converted_weights: tuple[str, ...]
     gated: str | None = None
+    load: Any = None
 
 
 @dataclass(frozen=True)

@@ -14,12 +14,14 @@ import os
 import re
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from mpinfer.backends.ort import load_check
 from mpinfer.errors import InternalError
+from mpinfer.memory import current_budget
 from mpinfer.modelio import (
     EXTERNAL_DATA_THRESHOLD,
     data_file,
@@ -215,12 +217,17 @@ def gate_published(
     gate(None, path=path, baseline_model=baseline_model, baseline_path=baseline_path, stage="writing the model")
 
 
-def _gated(result: Any, baseline: Any) -> tuple[Any, list[GateFailure]]:
+def _gated(result: Any, baseline: Any, defer_load: bool = False) -> tuple[Any, list[GateFailure]]:
     """``result`` gated on the bytes :func:`mpinfer.modelio.save_onnx` will write for it (their digest recorded).
 
     The checks run on those bytes (the model at its IR version as written), so the file published from
     ``result.model`` needs no second round (:func:`gate_published`). A model save_onnx writes with external data:
     gated as it is in memory, no digest.
+
+    ``defer_load``: the ONNX Runtime load runs on a thread (:class:`PendingLoad`, in ``result.load``) once the
+    checker and strict inference passed, when the bytes fit the memory budget's ``probe`` slice (a second copy of the
+    converted weights, as the search's ONNX Runtime probe holds); the digest is recorded when it passed
+    (:func:`settle_load`).
     """
     model = result.model
     if not small_enough_to_size(model):
@@ -228,8 +235,57 @@ def _gated(result: Any, baseline: Any) -> tuple[Any, list[GateFailure]]:
     data = saved_bytes(model)
     if len(data) >= EXTERNAL_DATA_THRESHOLD:  # (save_onnx's test, on the copy it writes: its ByteSize is this)
         return result, validity_failures(model, baseline_model=baseline)
+    digest = hashlib.sha256(data).hexdigest()
+    if defer_load and len(data) <= current_budget().probe:
+        failures = validity_failures(data, baseline_model=baseline, checks=OFFLINE_CHECKS)
+        return (result if failures else replace(result, load=PendingLoad(data, baseline, digest))), failures
     failures = validity_failures(data, baseline_model=baseline)  # (the checks parse the bytes themselves)
-    return (result if failures else replace(result, gated=hashlib.sha256(data).hexdigest())), failures
+    return (result if failures else replace(result, gated=digest)), failures
+
+
+class PendingLoad:
+    """The validity gate's ONNX Runtime load of a model's bytes, on a thread of its own.
+
+    The load is the gate's one large cost (ONNX Runtime's CPU provider loads an FP16 model 2-3x slower than its FP32
+    one: the OCR recognizer ~0.27 s, the deep synthetic net ~0.1 s) and releases the GIL, so convert runs it beside
+    the final verification, which reads the model in memory and never needs it, and reads its verdict before writing
+    (:func:`settle_load`).
+
+    Args:
+        data: The bytes save_onnx writes for the model.
+        baseline: The input model (a check it fails too is not held against the output).
+        digest: The bytes' SHA-256 (:attr:`ApplyResult.gated <mpinfer.precision.graph.apply.ApplyResult>` once it
+            passed).
+    """
+
+    def __init__(self, data: bytes, baseline: Any, digest: str) -> None:
+        self.digest = digest
+        executor = ThreadPoolExecutor(1, thread_name_prefix="mpinfer-gate")
+        self._future = executor.submit(validity_failures, data, baseline_model=baseline, checks=("onnxruntime",))
+        executor.shutdown(wait=False)  # (its thread ends with the load)
+
+    def failures(self) -> list[GateFailure]:
+        """The load's failures (waits for it; re-raises what it raised)."""
+        return self._future.result()
+
+
+def settle_load(applied: Any, final: Any) -> tuple[Any, list[GateFailure]]:
+    """``final`` with the verdict of the load that ``applied`` left running (:func:`apply_validated`'s ``defer_load``).
+
+    Waits for the load. When ``final`` is that very model (the verification repaired nothing): ``final`` gated
+    (its digest recorded) and no failure, or ``final`` as it is and the load's failures, which the caller repairs
+    (:func:`apply_validated` again, without deferring). When the verification rewrote the model, the load was of a
+    model that is not written: ``final`` (gated by the repair's own apply) and no failure.
+    """
+    pending = applied.load
+    if pending is None:
+        return final, []
+    failures = pending.failures()
+    if final.model is not applied.model:
+        return final, []
+    if failures:
+        return replace(final, load=None), failures
+    return replace(final, gated=pending.digest, load=None), []
 
 
 def runtime_suspects(failure: GateFailure, info: Any, low: set[str]) -> set[str]:
@@ -273,6 +329,7 @@ def apply_validated(
     keep_io_types: bool = True,
     applied: AppliedRun | None = None,
     staged: tuple[Path, Path] | None = None,
+    defer_load: bool = False,
 ) -> tuple[Any, list[NodeDecision]]:
     """Apply the plan and pass the validity gate; nodes ONNX Runtime refuses in low precision go FP32.
 
@@ -289,6 +346,9 @@ def apply_validated(
     checker and type inference on the path, ONNX Runtime loading it with its weights memory-mapped); the result's
     model then points at the written data file.
 
+    ``defer_load``: the ONNX Runtime load of a model in memory runs on a thread (``result.load``, see :func:`_gated`);
+    the caller reads its verdict with :func:`settle_load` and, on a refusal, applies again without deferring.
+
     Returns:
         The ApplyResult and the (possibly updated) plan entries.
 
@@ -297,7 +357,7 @@ def apply_validated(
     """
     for _ in range(MAX_RUNTIME_REPAIRS + 1):
         precisions = {n.name: n.precision for n in nodes}
-        result, failures = _apply_and_check(info, precisions, precision, keep_io_types, applied, staged)
+        result, failures = _apply_and_check(info, precisions, precision, keep_io_types, applied, staged, defer_load)
         if not failures:
             return result, nodes
         runtime_only = all(f.check == "onnxruntime" for f in failures)
@@ -317,12 +377,13 @@ def _apply_and_check(
     keep_io_types: bool,
     applied: AppliedRun | None,
     staged: tuple[Path, Path] | None,
+    defer_load: bool = False,
 ) -> tuple[Any, list[GateFailure]]:
     """The applied plan (the search's rewrite when it applied these precisions) and its validity failures."""
     if applied is not None and applied.precisions == precisions and staged is None:
         if applied.loaded:
             return applied.result, validity_failures(applied.model, baseline_model=info.model, checks=OFFLINE_CHECKS)
-        return _gated(applied.result, info.model)
+        return _gated(applied.result, info.model, defer_load)
     result = apply_plan(info.model, info, precisions, precision, keep_io_types=keep_io_types)
     if staged is not None:
         path, source = staged
@@ -331,7 +392,7 @@ def _apply_and_check(
         # frees it only with the message: 6 GB of FP16 weights through the 3B decoder's verification)
         result = replace(result, model=load_onnx(path, load_external_data=False))
         return result, validity_failures(None, baseline_path=source, path=path)
-    return _gated(result, info.model)
+    return _gated(result, info.model, defer_load)
 
 
 def _keep_refused_fp32(
