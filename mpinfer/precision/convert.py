@@ -34,6 +34,7 @@ from mpinfer.modelio import (
 from mpinfer.precision.budget import (
     SearchConfig,
     SearchOutcome,
+    VerificationAborted,
     measure_plan,
     search_plan,
     split_generation_budget,
@@ -501,26 +502,38 @@ def _verified(
 
     The load of the model as written (``result.load``: the gate's largest cost, ~0.27 s on the OCR recognizer) runs on
     a thread while the verification runs the model in memory. When ONNX Runtime refuses that model (rare: a kernel or a
-    function body lacks the low dtype), the plan is applied again with the gate in line, which keeps the refused nodes
-    FP32 as it always did (:func:`apply_validated`), and that model is verified in its turn.
+    function body lacks the low dtype, BF16 mostly), the verification stops at its next batch (or has ended), the plan
+    is applied again with the gate in line, which keeps the refused nodes FP32 as it always did
+    (:func:`apply_validated`), and that model is verified in its turn.
     """
-    verified, made.plan.nodes, verification = _verify(made, info, result, staged)
-    settled, refused = settle_load(result, verified)
-    if not refused:
-        return settled, verification
-    logger.info("validity gate: ONNX Runtime refused the verified model (%s); applied again with the nodes it "
-                "refuses kept FP32, and verified again", refused[0].message.strip()[:200])
+    pending = result.load
+    try:  # (stopped between two batches once the load refused the model: no more time on a model not written)
+        verified, nodes, verification = _verify(made, info, result, staged, abort=pending and pending.refused)
+    except VerificationAborted:
+        refused = pending.failures()
+    else:
+        settled, refused = settle_load(result, verified)
+        if not refused:
+            made.plan.nodes = nodes
+            return settled, verification
+    logger.info("validity gate: ONNX Runtime refused the model under verification (%s); applied again with the "
+                "nodes it refuses kept FP32, and verified again", refused[0].message.strip()[:200])
     result = _apply(made, info, precision, staged=staged)
     verified, made.plan.nodes, verification = _verify(made, info, result, staged)
     return verified, verification
 
 
 def _verify(
-    made: _Planned, info: GraphInfo, result: ApplyResult, staged: tuple[Path, Path] | None = None
+    made: _Planned,
+    info: GraphInfo,
+    result: ApplyResult,
+    staged: tuple[Path, Path] | None = None,
+    abort: Callable[[], bool] | None = None,
 ) -> tuple[ApplyResult, list[NodeDecision], dict]:
     """The final verification on the calibration data, repairing the plan until the budget holds.
 
     ``staged``: see :func:`apply_validated` (the candidate as written there is what is verified).
+    ``abort``: see :func:`verify_and_repair` (raises VerificationAborted).
 
     Where the search measured this very model (its final candidate's cast graph, or its ONNX Runtime session, ran the
     model equal to the one written: ``made.applied``), the verification takes the search's outputs for those
@@ -544,7 +557,7 @@ def _verify(
     del ran
     repaired = verify_and_repair(
         info, nodes, result, inputs.decisions, inputs.feeds, inputs.settings, known_reference=inputs.known_reference,
-        rank_rows=inputs.rank_rows, known_candidate=given, staged=staged, runner=runner,
+        rank_rows=inputs.rank_rows, known_candidate=given, staged=staged, runner=runner, abort=abort,
     )
     record = verification_record(repaired.verification, inputs.settings, repaired)
     record["wall_s"] = round(time.perf_counter() - start, 3)  # every pass and the repairs' ranking

@@ -581,6 +581,27 @@ def test_a_repair_pass_stops_once_its_samples_prove_the_budget_fails(grown, tmp_
     assert fp32.passed and fp32.complete and fp32.samples == 128
 
 
+def test_a_pass_stops_before_the_batch_its_abort_answers_true_for(grown, tmp_path):
+    """``abort`` is asked before each batch: True stops the pass there with VerificationAborted (convert's gate refused
+    the model meanwhile); answering False to the end gives the very verification of a pass without it."""
+    from mpinfer.data import load_feeds
+    from mpinfer.precision.budget.verify import VerificationAborted, VerifySettings, verify_model
+    from mpinfer.specs import specs_from_onnx
+
+    src, data = grown
+    reference, low = onnx.load(str(src)), _all_low(src, tmp_path)
+    feeds = load_feeds(data, specs_from_onnx(reference), batch_size=16)
+    settings = VerifySettings(budget="max_abs<=10", precision=Precision.FP16, progress=False)
+    asked: list[int] = []
+    with pytest.raises(VerificationAborted):
+        verify_model(low, reference, feeds, settings, abort=lambda: asked.append(1) or len(asked) == 3)
+    assert len(asked) == 3  # two batches ran; the third was never run
+    plain = verify_model(low, reference, feeds, settings)
+    asked.clear()
+    kept = verify_model(low, reference, feeds, settings, abort=lambda: asked.append(1) and False)
+    assert len(asked) == plain.batches == 8 and kept.figures == plain.figures and kept.passed == plain.passed
+
+
 def test_a_probe_that_proves_nothing_is_taken_by_the_pass_not_run_again(grown, tmp_path, monkeypatch):
     """A repair round's probe batch that does not prove a failure is not run a second time when the pass reaches it:
     the pass runs each batch once, with the figures and fingerprint of a pass without the probe."""

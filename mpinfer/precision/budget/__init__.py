@@ -32,6 +32,7 @@ from mpinfer.precision.budget.search import (
 from mpinfer.precision.budget.verify import (
     RUN_ROWS,
     Verification,
+    VerificationAborted,
     VerifySettings,
     budget_failures,
     budget_figures,
@@ -58,6 +59,7 @@ __all__ = [
     "SearchConfig",
     "SearchOutcome",
     "Verification",
+    "VerificationAborted",
     "VerifySettings",
     "budget_failures",
     "budget_figures",

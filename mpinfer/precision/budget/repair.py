@@ -9,7 +9,7 @@ candidate got most wrong) go back to FP32 (1, 2, 4, ... of them) and the new can
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -60,6 +60,7 @@ def verify_and_repair(
     known_candidate: Sequence[Mapping[str, np.ndarray]] | None = None,
     staged: tuple[Path, Path] | None = None,
     runner: Any = None,
+    abort: Callable[[], bool] | None = None,
 ) -> Repaired:
     """Verify the applied candidate on the data; move the worst groups back to FP32 until the budget holds.
 
@@ -77,17 +78,20 @@ def verify_and_repair(
             from it (:func:`mpinfer.precision.graph.validate.apply_validated`).
         runner: ``result.model``'s runner under these numerics, already open (the search's, which computed
             ``known_candidate``), for the first pass.
+        abort: For the first pass, of ``result.model`` (:func:`~mpinfer.precision.budget.verify.verify_model`): the
+            later passes verify models this call applied and gated itself.
 
     Returns:
         The candidate that meets the budget, its plan entries and its verification.
 
     Raises:
         AccuracyMismatchError: The budget fails even with every node it may change in FP32.
+        VerificationAborted: ``abort`` answered True.
     """
     where = {"reference_dir": info.base_dir, "candidate_path": staged[0] if staged is not None else None}
     ver = verify_model(
         result.model, info.model, feeds, settings, known_reference=known_reference, known_candidate=known_candidate,
-        runner=runner, **where,
+        runner=runner, abort=abort, **where,
     )
     _log(ver, settings, 0)
     rounds, demoted, spent = 0, list[str](), ver.wall_s

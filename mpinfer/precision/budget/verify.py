@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,6 +37,10 @@ from mpinfer.specs import Precision, specs_from_onnx
 from mpinfer.usermetric import metric_names
 
 logger = logging.getLogger(__name__)
+
+
+class VerificationAborted(Exception):
+    """:func:`verify_model`'s ``abort`` answered True before a batch: the pass stopped there, with no verdict."""
 
 # Samples per run of the candidate: consecutive calibration batches are joined up to this many (and at most the
 # memory budget's ``verify_run`` bytes of FP32 tensors). The numpy emulator's cost per node is mostly fixed: 64
@@ -219,6 +223,7 @@ def verify_model(
     probe: Mapping[str, np.ndarray] | None = None,
     fast: bool = True,
     runner: Any = None,
+    abort: Callable[[], bool] | None = None,
 ) -> Verification:
     """Stream the data through ``candidate`` (as written) and the FP32 ``reference``; check the budget.
 
@@ -241,9 +246,14 @@ def verify_model(
             cast graph), as an earlier pass this one is compared with did.
         runner: ``candidate``'s runner under ``settings.numerics``, already open (the budget search's runner of this
             very model, which computed ``known_candidate``); None: opened here.
+        abort: Asked before each batch; True stops the pass (convert's validity gate refused ``candidate`` on its
+            thread meanwhile: the pass would verify a model that is not written).
 
     Returns:
         The figures per output, what was verified, and the failures.
+
+    Raises:
+        VerificationAborted: ``abort`` answered True.
     """
     start = time.perf_counter()
     names = [o.name for o in reference.graph.output]
@@ -267,6 +277,8 @@ def verify_model(
     with progress_bar("Verifying", enabled=settings.progress) as bar:
         task = bar.add_task("", total=None)
         for batch, rows, kept, given in _runs(feeds, reference, settings, known_reference, names, known_candidate):
+            if abort is not None and abort():
+                raise VerificationAborted("the verification was aborted by its caller")
             fingerprint_update(hashers, batch)
             reused = shared.take(batch) if shared is not None and given is None else None
             ref = kept if kept is not None else reused[0] if reused is not None else ref_run(batch)

@@ -268,6 +268,10 @@ class PendingLoad:
         """The load's failures (waits for it; re-raises what it raised)."""
         return self._future.result()
 
+    def refused(self) -> bool:
+        """Whether the load is done and failed (never waits)."""
+        return self._future.done() and bool(self._future.result())
+
 
 def settle_load(applied: Any, final: Any) -> tuple[Any, list[GateFailure]]:
     """``final`` with the verdict of the load that ``applied`` left running (:func:`apply_validated`'s ``defer_load``).
