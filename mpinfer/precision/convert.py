@@ -507,9 +507,11 @@ def _verified(
     (:func:`apply_validated`), and that model is verified in its turn.
     """
     pending = result.load
+    abort = pending.refused if pending is not None else None
     try:  # (stopped between two batches once the load refused the model: no more time on a model not written)
-        verified, nodes, verification = _verify(made, info, result, staged, abort=pending and pending.refused)
+        verified, nodes, verification = _verify(made, info, result, staged, abort=abort)
     except VerificationAborted:
+        assert pending is not None  # (only its abort stops a verification)
         refused = pending.failures()
     else:
         settled, refused = settle_load(result, verified)

@@ -427,14 +427,11 @@ def test_a_model_onnx_runtime_refuses_after_its_verification_is_applied_again_wi
     keeps the refused node FP32 with the reason, verifies that model and writes it: the same plan as a gate in line."""
     from mpinfer.precision.graph import run_checks
     from mpinfer.specs import Precision
-    from tests.precision.conformance import float_cases
+    from tests.precision.conformance import _feeds, float_cases
 
     case = next(c for c in float_cases() if c.name == "test_attention_4d_attn_mask_3d_causal")
     src = _save(case.model, tmp_path / "m.onnx")
-    rng = np.random.default_rng(0)
-    data = {vi.name: rng.standard_normal([d.dim_value for d in vi.type.tensor_type.shape.dim]).astype(np.float32)
-            for vi in case.model.graph.input}
-    np.savez(tmp_path / "cal.npz", **data)
+    np.savez(tmp_path / "cal.npz", **_feeds(case))  # (the case's own inputs)
     out = tmp_path / "o.onnx"
     with caplog.at_level(logging.INFO, logger="mpinfer"):
         res = convert_precision(ConvertConfig(model=src, output=out, calibration=str(tmp_path / "cal.npz"),

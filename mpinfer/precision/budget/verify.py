@@ -42,6 +42,7 @@ logger = logging.getLogger(__name__)
 class VerificationAborted(Exception):
     """:func:`verify_model`'s ``abort`` answered True before a batch: the pass stopped there, with no verdict."""
 
+
 # Samples per run of the candidate: consecutive calibration batches are joined up to this many (and at most the
 # memory budget's ``verify_run`` bytes of FP32 tensors). The numpy emulator's cost per node is mostly fixed: 64
 # samples a run verify transformer_small twice as fast as 16; more add memory, not speed.
