@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -28,9 +28,6 @@ from mpinfer.modelio import tensor_array
 from mpinfer.precision.core import FLOAT, FLOAT16, LOW_MAX, GraphInfo, Slots, clampable, constant_tensor
 from mpinfer.precision.emulator import ortexec
 from mpinfer.specs import Precision
-
-if TYPE_CHECKING:  # (validate imports this module)
-    from mpinfer.precision.graph.validate import PendingLoad
 
 logger = logging.getLogger(__name__)
 
@@ -386,7 +383,7 @@ class ApplyResult:
     cast_count: int
     converted_weights: tuple[str, ...]
     gated: str | None = None
-    load: PendingLoad | None = None
+    load: Any = None  # (a validate.PendingLoad: validate imports this module, not the other way)
 
 
 @dataclass(frozen=True)
