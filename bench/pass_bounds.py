@@ -1,0 +1,111 @@
+"""The two passes a verifying convert cannot skip, against the two-pass floor (issue 37's "within 2x the floor").
+
+The floor of bench/convert_cost.py is one FP32 ONNX Runtime pass over the calibration data plus one ONNX Runtime pass
+of the written model. Convert with data cannot do with those two: its range rules read every float tensor of every
+sample (the calibration pass fetches each one as a graph output), and it verifies the written model under strict
+numerics (the cast graph: a float32 graph with a rounding Cast pair after every low op), not under ONNX Runtime's
+own FP16 CPU kernels. This script times, sessions included, over every sample of ``--data`` in batches of
+``--batch``, in interleaved rounds:
+
+* ``fp32``: the FP32 model, default session options (the floor's first pass);
+* ``written``: the converted model, default session options (the floor's second pass);
+* ``calibration``: the FP32 model with every float node output as a graph output, calibration's session options
+  (``capture._options``), the outputs only fetched (no statistics);
+* ``strict``: the converted model's cast graph (``castgraph.open_cast_session``, the session convert verifies with).
+
+and prints the medians and ``(calibration + strict) / (fp32 + written)``: a lower bound of convert / floor before any
+statistics, rules, planning, search or file writing.
+
+    PYTHONPATH=$PWD python bench/pass_bounds.py --model /tmp/cc/deep.1.onnx --reference /tmp/cc/deep.onnx \\
+        --data /tmp/cc/deep.npz [--batch 16] [--rounds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+from mpinfer.precision.calib.capture import _options
+from mpinfer.precision.emulator.castgraph import open_cast_session
+
+
+def all_outputs(model: onnx.ModelProto) -> tuple[bytes, int]:
+    """``model`` with every float32 node output as a graph output (serialized), and how many outputs it has."""
+    inferred = onnx.shape_inference.infer_shapes(model)
+    types = {vi.name: vi.type.tensor_type.elem_type for vi in [*inferred.graph.value_info, *inferred.graph.output]}
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    have = {o.name for o in m.graph.output}
+    for node in m.graph.node:
+        for name in node.output:
+            if name and name not in have and types.get(name) == onnx.TensorProto.FLOAT:
+                m.graph.output.append(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))
+                have.add(name)
+    return m.SerializeToString(), len(m.graph.output)
+
+
+def timed(make: Callable[[], Callable], batches: list[dict]) -> float:
+    """Wall seconds of opening a runner with ``make`` and running it on every batch."""
+    t = time.perf_counter()
+    run = make()
+    for b in batches:
+        run(b)
+    return time.perf_counter() - t
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", required=True, help="the converted model")
+    p.add_argument("--reference", required=True, help="its FP32 source")
+    p.add_argument("--data", required=True, help=".npz of the model's inputs")
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--rounds", type=int, default=5)
+    a = p.parse_args()
+    with np.load(a.data) as z:
+        data = {k: z[k] for k in z.files}
+    n = len(next(iter(data.values())))
+    batches = [{k: v[i : i + a.batch] for k, v in data.items()} for i in range(0, n, a.batch)]
+    converted = onnx.load(a.model)
+    calib_bytes, outputs = all_outputs(onnx.load(a.reference))
+    cpu = ["CPUExecutionProvider"]
+
+    def session(path_or_bytes: str | bytes, options: ort.SessionOptions | None = None) -> Callable:
+        sess = ort.InferenceSession(path_or_bytes, options, providers=cpu)
+        return lambda b: sess.run(None, b)
+
+    def strict() -> Callable:
+        sess, why = open_cast_session(converted)
+        if sess is None:
+            raise SystemExit(f"no cast graph for this model: {why}")
+        return sess
+
+    passes: dict[str, Callable[[], Callable]] = {
+        "fp32": lambda: session(a.reference),
+        "written": lambda: session(a.model),
+        "calibration": lambda: session(calib_bytes, _options()),
+        "strict": strict,
+    }
+    times: dict[str, list[float]] = {k: [] for k in passes}
+    for _ in range(a.rounds):
+        for name, make in passes.items():
+            times[name].append(timed(make, batches))
+    med = {k: statistics.median(v) for k, v in times.items()}
+    floor, bound = med["fp32"] + med["written"], med["calibration"] + med["strict"]
+    print(f"{n} samples, batch {a.batch}, {a.rounds} interleaved rounds (median wall s, sessions included); "
+          f"calibration fetches {outputs} outputs")
+    print("| pass | wall s | / fp32 pass |")
+    print("|---|---|---|")
+    for name, value in med.items():
+        print(f"| {name} | {value:.3f} | {value / med['fp32']:.2f}x |")
+    print(f"floor (fp32 + written) {floor:.3f} s; calibration + strict {bound:.3f} s: "
+          f"**{bound / floor:.2f}x the floor** before statistics, rules, search and writing")
+
+
+if __name__ == "__main__":
+    main()
