@@ -22,14 +22,13 @@ statistics, rules, planning, search or file writing.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 from collections.abc import Callable
 
-import numpy as np
 import onnx
 import onnxruntime as ort
+from strict_pass import parse_passes  # (bench/, first on sys.path when run as a script)
 
 from mpinfer.precision.calib.capture import _options
 from mpinfer.precision.emulator.castgraph import open_cast_session
@@ -60,17 +59,7 @@ def timed(make: Callable[[], Callable], batches: list[dict]) -> float:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", required=True, help="the converted model")
-    p.add_argument("--reference", required=True, help="its FP32 source")
-    p.add_argument("--data", required=True, help=".npz of the model's inputs")
-    p.add_argument("--batch", type=int, default=16)
-    p.add_argument("--rounds", type=int, default=5)
-    a = p.parse_args()
-    with np.load(a.data) as z:
-        data = {k: z[k] for k in z.files}
-    n = len(next(iter(data.values())))
-    batches = [{k: v[i : i + a.batch] for k, v in data.items()} for i in range(0, n, a.batch)]
+    a, batches, n = parse_passes(__doc__, 5)
     converted = onnx.load(a.model)
     calib_bytes, outputs = all_outputs(onnx.load(a.reference))
     cpu = ["CPUExecutionProvider"]

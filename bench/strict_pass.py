@@ -35,18 +35,26 @@ def timed(make: Callable[[], Callable], batches: list[dict]) -> tuple[float, flo
     return time.perf_counter() - t, time.process_time() - c, outs
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parse_passes(doc: str, rounds: int) -> tuple[argparse.Namespace, list[dict], int]:
+    """The ``--model/--reference/--data/--batch/--rounds`` arguments, the data in batches, and its samples.
+
+    Shared with bench/pass_bounds.py.
+    """
+    p = argparse.ArgumentParser(description=doc.splitlines()[0])
     p.add_argument("--model", required=True, help="the converted model")
     p.add_argument("--reference", required=True, help="its FP32 source")
-    p.add_argument("--data", required=True, help=".npz of float32 inputs")
+    p.add_argument("--data", required=True, help=".npz of the model's inputs")
     p.add_argument("--batch", type=int, default=16)
-    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=rounds)
     a = p.parse_args()
     with np.load(a.data) as z:
         data = {k: z[k] for k in z.files}
     n = len(next(iter(data.values())))
-    batches = [{k: v[i : i + a.batch] for k, v in data.items()} for i in range(0, n, a.batch)]
+    return a, [{k: v[i : i + a.batch] for k, v in data.items()} for i in range(0, n, a.batch)], n
+
+
+def main() -> None:
+    a, batches, n = parse_passes(__doc__, 3)
     model = onnx.load(a.model)
 
     def fp32() -> Callable:
