@@ -108,3 +108,34 @@ def test_tensors_that_cannot_all_be_kept_are_dropped_before_the_first_batch(monk
                           capture_outputs=BATCHES)
     assert calls.rows == [1] + [2] * (BATCHES * ROWS // 2)
     assert stats.reference_tensors is None and stats.reference_outputs is not None
+
+
+def test_a_cut_batch_past_the_output_slice_goes_to_disk_from_its_calls_unjoined(monkeypatch):
+    """A batch cut into calls whose outputs are spilled (past the capture_outputs slice) is written from its calls'
+    pieces, never joined in memory, and reads back as the outputs of one whole call; asking which outputs a spilled
+    batch holds reads nothing back from the file."""
+    import importlib
+
+    import mpinfer.precision.calib.capture as capture
+    from tests.budget import set_slice
+
+    calib_mod = importlib.import_module("mpinfer.precision.calib.calibrate")  # (the package's name is the function)
+
+    model, batches = _model(), _batches()
+    _fast_rows(monkeypatch, 2)
+    set_slice(monkeypatch, "capture_outputs", ROWS * WIDTH * 4)  # one batch of z in memory, the later ones on disk
+    joins: list[int] = []
+    real_joined = calib_mod._Run._joined
+    monkeypatch.setattr(calib_mod._Run, "_joined", lambda self, p, n: joins.append(1) or real_joined(self, p, n))
+    cut = calibrate(model, batches, progress=False, capture_batches=1, capture_outputs=BATCHES)
+    refs = cut.reference_outputs
+    assert refs is not None and len(refs) == BATCHES
+    on_disk = [r for r in refs if isinstance(r, capture._OnDisk)]
+    assert len(on_disk) == BATCHES - 2 and len(joins) == 2  # batches 0 and 1 in memory (joined), 2 and 3 on disk
+    reads: list[int] = []
+    real_fromfile = np.fromfile
+    monkeypatch.setattr(np, "fromfile", lambda *a, **k: reads.append(1) or real_fromfile(*a, **k))
+    assert all("z" in r and "nothing" not in r for r in on_disk) and reads == []
+    for got_ref, batch in zip(refs, batches, strict=True):
+        assert np.array_equal(got_ref["z"], ort_run(model, batch)["z"])  # the calls' pieces, bit for bit
+    assert len(reads) == len(on_disk)

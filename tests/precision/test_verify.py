@@ -677,3 +677,55 @@ def test_a_batchs_error_is_read_from_the_figures_it_was_added_to_and_summed_wher
     figures.update(ref, cand)
     assert figures.outputs["b"].batch_sums is None and figures.outputs["a"].batch_sums is not None
     assert _batch_error(ref, cand, ["a", "b"], figures) == _batch_error(ref, cand, ["a", "b"]) == np.inf
+
+
+def test_each_candidate_run_starts_on_a_thread_a_run_ahead_and_the_figures_are_those_of_runs_in_line(
+    grown, tmp_path, monkeypatch
+):
+    """While a pass reads one run's figures, the candidate's next run is already computing on the verify thread;
+    the runner is never called twice at a time, and the figures and fingerprint are those of every run in line."""
+    import threading
+    import time
+
+    import mpinfer.precision.budget.verify as verify
+    from mpinfer.data import load_feeds
+    from mpinfer.precision.budget.verify import VerifySettings, verify_model
+    from mpinfer.specs import specs_from_onnx
+
+    src, data = grown
+    reference, low = onnx.load(str(src)), _all_low(src, tmp_path)
+    feeds = load_feeds(data, specs_from_onnx(reference), batch_size=16)
+    settings = VerifySettings(budget="max_abs<=10", precision=Precision.FP16, progress=False, run_rows=16)
+    threads: list[str] = []
+    busy, most = [0], [0]
+    lock = threading.Lock()
+    real = verify._fed_as_declared
+
+    def watched(candidate, runner):
+        run = real(candidate, runner)
+
+        def call(batch):
+            with lock:
+                busy[0] += 1
+                most[0] = max(most[0], busy[0])
+            threads.append(threading.current_thread().name)
+            time.sleep(0.01)  # (long enough for a second call to overlap, were one made)
+            try:
+                return run(batch)
+            finally:
+                with lock:
+                    busy[0] -= 1
+
+        return call
+
+    monkeypatch.setattr(verify, "_fed_as_declared", watched)
+    ahead = verify_model(low, reference, feeds, settings)
+    assert most[0] == 1 and len(threads) == ahead.batches == 8
+    assert threads[0] == threading.current_thread().name  # (the first run has none before it to overlap)
+    assert all(name.startswith("mpinfer-verify") for name in threads[1:])
+    real_ahead = verify._Ahead
+    monkeypatch.setattr(verify, "_Ahead", lambda runs, run, enabled: real_ahead(runs, run, False))
+    threads.clear()
+    in_line = verify_model(low, reference, feeds, settings)
+    assert set(threads) == {threading.current_thread().name}
+    assert (ahead.figures, ahead.fingerprint, ahead.passed) == (in_line.figures, in_line.fingerprint, in_line.passed)

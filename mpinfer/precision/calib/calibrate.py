@@ -475,6 +475,8 @@ class _Run:
                 if b < capture.batches:  # (cut with its tensors kept only above the call slice: above capture's too)
                     keep = capture.outputs_only(b)
                 out_names = sorted(capture.outputs)
+                if self.slicer.axis0 and capture.spill_pieces(b, pieces, out_names):
+                    return  # (on disk: nothing of the batch stays in memory to account for)
                 joined = self._joined(pieces, out_names)
                 if joined is None:
                     values = _run(self.sessions.session(out_names), out_names, batch)

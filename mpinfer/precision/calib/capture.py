@@ -123,20 +123,27 @@ class _OnDisk(Mapping[str, np.ndarray]):
     the arrays are read, not memory-mapped, so a batch costs memory only while the verification reads it.
     """
 
-    def __init__(self, file: Any, arrays: Mapping[str, np.ndarray]) -> None:
+    def __init__(self, file: Any, arrays: Mapping[str, np.ndarray | Sequence[np.ndarray]]) -> None:
         self._file = file
         self._index: dict[str, tuple[int, tuple[int, ...]]] = {}
         file.seek(0, 2)  # (appended after the batches before it)
         for name, value in arrays.items():
-            arr = np.ascontiguousarray(value, np.float32)
-            self._index[name] = (file.tell(), arr.shape)
-            arr.tofile(file)
+            # an array, or the pieces of one cut along axis 0 (the slices of a batch's samples), written one after
+            # the other: the bytes of their concatenation, without joining them in memory first
+            pieces = [np.ascontiguousarray(v, np.float32) for v in (value if isinstance(value, list) else [value])]
+            shape = (sum(len(v) for v in pieces), *pieces[0].shape[1:]) if len(pieces) > 1 else pieces[0].shape
+            self._index[name] = (file.tell(), shape)
+            for arr in pieces:
+                arr.tofile(file)
         file.flush()
 
     def __getitem__(self, name: str) -> np.ndarray:
         offset, shape = self._index[name]
         self._file.seek(offset)
         return np.fromfile(self._file, np.float32, count=math.prod(shape)).reshape(shape)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._index  # (Mapping's own would read the array back from the file)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._index)
@@ -481,20 +488,43 @@ class _Capture:
             logger.debug("captured tensors above %d bytes: keeping outputs only", self.limit)
             self.outputs_only(b)
 
-    def _spill(self, b: int) -> None:
+    def spill_pieces(self, b: int, pieces: list[tuple[int, dict[str, np.ndarray]]], names: list[str]) -> bool:
+        """Batch ``b``'s outputs ``names``, from its slices' runs straight to disk when :meth:`account` spills.
+
+        True when done (or when the batch is not kept after all: past the spill's limit); False when they go to
+        memory, or when the slices do not join along axis 0 (then joined as before). Joining a CNN's 75 MB batch
+        of feature maps in memory only to write it out cost about as long as the write.
+        """
+        if b < self.batches or b >= len(self.captured) or not pieces:
+            return False
+        if any(set(names) - set(got) or any(np.ndim(got[n]) == 0 or len(got[n]) != k for n in names)
+               for k, got in pieces):
+            return False
+        if any(got[n].shape[1:] != pieces[0][1][n].shape[1:] for _, got in pieces for n in names):
+            return False
+        size = sum(got[n].size * 4 for _, got in pieces for n in names)  # (float32 on disk)
+        if not (self.spilled or _nbytes(self.captured[self.batches : b]) + size > current_budget().capture_outputs):
+            return False
+        self._spill(b, {n: [got[n] for _, got in pieces] for n in names}, size)
+        return True
+
+    def _spill(self, b: int, arrays: Mapping[str, Any] | None = None, size: int = 0) -> None:
         """Batch ``b``'s outputs, past the ``capture_outputs`` slice, to disk while they fit ``SPILL_SHARES`` of it.
 
         An FP32 reference read back from disk costs far less than running the model again on the batch (a CNN
-        whose outputs are feature maps: 75 MB a batch of 16 at 128x96x96).
+        whose outputs are feature maps: 75 MB a batch of 16 at 128x96x96). ``arrays``: the outputs as pieces
+        (:meth:`spill_pieces`, ``size`` bytes); else the batch's captured dict, unless it is on disk already.
         """
+        if arrays is None and isinstance(self.captured[b], _OnDisk):
+            return
         limit = SPILL_SHARES * current_budget().capture_outputs
-        spilled = self.spilled + _nbytes(self.captured[b:])
+        spilled = self.spilled + (size if arrays is not None else _nbytes(self.captured[b:]))
         try:
             if spilled > limit:
                 raise OSError(f"more than {limit} bytes")
             if self._disk is None:
                 self._disk = tempfile.TemporaryFile(prefix="mpinfer-reference-")
-            self.captured[b] = _OnDisk(self._disk, self.captured[b])
+            self.captured[b] = _OnDisk(self._disk, self.captured[b] if arrays is None else arrays)
             self.spilled = spilled
         except OSError as err:  # (a full or read-only temporary folder: the verification runs these batches)
             logger.debug("calibration outputs from batch %d on not kept: %s", b, err)
