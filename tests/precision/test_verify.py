@@ -682,8 +682,9 @@ def test_a_batchs_error_is_read_from_the_figures_it_was_added_to_and_summed_wher
 def test_each_candidate_run_starts_on_a_thread_a_run_ahead_and_the_figures_are_those_of_runs_in_line(
     grown, tmp_path, monkeypatch
 ):
-    """While a pass reads one run's figures, the candidate's next run is already computing on the verify thread;
-    the runner is never called twice at a time, and the figures and fingerprint are those of every run in line."""
+    """While a pass reads one run's figures, the candidate's next run is already computing on the verify thread (on
+    the cast graph, not the emulator); the runner is never called twice at a time, and the figures and fingerprint are
+    those of every run in line."""
     import threading
     import time
 
@@ -723,6 +724,9 @@ def test_each_candidate_run_starts_on_a_thread_a_run_ahead_and_the_figures_are_t
     assert most[0] == 1 and len(threads) == ahead.batches == 8
     assert threads[0] == threading.current_thread().name  # (the first run has none before it to overlap)
     assert all(name.startswith("mpinfer-verify") for name in threads[1:])
+    threads.clear()
+    emulated = verify_model(low, reference, feeds, settings, fast=False)  # (the strict emulator: never ahead)
+    assert emulated.engine == "emulator" and set(threads) == {threading.current_thread().name}
     real_ahead = verify._Ahead
     monkeypatch.setattr(verify, "_Ahead", lambda runs, run, enabled: real_ahead(runs, run, False))
     threads.clear()

@@ -32,6 +32,7 @@ from mpinfer.data.samples import BatchSlicer, fingerprint_digest, fingerprint_up
 from mpinfer.metrics import GENERATION_OUTPUT, ModelAccumulator, relative_l2, worst_values
 from mpinfer.modelio import ort_session
 from mpinfer.precision.core import float_outputs
+from mpinfer.precision.emulator import ENGINE_EMULATOR
 from mpinfer.precision.numerics import evaluator_class
 from mpinfer.progress import progress_bar
 from mpinfer.specs import Precision, specs_from_onnx
@@ -277,7 +278,9 @@ def verify_model(
     labels = getattr(feeds, "labels", None)
     tally, early = _Tally(), list[str]()
     runs = _runs(feeds, reference, settings, known_reference, names, known_candidate)
-    with progress_bar("Verifying", enabled=settings.progress) as bar, _Ahead(runs, run, shared is None) as ahead:
+    # (not the emulator: its node-by-node Python would take turns with the figures' for the GIL)
+    ahead_ok = shared is None and ENGINE_EMULATOR not in str(getattr(runner, "engine", "")).split("+")
+    with progress_bar("Verifying", enabled=settings.progress) as bar, _Ahead(runs, run, ahead_ok) as ahead:
         task = bar.add_task("", total=None)
         for batch, rows, kept, given in ahead:
             if abort is not None and abort():
@@ -406,7 +409,8 @@ class _Ahead:
     While the caller reads run ``k``'s figures (the metrics core: numpy, on this thread), ONNX Runtime computes the
     candidate's outputs on run ``k + 1``, which releases the GIL; a CNN whose outputs are feature maps spent 5 of its
     14 s of verification in those figures. The runner is called by one thread at a time, in the runs' order, so its
-    outputs are the same as called in line. Not ahead (``enabled`` False, or a run whose outputs are given): in line.
+    outputs are the same as called in line. Not ahead (``enabled`` False: a repair round's pass that took its probe's
+    run, or the strict emulator; or a run whose outputs are given): in line.
     The thread holds at most one run's outputs beyond the caller's (the budget's ``verify_run`` slice once more).
     """
 
