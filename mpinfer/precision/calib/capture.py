@@ -123,7 +123,7 @@ class _OnDisk(Mapping[str, np.ndarray]):
     the arrays are read, not memory-mapped, so a batch costs memory only while the verification reads it.
     """
 
-    def __init__(self, file: Any, arrays: Mapping[str, np.ndarray | Sequence[np.ndarray]]) -> None:
+    def __init__(self, file: Any, arrays: Mapping[str, np.ndarray | list[np.ndarray]]) -> None:
         self._file = file
         self._index: dict[str, tuple[int, tuple[int, ...]]] = {}
         file.seek(0, 2)  # (appended after the batches before it)
