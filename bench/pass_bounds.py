@@ -9,8 +9,8 @@ own FP16 CPU kernels. This script times, sessions included, over every sample of
 
 * ``fp32``: the FP32 model, default session options (the floor's first pass);
 * ``written``: the converted model, default session options (the floor's second pass);
-* ``calibration``: the FP32 model with every float node output as a graph output, calibration's session options
-  (``capture._options``), the outputs only fetched (no statistics);
+* ``calibration``: the FP32 model fetching every float tensor calibration fetches, in calibration's own session
+  (``calibrate._float_tensors``, ``capture._Sessions``), the tensors only fetched (no statistics);
 * ``strict``: the converted model's cast graph (``castgraph.open_cast_session``, the session convert verifies with).
 
 and prints the medians and ``(calibration + strict) / (fp32 + written)``: a lower bound of convert / floor before any
@@ -30,23 +30,25 @@ import onnx
 import onnxruntime as ort
 from strict_pass import parse_passes  # (bench/, first on sys.path when run as a script)
 
-from mpinfer.precision.calib.capture import _options
+from mpinfer.precision.calib.calibrate import _float_tensors
+from mpinfer.precision.calib.capture import _Sessions
 from mpinfer.precision.emulator.castgraph import open_cast_session
 
 
-def all_outputs(model: onnx.ModelProto) -> tuple[bytes, int]:
-    """``model`` with every float32 node output as a graph output (serialized), and how many outputs it has."""
-    inferred = onnx.shape_inference.infer_shapes(model)
-    types = {vi.name: vi.type.tensor_type.elem_type for vi in [*inferred.graph.value_info, *inferred.graph.output]}
-    m = onnx.ModelProto()
-    m.CopyFrom(model)
-    have = {o.name for o in m.graph.output}
-    for node in m.graph.node:
-        for name in node.output:
-            if name and name not in have and types.get(name) == onnx.TensorProto.FLOAT:
-                m.graph.output.append(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))
-                have.add(name)
-    return m.SerializeToString(), len(m.graph.output)
+def calibration_session(model: onnx.ModelProto) -> tuple[Callable[[], Callable], int]:
+    """A maker of calibration's own session of ``model`` (its every main-graph float tensor but the inputs, the graph
+    outputs first, as ``calibrate._Run`` fetches them) and how many tensors it returns."""
+    known, _, types = _float_tensors(model)
+    inputs = {vi.name for vi in model.graph.input}
+    outputs = {vi.name for vi in model.graph.output}
+    names = [n for n in known if n not in inputs]
+    names = [n for n in names if n in outputs] + [n for n in names if n not in outputs]
+
+    def make() -> Callable:
+        sess = _Sessions(model, types).session(names)
+        return lambda b: sess.run(names, b)
+
+    return make, len(names)
 
 
 def timed(make: Callable[[], Callable], batches: list[dict]) -> float:
@@ -61,11 +63,11 @@ def timed(make: Callable[[], Callable], batches: list[dict]) -> float:
 def main() -> None:
     a, batches, n = parse_passes(__doc__, 5)
     converted = onnx.load(a.model)
-    calib_bytes, outputs = all_outputs(onnx.load(a.reference))
+    calibration, outputs = calibration_session(onnx.load(a.reference))
     cpu = ["CPUExecutionProvider"]
 
-    def session(path_or_bytes: str | bytes, options: ort.SessionOptions | None = None) -> Callable:
-        sess = ort.InferenceSession(path_or_bytes, options, providers=cpu)
+    def session(path: str) -> Callable:
+        sess = ort.InferenceSession(path, providers=cpu)
         return lambda b: sess.run(None, b)
 
     def strict() -> Callable:
@@ -77,7 +79,7 @@ def main() -> None:
     passes: dict[str, Callable[[], Callable]] = {
         "fp32": lambda: session(a.reference),
         "written": lambda: session(a.model),
-        "calibration": lambda: session(calib_bytes, _options()),
+        "calibration": calibration,
         "strict": strict,
     }
     times: dict[str, list[float]] = {k: [] for k in passes}

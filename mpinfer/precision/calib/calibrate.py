@@ -42,6 +42,7 @@ from mpinfer.precision.calib.capture import (
     _run,
     _run_chunk,
     _Sessions,
+    pieces_join,
 )
 from mpinfer.precision.calib.share import STAT_MIN_SAMPLES, STAT_MIN_VALUES, StatShare
 from mpinfer.precision.calib.statistics import (
@@ -502,10 +503,7 @@ class _Run:
         Only when every input and every output holds the samples on axis 0 (each slice's outputs as many rows as
         its inputs): else the caller runs the whole batch for them.
         """
-        if not self.slicer.axis0 or not pieces:
-            return None
-        if any(set(names) - set(got) or any(np.ndim(got[n]) == 0 or len(got[n]) != k for n in names)
-               for k, got in pieces):
+        if not self.slicer.axis0 or not pieces_join(pieces, names):
             return None
         return {n: np.concatenate([got[n] for _, got in pieces]) for n in names}
 

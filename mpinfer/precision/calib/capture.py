@@ -152,6 +152,18 @@ class _OnDisk(Mapping[str, np.ndarray]):
         return len(self._index)
 
 
+def pieces_join(pieces: list[tuple[int, dict[str, np.ndarray]]], names: Iterable[str]) -> bool:
+    """Whether the calls' outputs ``pieces`` ((samples, outputs) each) join along axis 0 into the batch's ``names``.
+
+    Each piece must hold every name with one row per sample of its call, and the same trailing shape as the first.
+    """
+    if not pieces:
+        return False
+    first = pieces[0][1]
+    return all(n in got and np.ndim(got[n]) > 0 and len(got[n]) == k and np.shape(got[n])[1:] == np.shape(first[n])[1:]
+               for k, got in pieces for n in names)
+
+
 def _owned(value: np.ndarray) -> np.ndarray:
     """``value`` as a float32 array that owns its memory (a copy unless it already is one)."""
     return value if value.base is None and value.dtype == np.float32 else np.array(value, np.float32)
@@ -482,7 +494,7 @@ class _Capture:
         # the bytes all captured batches and passes will hold, projected from those run so far
         done, total = index * self.batches + b + 1, self.passes * self.batches
         if b >= self.batches and index == 0:
-            if self.spilled or _nbytes(self.captured[self.batches :]) > current_budget().capture_outputs:
+            if self._past_slice(_nbytes(self.captured[self.batches :])):
                 self._spill(b)
         elif self.tensors and _nbytes(self.captured) * total > self.limit * done:
             logger.debug("captured tensors above %d bytes: keeping outputs only", self.limit)
@@ -495,18 +507,20 @@ class _Capture:
         memory, or when the slices do not join along axis 0 (then joined as before). Joining a CNN's 75 MB batch
         of feature maps in memory only to write it out cost about as long as the write.
         """
-        if b < self.batches or b >= len(self.captured) or not pieces:
-            return False
-        if any(set(names) - set(got) or any(np.ndim(got[n]) == 0 or len(got[n]) != k for n in names)
-               for k, got in pieces):
-            return False
-        if any(got[n].shape[1:] != pieces[0][1][n].shape[1:] for _, got in pieces for n in names):
+        if b < self.batches or b >= len(self.captured) or not pieces_join(pieces, names):
             return False
         size = sum(got[n].size * 4 for _, got in pieces for n in names)  # (float32 on disk)
-        if not (self.spilled or _nbytes(self.captured[self.batches : b]) + size > current_budget().capture_outputs):
+        if not self._past_slice(_nbytes(self.captured[self.batches : b]) + size):
             return False
         self._spill(b, {n: [got[n] for _, got in pieces] for n in names}, size)
         return True
+
+    def _past_slice(self, in_memory: int) -> bool:
+        """Whether a later batch's outputs go to disk (``in_memory``: the later batches' bytes, this one's included).
+
+        Once one batch went there, every later one does; before that, when they overflow the ``capture_outputs`` slice.
+        """
+        return bool(self.spilled) or in_memory > current_budget().capture_outputs
 
     def _spill(self, b: int, arrays: Mapping[str, Any] | None = None, size: int = 0) -> None:
         """Batch ``b``'s outputs, past the ``capture_outputs`` slice, to disk while they fit ``SPILL_SHARES`` of it.
