@@ -113,3 +113,40 @@ def test_groups_without_a_cast_graph_or_a_finite_reference_are_left_to_the_emula
     assert sorted(got) == sorted(want)
     for anchor, err in want.items():
         assert got[anchor] == pytest.approx(err, rel=4 * gamma(3 * 8 * 12 * 12, np.float64), nan_ok=True), anchor
+
+
+def test_a_batchnorm_whose_parameters_come_from_constant_nodes_is_probed_on_the_cast_graph():
+    """Paddle exports feed BatchNormalization from Constant nodes (PP-OCRv4's recognizer, layout_cdla): the group's
+    sub-model holds those values as weights, so its low copy has a cast graph (the fold) and the probe measures it,
+    as the emulator does, instead of naming it and sending the group to the emulator (a full FP32 emulator run)."""
+    from onnx import numpy_helper
+
+    rng = np.random.default_rng(7)
+    params = {"scale": rng.uniform(0.5, 2.0, 8), "bias": rng.standard_normal(8), "mean": rng.standard_normal(8),
+              "var": rng.uniform(0.5, 2.0, 8)}
+    consts = [helper.make_node("Constant", [], [f"bn_{k}"], name=f"const_{k}",
+                               value=numpy_helper.from_array(v.astype(np.float32), f"bn_{k}"))
+              for k, v in params.items()]
+    nodes = [
+        *consts,
+        helper.make_node("Conv", ["x", "w1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
+        helper.make_node("BatchNormalization", ["c1", "bn_scale", "bn_bias", "bn_mean", "bn_var"], ["n1"],
+                         name="bn1"),
+        helper.make_node("Relu", ["n1"], ["r1"], name="relu1"),
+        helper.make_node("Conv", ["r1", "w2"], ["y"], name="conv2", pads=[1, 1, 1, 1]),
+    ]
+    model = make(nodes, [fvi("x", ["N", 3, 12, 12])], [fvi("y", ["N", 8, 12, 12])],
+                 [init("w1", rng_w(8, 3, 3, 3, seed=1)), init("w2", rng_w(8, 8, 3, 3, seed=2))])
+    info, groups = _groups(model)
+    bn_group = next(g for g in groups if "bn1" in g.members)
+    assert not any(a.startswith("const_") for a in bn_group.members)  # (the Constants feed the group from outside)
+    left: dict[str, str] = {}
+    assert build_probe(info, groups, Precision.FP16, exact=True, left=left) is not None
+    assert left == {}
+    batches = _batches()
+    probed = strict_probe_errors(info, groups, batches, Precision.FP16).errors
+    want = _emulated(model, info, groups, batches, Precision.FP16)
+    assert sorted(probed) == sorted(want)
+    assert want[bn_group.anchor] > 1e-5
+    for anchor, err in want.items():
+        assert probed[anchor] == pytest.approx(err, rel=4 * gamma(3 * 8 * 12 * 12, np.float64)), anchor

@@ -65,8 +65,11 @@ def group_submodel(info: GraphInfo, members: Sequence[str]) -> tuple[Any, list[s
     ext = _external_inputs(nodes)
     if any(i not in info.types for i in ext):
         return None
-    inits = [info.initializers[i] for i in ext if i in info.initializers]
-    inputs = [helper.make_tensor_value_info(i, info.types[i], None) for i in ext if i not in info.initializers]
+    made = _constants(info, ext)
+    inits = [info.initializers[i] if i in info.initializers else made[i] for i in ext
+             if i in info.initializers or i in made]
+    inputs = [helper.make_tensor_value_info(i, info.types[i], None) for i in ext
+              if i not in info.initializers and i not in made]
     outs = _handed_on(info, nodes, set(members))
     if not outs:
         return None
@@ -76,6 +79,32 @@ def group_submodel(info: GraphInfo, members: Sequence[str]) -> tuple[Any, list[s
     sub = helper.make_model(graph, opset_imports=list(info.model.opset_import))
     sub.ir_version = info.model.ir_version
     return sub, outs
+
+
+def _constants(info: GraphInfo, names: Sequence[str]) -> dict[str, Any]:
+    """The tensors of ``names`` a top-level Constant node with a ``value`` tensor makes, as initializers.
+
+    A sub-model holds them as the weights they are rather than as inputs fed their values: a low node's parameters
+    from a Constant (a BatchNormalization's in Paddle exports: PP-OCRv4's recognizer, layout_cdla) are then
+    constants its cast graph folds, as the whole model's cast graph does, instead of sending the group to the
+    emulator. The values are the same either way.
+    """
+    from onnx import TensorProto
+
+    out = {}
+    for name in names:
+        address = info.producer.get(name)
+        ref = info.by_address.get(address) if address is not None else None
+        if ref is None or ref.depth or ref.node.op_type != "Constant" or len(ref.node.attribute) != 1:
+            continue
+        attr = ref.node.attribute[0]
+        if attr.name != "value" or attr.type != attr.TENSOR or attr.t.data_location == TensorProto.EXTERNAL:
+            continue
+        t = TensorProto()
+        t.CopyFrom(attr.t)
+        t.name = name
+        out[name] = t
+    return out
 
 
 def _external_inputs(nodes: Sequence[Any]) -> list[str]:
