@@ -72,3 +72,36 @@ def test_cast_rows_give_the_full_runs_bits_and_only_where_the_cast_graph_judges(
         assert run({"x": joined[rows]})["y"].tobytes() == want[rows].tobytes()
         assert first({"x": joined[rows]})["y"].tobytes() == want[rows].tobytes()
     assert ev.cast_rows({mm[5]: Precision.FP16}) is None  # (the emulator recomputes 3 of 13 nodes: it judges)
+
+
+def _whole_array_errors(ref: np.ndarray, got: np.ndarray) -> np.ndarray:
+    """The per-sample hardness as the verifier computed it before sample_errors: whole float64 arrays."""
+    ref, got = ref.astype(np.float64), got.astype(np.float64)
+    ok = np.isfinite(ref)
+    scale = float(np.abs(ref[ok]).max()) if ok.any() else 1.0
+    with np.errstate(invalid="ignore"):
+        err = np.where(ok, np.abs(got - ref), 0.0) / max(scale, 1e-30)
+    err[~np.isfinite(err)] = np.inf
+    return err.max(axis=1) if err.shape[1] else np.zeros(len(err))
+
+
+def test_sample_errors_are_the_whole_array_figures_bit_for_bit(monkeypatch):
+    """The blocked per-sample hardness gives the bits of the whole-array formula it replaced: the row's largest
+    difference divided by the scale once (division is monotone), NaN/Inf in the candidate where the reference is
+    finite the hardest (inf), values where the reference is not finite left out, an all-zero or all-inf reference,
+    float16 candidates, and blocks of one row or several (the block size shrunk to cut rows across blocks)."""
+    rng = np.random.default_rng(3)
+    ref = rng.standard_normal((9, 40)).astype(np.float32) * 10 ** rng.uniform(-3, 3, (9, 1)).astype(np.float32)
+    got = (ref + rng.standard_normal(ref.shape).astype(np.float32) * np.float32(1e-3)).astype(np.float32)
+    ref[2, 5], ref[4, :3] = np.inf, np.nan  # (left out where the reference is not finite)
+    got[2, 5], got[4, 1] = 7.0, np.nan
+    got[6, 7], got[7, 9] = np.nan, -np.inf  # (the hardest)
+    cases = [(ref, got), (ref, got.astype(np.float16)), (np.zeros((3, 5), np.float32), np.ones((3, 5), np.float32)),
+             (np.full((2, 4), np.inf, np.float32), np.zeros((2, 4), np.float32)), (ref[:, :0], got[:, :0])]
+    for block in (screening_mod.HARDNESS_BLOCK, 40, 80, 1):
+        monkeypatch.setattr(screening_mod, "HARDNESS_BLOCK", block)
+        for r, g in cases:
+            want = _whole_array_errors(r, g)
+            got_rows = screening_mod.sample_errors(r, g)
+            assert got_rows.dtype == np.float64 and got_rows.tobytes() == want.tobytes(), (block, r.shape)
+    assert np.isinf(screening_mod.sample_errors(ref, got)[[6, 7]]).all()

@@ -479,16 +479,49 @@ class _Verifier:
         for name in self.names:
             if np.asarray(joined_ref[name]).dtype.kind != "f":
                 continue
-            ref = np.asarray(joined_ref[name], np.float64).reshape(len(joined_ref[name]), -1)
-            got = np.concatenate([np.asarray(o[name], np.float64).reshape(len(o[name]), -1) for o in outs])
-            ok = np.isfinite(ref)
-            scale = float(np.abs(ref[ok]).max()) if ok.any() else 1.0
-            err = np.where(ok, np.abs(got - ref), 0.0) / max(scale, 1e-30)
-            err[~np.isfinite(err)] = np.inf  # NaN/Inf where the reference is finite: the hardest
-            row = err.max(axis=1) if err.shape[1] else np.zeros(len(err))
+            got = np.concatenate([np.asarray(o[name]).reshape(len(o[name]), -1) for o in outs])
+            row = sample_errors(np.asarray(joined_ref[name]).reshape(len(joined_ref[name]), -1), got)
             worst = row if worst is None else np.maximum(worst, row)
         if worst is not None:
             self._hardness = worst if self._hardness is None else np.maximum(self._hardness, worst)
+
+
+# Values per block of rows :func:`sample_errors` converts to float64 at a time (its temporaries stay in cache).
+HARDNESS_BLOCK = 1 << 16
+
+
+def sample_errors(ref: np.ndarray, got: np.ndarray) -> np.ndarray:
+    """Per sample (row), the largest ``|got - ref|`` where ``ref`` is finite, over the largest finite ``|ref|``.
+
+    inf for a sample with NaN/Inf where the reference is finite (the hardest). The float64 figures of
+    ``max_j(where(ok, |got - ref|, 0) / scale)``: dividing by the positive scale after the row's maximum gives the
+    same bits (correctly rounded division is monotone), so the float64 differences go through in blocks of
+    :data:`HARDNESS_BLOCK` values, not as a handful of whole-array temporaries (PP-OCRv4's recognizer: 8.5 M values
+    an output, 0.7 s before).
+    """
+    rows = len(ref)
+    if not ref.shape[1]:
+        return np.zeros(rows)
+    step = max(1, HARDNESS_BLOCK // ref.shape[1])
+    top = np.zeros(rows)
+    scale = 0.0
+    for lo in range(0, rows, step):
+        with np.errstate(invalid="ignore"):  # (inf - inf where both are: left out below, as NaN is made inf)
+            d = got[lo : lo + step].astype(np.float64)
+            r = ref[lo : lo + step].astype(np.float64)
+            np.subtract(d, r, out=d)
+        ok = np.isfinite(r)
+        whole = bool(ok.all())
+        np.abs(d, out=d)
+        np.abs(r, out=r)
+        if not whole:
+            d[~ok] = 0.0
+            r[~ok] = 0.0
+        scale = max(scale, float(r.max()))
+        block = d.max(axis=1)
+        block[np.isnan(block)] = np.inf  # (a NaN where the reference is finite)
+        top[lo : lo + step] = block
+    return top / max(scale if scale > 0 or np.isfinite(ref).any() else 1.0, 1e-30)
 
 
 def _batch_rows(batch: Mapping[str, Any]) -> int:
