@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -239,6 +240,8 @@ def main() -> None:
                    help="convert (and run AutoCast) this many times per model, interleaved; a table of each one's "
                         "least time follows the runs (AutoCast moved 1.8-2.9 s on Basic Pitch between runs)")
     a = p.parse_args()
+    # absolute (not resolved: a venv's python is a link to the base interpreter): the children run in a tree's folder
+    a.modelopt_python = os.path.abspath(a.modelopt_python) if a.modelopt_python else ""
     if a.table:
         reprint(a.table)
         return
