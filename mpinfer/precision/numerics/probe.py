@@ -23,7 +23,7 @@ from mpinfer.errors import ModelLoadError
 from mpinfer.memory import current_budget
 from mpinfer.metrics import relative_l2
 from mpinfer.modelio import ort_session
-from mpinfer.precision.core import GraphInfo
+from mpinfer.precision.core import GraphInfo, constant_tensor
 from mpinfer.precision.graph import apply_plan
 from mpinfer.specs import Precision
 
@@ -82,7 +82,7 @@ def group_submodel(info: GraphInfo, members: Sequence[str]) -> tuple[Any, list[s
 
 
 def _constants(info: GraphInfo, names: Sequence[str]) -> dict[str, Any]:
-    """The tensors of ``names`` a top-level Constant node with a ``value`` tensor makes, as initializers.
+    """The tensors of ``names`` a top-level Constant node makes (:func:`constant_tensor`), as initializers.
 
     A sub-model holds them as the weights they are rather than as inputs fed their values: a low node's parameters
     from a Constant (a BatchNormalization's in Paddle exports: PP-OCRv4's recognizer, layout_cdla) are then
@@ -95,13 +95,13 @@ def _constants(info: GraphInfo, names: Sequence[str]) -> dict[str, Any]:
     for name in names:
         address = info.producer.get(name)
         ref = info.by_address.get(address) if address is not None else None
-        if ref is None or ref.depth or ref.node.op_type != "Constant" or len(ref.node.attribute) != 1:
+        if ref is None or ref.depth or ref.node.op_type != "Constant":
             continue
-        attr = ref.node.attribute[0]
-        if attr.name != "value" or attr.type != attr.TENSOR or attr.t.data_location == TensorProto.EXTERNAL:
+        made = constant_tensor(ref.node)
+        if made is None or made.data_location == TensorProto.EXTERNAL:
             continue
         t = TensorProto()
-        t.CopyFrom(attr.t)
+        t.CopyFrom(made)
         t.name = name
         out[name] = t
     return out
