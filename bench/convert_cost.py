@@ -23,13 +23,18 @@ single runs (session 27), so a single run's ratio can swing either way.
 
 ``--samples`` sets the synthetic nets' calibration samples (default 192): with 10x the data, the fixed cost of a
 convert (rules, plan, validity gate, sessions) is spread over ten times the passes, which shows what convert
-costs per sample against the floor's per-sample cost.
+costs per sample against the floor's per-sample cost. Several counts (``--samples 192,576,1920``) run one after the
+other, and each synthetic net's least times are fitted to ``fixed + per_sample * N`` (least squares, convert and
+floor apart): the ratio of the per-sample costs is what convert/floor tends to as the data grows, the fixed costs
+say how far from it a small calibration set sits, and the table names the sample count past which convert is within
+2x its floor (none when the per-sample ratio is 2x or more).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -159,13 +164,32 @@ def build_deep(out: Path, samples: int = SAMPLES, steps: int = 100) -> tuple[Pat
     return path, npz
 
 
+def sample_counts(text: str) -> list[int]:
+    """``--samples``: one count or several, comma-separated."""
+    try:
+        counts = [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        counts = []
+    if not counts or min(counts) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive sample counts such as 192 or 192,576,1920, got {text!r}")
+    return counts
+
+
+def case_name(name: str, samples: int) -> str:
+    """A synthetic net's name in the tables: ``deep`` at the default count, ``deep@1920`` at another."""
+    return name if samples == SAMPLES else f"{name}@{samples}"
+
+
 def cases(args: argparse.Namespace) -> list[tuple[str, Path, Path, int | None]]:
-    """(name, model, calibration .npz, batch size) for each model asked for."""
+    """(name, model, calibration .npz, batch size) for each model asked for, at each sample count."""
     found: list[tuple[str, Path, Path, int | None]] = []
     builders = {"cnn": build_cnn, "deep": build_deep}
-    for name in filter(None, args.models.split(",")):
-        model, npz = builders[name](args.out, args.samples)
-        found.append((name if args.samples == SAMPLES else f"{name}@{args.samples}", model, npz, BATCH))
+    for samples in args.samples:
+        for name in filter(None, args.models.split(",")):
+            folder = args.out if len(args.samples) == 1 else args.out / f"n{samples}"
+            folder.mkdir(parents=True, exist_ok=True)
+            model, npz = builders[name](folder, samples)
+            found.append((case_name(name, samples), model, npz, BATCH))
     if args.published:
         sys.path.insert(0, str(ROOT / "bench"))
         import published
@@ -227,7 +251,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--trees", default=str(ROOT), help="mpinfer checkouts, comma-separated (baseline first)")
     p.add_argument("--models", default="cnn,deep")
-    p.add_argument("--samples", type=int, default=SAMPLES, help="calibration samples of the synthetic nets")
+    p.add_argument("--samples", type=sample_counts, default=[SAMPLES],
+                   help="calibration samples of the synthetic nets; several (192,576,1920): a fit of the cost to "
+                        "fixed + per-sample, see the module docstring")
     p.add_argument("--published", default="")
     p.add_argument("--budget", default="cosine>=0.999", help="the --budget run's budget ('' skips that run)")
     p.add_argument("--modelopt-python", default="", help="a Python with modelopt for the AutoCast column")
@@ -290,6 +316,56 @@ def main() -> None:
             print(f"| {name} | {tree_name} | {tag} | {wall:.2f} | {b['floor_s']:.2f} | "
                   f"{wall / b['floor_s']:.2f}x | {'' if at is None else f'{at:.2f}'} | "
                   f"{'' if at is None else f'{wall / at:.2f}x'} |")
+    if len(a.samples) > 1:
+        print_scaling(best, a.samples, [n for n in a.models.split(",") if n])
+
+
+def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float]:
+    """Least-squares (intercept, slope) of ys against xs (two points or more, not all at one x)."""
+    n = len(xs)
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
+    return my - slope * mx, slope
+
+
+def scaling(points: list[tuple[int, float, float]]) -> dict[str, float | None]:
+    """convert = fixed + per_sample * N and floor = fixed + per_sample * N, fitted to (N, convert s, floor s) points.
+
+    ``ratio_limit``: convert/floor as N grows (the per-sample costs' ratio); ``within_2x_from``: the least N at which
+    the fitted convert is at most twice the fitted floor (None when the per-sample ratio is 2 or more).
+    """
+    ns = [float(n) for n, _, _ in points]
+    c0, c1 = fit_line(ns, [c for _, c, _ in points])
+    f0, f1 = fit_line(ns, [f for _, _, f in points])
+    limit = c1 / f1 if f1 > 0 else None
+    within = None
+    if limit is not None and limit < 2:
+        # c0 + c1 N <= 2 (f0 + f1 N)  <=>  N >= (c0 - 2 f0) / (2 f1 - c1)
+        within = max(0.0, (c0 - 2 * f0) / (2 * f1 - c1))
+    return {"convert_fixed_s": c0, "convert_ms_per_sample": c1 * 1e3, "floor_fixed_s": f0,
+            "floor_ms_per_sample": f1 * 1e3, "ratio_limit": limit, "within_2x_from": within}
+
+
+def print_scaling(best: dict[tuple[str, str, str], dict], counts: list[int], models: list[str]) -> None:
+    """The fit of each synthetic net's least times over the sample counts run (see :func:`scaling`)."""
+    print(f"\nconvert and floor fitted to fixed + per-sample x N over N = {', '.join(map(str, counts))} (least times):")
+    print("| model | tree | convert fixed s | convert ms/sample | floor fixed s | floor ms/sample | "
+          "convert/floor as N grows | within 2x from N |")
+    print("|---|---|---|---|---|---|---|---|")
+    trees = sorted({tree for (_, tree, tag) in best if tag == "floor"})
+    for model in models:
+        for tree in trees:
+            points = [(n, b["wall_s"], b["floor_s"]) for n in counts
+                      if (b := best.get((case_name(model, n), tree, "floor"))) is not None]
+            if len({n for n, _, _ in points}) < 2:
+                continue
+            f = scaling(points)
+            limit, within = f["ratio_limit"], f["within_2x_from"]
+            print(f"| {model} | {tree} | {f['convert_fixed_s']:.3f} | {f['convert_ms_per_sample']:.3f} | "
+                  f"{f['floor_fixed_s']:.3f} | {f['floor_ms_per_sample']:.3f} | "
+                  f"{'' if limit is None else f'{limit:.2f}x'} | "
+                  f"{'none' if within is None else f'{math.ceil(within)}'} |")
 
 
 def keep_least(best: dict[tuple[str, str, str], dict], key: tuple[str, str, str], r: dict, auto: dict | None) -> None:

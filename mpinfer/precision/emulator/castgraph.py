@@ -473,7 +473,12 @@ def _session(model: Any) -> Any:
     so.log_severity_level = ort_log_level()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     so.intra_op_num_threads = min(ortexec.MAX_THREADS, usable_cpus())  # (the emulator's Conv sessions' threads)
-    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    # Spinning on (ONNX Runtime's default, as in the floor's own passes): a cast graph is thousands of short kernels
+    # run back to back (the 600-node net's 1,800), and an intra-op thread that sleeps between them wakes late for the
+    # next. The per-sample cost of the strict pass on that net fell by a fifth (convert 2.5 -> 2.05 ms a sample over
+    # 192-1920 samples, `bench/convert_cost.py --samples 192,1920`); the published set 0-6 % faster, the same bits.
+    # (Calibration's sessions keep it off: the statistics need the cores between its calls, capture._options.)
+    so.add_session_config_entry("session.intra_op.allow_spinning", "1")
     # No prepacked weights: the emulator's MatMul/Gemm (kernels.ortexec) reads its weight as a graph input, which ONNX
     # Runtime never prepacks, and the prepacked kernel sums on other bits (a MatMul over 256 or more: 4-6% of the FP16
     # outputs one step apart). Conv's kernel gives the same bits either way.
