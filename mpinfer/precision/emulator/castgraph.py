@@ -475,8 +475,8 @@ def _session(model: Any) -> Any:
     so.intra_op_num_threads = min(ortexec.MAX_THREADS, usable_cpus())  # (the emulator's Conv sessions' threads)
     # Spinning on (ONNX Runtime's default, as in the floor's own passes): a cast graph is thousands of short kernels
     # run back to back (the 600-node net's 1,800), and an intra-op thread that sleeps between them wakes late for the
-    # next. The per-sample cost of the strict pass on that net fell by a fifth (convert 2.5 -> 2.05 ms a sample over
-    # 192-1920 samples, `bench/convert_cost.py --samples 192,1920`); the published set 0-6 % faster, the same bits.
+    # next. Convert's per-sample cost on that net fell by a fifth (2.29 -> 1.83 ms a sample, `bench/convert_cost.py
+    # --samples 192,576,1920`), the published set 0-10 % faster (layout_cdla most), the same bits (bench/RESULTS.md).
     # (Calibration's sessions keep it off: the statistics need the cores between its calls, capture._options.)
     so.add_session_config_entry("session.intra_op.allow_spinning", "1")
     # No prepacked weights: the emulator's MatMul/Gemm (kernels.ortexec) reads its weight as a graph input, which ONNX
