@@ -322,11 +322,8 @@ def main() -> None:
 
 def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float]:
     """Least-squares (intercept, slope) of ys against xs (two points or more, not all at one x)."""
-    n = len(xs)
-    mx, my = sum(xs) / n, sum(ys) / n
-    sxx = sum((x - mx) ** 2 for x in xs)
-    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
-    return my - slope * mx, slope
+    slope, intercept = np.polyfit(xs, ys, 1)
+    return float(intercept), float(slope)
 
 
 def scaling(points: list[tuple[int, float, float]]) -> dict[str, float | None]:

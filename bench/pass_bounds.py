@@ -10,7 +10,7 @@ own FP16 CPU kernels. This script times, sessions included, over every sample of
 * ``fp32``: the FP32 model, default session options (the floor's first pass);
 * ``written``: the converted model, default session options (the floor's second pass);
 * ``calibration``: the FP32 model fetching every float tensor calibration fetches, in calibration's own session
-  (``calibrate._float_tensors``, ``capture._Sessions``), the tensors only fetched (no statistics);
+  (``calibrate.fetched_tensors``, ``capture._Sessions``), the tensors only fetched (no statistics);
 * ``strict``: the converted model's cast graph (``castgraph.open_cast_session``, the session convert verifies with).
 
 and prints the medians and ``(calibration + strict) / (fp32 + written)``: a lower bound of convert / floor before any
@@ -30,7 +30,7 @@ import onnx
 import onnxruntime as ort
 from strict_pass import parse_passes  # (bench/, first on sys.path when run as a script)
 
-from mpinfer.precision.calib.calibrate import _float_tensors
+from mpinfer.precision.calib.calibrate import fetched_tensors
 from mpinfer.precision.calib.capture import _Sessions
 from mpinfer.precision.emulator.castgraph import open_cast_session
 
@@ -38,11 +38,7 @@ from mpinfer.precision.emulator.castgraph import open_cast_session
 def calibration_session(model: onnx.ModelProto) -> tuple[Callable[[], Callable], int]:
     """A maker of calibration's own session of ``model`` (its every main-graph float tensor but the inputs, the graph
     outputs first, as ``calibrate._Run`` fetches them) and how many tensors it returns."""
-    known, _, types = _float_tensors(model)
-    inputs = {vi.name for vi in model.graph.input}
-    outputs = {vi.name for vi in model.graph.output}
-    names = [n for n in known if n not in inputs]
-    names = [n for n in names if n in outputs] + [n for n in names if n not in outputs]
+    names, _, _, types = fetched_tensors(model)
 
     def make() -> Callable:
         sess = _Sessions(model, types).session(names)

@@ -184,6 +184,23 @@ class CalibrationStats(Mapping[str, TensorStats]):
         return cls(tensors, dict(data.get("source", {})))
 
 
+def fetched_tensors(
+    model: Any, known_types: Mapping[str, int] | None = None
+) -> tuple[list[str], list[str], list[str], dict[str, int]]:
+    """The tensors calibration's ONNX Runtime pass fetches, in its order, and :func:`_float_tensors`' three answers.
+
+    Every main-graph float tensor of known type but the graph inputs (read from the feeds), the graph outputs first:
+    they land in the first pass's chunk, whose sliced calls then give the whole batch's outputs for the capture (else
+    a second session of the whole model would run the batch again, beside the pass's own: twice the weights in
+    memory). ``bench/pass_bounds.py`` times that very pass.
+    """
+    known, unknown, types = _float_tensors(model, known_types)
+    inputs = {vi.name for vi in model.graph.input}
+    outputs = {vi.name for vi in model.graph.output}
+    names = [n for n in known if n not in inputs]
+    return [n for n in names if n in outputs] + [n for n in names if n not in outputs], known, unknown, types
+
+
 def _float_tensors(
     model: Any, known_types: Mapping[str, int] | None = None
 ) -> tuple[list[str], list[str], dict[str, int]]:
@@ -357,14 +374,7 @@ class _Run:
         max_bytes: int | None = None,
     ) -> None:
         self.model = model = _named(model)
-        self.known, unknown, self.types = _float_tensors(model, types)
-        inputs = {vi.name for vi in model.graph.input}
-        names = [n for n in self.known if n not in inputs]  # graph inputs are read from the feeds
-        # The graph outputs first: they land in the first pass's chunk, whose sliced calls then give the whole
-        # batch's outputs for the capture (else a second session of the whole model would run the batch again,
-        # beside the pass's own: twice the weights in memory)
-        outputs = {vi.name for vi in model.graph.output}
-        names = [n for n in names if n in outputs] + [n for n in names if n not in outputs]
+        names, self.known, unknown, self.types = fetched_tensors(model, types)
         self.slicer = BatchSlicer(model)
         one_shot = iter(feeds) is feeds
         first = next(iter(feeds), None)

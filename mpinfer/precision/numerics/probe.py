@@ -65,11 +65,9 @@ def group_submodel(info: GraphInfo, members: Sequence[str]) -> tuple[Any, list[s
     ext = _external_inputs(nodes)
     if any(i not in info.types for i in ext):
         return None
-    made = _constants(info, ext)
-    inits = [info.initializers[i] if i in info.initializers else made[i] for i in ext
-             if i in info.initializers or i in made]
-    inputs = [helper.make_tensor_value_info(i, info.types[i], None) for i in ext
-              if i not in info.initializers and i not in made]
+    held = {**_constants(info, ext), **{i: info.initializers[i] for i in ext if i in info.initializers}}
+    inits = [held[i] for i in ext if i in held]  # (weights: initializers, and what Constant nodes make)
+    inputs = [helper.make_tensor_value_info(i, info.types[i], None) for i in ext if i not in held]
     outs = _handed_on(info, nodes, set(members))
     if not outs:
         return None
